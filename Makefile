@@ -1,0 +1,41 @@
+# Two commands for a user: `make test` and `make demo`. Each sets itself up from pinned versions.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONSTRAINTS := requirements/constraints.txt
+export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: test lint bench docs lock clean check-java
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sluice needs Python >= 3.11 (set PYTHON=python3.11)"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
+	touch $(STAMP)
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "Java 17 is required by Spark and was not found. Install it: apt-get install -y openjdk-17-jre-headless" >&2; exit 1; }
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check sluice tests bench
+
+test: $(STAMP) check-java lint
+	$(PY) -m pytest
+
+docs: $(STAMP)
+	$(PY) -m sluice.docgen --write
+
+bench: $(STAMP) check-java
+	$(PY) bench/engine_throughput.py
+
+# Re-resolve the pinned set from pyproject.toml (a maintainer's step, not a user's).
+lock:
+	rm -rf /tmp/sluice-lock && $(PYTHON) -m venv /tmp/sluice-lock
+	PIP_CONSTRAINT= /tmp/sluice-lock/bin/pip install -q '.[dev]'
+	{ echo "# Pinned versions: every machine resolves this exact set. Regenerate with 'make lock'."; \
+	  PIP_CONSTRAINT= /tmp/sluice-lock/bin/pip freeze --exclude sluice; } > $(CONSTRAINTS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

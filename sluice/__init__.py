@@ -1,0 +1,80 @@
+"""sluice: connectors for PySpark with control over parallelism, batching, ordering and delivery.
+
+    import sluice
+    spark = sluice.session()            # or your own SparkSession, then sluice.register(spark)
+    sluice.write(df, "sluice_null", {"sink.mode": "partition-ordered", "sink.partition-key": "id"})
+    print(sluice.last_write_summary())
+
+Importing `sluice` (or `sluice.engine`) does not import pyspark; the Spark helpers import it on use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sluice._errors import (
+    OptionError,
+    RecordTooLargeError,
+    RetryableError,
+    SinkError,
+    SluiceError,
+    ThrottledError,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__version__ = "0.1.0"
+
+
+def register(spark: SparkSession) -> list[str]:
+    """Register every sluice format with `spark`; returns the format names."""
+    from sluice.spark._registry import register as _register
+
+    return _register(spark)
+
+
+def session(app_name: str = "sluice", **conf: str) -> SparkSession:
+    """A local SparkSession set up for sluice (workers use this interpreter, quiet logs, formats registered)."""
+    from sluice.spark._session import session as _session
+
+    return _session(app_name, **conf)
+
+
+def write(df: DataFrame, format: str, options: dict[str, Any] | None = None, mode: str = "append",
+          num_partitions: int | None = None) -> None:
+    """Batch-write `df`; in partition-ordered mode, rows are first repartitioned by the partition key."""
+    from sluice.spark._write import write as _write
+
+    _write(df, format, options or {}, mode, num_partitions)
+
+
+def partitioned(df: DataFrame, format: str, options: dict[str, Any] | None = None,
+                num_partitions: int | None = None) -> DataFrame:
+    """`df` repartitioned by the sink's partition key (partition-ordered mode); use before writeStream."""
+    from sluice.spark._write import partitioned as _partitioned
+
+    return _partitioned(df, format, options or {}, num_partitions)
+
+
+def last_write_summary(format: str | None = None) -> dict[str, Any] | None:
+    """The statistics summary of the last committed write (or micro-batch) on this machine."""
+    from sluice.spark._summary import read_last_summary
+
+    return read_last_summary(format)
+
+
+__all__ = [
+    "OptionError",
+    "RecordTooLargeError",
+    "RetryableError",
+    "SinkError",
+    "SluiceError",
+    "ThrottledError",
+    "__version__",
+    "last_write_summary",
+    "partitioned",
+    "register",
+    "session",
+    "write",
+]

@@ -1,0 +1,45 @@
+"""Exception classes a caller can catch. Messages never contain secrets."""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base class of every error sluice raises on purpose."""
+
+
+class OptionError(SluiceError, ValueError):
+    """An option is unknown, malformed, out of range, or conflicts with another option."""
+
+
+class SinkError(SluiceError):
+    """A write to a store failed for good (fatal error or retries exhausted).
+
+    Carries the store, the target (never credentials), the size of the batch that failed and the cause.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        store: str = "",
+        target: str = "",
+        batch_records: int | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.store = store
+        self.target = target
+        self.batch_records = batch_records
+        self.cause = cause
+
+
+class RecordTooLargeError(SinkError):
+    """One record is larger than the store accepts; it was not sent."""
+
+
+class RetryableError(SluiceError):
+    """Raised (or returned through a future) by a store for a failure worth retrying."""
+
+
+class ThrottledError(RetryableError):
+    """The store asked us to slow down (rate limited); retried and counted as a throttle."""

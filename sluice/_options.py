@@ -1,0 +1,203 @@
+"""Option declarations: each option is declared once (name, type, default, range, meaning).
+
+Parsing validates types, ranges and choices, rejects unknown keys with the closest match, and keeps
+secrets out of every repr. The docs tables are generated from the same declarations (sluice.docgen).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sluice._errors import OptionError
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One declared option. `kind` is one of: int, bool, str, choice, list."""
+
+    name: str
+    kind: str
+    default: Any
+    meaning: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    secret: bool = False
+    required: bool = False
+
+    def parse(self, raw: Any) -> Any:
+        text = str(raw).strip()
+        if self.kind == "str":
+            return str(raw)
+        if self.kind == "bool":
+            low = text.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise OptionError(f"option '{self.name}' must be true or false, got {self._show(raw)}")
+        if self.kind == "int":
+            try:
+                value = int(text)
+            except ValueError:
+                raise OptionError(f"option '{self.name}' must be a whole number, got {self._show(raw)}") from None
+            if self.minimum is not None and value < self.minimum:
+                raise OptionError(f"option '{self.name}' must be >= {self.minimum}, got {value}")
+            if self.maximum is not None and value > self.maximum:
+                raise OptionError(f"option '{self.name}' must be <= {self.maximum}, got {value}")
+            return value
+        if self.kind == "choice":
+            low = text.lower()
+            for choice in self.choices:
+                if choice.lower() == low:
+                    return choice
+            raise OptionError(
+                f"option '{self.name}' must be one of {', '.join(self.choices)}; got {self._show(raw)}"
+            )
+        if self.kind == "list":
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        raise AssertionError(f"unknown option kind {self.kind}")
+
+    def _show(self, raw: Any) -> str:
+        return "<redacted>" if self.secret else repr(str(raw))
+
+    def range_text(self) -> str:
+        if self.kind == "choice":
+            return " \\| ".join(self.choices)
+        if self.kind == "bool":
+            return "true \\| false"
+        if self.kind == "int":
+            low = "" if self.minimum is None else str(self.minimum)
+            high = "" if self.maximum is None else str(self.maximum)
+            return f"{low}..{high}" if (low or high) else "any"
+        if self.kind == "list":
+            return "comma-separated"
+        return "text"
+
+    def default_text(self) -> str:
+        if self.required:
+            return "(required)"
+        if self.default is None:
+            return "(none)"
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
+        if isinstance(self.default, tuple):
+            return ",".join(self.default) or "(none)"
+        return str(self.default)
+
+
+class Options(Mapping[str, Any]):
+    """Parsed, validated options. Secrets are masked in repr/str; `explicit` holds the keys the user set."""
+
+    def __init__(self, values: dict[str, Any], explicit: frozenset[str], secrets: frozenset[str]) -> None:
+        self._values = values
+        self.explicit = explicit
+        self._secrets = secrets
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        shown = {k: ("<redacted>" if k in self._secrets and v else v) for k, v in self._values.items()}
+        return f"Options({shown})"
+
+    __str__ = __repr__
+
+    def is_set(self, key: str) -> bool:
+        return key in self.explicit
+
+
+Check = Callable[[Options], None]
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """The declared options of one format plus the checks that span several options."""
+
+    format_name: str
+    options: tuple[Option, ...]
+    checks: tuple[Check, ...] = field(default=())
+    # Keys Spark itself passes along with the user's options (save(path), writeStream's checkpoint).
+    passthrough: frozenset[str] = frozenset({"path", "checkpointlocation"})
+
+    def __post_init__(self) -> None:
+        names = [o.name for o in self.options]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise AssertionError(f"options declared twice: {sorted(dupes)}")
+
+    def extend(self, options: Iterable[Option] = (), checks: Iterable[Check] = (), **defaults: Any) -> OptionSpec:
+        """A spec with more options/checks; `defaults` overrides defaults by option name (dots as _)."""
+        by_name = {o.name.replace(".", "_").replace("-", "_"): o for o in self.options}
+        merged = []
+        for opt in self.options:
+            key = opt.name.replace(".", "_").replace("-", "_")
+            merged.append(replace(opt, default=defaults[key]) if key in defaults else opt)
+        unknown = set(defaults) - set(by_name)
+        if unknown:
+            raise AssertionError(f"defaults for undeclared options: {sorted(unknown)}")
+        return OptionSpec(self.format_name, (*merged, *options), (*self.checks, *checks), self.passthrough)
+
+    def renamed(self, format_name: str) -> OptionSpec:
+        return replace(self, format_name=format_name)
+
+    def get(self, name: str) -> Option:
+        for opt in self.options:
+            if opt.name == name:
+                return opt
+        raise KeyError(name)
+
+    def parse(self, raw: Mapping[str, Any]) -> Options:
+        declared = {o.name.lower(): o for o in self.options}
+        values: dict[str, Any] = {o.name: o.default for o in self.options}
+        explicit = set()
+        for key, value in raw.items():
+            low = key.lower()
+            if low in self.passthrough:
+                continue
+            opt = declared.get(low)
+            if opt is None:
+                raise OptionError(self._unknown_message(key))
+            values[opt.name] = opt.parse(value)
+            explicit.add(opt.name)
+        missing = [o.name for o in self.options if o.required and o.name not in explicit]
+        if missing:
+            raise OptionError(
+                f"format '{self.format_name}' needs option(s) {', '.join(missing)}: "
+                f"set them with .option('{missing[0]}', ...)"
+            )
+        parsed = Options(values, frozenset(explicit), frozenset(o.name for o in self.options if o.secret))
+        for check in self.checks:
+            check(parsed)
+        return parsed
+
+    def _unknown_message(self, key: str) -> str:
+        names = sorted(o.name for o in self.options)
+        close = difflib.get_close_matches(key.lower(), names, n=1, cutoff=0.5)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        return (
+            f"unknown option '{key}' for format '{self.format_name}'.{hint} "
+            f"Valid options: {', '.join(names)}."
+        )
+
+
+def option_table(options: Sequence[Option]) -> str:
+    """Markdown table of options, the form used in docs/options.md."""
+    lines = ["| option | type | default | range | meaning |", "| --- | --- | --- | --- | --- |"]
+    for opt in options:
+        lines.append(
+            f"| `{opt.name}` | {opt.kind} | {opt.default_text()} | {opt.range_text()} | {opt.meaning} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""One package per store: options, encoder, store and Spark data source."""

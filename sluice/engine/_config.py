@@ -1,0 +1,141 @@
+"""The sink.* options every sluice sink shares, and the validated SinkConfig the engine runs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice._errors import OptionError
+from sluice._options import Option, Options, OptionSpec
+
+UNORDERED = "unordered"
+PARTITION_ORDERED = "partition-ordered"
+GLOBAL_ORDERED = "global-ordered"
+MODES = (UNORDERED, PARTITION_ORDERED, GLOBAL_ORDERED)
+
+MiB = 1024 * 1024
+
+# Names and defaults follow flink-connector-s2 where it has them (batch 1000, 1 MiB, 1000 ms, 2000, 500).
+SINK_OPTIONS: tuple[Option, ...] = (
+    Option("sink.batch.max-size", "int", 1000, "Most records in one request to the store.", minimum=1),
+    Option("sink.flush-buffer.size", "int", MiB, "Most bytes in one request to the store.", minimum=1),
+    Option(
+        "sink.flush-buffer.timeout", "int", 1000,
+        "Milliseconds an entry may wait in the buffer before everything buffered is flushed.", minimum=1,
+    ),
+    Option(
+        "sink.requests.max-buffered", "int", 2000,
+        "Entries buffered before write() blocks (back-pressure). Must exceed sink.batch.max-size.",
+        minimum=2,
+    ),
+    Option("sink.requests.max-inflight", "int", 500, "Most requests in flight at once per task.", minimum=1),
+    Option("sink.mode", "choice", UNORDERED, "Delivery mode (see docs/engine.md).", choices=MODES),
+    Option(
+        "sink.partition-key", "list", (),
+        "Columns whose values keep their order (partition-ordered); default: the store's primary key.",
+    ),
+    Option(
+        "sink.parallelism", "int", 16,
+        "Buckets (hash of the partition key modulo this) flushed concurrently in partition-ordered mode.",
+        minimum=1, maximum=4096,
+    ),
+    Option(
+        "sink.transactional", "bool", False,
+        "Exactly-once through the store's transactions (needs sink.mode=global-ordered).",
+    ),
+    Option(
+        "sink.flush-on-checkpoint", "bool", False,
+        "partition-ordered only: hold data until the end of the task or micro-batch (or max-buffered).",
+    ),
+    Option("sink.max-retries", "int", 3, "Retries of one batch before the task fails.", minimum=0),
+    Option(
+        "sink.retry-delay-ms", "int", 1000,
+        "First retry delay in ms; doubles per attempt, with jitter.", minimum=0,
+    ),
+)
+
+
+def _check_combinations(opts: Options) -> None:
+    mode = opts["sink.mode"]
+    if opts["sink.transactional"] and mode != GLOBAL_ORDERED:
+        raise OptionError(
+            f"sink.transactional=true needs sink.mode=global-ordered (got sink.mode={mode}): "
+            "transactions commit one ordered stream of batches per task. Set .option('sink.mode', 'global-ordered')."
+        )
+    if mode != PARTITION_ORDERED:
+        for key in ("sink.partition-key", "sink.parallelism", "sink.flush-on-checkpoint"):
+            if opts.is_set(key):
+                raise OptionError(
+                    f"{key} only applies to sink.mode=partition-ordered (got sink.mode={mode}). "
+                    f"Remove {key} or set .option('sink.mode', 'partition-ordered')."
+                )
+    if opts["sink.requests.max-buffered"] <= opts["sink.batch.max-size"]:
+        raise OptionError(
+            f"sink.requests.max-buffered ({opts['sink.requests.max-buffered']}) must be greater than "
+            f"sink.batch.max-size ({opts['sink.batch.max-size']}); raise the first or lower the second."
+        )
+
+
+SINK_SPEC = OptionSpec("sink", SINK_OPTIONS, (_check_combinations,))
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """What the engine needs, validated. Build with `SinkConfig.from_options` or directly in tests."""
+
+    max_batch_records: int = 1000
+    max_batch_bytes: int = MiB
+    flush_timeout_ms: int = 1000
+    max_buffered: int = 2000
+    max_inflight: int = 500
+    mode: str = UNORDERED
+    partition_key: tuple[str, ...] = ()
+    parallelism: int = 16
+    transactional: bool = False
+    flush_on_checkpoint: bool = False
+    max_retries: int = 3
+    retry_delay_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise OptionError(f"sink.mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+
+    @classmethod
+    def from_options(cls, opts: Options) -> SinkConfig:
+        return cls(
+            max_batch_records=opts["sink.batch.max-size"],
+            max_batch_bytes=opts["sink.flush-buffer.size"],
+            flush_timeout_ms=opts["sink.flush-buffer.timeout"],
+            max_buffered=opts["sink.requests.max-buffered"],
+            max_inflight=opts["sink.requests.max-inflight"],
+            mode=opts["sink.mode"],
+            partition_key=opts["sink.partition-key"],
+            parallelism=opts["sink.parallelism"],
+            transactional=opts["sink.transactional"],
+            flush_on_checkpoint=opts["sink.flush-on-checkpoint"],
+            max_retries=opts["sink.max-retries"],
+            retry_delay_ms=opts["sink.retry-delay-ms"],
+        )
+
+    @property
+    def effective_max_inflight(self) -> int:
+        # Global order means exactly one request in flight: the next one waits for the previous ack.
+        return 1 if self.mode == GLOBAL_ORDERED else self.max_inflight
+
+    def check_store_limits(self, store_name: str, max_record_bytes: int | None, max_batch_records: int | None,
+                           max_batch_bytes: int | None) -> None:
+        """A store's hard limits bound the options (e.g. S2: <= 1000 records and <= 1 MiB per batch)."""
+        if max_batch_records is not None and self.max_batch_records > max_batch_records:
+            raise OptionError(
+                f"sink.batch.max-size={self.max_batch_records} exceeds {store_name}'s limit of "
+                f"{max_batch_records} records per request; use a value <= {max_batch_records}."
+            )
+        if max_batch_bytes is not None and self.max_batch_bytes > max_batch_bytes:
+            raise OptionError(
+                f"sink.flush-buffer.size={self.max_batch_bytes} exceeds {store_name}'s limit of "
+                f"{max_batch_bytes} bytes per request; use a value <= {max_batch_bytes}."
+            )
+        if max_record_bytes is not None and self.max_batch_bytes < max_record_bytes:
+            raise OptionError(
+                f"sink.flush-buffer.size={self.max_batch_bytes} is smaller than {store_name}'s largest record "
+                f"({max_record_bytes} bytes), so a large record could never be sent; raise it to >= {max_record_bytes}."
+            )

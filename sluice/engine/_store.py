@@ -1,0 +1,118 @@
+"""How a store plugs into the engine: one submit call per batch, and a classification of its errors."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sluice._errors import RetryableError, ThrottledError
+from sluice.engine._batch import Batch
+
+
+class ErrorKind(enum.Enum):
+    RETRYABLE = "retryable"
+    THROTTLED = "throttled"  # retryable, and counted as a throttle
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True)
+class WriteContext:
+    """Who is writing: enough for a store to name staging data and for the driver to dedupe replays.
+
+    `write_id` is fixed on the driver when the write is planned (streaming: query id), `epoch` is the
+    micro-batch id from the checkpoint (None for batch writes), `attempt` the Spark task attempt.
+    """
+
+    write_id: str = "local"
+    epoch: int | None = None
+    partition_id: int = 0
+    attempt: int = 0
+    task_attempt_id: int = 0
+
+
+class Store(ABC):
+    """A store's side of the engine.
+
+    `submit` is called by the buffer-manager thread and must not block for long: return a Future that
+    completes with None on success or with an exception on failure. `classify` decides whether a
+    failure is retried. Transactional stores also implement `open` and `pre_commit` on the executor
+    and provide a driver-side `Committer`.
+    """
+
+    name: ClassVar[str] = "store"
+    supports_transactions: ClassVar[bool] = False
+    max_record_bytes: int | None = None
+    max_batch_records: int | None = None
+    max_batch_bytes: int | None = None
+
+    @property
+    def target(self) -> str:
+        """What is written to, for messages (e.g. 'basin/stream'). Never contains credentials."""
+        return "-"
+
+    def open(self, context: WriteContext) -> None:
+        """Called once before the first submit (a transactional store begins its transaction here)."""
+
+    @abstractmethod
+    def submit(self, batch: Batch) -> Future[None]:
+        """Send one batch; the future fails with the store's exception when the request fails."""
+
+    def classify(self, error: BaseException) -> ErrorKind:
+        if isinstance(error, ThrottledError):
+            return ErrorKind.THROTTLED
+        if isinstance(error, RetryableError):
+            return ErrorKind.RETRYABLE
+        return ErrorKind.FATAL
+
+    def pre_commit(self) -> Any:
+        """After everything is acknowledged: prepare and return a JSON-able message for the driver."""
+        return None
+
+    def close(self) -> None:
+        """Release connections. Called once, also after failures."""
+
+
+class BlockingStore(Store):
+    """A store whose client is a blocking call: implement `write_batch`; the engine runs it on threads."""
+
+    io_threads: int = 8
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+
+    @abstractmethod
+    def write_batch(self, batch: Batch) -> None:
+        """Write one batch or raise."""
+
+    def submit(self, batch: Batch) -> Future[None]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix=f"sluice-{self.name}")
+        return self._pool.submit(self.write_batch, batch)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class Committer(ABC):
+    """Driver side of a transactional store: sees every task's pre_commit message for one epoch."""
+
+    @abstractmethod
+    def commit(self, messages: list[Any], context: WriteContext) -> None:
+        """Make the epoch visible. Must be a no-op when the same (write_id, epoch) was committed before."""
+
+    def abort(self, messages: list[Any], context: WriteContext) -> None:
+        """Discard what the tasks prepared."""
+
+
+def completed_future(error: BaseException | None = None) -> Future[None]:
+    fut: Future[None] = Future()
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
+    return fut

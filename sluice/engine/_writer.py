@@ -1,0 +1,360 @@
+"""AsyncSinkWriter: ring buffer -> buffer manager -> batches -> store, with the three modes of seed 000.
+
+Threads: the caller's thread (a Spark task) pushes chunks of encoded entries into a small bounded ring
+(the seed's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
+other state: it admits chunks while fewer than `max_buffered` entries wait, cuts batches with the
+BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
+the AIMD rate limiter allows, and handles completions (re-adding failed entries at the head).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from sluice._errors import OptionError, RecordTooLargeError, SinkError
+from sluice.engine._batch import (
+    Batch,
+    BatchCreator,
+    PartitionKeyBatchCreator,
+    RequestInfo,
+    SimpleBatchCreator,
+)
+from sluice.engine._buffer import Chunk, DequeRequestBuffer, KeyedRequestBuffer, RequestBuffer
+from sluice.engine._config import PARTITION_ORDERED, SinkConfig
+from sluice.engine._ratelimit import AIMDRateLimiter
+from sluice.engine._stats import WriteStats
+from sluice.engine._store import ErrorKind, Store, WriteContext, completed_future
+
+log = logging.getLogger("sluice.engine")
+
+_MAX_BACKOFF_S = 30.0
+
+
+class _Checkpoint:
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class AsyncSinkWriter:
+    """Buffers entries and writes them to a Store in batches, honouring the configured sink mode.
+
+    Use from one thread: `write_chunk` (or `write`) any number of times, then `finish()` at the end of
+    the task or micro-batch (the checkpoint): it returns once everything is acknowledged, and gives
+    the store's pre-commit message. `close()` always, e.g. through `with AsyncSinkWriter(...)`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: SinkConfig,
+        *,
+        context: WriteContext | None = None,
+        buffer: RequestBuffer | None = None,
+        batch_creator: BatchCreator | None = None,
+        ring_capacity: int = 4,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if config.transactional and not store.supports_transactions:
+            raise OptionError(
+                f"sink.transactional=true, but the {store.name} store has no transactions; "
+                "remove sink.transactional or use a transactional store."
+            )
+        config.check_store_limits(store.name, store.max_record_bytes, store.max_batch_records,
+                                  store.max_batch_bytes)
+        self.store = store
+        self.config = config
+        self.context = context or WriteContext()
+        self._keyed = config.mode == PARTITION_ORDERED
+        self._buffer = buffer or (KeyedRequestBuffer() if self._keyed else DequeRequestBuffer())
+        self._creator = batch_creator or (PartitionKeyBatchCreator() if self._keyed else SimpleBatchCreator())
+        self._limiter = AIMDRateLimiter(config.max_batch_records, config.effective_max_inflight)
+        self._hold = config.flush_on_checkpoint
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.stats = WriteStats()
+
+        # Shared between the caller and the manager thread, guarded by _cond.
+        self._cond = threading.Condition()
+        self._ring: deque[Chunk | _Checkpoint] = deque()
+        self._ring_capacity = ring_capacity
+        self._completions: deque[tuple[Batch, float, Future[None]]] = deque()
+        self._failure: SinkError | None = None
+        self._closing = False
+
+        # Owned by the manager thread.
+        self._busy_keys: set[Hashable] = set()
+        self._deadline: float | None = None
+        self._timeout_flush = False
+        self._retry_pending = 0
+        self._checkpoints: list[_Checkpoint] = []
+
+        self.store.open(self.context)
+        self._thread = threading.Thread(target=self._run, name=f"sluice-{store.name}-buffer", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- caller side
+    def write(self, entry: Any, size: int, key: Hashable = None) -> None:
+        self.write_chunk([entry], [size], key)
+
+    def write_chunk(self, entries: list[Any], sizes: Sequence[int], key: Hashable = None) -> None:
+        """Add entries (in order) that share one partition key. Blocks while the buffer is full."""
+        if not entries:
+            return
+        if len(entries) != len(sizes):
+            raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
+        limit = self.store.max_record_bytes
+        if limit is not None:
+            largest = max(sizes)
+            if largest > limit:
+                index = list(sizes).index(largest)
+                raise RecordTooLargeError(
+                    f"{self.store.name}: record {index} of this chunk is {largest} bytes, over the store's limit of "
+                    f"{limit} bytes per record ({self.store.target}); split or shrink it. Nothing of this "
+                    "chunk was sent.",
+                    store=self.store.name, target=self.store.target, batch_records=1,
+                )
+        self._put(Chunk(list(entries), list(sizes), key if self._keyed else None))
+
+    def write_keyed(self, entries: list[Any], sizes: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """Add entries with a partition key each; entries of one key keep their relative order."""
+        if not self._keyed:
+            self.write_chunk(entries, sizes)
+            return
+        groups: dict[Hashable, list[int]] = {}
+        for index, key in enumerate(keys):
+            groups.setdefault(key, []).append(index)
+        for key, indexes in groups.items():
+            self.write_chunk([entries[i] for i in indexes], [sizes[i] for i in indexes], key)
+
+    def flush(self) -> None:
+        """The checkpoint: return once every entry written so far is acknowledged by the store."""
+        marker = _Checkpoint()
+        self._put(marker)
+        marker.done.wait()
+        self._raise_failure()
+
+    def finish(self) -> Any:
+        """flush(), then the store's pre-commit message (transactions are prepared here)."""
+        self.flush()
+        return self.store.pre_commit()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self.store.close()
+
+    def __enter__(self) -> AsyncSinkWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def failure(self) -> SinkError | None:
+        return self._failure
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _put(self, item: Chunk | _Checkpoint) -> None:
+        with self._cond:
+            while len(self._ring) >= self._ring_capacity and self._failure is None and not self._closing:
+                self._cond.wait()
+            self._raise_failure()
+            if self._closing:
+                raise SinkError("the sink writer is closed", store=self.store.name, target=self.store.target)
+            self._ring.append(item)
+            self._cond.notify_all()
+
+    # ----------------------------------------------------------------- manager thread
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as error:  # a bug here must fail the task, never hang it
+            log.exception("sluice buffer manager crashed")
+            self._fail(SinkError(f"{self.store.name}: sink engine failed: {error!r}", store=self.store.name,
+                                 target=self.store.target, cause=error))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not (self._completions or self._closing or self._admissible()):
+                    # One wait per cycle: whatever woke us (a put, a completion, a deadline or backoff
+                    # passing), the pump below re-evaluates every trigger.
+                    self._cond.wait(self._wait_seconds())
+                if self._closing:
+                    return
+                completions = list(self._completions)
+                self._completions.clear()
+                admitted: list[Chunk | _Checkpoint] = []
+                while self._ring and self._admissible():
+                    item = self._ring.popleft()
+                    admitted.append(item)
+                    if isinstance(item, Chunk):
+                        self._admit(item)
+                    else:
+                        self._checkpoints.append(item)
+                if admitted:
+                    self._cond.notify_all()  # the caller may be waiting for room in the ring
+            for batch, started, future in completions:
+                self._on_complete(batch, started, future)
+            self._pump()
+            self._finish_checkpoints()
+
+    def _admissible(self) -> bool:
+        if not self._ring or self._failure is not None:
+            return False
+        return isinstance(self._ring[0], _Checkpoint) or self._buffer.size() < self.config.max_buffered
+
+    def _admit(self, chunk: Chunk) -> None:
+        if not self._buffer.size() and not self._hold:
+            self._deadline = self._clock() + self.config.flush_timeout_ms / 1000.0
+        self._buffer.add_chunk(chunk)
+
+    def _wait_seconds(self) -> float | None:
+        if self._failure is not None:
+            return None  # nothing more will be sent; wait for close()
+        now = self._clock()
+        times = []
+        if self._deadline is not None and not self._timeout_flush:
+            times.append(self._deadline)
+        if self._buffer.size():
+            ready = self._creator.next_ready_at(self._request_info(now), self._buffer)
+            if ready > now:
+                times.append(ready)
+        return min(times) - now if times else None
+
+    def _request_info(self, now: float) -> RequestInfo:
+        return RequestInfo(
+            self._limiter.batch_size_limit(self.config.max_batch_records),
+            self.config.max_batch_bytes, now, frozenset(self._busy_keys),
+        )
+
+    def _flush_reason(self, limit: int) -> str | None:
+        size = self._buffer.size()
+        if self._retry_pending:
+            return "retry"
+        if not self._hold:
+            if size >= limit:
+                return "batch-size"
+            if self._buffer.total_size_bytes() >= self.config.max_batch_bytes:
+                return "batch-bytes"
+        if self._checkpoints:
+            return "checkpoint"
+        if self._hold and size >= self.config.max_buffered:
+            return "buffer-full"
+        if self._timeout_flush:
+            return "timeout"
+        return None
+
+    def _pump(self) -> None:
+        if self._failure is not None:
+            return
+        now = self._clock()
+        if self._deadline is not None and now >= self._deadline:
+            self._timeout_flush = True
+        while self._buffer.size():
+            info = self._request_info(now)
+            if self._limiter.should_block(min(info.batch_size, self._buffer.size())):
+                break
+            reason = self._flush_reason(info.batch_size)
+            if reason is None:
+                break
+            batch = self._creator.create_next_batch(info, self._buffer)
+            if batch is None:
+                break
+            if batch.attempt:
+                reason = "retry"
+                self._retry_pending -= batch.record_count
+            self._submit(batch, reason)
+        if not self._buffer.size():
+            self._deadline = None
+            self._timeout_flush = False
+
+    def _submit(self, batch: Batch, reason: str) -> None:
+        self._limiter.on_submit(batch.record_count)
+        if self._keyed:
+            self._busy_keys.add(batch.partition_key)
+        self.stats.flush_reasons[reason] += 1
+        self.stats.peak_inflight = max(self.stats.peak_inflight, self._limiter.inflight_requests)
+        started = self._clock()
+        try:
+            future = self.store.submit(batch)
+        except BaseException as error:  # a store that raises instead of failing the future
+            future = completed_future(error)
+        future.add_done_callback(lambda f: self._post_completion(batch, started, f))
+
+    def _post_completion(self, batch: Batch, started: float, future: Future[None]) -> None:
+        with self._cond:
+            self._completions.append((batch, started, future))
+            self._cond.notify_all()
+
+    def _on_complete(self, batch: Batch, started: float, future: Future[None]) -> None:
+        error = future.exception()
+        self._limiter.on_complete(batch.record_count, error is None)
+        if self._keyed:
+            self._busy_keys.discard(batch.partition_key)
+        if error is None:
+            self.stats.records += batch.record_count
+            self.stats.bytes += batch.size_bytes
+            self.stats.batches += 1
+            self.stats.record_latency(self._clock() - started)
+            return
+        if self._failure is not None:
+            return
+        kind = self.store.classify(error)
+        noun = "record" if batch.record_count == 1 else "records"
+        where = f"batch of {batch.record_count} {noun} ({batch.size_bytes} bytes) to {self.store.target}"
+        if kind is ErrorKind.FATAL:
+            self._fail(SinkError(f"{self.store.name}: {where} failed: {error}", store=self.store.name,
+                                 target=self.store.target, batch_records=batch.record_count, cause=error))
+            return
+        if kind is ErrorKind.THROTTLED:
+            self.stats.throttles += 1
+        if batch.attempt >= self.config.max_retries:
+            self._fail(SinkError(
+                f"{self.store.name}: {where} still failing after {batch.attempt + 1} attempts "
+                f"(sink.max-retries={self.config.max_retries}): {error}",
+                store=self.store.name, target=self.store.target, batch_records=batch.record_count, cause=error,
+            ))
+            return
+        self.stats.retries += 1
+        delay = min(_MAX_BACKOFF_S, self.config.retry_delay_ms / 1000.0 * 2**batch.attempt)
+        delay *= self._rng.uniform(0.5, 1.0)  # jitter spreads out retries of parallel tasks
+        retry = Chunk(batch.entries, batch.sizes, batch.partition_key, batch.attempt + 1, self._clock() + delay)
+        self._buffer.add_chunk(retry, prioritize=True)
+        self._retry_pending += batch.record_count
+        log.debug("%s: retrying %s in %.3fs: %s", self.store.name, where, delay, error)
+
+    def _finish_checkpoints(self) -> None:
+        if not self._checkpoints:
+            return
+        drained = not self._buffer.size() and not self._limiter.inflight_requests
+        if drained or self._failure is not None:
+            for marker in self._checkpoints:
+                marker.done.set()
+            self._checkpoints.clear()
+
+    def _fail(self, error: SinkError) -> None:
+        with self._cond:
+            if self._failure is None:
+                self._failure = error
+            for marker in self._checkpoints:
+                marker.done.set()
+            for item in self._ring:
+                if isinstance(item, _Checkpoint):
+                    item.done.set()
+            self._cond.notify_all()

@@ -1,0 +1,219 @@
+"""Base classes that turn an engine-based store into a Spark Python Data Source with Arrow writers.
+
+A connector subclasses `EngineDataSource` and implements:
+  - `option_spec()`  its options (the engine's sink.* options are included by `sink_spec()`),
+  - `make_encoder()` Arrow RecordBatch -> (entries, sizes), vectorized,
+  - `make_store()`   the executor-side Store,
+  - optionally `make_committer()` (driver side of transactions), `primary_key()` and `check_write()`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from sluice._errors import OptionError
+from sluice._options import Options, OptionSpec
+from sluice.engine import (
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    AsyncSinkWriter,
+    Committer,
+    SinkConfig,
+    Store,
+    WriteContext,
+    WriteStats,
+)
+from sluice.spark._encoding import partition_buckets
+from sluice.spark._summary import log_summary, save_summary
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+Encoder = Callable[["pa.RecordBatch"], tuple[list[Any], list[int]]]
+
+
+@dataclass
+class SluiceCommitMessage(WriterCommitMessage):
+    """What one task sends back to the driver: its statistics and the store's pre-commit message."""
+
+    stats: dict[str, Any]
+    store_message: Any
+    context: WriteContext
+
+
+class EngineDataSource(DataSource):
+    format_name: ClassVar[str] = "sluice"
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.format_name
+
+    @classmethod
+    def sink_spec(cls) -> OptionSpec:
+        return SINK_SPEC.renamed(cls.format_name)
+
+    @classmethod
+    def option_spec(cls) -> OptionSpec:
+        return cls.sink_spec()
+
+    def parsed(self) -> Options:
+        return self.option_spec().parse(self.options)
+
+    # ---- connector hooks
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        return ()
+
+    def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
+        """Validate the schema and mode on the driver, before any task starts."""
+        if overwrite:
+            raise OptionError(
+                f"format '{self.format_name}' does not support mode('overwrite'); use mode('append')."
+            )
+
+    def make_encoder(self, opts: Options, schema: StructType) -> Encoder:
+        raise NotImplementedError
+
+    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
+        raise NotImplementedError
+
+    def make_committer(self, opts: Options) -> Committer | None:
+        return None
+
+    # ---- Spark entry points
+    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
+        config = SinkConfig.from_options(opts)
+        if config.mode != PARTITION_ORDERED:
+            return config
+        key = config.partition_key or self.primary_key(opts)
+        if not key:
+            raise OptionError(
+                f"sink.mode=partition-ordered needs sink.partition-key (columns whose order is kept) for "
+                f"format '{self.format_name}'. Set .option('sink.partition-key', 'col1,col2')."
+            )
+        missing = [c for c in key if c not in schema.fieldNames()]
+        if missing:
+            raise OptionError(
+                f"sink.partition-key column(s) {missing} are not in the DataFrame "
+                f"(columns: {schema.fieldNames()})."
+            )
+        return SinkConfig(**{**config.__dict__, "partition_key": tuple(key)})
+
+    def _prepare(self, schema: StructType, overwrite: bool) -> tuple[Options, SinkConfig]:
+        opts = self.parsed()
+        config = self.sink_config(opts, schema)
+        self.check_write(opts, schema, overwrite)
+        if config.transactional and self.make_committer(opts) is None:
+            raise OptionError(
+                f"sink.transactional=true, but format '{self.format_name}' has no transactions; "
+                "remove sink.transactional."
+            )
+        return opts, config
+
+    def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
+        opts, config = self._prepare(schema, overwrite)
+        return EngineArrowWriter(self, opts, config, schema, write_id=uuid.uuid4().hex)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
+        opts, config = self._prepare(schema, overwrite)
+        return EngineStreamArrowWriter(self, opts, config, schema, write_id=uuid.uuid4().hex)
+
+
+def _task_context(write_id: str) -> WriteContext:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return WriteContext(write_id=write_id)
+    batch_id = tc.getLocalProperty("streaming.sql.batchId")
+    query_id = tc.getLocalProperty("sql.streaming.queryId")
+    return WriteContext(
+        write_id=query_id or write_id,
+        epoch=int(batch_id) if batch_id is not None else None,
+        partition_id=tc.partitionId(),
+        attempt=tc.attemptNumber(),
+        task_attempt_id=tc.taskAttemptId(),
+    )
+
+
+class _EngineWriterMixin:
+    def __init__(self, source: EngineDataSource, opts: Options, config: SinkConfig, schema: StructType,
+                 write_id: str) -> None:
+        self.source = source
+        self.opts = opts
+        self.config = config
+        self.schema = schema
+        self.write_id = write_id
+
+    def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
+        context = _task_context(self.write_id)
+        encode = self.source.make_encoder(self.opts, self.schema)
+        store = self.source.make_store(self.opts, self.schema, context)
+        keyed = self.config.mode == PARTITION_ORDERED
+        with AsyncSinkWriter(store, self.config, context=context) as writer:
+            for batch in iterator:
+                if not batch.num_rows:
+                    continue
+                entries, sizes = encode(batch)
+                if keyed:
+                    buckets = partition_buckets(batch, self.config.partition_key, self.config.parallelism)
+                    writer.write_keyed(entries, sizes, buckets)
+                else:
+                    writer.write_chunk(entries, sizes)
+            message = writer.finish()
+        return SluiceCommitMessage(writer.stats.to_dict(), message, context)
+
+    def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
+        done = [m for m in messages if m is not None]
+        if self.config.transactional:
+            committer = self.source.make_committer(self.opts)
+            assert committer is not None
+            context = done[0].context if done else WriteContext(write_id=self.write_id, epoch=epoch)
+            context = WriteContext(write_id=context.write_id, epoch=epoch)
+            committer.commit([m.store_message for m in sorted(done, key=lambda m: m.context.partition_id)],
+                             context)
+        stats = WriteStats.merge([WriteStats.from_dict(m.stats) for m in done])
+        summary = stats.summary()
+        if epoch is not None:
+            summary["batch_id"] = epoch
+        save_summary(self.source.format_name, summary)
+        where = f" batch {epoch}" if epoch is not None else ""
+        log_summary(f"{self.source.format_name}{where}: {stats.summary_line()}")
+
+    def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
+        committer = self.source.make_committer(self.opts) if self.config.transactional else None
+        if committer is not None:
+            done = [m for m in messages if m is not None]
+            committer.abort([m.store_message for m in done], WriteContext(write_id=self.write_id, epoch=epoch))
+
+
+class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
+        self._commit(messages, None)
+
+    def abort(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
+        self._abort(messages, None)
+
+
+class EngineStreamArrowWriter(_EngineWriterMixin, DataSourceStreamArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._commit(messages, batchId)
+
+    def abort(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._abort(messages, batchId)

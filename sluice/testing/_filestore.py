@@ -1,0 +1,139 @@
+"""`format("sluice_test")`: a file-backed fake store for Spark-level tests of the engine.
+
+Every task appends its batches to its own file under `<test.dir>/out/`. With sink.transactional=true a
+task writes to a staging file, and the driver's commit publishes one file per (write id, epoch) under
+`<test.dir>/committed/` with an atomic rename, skipping an epoch that is already there (idempotent replay).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from sluice._errors import RetryableError
+from sluice._options import Option, Options, OptionSpec
+from sluice.engine import Batch, BlockingStore, Committer, Store, WriteContext
+from sluice.spark._datasource import Encoder, EngineDataSource
+from sluice.spark._encoding import binary_column, body_column_name
+
+
+class FileStore(BlockingStore):
+    name = "sluice_test"
+    supports_transactions = True
+    io_threads = 4
+
+    def __init__(self, folder: Path, context: WriteContext, transactional: bool, fail_every: int) -> None:
+        super().__init__()
+        self.folder = folder
+        self.transactional = transactional
+        self.fail_every = fail_every
+        self._submits = 0
+        epoch = context.epoch if context.epoch is not None else 0
+        stem = f"{context.write_id}-e{epoch}-p{context.partition_id}-t{context.task_attempt_id}"
+        sub = "staging" if transactional else "out"
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        self.path = folder / sub / f"{stem}.txt"
+        self.path.touch()
+
+    @property
+    def target(self) -> str:
+        return str(self.folder)
+
+    def write_batch(self, batch: Batch) -> None:
+        self._submits += 1
+        if self.fail_every and self._submits % self.fail_every == 0:
+            raise RetryableError(f"injected failure on submit {self._submits}")
+        data = b"".join(e + b"\n" for e in batch.entries)
+        with open(self.path, "ab") as f:
+            f.write(data)
+
+    def pre_commit(self) -> Any:
+        return {"file": str(self.path)} if self.transactional else None
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+class FileCommitter(Committer):
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def commit(self, messages: list[Any], context: WriteContext) -> None:
+        committed = self.folder / "committed"
+        committed.mkdir(parents=True, exist_ok=True)
+        epoch = context.epoch if context.epoch is not None else 0
+        with _locked(self.folder):
+            if list(committed.glob(f"*-{context.write_id}-e{epoch}.txt")):
+                return  # this epoch was committed before: replay is a no-op
+            seq = len(list(committed.glob("*.txt")))
+            tmp = committed / f".{context.write_id}-e{epoch}.tmp"
+            with open(tmp, "wb") as out:
+                for message in messages:
+                    out.write(Path(message["file"]).read_bytes())
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, committed / f"{seq:06d}-{context.write_id}-e{epoch}.txt")
+
+    def abort(self, messages: list[Any], context: WriteContext) -> None:
+        for message in messages:
+            Path(message["file"]).unlink(missing_ok=True)
+
+
+TEST_OPTIONS = (
+    Option("test.dir", "str", None, "Folder the fake store writes to.", required=True),
+    Option("test.fail-every", "int", 0, "Every n-th submit of a task fails (retryable); 0 = never.", minimum=0),
+)
+
+
+class FileStoreDataSource(EngineDataSource):
+    format_name = "sluice_test"
+
+    @classmethod
+    def option_spec(cls) -> OptionSpec:
+        return cls.sink_spec().extend(TEST_OPTIONS)
+
+    def make_encoder(self, opts: Options, schema: StructType) -> Encoder:
+        column = body_column_name(schema.fieldNames(), [f.dataType.typeName() for f in schema.fields])
+        return lambda batch: binary_column(batch, column)
+
+    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
+        return FileStore(Path(opts["test.dir"]), context, opts["sink.transactional"], opts["test.fail-every"])
+
+    def make_committer(self, opts: Options) -> Committer:
+        return FileCommitter(Path(opts["test.dir"]))
+
+
+def read_file_store(folder: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """{'out': lines written without transactions, 'committed': lines of committed epochs, in commit order}."""
+    root = Path(folder)
+
+    def lines(files: list[Path]) -> list[str]:
+        return [line for f in files for line in f.read_text().splitlines()]
+
+    def seq(p: Path) -> int:
+        return int(re.match(r"(\d+)-", p.name).group(1))  # type: ignore[union-attr]
+
+    return {
+        "out": lines(sorted((root / "out").glob("*.txt"))),
+        "committed": lines(sorted((root / "committed").glob("*.txt"), key=seq)),
+    }
+
+
+def register(spark: SparkSession) -> None:
+    """Register the test format with `spark` and with sluice.write()."""
+    from sluice.spark._registry import add_format
+
+    add_format(FileStoreDataSource.format_name, f"{__name__}:FileStoreDataSource")
+    spark.dataSource.register(FileStoreDataSource)

@@ -1,0 +1,295 @@
+import threading
+import time
+
+import pytest
+
+from sluice import RecordTooLargeError, RetryableError, SinkError, ThrottledError
+from sluice.engine import AIMDRateLimiter, AsyncSinkWriter, SinkConfig
+from tests.engine.helpers import ManualStore, RecordingStore
+
+FAST = dict(retry_delay_ms=1, flush_timeout_ms=60_000)
+
+
+def writer(store, **config):
+    return AsyncSinkWriter(store, SinkConfig(**{**FAST, **config}))
+
+
+def test_batch_size_trigger_flushes_full_batches_only():
+    store = ManualStore()
+    with writer(store, max_batch_records=3, max_buffered=10) as w:
+        w.write_chunk(list(range(7)), [1] * 7)
+        batches = store.wait_submits(1)
+        assert batches[0].entries == [0, 1, 2]
+        store.complete_all()
+        store.wait_submits(1)
+        store.complete_all()
+        time.sleep(0.1)
+        assert len(store.pending) == 0  # one entry left: below every trigger, it waits
+        assert w.stats.flush_reasons["batch-size"] == 2
+
+
+def test_byte_trigger_flushes_before_the_record_count_is_reached():
+    store = RecordingStore()
+    with writer(store, max_batch_records=100, max_batch_bytes=50, max_buffered=200) as w:
+        w.write_chunk(list(range(6)), [20] * 6)
+        w.flush()
+    assert [b.entries for b in store.batches][0] == [0, 1]
+    assert w.stats.flush_reasons["batch-bytes"] >= 1
+
+
+def test_timeout_trigger_flushes_a_partial_batch():
+    store = RecordingStore()
+    with AsyncSinkWriter(store, SinkConfig(max_batch_records=100, flush_timeout_ms=50)) as w:
+        w.write_chunk(["a", "b"], [1, 1])
+        deadline = time.monotonic() + 5
+        while not store.batches and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.batches and store.batches[0].entries == ["a", "b"]
+        assert w.stats.flush_reasons == {"timeout": 1}
+
+
+def test_checkpoint_waits_for_every_ack():
+    store = ManualStore()
+    with writer(store, max_batch_records=100) as w:
+        w.write_chunk([1, 2, 3], [1, 1, 1])
+        done = threading.Event()
+        flusher = threading.Thread(target=lambda: (w.flush(), done.set()))
+        flusher.start()
+        store.wait_submits(1)
+        assert not done.wait(0.2), "flush returned before the store acknowledged"
+        store.complete_all()
+        assert done.wait(5)
+        flusher.join()
+    assert w.stats.records == 3 and w.stats.flush_reasons == {"checkpoint": 1}
+
+
+def test_back_pressure_blocks_the_writer_while_the_buffer_is_full():
+    store = ManualStore()
+    w = writer(store, max_batch_records=2, max_buffered=3, max_inflight=1)
+    wrote = []
+
+    def produce():
+        for i in range(20):
+            w.write_chunk([i], [1])
+            wrote.append(i)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    store.wait_submits(1)
+    time.sleep(0.3)
+    # 2 in flight + at most 3 buffered + the small ring (4 chunks) + the one being put: never all 20.
+    assert len(wrote) < 12
+    while producer.is_alive() or store.pending:
+        store.complete_all()
+        time.sleep(0.01)
+    w.flush()
+    w.close()
+    assert wrote == list(range(20)) and w.stats.records == 20
+
+
+def test_max_inflight_requests_is_honoured():
+    store = ManualStore()
+    with writer(store, max_batch_records=1, max_buffered=100, max_inflight=3) as w:
+        w.write_chunk(list(range(10)), [1] * 10)
+        store.wait_submits(1)
+        time.sleep(0.2)
+        assert len(store.pending) == 1  # AIMD window starts at one batch
+        store.complete_all()  # window grows by 10 records per success
+        store.wait_submits(3)
+        time.sleep(0.2)
+        assert len(store.pending) == 3  # capped by max in-flight requests
+        while store.pending:
+            store.complete_all()
+            time.sleep(0.05)
+        w.flush()
+    assert w.stats.peak_inflight == 3
+
+
+def test_aimd_window_grows_additively_and_halves_on_failure():
+    limiter = AIMDRateLimiter(max_batch_records=100, max_inflight_requests=4)
+    assert limiter.window == 100
+    limiter.on_submit(100)
+    assert limiter.should_block(1)
+    limiter.on_complete(100, success=True)
+    assert limiter.window == 110
+    limiter.on_submit(10)
+    limiter.on_complete(10, success=False)
+    assert limiter.window == 55
+    for _ in range(10):
+        limiter.on_submit(1)
+        limiter.on_complete(1, success=False)
+    assert limiter.window == 1
+    assert not limiter.should_block(50)  # with nothing in flight one request may always go
+    assert limiter.batch_size_limit(100) == 1
+
+
+def test_retryable_failure_resends_the_same_entries_first_and_counts_it():
+    store = ManualStore()
+    with writer(store, max_batch_records=2, max_buffered=10, max_inflight=1) as w:
+        w.write_chunk(["a", "b", "c", "d"], [1] * 4)
+        store.wait_submits(1)
+        store.complete_all(RetryableError("try again"))
+        retried = store.wait_submits(1)
+        assert retried[0].entries == ["a"] and retried[0].attempt == 1  # window halved to 1 record
+        store.complete_all()
+        while w.stats.records < 4:
+            store.complete_all()
+            time.sleep(0.01)
+        w.flush()
+    assert w.stats.retries == 1
+
+
+def test_throttles_are_retried_and_counted():
+    store = ManualStore()
+    with writer(store, max_batch_records=5) as w:
+        w.write_chunk([1, 2], [1, 1])
+        flusher = threading.Thread(target=w.flush)
+        flusher.start()
+        store.wait_submits(1)
+        store.complete_all(ThrottledError("slow down"))
+        store.wait_submits(1)
+        store.complete_all()
+        flusher.join(5)
+    assert w.stats.throttles == 1 and w.stats.retries == 1 and w.stats.records == 2
+
+
+def test_exhausted_retries_fail_with_store_target_batch_size_and_cause():
+    store = ManualStore()
+    w = writer(store, max_batch_records=5, max_retries=2)
+    w.write_chunk([1, 2, 3], [1, 1, 1])
+    result = {}
+
+    def flush():
+        try:
+            w.flush()
+        except SinkError as e:
+            result["error"] = e
+
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    for _ in range(3):
+        store.wait_submits(1)
+        store.complete_all(RetryableError("store unavailable"))
+    flusher.join(5)
+    w.close()
+    error = result["error"]
+    text = str(error)
+    # Each failure halves the AIMD window, so the retries went out as smaller batches.
+    assert text.startswith("manual: batch of 1 record (1 bytes) to manual-target"), text
+    assert "3 attempts" in text and "sink.max-retries=2" in text and "store unavailable" in text
+    assert error.batch_records == 1 and isinstance(error.cause, RetryableError)
+
+
+def test_fatal_error_fails_at_once_and_later_writes_raise():
+    store = ManualStore()
+    w = writer(store, max_batch_records=1)
+    w.write_chunk(["x"], [1])
+    store.wait_submits(1)
+    store.complete_all(ValueError("schema mismatch"))
+    with pytest.raises(SinkError, match="schema mismatch"):
+        w.flush()
+    with pytest.raises(SinkError):
+        w.write_chunk(["y"], [1])
+    w.close()
+    assert len(store.pending) == 0  # nothing was retried
+
+
+def test_a_store_that_raises_in_submit_is_handled_like_a_failed_future():
+    class Raising(RecordingStore):
+        def submit(self, batch):
+            raise RuntimeError("connection refused")
+
+    w = AsyncSinkWriter(Raising(), SinkConfig(max_retries=0, retry_delay_ms=1))
+    w.write_chunk(["x"], [1])
+    with pytest.raises(SinkError, match="connection refused"):
+        w.flush()
+    w.close()
+
+
+def test_oversized_record_fails_naming_limit_and_size_and_sends_nothing():
+    store = ManualStore(max_record_bytes=100)
+    with writer(store, max_batch_bytes=1000) as w:
+        with pytest.raises(RecordTooLargeError, match=r"record 1 .* 150 bytes.*limit of 100 bytes"):
+            w.write_chunk(["ok", "big"], [10, 150])
+        w.flush()
+    assert store.pending == []
+
+
+def test_global_ordered_keeps_one_request_in_flight():
+    store = ManualStore()
+    with writer(store, mode="global-ordered", max_batch_records=1, max_inflight=50) as w:
+        w.write_chunk(list(range(5)), [1] * 5)
+        for expected in range(5):
+            batch = store.wait_submits(1)
+            time.sleep(0.02)
+            assert len(store.pending) == 1 and batch[0].entries == [expected]
+            store.complete_all()
+        w.flush()
+
+
+def test_partition_ordered_runs_different_keys_concurrently_but_never_one_key_twice():
+    store = ManualStore()
+    with writer(store, mode="partition-ordered", max_batch_records=1, max_buffered=100, max_inflight=10) as w:
+        w.write_keyed(["a1", "b1", "a2", "b2"], [1] * 4, ["a", "b", "a", "b"])
+        store.complete_all()  # grow the window past one batch
+        time.sleep(0.2)
+        keys = [b.partition_key for b, _ in store.pending]
+        assert len(keys) == len(set(keys))
+        while w.stats.records < 4:
+            store.complete_all()
+            time.sleep(0.01)
+        w.flush()
+    assert w.stats.peak_inflight == 2
+
+
+def test_flush_on_checkpoint_holds_data_until_the_checkpoint():
+    store = RecordingStore()
+    cfg = SinkConfig(mode="partition-ordered", flush_on_checkpoint=True, max_batch_records=2, max_buffered=100,
+                     flush_timeout_ms=10)
+    with AsyncSinkWriter(store, cfg) as w:
+        w.write_keyed(list(range(10)), [1] * 10, [0] * 10)
+        time.sleep(0.2)
+        assert store.batches == []  # neither size nor timeout flushed
+        w.flush()
+    assert sum(b.record_count for b in store.batches) == 10
+    assert set(w.stats.flush_reasons) == {"checkpoint"}
+
+
+def test_flush_on_checkpoint_still_bounds_memory_at_max_buffered():
+    store = RecordingStore()
+    cfg = SinkConfig(mode="partition-ordered", flush_on_checkpoint=True, max_batch_records=2, max_buffered=4)
+    with AsyncSinkWriter(store, cfg) as w:
+        for i in range(10):
+            w.write_keyed([i], [1], [0])
+        w.flush()
+    assert w.stats.flush_reasons["buffer-full"] >= 1 and w.stats.records == 10
+
+
+def test_transactional_needs_a_transactional_store():
+    from sluice import OptionError
+
+    with pytest.raises(OptionError, match="no transactions"):
+        AsyncSinkWriter(RecordingStore(), SinkConfig(mode="global-ordered", transactional=True))
+
+
+def test_store_limits_bound_the_options():
+    from sluice import OptionError
+
+    store = RecordingStore()
+    store.max_batch_records = 500
+    with pytest.raises(OptionError, match=r"sink.batch.max-size=1000 exceeds recording's limit of 500"):
+        AsyncSinkWriter(store, SinkConfig())
+
+
+def test_stats_percentiles_and_merge():
+    from sluice.engine import WriteStats
+
+    a, b = WriteStats(), WriteStats()
+    for ms in (1, 1, 1, 100):
+        a.record_latency(ms / 1000)
+    b.record_latency(0.002)
+    a.records, b.records = 3, 4
+    merged = WriteStats.from_dict(WriteStats.merge([a, b]).to_dict())
+    assert merged.records == 7 and merged.tasks == 2
+    assert 0.9 <= merged.latency_ms(0.5) <= 1.2
+    assert 90 <= merged.latency_ms(0.99) <= 110
