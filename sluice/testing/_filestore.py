@@ -25,17 +25,26 @@ from sluice.spark._datasource import Encoder, EngineDataSource
 from sluice.spark._encoding import binary_column, body_column_name
 
 
+class InjectedCrash(Exception):
+    """Not retryable: fails the Spark task."""
+
+
 class FileStore(BlockingStore):
     name = "sluice_test"
     supports_transactions = True
     io_threads = 4
 
-    def __init__(self, folder: Path, context: WriteContext, transactional: bool, fail_every: int) -> None:
+    def __init__(self, folder: Path, context: WriteContext, transactional: bool, fail_every: int,
+                 crash_after: int) -> None:
         super().__init__()
         self.folder = folder
         self.transactional = transactional
         self.fail_every = fail_every
+        # Simulates an executor dying mid-task: the first attempt of each task fails for good after
+        # writing `crash_after` entries, so Spark retries the task.
+        self.crash_after = crash_after if context.attempt == 0 else 0
         self._submits = 0
+        self._written = 0
         epoch = context.epoch if context.epoch is not None else 0
         stem = f"{context.write_id}-e{epoch}-p{context.partition_id}-t{context.task_attempt_id}"
         sub = "staging" if transactional else "out"
@@ -51,9 +60,12 @@ class FileStore(BlockingStore):
         self._submits += 1
         if self.fail_every and self._submits % self.fail_every == 0:
             raise RetryableError(f"injected failure on submit {self._submits}")
+        if self.crash_after and self._written >= self.crash_after:
+            raise InjectedCrash(f"injected task crash after {self._written} entries")
         data = b"".join(e + b"\n" for e in batch.entries)
         with open(self.path, "ab") as f:
             f.write(data)
+        self._written += batch.record_count
 
     def pre_commit(self) -> Any:
         return {"file": str(self.path)} if self.transactional else None
@@ -94,6 +106,8 @@ class FileCommitter(Committer):
 TEST_OPTIONS = (
     Option("test.dir", "str", None, "Folder the fake store writes to.", required=True),
     Option("test.fail-every", "int", 0, "Every n-th submit of a task fails (retryable); 0 = never.", minimum=0),
+    Option("test.crash-after", "int", 0, "First task attempts crash after this many entries; 0 = never.",
+           minimum=0),
 )
 
 
@@ -109,7 +123,8 @@ class FileStoreDataSource(EngineDataSource):
         return lambda batch: binary_column(batch, column)
 
     def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
-        return FileStore(Path(opts["test.dir"]), context, opts["sink.transactional"], opts["test.fail-every"])
+        return FileStore(Path(opts["test.dir"]), context, opts["sink.transactional"], opts["test.fail-every"],
+                         opts["test.crash-after"])
 
     def make_committer(self, opts: Options) -> Committer:
         return FileCommitter(Path(opts["test.dir"]))

@@ -1,0 +1,50 @@
+"""Generate docs/options.md from the option declarations. `python -m sluice.docgen --write`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sluice._options import option_table
+from sluice.engine import SINK_OPTIONS
+
+OPTIONS_DOC = Path(__file__).resolve().parent.parent / "docs" / "options.md"
+
+
+def render_options_doc() -> str:
+    from sluice.spark._registry import FORMATS, data_source_class
+
+    parts = [
+        "# Options",
+        "",
+        "Generated from the option declarations by `make docs`; a test fails when this file is stale.",
+        "Every option is validated before any write: unknown keys are errors that name the closest match.",
+        "",
+        "## Sink options shared by every sluice sink",
+        "",
+        option_table(SINK_OPTIONS),
+        "",
+    ]
+    shared = {o.name for o in SINK_OPTIONS}
+    for name in sorted(FORMATS):
+        own = [o for o in data_source_class(name).option_spec().options if o.name not in shared]
+        parts += [f"## format(\"{name}\")", ""]
+        parts += [option_table(own) if own else "Only the shared sink options.", ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--write", action="store_true", help="rewrite docs/options.md")
+    args = parser.parse_args(argv)
+    text = render_options_doc()
+    if args.write:
+        OPTIONS_DOC.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

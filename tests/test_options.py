@@ -1,0 +1,77 @@
+import pytest
+
+from sluice import OptionError
+from sluice._options import Option, OptionSpec
+from sluice.engine import SINK_SPEC, SinkConfig
+
+SECRET_SPEC = SINK_SPEC.extend([Option("store.password", "str", None, "Password.", secret=True)])
+
+
+def parse(**raw):
+    return SINK_SPEC.parse({k.replace("_", "."): v for k, v in raw.items()})
+
+
+def test_defaults_follow_flink_connector_s2():
+    config = SinkConfig.from_options(SINK_SPEC.parse({}))
+    assert (config.max_batch_records, config.max_batch_bytes, config.flush_timeout_ms) == (1000, 1048576, 1000)
+    assert (config.max_buffered, config.max_inflight, config.mode) == (2000, 500, "unordered")
+    assert (config.parallelism, config.max_retries, config.retry_delay_ms) == (16, 3, 1000)
+
+
+def test_values_are_parsed_by_type_and_keys_are_case_insensitive():
+    opts = SINK_SPEC.parse({"SINK.BATCH.MAX-SIZE": "10", "sink.mode": "Partition-Ordered",
+                            "sink.partition-key": "a, b", "sink.flush-on-checkpoint": "TRUE"})
+    assert opts["sink.batch.max-size"] == 10 and opts["sink.mode"] == "partition-ordered"
+    assert opts["sink.partition-key"] == ("a", "b") and opts["sink.flush-on-checkpoint"] is True
+
+
+def test_unknown_option_lists_valid_keys_and_closest_match():
+    with pytest.raises(OptionError) as info:
+        SINK_SPEC.parse({"sink.batch.maxsize": "10"})
+    text = str(info.value)
+    assert "unknown option 'sink.batch.maxsize'" in text
+    assert "Did you mean 'sink.batch.max-size'?" in text
+    assert "sink.requests.max-inflight" in text  # the list of valid keys
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"sink.batch.max-size": "ten"}, "'sink.batch.max-size' must be a whole number, got 'ten'"),
+        ({"sink.batch.max-size": "0"}, "'sink.batch.max-size' must be >= 1, got 0"),
+        ({"sink.parallelism": "5000"}, "'sink.parallelism' must be <= 4096"),
+        ({"sink.mode": "fast"}, "'sink.mode' must be one of unordered, partition-ordered, global-ordered"),
+        ({"sink.transactional": "maybe"}, "'sink.transactional' must be true or false"),
+        ({"sink.transactional": "true"}, "sink.transactional=true needs sink.mode=global-ordered"),
+        ({"sink.partition-key": "id"}, "sink.partition-key only applies to sink.mode=partition-ordered"),
+        ({"sink.flush-on-checkpoint": "true", "sink.mode": "global-ordered"},
+         "sink.flush-on-checkpoint only applies to sink.mode=partition-ordered"),
+        ({"sink.requests.max-buffered": "500"}, "sink.requests.max-buffered (500) must be greater than"),
+    ],
+)
+def test_bad_values_and_combinations_name_the_option(raw, message):
+    with pytest.raises(OptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SINK_SPEC.parse(raw)
+
+
+def test_secrets_never_show_in_repr_or_errors():
+    opts = SECRET_SPEC.parse({"store.password": "hunter2"})
+    assert "hunter2" not in repr(opts) and "hunter2" not in str(opts)
+    bad = SINK_SPEC.extend([Option("store.token-ttl", "int", 1, "TTL.", secret=True)])
+    with pytest.raises(OptionError) as info:
+        bad.parse({"store.token-ttl": "hunter2"})
+    assert "hunter2" not in str(info.value)
+
+
+def test_required_options_are_named():
+    spec = OptionSpec("demo", (Option("demo.table", "str", None, "Table.", required=True),))
+    with pytest.raises(OptionError, match=r"needs option\(s\) demo.table"):
+        spec.parse({})
+
+
+def test_docs_options_tables_are_generated_from_the_declarations():
+    from sluice import docgen
+
+    assert docgen.render_options_doc() == docgen.OPTIONS_DOC.read_text(), (
+        "docs/options.md is stale: run `make docs` (python -m sluice.docgen --write)"
+    )
