@@ -60,7 +60,7 @@ def test_unordered_loses_nothing(w):
 @common
 @given(workloads, st.booleans())
 def test_partition_ordered_keeps_per_key_order_and_never_mixes_keys(w, hold):
-    entries, store, writer = run("partition-ordered", w, flush_on_checkpoint=hold)
+    entries, store, _writer = run("partition-ordered", w, flush_on_checkpoint=hold)
     accepted = store.accepted_entries()
     assert sorted(accepted) == sorted(entries)
     assert per_key(accepted) == per_key(entries)
@@ -72,6 +72,6 @@ def test_partition_ordered_keeps_per_key_order_and_never_mixes_keys(w, hold):
 @common
 @given(workloads)
 def test_global_ordered_keeps_total_order(w):
-    entries, store, writer = run("global-ordered", w)
+    entries, store, _writer = run("global-ordered", w)
     assert store.accepted_entries() == entries
     assert store.max_inflight_seen == 1

@@ -33,7 +33,7 @@ def test_byte_trigger_flushes_before_the_record_count_is_reached():
     with writer(store, max_batch_records=100, max_batch_bytes=50, max_buffered=200) as w:
         w.write_chunk(list(range(6)), [20] * 6)
         w.flush()
-    assert [b.entries for b in store.batches][0] == [0, 1]
+    assert next(b.entries for b in store.batches) == [0, 1]
     assert w.stats.flush_reasons["batch-bytes"] >= 1
 
 

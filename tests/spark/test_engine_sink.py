@@ -15,8 +15,8 @@ pytestmark = pytest.mark.spark
 
 def numbered(spark, n, keys=7, partitions=1):
     """Rows with body 'key:seq'; one input partition so the input order is total."""
-    return spark.range(0, n, 1, partitions).selectExpr(f"concat(cast(id % {keys} AS string), ':', cast(id AS string)) AS body",
-                                                      f"id % {keys} AS key")
+    body = f"concat(cast(id % {keys} AS string), ':', cast(id AS string)) AS body"
+    return spark.range(0, n, 1, partitions).selectExpr(body, f"id % {keys} AS key")
 
 
 def by_key(lines):
@@ -123,7 +123,7 @@ def test_null_sink_accepts_any_dataframe(spark):
 
 def test_options_are_validated_before_any_write(spark, tmp_path):
     df = spark.range(10).selectExpr("cast(id AS string) AS body")
-    with pytest.raises(AnalysisException, match="Did you mean 'sink.batch.max-size'"):
+    with pytest.raises(AnalysisException, match=r"Did you mean 'sink\.batch\.max-size'"):
         df.write.format("sluice_test").option("test.dir", str(tmp_path)).option("sink.batch.maxsize", "5") \
             .mode("append").save()
     with pytest.raises(AnalysisException, match="does not support mode\\('overwrite'\\)"):
@@ -131,7 +131,7 @@ def test_options_are_validated_before_any_write(spark, tmp_path):
     with pytest.raises(AnalysisException, match=r"sink.partition-key column\(s\) \['nope'\] are not in the DataFrame"):
         df.write.format("sluice_test").option("test.dir", str(tmp_path)).option("sink.mode", "partition-ordered") \
             .option("sink.partition-key", "nope").mode("append").save()
-    with pytest.raises(sluice.OptionError, match="needs sink.partition-key"):
+    with pytest.raises(sluice.OptionError, match=r"needs sink\.partition-key"):
         sluice.write(df, "sluice_test", {"test.dir": tmp_path, "sink.mode": "partition-ordered"})
     assert not (tmp_path / "out").exists(), "a write started although the options were bad"
 
