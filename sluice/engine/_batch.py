@@ -65,13 +65,23 @@ class PartitionKeyBatchCreator(BatchCreator):
     def create_next_batch(self, request_info: RequestInfo, buffer: RequestBuffer) -> Batch | None:
         if not isinstance(buffer, KeyedRequestBuffer):
             raise TypeError("PartitionKeyBatchCreator needs a KeyedRequestBuffer")
+        # The fullest sendable key goes first: per-key batches stay as large as the buffer allows
+        # (ties go to the key buffered longest, so no key starves).
+        best, best_size = None, 0
         for key in buffer.partition_keys():
             if key in request_info.busy_keys or buffer.key_ready_at(key) > request_info.now:
                 continue
-            taken = buffer.take(request_info.batch_size, request_info.max_batch_bytes, request_info.now, key)
-            if taken:
-                return Batch(taken.entries, taken.size_bytes, len(taken.entries), key, taken.attempt, taken.sizes)
-        return None
+            size = buffer.key_size(key)
+            if size > best_size:
+                best, best_size = key, size
+                if size >= request_info.batch_size:
+                    break
+        if best is None:
+            return None
+        taken = buffer.take(request_info.batch_size, request_info.max_batch_bytes, request_info.now, best)
+        if taken is None:
+            return None
+        return Batch(taken.entries, taken.size_bytes, len(taken.entries), best, taken.attempt, taken.sizes)
 
     def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
         assert isinstance(buffer, KeyedRequestBuffer)

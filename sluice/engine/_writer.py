@@ -130,11 +130,25 @@ class AsyncSinkWriter:
         if not self._keyed:
             self.write_chunk(entries, sizes)
             return
-        groups: dict[Hashable, list[int]] = {}
-        for index, key in enumerate(keys):
-            groups.setdefault(key, []).append(index)
-        for key, indexes in groups.items():
-            self.write_chunk([entries[i] for i in indexes], [sizes[i] for i in indexes], key)
+        import numpy as np
+
+        key_array = np.asarray(keys)
+        if key_array.dtype.kind not in "iu":  # arbitrary hashables: group in Python
+            groups: dict[Hashable, list[int]] = {}
+            for index, key in enumerate(keys):
+                groups.setdefault(key, []).append(index)
+            for key, indexes in groups.items():
+                self.write_chunk([entries[i] for i in indexes], [sizes[i] for i in indexes], key)
+            return
+        # Integer buckets: a stable sort groups them and keeps each key's order, without a Python loop per key.
+        order = np.argsort(key_array, kind="stable")
+        sorted_keys = key_array[order]
+        bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
+        positions = order.tolist()
+        ordered_entries = [entries[i] for i in positions]
+        ordered_sizes = [sizes[i] for i in positions]
+        for start, end in zip([0, *bounds], [*bounds, len(positions)], strict=True):
+            self.write_chunk(ordered_entries[start:end], ordered_sizes[start:end], int(sorted_keys[start]))
 
     def flush(self) -> None:
         """The checkpoint: return once every entry written so far is acknowledged by the store."""

@@ -1,0 +1,52 @@
+"""The `sluice` command. Subcommands: formats, options. (Later: `sluice s2 serve`, `sluice meta ...`.)"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _formats(_: argparse.Namespace) -> int:
+    from sluice.spark._registry import FORMATS
+
+    for name in sorted(FORMATS):
+        print(name)
+    return 0
+
+
+def _options(args: argparse.Namespace) -> int:
+    from sluice._options import option_table
+    from sluice.engine import SINK_OPTIONS
+    from sluice.spark._registry import data_source_class
+
+    options = data_source_class(args.format).option_spec().options if args.format else SINK_OPTIONS
+    print(option_table(options))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sluice import __version__
+
+    parser = argparse.ArgumentParser(prog="sluice", description="Connectors for PySpark.")
+    parser.add_argument("--version", action="version", version=f"sluice {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("formats", help="list the formats sluice.register() adds").set_defaults(run=_formats)
+    options = sub.add_parser("options", help="print the options of a format (default: the shared sink options)")
+    options.add_argument("format", nargs="?")
+    options.set_defaults(run=_options)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from sluice import SluiceError
+
+    try:
+        return args.run(args)
+    except SluiceError as error:
+        print(f"sluice: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
