@@ -11,14 +11,10 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from datetime import date
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from sluice.engine import AsyncSinkWriter, SinkConfig, Store, completed_future  # noqa: E402
+from sluice.engine import AsyncSinkWriter, SinkConfig, Store, completed_future
 
 
 class NoopStore(Store):
