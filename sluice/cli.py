@@ -7,9 +7,9 @@ import sys
 
 
 def _formats(_: argparse.Namespace) -> int:
-    from sluice.spark._registry import FORMATS
+    from sluice.spark._registry import BUILTIN_FORMATS
 
-    for name in sorted(FORMATS):
+    for name in sorted(BUILTIN_FORMATS):
         print(name)
     return 0
 

@@ -13,7 +13,7 @@ OPTIONS_DOC = Path(__file__).resolve().parent.parent / "docs" / "options.md"
 
 
 def render_options_doc() -> str:
-    from sluice.spark._registry import FORMATS, data_source_class
+    from sluice.spark._registry import BUILTIN_FORMATS, data_source_class
 
     parts = [
         "# Options",
@@ -27,7 +27,7 @@ def render_options_doc() -> str:
         "",
     ]
     shared = {o.name for o in SINK_OPTIONS}
-    for name in sorted(FORMATS):
+    for name in sorted(BUILTIN_FORMATS):
         own = [o for o in data_source_class(name).option_spec().options if o.name not in shared]
         parts += [f"## format(\"{name}\")", ""]
         parts += [option_table(own) if own else "Only the shared sink options.", ""]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,9 +13,11 @@ if TYPE_CHECKING:
     from sluice.spark._datasource import EngineDataSource
 
 # format name -> "module:class"; imported on use so a connector's client library loads only when needed.
-FORMATS: dict[str, str] = {
+BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
     "sluice_null": "sluice.connectors.null:NullDataSource",
-}
+})
+# What register() and sluice.write() know: the built-ins plus any added with add_format (e.g. test formats).
+FORMATS: dict[str, str] = dict(BUILTIN_FORMATS)
 
 
 def add_format(format_name: str, target: str) -> None:
