@@ -1,4 +1,4 @@
-"""The `sluice` command. Subcommands: formats, options. (Later: `sluice s2 serve`, `sluice meta ...`.)"""
+"""The `sluice` command. Subcommands: formats, options, s2 serve."""
 
 from __future__ import annotations
 
@@ -34,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     options = sub.add_parser("options", help="print the options of a format (default: the shared sink options)")
     options.add_argument("format", nargs="?")
     options.set_defaults(run=_options)
+
+    from sluice.s2local.__main__ import add_serve_arguments, serve_from_args
+
+    s2 = sub.add_parser("s2", help="the local S2-compatible server").add_subparsers(dest="s2_command", required=True)
+    serve = s2.add_parser("serve", help="serve S2's API on this machine (default 127.0.0.1:4243, data in .sluice/s2)")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=serve_from_args)
     return parser
 
 

@@ -1,0 +1,535 @@
+"""ASGI application speaking S2's v1 API, as the official s2-sdk uses it (served by hypercorn)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+import hmac
+import json
+import logging
+import os
+import time
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from s2_sdk._generated.s2.v1 import s2_pb2 as pb
+
+from sluice.s2local._core import MIB, Core, Session, Stream
+from sluice.s2local._errors import S2Error
+from sluice.s2local._wire import FrameReader, compress, frame, read_batch, terminal_frame
+
+log = logging.getLogger("sluice.s2local")
+
+# The SDK gives up on a silent read session after 20 s; s2-lite sends one every 5-15 s.
+HEARTBEAT_S = float(os.environ.get("SLUICE_S2_HEARTBEAT_S", "5"))
+MAX_CONTROL_BODY = 64 * 1024
+MAX_UNARY_APPEND_BODY = 4 * MIB  # 1 MiB of metered bytes, as JSON with base64 at worst
+MAX_UNACKED_BATCHES = 1000
+MAX_DRAIN = 16 * MIB  # past this, an oversize request's connection is simply closed
+S2S = "s2s/proto"
+PROTO = ("application/x-protobuf", "application/protobuf")
+UNSUPPORTED = {"access-tokens": "access tokens", "locations": "locations", "metrics": "metrics"}
+
+
+class Request:
+    def __init__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.scope = scope
+        self.method = scope["method"]
+        raw = scope.get("raw_path") or scope["path"].encode()
+        # Split before unquoting: stream names may contain an encoded '/'.
+        self.segments = [unquote(s.decode("latin-1")) for s in raw.split(b"?")[0].split(b"/") if s]
+        self.query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.receive = receive
+        self._send = send
+        self.started = False
+        self.disconnected = asyncio.Event()
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+    def content_type(self) -> str:
+        return (self.header("content-type") or "").split(";")[0].strip().lower()
+
+    def response_codec(self) -> str | None:
+        accept = self.header("accept-encoding") or ""
+        for codec in ("zstd", "gzip"):
+            if codec in accept:
+                return codec
+        return None
+
+    async def body(self, limit: int) -> bytes:
+        chunks = bytearray()
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected.set()
+                raise asyncio.CancelledError
+            chunks.extend(message.get("body", b""))
+            if len(chunks) > limit:
+                await self._discard_rest(message)
+                raise S2Error("payload_too_large", f"request body over {limit} bytes")
+            if not message.get("more_body"):
+                break
+        data = bytes(chunks)
+        encoding = (self.header("content-encoding") or "").lower()
+        if encoding == "zstd":
+            import zstandard
+
+            try:
+                data = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+            except Exception as error:
+                raise S2Error("bad_header", f"cannot decompress zstd body: {error}") from None
+        elif encoding == "gzip":
+            try:
+                data = gzip.decompress(data)
+            except Exception as error:
+                raise S2Error("bad_header", f"cannot decompress gzip body: {error}") from None
+        return data
+
+    async def _discard_rest(self, message: dict[str, Any]) -> None:
+        """Read (and drop) the rest of an oversize body, up to MAX_DRAIN, so the client gets the 413.
+
+        Answering while the client is still sending makes hypercorn drop the connection instead.
+        """
+        drained = 0
+        while message.get("more_body") and drained < MAX_DRAIN:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected.set()
+                return
+            drained += len(message.get("body", b""))
+
+    async def start(self, status: int, content_type: str, extra: list[tuple[str, str]] | None = None) -> None:
+        headers = [(b"content-type", content_type.encode())]
+        headers += [(k.encode(), v.encode()) for k, v in extra or []]
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def chunk(self, data: bytes, more: bool = True) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def respond(self, status: int, body: bytes, content_type: str = "application/json",
+                      extra: list[tuple[str, str]] | None = None) -> None:
+        extra = list(extra or [])
+        codec = self.response_codec()
+        if codec and len(body) >= 1024:
+            body = compress(body, codec)
+            extra.append(("content-encoding", codec))
+        await self.start(status, content_type, extra)
+        await self.chunk(body, more=False)
+
+    async def json(self, status: int, data: Any, extra: list[tuple[str, str]] | None = None) -> None:
+        await self.respond(status, json.dumps(data).encode(), "application/json", extra)
+
+    async def json_body(self) -> Any:
+        data = await self.body(MAX_CONTROL_BODY)
+        if not data.strip():
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as error:
+            raise S2Error("bad_json", f"request body is not valid JSON: {error}") from None
+
+
+def _int_param(req: Request, name: str, maximum: int | None = None) -> int | None:
+    raw = req.query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise S2Error("bad_query", f"query parameter {name} must be a whole number") from None
+    if value < 0 or (maximum is not None and value > maximum):
+        raise S2Error("bad_query", f"query parameter {name} must be between 0 and {maximum}")
+    return value
+
+
+def _page_params(req: Request) -> tuple[str, str, int]:
+    limit = _int_param(req, "limit", 1000)
+    return req.query.get("prefix", ""), req.query.get("start_after", ""), 1000 if limit is None else limit
+
+
+class S2App:
+    def __init__(self, core: Core, token: str | None = None) -> None:
+        self.core = core
+        self.token = token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        req = Request(scope, receive, send)
+        try:
+            self._authorize(req)
+            await self._route(req)
+        except asyncio.CancelledError:
+            pass
+        except S2Error as error:
+            await self._fail(req, error)
+        except Exception as error:  # a bug must answer 500, never kill the server
+            log.exception("internal error on %s %s", req.method, scope.get("path"))
+            await self._fail(req, S2Error("other", f"internal error: {type(error).__name__}"))
+
+    async def _fail(self, req: Request, error: S2Error) -> None:
+        with contextlib.suppress(Exception):
+            if not req.started:
+                await req.respond(error.status, error.body())
+            else:
+                await req.chunk(terminal_frame(error), more=False)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.core.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.core.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authorize(self, req: Request) -> None:
+        if self.token is None:
+            return
+        given = req.header("authorization") or ""
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            # Never echo what was sent: it may be a real token.
+            raise S2Error("unauthorized", "missing or wrong access token (authorization: Bearer ...)")
+
+    def _basin(self, req: Request) -> str:
+        basin = req.header("s2-basin")
+        if not basin:
+            raise S2Error("bad_header", "basin-scoped requests need the s2-basin header (use a basin endpoint "
+                                        "without {basin} in the host)")
+        return basin
+
+    async def _route(self, req: Request) -> None:
+        seg, method = req.segments, req.method
+        if len(seg) < 2 or seg[0] != "v1":
+            raise S2Error("bad_path", f"no such endpoint: {req.scope.get('path')}", 404)
+        kind = seg[1]
+        if kind in UNSUPPORTED:
+            raise S2Error("not_implemented", f"{UNSUPPORTED[kind]} are not implemented by sluice's local S2 server")
+        if kind == "basins" and len(seg) == 2:
+            return await self._basins(req, method)
+        if kind == "basins" and len(seg) == 3:
+            return await self._basin_item(req, method, seg[2])
+        if kind == "streams" and len(seg) == 2:
+            return await self._streams(req, method)
+        if kind == "streams" and len(seg) == 3:
+            return await self._stream_item(req, method, seg[2])
+        if kind == "streams" and len(seg) == 4 and seg[3] == "records":
+            return await self._records(req, method, seg[2])
+        if kind == "streams" and len(seg) == 5 and seg[3:] == ["records", "tail"] and method == "GET":
+            stream = self.core.stream(self._basin(req), seg[2])
+            return await req.json(200, {"tail": {"seq_num": stream.next_seq, "timestamp": stream.last_ts}})
+        raise S2Error("bad_path", f"no such endpoint: {method} {req.scope.get('path')}", 404)
+
+    # ------------------------------------------------------------------ control plane
+    async def _basins(self, req: Request, method: str) -> None:
+        if method == "GET":
+            basins, more = self.core.list_basins(*_page_params(req))
+            return await req.json(200, {"basins": [b.info() for b in basins], "has_more": more})
+        if method == "POST":
+            body = await req.json_body()
+            if not isinstance(body, dict) or not isinstance(body.get("basin"), str):
+                raise S2Error("invalid", "body must be {\"basin\": NAME, \"config\": {...}}")
+            basin, created = await self.core.create_basin(body["basin"], body.get("config"),
+                                                          req.header("s2-request-token"))
+            return await req.json(201 if created else 200, basin.info())
+        raise S2Error("bad_path", f"{method} is not allowed on /v1/basins", 405)
+
+    async def _basin_item(self, req: Request, method: str, name: str) -> None:
+        if method == "GET":
+            return await req.json(200, self.core.basin(name).config)
+        if method == "PUT":
+            body = await req.json_body() or {}
+            basin, result = await self.core.ensure_basin(name, body.get("config") if isinstance(body, dict) else None)
+            status = 201 if result == "created" else 200
+            return await req.json(status, basin.info(), [("s2-provision-result", result)])
+        if method == "PATCH":
+            basin = await self.core.reconfigure_basin(name, await req.json_body())
+            return await req.json(200, basin.config)
+        if method == "DELETE":
+            await self.core.delete_basin(name)
+            return await req.respond(202, b"")
+        raise S2Error("bad_path", f"{method} is not allowed on a basin", 405)
+
+    async def _streams(self, req: Request, method: str) -> None:
+        basin = self._basin(req)
+        if method == "GET":
+            streams, more = self.core.list_streams(basin, *_page_params(req))
+            return await req.json(200, {"streams": [s.info() for s in streams], "has_more": more})
+        if method == "POST":
+            body = await req.json_body()
+            if not isinstance(body, dict) or not isinstance(body.get("stream"), str):
+                raise S2Error("invalid", "body must be {\"stream\": NAME, \"config\": {...}}")
+            stream, created = await self.core.create_stream(basin, body["stream"], body.get("config"),
+                                                            req.header("s2-request-token"))
+            return await req.json(201 if created else 200, stream.info())
+        raise S2Error("bad_path", f"{method} is not allowed on /v1/streams", 405)
+
+    async def _stream_item(self, req: Request, method: str, name: str) -> None:
+        basin = self._basin(req)
+        if method == "GET":
+            return await req.json(200, self.core.stream(basin, name).config)
+        if method == "PUT":
+            stream, result = await self.core.ensure_stream(basin, name, await req.json_body())
+            status = 201 if result == "created" else 200
+            return await req.json(status, stream.info(), [("s2-provision-result", result)])
+        if method == "PATCH":
+            stream = await self.core.reconfigure_stream(basin, name, await req.json_body())
+            return await req.json(200, stream.config)
+        if method == "DELETE":
+            await self.core.delete_stream(basin, name)
+            return await req.respond(202, b"")
+        raise S2Error("bad_path", f"{method} is not allowed on a stream", 405)
+
+    # ------------------------------------------------------------------ data plane
+    def _header_config(self, req: Request) -> dict[str, Any] | None:
+        raw = req.header("s2-stream-config")
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise S2Error("bad_header", "s2-stream-config is not valid JSON") from None
+
+    async def _records(self, req: Request, method: str, name: str) -> None:
+        basin = self._basin(req)
+        if req.header("s2-encryption-key"):
+            raise S2Error("invalid", "encryption is not supported by the local S2 server")
+        session = req.content_type() == S2S
+        if method == "POST":
+            stream = await self.core.stream_or_create(basin, name, "create_stream_on_append",
+                                                      self._header_config(req))
+            return await (self._append_session(req, stream) if session else self._unary_append(req, stream))
+        if method == "GET":
+            if "text/event-stream" in (req.header("accept") or ""):
+                raise S2Error("not_implemented", "server-sent events are not implemented; use s2s sessions")
+            stream = await self.core.stream_or_create(basin, name, "create_stream_on_read",
+                                                      self._header_config(req))
+            return await (self._read_session(req, stream) if session else self._unary_read(req, stream))
+        raise S2Error("bad_path", f"{method} is not allowed on records", 405)
+
+    def _format(self, req: Request) -> str:
+        fmt = (req.header("s2-format") or "raw").strip()
+        if fmt in ("raw", "json"):
+            return "raw"
+        if fmt in ("base64", "json-binsafe"):
+            return "base64"
+        raise S2Error("bad_header", f"s2-format must be raw or base64, got {fmt!r}")
+
+    def _decode_json_input(self, data: Any, fmt: str) -> Any:
+        def decode(value: Any, what: str) -> bytes:
+            if not isinstance(value, str):
+                raise S2Error("invalid", f"{what} must be a string")
+            if fmt == "raw":
+                return value.encode()
+            try:
+                return base64.b64decode(value, validate=True)
+            except ValueError:
+                raise S2Error("invalid", f"{what} is not valid base64") from None
+
+        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+            raise S2Error("invalid", "append body must be {\"records\": [...]}")
+        inp = pb.AppendInput()
+        for i, rec in enumerate(data["records"]):
+            if not isinstance(rec, dict):
+                raise S2Error("invalid", f"record {i} must be an object")
+            out = inp.records.add()
+            if rec.get("timestamp") is not None:
+                out.timestamp = int(rec["timestamp"])
+            for header in rec.get("headers") or []:
+                if not isinstance(header, list) or len(header) != 2:
+                    raise S2Error("invalid", f"record {i}: headers are [name, value] pairs")
+                out.headers.add(name=decode(header[0], "header name"), value=decode(header[1], "header value"))
+            out.body = decode(rec.get("body", ""), "body")
+        if data.get("match_seq_num") is not None:
+            inp.match_seq_num = int(data["match_seq_num"])
+        if data.get("fencing_token") is not None:
+            inp.fencing_token = str(data["fencing_token"])
+        return inp
+
+    async def _unary_append(self, req: Request, stream: Stream) -> None:
+        body = await req.body(MAX_UNARY_APPEND_BODY)
+        json_in = req.content_type() == "application/json"
+        if json_in:
+            try:
+                data = json.loads(body)
+            except ValueError as error:
+                raise S2Error("bad_json", f"append body is not valid JSON: {error}") from None
+            inp = self._decode_json_input(data, self._format(req))
+        else:
+            inp = pb.AppendInput()
+            try:
+                inp.ParseFromString(body)
+            except Exception:
+                raise S2Error("bad_proto", "append body is not a valid AppendInput protobuf") from None
+        ack = await (await self.core.append(stream, inp))
+        if (req.header("accept") or "").startswith("application/json") or (json_in and not req.header("accept")):
+            parsed = pb.AppendAck()
+            parsed.ParseFromString(ack)
+            pos = {k: {"seq_num": getattr(parsed, k).seq_num, "timestamp": getattr(parsed, k).timestamp}
+                   for k in ("start", "end", "tail")}
+            return await req.json(200, pos)
+        return await req.respond(200, ack, "application/x-protobuf")
+
+    def _read_params(self, req: Request, stream: Stream) -> tuple[int, int | None, int | None, int | None, int | None]:
+        clamp = (req.query.get("clamp") or "").lower() == "true"
+        start = self.core.resolve_start(stream, _int_param(req, "seq_num"), _int_param(req, "timestamp"),
+                                        _int_param(req, "tail_offset"), clamp)
+        return start, _int_param(req, "count"), _int_param(req, "bytes"), _int_param(req, "until"), \
+            _int_param(req, "wait")
+
+    async def _unary_read(self, req: Request, stream: Stream) -> None:
+        start, count, max_bytes, until, wait = self._read_params(req, stream)
+        if wait is not None and wait > 60:
+            raise S2Error("bad_query", "wait is at most 60 seconds for a unary read")
+        count = min(count if count is not None else 1000, 1000)
+        max_bytes = min(max_bytes if max_bytes is not None else MIB, MIB)
+        deadline = time.monotonic() + (wait or 0)
+        while True:
+            records, position, _, hit_until = self.core.read(stream, start, count, max_bytes, until)
+            if records or hit_until or time.monotonic() >= deadline or count == 0:
+                break
+            changed = stream.changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), deadline - time.monotonic())
+        tail = stream.tail if position >= stream.next_seq else None
+        payload = read_batch(records, tail)
+        if (req.header("accept") or "").startswith("application/json"):
+            return await req.json(200, self._batch_json(payload, self._format(req)))
+        return await req.respond(200, payload, "application/x-protobuf")
+
+    def _batch_json(self, payload: bytes, fmt: str) -> dict[str, Any]:
+        batch = pb.ReadBatch()
+        batch.ParseFromString(payload)
+
+        def enc(value: bytes) -> str:
+            return value.decode("utf-8", "replace") if fmt == "raw" else base64.b64encode(value).decode()
+
+        records = []
+        for r in batch.records:
+            item: dict[str, Any] = {"seq_num": r.seq_num, "timestamp": r.timestamp}
+            if r.headers:
+                item["headers"] = [[enc(h.name), enc(h.value)] for h in r.headers]
+            if r.body:
+                item["body"] = enc(r.body)
+            records.append(item)
+        out: dict[str, Any] = {"records": records}
+        if batch.HasField("tail"):
+            out["tail"] = {"seq_num": batch.tail.seq_num, "timestamp": batch.tail.timestamp}
+        return out
+
+    async def _append_session(self, req: Request, stream: Stream) -> None:
+        codec = req.response_codec()
+        await req.start(200, S2S)
+        session = Session()
+        acks: asyncio.Queue[asyncio.Future[bytes] | S2Error | None] = asyncio.Queue(MAX_UNACKED_BATCHES)
+
+        async def read_inputs() -> None:
+            frames = FrameReader()
+            try:
+                while True:
+                    message = await req.receive()
+                    if message["type"] == "http.disconnect":
+                        req.disconnected.set()
+                        await acks.put(None)
+                        return
+                    for body in frames.feed(message.get("body", b"")):
+                        inp = pb.AppendInput()
+                        try:
+                            inp.ParseFromString(body)
+                        except Exception:
+                            raise S2Error("bad_proto", "frame is not a valid AppendInput protobuf") from None
+                        await acks.put(await self.core.append(stream, inp, session))
+                    if not message.get("more_body"):
+                        if frames.pending:
+                            raise S2Error("bad_frame", "request ended inside a frame")
+                        await acks.put(None)
+                        return
+            except S2Error as error:
+                session.failed = error
+                await acks.put(error)
+
+        reader = asyncio.create_task(read_inputs())
+        try:
+            while True:
+                item = await acks.get()
+                if item is None:
+                    if not req.disconnected.is_set():
+                        await req.chunk(b"", more=False)
+                    return
+                if isinstance(item, S2Error):
+                    await req.chunk(terminal_frame(item), more=False)
+                    return
+                try:
+                    ack = await item
+                except S2Error as error:
+                    await req.chunk(terminal_frame(error), more=False)
+                    return
+                await req.chunk(frame(ack, codec))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+
+    async def _read_session(self, req: Request, stream: Stream) -> None:
+        start, count, max_bytes, until, wait = self._read_params(req, stream)
+        bounded = count is not None or max_bytes is not None or until is not None
+        if wait is None:
+            wait = 0 if bounded else None  # S2: 0 with a bound on count/bytes/until, otherwise follow forever
+        codec = req.response_codec()
+        await req.start(200, S2S)
+
+        async def watch_disconnect() -> None:
+            while (await req.receive())["type"] != "http.disconnect":
+                pass
+            req.disconnected.set()
+
+        watcher = asyncio.create_task(watch_disconnect())
+        position, last_data = start, time.monotonic()
+        try:
+            while not req.disconnected.is_set():
+                if self.core.streams.get((stream.basin, stream.name)) is not stream:
+                    raise S2Error("stream_not_found", f"stream {stream.name!r} was deleted")
+                take = 1000 if count is None else min(count, 1000)
+                cap = MIB if max_bytes is None else min(max_bytes, MIB)
+                changed = stream.changed
+                records, position, used, hit_until = self.core.read(stream, position, take, cap, until)
+                if records:
+                    caught_up = position >= stream.next_seq
+                    await req.chunk(frame(read_batch(records, stream.tail if caught_up else None), codec))
+                    last_data = time.monotonic()
+                    if count is not None:
+                        count -= len(records)
+                    if max_bytes is not None:
+                        max_bytes -= used
+                    if count == 0 or max_bytes == 0 or hit_until:
+                        break
+                    if not caught_up:
+                        continue
+                if hit_until or (count is not None and take == 0):
+                    break
+                if position < stream.next_seq:
+                    if not records and cap > 0:
+                        break  # the next record is larger than what the byte limit allows
+                    continue
+                remaining = None if wait is None else wait - (time.monotonic() - last_data)
+                if remaining is not None and remaining <= 0:
+                    break
+                timeout = HEARTBEAT_S if remaining is None else min(HEARTBEAT_S, remaining)
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout)
+                except TimeoutError:
+                    await req.chunk(frame(read_batch([], stream.tail)))  # heartbeat
+            if not req.disconnected.is_set():
+                await req.chunk(b"", more=False)
+        finally:
+            watcher.cancel()

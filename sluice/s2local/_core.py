@@ -1,0 +1,482 @@
+"""The local S2 server's state machine: basins, streams, group-committed appends and reads.
+
+All in-memory state lives on the event loop thread. Appends from every connection go through one FIFO
+queue: a group is validated in order against a working copy of the stream state (fencing token, then
+match_seq_num; limits; command records), committed in one SQLite transaction, and only then published
+and acknowledged. That gives contiguous seq nums, batches that never interleave, and durable acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from s2_sdk._generated.s2.v1 import s2_pb2 as pb
+
+from sluice.s2local._errors import S2Error, fencing_token_mismatch, seq_num_mismatch, unwritten
+from sluice.s2local._storage import Storage
+from sluice.s2local._wire import varint
+
+MIB = 1024 * 1024
+MAX_BATCH_RECORDS = 1000
+MAX_FENCING_TOKEN_BYTES = 36
+_BASIN_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{6,46})[a-z0-9]$")
+TIMESTAMPING_MODES = ("client-prefer", "client-require", "arrival")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def rfc3339_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def check_basin_name(name: str) -> None:
+    if not _BASIN_NAME.match(name):
+        raise S2Error("invalid", f"basin name {name!r}: 8-48 characters of a-z, 0-9 and '-', "
+                                 "not starting or ending with '-'")
+
+
+def check_stream_name(name: str) -> None:
+    raw = name.encode()
+    if not 1 <= len(raw) <= 512 or name in (".", "..") or "\x00" in name:
+        raise S2Error("invalid", "stream name must be 1-512 bytes, not '.' or '..', and contain no NUL")
+
+
+def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate a StreamConfig JSON object, filling unset fields from `base`."""
+    out = dict(base or {})
+    if config is None:
+        return out
+    if not isinstance(config, dict):
+        raise S2Error("invalid", "stream config must be a JSON object")
+    known = {"storage_class", "retention_policy", "timestamping", "delete_on_empty"}
+    unknown = set(config) - known
+    if unknown:
+        raise S2Error("invalid", f"unknown stream config field(s): {sorted(unknown)}")
+    for key, value in config.items():
+        if value is None:
+            continue
+        if key == "timestamping":
+            if not isinstance(value, dict):
+                raise S2Error("invalid", "timestamping must be an object")
+            merged = dict(out.get("timestamping") or {})
+            merged.update({k: v for k, v in value.items() if v is not None})
+            if merged.get("mode") is not None and merged["mode"] not in TIMESTAMPING_MODES:
+                raise S2Error("invalid", f"timestamping.mode must be one of {', '.join(TIMESTAMPING_MODES)}")
+            out["timestamping"] = merged
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass
+class Basin:
+    name: str
+    config: dict[str, Any]
+    created_at: str
+    request_token: str | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "created_at": self.created_at, "deleted_at": None, "location": "local"}
+
+
+@dataclass
+class Stream:
+    id: int
+    basin: str
+    name: str
+    config: dict[str, Any]
+    created_at: str
+    request_token: str | None = None
+    next_seq: int = 0
+    last_ts: int = 0
+    fencing_token: str = ""
+    trim_point: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "created_at": self.created_at, "deleted_at": None}
+
+    @property
+    def tail(self) -> tuple[int, int]:
+        return self.next_seq, self.last_ts
+
+    def publish(self) -> None:
+        """Wake every reader following this stream (a fresh Event per generation)."""
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+
+@dataclass
+class _Work:
+    """Working copy of a stream's state while a group of appends is validated."""
+
+    next_seq: int
+    last_ts: int
+    fencing_token: str
+    trim_point: int
+
+
+class Session:
+    """An append session: once one of its batches fails, none of its later batches may be applied."""
+
+    def __init__(self) -> None:
+        self.failed: S2Error | None = None
+
+
+@dataclass
+class _Pending:
+    stream: Stream
+    input: Any  # pb.AppendInput
+    session: Session | None
+    future: asyncio.Future[bytes]
+
+
+class Core:
+    def __init__(self, data_dir: Path | None) -> None:
+        self.storage = Storage(data_dir)
+        self._writer = None if self.storage.in_memory else ThreadPoolExecutor(1, thread_name_prefix="s2-writer")
+        self.basins: dict[str, Basin] = {}
+        self.streams: dict[tuple[str, str], Stream] = {}
+        basins, streams = self.storage.load()
+        for name, config, created_at, token in basins:
+            self.basins[name] = Basin(name, json.loads(config), created_at, token)
+        for row in streams:
+            sid, basin, name, config, created_at, token, next_seq, last_ts, fence, trim = row
+            self.streams[(basin, name)] = Stream(sid, basin, name, json.loads(config), created_at, token,
+                                                 next_seq, last_ts, fence, trim)
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._append_loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+        if self._writer:
+            self._writer.shutdown(wait=True)
+        self.storage.close()
+
+    async def _write(self, fn: Any, *args: Any) -> Any:
+        if self._writer is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    # ------------------------------------------------------------------ basins
+    def basin(self, name: str) -> Basin:
+        basin = self.basins.get(name)
+        if basin is None:
+            raise S2Error("basin_not_found", f"basin {name!r} not found")
+        return basin
+
+    async def create_basin(self, name: str, config: dict[str, Any] | None, token: str | None) -> tuple[Basin, bool]:
+        check_basin_name(name)
+        existing = self.basins.get(name)
+        if existing is not None:
+            if token and existing.request_token == token:
+                return existing, False  # the same create retried: idempotent
+            raise S2Error("resource_already_exists", f"basin {name!r} already exists")
+        basin = Basin(name, self._basin_config(config), rfc3339_now(), token)
+        await self._write(self.storage.insert_basin, name, json.dumps(basin.config), basin.created_at, token)
+        self.basins[name] = basin
+        return basin, True
+
+    def _basin_config(self, config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        out = dict(base or {})
+        if not config:
+            return out
+        if not isinstance(config, dict):
+            raise S2Error("invalid", "basin config must be a JSON object")
+        known = {"default_stream_config", "create_stream_on_append", "create_stream_on_read", "stream_cipher"}
+        unknown = set(config) - known
+        if unknown:
+            raise S2Error("invalid", f"unknown basin config field(s): {sorted(unknown)}")
+        for key, value in config.items():
+            if value is None:
+                continue
+            if key == "default_stream_config":
+                value = normalize_stream_config(value, out.get("default_stream_config"))
+            if key == "stream_cipher":
+                raise S2Error("invalid", "encryption is not supported by the local S2 server")
+            out[key] = value
+        return out
+
+    async def ensure_basin(self, name: str, config: dict[str, Any] | None) -> tuple[Basin, str]:
+        check_basin_name(name)
+        existing = self.basins.get(name)
+        if existing is None:
+            basin, _ = await self.create_basin(name, config, None)
+            return basin, "created"
+        new = self._basin_config(config, existing.config)
+        if new == existing.config:
+            return existing, "noop"
+        await self._write(self.storage.update_basin, name, json.dumps(new))
+        existing.config = new
+        return existing, "updated"
+
+    async def reconfigure_basin(self, name: str, config: dict[str, Any] | None) -> Basin:
+        basin = self.basin(name)
+        new = self._basin_config(config, basin.config)
+        await self._write(self.storage.update_basin, name, json.dumps(new))
+        basin.config = new
+        return basin
+
+    async def delete_basin(self, name: str) -> None:
+        self.basin(name)
+        await self._write(self.storage.delete_basin, name)
+        del self.basins[name]
+        for key in [k for k in self.streams if k[0] == name]:
+            self.streams.pop(key).publish()
+
+    # ------------------------------------------------------------------ streams
+    def stream(self, basin: str, name: str) -> Stream:
+        self.basin(basin)
+        stream = self.streams.get((basin, name))
+        if stream is None:
+            raise S2Error("stream_not_found", f"stream {name!r} not found in basin {basin!r}")
+        return stream
+
+    async def stream_or_create(self, basin: str, name: str, flag: str, header_config: dict[str, Any] | None) -> Stream:
+        """The stream, created first if the basin says so for this operation (create_stream_on_append/read)."""
+        b = self.basin(basin)
+        stream = self.streams.get((basin, name))
+        if stream is None and b.config.get(flag):
+            stream, _ = await self.create_stream(basin, name, header_config, None)
+        if stream is None:
+            raise S2Error("stream_not_found", f"stream {name!r} not found in basin {basin!r}")
+        return stream
+
+    async def create_stream(self, basin: str, name: str, config: dict[str, Any] | None,
+                            token: str | None) -> tuple[Stream, bool]:
+        b = self.basin(basin)
+        check_stream_name(name)
+        existing = self.streams.get((basin, name))
+        if existing is not None:
+            if token and existing.request_token == token:
+                return existing, False
+            raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}")
+        cfg = normalize_stream_config(config, b.config.get("default_stream_config"))
+        created = rfc3339_now()
+        sid = await self._write(self.storage.insert_stream, basin, name, json.dumps(cfg), created, token)
+        if (basin, name) in self.streams:  # created concurrently while we were writing
+            raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}")
+        stream = Stream(sid, basin, name, cfg, created, token)
+        self.streams[(basin, name)] = stream
+        return stream, True
+
+    async def ensure_stream(self, basin: str, name: str, config: dict[str, Any] | None) -> tuple[Stream, str]:
+        existing = self.streams.get((basin, name))
+        if existing is None:
+            stream, _ = await self.create_stream(basin, name, config, None)
+            return stream, "created"
+        new = normalize_stream_config(config, existing.config)
+        if new == existing.config:
+            return existing, "noop"
+        await self._write(self.storage.update_stream, existing.id, json.dumps(new))
+        existing.config = new
+        return existing, "updated"
+
+    async def reconfigure_stream(self, basin: str, name: str, config: dict[str, Any] | None) -> Stream:
+        stream = self.stream(basin, name)
+        new = normalize_stream_config(config, stream.config)
+        await self._write(self.storage.update_stream, stream.id, json.dumps(new))
+        stream.config = new
+        return stream
+
+    async def delete_stream(self, basin: str, name: str) -> None:
+        stream = self.stream(basin, name)
+        await self._write(self.storage.delete_stream, stream.id)
+        self.streams.pop((basin, name), None)
+        stream.publish()
+
+    def list_streams(self, basin: str, prefix: str, start_after: str, limit: int) -> tuple[list[Stream], bool]:
+        self.basin(basin)
+        names = sorted(n for (b, n) in self.streams if b == basin and n.startswith(prefix) and n > start_after)
+        return [self.streams[(basin, n)] for n in names[:limit]], len(names) > limit
+
+    def list_basins(self, prefix: str, start_after: str, limit: int) -> tuple[list[Basin], bool]:
+        names = sorted(n for n in self.basins if n.startswith(prefix) and n > start_after)
+        return [self.basins[n] for n in names[:limit]], len(names) > limit
+
+    # ------------------------------------------------------------------ appends
+    async def append(self, stream: Stream, append_input: Any, session: Session | None = None) -> asyncio.Future[bytes]:
+        """Queue one AppendInput; the returned future resolves to the encoded AppendAck (or fails)."""
+        assert self._queue is not None, "Core.start() was not called"
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(stream, append_input, session, future))
+        return future
+
+    async def _append_loop(self) -> None:
+        assert self._queue is not None
+        while True:
+            group = [await self._queue.get()]
+            while len(group) < 1024 and not self._queue.empty():
+                group.append(self._queue.get_nowait())
+            await self._apply(group)
+
+    async def _apply(self, group: list[_Pending]) -> None:
+        work: dict[int, _Work] = {}
+        rows: list[tuple[int, int, int, int, bytes]] = []
+        results: list[tuple[_Pending, bytes | S2Error]] = []
+        for item in group:
+            if item.session is not None and item.session.failed is not None:
+                results.append((item, S2Error("other", "an earlier batch of this append session failed")))
+                continue
+            stream = item.stream
+            if self.streams.get((stream.basin, stream.name)) is not stream:
+                results.append((item, S2Error("stream_not_found", f"stream {stream.name!r} was deleted")))
+                continue
+            state = work.get(stream.id) or _Work(stream.next_seq, stream.last_ts, stream.fencing_token,
+                                                   stream.trim_point)
+            try:
+                new_rows, ack, new_state = self._prepare(stream, state, item.input)
+            except S2Error as error:
+                results.append((item, error))
+                if item.session is not None:
+                    item.session.failed = error
+                continue
+            work[stream.id] = new_state
+            rows.extend(new_rows)
+            results.append((item, ack))
+        if rows or work:
+            states = [(w.next_seq, w.last_ts, w.fencing_token, w.trim_point, sid) for sid, w in work.items()]
+            try:
+                await self._write(self.storage.commit_appends, rows, states)
+            except Exception as error:  # nothing of this group is visible or acknowledged
+                failure = S2Error("storage", f"storage failure: {error}")
+                for item, _ in results:
+                    if item.session is not None:
+                        item.session.failed = failure
+                    if not item.future.done():
+                        item.future.set_exception(failure)
+                return
+            by_id = {item.stream.id: item.stream for item, _ in results}
+            for sid, w in work.items():
+                stream = by_id[sid]
+                stream.next_seq, stream.last_ts, stream.fencing_token, stream.trim_point = (
+                    w.next_seq, w.last_ts, w.fencing_token, w.trim_point)
+                stream.publish()
+        for item, result in results:
+            if item.future.done():
+                continue
+            if isinstance(result, S2Error):
+                item.future.set_exception(result)
+            else:
+                item.future.set_result(result)
+
+    def _prepare(self, stream: Stream, state: _Work, append_input: Any) -> tuple[list[Any], bytes, _Work]:
+        from sluice.s2local._wire import append_ack
+
+        records = append_input.records
+        count = len(records)
+        if not 1 <= count <= MAX_BATCH_RECORDS:
+            raise S2Error("invalid", f"a batch holds 1 to {MAX_BATCH_RECORDS} records, got {count}")
+        if append_input.HasField("fencing_token") and append_input.fencing_token != state.fencing_token:
+            raise fencing_token_mismatch(state.fencing_token)
+        if append_input.HasField("match_seq_num") and append_input.match_seq_num != state.next_seq:
+            raise seq_num_mismatch(state.next_seq)
+        timestamping = stream.config.get("timestamping") or {}
+        mode = timestamping.get("mode") or "client-prefer"
+        uncapped = bool(timestamping.get("uncapped"))
+        arrival = now_ms()
+        seq, last_ts, token, trim = state.next_seq, state.last_ts, state.fencing_token, state.trim_point
+        rows = []
+        total = 0
+        first_ts = None
+        for record in records:
+            headers = record.headers
+            metered = 8 + 2 * len(headers) + len(record.body)
+            command = None
+            for header in headers:
+                metered += len(header.name) + len(header.value)
+                if not header.name:
+                    command = header.value
+            if metered > MIB:
+                raise S2Error("invalid", f"record {seq - state.next_seq} of the batch is {metered} metered bytes; "
+                                         f"the limit is {MIB}")
+            total += metered
+            if command is not None:
+                if len(headers) != 1:
+                    raise S2Error("invalid", "a command record has exactly one header, whose name is empty")
+                if command == b"fence":
+                    if len(record.body) > MAX_FENCING_TOKEN_BYTES:
+                        raise S2Error("invalid", f"fencing token longer than {MAX_FENCING_TOKEN_BYTES} bytes")
+                    try:
+                        token = record.body.decode()
+                    except UnicodeDecodeError:
+                        raise S2Error("invalid", "fencing token must be UTF-8") from None
+                elif command == b"trim":
+                    if len(record.body) != 8:
+                        raise S2Error("invalid", "a trim command's body is an 8-byte big-endian seq num")
+                    trim = max(trim, int.from_bytes(record.body, "big"))
+                else:
+                    raise S2Error("invalid", f"unknown command record {command!r}")
+            if mode == "arrival":
+                ts = arrival
+            elif record.HasField("timestamp"):
+                ts = record.timestamp if uncapped else min(record.timestamp, arrival)
+            elif mode == "client-require":
+                raise S2Error("invalid", "this stream's timestamping mode is client-require: every record needs "
+                                         "a timestamp")
+            else:
+                ts = arrival
+            ts = max(ts, last_ts)  # monotonic per stream
+            last_ts = ts
+            if first_ts is None:
+                first_ts = ts
+            encoded = pb.SequencedRecord(seq_num=seq, timestamp=ts, headers=headers, body=record.body)
+            blob = encoded.SerializeToString()
+            rows.append((stream.id, seq, ts, metered, b"\x0a" + varint(len(blob)) + blob))
+            seq += 1
+        if total > MIB:
+            raise S2Error("invalid", f"the batch is {total} metered bytes; the limit is {MIB}")
+        trim = min(trim, seq)
+        assert first_ts is not None
+        ack = append_ack((state.next_seq, first_ts), (seq, last_ts), (seq, last_ts))
+        return rows, ack, _Work(seq, last_ts, token, trim)
+
+    # ------------------------------------------------------------------ reads
+    def resolve_start(self, stream: Stream, seq_num: int | None, timestamp: int | None, tail_offset: int | None,
+                      clamp: bool) -> int:
+        if sum(x is not None for x in (seq_num, timestamp, tail_offset)) > 1:
+            raise S2Error("bad_query", "only one of seq_num, timestamp, or tail_offset can be provided")
+        tail = stream.next_seq
+        if seq_num is not None:
+            if seq_num > tail:
+                if not clamp:
+                    raise unwritten(*stream.tail)
+                return tail
+            return max(seq_num, stream.trim_point)
+        if timestamp is not None:
+            return self.storage.first_seq_at(stream.id, timestamp, stream.trim_point, tail)
+        offset = tail_offset or 0
+        return max(tail - offset, stream.trim_point)
+
+    def read(self, stream: Stream, start: int, count: int, max_bytes: int, until: int | None
+             ) -> tuple[list[bytes], int, int, bool]:
+        """Records from `start`: (framed records, next seq to read, metered bytes, stopped by `until`)."""
+        start = max(start, stream.trim_point)
+        rows = self.storage.read(stream.id, start, stream.next_seq, count)
+        out: list[bytes] = []
+        total = 0
+        position = start
+        for seq, ts, metered, framed in rows:
+            if until is not None and ts >= until:
+                return out, position, total, True
+            if total + metered > max_bytes:
+                break
+            out.append(framed)
+            total += metered
+            position = seq + 1
+        return out, position, total, False

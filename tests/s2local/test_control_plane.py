@@ -1,0 +1,139 @@
+"""Basins and streams through the official s2-sdk, and raw requests for idempotency and name rules."""
+
+import json
+
+import pytest
+import s2_sdk
+from s2_sdk import BasinConfig, EnsureStatus, StreamConfig, Timestamping, TimestampingMode
+
+from tests.s2local.conftest import client_for, run
+from tests.s2local.raw import h2_request
+
+
+def test_basin_lifecycle(s2_server, basin_name):
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            info = await s2.create_basin(basin_name)
+            assert info.name == basin_name and info.created_at is not None
+            with pytest.raises(s2_sdk.S2ServerError) as exists:
+                await s2.create_basin(basin_name)
+            assert exists.value.status_code == 409 and exists.value.code == "resource_already_exists"
+            ensured = await s2.ensure_basin(basin_name)
+            assert ensured.status == EnsureStatus.CONFIG_UNCHANGED
+            cfg = BasinConfig(create_stream_on_append=True)
+            assert (await s2.ensure_basin(basin_name, config=cfg)).status == EnsureStatus.CONFIG_UPDATED
+            assert (await s2.get_basin_config(basin_name)).create_stream_on_append is True
+            new = await s2.reconfigure_basin(basin_name, config=BasinConfig(create_stream_on_read=True))
+            assert new.create_stream_on_read is True and new.create_stream_on_append is True
+            await s2.delete_basin(basin_name)
+            with pytest.raises(s2_sdk.S2ServerError) as gone:
+                await s2.get_basin_config(basin_name)
+            assert gone.value.status_code == 404 and gone.value.code == "basin_not_found"
+            created = await s2.ensure_basin(basin_name)
+            assert created.status == EnsureStatus.CREATED
+            await s2.delete_basin(basin_name)
+
+    run(scenario())
+
+
+def test_basin_listing_paginates(s2_server, basin_name):
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            names = [f"{basin_name}-{i}" for i in range(5)]
+            for name in names:
+                await s2.create_basin(name)
+            page = await s2.list_basins(prefix=basin_name, limit=2)
+            assert [b.name for b in page.items] == names[:2] and page.has_more
+            page = await s2.list_basins(prefix=basin_name, start_after=names[3], limit=2)
+            assert [b.name for b in page.items] == names[4:] and not page.has_more
+            assert [b.name async for b in s2.list_all_basins(prefix=basin_name)] == names
+            for name in names:
+                await s2.delete_basin(name)
+
+    run(scenario())
+
+
+def test_stream_lifecycle_and_listing(s2_server, basin_name):
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            await s2.create_basin(basin_name)
+            basin = s2.basin(basin_name)
+            cfg = StreamConfig(timestamping=Timestamping(mode=TimestampingMode.ARRIVAL))
+            info = await basin.create_stream("orders/eu", config=cfg)
+            assert info.name == "orders/eu"
+            with pytest.raises(s2_sdk.S2ServerError) as exists:
+                await basin.create_stream("orders/eu")
+            assert exists.value.code == "resource_already_exists"
+            got = await basin.get_stream_config("orders/eu")
+            assert got.timestamping.mode == TimestampingMode.ARRIVAL
+            assert (await basin.ensure_stream("orders/eu")).status == EnsureStatus.CONFIG_UNCHANGED
+            assert (await basin.ensure_stream("orders/us")).status == EnsureStatus.CREATED
+            updated = await basin.ensure_stream("orders/us", config=StreamConfig(retention_policy=3600))
+            assert updated.status == EnsureStatus.CONFIG_UPDATED
+            reconf = await basin.reconfigure_stream("orders/us", config=StreamConfig(retention_policy="infinite"))
+            assert reconf.retention_policy == "infinite"
+            for i in range(3):
+                await basin.create_stream(f"logs/{i}")
+            page = await basin.list_streams(prefix="orders/")
+            assert [s.name for s in page.items] == ["orders/eu", "orders/us"] and not page.has_more
+            page = await basin.list_streams(limit=2)
+            assert page.has_more and len(page.items) == 2
+            await basin.delete_stream("orders/eu")
+            with pytest.raises(s2_sdk.S2ServerError) as gone:
+                await basin.get_stream_config("orders/eu")
+            assert gone.value.code == "stream_not_found"
+            await s2.delete_basin(basin_name)
+
+    run(scenario())
+
+
+def test_create_with_the_same_request_token_is_idempotent(s2_server, basin_name):
+    headers = {"content-type": "application/json", "s2-request-token": "tok-1"}
+    body = json.dumps({"basin": basin_name}).encode()
+    first = h2_request(s2_server.port, "POST", "/v1/basins", headers, body)
+    again = h2_request(s2_server.port, "POST", "/v1/basins", headers, body)
+    other = h2_request(s2_server.port, "POST", "/v1/basins", {**headers, "s2-request-token": "tok-2"}, body)
+    assert first[0] == 201 and again[0] == 200
+    assert json.loads(first[2])["created_at"] == json.loads(again[2])["created_at"]
+    assert other[0] == 409 and json.loads(other[2])["code"] == "resource_already_exists"
+    stream_headers = {**headers, "s2-basin": basin_name}
+    sbody = json.dumps({"stream": "s"}).encode()
+    assert h2_request(s2_server.port, "POST", "/v1/streams", stream_headers, sbody)[0] == 201
+    assert h2_request(s2_server.port, "POST", "/v1/streams", stream_headers, sbody)[0] == 200
+
+
+@pytest.mark.parametrize("name", ["short", "UpperCase1", "-leading-dash", "trailing-dash-", "x" * 49, "bad_char!"])
+def test_bad_basin_names_are_rejected_by_the_server(s2_server, name):
+    status, _, body = h2_request(s2_server.port, "POST", "/v1/basins", {"content-type": "application/json"},
+                                 json.dumps({"basin": name}).encode())
+    assert status == 422 and json.loads(body)["code"] == "invalid"
+
+
+def test_bad_stream_names_are_rejected(s2_server, basin_name):
+    run(_create_basin(s2_server, basin_name))
+    for name in ["", ".", "..", "a\u0000b", "x" * 513]:
+        status, _, body = h2_request(s2_server.port, "POST", "/v1/streams",
+                                     {"content-type": "application/json", "s2-basin": basin_name},
+                                     json.dumps({"stream": name}).encode())
+        assert status == 422, name
+        assert json.loads(body)["code"] == "invalid"
+
+
+async def _create_basin(server, name):
+    async with client_for(server) as s2:
+        await s2.create_basin(name)
+
+
+def test_unimplemented_endpoints_answer_with_a_clear_error(s2_server):
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            with pytest.raises(s2_sdk.S2ServerError) as tokens:
+                await s2.list_access_tokens()
+            assert tokens.value.status_code == 501 and "access tokens" in str(tokens.value)
+            with pytest.raises(s2_sdk.S2ServerError) as locations:
+                await s2.list_locations()
+            assert locations.value.status_code == 501
+
+    run(scenario())
+    status, _, body = h2_request(s2_server.port, "GET", "/v1/metrics/account")
+    assert status == 501 and json.loads(body)["code"] == "not_implemented"
