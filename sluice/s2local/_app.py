@@ -371,7 +371,7 @@ class S2App:
                 inp.ParseFromString(body)
             except Exception:
                 raise S2Error("bad_proto", "append body is not a valid AppendInput protobuf") from None
-        ack = await (await self.core.append(stream, inp))
+        ack = await (await self.core.append(stream, inp, raw=None if json_in else body))
         if (req.header("accept") or "").startswith("application/json") or (json_in and not req.header("accept")):
             parsed = pb.AppendAck()
             parsed.ParseFromString(ack)
@@ -448,7 +448,7 @@ class S2App:
                             inp.ParseFromString(body)
                         except Exception:
                             raise S2Error("bad_proto", "frame is not a valid AppendInput protobuf") from None
-                        await acks.put(await self.core.append(stream, inp, session))
+                        await acks.put(await self.core.append(stream, inp, session, body))
                     if not message.get("more_body"):
                         if frames.pending:
                             raise S2Error("bad_frame", "request ended inside a frame")

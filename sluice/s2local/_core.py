@@ -139,6 +139,7 @@ class _Pending:
     input: Any  # pb.AppendInput
     session: Session | None
     future: asyncio.Future[bytes]
+    raw: bytes | None  # the encoded AppendInput, when the client sent protobuf
 
 
 class Core:
@@ -310,11 +311,12 @@ class Core:
         return [self.basins[n] for n in names[:limit]], len(names) > limit
 
     # ------------------------------------------------------------------ appends
-    async def append(self, stream: Stream, append_input: Any, session: Session | None = None) -> asyncio.Future[bytes]:
+    async def append(self, stream: Stream, append_input: Any, session: Session | None = None,
+                     raw: bytes | None = None) -> asyncio.Future[bytes]:
         """Queue one AppendInput; the returned future resolves to the encoded AppendAck (or fails)."""
         assert self._queue is not None, "Core.start() was not called"
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(stream, append_input, session, future))
+        self._queue.put_nowait(_Pending(stream, append_input, session, future, raw))
         return future
 
     async def _append_loop(self) -> None:
@@ -340,7 +342,7 @@ class Core:
             state = work.get(stream.id) or _Work(stream.next_seq, stream.last_ts, stream.fencing_token,
                                                    stream.trim_point)
             try:
-                new_rows, ack, new_state = self._prepare(stream, state, item.input)
+                new_rows, ack, new_state = self._prepare(stream, state, item.input, item.raw)
             except S2Error as error:
                 results.append((item, error))
                 if item.session is not None:
@@ -375,8 +377,9 @@ class Core:
             else:
                 item.future.set_result(result)
 
-    def _prepare(self, stream: Stream, state: _Work, append_input: Any) -> tuple[list[Any], bytes, _Work]:
-        from sluice.s2local._wire import append_ack
+    def _prepare(self, stream: Stream, state: _Work, append_input: Any, raw: bytes | None
+                 ) -> tuple[list[Any], bytes, _Work]:
+        from sluice.s2local._wire import append_ack, read_varint, split_append_records
 
         records = append_input.records
         count = len(records)
@@ -391,53 +394,40 @@ class Core:
         uncapped = bool(timestamping.get("uncapped"))
         arrival = now_ms()
         seq, last_ts, token, trim = state.next_seq, state.last_ts, state.fencing_token, state.trim_point
+        parts = split_append_records(raw) if raw is not None else [r.SerializeToString() for r in records]
         rows = []
         total = 0
         first_ts = None
-        for record in records:
-            headers = record.headers
-            metered = 8 + 2 * len(headers) + len(record.body)
-            command = None
-            for header in headers:
-                metered += len(header.name) + len(header.value)
-                if not header.name:
-                    command = header.value
-            if metered > MIB:
-                raise S2Error("invalid", f"record {seq - state.next_seq} of the batch is {metered} metered bytes; "
-                                         f"the limit is {MIB}")
-            total += metered
-            if command is not None:
-                if len(headers) != 1:
-                    raise S2Error("invalid", "a command record has exactly one header, whose name is empty")
-                if command == b"fence":
-                    if len(record.body) > MAX_FENCING_TOKEN_BYTES:
-                        raise S2Error("invalid", f"fencing token longer than {MAX_FENCING_TOKEN_BYTES} bytes")
-                    try:
-                        token = record.body.decode()
-                    except UnicodeDecodeError:
-                        raise S2Error("invalid", "fencing token must be UTF-8") from None
-                elif command == b"trim":
-                    if len(record.body) != 8:
-                        raise S2Error("invalid", "a trim command's body is an 8-byte big-endian seq num")
-                    trim = max(trim, int.from_bytes(record.body, "big"))
-                else:
-                    raise S2Error("invalid", f"unknown command record {command!r}")
-            if mode == "arrival":
-                ts = arrival
-            elif record.HasField("timestamp"):
-                ts = record.timestamp if uncapped else min(record.timestamp, arrival)
-            elif mode == "client-require":
-                raise S2Error("invalid", "this stream's timestamping mode is client-require: every record needs "
-                                         "a timestamp")
+        ts_bytes: tuple[int, bytes] = (-1, b"")
+        sid = stream.id
+        for index, part in enumerate(parts):
+            if not part or part[0] == 0x1A:
+                # Fast path, the common case: a body and nothing else. Its bytes are re-tagged into a
+                # SequencedRecord (body is field 3 in AppendRecord, field 4 in SequencedRecord).
+                body_len = len(part) - 2  # tag byte + a one-byte length, unless the body is 128 bytes or more
+                if body_len >= 0x80:
+                    body_len = read_varint(part, 1)[0]
+                metered = 8 + max(body_len, 0)
+                if mode == "client-require":
+                    raise S2Error("invalid", "this stream's timestamping mode is client-require: every record "
+                                             "needs a timestamp")
+                ts = max(arrival, last_ts)
+                if ts != ts_bytes[0]:
+                    ts_bytes = (ts, varint(ts))
+                blob = b"\x08" + varint(seq) + b"\x10" + ts_bytes[1] + (b"\x22" + part[1:] if part else b"")
             else:
-                ts = arrival
-            ts = max(ts, last_ts)  # monotonic per stream
-            last_ts = ts
+                record = records[index]
+                metered, ts, token, trim = self._slow_record(record, mode, uncapped, arrival, last_ts, token, trim)
+                ts = max(ts, last_ts)
+                blob = pb.SequencedRecord(seq_num=seq, timestamp=ts, headers=record.headers,
+                                          body=record.body).SerializeToString()
+            if metered > MIB:
+                raise S2Error("invalid", f"record {index} of the batch is {metered} metered bytes; the limit is {MIB}")
+            total += metered
+            last_ts = ts  # monotonic per stream: every path above takes max(ts, last_ts)
             if first_ts is None:
                 first_ts = ts
-            encoded = pb.SequencedRecord(seq_num=seq, timestamp=ts, headers=headers, body=record.body)
-            blob = encoded.SerializeToString()
-            rows.append((stream.id, seq, ts, metered, b"\x0a" + varint(len(blob)) + blob))
+            rows.append((sid, seq, ts, metered, b"\x0a" + varint(len(blob)) + blob))
             seq += 1
         if total > MIB:
             raise S2Error("invalid", f"the batch is {total} metered bytes; the limit is {MIB}")
@@ -445,6 +435,44 @@ class Core:
         assert first_ts is not None
         ack = append_ack((state.next_seq, first_ts), (seq, last_ts), (seq, last_ts))
         return rows, ack, _Work(seq, last_ts, token, trim)
+
+    @staticmethod
+    def _slow_record(record: Any, mode: str, uncapped: bool, arrival: int, last_ts: int, token: str, trim: int
+                     ) -> tuple[int, int, str, int]:
+        """Metered size, timestamp and command effects of a record with headers or a client timestamp."""
+        headers = record.headers
+        metered = 8 + 2 * len(headers) + len(record.body)
+        command = None
+        for header in headers:
+            metered += len(header.name) + len(header.value)
+            if not header.name:
+                command = header.value
+        if command is not None:
+            if len(headers) != 1:
+                raise S2Error("invalid", "a command record has exactly one header, whose name is empty")
+            if command == b"fence":
+                if len(record.body) > MAX_FENCING_TOKEN_BYTES:
+                    raise S2Error("invalid", f"fencing token longer than {MAX_FENCING_TOKEN_BYTES} bytes")
+                try:
+                    token = record.body.decode()
+                except UnicodeDecodeError:
+                    raise S2Error("invalid", "fencing token must be UTF-8") from None
+            elif command == b"trim":
+                if len(record.body) != 8:
+                    raise S2Error("invalid", "a trim command's body is an 8-byte big-endian seq num")
+                trim = max(trim, int.from_bytes(record.body, "big"))
+            else:
+                raise S2Error("invalid", f"unknown command record {command!r}")
+        if mode == "arrival":
+            ts = arrival
+        elif record.HasField("timestamp"):
+            ts = record.timestamp if uncapped else min(record.timestamp, arrival)
+        elif mode == "client-require":
+            raise S2Error("invalid", "this stream's timestamping mode is client-require: every record needs a "
+                                     "timestamp")
+        else:
+            ts = arrival
+        return metered, max(ts, last_ts), token, trim
 
     # ------------------------------------------------------------------ reads
     def resolve_start(self, stream: Stream, seq_num: int | None, timestamp: int | None, tail_offset: int | None,

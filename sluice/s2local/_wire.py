@@ -18,13 +18,76 @@ _zstd_c = zstandard.ZstdCompressor()
 _zstd_d = zstandard.ZstdDecompressor()
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+
+
 def varint(value: int) -> bytes:
+    # Fast paths: seq nums, lengths and tags of the append/read paths mostly fit in 1-3 bytes.
+    if value < 0x80:
+        return _ONE_BYTE[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise S2Error("bad_proto", "truncated varint in AppendInput")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise S2Error("bad_proto", "varint too long in AppendInput")
+
+
+def split_append_records(raw: bytes) -> list[bytes]:
+    """The encoded AppendRecord of every record in an encoded AppendInput (field 1), in order.
+
+    Lets the append path re-tag a body-only record's bytes instead of building a protobuf object per
+    record; the caller has already parsed `raw` with protobuf, so it is well-formed.
+    """
+    out = []
+    pos, end = 0, len(raw)
+    while pos < end:
+        tag = raw[pos]
+        if tag == 0x0A:  # field 1 (records), length-delimited: the hot case, with an inlined 1-2 byte length
+            length = raw[pos + 1]
+            if length < 0x80:
+                pos += 2
+            elif raw[pos + 2] < 0x80:
+                length = (length & 0x7F) | (raw[pos + 2] << 7)
+                pos += 3
+            else:
+                length, pos = read_varint(raw, pos + 1)
+            out.append(raw[pos:pos + length])
+            pos += length
+            continue
+        tag, pos = read_varint(raw, pos)
+        wire = tag & 7
+        if wire == 2:
+            length, pos = read_varint(raw, pos)
+            pos += length
+        elif wire == 0:
+            _, pos = read_varint(raw, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise S2Error("bad_proto", f"unexpected wire type {wire} in AppendInput")
+    return out
 
 
 def position(seq_num: int, timestamp: int) -> bytes:
