@@ -35,7 +35,7 @@ lock:
 	rm -rf /tmp/sluice-lock && $(PYTHON) -m venv /tmp/sluice-lock
 	PIP_CONSTRAINT= /tmp/sluice-lock/bin/pip install -q '.[dev]'
 	{ echo "# Pinned versions: every machine resolves this exact set. Regenerate with 'make lock'."; \
-	  PIP_CONSTRAINT= /tmp/sluice-lock/bin/pip freeze --exclude sluice; } > $(CONSTRAINTS)
+	  PIP_CONSTRAINT= /tmp/sluice-lock/bin/pip freeze --all --exclude sluice --exclude pip | sort -f; } > $(CONSTRAINTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
