@@ -118,6 +118,14 @@ class Options(Mapping[str, Any]):
     def is_set(self, key: str) -> bool:
         return key in self.explicit
 
+    def with_values(self, **changes: Any) -> Options:
+        """A copy with some values replaced; keys use '_' for '.' and '-' (s2_auth_token=...)."""
+        by_attr = {k.replace(".", "_").replace("-", "_"): k for k in self._values}
+        values = dict(self._values)
+        for attr, value in changes.items():
+            values[by_attr[attr]] = value
+        return Options(values, self.explicit, self._secrets)
+
 
 Check = Callable[[Options], None]
 
@@ -174,9 +182,15 @@ class OptionSpec:
             explicit.add(opt.name)
         missing = [o.name for o in self.options if o.required and o.name not in explicit]
         if missing:
+            hint = ""
+            if not raw:
+                hint = (" No options reached the data source at all: if this is a table made with CREATE TABLE ... "
+                        f"USING {self.format_name} OPTIONS (...), note that Spark 4.3 does not pass a table's OPTIONS "
+                        f"to Python data sources; use CREATE TEMPORARY VIEW name USING {self.format_name} "
+                        "OPTIONS (...) and INSERT INTO / SELECT FROM that view.")
             raise OptionError(
                 f"format '{self.format_name}' needs option(s) {', '.join(missing)}: "
-                f"set them with .option('{missing[0]}', ...)"
+                f"set them with .option('{missing[0]}', ...).{hint}"
             )
         parsed = Options(values, frozenset(explicit), frozenset(o.name for o in self.options if o.secret))
         for check in self.checks:

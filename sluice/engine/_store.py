@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sluice._errors import RetryableError, ThrottledError
+from sluice._errors import RetryableError, SinkError, ThrottledError
 from sluice.engine._batch import Batch
 
 
@@ -66,6 +66,10 @@ class Store(ABC):
         if isinstance(error, RetryableError):
             return ErrorKind.RETRYABLE
         return ErrorKind.FATAL
+
+    def explain(self, error: SinkError) -> SinkError:
+        """A chance to turn a failure into a clearer one (e.g. what to do about a 401). Default: unchanged."""
+        return error
 
     def pre_commit(self) -> Any:
         """After everything is acknowledged: prepare and return a JSON-able message for the driver."""

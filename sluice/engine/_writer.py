@@ -333,17 +333,18 @@ class AsyncSinkWriter:
         noun = "record" if batch.record_count == 1 else "records"
         where = f"batch of {batch.record_count} {noun} ({batch.size_bytes} bytes) to {self.store.target}"
         if kind is ErrorKind.FATAL:
-            self._fail(SinkError(f"{self.store.name}: {where} failed: {error}", store=self.store.name,
-                                 target=self.store.target, batch_records=batch.record_count, cause=error))
+            self._fail(self.store.explain(SinkError(
+                f"{self.store.name}: {where} failed: {error}", store=self.store.name, target=self.store.target,
+                batch_records=batch.record_count, cause=error)))
             return
         if kind is ErrorKind.THROTTLED:
             self.stats.throttles += 1
         if batch.attempt >= self.config.max_retries:
-            self._fail(SinkError(
+            self._fail(self.store.explain(SinkError(
                 f"{self.store.name}: {where} still failing after {batch.attempt + 1} attempts "
                 f"(sink.max-retries={self.config.max_retries}): {error}",
                 store=self.store.name, target=self.store.target, batch_records=batch.record_count, cause=error,
-            ))
+            )))
             return
         self.stats.retries += 1
         delay = min(_MAX_BACKOFF_S, self.config.retry_delay_ms / 1000.0 * 2**batch.attempt)

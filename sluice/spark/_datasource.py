@@ -74,6 +74,15 @@ class EngineDataSource(DataSource):
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return ()
 
+    def resolve_options(self, opts: Options) -> Options:
+        """On the driver, before the write: fill in what comes from the driver's environment (e.g. tokens)."""
+        return opts
+
+    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
+        """Columns whose rows must share a task for the mode's guarantee; () = one task; None = any layout."""
+        config = self.sink_config(opts, schema)
+        return config.partition_key if config.mode == PARTITION_ORDERED else None
+
     def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
         """Validate the schema and mode on the driver, before any task starts."""
         if overwrite:
@@ -81,7 +90,7 @@ class EngineDataSource(DataSource):
                 f"format '{self.format_name}' does not support mode('overwrite'); use mode('append')."
             )
 
-    def make_encoder(self, opts: Options, schema: StructType) -> Encoder:
+    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
         raise NotImplementedError
 
     def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
@@ -110,7 +119,7 @@ class EngineDataSource(DataSource):
         return SinkConfig(**{**config.__dict__, "partition_key": tuple(key)})
 
     def _prepare(self, schema: StructType, overwrite: bool) -> tuple[Options, SinkConfig]:
-        opts = self.parsed()
+        opts = self.resolve_options(self.parsed())
         config = self.sink_config(opts, schema)
         self.check_write(opts, schema, overwrite)
         if config.transactional and self.make_committer(opts) is None:
@@ -157,7 +166,7 @@ class _EngineWriterMixin:
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         context = _task_context(self.write_id)
-        encode = self.source.make_encoder(self.opts, self.schema)
+        encode = self.source.make_encoder(self.opts, self.schema, context)
         store = self.source.make_store(self.opts, self.schema, context)
         keyed = self.config.mode == PARTITION_ORDERED
         with AsyncSinkWriter(store, self.config, context=context) as writer:

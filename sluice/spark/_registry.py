@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 # format name -> "module:class"; imported on use so a connector's client library loads only when needed.
 BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
     "sluice_null": "sluice.connectors.null:NullDataSource",
+    "s2": "sluice.connectors.s2:S2DataSource",
+    "s2_upsert": "sluice.connectors.s2:S2UpsertDataSource",
 })
 # What register() and sluice.write() know: the built-ins plus any added with add_format (e.g. test formats).
 FORMATS: dict[str, str] = dict(BUILTIN_FORMATS)

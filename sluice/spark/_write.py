@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sluice.engine import PARTITION_ORDERED
 from sluice.spark._registry import data_source_class
 
 if TYPE_CHECKING:
@@ -12,19 +11,23 @@ if TYPE_CHECKING:
 
 
 def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partitions: int | None = None) -> DataFrame:
-    """`df` repartitioned by the sink's partition key when sink.mode=partition-ordered, else unchanged.
+    """`df` laid out for the sink's guarantee: rows that must share a task are put in one.
 
-    Per-key order across tasks needs every row of a key in one task; Spark's hash repartition keeps
-    the relative order of one input partition's rows, so each key's rows stay in order per source task.
+    partition-ordered: repartitioned by the partition key. A store may ask for more (S2 exactly-once:
+    by the columns of the stream template, or a single task for a single stream). Spark's hash
+    repartition keeps the relative order of one input partition's rows, so each key's rows stay in order
+    per source task.
     """
     source = data_source_class(format)(options={k: str(v) for k, v in options.items()})
     opts = source.parsed()
-    if opts["sink.mode"] != PARTITION_ORDERED:
+    columns = source.partitioning(opts, df.schema)
+    if columns is None:
         return df
-    key = source.sink_config(opts, df.schema).partition_key
+    if not columns:
+        return df.coalesce(1)
     if num_partitions:
-        return df.repartition(num_partitions, *key)
-    return df.repartition(*key)
+        return df.repartition(num_partitions, *columns)
+    return df.repartition(*columns)
 
 
 def write(df: DataFrame, format: str, options: dict[str, Any], mode: str = "append",

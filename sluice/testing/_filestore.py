@@ -118,7 +118,7 @@ class FileStoreDataSource(EngineDataSource):
     def option_spec(cls) -> OptionSpec:
         return cls.sink_spec().extend(TEST_OPTIONS)
 
-    def make_encoder(self, opts: Options, schema: StructType) -> Encoder:
+    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
         column = body_column_name(schema.fieldNames(), [f.dataType.typeName() for f in schema.fields])
         return lambda batch: binary_column(batch, column)
 

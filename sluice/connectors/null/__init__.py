@@ -46,7 +46,7 @@ def _row_encoder(batch: pa.RecordBatch) -> tuple[list[Any], list[int]]:
 class NullDataSource(EngineDataSource):
     format_name = "sluice_null"
 
-    def make_encoder(self, opts: Options, schema: StructType) -> Encoder:
+    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
         try:
             column = body_column_name(schema.fieldNames(), [f.dataType.typeName() for f in schema.fields])
         except OptionError:

@@ -1,0 +1,143 @@
+"""Options of the S2 formats (names from flink-connector-s2's README), and the connection they describe."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from sluice._errors import OptionError
+from sluice._options import Option, Options
+from sluice.engine import GLOBAL_ORDERED, PARTITION_ORDERED, SINK_SPEC
+
+MIB = 1024 * 1024
+_TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
+
+CONNECTION_OPTIONS = (
+    Option("s2.basin", "str", None, "Basin to write to (8-48 chars of a-z, 0-9, '-').", required=True),
+    Option("s2.auth-token", "str", None, "Access token; default: the S2_ACCESS_TOKEN environment variable.",
+           secret=True),
+    Option("s2.endpoints.account", "str", None,
+           "Account endpoint, e.g. http://127.0.0.1:4243; default: S2_ACCOUNT_ENDPOINT, else s2.dev."),
+    Option("s2.endpoints.basin", "str", None,
+           "Basin endpoint ({basin} allowed in the host); default: S2_BASIN_ENDPOINT, else s2.dev."),
+    Option("s2.append-retry-policy", "choice", "ALL",
+           "SDK retries of appends: ALL (may duplicate) or NO_SIDE_EFFECTS.", choices=("ALL", "NO_SIDE_EFFECTS")),
+    Option("s2.max-retries", "int", 3, "SDK retries of one request (attempts - 1).", minimum=0, maximum=100),
+    Option("s2.retry-delay-ms", "int", 1000, "Longest SDK backoff between retries, in ms.", minimum=1),
+    Option("s2.compression", "choice", "none", "Compress requests and responses.", choices=("none", "zstd", "gzip")),
+)
+
+SINK_ONLY_OPTIONS = (
+    Option("s2.stream", "str", None,
+           "Stream to write to; a template over columns routes rows, e.g. orders/{region}.", required=True),
+    Option("s2.create-streams", "bool", False, "Create streams that do not exist yet."),
+    Option("s2.create-basin", "bool", False, "Create the basin if it does not exist yet."),
+    Option("s2.stamp-writer", "bool", False,
+           "Add @writer (write/epoch/partition) and @wseq headers so readers can rebuild per-writer order."),
+)
+
+APPEND_OPTIONS = (
+    Option("format", "choice", "json",
+           "Record body: json (one object per row) or raw (a string/binary column, or the column 'body').",
+           choices=("json", "raw")),
+)
+
+UPSERT_OPTIONS = (
+    Option("primary-key", "list", (), "Key columns of the changelog (@key header).", required=True),
+    Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D makes the row a delete."),
+    Option("upsert.reduce", "bool", True,
+           "Keep only the last change per key within each Arrow batch (as flink-connector-s2 does per request)."),
+)
+
+
+def _check_endpoints(opts: Options) -> None:
+    account, basin = opts["s2.endpoints.account"], opts["s2.endpoints.basin"]
+    if (account is None) != (basin is None):
+        raise OptionError("set both s2.endpoints.account and s2.endpoints.basin, or neither")
+
+
+def _check_exactly_once(opts: Options) -> None:
+    if opts["sink.transactional"] and opts["s2.append-retry-policy"] == "ALL" and opts.is_set("s2.append-retry-policy"):
+        raise OptionError(
+            "sink.transactional=true with s2.append-retry-policy=ALL: ALL lets the SDK resend appends that may have "
+            "landed, which exactly-once cannot allow. Remove s2.append-retry-policy (exactly-once uses "
+            "NO_SIDE_EFFECTS) or set it to NO_SIDE_EFFECTS."
+        )
+
+
+def template_columns(template: str) -> list[str]:
+    return _TEMPLATE_FIELD.findall(template)
+
+
+APPEND_SPEC = SINK_SPEC.extend((*CONNECTION_OPTIONS, *SINK_ONLY_OPTIONS, *APPEND_OPTIONS),
+                               (_check_endpoints, _check_exactly_once)).renamed("s2")
+UPSERT_SPEC = SINK_SPEC.extend((*CONNECTION_OPTIONS, *SINK_ONLY_OPTIONS, *UPSERT_OPTIONS),
+                               (_check_endpoints, _check_exactly_once),
+                               sink_mode=PARTITION_ORDERED).renamed("s2_upsert")
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Everything needed to reach a basin; built on the driver, shipped to executors. repr hides the token."""
+
+    basin: str
+    token: str
+    account_endpoint: str | None
+    basin_endpoint: str | None
+    retry_policy: str
+    max_retries: int
+    retry_delay_ms: int
+    compression: str
+
+    def __repr__(self) -> str:
+        return f"Connection(basin={self.basin!r}, endpoint={self.account_endpoint or 's2.dev'}, token=<redacted>)"
+
+    @classmethod
+    def from_options(cls, opts: Options, exactly_once: bool = False) -> Connection:
+        token = opts["s2.auth-token"] or os.environ.get("S2_ACCESS_TOKEN")
+        if not token:
+            raise OptionError(
+                "no S2 access token: set .option('s2.auth-token', ...) or the S2_ACCESS_TOKEN environment variable "
+                "(any non-empty value for a local server started without --token)."
+            )
+        account = opts["s2.endpoints.account"] or os.environ.get("S2_ACCOUNT_ENDPOINT")
+        basin_endpoint = opts["s2.endpoints.basin"] or os.environ.get("S2_BASIN_ENDPOINT")
+        if (account is None) != (basin_endpoint is None):
+            raise OptionError("S2_ACCOUNT_ENDPOINT and S2_BASIN_ENDPOINT must be set together")
+        for name, url in (("account", account), ("basin", basin_endpoint)):
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise OptionError(f"s2.endpoints.{name} must start with http:// or https://, got {url!r}")
+        basin = opts["s2.basin"]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{6,46}[a-z0-9]", basin):
+            raise OptionError(f"s2.basin {basin!r} is not a basin name: 8-48 characters of a-z, 0-9 and '-', "
+                              "not starting or ending with '-'")
+        policy = "NO_SIDE_EFFECTS" if exactly_once else opts["s2.append-retry-policy"]
+        return cls(basin, token, account, basin_endpoint, policy, opts["s2.max-retries"], opts["s2.retry-delay-ms"],
+                   opts["s2.compression"])
+
+    def client(self):  # -> s2_sdk.S2
+        from datetime import timedelta
+
+        import s2_sdk
+
+        endpoints = None
+        if self.account_endpoint and self.basin_endpoint:
+            endpoints = s2_sdk.Endpoints(account=self.account_endpoint, basin=self.basin_endpoint)
+        retry = s2_sdk.Retry(
+            max_attempts=self.max_retries + 1,
+            max_base_delay=timedelta(milliseconds=self.retry_delay_ms),
+            min_base_delay=timedelta(milliseconds=min(100, self.retry_delay_ms)),
+            append_retry_policy=s2_sdk.AppendRetryPolicy[self.retry_policy],
+        )
+        compression = s2_sdk.Compression[self.compression.upper()]
+        return s2_sdk.S2(self.token, endpoints=endpoints, retry=retry, compression=compression)
+
+
+def check_sink_options(opts: Options) -> None:
+    """Cross-option checks that need the mode (run on the driver before any write)."""
+    if opts["sink.transactional"] and opts["sink.mode"] != GLOBAL_ORDERED:
+        return  # reported by the engine's own check
+    stream = opts["s2.stream"]
+    if not stream:
+        raise OptionError("s2.stream is empty")

@@ -1,0 +1,89 @@
+"""`format("s2")` and `format("s2_upsert")`: Spark sinks for S2 streams on the sluice engine."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from pyspark.sql.types import StructType
+
+from sluice._errors import OptionError
+from sluice._options import Options, OptionSpec
+from sluice.connectors.s2._codec import S2Encoder, StreamRouter
+from sluice.connectors.s2._options import APPEND_SPEC, UPSERT_SPEC, Connection
+from sluice.connectors.s2._store import S2Store
+from sluice.engine import Committer, Store, WriteContext
+from sluice.spark._datasource import Encoder, EngineDataSource
+
+log = logging.getLogger("sluice.s2")
+
+
+class S2Committer(Committer):
+    """Records are durable once acknowledged, so there is nothing to publish; exactly-once comes from the
+    writers' fencing and resume (see _store.py), which also makes a replayed epoch a no-op."""
+
+    def commit(self, messages: list[Any], context: WriteContext) -> None:
+        log.debug("s2 epoch %s of %s committed by %d task(s)", context.epoch, context.write_id, len(messages))
+
+    def abort(self, messages: list[Any], context: WriteContext) -> None:
+        streams = sorted({s for m in messages if m for s in m.get("streams", {})})
+        log.warning("s2 write %s epoch %s aborted; appends already made to %s stay on the streams (S2 streams are "
+                    "append-only). A retry of the same query and epoch resumes without duplicates.",
+                    context.write_id, context.epoch, streams or "no stream")
+
+
+class _S2Base(EngineDataSource):
+    kind: ClassVar[str] = "append"
+    spec: ClassVar[OptionSpec] = APPEND_SPEC
+
+    @classmethod
+    def option_spec(cls) -> OptionSpec:
+        return cls.spec
+
+    def resolve_options(self, opts: Options) -> Options:
+        conn = Connection.from_options(opts)  # reads S2_* from the driver's environment, validates
+        return opts.with_values(s2_auth_token=conn.token, s2_endpoints_account=conn.account_endpoint,
+                                s2_endpoints_basin=conn.basin_endpoint)
+
+    def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise OptionError(f"format '{self.format_name}' cannot overwrite: S2 streams are append-only. "
+                              "Use mode('append').")
+        # Build an encoder once on the driver so column problems surface before any task starts.
+        S2Encoder(self.kind, opts, schema.fieldNames(), WriteContext(), stamp=False)
+
+    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
+        if opts["sink.transactional"]:
+            # Exactly-once: each stream has one writer per micro-batch.
+            return tuple(StreamRouter(opts["s2.stream"], schema.fieldNames()).columns)
+        return super().partitioning(opts, schema)
+
+    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
+        stamp = opts["s2.stamp-writer"] or opts["sink.transactional"]
+        return S2Encoder(self.kind, opts, schema.fieldNames(), context, stamp)
+
+    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
+        exactly_once = opts["sink.transactional"]
+        return S2Store(Connection.from_options(opts, exactly_once), opts["s2.stream"],
+                       create_streams=opts["s2.create-streams"], create_basin=opts["s2.create-basin"],
+                       exactly_once=exactly_once)
+
+    def make_committer(self, opts: Options) -> Committer:
+        return S2Committer()
+
+
+class S2DataSource(_S2Base):
+    """Insert-only appends: one record per row, body = the row as JSON (or a raw column)."""
+
+    format_name = "s2"
+
+
+class S2UpsertDataSource(_S2Base):
+    """An upsert changelog compatible with flink-connector-s2: @key and @action headers, body = non-key columns."""
+
+    format_name = "s2_upsert"
+    kind = "upsert"
+    spec = UPSERT_SPEC
+
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        return tuple(opts["primary-key"])

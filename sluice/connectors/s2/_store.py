@@ -1,0 +1,269 @@
+"""The S2 store: one SDK append session per stream, driven from an asyncio loop on its own thread.
+
+The engine's buffer-manager thread calls `submit(batch)`; the batch is split by stream (in order) and
+each part is queued to its stream's sender, which submits to the append session in queue order, so the
+engine's ordering guarantees carry over to S2. A failed session is replaced before the next send.
+
+Exactly-once (sink.transactional=true): every record carries @writer (write id / epoch / partition) and
+@wseq (its index in this writer's output to the stream). Before its first append to a stream, an attempt
+fences the stream with its own token (older attempts' appends then fail), reads back from the tail to
+the last data record, and, when that record is its own writer's, drops everything up to its @wseq: a
+retried task or a replayed micro-batch continues where the previous attempt stopped. Appends carry the
+fencing token and match_seq_num, so another writer in between is detected, never interleaved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from sluice._errors import RetryableError, SinkError, ThrottledError
+from sluice.connectors.s2._options import MIB, Connection
+from sluice.engine import Batch, ErrorKind, Store, WriteContext
+
+RETRYABLE_STATUS = {408, 500, 502, 503, 504}
+
+
+class ExactlyOnceConflict(Exception):
+    """Another writer appended to or fenced a stream this exactly-once writer owns for the epoch."""
+
+
+class _StreamWriter:
+    def __init__(self, store: S2Store, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.queue: asyncio.Queue[tuple[list[Any], asyncio.Future[None]]] = asyncio.Queue()
+        self.session: Any = None
+        self.broken = True
+        self.token: str | None = None
+        self.next_seq = 0
+        self.skip_below = 0  # exactly-once: @wseq values below this are already on the stream
+        self.sender = asyncio.get_running_loop().create_task(self._send_loop())
+
+    async def _connect(self) -> None:
+        if self.session is not None:
+            with contextlib.suppress(Exception):  # the old session already failed; closing is best effort
+                await self.session.close()
+        stream = self.store.basin.stream(self.name)
+        if self.store.exactly_once:
+            await self._fence_and_resume(stream)
+        self.session = stream.append_session()
+        await self.session.__aenter__()
+        self.broken = False
+
+    async def _fence_and_resume(self, stream: Any) -> None:
+        import s2_sdk
+
+        ctx = self.store.context
+        token = f"{self.store.writer_digest}#{ctx.attempt}.{ctx.task_attempt_id}"[:36]
+        ack = await stream.append(s2_sdk.AppendInput(records=[s2_sdk.CommandRecord.fence(token)]))
+        self.token = token
+        self.next_seq = ack.end.seq_num
+        self.skip_below = await self._resume_point(stream, self.next_seq)
+
+    async def _resume_point(self, stream: Any, tail: int) -> int:
+        """@wseq + 1 of this writer's last record on the stream, or 0 when the last data record is someone else's."""
+        import s2_sdk
+
+        window = 16
+        while True:
+            window = min(window, tail)
+            if window == 0:
+                return 0
+            batch = await stream.read(start=s2_sdk.TailOffset(window), limit=s2_sdk.ReadLimit(count=window))
+            for record in reversed(batch.records):
+                if record.is_command_record():
+                    continue
+                headers = dict(record.headers)
+                if headers.get(b"@writer") == self.store.writer_id:
+                    return int(headers[b"@wseq"]) + 1
+                return 0
+            if window >= tail:
+                return 0
+            window *= 4
+
+    def enqueue(self, records: list[Any]) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait((records, future))
+        return future
+
+    async def _send_loop(self) -> None:
+        import s2_sdk
+
+        while True:
+            records, future = await self.queue.get()
+            try:
+                if self.broken:
+                    await self._connect()
+                if self.store.exactly_once:
+                    records = [r for r in records if int(dict(r.headers)[b"@wseq"]) >= self.skip_below]
+                    if not records:
+                        future.set_result(None)
+                        continue
+                    inp = s2_sdk.AppendInput(records=records, fencing_token=self.token, match_seq_num=self.next_seq)
+                    self.next_seq += len(records)
+                else:
+                    inp = s2_sdk.AppendInput(records=records)
+                ticket = await self.session.submit(inp)
+            except Exception as error:
+                self.broken = True
+                if not future.done():
+                    future.set_exception(error)
+                continue
+            asyncio.get_running_loop().create_task(self._await_ack(ticket, future))
+
+    async def _await_ack(self, ticket: Any, future: asyncio.Future[None]) -> None:
+        try:
+            await ticket
+        except Exception as error:
+            self.broken = True  # the session is gone; the next send opens a new one (and re-fences)
+            if not future.done():
+                future.set_exception(error)
+            return
+        if not future.done():
+            future.set_result(None)
+
+    async def close(self) -> None:
+        self.sender.cancel()
+        if self.session is not None and not self.broken:
+            with contextlib.suppress(Exception):
+                await self.session.close()
+
+
+class S2Store(Store):
+    name = "s2"
+    supports_transactions = True
+    max_record_bytes = MIB
+    max_batch_records = 1000
+    max_batch_bytes = MIB
+
+    def __init__(self, conn: Connection, stream_label: str, *, create_streams: bool, create_basin: bool,
+                 exactly_once: bool) -> None:
+        self.conn = conn
+        self.stream_label = stream_label
+        self.create_streams = create_streams
+        self.create_basin = create_basin
+        self.exactly_once = exactly_once
+        self.context = WriteContext()
+        self.writer_id = b""
+        self.writer_digest = ""
+        self.streams_written: dict[str, int] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sluice-s2-io", daemon=True)
+        self._writers: dict[str, asyncio.Future[_StreamWriter]] = {}
+        self.client: Any = None
+        self.basin: Any = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.conn.basin}/{self.stream_label}"
+
+    def open(self, context: WriteContext) -> None:
+        self.context = context
+        epoch = context.epoch if context.epoch is not None else 0
+        self.writer_id = f"{context.write_id}/{epoch}/{context.partition_id}".encode()
+        self.writer_digest = hashlib.sha256(self.writer_id).hexdigest()[:24]
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
+
+    async def _open(self) -> None:
+        self.client = self.conn.client()
+        if self.create_basin:
+            await self.client.ensure_basin(self.conn.basin)
+        self.basin = self.client.basin(self.conn.basin)
+
+    def submit(self, batch: Batch) -> Future[None]:
+        return asyncio.run_coroutine_threadsafe(self._submit(batch.entries), self._loop)
+
+    async def _submit(self, entries: list[Any]) -> None:
+        parts: dict[str, list[Any]] = {}
+        for stream, record in entries:
+            parts.setdefault(stream, []).append(record)
+        waits = []
+        for stream, records in parts.items():
+            writer = await self._writer(stream)
+            waits.append(writer.enqueue(records))
+            self.streams_written[stream] = self.streams_written.get(stream, 0) + len(records)
+        results = await asyncio.gather(*waits, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def _writer(self, stream: str) -> _StreamWriter:
+        future = self._writers.get(stream)
+        if future is None:
+            future = self._loop.create_future()
+            self._writers[stream] = future
+            try:
+                if self.create_streams:
+                    await self.basin.ensure_stream(stream)
+                future.set_result(_StreamWriter(self, stream))
+            except Exception as error:
+                del self._writers[stream]
+                future.set_exception(error)
+                raise
+        return await future
+
+    def classify(self, error: BaseException) -> ErrorKind:
+        import s2_sdk
+
+        if isinstance(error, ThrottledError):
+            return ErrorKind.THROTTLED
+        if isinstance(error, RetryableError):
+            return ErrorKind.RETRYABLE
+        if isinstance(error, (s2_sdk.FencingTokenMismatchError, s2_sdk.SeqNumMismatchError)):
+            return ErrorKind.FATAL
+        if isinstance(error, s2_sdk.S2ServerError):
+            if error.status_code == 429:
+                return ErrorKind.THROTTLED
+            return ErrorKind.RETRYABLE if error.status_code in RETRYABLE_STATUS else ErrorKind.FATAL
+        if isinstance(error, s2_sdk.S2ClientError):
+            return ErrorKind.FATAL
+        return ErrorKind.RETRYABLE  # transport errors: connection refused/reset, timeouts
+
+    def explain(self, error: SinkError) -> SinkError:
+        """Rewrite the errors users hit most into what to do about them."""
+        import s2_sdk
+
+        cause = error.cause
+        if isinstance(cause, s2_sdk.S2ServerError) and cause.status_code in (401, 403):
+            return SinkError(
+                f"S2 refused the access token for basin '{self.conn.basin}' (HTTP {cause.status_code}: {cause.code}). "
+                "Check s2.auth-token / S2_ACCESS_TOKEN and the token's scope.",
+                store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
+        if isinstance(cause, (s2_sdk.FencingTokenMismatchError, s2_sdk.SeqNumMismatchError)):
+            return SinkError(
+                f"exactly-once write to {self.target} lost ownership of a stream: another writer fenced or appended "
+                f"to it during this micro-batch ({cause}). Exactly-once needs one writer per stream per "
+                "micro-batch: repartition by the columns of the s2.stream template (sluice.write() and "
+                "sluice.partitioned() do this), or write from a single partition.",
+                store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
+        if isinstance(cause, s2_sdk.S2ServerError) and cause.code in ("stream_not_found", "basin_not_found"):
+            hint = "s2.create-streams=true" if cause.code == "stream_not_found" else "s2.create-basin=true"
+            return SinkError(f"{cause} (writing to {self.target}); create it first or set {hint}.",
+                             store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
+        return error
+
+    def pre_commit(self) -> Any:
+        return {"streams": dict(self.streams_written), "writer": self.writer_id.decode()}
+
+    def close(self) -> None:
+        if not self._thread.is_alive():
+            return
+
+        async def shutdown() -> None:
+            for future in self._writers.values():
+                if future.done() and not future.exception():
+                    await future.result().close()
+            if self.client is not None:
+                await self.client.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
