@@ -186,7 +186,7 @@ class OptionSpec:
             if not raw:
                 hint = (" No options reached the data source at all: if this is a table made with CREATE TABLE ... "
                         f"USING {self.format_name} OPTIONS (...), note that Spark 4.3 does not pass a table's OPTIONS "
-                        f"to Python data sources; use CREATE TEMPORARY VIEW name USING {self.format_name} "
+                        f"to Python data sources; use CREATE TEMPORARY VIEW name (columns) USING {self.format_name} "
                         "OPTIONS (...) and INSERT INTO / SELECT FROM that view.")
             raise OptionError(
                 f"format '{self.format_name}' needs option(s) {', '.join(missing)}: "

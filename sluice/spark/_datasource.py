@@ -40,7 +40,8 @@ from sluice.spark._summary import log_summary, save_summary
 if TYPE_CHECKING:
     import pyarrow as pa
 
-Encoder = Callable[["pa.RecordBatch"], tuple[list[Any], list[int]]]
+# RecordBatch -> (entries, sizes), or (entries, sizes, indices of the rows kept) when rows were dropped.
+Encoder = Callable[["pa.RecordBatch"], tuple[Any, ...]]
 
 
 @dataclass
@@ -54,6 +55,9 @@ class SluiceCommitMessage(WriterCommitMessage):
 
 class EngineDataSource(DataSource):
     format_name: ClassVar[str] = "sluice"
+    # The store's hard limits, checked against the sink.* options on the driver: (record bytes, batch records,
+    # batch bytes); None = no limit.
+    store_limits: ClassVar[tuple[int | None, int | None, int | None]] = (None, None, None)
 
     @classmethod
     def name(cls) -> str:
@@ -121,6 +125,7 @@ class EngineDataSource(DataSource):
     def _prepare(self, schema: StructType, overwrite: bool) -> tuple[Options, SinkConfig]:
         opts = self.resolve_options(self.parsed())
         config = self.sink_config(opts, schema)
+        config.check_store_limits(self.format_name, *self.store_limits)
         self.check_write(opts, schema, overwrite)
         if config.transactional and self.make_committer(opts) is None:
             raise OptionError(
@@ -173,9 +178,12 @@ class _EngineWriterMixin:
             for batch in iterator:
                 if not batch.num_rows:
                     continue
-                entries, sizes = encode(batch)
+                encoded = encode(batch)
+                entries, sizes = encoded[0], encoded[1]
                 if keyed:
                     buckets = partition_buckets(batch, self.config.partition_key, self.config.parallelism)
+                    if len(encoded) == 3:  # the encoder kept only some rows (e.g. the last change per key)
+                        buckets = [buckets[i] for i in encoded[2]]
                     writer.write_keyed(entries, sizes, buckets)
                 else:
                     writer.write_chunk(entries, sizes)

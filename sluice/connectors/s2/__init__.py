@@ -16,7 +16,8 @@
         .writeStream.format("s2").options(**opts).option("checkpointLocation", "/tmp/ck").start())
 
     # SQL: Spark 4.3 drops a catalog table's OPTIONS for Python data sources; a temporary view keeps them.
-    spark.sql("CREATE TEMPORARY VIEW orders_s2 USING s2 OPTIONS (`s2.basin` 'my-basin-1', ...)")
+    spark.sql("CREATE TEMPORARY VIEW orders_s2 (id BIGINT, region STRING, amount DOUBLE) "
+              "USING s2 OPTIONS (`s2.basin` 'my-basin-1', `s2.stream` 'orders/{region}', ...)")
     spark.sql("INSERT INTO orders_s2 SELECT 3 AS id, 'eu' AS region, 1.0 AS amount")
 
 Record formats: append records carry the row as compact JSON (`format=json`, default) or a string/binary

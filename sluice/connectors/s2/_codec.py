@@ -157,7 +157,7 @@ class S2Encoder:
                 raise OptionError("s2_upsert needs at least one non-key column for the record body "
                                   f"(primary-key={self.key_columns}, columns: {names})")
 
-    def __call__(self, batch: pa.RecordBatch) -> tuple[list[Any], list[int]]:
+    def __call__(self, batch: pa.RecordBatch) -> tuple[Any, ...]:
         if self.kind == "append":
             return self._append(batch)
         return self._upsert(batch)
@@ -217,14 +217,17 @@ class S2Encoder:
         return column.to_pylist()
 
     # ------------------------------------------------------------------ upsert
-    def _upsert(self, batch: pa.RecordBatch) -> tuple[list[Any], list[int]]:
+    def _upsert(self, batch: pa.RecordBatch) -> tuple[Any, ...]:
         for column in self.key_columns:
             nulls = batch.column(column).null_count
             if nulls:
                 raise OptionError(f"primary-key column '{column}' has {nulls} null value(s) in this batch; an "
                                   "upsert key cannot be null. Filter or fill them before writing.")
+        kept = None
         if self.reduce and batch.num_rows > 1:
-            batch = self._last_per_key(batch)
+            kept = self._last_per_key(batch)
+            if kept is not None:
+                batch = batch.take(kept)
         keys = json_bodies(batch, self.key_columns)
         if self.op_column:
             op = batch.column(self.op_column).cast(pa.string())
@@ -239,18 +242,21 @@ class S2Encoder:
         key_list, bodies = keys.to_pylist(), bodies_array.to_pylist()
         headers = [[(b"@key", k), (b"@action", b"d" if d else b"u")]
                    for k, d in zip(key_list, delete_flags, strict=True)]
-        return self._entries(self.router.streams(batch), bodies, sizes, headers, None)
+        entries, sizes_list = self._entries(self.router.streams(batch), bodies, sizes, headers, None)
+        if kept is None:
+            return entries, sizes_list
+        return entries, sizes_list, kept.to_pylist()
 
-    def _last_per_key(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Keep each key's last row; survivors keep their relative order, so no key's changes reorder."""
+    def _last_per_key(self, batch: pa.RecordBatch) -> pa.Array | None:
+        """Indices of each key's last row, in order (None: nothing to drop). No key's changes reorder."""
         table = pa.Table.from_batches([batch]).append_column("__row", pa.array(np.arange(batch.num_rows)))
         group = list(self.key_columns)
         if not self.router.fixed:
             group += [c for c in self.router.columns if c not in group]  # a key on two streams is two keys
         last = table.group_by(group, use_threads=False).aggregate([("__row", "max")]).column("__row_max")
         if len(last) == batch.num_rows:
-            return batch
-        return batch.take(pc.sort_indices(last))
+            return None
+        return pc.take(last, pc.sort_indices(last)).combine_chunks()
 
     # ------------------------------------------------------------------ records
     def _entries(self, streams: list[str] | str, bodies: list[bytes], sizes: np.ndarray,

@@ -34,6 +34,7 @@ class S2Committer(Committer):
 
 class _S2Base(EngineDataSource):
     kind: ClassVar[str] = "append"
+    store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
     spec: ClassVar[OptionSpec] = APPEND_SPEC
 
     @classmethod
