@@ -1,0 +1,149 @@
+"""Exactly-once S2 writes (global-ordered + transactional) when a Python worker dies mid-task and when a
+streaming query is killed mid-batch and restarted from its checkpoint. Counts duplicates and missing rows."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from tests.connectors.s2.conftest import read_stream
+
+pytestmark = pytest.mark.spark
+
+
+def slow(rows_per_batch: int, pause: float):
+    """A pass-through mapInArrow that yields small batches slowly, so a write is still running when we strike."""
+
+    def fn(batches):
+        import time as _time
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, rows_per_batch):
+                _time.sleep(pause)
+                yield batch.slice(start, rows_per_batch)
+
+    return fn
+
+
+def kill_python_workers() -> int:
+    """SIGKILL Spark's forked Python workers (children of pyspark.daemon), as an executor losing them would."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    procs = [line.split(None, 2) for line in out.splitlines() if "pyspark.daemon" in line or "pyspark/daemon" in line]
+    daemons = {pid for pid, _, _ in procs}
+    killed = 0
+    for pid, ppid, _ in procs:
+        if ppid in daemons:
+            os.kill(int(pid), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def wait_for_records(server, basin, stream, at_least: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            n = len(read_stream(server, basin, stream))
+        except Exception:
+            n = 0
+        if n >= at_least:
+            return n
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {at_least} records reached {stream} in {timeout} s")
+
+
+def eo_options(s2_opts, stream):
+    return {**s2_opts, "s2.stream": stream, "sink.mode": "global-ordered", "sink.transactional": "true",
+            "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50"}
+
+
+def test_exactly_once_across_a_killed_python_worker(spark, s2_local, s2_opts):
+    import threading
+
+    basin = s2_opts["s2.basin"]
+    df = spark.range(0, 3000, 1, 1).mapInArrow(slow(50, 0.05), "id long")  # ~3 s of writing
+    killed = {}
+
+    def strike():
+        killed["at"] = wait_for_records(s2_local, basin, "eo", 300)
+        killed["workers"] = kill_python_workers()
+
+    striker = threading.Thread(target=strike)
+    striker.start()
+    df.write.format("s2").options(**eo_options(s2_opts, "eo")).mode("append").save()
+    striker.join()
+    assert killed["workers"] >= 1 and 300 <= killed["at"] < 3000, killed
+    records = read_stream(s2_local, basin, "eo", include_commands=True)
+    fences = [r for r in records if r.is_command_record()]
+    data = [json.loads(r.body)["id"] for r in records if not r.is_command_record()]
+    dupes = [k for k, c in Counter(data).items() if c > 1]
+    assert len(fences) == 2, "the task should have run twice (killed once, retried once)"
+    assert not dupes and sorted(data) == list(range(3000)), f"{len(dupes)} duplicated, {3000 - len(set(data))} missing"
+    assert data == list(range(3000)), "exactly once, and in order"
+
+
+def dying_at(row: int, marker: str, rows_per_batch: int, pause: float):
+    """Like slow(), but while `marker` exists the Python worker dies (os._exit) on reaching id `row`."""
+
+    def fn(batches):
+        import os as _os
+        import time as _time
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, rows_per_batch):
+                part = batch.slice(start, rows_per_batch)
+                if _os.path.exists(marker) and part.column(0)[0].as_py() >= row:
+                    _os._exit(1)  # the worker process dies mid-task, like a lost executor
+                _time.sleep(pause)
+                yield part
+
+    return fn
+
+
+@pytest.fixture
+def small_arrow_batches(spark):
+    """The writer receives rows in Arrow batches of this size: small, so it writes while upstream still runs.
+
+    (The JVM -> Python stream is also buffered, 64 KB by default: the test's rows are padded to ~1 KB so
+    that batches reach the writer before its input ends.)
+    """
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    yield
+    spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
+def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, s2_local, s2_opts, tmp_path,
+                                                                small_arrow_batches):
+    basin = s2_opts["s2.basin"]
+    src, checkpoint, marker = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "die"
+    for part in range(3):
+        spark.range(part * 1000, (part + 1) * 1000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
+            .write.mode("append").parquet(str(src))
+    marker.touch()
+
+    def start():
+        return (spark.readStream.schema("id long, pad string").option("maxFilesPerTrigger", 1).parquet(str(src))
+                .mapInArrow(dying_at(1500, str(marker), 50, 0.05), "id long, pad string")
+                .writeStream.format("s2").options(**eo_options(s2_opts, "eo-stream"))
+                .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+
+    query = start()
+    with pytest.raises(StreamingQueryException, match="Python worker exited unexpectedly"):
+        query.awaitTermination(180)  # micro-batch 1 dies in both task attempts: the query is killed
+    before = [json.loads(r.body)["id"] for r in read_stream(s2_local, basin, "eo-stream")]
+    assert sorted(set(before)) == before[: len(set(before))] and 1000 < max(before) < 2000, \
+        "micro-batch 1 should have been partly written when the query died"
+    marker.unlink()
+    query = start()  # restart from the checkpoint: micro-batch 1 is replayed, then 2 runs
+    query.awaitTermination(180)
+    assert query.exception() is None
+    data = [json.loads(r.body)["id"] for r in read_stream(s2_local, basin, "eo-stream")]
+    counts = Counter(data)
+    dupes = sum(c - 1 for c in counts.values() if c > 1)
+    missing = 3000 - len(counts)
+    assert (dupes, missing) == (0, 0), f"{dupes} duplicates, {missing} missing"
+    assert data == list(range(3000)), "each micro-batch is one file and one task: input order throughout"
