@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test lint bench docs lock clean check-java
+.PHONY: test demo lint bench docs lock clean check-java
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sluice needs Python >= 3.11 (set PYTHON=python3.11)"'
@@ -24,11 +24,16 @@ lint: $(STAMP)
 test: $(STAMP) check-java lint
 	$(PY) -m pytest
 
+demo: $(STAMP) check-java
+	$(PY) -m sluice.demo
+
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
 bench: $(STAMP) check-java
 	$(PY) bench/engine_throughput.py
+	$(PY) bench/s2_server.py
+	$(PY) bench/s2_sink.py
 
 # Re-resolve the pinned set from pyproject.toml (a maintainer's step, not a user's).
 lock:

@@ -25,9 +25,9 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partiti
         return df
     if not columns:
         return df.coalesce(1)
-    if num_partitions:
-        return df.repartition(num_partitions, *columns)
-    return df.repartition(*columns)
+    # An explicit count: adaptive execution would otherwise coalesce a small write into one task.
+    count = num_partitions or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    return df.repartition(count, *columns)
 
 
 def write(df: DataFrame, format: str, options: dict[str, Any], mode: str = "append",
