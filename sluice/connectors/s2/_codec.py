@@ -32,6 +32,12 @@ def json_bodies(batch: pa.RecordBatch, columns: Sequence[str]) -> pa.Array:
     binary = [name for name, dtype in frame.schema.items() if dtype == pl.Binary]
     if binary:
         frame = frame.with_columns([pl.col(name).bin.encode("base64") for name in binary])
+    # Decimals of up to 15 digits are exact as doubles: write them as JSON numbers (as Flink does); wider ones
+    # stay exact strings.
+    narrow = [name for name, dtype in frame.schema.items()
+              if isinstance(dtype, pl.Decimal) and (dtype.precision or 38) <= 15]
+    if narrow:
+        frame = frame.with_columns([pl.col(name).cast(pl.Float64) for name in narrow])
     encoded = frame.select(pl.struct(pl.all()).struct.json_encode().cast(pl.Binary).alias("j"))["j"]
     return encoded.to_arrow()
 

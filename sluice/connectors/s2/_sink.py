@@ -1,4 +1,4 @@
-"""`format("s2")` and `format("s2_upsert")`: Spark sinks for S2 streams on the sluice engine."""
+"""`format("s2")` and `format("s2_upsert")`: Spark sinks (on the sluice engine) and sources (on the split framework)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,16 @@ from sluice._errors import OptionError
 from sluice._options import Options, OptionSpec
 from sluice.connectors.s2._codec import S2Encoder, StreamRouter
 from sluice.connectors.s2._options import APPEND_SPEC, UPSERT_SPEC, Connection
+from sluice.connectors.s2._source import (
+    DEFAULT_SCHEMA,
+    READ_SPEC,
+    UPSERT_READ_SPEC,
+    S2Enumerator,
+    S2Reader,
+)
 from sluice.connectors.s2._store import S2Store
 from sluice.engine import Committer, Store, WriteContext
+from sluice.source import SplitBatchReader, SplitStreamReader
 from sluice.spark._datasource import Encoder, EngineDataSource
 
 log = logging.getLogger("sluice.s2")
@@ -34,6 +42,7 @@ class S2Committer(Committer):
 
 class _S2Base(EngineDataSource):
     kind: ClassVar[str] = "append"
+    read_spec: ClassVar[OptionSpec] = READ_SPEC
     store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
     spec: ClassVar[OptionSpec] = APPEND_SPEC
 
@@ -72,6 +81,32 @@ class _S2Base(EngineDataSource):
     def make_committer(self, opts: Options) -> Committer:
         return S2Committer()
 
+    # ------------------------------------------------------------------ reading
+    def schema(self) -> str:
+        return DEFAULT_SCHEMA
+
+    def _read_parts(self, schema: StructType, batch: bool) -> tuple[S2Enumerator, S2Reader, int | None, Options]:
+        opts = self.read_spec.parse(self.options)
+        conn = Connection.from_options(opts)  # resolved on the driver; executors get it with the reader
+        kind = self.kind if self.kind == "append" else ("upsert-batch" if batch else "upsert")
+        if kind != "append":
+            missing = [c for c in opts["primary-key"] if c not in schema.fieldNames()]
+            if missing:
+                raise OptionError(f"primary-key column(s) {missing} are not in the schema {schema.simpleString()}")
+        per_partition = opts["s2.max-records-per-partition"] or None
+        if kind == "upsert-batch":
+            per_partition = None  # a stream is materialized as a whole
+        return S2Enumerator(conn, opts, batch), S2Reader(conn, schema, opts, kind), per_partition, opts
+
+    def reader(self, schema: StructType) -> SplitBatchReader:
+        enumerator, reader, per_partition, _ = self._read_parts(schema, batch=True)
+        return SplitBatchReader(enumerator, reader, per_partition)
+
+    def streamReader(self, schema: StructType) -> SplitStreamReader:
+        enumerator, reader, per_partition, opts = self._read_parts(schema, batch=False)
+        return SplitStreamReader(enumerator, reader, per_partition, opts["max-records-per-trigger"],
+                                 opts["max-bytes-per-trigger"])
+
 
 class S2DataSource(_S2Base):
     """Insert-only appends: one record per row, body = the row as JSON (or a raw column)."""
@@ -85,6 +120,12 @@ class S2UpsertDataSource(_S2Base):
     format_name = "s2_upsert"
     kind = "upsert"
     spec = UPSERT_SPEC
+    read_spec = UPSERT_READ_SPEC
+
+    def schema(self) -> str:
+        raise OptionError("reading format 's2_upsert' needs a schema of the key and value columns: "
+                          "spark.read.format('s2_upsert').schema('id long, status string, amount double')...; "
+                          "for streaming reads add '_op string' to get each change's action (u or d)")
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return tuple(opts["primary-key"])

@@ -1,0 +1,338 @@
+"""Reading S2 streams: `spark.read.format("s2")` / `readStream`, and `format("s2_upsert")` changelogs.
+
+A split is one stream; positions are seq nums. The enumerator lists streams (`s2.streams`, or every
+stream under `s2.discovery-prefix`, re-listed every `s2.discovery-interval-ms`) and resolves start/end
+positions; readers open one SDK read session per partition (a stream, or a seq-num range of one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from sluice._errors import OptionError, SluiceError
+from sluice._options import Option, Options, OptionSpec
+from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection
+from sluice.source import Split, SplitEnumerator, SplitReader
+
+log = logging.getLogger("sluice.s2")
+
+META_COLUMNS = ("stream", "seq_num", "timestamp", "headers", "body")
+DEFAULT_SCHEMA = ("stream string, seq_num long, timestamp timestamp, "
+                  "headers array<struct<name: binary, value: binary>>, body binary")
+CORRUPT = "_corrupt_record"
+
+SOURCE_OPTIONS = (
+    Option("s2.streams", "list", (), "Streams to read (comma-separated); or use s2.discovery-prefix."),
+    Option("s2.discovery-prefix", "str", None, "Read every stream whose name starts with this (new ones too)."),
+    Option("s2.discovery-interval-ms", "int", 10_000, "How often streaming reads look for new streams.", minimum=0),
+    Option("s2.start", "str", "earliest",
+           "earliest (first available record), latest (the tail), a seq num, or a timestamp (ISO 8601 or "
+           "timestamp:<epoch ms>)."),
+    Option("s2.end", "str", "latest", "Batch reads: where to stop (exclusive): latest, a seq num or a timestamp."),
+    Option("failOnDataLoss", "bool", True,
+           "Fail when records to read were trimmed or the stream deleted (false: warn and skip ahead)."),
+    Option("max-records-per-trigger", "int", None, "Streaming: most records per micro-batch.", minimum=1),
+    Option("max-bytes-per-trigger", "int", None, "Streaming: most metered bytes per micro-batch.", minimum=1),
+    Option("s2.max-records-per-partition", "int", 500_000,
+           "Cut a stream into partitions of at most this many records, read in parallel (0: never).", minimum=0),
+    Option("format", "choice", "binary",
+           "binary: the raw record (body as bytes); json: parse bodies into the columns of the given schema.",
+           choices=("binary", "json")),
+    Option("mode", "choice", "PERMISSIVE",
+           "format=json: PERMISSIVE (bad bodies give nulls and _corrupt_record) or FAILFAST (fail).",
+           choices=("PERMISSIVE", "FAILFAST")),
+)
+
+
+def _check_streams(opts: Options) -> None:
+    if bool(opts["s2.streams"]) == bool(opts["s2.discovery-prefix"]):
+        raise OptionError("set exactly one of s2.streams (a list) or s2.discovery-prefix")
+
+
+READ_SPEC = OptionSpec("s2", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS), (_check_streams,))
+UPSERT_READ_SPEC = OptionSpec("s2_upsert", (
+    *CONNECTION_OPTIONS, *SOURCE_OPTIONS,
+    Option("primary-key", "list", (), "Key columns: parsed from the @key header.", required=True),
+), (_check_streams,))
+
+
+class DataLossError(SluiceError):
+    """Records a query needed were trimmed, or their stream deleted."""
+
+
+def parse_position(text: str, option: str) -> tuple[str, int | None]:
+    """('earliest'|'latest', None), ('seq', n) or ('timestamp', epoch ms)."""
+    value = text.strip()
+    if value.lower() in ("earliest", "latest"):
+        return value.lower(), None
+    if value.isdigit():
+        return "seq", int(value)
+    if value.lower().startswith("timestamp:") and value[10:].strip().isdigit():
+        return "timestamp", int(value[10:])
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(f"{option}={text!r}: use earliest, latest, a seq num, timestamp:<epoch ms> or an ISO 8601 "
+                          "timestamp") from None
+    if moment.tzinfo is None:
+        raise OptionError(f"{option}={text!r}: give the timestamp a time zone, e.g. {value}Z")
+    return "timestamp", int(moment.timestamp() * 1000)
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+class S2Enumerator(SplitEnumerator):
+    def __init__(self, conn: Connection, opts: Options, batch: bool) -> None:
+        self.conn = conn
+        self.streams = tuple(opts["s2.streams"])
+        self.prefix = opts["s2.discovery-prefix"]
+        self.interval = opts["s2.discovery-interval-ms"] / 1000.0
+        self.start = parse_position(opts["s2.start"], "s2.start")
+        self.end = parse_position(opts["s2.end"], "s2.end") if batch else ("latest", None)
+        if self.end[0] == "earliest":
+            raise OptionError("s2.end=earliest would read nothing; use latest, a seq num or a timestamp")
+        self._listed: list[Split] = []
+        self._listed_at = float("-inf")
+
+    def discover(self) -> list[Split]:
+        if self.streams:
+            return [Split(s) for s in self.streams]
+        if time.monotonic() - self._listed_at >= self.interval:
+            async def listing() -> list[str]:
+                async with self.conn.client() as client:
+                    return [s.name async for s in client.basin(self.conn.basin).list_all_streams(prefix=self.prefix)]
+
+            self._listed = [Split(name) for name in sorted(_run(listing()))]
+            self._listed_at = time.monotonic()
+        return self._listed
+
+    def _resolve(self, split: Split, where: tuple[str, int | None]) -> int:
+        import s2_sdk
+
+        async def resolve() -> int:
+            async with self.conn.client() as client:
+                stream = client.basin(self.conn.basin).stream(split.split_id)
+                kind, value = where
+                tail = (await stream.check_tail()).seq_num
+                if kind == "latest":
+                    return tail
+                if kind == "seq":
+                    return min(value, tail)
+                start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(value)
+                batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
+                return batch.records[0].seq_num if batch.records else tail
+
+        return _run(resolve())
+
+    def start_position(self, split: Split) -> int:
+        return self._resolve(split, self.start)
+
+    def end_position(self, split: Split) -> int:
+        return self._resolve(split, self.end)
+
+    def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
+        import s2_sdk
+
+        async def scan() -> tuple[int, int]:
+            position, used = start, 0
+            async with self.conn.client() as client:
+                stream = client.basin(self.conn.basin).stream(split.split_id)
+                while position < end and used < max_bytes:
+                    batch = await stream.read(start=s2_sdk.SeqNum(position),
+                                              limit=s2_sdk.ReadLimit(count=min(1000, end - position)))
+                    if not batch.records:
+                        break
+                    for record in batch.records:
+                        size = s2_sdk.metered_bytes([record])
+                        if used + size > max_bytes and position > start:
+                            return position, used
+                        used += size
+                        position = record.seq_num + 1
+                        if position >= end:
+                            break
+            return min(position, end), used
+
+        return _run(scan())
+
+
+class S2Reader(SplitReader):
+    """Reads seq nums [start, end) of a stream with one read session; yields Arrow batches of the schema."""
+
+    def __init__(self, conn: Connection, schema: Any, opts: Options, kind: str = "append") -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.conn = conn
+        self.kind = kind
+        self.fail_on_data_loss = opts["failOnDataLoss"]
+        self.json = opts["format"] == "json" or kind.startswith("upsert")
+        self.failfast = opts["mode"] == "FAILFAST"
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.key_columns = tuple(opts["primary-key"]) if kind.startswith("upsert") else ()
+        names = self.arrow_schema.names
+        if self.json:
+            self.data_fields = [f for f in self.arrow_schema if f.name not in META_COLUMNS and f.name not in
+                                (CORRUPT, "_op")]
+        else:
+            unknown = [n for n in names if n not in META_COLUMNS]
+            if unknown:
+                raise OptionError(f"column(s) {unknown} are not S2 record columns ({', '.join(META_COLUMNS)}); to "
+                                  "parse JSON bodies into columns use .option('format', 'json')")
+            self.data_fields = []
+
+    # ------------------------------------------------------------------ reading
+    def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        loop = asyncio.new_event_loop()
+        try:
+            agen = self._records(split.split_id, start, end)
+            pending: list[Any] = []
+            while True:
+                try:
+                    records = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    break
+                pending.extend(records)
+                if len(pending) >= 4096 and self.kind != "upsert-batch":
+                    yield self._to_arrow(split.split_id, pending)
+                    pending = []
+            if self.kind == "upsert-batch":
+                pending = self._materialize(pending)
+            if pending:
+                yield self._to_arrow(split.split_id, pending)
+        finally:
+            loop.close()
+
+    async def _records(self, stream_name: str, start: int, end: int) -> Any:
+        import s2_sdk
+
+        expected = start
+        async with self.conn.client() as client:
+            stream = client.basin(self.conn.basin).stream(stream_name)
+            try:
+                session = stream.read_session(start=s2_sdk.SeqNum(start), limit=s2_sdk.ReadLimit(count=end - start))
+                async for batch in session:
+                    records = batch.records
+                    if not records:
+                        continue
+                    if records[0].seq_num > expected:
+                        self._data_loss(stream_name, expected, records[0].seq_num)
+                    out = [r for r in records if r.seq_num < end and not r.is_command_record()]
+                    expected = records[-1].seq_num + 1
+                    if out:
+                        yield out
+                    if expected >= end:
+                        return
+            except s2_sdk.S2ServerError as error:
+                if error.status_code == 404 or isinstance(error, s2_sdk.ReadUnwrittenError):
+                    self._data_loss(stream_name, expected, None, error)
+                    return
+                raise
+
+    def _data_loss(self, stream: str, expected: int, found: int | None, error: Exception | None = None) -> None:
+        what = (f"records {expected}..{found - 1} of stream '{stream}' were trimmed" if found is not None
+                else f"stream '{stream}' is gone or shorter than expected ({error})")
+        if self.fail_on_data_loss:
+            raise DataLossError(f"{what} before they were read. Set .option('failOnDataLoss', 'false') to skip "
+                                "ahead (with a warning) instead of failing.")
+        log.warning("%s; skipping ahead (failOnDataLoss=false)", what)
+
+    # ------------------------------------------------------------------ conversion
+    def _to_arrow(self, stream: str, records: list[Any]) -> pa.RecordBatch:
+        n = len(records)
+        columns: dict[str, pa.Array] = {}
+        names = self.arrow_schema.names
+        if "stream" in names:
+            columns["stream"] = pa.array([stream] * n, pa.string())
+        if "seq_num" in names:
+            columns["seq_num"] = pa.array([r.seq_num for r in records], pa.int64())
+        if "timestamp" in names:
+            columns["timestamp"] = pa.array([r.timestamp for r in records], pa.int64()).cast(
+                pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
+        if "headers" in names:
+            columns["headers"] = pa.array([[{"name": k, "value": v} for k, v in r.headers] for r in records],
+                                          self.arrow_schema.field("headers").type)
+        if "body" in names:
+            columns["body"] = pa.array([r.body for r in records], pa.binary())
+        if self.json:
+            columns.update(self._parse(stream, records))
+        return pa.RecordBatch.from_arrays([columns[name].cast(self.arrow_schema.field(name).type)
+                                           for name in names], schema=self.arrow_schema)
+
+    def _parse(self, stream: str, records: list[Any]) -> dict[str, pa.Array]:
+        """The JSON columns: from the body (format=json) or from @key and the body (upsert)."""
+        names = self.arrow_schema.names
+        if self.kind.startswith("upsert"):
+            keys = [dict(r.headers).get(b"@key", b"{}") for r in records]
+            ops = [dict(r.headers).get(b"@action", b"u").decode() for r in records]
+            merged = []
+            for key, record, op in zip(keys, records, ops, strict=True):
+                try:
+                    row = json.loads(record.body) if op == "u" and record.body else {}
+                    row.update(json.loads(key))
+                    merged.append(json.dumps(row).encode())
+                except ValueError:
+                    merged.append(b"")
+            parsed, corrupt = self._parse_json(stream, records, merged)
+            if "_op" in names:
+                parsed["_op"] = pa.array(ops, pa.string())
+        else:
+            parsed, corrupt = self._parse_json(stream, records, [r.body for r in records])
+        if CORRUPT in names:
+            parsed[CORRUPT] = pa.array(corrupt, pa.string())
+        return parsed
+
+    def _parse_json(self, stream: str, records: list[Any], bodies: list[bytes]
+                    ) -> tuple[dict[str, pa.Array], list[str | None]]:
+        import pyarrow.json as pj
+
+        schema = pa.schema(self.data_fields)
+        n = len(bodies)
+        if all(b and b"\n" not in b for b in bodies):
+            try:
+                table = pj.read_json(pa.BufferReader(b"\n".join(bodies)), parse_options=pj.ParseOptions(
+                    explicit_schema=schema, unexpected_field_behavior="ignore"))
+                if table.num_rows == n:
+                    return {f.name: table.column(f.name).combine_chunks() for f in self.data_fields}, [None] * n
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                pass  # a malformed body somewhere in the batch: go row by row
+        rows: list[dict[str, Any]] = []
+        corrupt: list[str | None] = []
+        for record, body in zip(records, bodies, strict=True):
+            try:
+                value = json.loads(body)
+                if not isinstance(value, dict):
+                    raise ValueError("not a JSON object")
+                table = pa.Table.from_pylist([value], schema=schema)  # type check per field
+                rows.append(table.to_pylist()[0])
+                corrupt.append(None)
+            except (ValueError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+                if self.failfast:
+                    raise SluiceError(f"record {record.seq_num} of stream '{stream}' is not a JSON object of the "
+                                      f"schema ({error}); mode=FAILFAST. Use mode=PERMISSIVE to keep it in "
+                                      f"{CORRUPT} instead.") from None
+                rows.append({})
+                corrupt.append(record.body.decode("utf-8", "replace"))
+        table = pa.Table.from_pylist(rows, schema=schema)
+        return {f.name: table.column(f.name).combine_chunks() for f in self.data_fields}, corrupt
+
+    def _materialize(self, records: list[Any]) -> list[Any]:
+        """Latest record per @key in stream order; keys whose latest change is a delete are dropped."""
+        latest: dict[bytes, Any] = {}
+        for record in records:
+            headers = dict(record.headers)
+            key = headers.get(b"@key")
+            if key is None:
+                continue
+            latest.pop(key, None)  # re-insert: dict order = order of each key's last change
+            if headers.get(b"@action") != b"d":
+                latest[key] = record
+        return list(latest.values())

@@ -1,0 +1,14 @@
+"""Split sources (seed 002): a driver-side SplitEnumerator and executor-side SplitReaders, mapped onto Spark."""
+
+from sluice.source._framework import (
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitPartition,
+    SplitReader,
+    SplitStreamReader,
+    cut,
+)
+
+__all__ = ["Split", "SplitBatchReader", "SplitEnumerator", "SplitPartition", "SplitReader", "SplitStreamReader",
+           "cut"]

@@ -1,0 +1,202 @@
+"""Split sources (seed 002 / FLIP-27) on Spark's Python Data Source API.
+
+A `SplitEnumerator` runs on the driver: it finds splits (and, for streaming, new ones over time) and
+knows where each split's data starts and ends. A `SplitReader` runs on executors and reads one split
+between two positions as Arrow record batches. Positions are integers that grow (S2: seq nums). The
+offset Spark checkpoints is JSON: {"splits": {split id: next position}}. Everything read() needs travels
+in the `SplitPartition`, so executors never depend on driver-side state, and a micro-batch replayed
+from the checkpoint reads exactly the same positions.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+
+@dataclass(frozen=True)
+class Split:
+    split_id: str
+    info: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass
+class SplitPartition(InputPartition):
+    """One split's positions [start, end): what an executor reads. Pickled to executors."""
+
+    split: Split
+    start: int
+    end: int
+
+    def __init__(self, split: Split, start: int, end: int) -> None:
+        super().__init__(f"{split.split_id}:{start}-{end}")
+        self.split, self.start, self.end = split, start, end
+
+
+class SplitEnumerator(ABC):
+    """Driver side: which splits exist and where their data is."""
+
+    @abstractmethod
+    def discover(self) -> list[Split]:
+        """The splits that exist now (streaming calls it again to find new ones)."""
+
+    @abstractmethod
+    def start_position(self, split: Split) -> int:
+        """Where reading of a split known at query start begins."""
+
+    @abstractmethod
+    def end_position(self, split: Split) -> int:
+        """The position after the last readable record now (batch reads: the end fixed at planning)."""
+
+    def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
+        """(position, bytes): how far from `start` (at most `end`) fits in `max_bytes`, and the bytes that is.
+
+        At least one record is admitted, so a record larger than the budget cannot stall the query.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot bound micro-batches by bytes")
+
+    def new_split_position(self, split: Split) -> int:
+        """Where a split found while a stream runs starts: its beginning, so nothing it holds is missed."""
+        return 0
+
+
+class SplitReader(ABC):
+    """Executor side: reads one split from a start to an end position."""
+
+    @abstractmethod
+    def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
+        """Yield Arrow RecordBatches matching the declared schema."""
+
+
+def cut(split: Split, start: int, end: int, max_per_partition: int | None) -> list[SplitPartition]:
+    """A split's range as one partition, or several of at most `max_per_partition` positions each."""
+    if end <= start:
+        return []
+    if not max_per_partition or end - start <= max_per_partition:
+        return [SplitPartition(split, start, end)]
+    return [SplitPartition(split, s, min(s + max_per_partition, end)) for s in range(start, end, max_per_partition)]
+
+
+class SplitBatchReader(DataSourceReader):
+    """Batch read: every split's end is fixed when the query is planned."""
+
+    def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None) -> None:
+        self.enumerator = enumerator
+        self.reader = reader
+        self.max_per_partition = max_per_partition
+
+    def partitions(self) -> Sequence[InputPartition]:
+        out: list[InputPartition] = []
+        for split in self.enumerator.discover():
+            out += cut(split, self.enumerator.start_position(split), self.enumerator.end_position(split),
+                       self.max_per_partition)
+        return out or [SplitPartition(Split("__empty__"), 0, 0)]
+
+    def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
+        if partition.end > partition.start:
+            yield from self.reader.read(partition.split, partition.start, partition.end)
+
+
+class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming read with discovery, admission control (rows or bytes per trigger) and AvailableNow."""
+
+    def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None,
+                 max_records: int | None, max_bytes: int | None) -> None:
+        self.enumerator = enumerator
+        self.reader = reader
+        self.max_per_partition = max_per_partition
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._splits: dict[str, Split] = {}
+        self._target: dict[str, int] | None = None  # AvailableNow: never read past this
+
+    def _known(self) -> dict[str, Split]:
+        for split in self.enumerator.discover():
+            self._splits.setdefault(split.split_id, split)
+        return self._splits
+
+    def initialOffset(self) -> dict:
+        return {"splits": {sid: self.enumerator.start_position(s) for sid, s in self._known().items()}}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_records:
+            return ReadMaxRows(self.max_records)
+        if self.max_bytes:
+            return ReadMaxBytes(self.max_bytes)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {sid: self.enumerator.end_position(s) for sid, s in self._known().items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        positions = dict(start.get("splits", {}))
+        splits = self._known() if self._target is None else {k: self._splits[k] for k in self._target}
+        ends = {}
+        for sid, split in splits.items():
+            begin = positions.setdefault(sid, self.enumerator.new_split_position(split))
+            end = self.enumerator.end_position(split)
+            if self._target is not None:
+                end = min(end, self._target[sid])
+            ends[sid] = max(begin, end)
+        if isinstance(limit, ReadAllAvailable):
+            return {"splits": ends}
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_records
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.max_bytes
+        if max_rows:
+            ends = self._share_rows(positions, ends, max_rows)
+        if max_bytes:
+            budget = max_bytes
+            for sid in sorted(ends):
+                if ends[sid] <= positions[sid]:
+                    continue
+                if budget <= 0:
+                    ends[sid] = positions[sid]
+                    continue
+                ends[sid], used = self.enumerator.bytes_end(self._splits[sid], positions[sid], ends[sid], budget)
+                budget -= used
+        return {"splits": ends}
+
+    @staticmethod
+    def _share_rows(positions: dict[str, int], ends: dict[str, int], max_rows: int) -> dict[str, int]:
+        """Split a row budget fairly: every split with data gets an equal share; unused shares go around."""
+        left = {sid: ends[sid] - positions[sid] for sid in ends}
+        take = dict.fromkeys(ends, 0)
+        budget = max_rows
+        while budget > 0 and any(left.values()):
+            hungry = [sid for sid in sorted(left) if left[sid] > 0]
+            share = max(1, budget // len(hungry))
+            for sid in hungry:
+                grant = min(share, left[sid], budget)
+                take[sid] += grant
+                left[sid] -= grant
+                budget -= grant
+                if budget == 0:
+                    break
+        return {sid: positions[sid] + take[sid] for sid in ends}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = start.get("splits", {})
+        out: list[InputPartition] = []
+        for sid, stop in sorted(end.get("splits", {}).items()):
+            split = self._splits.get(sid) or Split(sid)
+            first = begin.get(sid, self.enumerator.new_split_position(split))
+            out += cut(split, first, stop, self.max_per_partition)
+        return out
+
+    def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
+        if partition.end > partition.start:
+            yield from self.reader.read(partition.split, partition.start, partition.end)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: positions live in Spark's checkpoint."""
