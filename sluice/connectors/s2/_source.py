@@ -11,8 +11,10 @@ import asyncio
 import json
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from datetime import datetime
+from itertools import accumulate
 from typing import Any
 
 import pyarrow as pa
@@ -85,6 +87,25 @@ def parse_position(text: str, option: str) -> tuple[str, int | None]:
     if moment.tzinfo is None:
         raise OptionError(f"{option}={text!r}: give the timestamp a time zone, e.g. {value}Z")
     return "timestamp", int(moment.timestamp() * 1000)
+
+
+def _seq(record: Any) -> int:
+    return record.seq_num
+
+
+def _headers_array(headers: list[list[tuple[bytes, bytes]]], arrow_type: pa.DataType) -> pa.Array:
+    """list<struct<name, value>> built from flat arrays and offsets (no per-record dicts)."""
+    item = arrow_type.value_type
+    lengths = [len(h) for h in headers]
+    offsets = pa.array([0, *accumulate(lengths)], pa.int32())
+    if not offsets[-1].as_py():
+        values = pa.StructArray.from_arrays([pa.array([], pa.binary()), pa.array([], pa.binary())],
+                                            fields=list(item))
+    else:
+        flat = [pair for h in headers for pair in h]
+        values = pa.StructArray.from_arrays([pa.array([k for k, _ in flat], pa.binary()),
+                                             pa.array([v for _, v in flat], pa.binary())], fields=list(item))
+    return pa.ListArray.from_arrays(offsets, values, type=arrow_type)
 
 
 def _run(coro: Any) -> Any:
@@ -225,8 +246,12 @@ class S2Reader(SplitReader):
                         continue
                     if records[0].seq_num > expected:
                         self._data_loss(stream_name, expected, records[0].seq_num)
-                    out = [r for r in records if r.seq_num < end and not r.is_command_record()]
                     expected = records[-1].seq_num + 1
+                    out = records
+                    if expected > end:  # seq nums increase: cut at `end` without testing every record
+                        out = out[:bisect_left(out, end, key=_seq)]
+                    if any(r.headers for r in out):  # only a record with headers can be a command record
+                        out = [r for r in out if not r.is_command_record()]
                     if out:
                         yield out
                     if expected >= end:
@@ -258,8 +283,7 @@ class S2Reader(SplitReader):
             columns["timestamp"] = pa.array([r.timestamp for r in records], pa.int64()).cast(
                 pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
         if "headers" in names:
-            columns["headers"] = pa.array([[{"name": k, "value": v} for k, v in r.headers] for r in records],
-                                          self.arrow_schema.field("headers").type)
+            columns["headers"] = _headers_array([r.headers for r in records], self.arrow_schema.field("headers").type)
         if "body" in names:
             columns["body"] = pa.array([r.body for r in records], pa.binary())
         if self.json:
