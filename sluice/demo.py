@@ -4,13 +4,13 @@
 2. A Spark job generates an order changelog: every order is inserted, some are updated, some deleted.
 3. The changelog is written with format("s2_upsert") into one stream per region (orders/{region}),
    partition-ordered by order id, so each order's changes arrive in order.
-4. Each stream is read back with the official s2-sdk and materialized: the latest row per key wins,
-   deletes remove the key. The result is checked against what the generator meant to produce.
+4. The streams are read back with spark.read.format("s2") (record counts) and format("s2_upsert"), which
+   materializes them: the latest row per key wins, deletes remove the key. The result is checked against
+   what the generator meant to produce.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import sys
@@ -38,28 +38,6 @@ def generate(spark):
           FROM range({ORDERS})
         ) LATERAL VIEW explode(changes) AS change
     """)
-
-
-async def materialize(endpoints, streams):
-    import s2_sdk
-
-    out = {}
-    async with s2_sdk.S2("demo", endpoints=endpoints) as client:
-        basin = client.basin(BASIN)
-        for name in streams:
-            stream = basin.stream(name)
-            tail = (await stream.check_tail()).seq_num
-            state: dict[bytes, bytes] = {}
-            async for batch in stream.read_session(start=s2_sdk.SeqNum(0), limit=s2_sdk.ReadLimit(count=tail)):
-                for record in batch.records:
-                    headers = dict(record.headers)
-                    if headers[b"@action"] == b"d":
-                        state.pop(headers[b"@key"], None)
-                    else:
-                        state[headers[b"@key"]] = record.body
-            paid = sum(json.loads(v)["status"] == "paid" for v in state.values())
-            out[name] = (tail, len(state), paid)
-    return out
 
 
 def main() -> int:
@@ -90,20 +68,26 @@ def main() -> int:
               f"up to {summary['peak_inflight']} in flight).")
         print(f"   Sink statistics: {json.dumps(summary)}")
         streams = [f"orders/{r}" for r in ("eu", "us", "apac")]
-        state = asyncio.run(materialize(server.endpoints, streams))
+        conn = {k: options[k] for k in ("s2.basin", "s2.endpoints.account", "s2.endpoints.basin", "s2.auth-token")}
+        records = {r.stream: r["count"] for r in spark.read.format("s2").options(**conn)
+                   .option("s2.discovery-prefix", "orders/").load().groupBy("stream").count().collect()}
         expected = {r: changelog.where(f"region = '{r}'").select("order_id").distinct().count()
                     - changelog.where(f"region = '{r}' AND op = 'd'").count() for r in ("eu", "us", "apac")}
-        print("4. Read every stream back with the s2-sdk and replayed it (latest change per order wins, deletes "
-              "remove the order):")
+        print("4. Read the streams back with spark.read.format('s2') and materialized them with "
+              "format('s2_upsert')\n   (latest change per order wins, deletes remove the order):")
         ok = True
         for name in streams:
-            records, live, paid = state[name]
+            state = (spark.read.format("s2_upsert").options(**conn).option("s2.streams", name)
+                     .option("primary-key", "order_id").schema("order_id long, region string, status string, "
+                                                                "amount double").load())
+            live = state.count()
+            paid = state.where("status = 'paid'").count()
             want = expected[name.split("/")[1]]
             ok &= live == want
-            print(f"   {name:12s} {records:7,} records -> {live:6,} live orders ({paid:,} paid); expected "
+            print(f"   {name:12s} {records[name]:7,} records -> {live:6,} live orders ({paid:,} paid); expected "
                   f"{want:,} {'OK' if live == want else 'MISMATCH'}")
         spark.stop()
-    total = sum(records for records, _, _ in state.values())
+    total = sum(records.values())
     print(f"\n{changes:,} changes became {total:,} records: within each Arrow batch the sink sends only the last "
           "change per order\n(as flink-connector-s2 does per request), which never reorders one order's changes.")
     print(f"Done in {time.monotonic() - started:.0f} s.")
