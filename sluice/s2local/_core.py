@@ -51,20 +51,24 @@ def check_stream_name(name: str) -> None:
         raise S2Error("invalid", "stream name must be 1-512 bytes, not '.' or '..', and contain no NUL")
 
 
+def _set_fields(config: Any, what: str, known: set[str]) -> dict[str, Any]:
+    """The fields a config object sets (nulls mean unset), after checking it is an object of known fields."""
+    if not isinstance(config, dict):
+        raise S2Error("invalid", f"{what} must be a JSON object")
+    unknown = set(config) - known
+    if unknown:
+        raise S2Error("invalid", f"unknown {what} field(s): {sorted(unknown)}")
+    return {k: v for k, v in config.items() if v is not None}
+
+
 def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate a StreamConfig JSON object, filling unset fields from `base`."""
     out = dict(base or {})
     if config is None:
         return out
-    if not isinstance(config, dict):
-        raise S2Error("invalid", "stream config must be a JSON object")
-    known = {"storage_class", "retention_policy", "timestamping", "delete_on_empty"}
-    unknown = set(config) - known
-    if unknown:
-        raise S2Error("invalid", f"unknown stream config field(s): {sorted(unknown)}")
-    for key, value in config.items():
-        if value is None:
-            continue
+    fields = _set_fields(config, "stream config", {"storage_class", "retention_policy", "timestamping",
+                                                   "delete_on_empty"})
+    for key, value in fields.items():
         if key == "timestamping":
             if not isinstance(value, dict):
                 raise S2Error("invalid", "timestamping must be an object")
@@ -197,15 +201,9 @@ class Core:
         out = dict(base or {})
         if not config:
             return out
-        if not isinstance(config, dict):
-            raise S2Error("invalid", "basin config must be a JSON object")
-        known = {"default_stream_config", "create_stream_on_append", "create_stream_on_read", "stream_cipher"}
-        unknown = set(config) - known
-        if unknown:
-            raise S2Error("invalid", f"unknown basin config field(s): {sorted(unknown)}")
-        for key, value in config.items():
-            if value is None:
-                continue
+        fields = _set_fields(config, "basin config", {"default_stream_config", "create_stream_on_append",
+                                                      "create_stream_on_read", "stream_cipher"})
+        for key, value in fields.items():
             if key == "default_stream_config":
                 value = normalize_stream_config(value, out.get("default_stream_config"))
             if key == "stream_cipher":

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sluice._errors import OptionError
 from sluice._options import Option, Options
-from sluice.engine import GLOBAL_ORDERED, PARTITION_ORDERED, SINK_SPEC
+from sluice.engine import PARTITION_ORDERED, SINK_SPEC
 
 MIB = 1024 * 1024
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
@@ -132,12 +132,3 @@ class Connection:
         )
         compression = s2_sdk.Compression[self.compression.upper()]
         return s2_sdk.S2(self.token, endpoints=endpoints, retry=retry, compression=compression)
-
-
-def check_sink_options(opts: Options) -> None:
-    """Cross-option checks that need the mode (run on the driver before any write)."""
-    if opts["sink.transactional"] and opts["sink.mode"] != GLOBAL_ORDERED:
-        return  # reported by the engine's own check
-    stream = opts["s2.stream"]
-    if not stream:
-        raise OptionError("s2.stream is empty")
