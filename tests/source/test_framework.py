@@ -1,0 +1,67 @@
+"""The split framework without Spark: cutting, fair row budgets, AvailableNow and discovery."""
+
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from sluice.source import Split, SplitEnumerator, SplitReader, SplitStreamReader, cut
+
+
+class ListEnumerator(SplitEnumerator):
+    def __init__(self, ends):
+        self.ends = ends  # split id -> current end position
+
+    def discover(self):
+        return [Split(name) for name in self.ends]
+
+    def start_position(self, split):
+        return 0
+
+    def end_position(self, split):
+        return self.ends[split.split_id]
+
+
+class NoReader(SplitReader):
+    def read(self, split, start, end):
+        yield from ()
+
+
+def stream(ends, max_records=None):
+    return SplitStreamReader(ListEnumerator(ends), NoReader(), None, max_records, None)
+
+
+def test_cut_covers_the_range_exactly_once():
+    parts = cut(Split("s"), 5, 27, 10)
+    assert [(p.start, p.end) for p in parts] == [(5, 15), (15, 25), (25, 27)]
+    assert cut(Split("s"), 5, 5, 10) == []
+    assert [(p.start, p.end) for p in cut(Split("s"), 0, 100, None)] == [(0, 100)]
+
+
+def test_row_budget_is_shared_fairly_and_unused_shares_go_around():
+    reader = stream({"a": 1000, "b": 3, "c": 1000}, max_records=100)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    taken = {k: end["splits"][k] - start["splits"][k] for k in "abc"}
+    assert sum(taken.values()) == 100 and taken["b"] == 3 and abs(taken["a"] - taken["c"]) <= 1
+
+
+def test_read_all_available_ignores_the_option_limit():
+    reader = stream({"a": 500}, max_records=10)
+    assert reader.latestOffset(reader.initialOffset(), ReadAllAvailable()) == {"splits": {"a": 500}}
+
+
+def test_available_now_never_goes_past_the_target_and_new_splits_start_at_zero():
+    ends = {"a": 50}
+    reader = stream(ends)
+    offset = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    ends["a"] = 80  # arrives after the query started
+    ends["b"] = 7  # a new split, too
+    assert reader.latestOffset(offset, ReadMaxRows(1000)) == {"splits": {"a": 50}}
+    plain = stream({"a": 50})
+    first = plain.latestOffset(plain.initialOffset(), ReadAllAvailable())
+    plain.enumerator.ends["b"] = 7
+    second = plain.latestOffset(first, ReadAllAvailable())
+    assert second == {"splits": {"a": 50, "b": 7}}
+    parts = plain.partitions(first, second)
+    assert [(p.split.split_id, p.start, p.end) for p in parts] == [("b", 0, 7)]
+    assert [(p.split.split_id, p.start, p.end) for p in plain.partitions(first, second)] == \
+        [("b", 0, 7)]  # replaying the same offsets plans the same partitions
