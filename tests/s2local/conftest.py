@@ -24,3 +24,14 @@ def run(coro):
 
 def client_for(server, **kwargs):
     return s2_sdk.S2(server.access_token, endpoints=server.endpoints, **kwargs)
+
+
+def create_stream(server, basin, stream="s"):
+    """Create a basin and one stream in it through the SDK."""
+
+    async def scenario():
+        async with client_for(server) as s2:
+            await s2.create_basin(basin)
+            await s2.basin(basin).create_stream(stream)
+
+    run(scenario())

@@ -9,7 +9,7 @@ from pathlib import Path
 import s2_sdk
 
 from sluice.s2local import LocalS2
-from tests.s2local.conftest import client_for, run
+from tests.s2local.conftest import client_for, create_stream, run
 
 
 def start_writer(server, basin, writer, batches, size, log: Path):
@@ -30,15 +30,6 @@ def read_all(server, basin):
             return out
 
     return run(scenario())
-
-
-def create_stream(server, basin):
-    async def scenario():
-        async with client_for(server) as s2:
-            await s2.create_basin(basin)
-            await s2.basin(basin).create_stream("s")
-
-    run(scenario())
 
 
 def check_batches(records, size):

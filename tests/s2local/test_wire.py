@@ -15,7 +15,7 @@ import s2_sdk
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
 from sluice.s2local import LocalS2
-from tests.s2local.conftest import client_for, run
+from tests.s2local.conftest import client_for, create_stream, run
 from tests.s2local.raw import h1_request, h2_request
 
 PROTO = {"content-type": "application/x-protobuf", "accept": "application/x-protobuf"}
@@ -41,12 +41,7 @@ def append_input(n: int, **conditions) -> bytes:
 
 @pytest.fixture
 def stream_headers(s2_server, basin_name):
-    async def create():
-        async with client_for(s2_server) as s2:
-            await s2.create_basin(basin_name)
-            await s2.basin(basin_name).create_stream("s")
-
-    run(create())
+    create_stream(s2_server, basin_name)
     return {"s2-basin": basin_name}
 
 
