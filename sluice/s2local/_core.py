@@ -22,7 +22,7 @@ from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
 from sluice.s2local._errors import S2Error, fencing_token_mismatch, seq_num_mismatch, unwritten
 from sluice.s2local._storage import Storage
-from sluice.s2local._wire import varint
+from sluice.s2local._wire import append_ack, read_varint, split_append_records, varint
 
 MIB = 1024 * 1024
 MAX_BATCH_RECORDS = 1000
@@ -377,8 +377,6 @@ class Core:
 
     def _prepare(self, stream: Stream, state: _Work, append_input: Any, raw: bytes | None
                  ) -> tuple[list[Any], bytes, _Work]:
-        from sluice.s2local._wire import append_ack, read_varint, split_append_records
-
         records = append_input.records
         count = len(records)
         if not 1 <= count <= MAX_BATCH_RECORDS:

@@ -190,15 +190,18 @@ class _EngineWriterMixin:
             message = writer.finish()
         return SluiceCommitMessage(writer.stats.to_dict(), message, context)
 
+    def _epoch_context(self, done: list[SluiceCommitMessage], epoch: int | None) -> WriteContext:
+        """The write as the tasks saw it: streaming tasks know the query id, which the driver-side writer does not."""
+        write_id = done[0].context.write_id if done else self.write_id
+        return WriteContext(write_id=write_id, epoch=epoch)
+
     def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
         if self.config.transactional:
             committer = self.source.make_committer(self.opts)
             assert committer is not None
-            context = done[0].context if done else WriteContext(write_id=self.write_id, epoch=epoch)
-            context = WriteContext(write_id=context.write_id, epoch=epoch)
             committer.commit([m.store_message for m in sorted(done, key=lambda m: m.context.partition_id)],
-                             context)
+                             self._epoch_context(done, epoch))
         stats = WriteStats.merge([WriteStats.from_dict(m.stats) for m in done])
         summary = stats.summary()
         if epoch is not None:
@@ -211,7 +214,7 @@ class _EngineWriterMixin:
         committer = self.source.make_committer(self.opts) if self.config.transactional else None
         if committer is not None:
             done = [m for m in messages if m is not None]
-            committer.abort([m.store_message for m in done], WriteContext(write_id=self.write_id, epoch=epoch))
+            committer.abort([m.store_message for m in done], self._epoch_context(done, epoch))
 
 
 class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):

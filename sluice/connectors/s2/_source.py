@@ -295,8 +295,9 @@ class S2Reader(SplitReader):
         """The JSON columns: from the body (format=json) or from @key and the body (upsert)."""
         names = self.arrow_schema.names
         if self.kind.startswith("upsert"):
-            keys = [dict(r.headers).get(b"@key", b"{}") for r in records]
-            ops = [dict(r.headers).get(b"@action", b"u").decode() for r in records]
+            headers = [dict(r.headers) for r in records]
+            keys = [h.get(b"@key", b"{}") for h in headers]
+            ops = [h.get(b"@action", b"u").decode() for h in headers]
             merged = []
             for key, record, op in zip(keys, records, ops, strict=True):
                 try:

@@ -100,7 +100,8 @@ class _StreamWriter:
                 if self.broken:
                     await self._connect()
                 if self.store.exactly_once:
-                    records = [r for r in records if int(dict(r.headers)[b"@wseq"]) >= self.skip_below]
+                    if self.skip_below:  # only after resuming: records a previous attempt already wrote
+                        records = [r for r in records if int(dict(r.headers)[b"@wseq"]) >= self.skip_below]
                     if not records:
                         future.set_result(None)
                         continue
