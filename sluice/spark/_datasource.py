@@ -103,6 +103,10 @@ class EngineDataSource(DataSource):
     def make_committer(self, opts: Options) -> Committer | None:
         return None
 
+    def commits_on_driver(self, config: SinkConfig) -> bool:
+        """Whether the driver's Committer publishes each write/epoch (transactions; a store may add e.g. overwrite)."""
+        return config.transactional
+
     # ---- Spark entry points
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
         config = SinkConfig.from_options(opts)
@@ -197,7 +201,7 @@ class _EngineWriterMixin:
 
     def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
-        if self.config.transactional:
+        if self.source.commits_on_driver(self.config):
             committer = self.source.make_committer(self.opts)
             assert committer is not None
             committer.commit([m.store_message for m in sorted(done, key=lambda m: m.context.partition_id)],
@@ -211,7 +215,7 @@ class _EngineWriterMixin:
         log_summary(f"{self.source.format_name}{where}: {stats.summary_line()}")
 
     def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
-        committer = self.source.make_committer(self.opts) if self.config.transactional else None
+        committer = self.source.make_committer(self.opts) if self.source.commits_on_driver(self.config) else None
         if committer is not None:
             done = [m for m in messages if m is not None]
             committer.abort([m.store_message for m in done], self._epoch_context(done, epoch))

@@ -50,3 +50,65 @@ def partition_buckets(batch: pa.RecordBatch, columns: Sequence[str], parallelism
     frame = pa.Table.from_batches([batch.select(list(columns))]).to_pandas()
     hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy()
     return (hashes % parallelism).tolist()
+
+
+class ArrowRows:
+    """A task's Arrow rows addressed by a running row number, so engine entries are ints, not row objects.
+
+    `add` files a RecordBatch and returns its entries (row numbers) and per-row sizes (the batch's average);
+    `table` rebuilds the rows of a submitted engine batch as one Arrow table in entry order (slices when the
+    rows are contiguous, else `take`); `release` forgets rows once the store acknowledged them, dropping a
+    RecordBatch when all its rows are done. Thread-safe: the task thread adds, store threads read.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._batches: dict[int, pa.RecordBatch] = {}
+        self._pending: dict[int, int] = {}
+        self._next = 0
+
+    def add(self, batch: pa.RecordBatch) -> tuple[list[int], list[int]]:
+        n = batch.num_rows
+        with self._lock:
+            start = self._next
+            self._next += n
+            self._starts.append(start)
+            self._batches[start] = batch
+            self._pending[start] = n
+        size = max(1, batch.nbytes // max(n, 1))
+        return list(range(start, start + n)), [size] * n
+
+    def _runs(self, entries: Sequence[int]) -> list[tuple[int, Any]]:
+        """(batch start, numpy row numbers) per run of entries that fall in one RecordBatch, in entry order."""
+        import numpy as np
+
+        rows = np.asarray(entries, dtype=np.int64)
+        with self._lock:
+            starts = np.asarray(self._starts, dtype=np.int64)
+        owner = starts[np.searchsorted(starts, rows, side="right") - 1]
+        cuts = np.flatnonzero(np.diff(owner)) + 1
+        return [(int(chunk_owner[0]), chunk) for chunk, chunk_owner in
+                zip(np.split(rows, cuts), np.split(owner, cuts), strict=True)]
+
+    def table(self, entries: Sequence[int]) -> pa.Table:
+        pieces = []
+        for start, rows in self._runs(entries):
+            with self._lock:
+                batch = self._batches[start]
+            local = rows - start
+            if len(local) and local[-1] - local[0] == len(local) - 1:
+                pieces.append(batch.slice(int(local[0]), len(local)))
+            else:
+                pieces.append(batch.take(pa.array(local)))
+        return pa.Table.from_batches(pieces)
+
+    def release(self, entries: Sequence[int]) -> None:
+        for start, rows in self._runs(entries):
+            with self._lock:
+                self._pending[start] -= len(rows)
+                if self._pending[start] <= 0:
+                    del self._pending[start], self._batches[start]
+                    self._starts.remove(start)

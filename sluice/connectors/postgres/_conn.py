@@ -1,0 +1,208 @@
+"""Connection options of `format("postgres")`, identifier quoting, and what a failure means (retry or not).
+
+The data path is ADBC (`adbc-driver-postgresql`): Arrow in and out over COPY BINARY, rows never become
+Python objects. Passwords travel in `Connection` (resolved on the driver, PGPASSWORD included) and are
+never part of a repr, a message or a log line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from sluice._errors import OptionError, RetryableError, SluiceError, ThrottledError
+from sluice._options import Option, Options
+
+CONNECTION_OPTIONS = (
+    Option("url", "str", None, "postgresql://user@host:port/dbname (a password in it is redacted everywhere); "
+           "or use host/port/dbname/user.", secret=True),
+    Option("host", "str", None, "Server host (when no url is given); default localhost."),
+    Option("port", "int", 5432, "Server port (when no url is given).", minimum=1, maximum=65535),
+    Option("dbname", "str", None, "Database (when no url is given); default: the user name."),
+    Option("user", "str", None, "User name (when no url is given); default: PGUSER, else postgres."),
+    Option("password", "str", None, "Password; default: the one in url, else the PGPASSWORD environment variable.",
+           secret=True),
+    Option("connect.timeout-s", "int", 10, "Seconds to wait for one connection attempt.", minimum=1, maximum=3600),
+    Option("connect.retries", "int", 3, "Retries of a failed connection attempt (backoff 0.5 s, doubling).",
+           minimum=0, maximum=20),
+)
+
+
+class PostgresError(SluiceError):
+    """A PostgreSQL request failed; the message names the table and carries the server's SQLSTATE."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def quote_ident(name: str) -> str:
+    """An identifier as SQL: always double-quoted, embedded quotes doubled (never spliced raw)."""
+    if not name or "\x00" in name:
+        raise OptionError(f"{name!r} is not a valid PostgreSQL identifier (empty or containing NUL)")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    if "\x00" in value:
+        raise OptionError("a PostgreSQL string literal cannot contain NUL")
+    return "'" + value.replace("'", "''") + "'"
+
+
+_PART = re.compile(r'\s*(?:"((?:[^"]|"")*)"|([^."\s]+))\s*')
+
+
+def split_qualified(name: str, option: str = "table") -> tuple[str, str]:
+    """'schema.table' / '"My Schema"."odd.name"' / 'table' -> (schema, table); default schema: public.
+
+    Unquoted parts fold to lower case as in SQL; quoted parts are kept exactly.
+    """
+    parts: list[str] = []
+    pos = 0
+    while True:
+        m = _PART.match(name, pos)
+        if not m or m.end() == pos:
+            raise OptionError(f"option '{option}': cannot parse {name!r} as [schema.]table; quote names with "
+                              'odd characters as "Name"')
+        parts.append(m.group(1).replace('""', '"') if m.group(1) is not None else m.group(2).lower())
+        pos = m.end()
+        if pos == len(name):
+            break
+        if name[pos] != ".":
+            raise OptionError(f"option '{option}': unexpected {name[pos]!r} in {name!r}")
+        pos += 1
+    if len(parts) > 2:
+        raise OptionError(f"option '{option}': {name!r} has {len(parts)} parts; use [schema.]table")
+    return (parts[0], parts[1]) if len(parts) == 2 else ("public", parts[0])
+
+
+def qualified(schema: str, table: str) -> str:
+    return f"{quote_ident(schema)}.{quote_ident(table)}"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the server is and who we are; built on the driver, shipped to executors. repr hides the password."""
+
+    host: str
+    port: int
+    dbname: str
+    user: str
+    password: str | None
+    connect_timeout_s: int = 10
+    connect_retries: int = 3
+    params: tuple[tuple[str, str], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"Connection({self.describe()}, password=<redacted>)"
+
+    def describe(self) -> str:
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
+
+    @classmethod
+    def from_options(cls, opts: Options) -> Connection:
+        url = opts["url"]
+        params: dict[str, str] = {}
+        if url:
+            for key in ("host", "dbname", "user"):
+                if opts.is_set(key):
+                    raise OptionError(f"set either url or {key}, not both (url already names the {key})")
+            parts = urlsplit(url)
+            if parts.scheme not in ("postgresql", "postgres"):
+                raise OptionError("option 'url' must start with postgresql:// (e.g. postgresql://user@host:5432/db)")
+            try:
+                port = parts.port or 5432
+            except ValueError:
+                raise OptionError("option 'url' has a port that is not a number") from None
+            host = parts.hostname or "localhost"
+            user = unquote(parts.username) if parts.username else (os.environ.get("PGUSER") or "postgres")
+            dbname = unquote(parts.path.lstrip("/")) or user
+            url_password = unquote(parts.password) if parts.password else None
+            for item in filter(None, parts.query.split("&")):
+                key, _, value = item.partition("=")
+                params[unquote(key)] = unquote(value)
+        else:
+            host = opts["host"] or "localhost"
+            port = opts["port"]
+            user = opts["user"] or os.environ.get("PGUSER") or "postgres"
+            dbname = opts["dbname"] or user
+            url_password = None
+        password = opts["password"] or url_password or os.environ.get("PGPASSWORD")
+        params.pop("password", None)
+        return cls(host, port, dbname, user, password, opts["connect.timeout-s"], opts["connect.retries"],
+                   tuple(sorted(params.items())))
+
+    def uri(self) -> str:
+        auth = quote(self.user, safe="")
+        if self.password:
+            auth += ":" + quote(self.password, safe="")
+        query = dict(self.params)
+        query.setdefault("connect_timeout", str(self.connect_timeout_s))
+        query.setdefault("application_name", "sluice")
+        qs = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items())
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"postgresql://{auth}@{host}:{self.port}/{quote(self.dbname, safe='')}?{qs}"
+
+    def connect(self, *, autocommit: bool = True) -> Any:
+        """An ADBC DB-API connection, retried with backoff when the server cannot be reached."""
+        import adbc_driver_postgresql.dbapi as adbc
+
+        delay = 0.5
+        for attempt in range(self.connect_retries + 1):
+            try:
+                return adbc.connect(self.uri(), autocommit=autocommit)
+            except Exception as e:
+                last = self.scrub(e)
+                if attempt == self.connect_retries or not is_connection_error(e):
+                    break
+                time.sleep(delay)
+                delay *= 2
+        raise PostgresError(
+            f"cannot connect to {self.describe()} after {attempt + 1} attempt(s): {last}. Check that the server runs "
+            "and the host, port, dbname, user and password (option 'password' or PGPASSWORD) are right.",
+            sqlstate=getattr(last, "sqlstate", None),
+        )
+
+    def scrub(self, error: BaseException) -> str:
+        """An error's text with the password and URI removed (drivers sometimes echo their connection string)."""
+        text = str(error).strip()
+        if self.password:
+            text = text.replace(self.password, "<redacted>").replace(quote(self.password, safe=""), "<redacted>")
+        # Keep the server's own words (ERROR and DETAIL lines), not the driver's echo of the statement.
+        found = [m.group(1).strip() for m in re.finditer(r"(?:^|\s)((?:ERROR|DETAIL|FATAL):\s+[^\n]*)", text)]
+        if found:
+            return " ".join(" ".join(part.split()) for part in found)
+        return text.splitlines()[0] if text else type(error).__name__
+
+
+# SQLSTATE classes worth a retry: connection (08), serialization/deadlock (40001, 40P01), shutdown (57P0x),
+# out of resources (53xxx; too many connections counts as a throttle).
+def sqlstate_of(error: BaseException) -> str | None:
+    state = getattr(error, "sqlstate", None)
+    if state:
+        return str(state)
+    m = re.search(r"SQLSTATE: ([0-9A-Z]{5})", str(error))
+    return m.group(1) if m else None
+
+
+def is_connection_error(error: BaseException) -> bool:
+    state = sqlstate_of(error) or ""
+    if state.startswith("08") or state.startswith("57P"):
+        return True
+    text = str(error).lower()
+    return any(s in text for s in ("could not connect", "connection refused", "server closed the connection",
+                                   "connection to server", "no connection to the server", "timeout expired"))
+
+
+def classify(error: BaseException) -> BaseException:
+    """Wrap a driver error as RetryableError/ThrottledError when retrying can help, else return it."""
+    state = sqlstate_of(error) or ""
+    if state == "53300":
+        return ThrottledError(f"too many connections (SQLSTATE {state})")
+    if state in ("40001", "40P01") or state.startswith("53") or is_connection_error(error):
+        return RetryableError(f"{type(error).__name__} (SQLSTATE {state or '-'})")
+    return error

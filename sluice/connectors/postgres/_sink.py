@@ -1,0 +1,296 @@
+"""`format("postgres")` writes: the three sink modes of seed 000 on one transactional store.
+
+- unordered: each engine batch is one COPY BINARY (ADBC, Arrow in) straight into the table when the Arrow
+  types are exactly the table's, else into a per-connection temporary table and INSERT ... SELECT.
+  At-least-once: a retried task writes its rows again.
+- partition-ordered (with primary-key): each batch goes to a temporary table and is applied in one
+  transaction: INSERT ... ON CONFLICT DO UPDATE for the last change of each key, DELETE for keys whose last
+  change is a delete (upsert.op-column). The engine never has two batches of one key in flight, so per-key
+  order holds.
+- global-ordered + sink.transactional (and every mode(\"overwrite\")): tasks COPY into a staging table,
+  tagged (write, epoch, task, attempt, row number); the driver's commit moves the epoch's rows of the
+  successful attempts into the table in one transaction, ordered by task then row, and records
+  (table, write id, epoch) in `sluice_commit_log` in that same transaction. A replayed epoch finds its log
+  row and only clears its staged rows. Overwrite deletes the old rows in the same transaction, so readers
+  see the old table until the new one is committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.types import StructType
+
+from sluice._errors import OptionError
+from sluice._options import Option, Options, OptionSpec
+from sluice.connectors.postgres._conn import (
+    CONNECTION_OPTIONS,
+    Connection,
+    PostgresError,
+    classify,
+    is_connection_error,
+    qualified,
+    quote_literal,
+)
+from sluice.connectors.postgres._table import WritePlan, prepare_target, stage_name
+from sluice.engine import (
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    UNORDERED,
+    Batch,
+    BlockingStore,
+    Committer,
+    SinkConfig,
+    Store,
+    WriteContext,
+)
+from sluice.spark._datasource import Encoder, EngineDataSource
+from sluice.spark._encoding import ArrowRows
+
+log = logging.getLogger("sluice.postgres")
+MiB = 1024 * 1024
+
+WRITE_OPTIONS = (
+    Option("table", "str", None, "Target table, [schema.]name (quote odd names: '\"My Table\"').", required=True),
+    Option("primary-key", "list", (), "Key columns: rows are upserted (INSERT ... ON CONFLICT) by this key."),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the row with that key (needs primary-key); not written."),
+    Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
+    Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
+           maximum=64),
+)
+
+
+def _check_modes(opts: Options) -> None:
+    if opts["primary-key"] and opts["sink.mode"] == UNORDERED and opts.is_set("sink.mode"):
+        raise OptionError("primary-key with sink.mode=unordered: upserts of one key could overtake each other. Use "
+                          "sink.mode=partition-ordered (the default with primary-key) or global-ordered.")
+
+
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *WRITE_OPTIONS), (_check_modes,),
+    sink_batch_max_size=10_000, sink_requests_max_buffered=100_000, sink_flush_buffer_size=16 * MiB,
+).renamed("postgres")
+
+
+class PostgresStore(BlockingStore):
+    """One task's writer: a connection per I/O thread, one COPY (plus SQL) per engine batch."""
+
+    name = "postgres"
+    supports_transactions = True
+
+    def __init__(self, conn_info: Connection, plan: WritePlan, rows: ArrowRows, context: WriteContext,
+                 connections: int) -> None:
+        super().__init__()
+        self.conn_info = conn_info
+        self.plan = plan
+        self.rows = rows
+        self.context = context
+        self.io_threads = connections
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+        self._written = 0
+        # Staged and direct appends are single COPYs (autocommit); the temp-table path is a transaction.
+        self._autocommit = bool(plan.stage_table) or plan.direct
+
+    @property
+    def target(self) -> str:
+        return f"{self.conn_info.host}:{self.conn_info.port}/{self.conn_info.dbname} {self.plan.display}"
+
+    def _conn(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.conn_info.connect(autocommit=self._autocommit)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _drop_conn(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with self._lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def write_batch(self, batch: Batch) -> None:
+        table = self.rows.table(batch.entries)
+        conn = self._conn()
+        try:
+            cur = conn.cursor()
+            plan = self.plan
+            if plan.stage_table:
+                cur.adbc_ingest(plan.stage_table, self._tagged(table, batch.entries), mode="append",
+                                db_schema_name=plan.schema)
+            elif plan.direct:
+                cur.adbc_ingest(plan.table, table, mode="append", db_schema_name=plan.schema)
+            else:
+                tmp = "sluice_tmp_" + stage_name(plan.schema, plan.table, table.schema)[13:]
+                seq = pa.array(batch.entries, pa.int64())
+                cur.adbc_ingest(tmp, table.append_column("_sluice_seq", seq), mode="create_append", temporary=True)
+                for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq"):
+                    cur.execute(sql)
+                cur.execute(f"TRUNCATE pg_temp.{tmp}")
+                conn.commit()
+            cur.close()
+        except Exception as e:
+            if is_connection_error(e):
+                self._drop_conn()
+            elif not self._autocommit:
+                try:
+                    conn.rollback()
+                except Exception:
+                    self._drop_conn()
+            wrapped = classify(e)
+            if wrapped is e:
+                raise PostgresError(f"writing {batch.record_count} row(s) to {plan.display} failed: "
+                                    f"{self.conn_info.scrub(e)}", sqlstate=getattr(e, "sqlstate", None)) from None
+            raise wrapped from None
+        self.rows.release(batch.entries)
+        with self._lock:
+            self._written += batch.record_count
+
+    def _tagged(self, table: pa.Table, entries: list[int]) -> pa.Table:
+        n = table.num_rows
+        ctx = self.context
+        epoch = ctx.epoch if ctx.epoch is not None else -1
+        return (table.append_column("_sluice_write", pa.array([ctx.write_id] * n, pa.string()))
+                .append_column("_sluice_epoch", pa.array([epoch] * n, pa.int64()))
+                .append_column("_sluice_task", pa.array([ctx.partition_id] * n, pa.int32()))
+                .append_column("_sluice_attempt", pa.array([ctx.task_attempt_id] * n, pa.int64()))
+                .append_column("_sluice_seq", pa.array(entries, pa.int64())))
+
+    def pre_commit(self) -> Any:
+        if not self.plan.stage_table:
+            return None
+        return {"task": self.context.partition_id, "attempt": self.context.task_attempt_id, "rows": self._written}
+
+    def close(self) -> None:
+        super().close()
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class PostgresCommitter(Committer):
+    """Driver side of staged writes: one transaction per write or micro-batch, guarded by the commit log."""
+
+    def __init__(self, conn_info: Connection, plan: WritePlan) -> None:
+        self.conn_info = conn_info
+        self.plan = plan
+
+    def _where(self, context: WriteContext) -> str:
+        epoch = context.epoch if context.epoch is not None else -1
+        return f"_sluice_write = {quote_literal(context.write_id)} AND _sluice_epoch = {int(epoch)}"
+
+    def commit(self, messages: list[Any], context: WriteContext) -> None:
+        plan = self.plan
+        assert plan.stage_table is not None
+        stage = qualified(plan.schema, plan.stage_table)
+        epoch = context.epoch if context.epoch is not None else -1
+        where = self._where(context)
+        rows = sum(int(m["rows"]) for m in messages)
+        conn = self.conn_info.connect(autocommit=False)
+        try:
+            cur = conn.cursor()
+            cur.execute(f"INSERT INTO {qualified(plan.schema, 'sluice_commit_log')} (target, write_id, epoch, rows) "
+                        "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1",
+                        parameters=(plan.display, context.write_id, epoch, rows))
+            if not cur.fetchall():
+                cur.execute(f"DELETE FROM {stage} WHERE {where}")
+                conn.commit()
+                log.info("postgres: %s epoch %s of %s was committed before; replay is a no-op", plan.display, epoch,
+                         context.write_id)
+                return
+            pairs = ", ".join(f"({int(m['task'])}, {int(m['attempt'])})" for m in messages)
+            chosen = f"{where} AND (_sluice_task, _sluice_attempt) IN ({pairs})" if pairs else "false"
+            cur.execute(f"SELECT count(DISTINCT (_sluice_task, _sluice_seq)) FROM {stage} WHERE {chosen}")
+            staged = cur.fetchone()[0]
+            if staged != rows:
+                raise PostgresError(f"commit of {plan.display}: the tasks reported {rows} row(s) but {staged} are "
+                                    "staged; nothing was committed. Was the staging table truncated? Re-run the write.")
+            if plan.overwrite:
+                cur.execute(f"DELETE FROM {plan.target}")
+            source = f"(SELECT DISTINCT ON (_sluice_task, _sluice_seq) * FROM {stage} WHERE {chosen})"
+            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq"):
+                cur.execute(sql)
+            cur.execute(f"DELETE FROM {stage} WHERE {where}")
+            conn.commit()
+        except PostgresError:
+            conn.rollback()
+            raise
+        except Exception as e:
+            conn.rollback()
+            raise PostgresError(f"commit of {plan.display} (write {context.write_id}, epoch {epoch}) failed and was "
+                                f"rolled back; nothing of it is visible: {self.conn_info.scrub(e)}") from None
+        finally:
+            conn.close()
+
+    def abort(self, messages: list[Any], context: WriteContext) -> None:
+        if self.plan.stage_table is None:
+            return
+        conn = self.conn_info.connect(autocommit=True)
+        try:
+            conn.cursor().execute(f"DELETE FROM {qualified(self.plan.schema, self.plan.stage_table)} "
+                                  f"WHERE {self._where(context)}")
+        finally:
+            conn.close()
+
+
+class PostgresDataSource(EngineDataSource):
+    """`format("postgres")`: see the package docstring for usage."""
+
+    format_name = "postgres"
+    _plan: WritePlan | None = None
+    _conn_info: Connection | None = None
+    _overwrite: bool = False
+
+    @classmethod
+    def option_spec(cls) -> OptionSpec:
+        return WRITE_SPEC
+
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        return tuple(opts["primary-key"])
+
+    def resolve_options(self, opts: Options) -> Options:
+        if opts["primary-key"] and not opts.is_set("sink.mode"):
+            opts = opts.with_values(sink_mode=PARTITION_ORDERED)
+        return opts
+
+    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
+        return super().partitioning(self.resolve_options(opts), schema)
+
+    def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        config = SinkConfig.from_options(opts)
+        self._conn_info = Connection.from_options(opts)
+        self._overwrite = overwrite
+        staged = config.transactional or overwrite  # overwrite is always staged and committed by the driver
+        self._plan = prepare_target(self._conn_info, opts, schema, to_arrow_schema(schema, timezone="UTC"),
+                                    overwrite=overwrite, staged=staged)
+
+    def commits_on_driver(self, config: SinkConfig) -> bool:
+        return config.transactional or self._overwrite
+
+    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
+        self._rows = ArrowRows()  # make_store (called next, in the same task) writes from these rows
+        return self._rows.add
+
+    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
+        assert self._plan is not None and self._conn_info is not None
+        return PostgresStore(self._conn_info, self._plan, self._rows, context, opts["connections-per-task"])
+
+    def make_committer(self, opts: Options) -> Committer:
+        assert self._plan is not None and self._conn_info is not None
+        return PostgresCommitter(self._conn_info, self._plan)

@@ -1,0 +1,269 @@
+"""The target table: create it from a Spark schema, check that a DataFrame fits it, and the SQL of each write path.
+
+Every check runs on the driver before any task starts. Whether a column fits is decided by PostgreSQL itself:
+the DataFrame's Arrow schema is loaded (empty) into a temporary table with the same types the write path
+uses, and `EXPLAIN INSERT INTO target SELECT ... FROM that table` must plan, i.e. every column has an
+assignment cast. The server's message names the column and both types when it does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from sluice._errors import OptionError
+from sluice.connectors.postgres._conn import Connection, PostgresError, qualified, quote_ident
+
+# Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).
+TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
+    (BooleanType, "boolean"),
+    (ByteType, "smallint"),
+    (ShortType, "smallint"),
+    (IntegerType, "integer"),
+    (LongType, "bigint"),
+    (FloatType, "real"),
+    (DoubleType, "double precision"),
+    (StringType, "text"),
+    (BinaryType, "bytea"),
+    (DateType, "date"),
+    (TimestampType, "timestamp with time zone"),
+    (TimestampNTZType, "timestamp without time zone"),
+)
+
+DELETE_OPS = ("d", "delete", "D", "-D")  # as flink-connector-s2's upsert sink and sluice's s2_upsert
+STAGE_TAGS = ("_sluice_write", "_sluice_epoch", "_sluice_task", "_sluice_attempt", "_sluice_seq")
+
+
+def pg_type(field_name: str, dtype: DataType) -> str:
+    for spark_type, name in TYPE_MAP:
+        if isinstance(dtype, spark_type):
+            return name
+    if isinstance(dtype, DecimalType):
+        return f"numeric({dtype.precision},{dtype.scale})"
+    if isinstance(dtype, ArrayType) and not isinstance(dtype.elementType, ArrayType):
+        return pg_type(field_name, dtype.elementType) + "[]"
+    raise OptionError(
+        f"column '{field_name}' has Spark type {dtype.simpleString()}, which create-table cannot map to a PostgreSQL "
+        "type; convert it first (e.g. F.to_json(col) for maps and structs, written to a jsonb column)."
+    )
+
+
+def create_table_sql(schema: str, table: str, spark_schema: StructType, primary_key: tuple[str, ...]) -> str:
+    cols = [f"{quote_ident(f.name)} {pg_type(f.name, f.dataType)}" + ("" if f.nullable or f.name in primary_key
+                                                                      else " NOT NULL")
+            for f in spark_schema.fields]
+    if primary_key:
+        cols.append(f"PRIMARY KEY ({', '.join(quote_ident(c) for c in primary_key)})")
+    return f"CREATE TABLE IF NOT EXISTS {qualified(schema, table)} ({', '.join(cols)})"
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    name: str
+    type: str
+    not_null: bool
+    has_default: bool
+
+
+def table_columns(cur: Any, schema: str, table: str) -> list[TableColumn] | None:
+    """The table's columns in order, or None when it does not exist."""
+    cur.execute("SELECT to_regclass($1)::oid::bigint", parameters=(qualified(schema, table),))
+    oid = cur.fetchone()[0]
+    if oid is None:
+        return None
+    cur.execute(
+        "SELECT attname, format_type(atttypid, atttypmod), attnotnull, "
+        "atthasdef OR attidentity <> '' OR attgenerated <> '' FROM pg_attribute "
+        "WHERE attrelid = $1::bigint::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        parameters=(oid,),
+    )
+    return [TableColumn(*row) for row in cur.fetchall()]
+
+
+def unique_keys(cur: Any, schema: str, table: str) -> list[set[str]]:
+    cur.execute(
+        "SELECT array_agg(a.attname::text) FROM pg_index i JOIN pg_attribute a "
+        "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indpred IS NULL GROUP BY i.indexrelid",
+        parameters=(qualified(schema, table),),
+    )
+    return [set(row[0]) for row in cur.fetchall()]
+
+
+def is_delete_sql(op_column: str, alias: str = "s") -> str:
+    ops = ", ".join("'" + op + "'" for op in DELETE_OPS)
+    return f"COALESCE({alias}.{quote_ident(op_column)} IN ({ops}), false)"
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What every task and the committer need to know about the target; decided on the driver."""
+
+    schema: str
+    table: str
+    columns: tuple[str, ...]  # DataFrame columns written to the table (the op column is not one)
+    target_types: tuple[str, ...]  # their PostgreSQL types in the table
+    primary_key: tuple[str, ...] = ()
+    op_column: str | None = None
+    direct: bool = False  # the Arrow types are exactly the table's: COPY straight into it
+    stage_table: str | None = None  # staged (transactional / overwrite) writes
+    overwrite: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def target(self) -> str:
+        return qualified(self.schema, self.table)
+
+    @property
+    def display(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def upsert(self) -> bool:
+        return bool(self.primary_key)
+
+    def _value(self, column: str, pg: str, alias: str) -> str:
+        ref = f"{alias}.{quote_ident(column)}"
+        return f"{ref}::{pg}" if pg in ("json", "jsonb") else ref
+
+    def move_sql(self, source: str, order: str) -> list[str]:
+        """Statements that apply the rows of `source` (a relation, aliased s) to the target, in `order`."""
+        cols = ", ".join(quote_ident(c) for c in self.columns)
+        values = ", ".join(self._value(c, t, "s") for c, t in zip(self.columns, self.target_types, strict=True))
+        if not self.upsert:
+            return [f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {source} s ORDER BY {order}"]
+        key = ", ".join(f"s.{quote_ident(c)}" for c in self.primary_key)
+        last = f"(SELECT DISTINCT ON ({key}) * FROM {source} s ORDER BY {key}, {order.replace(',', ' DESC,')} DESC)"
+        keep = f"NOT {is_delete_sql(self.op_column)}" if self.op_column else "true"
+        rest = [c for c in self.columns if c not in self.primary_key]
+        conflict = ", ".join(quote_ident(c) for c in self.primary_key)
+        action = ("DO UPDATE SET " + ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in rest)
+                  if rest else "DO NOTHING")
+        statements = [f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {last} s WHERE {keep} "
+                      f"ON CONFLICT ({conflict}) {action}"]
+        if self.op_column:
+            types = dict(zip(self.columns, self.target_types, strict=True))
+            match = " AND ".join(f"t.{quote_ident(c)} = s.{quote_ident(c)}::{types[c]}" for c in self.primary_key)
+            statements.append(f"DELETE FROM {self.target} t USING {last} s WHERE {match} AND "
+                              f"{is_delete_sql(self.op_column)}")
+        return statements
+
+
+def stage_name(schema: str, table: str, arrow_schema: pa.Schema) -> str:
+    digest = hashlib.sha1(f"{schema}.{table}|{arrow_schema}".encode()).hexdigest()[:12]
+    return f"sluice_stage_{digest}"
+
+
+def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:
+    """The PostgreSQL types the Arrow columns load as (ADBC's mapping), read off an empty temporary table."""
+    cur.execute("DROP TABLE IF EXISTS pg_temp.sluice_probe")
+    cur.adbc_ingest("sluice_probe", arrow_schema.empty_table(), mode="create", temporary=True)
+    cur.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'pg_temp.sluice_probe'"
+                "::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+    return [row[0] for row in cur.fetchall()]
+
+
+def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, arrow_schema: pa.Schema,
+                   *, overwrite: bool, staged: bool) -> WritePlan:
+    """On the driver: create or check the table and return the plan. Raises before anything is written."""
+    from sluice.connectors.postgres._conn import split_qualified
+
+    schema, table = split_qualified(opts["table"])
+    pk = tuple(opts["primary-key"])
+    op_column = opts["upsert.op-column"]
+    names = spark_schema.fieldNames()
+    for option, cols in (("primary-key", pk), ("upsert.op-column", (op_column,) if op_column else ())):
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise OptionError(f"{option} column(s) {missing} are not in the DataFrame (columns: {names})")
+    if op_column and not pk:
+        raise OptionError("upsert.op-column needs primary-key: deletes find their row by key")
+    data_fields = [f for f in spark_schema.fields if f.name != op_column]
+    columns = tuple(f.name for f in data_fields)
+    conn = conn_info.connect(autocommit=False)
+    try:
+        cur = conn.cursor()
+        existing = table_columns(cur, schema, table)
+        if existing is None:
+            if not opts["create-table"]:
+                raise OptionError(f"table {schema}.{table} does not exist; create it, or set create-table=true to "
+                                  "create it from the DataFrame's schema")
+            cur.execute(create_table_sql(schema, table, StructType(data_fields), pk))
+            conn.commit()
+            existing = table_columns(cur, schema, table)
+            assert existing is not None
+        by_name = {c.name: c for c in existing}
+        for name in columns:
+            if name not in by_name:
+                close = [c for c in by_name if c.lower() == name.lower()]
+                hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
+                raise OptionError(f"column '{name}' of the DataFrame is not in table {schema}.{table}{hint}; table "
+                                  f"columns: {list(by_name)}. Drop or rename it, or add it to the table.")
+        for col in existing:
+            if col.name not in columns and col.not_null and not col.has_default:
+                raise OptionError(f"column '{col.name}' of table {schema}.{table} is NOT NULL without a default, and "
+                                  "the DataFrame has no such column; add it to the DataFrame.")
+        if pk and set(pk) not in unique_keys(cur, schema, table):
+            raise OptionError(f"primary-key {list(pk)}: table {schema}.{table} has no primary key or unique index on "
+                              f"exactly these columns, which INSERT ... ON CONFLICT needs. Add one, e.g. ALTER TABLE "
+                              f"... ADD PRIMARY KEY ({', '.join(pk)}).")
+        target_types = tuple(by_name[c].type for c in columns)
+        data_schema = pa.schema([arrow_schema.field(c) for c in columns])
+        loaded_types = _probe_types(cur, data_schema)
+        plan = WritePlan(schema, table, columns, target_types, pk, op_column,
+                         direct=list(loaded_types) == list(target_types) and not pk)
+        try:
+            values = ", ".join(plan._value(c, t, "s") for c, t in zip(columns, target_types, strict=True))
+            # PREPARE parses and type-checks the INSERT exactly as the writes will run it, without running it.
+            names = ", ".join(quote_ident(c) for c in columns)
+            cur.execute(f"PREPARE sluice_fit AS INSERT INTO {plan.target} ({names}) "
+                        f"SELECT {values} FROM pg_temp.sluice_probe s")
+            cur.execute("DEALLOCATE sluice_fit")
+        except Exception as e:
+            raise OptionError(f"the DataFrame does not fit table {schema}.{table}: {conn_info.scrub(e)} Cast the "
+                              "column in Spark or change the table; nothing was written.") from None
+        conn.rollback()
+        if staged:
+            stage = stage_name(schema, table, arrow_schema)
+            tags = pa.schema([("_sluice_write", pa.string()), ("_sluice_epoch", pa.int64()),
+                              ("_sluice_task", pa.int32()), ("_sluice_attempt", pa.int64()),
+                              ("_sluice_seq", pa.int64())])
+            stage_schema = pa.schema([*arrow_schema, *tags])
+            cur.adbc_ingest(stage, stage_schema.empty_table(), mode="create_append", db_schema_name=schema)
+            cur.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(stage + '_epoch')} ON "
+                        f"{qualified(schema, stage)} (_sluice_write, _sluice_epoch)")
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {qualified(schema, 'sluice_commit_log')} (target text NOT NULL, "
+                        "write_id text NOT NULL, epoch bigint NOT NULL, rows bigint NOT NULL, "
+                        "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, write_id, epoch))")
+            conn.commit()
+            plan = WritePlan(schema, table, columns, target_types, pk, op_column, False, stage, overwrite)
+        return plan
+    except OptionError:
+        raise
+    except PostgresError:
+        raise
+    except Exception as e:
+        raise PostgresError(f"preparing the write to {schema}.{table} failed: {conn_info.scrub(e)}") from None
+    finally:
+        conn.close()

@@ -1,0 +1,156 @@
+"""A throwaway PostgreSQL server for tests, benchmarks and the demo: the real server binaries, on loopback.
+
+`LocalPostgres()` runs `initdb` into a temporary folder and starts `postgres` on a free loopback port with
+password authentication (user `sluice`), then stops it and deletes the folder on exit. PostgreSQL refuses to
+run as root, so under root the server runs as the `postgres` system user that Debian's package creates.
+
+Binaries come from Debian's `postgresql` package (any version under /usr/lib/postgresql) or from PATH; when
+none is found the error says how to install it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+INSTALL_HINT = "install the server: apt-get install -y postgresql   (or point SLUICE_TEST_PG_URL at a running server)"
+
+
+def find_bin_dir() -> Path:
+    """The folder holding initdb and postgres: the newest Debian installation, else PATH."""
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
+    if candidates:
+        return Path(candidates[-1]).parent
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    raise RuntimeError(f"PostgreSQL server binaries (initdb, postgres) were not found; {INSTALL_HINT}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalPostgres:
+    """Context manager: a fresh PostgreSQL cluster; `.url` is a postgresql:// URL with the password."""
+
+    def __init__(self, *, user: str = "sluice", password: str = "sluice-test-pw", dbname: str = "sluice",
+                 settings: dict[str, str] | None = None) -> None:
+        self.user, self.password, self.dbname = user, password, dbname
+        self.settings = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+                         "max_connections": "200", "shared_buffers": "256MB", **(settings or {})}
+        self.port = 0
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{self.dbname}"
+
+    def _as_user(self) -> dict[str, object]:
+        """Popen arguments that drop root to the `postgres` user (PostgreSQL refuses to run as root)."""
+        if os.geteuid() != 0:
+            return {}
+        import pwd
+
+        try:
+            entry = pwd.getpwnam("postgres")
+        except KeyError as e:
+            raise RuntimeError(f"running as root needs the 'postgres' system user; {INSTALL_HINT}") from e
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": [],
+                "env": {**os.environ, "HOME": entry.pw_dir}}
+
+    def start(self) -> LocalPostgres:
+        bin_dir = find_bin_dir()
+        as_user = self._as_user()
+        self._dir = Path(tempfile.mkdtemp(prefix="sluice-pg-"))
+        data = self._dir / "data"
+        pwfile = self._dir / "pw"
+        pwfile.write_text(self.password + "\n")
+        if as_user:
+            shutil.chown(self._dir, "postgres", "postgres")
+            shutil.chown(pwfile, "postgres", "postgres")
+        self._dir.chmod(0o700)
+        subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", self.user, "--pwfile", str(pwfile),
+                        "--auth=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
+                       check=True, capture_output=True, **as_user)  # type: ignore[call-overload]
+        pwfile.unlink()
+        self.port = _free_port()
+        args = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(self.port),
+                "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self._dir}"]
+        for key, value in self.settings.items():
+            args += ["-c", f"{key}={value}"]
+        # The server's log goes to a file: a pipe nobody reads would fill up and block the server.
+        self._log = open(self._dir / "server.log", "wb")  # noqa: SIM115 (closed in stop())
+        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
+                                      **as_user)  # type: ignore[call-overload]
+        self._wait_ready()
+        self._create_db()
+        return self
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = (self._dir / "server.log").read_text(errors="replace") if self._dir else ""
+                raise RuntimeError(f"postgres exited with {self._proc.returncode}: {err[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    pass
+                import psycopg
+
+                with psycopg.connect(self._url_for("postgres"), connect_timeout=2):
+                    return
+            except OSError:
+                pass
+            except Exception as e:  # server still starting ("the database system is starting up")
+                if "starting up" not in str(e) and "Connection refused" not in str(e):
+                    raise
+            time.sleep(0.1)
+        raise RuntimeError(f"postgres did not accept connections on port {self.port} within {timeout:.0f} s")
+
+    def _url_for(self, dbname: str) -> str:
+        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{dbname}"
+
+    def _create_db(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self._url_for("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.dbname}"')
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)  # fast shutdown; SIGTERM would wait for clients to leave
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self._proc = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
