@@ -20,3 +20,15 @@ def spark(tmp_path_factory):
     assert session.conf.get("spark.pyspark.python") == sys.executable
     yield session
     session.stop()
+
+
+@pytest.fixture
+def small_arrow_batches(spark):
+    """The writer receives rows in Arrow batches of this size: small, so it writes while upstream still runs.
+
+    (The JVM -> Python stream is also buffered, 64 KB by default: the test's rows are padded to ~1 KB so
+    that batches reach the writer before its input ends.)
+    """
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    yield
+    spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")

@@ -39,6 +39,8 @@ def session(app_name: str = "sluice", master: str = "local[2]", **conf: str) -> 
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Lets sources push filters down (format("postgres") turns them into its WHERE clause).
+        .config("spark.sql.python.filterPushdown.enabled", "true")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -36,6 +36,13 @@ from sluice.connectors.postgres._conn import (
     qualified,
     quote_literal,
 )
+from sluice.connectors.postgres._source import (
+    READ_SPEC,
+    PostgresBatchReader,
+    PostgresEnumerator,
+    PostgresSplitReader,
+    infer_schema,
+)
 from sluice.connectors.postgres._table import WritePlan, prepare_target, stage_name
 from sluice.engine import (
     PARTITION_ORDERED,
@@ -262,13 +269,12 @@ class PostgresDataSource(EngineDataSource):
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return tuple(opts["primary-key"])
 
-    def resolve_options(self, opts: Options) -> Options:
-        if opts["primary-key"] and not opts.is_set("sink.mode"):
-            opts = opts.with_values(sink_mode=PARTITION_ORDERED)
-        return opts
-
-    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
-        return super().partitioning(self.resolve_options(opts), schema)
+    def parsed(self) -> Options:
+        raw = dict(self.options)
+        keys = {k.lower() for k in raw}
+        if "primary-key" in keys and "sink.mode" not in keys:
+            raw["sink.mode"] = PARTITION_ORDERED  # upserts default to per-key order
+        return self.option_spec().parse(raw)
 
     def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -294,3 +300,18 @@ class PostgresDataSource(EngineDataSource):
     def make_committer(self, opts: Options) -> Committer:
         assert self._plan is not None and self._conn_info is not None
         return PostgresCommitter(self._conn_info, self._plan)
+
+    # ------------------------------------------------------------------ reading
+    def _read_options(self) -> tuple[Options, Connection]:
+        opts = READ_SPEC.parse(self.options)
+        return opts, Connection.from_options(opts)
+
+    def schema(self) -> StructType:
+        opts, conn_info = self._read_options()
+        return infer_schema(conn_info, opts)[0]
+
+    def reader(self, schema: StructType) -> PostgresBatchReader:
+        opts, conn_info = self._read_options()
+        _, columns, primary_key = infer_schema(conn_info, opts)
+        return PostgresBatchReader(PostgresEnumerator(conn_info, opts, columns, primary_key),
+                                   PostgresSplitReader(conn_info, opts, columns, schema), None)

@@ -2,9 +2,6 @@
 streaming query is killed mid-batch and restarted from its checkpoint. Counts duplicates and missing rows."""
 
 import json
-import os
-import signal
-import subprocess
 import time
 from collections import Counter
 
@@ -12,35 +9,9 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from tests.connectors.s2.conftest import read_stream
+from tests.faults import dying_at, kill_python_workers, slow
 
 pytestmark = pytest.mark.spark
-
-
-def slow(rows_per_batch: int, pause: float):
-    """A pass-through mapInArrow that yields small batches slowly, so a write is still running when we strike."""
-
-    def fn(batches):
-        import time as _time
-
-        for batch in batches:
-            for start in range(0, batch.num_rows, rows_per_batch):
-                _time.sleep(pause)
-                yield batch.slice(start, rows_per_batch)
-
-    return fn
-
-
-def kill_python_workers() -> int:
-    """SIGKILL Spark's forked Python workers (children of pyspark.daemon), as an executor losing them would."""
-    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
-    procs = [line.split(None, 2) for line in out.splitlines() if "pyspark.daemon" in line or "pyspark/daemon" in line]
-    daemons = {pid for pid, _, _ in procs}
-    killed = 0
-    for pid, ppid, _ in procs:
-        if ppid in daemons:
-            os.kill(int(pid), signal.SIGKILL)
-            killed += 1
-    return killed
 
 
 def wait_for_records(server, basin, stream, at_least: int, timeout: float = 60) -> int:
@@ -59,18 +30,6 @@ def wait_for_records(server, basin, stream, at_least: int, timeout: float = 60) 
 def eo_options(s2_opts, stream):
     return {**s2_opts, "s2.stream": stream, "sink.mode": "global-ordered", "sink.transactional": "true",
             "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50"}
-
-
-@pytest.fixture
-def small_arrow_batches(spark):
-    """The writer receives rows in Arrow batches of this size: small, so it writes while upstream still runs.
-
-    (The JVM -> Python stream is also buffered, 64 KB by default: the test's rows are padded to ~1 KB so
-    that batches reach the writer before its input ends.)
-    """
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
-    yield
-    spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
 
 def test_exactly_once_across_a_killed_python_worker(spark, s2_local, s2_opts, small_arrow_batches):
@@ -99,24 +58,6 @@ def test_exactly_once_across_a_killed_python_worker(spark, s2_local, s2_opts, sm
     assert len(fences) == 2, "the task should have run twice (killed once, retried once)"
     assert not dupes and sorted(data) == list(range(3000)), f"{len(dupes)} duplicated, {3000 - len(set(data))} missing"
     assert data == list(range(3000)), "exactly once, and in order"
-
-
-def dying_at(row: int, marker: str, rows_per_batch: int, pause: float):
-    """Like slow(), but while `marker` exists the Python worker dies (os._exit) on reaching id `row`."""
-
-    def fn(batches):
-        import os as _os
-        import time as _time
-
-        for batch in batches:
-            for start in range(0, batch.num_rows, rows_per_batch):
-                part = batch.slice(start, rows_per_batch)
-                if _os.path.exists(marker) and part.column(0)[0].as_py() >= row:
-                    _os._exit(1)  # the worker process dies mid-task, like a lost executor
-                _time.sleep(pause)
-                yield part
-
-    return fn
 
 
 def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, s2_local, s2_opts, tmp_path,

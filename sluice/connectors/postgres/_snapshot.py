@@ -1,0 +1,112 @@
+"""Keeps one exported snapshot alive while a parallel read runs, so every split sees the same table state.
+
+`pg_export_snapshot()` names a snapshot that other sessions can adopt (SET TRANSACTION SNAPSHOT) only while
+the exporting transaction stays open. Spark plans a read in a short-lived Python worker and re-runs the
+planned splits for every action on the DataFrame, so the exporting transaction lives in a small detached
+process: it exports the snapshot, prints its id, and holds it until `snapshot.timeout-s` pass without a
+split finishing (each reader sends `pg_notify(channel, split id)` when done), or the Spark driver (the JVM
+that started the planner) exits. An action that starts after that fails with a clear error that says to load
+the DataFrame again. Holding a snapshot delays VACUUM of rows deleted meanwhile, hence the idle timeout.
+
+Run as `python -m sluice.connectors.postgres._snapshot CHANNEL TIMEOUT_S WATCH_PID`; the libpq URI comes in the
+SLUICE_PG_URI environment variable, never on the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+from sluice.connectors.postgres._conn import Connection, PostgresError
+
+
+@dataclass(frozen=True)
+class SharedSnapshot:
+    snapshot_id: str
+    channel: str
+
+
+class SnapshotHolder:
+    """Driver side: start the holder process, get the snapshot id, tell it the number of splits."""
+
+    def __init__(self, conn_info: Connection, timeout_s: int) -> None:
+        self.channel = "sluice_snap_" + uuid.uuid4().hex[:16]
+        env = {**os.environ, "SLUICE_PG_URI": conn_info.uri()}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.connectors.postgres._snapshot", self.channel, str(timeout_s),
+             str(_driver_pid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            start_new_session=True,
+        )
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().decode().strip()
+        if not line.startswith("snapshot "):
+            err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+            self._proc.wait()
+            raise PostgresError(f"could not export a snapshot from {conn_info.describe()}: "
+                                f"{conn_info.scrub(RuntimeError(err or line))}")
+        self.shared = SharedSnapshot(line.split(" ", 1)[1], self.channel)
+
+    def release_pipes(self) -> None:
+        """Planning is done: the holder runs on by itself."""
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def cancel(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+
+
+def _driver_pid() -> int:
+    """The nearest ancestor that is a JVM (Spark's driver), or 0 when there is none to watch."""
+    pid = os.getpid()
+    for _ in range(6):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"java" in f.read().split(b"\0")[0]:
+                    return pid
+        except (OSError, ValueError, IndexError):
+            return 0
+        if pid <= 1:
+            return 0
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _serve(channel: str, idle_timeout_s: float, watch_pid: int) -> int:
+    import psycopg
+
+    uri = os.environ.pop("SLUICE_PG_URI")
+    with psycopg.connect(uri) as holder, psycopg.connect(uri, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{channel}"')
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        snapshot = holder.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+        print(f"snapshot {snapshot}", flush=True)
+        idle_until = time.monotonic() + idle_timeout_s
+        while time.monotonic() < idle_until and _alive(watch_pid):
+            for _ in listener.notifies(timeout=2.0, stop_after=1):
+                idle_until = time.monotonic() + idle_timeout_s  # a split finished: others may follow
+        holder.rollback()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))

@@ -1,0 +1,478 @@
+"""`spark.read.format("postgres")`: a table or query read in parallel splits from one consistent snapshot.
+
+Splits (on the split framework, sluice.source): ranges of an integer, date or timestamp column between its
+min and max (the `partition-column` option, else a one-column primary key of such a type), or for tables
+without one, ranges of heap pages (ctid), which PostgreSQL scans directly (TID range scans). A `query` without
+`partition-column` is read as one split. Every split runs in a REPEATABLE READ transaction that adopts the same
+exported snapshot (see _snapshot.py), so the splits together are one picture of the data, even while writers
+commit. Rows come out of the server as Arrow over COPY BINARY (ADBC) and are cast to the declared schema.
+
+Filters Spark pushes (=, <=>, <, <=, >, >=, IN, IS [NOT] NULL, NOT, starts/ends with, contains) become the
+WHERE clause when their value is a number, string, boolean, date or decimal; string comparisons use
+COLLATE "C" so they order as Spark does (by code point). Others stay with Spark.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringContains,
+    StringEndsWith,
+    StringStartsWith,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from sluice._errors import OptionError
+from sluice._options import Option, Options, OptionSpec
+from sluice.connectors.postgres._conn import (
+    CONNECTION_OPTIONS,
+    Connection,
+    PostgresError,
+    quote_ident,
+    quote_literal,
+    split_qualified,
+)
+from sluice.connectors.postgres._snapshot import SnapshotHolder
+from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitReader
+
+READ_OPTIONS = (
+    Option("table", "str", None, "Table to read, [schema.]name (or use query)."),
+    Option("query", "str", None, "A SELECT to read instead of a table; it runs as a subquery."),
+    Option("partition-column", "str", None,
+           "Integer, date or timestamp column whose min..max range is cut into splits; default: a one-column "
+           "primary key of such a type, else (tables) heap page ranges."),
+    Option("num-partitions", "int", 0, "Splits to cut; 0 = about one per 250,000 rows (table statistics), "
+           "at most 64.", minimum=0, maximum=10_000),
+    Option("consistent-snapshot", "bool", True,
+           "All splits read one exported snapshot (one consistent picture); false = each split its own."),
+    Option("snapshot.timeout-s", "int", 600,
+           "The shared snapshot is released after this many seconds without a split finishing (or when the "
+           "Spark driver exits); actions on the DataFrame after that fail: load it again.", minimum=5),
+)
+
+
+def _check_source(opts: Options) -> None:
+    if bool(opts["table"]) == bool(opts["query"]):
+        raise OptionError("set exactly one of 'table' and 'query' for spark.read.format('postgres')")
+
+
+READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check_source,))
+
+ROWS_PER_SPLIT = 250_000
+_INT_TYPES = {"smallint": ShortType(), "integer": IntegerType(), "bigint": LongType()}
+_SIMPLE: dict[str, DataType] = {
+    **_INT_TYPES, "real": FloatType(), "double precision": DoubleType(), "boolean": BooleanType(),
+    "text": StringType(), "bytea": BinaryType(), "date": DateType(),
+    "timestamp with time zone": TimestampType(), "timestamp without time zone": TimestampNTZType(),
+}
+_NUMERIC = re.compile(r"numeric(?:\((\d+),(\d+)\))?$")
+
+
+def spark_type(pg: str) -> tuple[DataType, str]:
+    """(Spark type, how to select it: 'as is' | 'text' | 'numeric(p,s)') for a format_type() string."""
+    if pg.endswith("[]"):
+        inner, how = spark_type(pg[:-2])
+        if how == "as is" and not isinstance(inner, ArrayType):
+            return ArrayType(inner), "as is"
+        return StringType(), "text"
+    if pg in _SIMPLE:
+        return _SIMPLE[pg], "as is"
+    m = _NUMERIC.match(pg)
+    if m:
+        p, s = (int(m.group(1)), int(m.group(2))) if m.group(1) else (38, 18)
+        if p > 38:
+            return StringType(), "text"
+        return DecimalType(p, s), f"numeric({p},{s})"
+    return StringType(), "text"  # varchar, uuid, json, interval, ...: their text form
+
+
+def _source_sql(opts: Options) -> tuple[str, str | None]:
+    """(FROM item aliased q, the table's quoted name or None for a query: ctid splits need a table)."""
+    if opts["table"]:
+        schema, table = split_qualified(opts["table"])
+        rel = f"{quote_ident(schema)}.{quote_ident(table)}"
+        return f"{rel} q", rel
+    return f"({opts['query']}) q", None
+
+
+def describe_columns(cur: Any, opts: Options) -> list[tuple[str, str]]:
+    """(name, format_type) of the table's or the query's columns, read off the catalog."""
+    if opts["table"]:
+        schema, table = split_qualified(opts["table"])
+        rel = f"{quote_ident(schema)}.{quote_ident(table)}"
+        cur.execute("SELECT to_regclass($1)::oid::bigint", parameters=(rel,))
+        if cur.fetchone()[0] is None:
+            raise OptionError(f"table {schema}.{table} does not exist (option 'table')")
+    else:
+        cur.execute(f"CREATE TEMP VIEW sluice_query AS {opts['query']}")
+        rel = "pg_temp.sluice_query"
+    cur.execute("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                "to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum", parameters=(rel,))
+    return [(r[0], r[1]) for r in cur.fetchall()]
+
+
+# ------------------------------------------------------------------------------------------------ filters
+_C = ' COLLATE "C"'  # byte order of UTF-8 = code point order, as Spark compares strings
+
+
+def _literal(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else f"{value!r}::float8"
+    if isinstance(value, decimal.Decimal):
+        return None if not value.is_finite() else f"{quote_literal(str(value))}::numeric"
+    if isinstance(value, str):
+        return quote_literal(value)
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"{quote_literal(value.isoformat())}::date"
+    return None  # timestamps (time zone of the value is ambiguous), bytes, ...: Spark evaluates them
+
+
+def column_exprs(columns: list[tuple[str, str]]) -> dict[str, tuple[str, bool]]:
+    """name -> (SQL for the value Spark sees, whether it is text): types read as text compare as text."""
+    out = {}
+    for name, pg in columns:
+        col = f"q.{quote_ident(name)}"
+        dtype, how = spark_type(pg)
+        out[name] = (f"{col}::text" if how == "text" else col, isinstance(dtype, StringType))
+    return out
+
+
+def filter_sql(f: Filter, exprs: dict[str, tuple[str, bool]]) -> str | None:
+    """The SQL of one pushed filter, or None if it stays with Spark."""
+    if isinstance(f, Not):
+        inner = filter_sql(f.child, exprs)
+        return f"NOT ({inner})" if inner else None
+    path = getattr(f, "attribute", None)
+    if not path or len(path) != 1 or path[0] not in exprs:
+        return None
+    col, is_text = exprs[path[0]]
+    if isinstance(f, IsNull):
+        return f"{col} IS NULL"
+    if isinstance(f, IsNotNull):
+        return f"{col} IS NOT NULL"
+    if isinstance(f, StringStartsWith | StringEndsWith | StringContains):
+        if not is_text or not isinstance(f.value, str):
+            return None
+        lit = quote_literal(f.value)
+        if isinstance(f, StringStartsWith):
+            return f"starts_with({col}::text, {lit})"
+        if isinstance(f, StringEndsWith):
+            return f"right({col}::text, {len(f.value)}) = {lit}"
+        return f"strpos({col}::text, {lit}) > 0"
+    if isinstance(f, In):
+        lits = [_literal(v) for v in f.value if v is not None]
+        if not lits or any(x is None for x in lits):
+            return None
+        return f"{col}{_C if is_text else ''} IN ({', '.join(lits)})"  # type: ignore[arg-type]
+    ops = {EqualTo: "=", EqualNullSafe: "IS NOT DISTINCT FROM", GreaterThan: ">", GreaterThanOrEqual: ">=",
+           LessThan: "<", LessThanOrEqual: "<="}
+    op = ops.get(type(f))
+    if op is None:
+        return None
+    lit = _literal(f.value)
+    if lit is None:
+        return None
+    return f"{col}{_C if is_text else ''} {op} {lit}"
+
+
+# ------------------------------------------------------------------------------------------------ splits
+def _bounds_kind(pg: str) -> str | None:
+    if pg in _INT_TYPES:
+        return "int"
+    if pg in ("date", "timestamp with time zone", "timestamp without time zone"):
+        return pg
+    return None
+
+
+def _as_number(kind: str, col: str) -> str:
+    if kind == "int":
+        return col
+    if kind == "date":
+        return f"({col} - date '1970-01-01')"
+    if kind == "timestamp with time zone":
+        return f"(extract(epoch from {col}) * 1000000)::bigint"
+    return f"(extract(epoch from {col} AT TIME ZONE 'UTC') * 1000000)::bigint"
+
+
+def _from_number(kind: str, value: int) -> str:
+    if kind == "int":
+        return str(int(value))
+    if kind == "date":
+        return f"(date '1970-01-01' + {int(value)})"
+    if kind == "timestamp with time zone":
+        return f"to_timestamp({int(value)} / 1000000.0)"
+    return f"(to_timestamp({int(value)} / 1000000.0) AT TIME ZONE 'UTC')"
+
+
+class PostgresEnumerator(SplitEnumerator):
+    """Driver side: exports the snapshot, finds the key range or page count in it, and cuts the splits."""
+
+    def __init__(self, conn_info: Connection, opts: Options, columns: list[tuple[str, str]],
+                 primary_key: list[str]) -> None:
+        self.conn_info = conn_info
+        self.opts = opts
+        self.columns = columns
+        self.primary_key = primary_key
+        self.where: list[str] = []
+
+    def start_position(self, split: Split) -> int:
+        return 0
+
+    def end_position(self, split: Split) -> int:
+        return 1
+
+    def _split_column(self) -> tuple[str, str] | None:
+        types = dict(self.columns)
+        name = self.opts["partition-column"]
+        if name:
+            if name not in types:
+                raise OptionError(f"partition-column '{name}' is not a column of the source (columns: {list(types)})")
+            kind = _bounds_kind(types[name])
+            if kind is None:
+                raise OptionError(f"partition-column '{name}' has type {types[name]}; use an integer, date or "
+                                  "timestamp column")
+            return name, kind
+        if len(self.primary_key) == 1 and _bounds_kind(types.get(self.primary_key[0], "")):
+            return self.primary_key[0], _bounds_kind(types[self.primary_key[0]])  # type: ignore[return-value]
+        return None
+
+    def discover(self) -> list[Split]:
+        holder = SnapshotHolder(self.conn_info, self.opts["snapshot.timeout-s"]) \
+            if self.opts["consistent-snapshot"] else None
+        try:
+            conn = self.conn_info.connect(autocommit=False)
+            try:
+                cur = conn.cursor()
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                if holder is not None:
+                    cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(holder.shared.snapshot_id)}")
+                wheres = self._cut(cur)
+            finally:
+                conn.rollback()
+                conn.close()
+        except BaseException:
+            if holder is not None:
+                holder.cancel()
+            raise
+        info: dict[str, Any] = {"snapshot": holder.shared.snapshot_id, "channel": holder.shared.channel} \
+            if holder is not None else {}
+        if holder is not None:
+            holder.release_pipes()
+        return [Split(f"split-{i}", {**info, "where": where}) for i, where in enumerate(wheres)]
+
+    def _partitions_wanted(self, cur: Any, relation: str | None) -> int:
+        if self.opts["num-partitions"]:
+            return self.opts["num-partitions"]
+        if relation is None:
+            return 8
+        cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1)",
+                    parameters=(relation,))
+        rows = cur.fetchone()[0] or 0
+        return max(1, min(64, -(-rows // ROWS_PER_SPLIT)))
+
+    def _cut(self, cur: Any) -> list[str]:
+        source, relation = _source_sql(self.opts)
+        column = self._split_column()
+        if column is None and (relation is None or self.opts["num-partitions"] == 1):
+            return ["true"]
+        wanted = self._partitions_wanted(cur, relation)
+        pushed = " AND ".join(self.where) or "true"
+        if column is None:
+            cur.execute("SELECT (pg_relation_size(to_regclass($1)) / current_setting('block_size')::int)::bigint",
+                        parameters=(relation,))
+            pages = cur.fetchone()[0] or 0
+            if wanted <= 1 or pages <= 1:
+                return ["true"]
+            step = max(1, -(-pages // wanted))
+            edges = list(range(0, pages, step))[1:]
+            wheres, lo = [], None
+            for edge in [*edges, None]:
+                parts = ([f"q.ctid >= '({lo},0)'::tid"] if lo is not None else []) + \
+                        ([f"q.ctid < '({edge},0)'::tid"] if edge is not None else [])
+                wheres.append(" AND ".join(parts) or "true")
+                lo = edge
+            return wheres
+        name, kind = column
+        col = f"q.{quote_ident(name)}"
+        number = _as_number(kind, col)
+        cur.execute(f"SELECT min({number}), max({number}) FROM {source} WHERE {pushed}")
+        lo, hi = cur.fetchone()
+        if lo is None or wanted <= 1 or hi <= lo:
+            return ["true"]
+        wanted = min(wanted, int(hi - lo) + 1)
+        step = (hi - lo + 1) / wanted
+        edges = [int(lo + round(step * i)) for i in range(1, wanted)]
+        wheres = []
+        prev = None
+        for edge in [*edges, None]:
+            parts = []
+            if prev is not None:
+                parts.append(f"{col} >= {_from_number(kind, prev)}")
+            if edge is not None:
+                parts.append(f"{col} < {_from_number(kind, edge)}")
+            clause = " AND ".join(parts)
+            if prev is None:
+                clause = f"({clause} OR {col} IS NULL)"  # NULL keys go to the first split
+            wheres.append(clause)
+            prev = edge
+        return wheres
+
+
+class PostgresSplitReader(SplitReader):
+    """Executor side: one split's rows, in the shared snapshot, cast to the declared schema."""
+
+    def __init__(self, conn_info: Connection, opts: Options, columns: list[tuple[str, str]],
+                 schema: StructType) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.conn_info = conn_info
+        self.opts = opts
+        self.columns = columns
+        self.schema = schema
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.where: list[str] = []
+
+    def select_list(self) -> str:
+        types = dict(self.columns)
+        out = []
+        for field in self.schema.fields:
+            if field.name not in types:
+                raise OptionError(f"column '{field.name}' of the given schema is not in the source "
+                                  f"(columns: {list(types)})")
+            col = f"q.{quote_ident(field.name)}"
+            _, how = spark_type(types[field.name])
+            if how == "text" or (isinstance(field.dataType, StringType) and how == "as is"
+                                 and types[field.name] != "text"):
+                col = f"{col}::text"
+            elif how.startswith("numeric("):
+                col = f"{col}::{how}::text"
+            out.append(f"{col} AS {quote_ident(field.name)}")
+        return ", ".join(out) or "1 AS _"
+
+    def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        source, _ = _source_sql(self.opts)
+        where = " AND ".join([*self.where, split.info.get("where", "true")])
+        sql = f"SELECT {self.select_list()} FROM {source} WHERE {where}"
+        conn = self.conn_info.connect(autocommit=False)
+        cur = conn.cursor()
+        try:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            snapshot = split.info.get("snapshot")
+            if snapshot:
+                try:
+                    cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot)}")
+                except Exception as e:
+                    raise PostgresError(
+                        f"{split.split_id} could not adopt the read's shared snapshot ({self.conn_info.scrub(e)}); "
+                        "the snapshot was released (snapshot.timeout-s passed without a split finishing). Load the "
+                        "DataFrame again (spark.read...load()) for a fresh snapshot, raise snapshot.timeout-s, or "
+                        "set consistent-snapshot=false.") from None
+            cur.execute(sql)
+            for batch in cur.fetch_record_batch():
+                if batch.num_rows:
+                    yield self._conform(batch)
+            if snapshot:
+                cur.execute("SELECT pg_notify($1, $2)", parameters=(split.info["channel"], split.split_id))
+                cur.fetchall()
+            conn.commit()
+        except PostgresError:
+            raise
+        except Exception as e:
+            raise PostgresError(f"reading {split.split_id} from {self.conn_info.describe()} failed: "
+                                f"{self.conn_info.scrub(e)}") from None
+        finally:
+            cur.close()
+            conn.close()
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        arrays = []
+        for i, field in enumerate(self.arrow_schema):
+            column = batch.column(i)
+            if isinstance(column.type, pa.ExtensionType):
+                column = column.storage
+            if column.type != field.type:
+                column = pc.cast(column, field.type)
+            arrays.append(column)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+
+class PostgresBatchReader(SplitBatchReader):
+    """SplitBatchReader plus filter pushdown into every split's WHERE clause."""
+
+    enumerator: PostgresEnumerator
+    reader: PostgresSplitReader
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        exprs = column_exprs(self.enumerator.columns)
+        for f in filters:
+            sql = filter_sql(f, exprs)
+            if sql is None:
+                yield f
+            else:
+                self.enumerator.where.append(sql)
+                self.reader.where.append(sql)
+
+
+def infer_schema(conn_info: Connection, opts: Options) -> tuple[StructType, list[tuple[str, str]], list[str]]:
+    """(Spark schema, (name, PostgreSQL type) columns, primary key) of the table or query."""
+    conn = conn_info.connect(autocommit=False)
+    try:
+        cur = conn.cursor()
+        columns = describe_columns(cur, opts)
+        pk: list[str] = []
+        if opts["table"]:
+            schema, table = split_qualified(opts["table"])
+            cur.execute("SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass($1) AND i.indisprimary",
+                        parameters=(f"{quote_ident(schema)}.{quote_ident(table)}",))
+            pk = [r[0] for r in cur.fetchall()]
+    except (OptionError, PostgresError):
+        raise
+    except Exception as e:
+        raise PostgresError(f"could not describe the source on {conn_info.describe()}: {conn_info.scrub(e)}") \
+            from None
+    finally:
+        conn.rollback()
+        conn.close()
+    fields = [StructField(name, spark_type(pg)[0], True) for name, pg in columns]
+    return StructType(fields), columns, pk

@@ -1,0 +1,50 @@
+"""Fault injection for Spark-level tests: slow pass-through stages, dying workers, small Arrow batches."""
+
+import os
+import signal
+import subprocess
+
+
+def slow(rows_per_batch: int, pause: float):
+    """A pass-through mapInArrow that yields small batches slowly, so a write is still running when we strike."""
+
+    def fn(batches):
+        import time as _time
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, rows_per_batch):
+                _time.sleep(pause)
+                yield batch.slice(start, rows_per_batch)
+
+    return fn
+
+
+def kill_python_workers() -> int:
+    """SIGKILL Spark's forked Python workers (children of pyspark.daemon), as an executor losing them would."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    procs = [line.split(None, 2) for line in out.splitlines() if "pyspark.daemon" in line or "pyspark/daemon" in line]
+    daemons = {pid for pid, _, _ in procs}
+    killed = 0
+    for pid, ppid, _ in procs:
+        if ppid in daemons:
+            os.kill(int(pid), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def dying_at(row: int, marker: str, rows_per_batch: int, pause: float):
+    """Like slow(), but while `marker` exists the Python worker dies (os._exit) on reaching id `row`."""
+
+    def fn(batches):
+        import os as _os
+        import time as _time
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, rows_per_batch):
+                part = batch.slice(start, rows_per_batch)
+                if _os.path.exists(marker) and part.column(0)[0].as_py() >= row:
+                    _os._exit(1)  # the worker process dies mid-task, like a lost executor
+                _time.sleep(pause)
+                yield part
+
+    return fn
