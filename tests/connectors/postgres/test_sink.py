@@ -151,13 +151,13 @@ def test_options_are_validated_before_anything_happens(spark, pg):
     df = spark.createDataFrame([(1,)], "id long")
     with pytest.raises(Exception, match="Did you mean 'primary-key'"):
         sluice.write(df, "postgres", pg.opts("x", **{"primary_key": "id"}))
-    with pytest.raises(Exception, match="table public.nope_missing does not exist; .* create-table=true"):
+    with pytest.raises(Exception, match=r"table public\.nope_missing does not exist; .* create-table=true"):
         sluice.write(df, "postgres", pg.opts("nope_missing"))
     with pytest.raises(Exception, match="no primary key or unique index on exactly these columns"):
         table = pg.table()
         pg.sql(f'CREATE TABLE "{table}" (id bigint)')
         sluice.write(df, "postgres", pg.opts(table, **{"primary-key": "id"}))
-    with pytest.raises(OptionError, match="primary-key with sink.mode=unordered"):
+    with pytest.raises(OptionError, match=r"primary-key with sink\.mode=unordered"):
         sluice.write(df, "postgres", pg.opts("x", **{"primary-key": "id", "sink.mode": "unordered"}))
 
 
