@@ -40,6 +40,7 @@ from sluice.connectors.postgres._source import (
     READ_SPEC,
     PostgresBatchReader,
     PostgresEnumerator,
+    PostgresPushdownReader,
     PostgresSplitReader,
     infer_schema,
 )
@@ -313,5 +314,6 @@ class PostgresDataSource(EngineDataSource):
     def reader(self, schema: StructType) -> PostgresBatchReader:
         opts, conn_info = self._read_options()
         _, columns, primary_key = infer_schema(conn_info, opts)
-        return PostgresBatchReader(PostgresEnumerator(conn_info, opts, columns, primary_key),
-                                   PostgresSplitReader(conn_info, opts, columns, schema), None)
+        kind = PostgresPushdownReader if opts["pushdown"] else PostgresBatchReader
+        return kind(PostgresEnumerator(conn_info, opts, columns, primary_key),
+                    PostgresSplitReader(conn_info, opts, columns, schema), None)

@@ -1,0 +1,143 @@
+"""Exactly-once PostgreSQL writes (global-ordered + transactional) across a killed Python worker and across a
+streaming query killed mid-batch and restarted from its checkpoint; plus streaming in the other modes."""
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+import sluice
+from tests.faults import dying_at, kill_python_workers, slow
+
+pytestmark = pytest.mark.spark
+
+
+def staged_rows(pg) -> int:
+    tables = pg.sql("SELECT relname FROM pg_class WHERE relname LIKE 'sluice_stage_%%' AND relkind = 'r'")
+    return sum(pg.sql(f'SELECT count(*) FROM "{name}"')[0][0] for (name,) in tables)
+
+
+def eo_options(pg, table):
+    return pg.opts(table, **{"sink.mode": "global-ordered", "sink.transactional": "true",
+                             "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50"})
+
+
+def test_exactly_once_across_a_killed_python_worker(spark, pg, small_arrow_batches):
+    table = pg.table()
+    pg.sql(f'CREATE TABLE "{table}" (seq bigserial, id bigint, pad text)')
+    df = spark.range(0, 3000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
+        .mapInArrow(slow(50, 0.05), "id long, pad string")
+    seen = {}
+
+    def strike():
+        deadline = time.monotonic() + 60
+        while staged_rows(pg) < 300 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["staged"] = staged_rows(pg)
+        seen["visible"] = pg.sql(f'SELECT count(*) FROM "{table}"')[0][0]
+        seen["workers"] = kill_python_workers()
+
+    striker = threading.Thread(target=strike)
+    striker.start()
+    df.write.format("postgres").options(**eo_options(pg, table)).mode("append").save()
+    striker.join()
+    assert seen["workers"] >= 1 and 300 <= seen["staged"] < 3000, seen
+    assert seen["visible"] == 0, "nothing is visible before the driver's commit"
+    data = [r[0] for r in pg.sql(f'SELECT id FROM "{table}" ORDER BY seq')]
+    counts = Counter(data)
+    dupes, missing = sum(c - 1 for c in counts.values()), 3000 - len(counts)
+    assert (dupes, missing) == (0, 0), f"{dupes} duplicates, {missing} missing"
+    assert data == list(range(3000)), "exactly once, and in order"
+    assert staged_rows(pg) == 0, "the killed attempt's staged rows were discarded"
+
+
+def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, pg, tmp_path, small_arrow_batches):
+    table = pg.table()
+    pg.sql(f'CREATE TABLE "{table}" (seq bigserial, id bigint, pad text)')
+    src, checkpoint, marker = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "die"
+    for part in range(3):
+        spark.range(part * 1000, (part + 1) * 1000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
+            .write.mode("append").parquet(str(src))
+    marker.touch()
+
+    def start():
+        return (spark.readStream.schema("id long, pad string").option("maxFilesPerTrigger", 1).parquet(str(src))
+                .mapInArrow(dying_at(1500, str(marker), 50, 0.02), "id long, pad string")
+                .writeStream.format("postgres").options(**eo_options(pg, table))
+                .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+
+    query = start()
+    with pytest.raises(StreamingQueryException, match="Python worker exited unexpectedly"):
+        query.awaitTermination(180)  # micro-batch 1 dies in both task attempts: the query fails
+    assert [r[0] for r in pg.sql(f'SELECT id FROM "{table}" ORDER BY seq')] == list(range(1000)), \
+        "only micro-batch 0 is committed"
+    assert staged_rows(pg) > 0, "micro-batch 1 had staged rows when it died"
+    marker.unlink()
+    query = start()  # restart from the checkpoint: micro-batch 1 is replayed, then 2 runs
+    query.awaitTermination(180)
+    assert query.exception() is None
+    data = [r[0] for r in pg.sql(f'SELECT id FROM "{table}" ORDER BY seq')]
+    counts = Counter(data)
+    dupes, missing = sum(c - 1 for c in counts.values()), 3000 - len(counts)
+    assert (dupes, missing) == (0, 0), f"{dupes} duplicates, {missing} missing"
+    assert data == list(range(3000))
+    log = pg.sql("SELECT epoch, rows FROM sluice_commit_log WHERE target = %s ORDER BY epoch", (f"public.{table}",))
+    assert log == [(0, 1000), (1, 1000), (2, 1000)]
+
+
+def test_a_replayed_epoch_is_a_no_op(spark, pg):
+    from sluice.connectors.postgres._conn import Connection
+    from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresCommitter
+    from sluice.connectors.postgres._table import prepare_target
+    from sluice.engine import WriteContext
+
+    table = pg.table()
+    df = spark.range(0, 10, 1, 1).selectExpr("id")
+    opts = WRITE_SPEC.parse(pg.opts(table, **{"create-table": "true", "sink.mode": "global-ordered",
+                                              "sink.transactional": "true"}))
+    conn = Connection.from_options(opts)
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    plan = prepare_target(conn, opts, df.schema, to_arrow_schema(df.schema), overwrite=False, staged=True)
+    stage = plan.stage_table
+    pg.sql(f'INSERT INTO "{stage}" (id, _sluice_write, _sluice_epoch, _sluice_task, _sluice_attempt, _sluice_seq) '
+           "SELECT g, 'q1', 7, 0, 11, g FROM generate_series(0, 4) g")
+    committer = PostgresCommitter(conn, plan)
+    context = WriteContext(write_id="q1", epoch=7)
+    committer.commit([{"task": 0, "attempt": 11, "rows": 5}], context)
+    assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(5,)]
+    # The same epoch again (a restarted query re-running batch 7 after its commit was recorded): no-op.
+    pg.sql(f'INSERT INTO "{stage}" (id, _sluice_write, _sluice_epoch, _sluice_task, _sluice_attempt, _sluice_seq) '
+           "SELECT g, 'q1', 7, 0, 12, g FROM generate_series(0, 4) g")
+    committer.commit([{"task": 0, "attempt": 12, "rows": 5}], context)
+    assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(5,)]
+    assert pg.sql(f'SELECT count(*) FROM "{stage}"') == [(0,)]
+    # A commit whose staged rows do not match what the tasks reported is refused, and nothing changes.
+    pg.sql(f'INSERT INTO "{stage}" (id, _sluice_write, _sluice_epoch, _sluice_task, _sluice_attempt, _sluice_seq) '
+           "SELECT g, 'q1', 8, 0, 13, g FROM generate_series(0, 2) g")
+    with pytest.raises(Exception, match="the tasks reported 5 row"):
+        committer.commit([{"task": 0, "attempt": 13, "rows": 5}], WriteContext(write_id="q1", epoch=8))
+    assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(5,)]
+    assert pg.sql("SELECT count(*) FROM sluice_commit_log WHERE write_id = 'q1' AND epoch = 8") == [(0,)]
+
+
+@pytest.mark.parametrize("mode", ["unordered", "partition-ordered"])
+def test_streaming_writes_in_the_other_modes(spark, pg, tmp_path, mode):
+    table = pg.table()
+    src = tmp_path / "in"
+    for part in range(2):
+        spark.range(part * 500, (part + 1) * 500, 1, 1).selectExpr("id % 300 AS id", "id AS version") \
+            .write.mode("append").parquet(str(src))
+    extra = {"primary-key": "id"} if mode == "partition-ordered" else {}
+    query = (spark.readStream.schema("id long, version long").option("maxFilesPerTrigger", 1).parquet(str(src))
+             .writeStream.format("postgres").options(**pg.opts(table, **{"create-table": "true", **extra}))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    rows = pg.sql(f'SELECT id, version FROM "{table}" ORDER BY id, version')
+    if mode == "unordered":
+        assert sorted(v for _, v in rows) == list(range(1000))
+    else:
+        assert rows == [(k, max(v for v in range(1000) if v % 300 == k)) for k in range(300)]
