@@ -8,7 +8,6 @@ from collections import Counter
 import pytest
 from pyspark.errors import StreamingQueryException
 
-import sluice
 from tests.faults import dying_at, kill_python_workers, slow
 
 pytestmark = pytest.mark.spark
