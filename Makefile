@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test demo lint bench docs lock clean check-java
+.PHONY: test demo lint bench docs lock clean check-java check-postgres
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sluice needs Python >= 3.11 (set PYTHON=python3.11)"'
@@ -18,10 +18,21 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17 is required by Spark and was not found. Install it: apt-get install -y openjdk-17-jre-headless" >&2; exit 1; }
 
+# The PostgreSQL tests start a real server from Debian's binaries (or use SLUICE_TEST_PG_URL).
+check-postgres:
+	@if [ -z "$$SLUICE_TEST_PG_URL" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing the PostgreSQL server (Debian package postgresql) for the tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null || exit 1; \
+	  else \
+	    echo "The PostgreSQL tests need the server binaries: apt-get install -y postgresql (or set SLUICE_TEST_PG_URL)" >&2; exit 1; \
+	  fi; \
+	fi
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench
 
-test: $(STAMP) check-java lint
+test: $(STAMP) check-java check-postgres lint
 	$(PY) -m pytest
 
 demo: $(STAMP) check-java
@@ -30,7 +41,7 @@ demo: $(STAMP) check-java
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
-bench: $(STAMP) check-java
+bench: $(STAMP) check-java check-postgres
 	$(PY) bench/engine_throughput.py
 	$(PY) bench/s2_server.py
 	$(PY) bench/s2_sink.py

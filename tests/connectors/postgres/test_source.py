@@ -163,7 +163,7 @@ def test_a_dataframe_can_be_used_by_several_actions(spark, pg):
 def test_bad_read_options_fail_clearly(spark, pg):
     with pytest.raises(Exception, match="set exactly one of 'table' and 'query'"):
         read(spark, pg).count()
-    with pytest.raises(Exception, match="table public.no_such_table does not exist"):
+    with pytest.raises(Exception, match=r"table public\.no_such_table does not exist"):
         read(spark, pg, table="no_such_table").count()
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (id int, name text)')
