@@ -34,6 +34,7 @@ from sluice.connectors.postgres._conn import (
     classify,
     is_connection_error,
     qualified,
+    quote_ident,
     quote_literal,
 )
 from sluice.connectors.postgres._source import (
@@ -81,7 +82,8 @@ def _check_modes(opts: Options) -> None:
 
 WRITE_SPEC = SINK_SPEC.extend(
     (*CONNECTION_OPTIONS, *WRITE_OPTIONS), (_check_modes,),
-    sink_batch_max_size=10_000, sink_requests_max_buffered=100_000, sink_flush_buffer_size=16 * MiB,
+    # COPY pays a fixed cost per statement: large batches (bench/postgres.py) amortize it.
+    sink_batch_max_size=50_000, sink_requests_max_buffered=200_000, sink_flush_buffer_size=32 * MiB,
 ).renamed("postgres")
 
 
@@ -113,7 +115,8 @@ class PostgresStore(BlockingStore):
     def _conn(self) -> Any:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self.conn_info.connect(autocommit=self._autocommit)
+            conn = self.conn_info.connect_psycopg() if self.plan.csv else \
+                self.conn_info.connect(autocommit=self._autocommit)
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
@@ -133,8 +136,11 @@ class PostgresStore(BlockingStore):
         table = self.rows.table(batch.entries)
         conn = self._conn()
         try:
-            cur = conn.cursor()
             plan = self.plan
+            if plan.csv:
+                self._copy_csv(conn, table)
+                return self._done(batch)
+            cur = conn.cursor()
             if plan.stage_table:
                 cur.adbc_ingest(plan.stage_table, self._tagged(table, batch.entries), mode="append",
                                 db_schema_name=plan.schema)
@@ -162,9 +168,21 @@ class PostgresStore(BlockingStore):
                 raise PostgresError(f"writing {batch.record_count} row(s) to {plan.display} failed: "
                                     f"{self.conn_info.scrub(e)}", sqlstate=getattr(e, "sqlstate", None)) from None
             raise wrapped from None
+        self._done(batch)
+
+    def _done(self, batch: Batch) -> None:
         self.rows.release(batch.entries)
         with self._lock:
             self._written += batch.record_count
+
+    def _copy_csv(self, conn: Any, table: pa.Table) -> None:
+        import pyarrow.csv as pacsv
+
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(table, sink, pacsv.WriteOptions(include_header=False, batch_size=65536))
+        cols = ", ".join(quote_ident(c) for c in table.column_names)
+        with conn.cursor() as cur, cur.copy(f"COPY {self.plan.target} ({cols}) FROM STDIN (FORMAT csv)") as copy:
+            copy.write(sink.getvalue())
 
     def _tagged(self, table: pa.Table, entries: list[int]) -> pa.Table:
         n = table.num_rows

@@ -8,8 +8,9 @@ split finishing (each reader sends `pg_notify(channel, split id)` when done), or
 that started the planner) exits. An action that starts after that fails with a clear error that says to load
 the DataFrame again. Holding a snapshot delays VACUUM of rows deleted meanwhile, hence the idle timeout.
 
-Run as `python -m sluice.connectors.postgres._snapshot CHANNEL TIMEOUT_S WATCH_PID`; the libpq URI comes in the
-SLUICE_PG_URI environment variable, never on the command line.
+The holder is `_snapshot_holder.py`, started as a plain script (it imports only psycopg, so it is up in a
+fraction of a second); the libpq URI reaches it in the SLUICE_PG_URI environment variable, never on the
+command line.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from sluice.connectors.postgres._conn import Connection, PostgresError
 
@@ -37,7 +38,7 @@ class SnapshotHolder:
         self.channel = "sluice_snap_" + uuid.uuid4().hex[:16]
         env = {**os.environ, "SLUICE_PG_URI": conn_info.uri()}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.connectors.postgres._snapshot", self.channel, str(timeout_s),
+            [sys.executable, str(Path(__file__).with_name("_snapshot_holder.py")), self.channel, str(timeout_s),
              str(_driver_pid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
             start_new_session=True,
@@ -77,36 +78,3 @@ def _driver_pid() -> int:
         if pid <= 1:
             return 0
     return 0
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _serve(channel: str, idle_timeout_s: float, watch_pid: int) -> int:
-    import psycopg
-
-    uri = os.environ.pop("SLUICE_PG_URI")
-    with psycopg.connect(uri) as holder, psycopg.connect(uri, autocommit=True) as listener:
-        listener.execute(f'LISTEN "{channel}"')
-        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        snapshot = holder.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
-        print(f"snapshot {snapshot}", flush=True)
-        idle_until = time.monotonic() + idle_timeout_s
-        while time.monotonic() < idle_until and _alive(watch_pid):
-            for _ in listener.notifies(timeout=2.0, stop_after=1):
-                idle_until = time.monotonic() + idle_timeout_s  # a split finished: others may follow
-        holder.rollback()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_serve(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))

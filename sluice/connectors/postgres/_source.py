@@ -102,6 +102,7 @@ def _check_source(opts: Options) -> None:
 READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check_source,))
 
 ROWS_PER_SPLIT = 250_000
+YIELD_ROWS = 65_536
 _INT_TYPES = {"smallint": ShortType(), "integer": IntegerType(), "bigint": LongType()}
 _SIMPLE: dict[str, DataType] = {
     **_INT_TYPES, "real": FloatType(), "double precision": DoubleType(), "boolean": BooleanType(),
@@ -416,8 +417,9 @@ class PostgresSplitReader(SplitReader):
                         "set consistent-snapshot=false.") from None
             cur.execute(sql)
             for batch in cur.fetch_record_batch():
-                if batch.num_rows:
-                    yield self._conform(batch)
+                # ADBC hands over large batches; smaller ones let Spark convert while the next arrives.
+                for start in range(0, batch.num_rows, YIELD_ROWS):
+                    yield self._conform(batch.slice(start, YIELD_ROWS))
             if snapshot:
                 cur.execute("SELECT pg_notify($1, $2)", parameters=(split.info["channel"], split.split_id))
                 cur.fetchall()

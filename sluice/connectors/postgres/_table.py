@@ -51,6 +51,11 @@ TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
     (TimestampNTZType, "timestamp without time zone"),
 )
 
+# Types whose pyarrow CSV text (strings always quoted, NULL as an empty unquoted field, floats in shortest
+# round-trip form, ISO dates and timestamps) PostgreSQL parses back to the same value. COPY in CSV measured
+# faster than COPY BINARY through ADBC here (bench/postgres.py); other types (arrays, bytea) go binary.
+CSV_TYPES = frozenset({"smallint", "integer", "bigint", "real", "double precision", "text", "boolean", "date",
+                       "timestamp with time zone", "timestamp without time zone", "numeric"})
 DELETE_OPS = ("d", "delete", "D", "-D")  # as flink-connector-s2's upsert sink and sluice's s2_upsert
 STAGE_TAGS = ("_sluice_write", "_sluice_epoch", "_sluice_task", "_sluice_attempt", "_sluice_seq")
 
@@ -127,6 +132,7 @@ class WritePlan:
     primary_key: tuple[str, ...] = ()
     op_column: str | None = None
     direct: bool = False  # the Arrow types are exactly the table's: COPY straight into it
+    csv: bool = False  # direct, and every type's CSV text parses back to the same value: COPY ... (FORMAT csv)
     stage_table: str | None = None  # staged (transactional / overwrite) writes
     overwrite: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -231,8 +237,9 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
         target_types = tuple(by_name[c].type for c in columns)
         data_schema = pa.schema([arrow_schema.field(c) for c in columns])
         loaded_types = _probe_types(cur, data_schema)
-        plan = WritePlan(schema, table, columns, target_types, pk, op_column,
-                         direct=list(loaded_types) == list(target_types) and not pk)
+        direct = list(loaded_types) == list(target_types) and not pk
+        plan = WritePlan(schema, table, columns, target_types, pk, op_column, direct=direct,
+                         csv=direct and all(t in CSV_TYPES for t in target_types))
         try:
             values = ", ".join(plan._value(c, t, "s") for c, t in zip(columns, target_types, strict=True))
             # PREPARE parses and type-checks the INSERT exactly as the writes will run it, without running it.
@@ -257,7 +264,8 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
                         "write_id text NOT NULL, epoch bigint NOT NULL, rows bigint NOT NULL, "
                         "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, write_id, epoch))")
             conn.commit()
-            plan = WritePlan(schema, table, columns, target_types, pk, op_column, False, stage, overwrite)
+            plan = WritePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
+                             overwrite=overwrite)
         return plan
     except OptionError:
         raise

@@ -120,6 +120,8 @@ def test_a_replayed_epoch_is_a_no_op(spark, pg):
         committer.commit([{"task": 0, "attempt": 13, "rows": 5}], WriteContext(write_id="q1", epoch=8))
     assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(5,)]
     assert pg.sql("SELECT count(*) FROM sluice_commit_log WHERE write_id = 'q1' AND epoch = 8") == [(0,)]
+    committer.abort([{"task": 0, "attempt": 13, "rows": 5}], WriteContext(write_id="q1", epoch=8))
+    assert pg.sql(f'SELECT count(*) FROM "{stage}"') == [(0,)], "abort discards the epoch's staged rows"
 
 
 @pytest.mark.parametrize("mode", ["unordered", "partition-ordered"])
