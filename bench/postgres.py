@@ -91,7 +91,7 @@ def main() -> None:
         # ---------------------------------------------------------------- upsert
         def sluice_upsert() -> float:
             sql("TRUNCATE u_sluice")
-            sql("INSERT INTO u_sluice SELECT g, 'old', 0 FROM generate_series(0, %d, 2) g" % (m - 1))
+            sql(f"INSERT INTO u_sluice SELECT g, 'old', 0 FROM generate_series(0, {m - 1}, 2) g")
             t = time.perf_counter()
             up.write.format("postgres").option("url", url).option("table", "u_sluice") \
                 .option("primary-key", "id").mode("append").save()
@@ -99,7 +99,7 @@ def main() -> None:
 
         def naive_upsert() -> float:
             sql("TRUNCATE u_naive")
-            sql("INSERT INTO u_naive SELECT g, 'old', 0 FROM generate_series(0, %d, 2) g" % (m - 1))
+            sql(f"INSERT INTO u_naive SELECT g, 'old', 0 FROM generate_series(0, {m - 1}, 2) g")
 
             def write_partition(rows, url=url):
                 import psycopg as pg3

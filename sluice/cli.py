@@ -19,8 +19,14 @@ def _options(args: argparse.Namespace) -> int:
     from sluice.engine import SINK_OPTIONS
     from sluice.spark._registry import data_source_class
 
-    options = data_source_class(args.format).option_spec().options if args.format else SINK_OPTIONS
-    print(option_table(options))
+    if not args.format:
+        print(option_table(SINK_OPTIONS))
+        return 0
+    source = data_source_class(args.format)
+    print("Writing:\n\n" + option_table(source.option_spec().options))
+    read_spec = source.read_option_spec()
+    if read_spec is not None:
+        print("\nReading:\n\n" + option_table(read_spec.options))
     return 0
 
 

@@ -28,9 +28,13 @@ def render_options_doc() -> str:
     ]
     shared = {o.name for o in SINK_OPTIONS}
     for name in sorted(BUILTIN_FORMATS):
-        own = [o for o in data_source_class(name).option_spec().options if o.name not in shared]
-        parts += [f"## format(\"{name}\")", ""]
+        source = data_source_class(name)
+        own = [o for o in source.option_spec().options if o.name not in shared]
+        parts += [f"## format(\"{name}\")", "", "Writing:", ""]
         parts += [option_table(own) if own else "Only the shared sink options.", ""]
+        read_spec = source.read_option_spec()
+        if read_spec is not None:
+            parts += ["Reading (`spark.read` / `spark.readStream`):", "", option_table(read_spec.options), ""]
     return "\n".join(parts)
 
 

@@ -71,6 +71,11 @@ class EngineDataSource(DataSource):
     def option_spec(cls) -> OptionSpec:
         return cls.sink_spec()
 
+    @classmethod
+    def read_option_spec(cls) -> OptionSpec | None:
+        """The options of spark.read.format(name), for formats that can be read; None otherwise."""
+        return None
+
     def parsed(self) -> Options:
         return self.option_spec().parse(self.options)
 

@@ -285,6 +285,10 @@ class PostgresDataSource(EngineDataSource):
     def option_spec(cls) -> OptionSpec:
         return WRITE_SPEC
 
+    @classmethod
+    def read_option_spec(cls) -> OptionSpec:
+        return READ_SPEC
+
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return tuple(opts["primary-key"])
 

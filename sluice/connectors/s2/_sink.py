@@ -50,6 +50,10 @@ class _S2Base(EngineDataSource):
     def option_spec(cls) -> OptionSpec:
         return cls.spec
 
+    @classmethod
+    def read_option_spec(cls) -> OptionSpec:
+        return cls.read_spec
+
     def resolve_options(self, opts: Options) -> Options:
         conn = Connection.from_options(opts)  # reads S2_* from the driver's environment, validates
         return opts.with_values(s2_auth_token=conn.token, s2_endpoints_account=conn.account_endpoint,
