@@ -48,3 +48,16 @@ def dying_at(row: int, marker: str, rows_per_batch: int, pause: float):
                 yield part
 
     return fn
+
+
+def dying_stream(spark, tmp_path, pause: float):
+    """A stream of ids 0..2999 (three parquet files, one per micro-batch, rows padded to ~1 KB) whose worker
+    dies on reaching id 1500 while the returned marker file exists. Returns (stream, marker, checkpoint dir)."""
+    src, marker = tmp_path / "in", tmp_path / "die"
+    for part in range(3):
+        spark.range(part * 1000, (part + 1) * 1000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
+            .write.mode("append").parquet(str(src))
+    marker.touch()
+    stream = (spark.readStream.schema("id long, pad string").option("maxFilesPerTrigger", 1).parquet(str(src))
+              .mapInArrow(dying_at(1500, str(marker), 50, pause), "id long, pad string"))
+    return stream, marker, tmp_path / "checkpoint"

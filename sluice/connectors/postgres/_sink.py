@@ -45,7 +45,7 @@ from sluice.connectors.postgres._source import (
     PostgresSplitReader,
     infer_schema,
 )
-from sluice.connectors.postgres._table import WritePlan, prepare_target, stage_name
+from sluice.connectors.postgres._table import WritePlan, prepare_target, schema_digest
 from sluice.engine import (
     PARTITION_ORDERED,
     SINK_SPEC,
@@ -136,25 +136,11 @@ class PostgresStore(BlockingStore):
         table = self.rows.table(batch.entries)
         conn = self._conn()
         try:
-            plan = self.plan
-            if plan.csv:
+            if self.plan.csv:
                 self._copy_csv(conn, table)
-                return self._done(batch)
-            cur = conn.cursor()
-            if plan.stage_table:
-                cur.adbc_ingest(plan.stage_table, self._tagged(table, batch.entries), mode="append",
-                                db_schema_name=plan.schema)
-            elif plan.direct:
-                cur.adbc_ingest(plan.table, table, mode="append", db_schema_name=plan.schema)
             else:
-                tmp = "sluice_tmp_" + stage_name(plan.schema, plan.table, table.schema)[13:]
-                seq = pa.array(batch.entries, pa.int64())
-                cur.adbc_ingest(tmp, table.append_column("_sluice_seq", seq), mode="create_append", temporary=True)
-                for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq"):
-                    cur.execute(sql)
-                cur.execute(f"TRUNCATE pg_temp.{tmp}")
-                conn.commit()
-            cur.close()
+                with conn.cursor() as cur:
+                    self._ingest(conn, cur, table, batch.entries)
         except Exception as e:
             if is_connection_error(e):
                 self._drop_conn()
@@ -165,10 +151,26 @@ class PostgresStore(BlockingStore):
                     self._drop_conn()
             wrapped = classify(e)
             if wrapped is e:
-                raise PostgresError(f"writing {batch.record_count} row(s) to {plan.display} failed: "
+                raise PostgresError(f"writing {batch.record_count} row(s) to {self.plan.display} failed: "
                                     f"{self.conn_info.scrub(e)}", sqlstate=getattr(e, "sqlstate", None)) from None
             raise wrapped from None
         self._done(batch)
+
+    def _ingest(self, conn: Any, cur: Any, table: pa.Table, entries: list[int]) -> None:
+        """COPY BINARY (ADBC) into the staging table, the table itself, or a temporary table applied by SQL."""
+        plan = self.plan
+        if plan.stage_table:
+            cur.adbc_ingest(plan.stage_table, self._tagged(table, entries), mode="append", db_schema_name=plan.schema)
+        elif plan.direct:
+            cur.adbc_ingest(plan.table, table, mode="append", db_schema_name=plan.schema)
+        else:
+            tmp = "sluice_tmp_" + schema_digest(plan.schema, plan.table, table.schema)
+            seq = pa.array(entries, pa.int64())
+            cur.adbc_ingest(tmp, table.append_column("_sluice_seq", seq), mode="create_append", temporary=True)
+            for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq"):
+                cur.execute(sql)
+            cur.execute(f"TRUNCATE pg_temp.{tmp}")
+            conn.commit()
 
     def _done(self, batch: Batch) -> None:
         self.rows.release(batch.entries)
@@ -188,10 +190,10 @@ class PostgresStore(BlockingStore):
         n = table.num_rows
         ctx = self.context
         epoch = ctx.epoch if ctx.epoch is not None else -1
-        return (table.append_column("_sluice_write", pa.array([ctx.write_id] * n, pa.string()))
-                .append_column("_sluice_epoch", pa.array([epoch] * n, pa.int64()))
-                .append_column("_sluice_task", pa.array([ctx.partition_id] * n, pa.int32()))
-                .append_column("_sluice_attempt", pa.array([ctx.task_attempt_id] * n, pa.int64()))
+        return (table.append_column("_sluice_write", pa.repeat(pa.scalar(ctx.write_id, pa.string()), n))
+                .append_column("_sluice_epoch", pa.repeat(pa.scalar(epoch, pa.int64()), n))
+                .append_column("_sluice_task", pa.repeat(pa.scalar(ctx.partition_id, pa.int32()), n))
+                .append_column("_sluice_attempt", pa.repeat(pa.scalar(ctx.task_attempt_id, pa.int64()), n))
                 .append_column("_sluice_seq", pa.array(entries, pa.int64())))
 
     def pre_commit(self) -> Any:

@@ -9,6 +9,7 @@ assignment cast. The server's message names the column and both types when it do
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +132,7 @@ class WritePlan:
     target_types: tuple[str, ...]  # their PostgreSQL types in the table
     primary_key: tuple[str, ...] = ()
     op_column: str | None = None
-    direct: bool = False  # the Arrow types are exactly the table's: COPY straight into it
+    direct: bool = False  # COPY straight into the table (CSV, or BINARY when the Arrow types are exactly its types)
     csv: bool = False  # direct, and every type's CSV text parses back to the same value: COPY ... (FORMAT csv)
     stage_table: str | None = None  # staged (transactional / overwrite) writes
     overwrite: bool = False
@@ -176,9 +177,13 @@ class WritePlan:
         return statements
 
 
-def stage_name(schema: str, table: str, arrow_schema: pa.Schema) -> str:
-    digest = hashlib.sha1(f"{schema}.{table}|{arrow_schema}".encode()).hexdigest()[:12]
-    return f"sluice_stage_{digest}"
+def _base(pg: str) -> str:
+    return re.sub(r"\(.*?\)", "", pg)
+
+
+def schema_digest(schema: str, table: str, arrow_schema: pa.Schema) -> str:
+    """Names a staging or temporary table after its target and columns (a new schema gets a new table)."""
+    return hashlib.sha1(f"{schema}.{table}|{arrow_schema}".encode()).hexdigest()[:12]
 
 
 def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:
@@ -238,8 +243,11 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
         data_schema = pa.schema([arrow_schema.field(c) for c in columns])
         loaded_types = _probe_types(cur, data_schema)
         direct = list(loaded_types) == list(target_types) and not pk
-        plan = WritePlan(schema, table, columns, target_types, pk, op_column, direct=direct,
-                         csv=direct and all(t in CSV_TYPES for t in target_types))
+        # CSV text parses by the target's own input function, so only the base type must agree
+        # (numeric into numeric(11,3) is fine; text into varchar(10) goes through the server's casts instead).
+        csv = not pk and all(_base(a) == _base(b) and _base(b) in CSV_TYPES
+                             for a, b in zip(loaded_types, target_types, strict=True))
+        plan = WritePlan(schema, table, columns, target_types, pk, op_column, direct=direct or csv, csv=csv)
         try:
             values = ", ".join(plan._value(c, t, "s") for c, t in zip(columns, target_types, strict=True))
             # PREPARE parses and type-checks the INSERT exactly as the writes will run it, without running it.
@@ -252,7 +260,7 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
                               "column in Spark or change the table; nothing was written.") from None
         conn.rollback()
         if staged:
-            stage = stage_name(schema, table, arrow_schema)
+            stage = "sluice_stage_" + schema_digest(schema, table, arrow_schema)
             tags = pa.schema([("_sluice_write", pa.string()), ("_sluice_epoch", pa.int64()),
                               ("_sluice_task", pa.int32()), ("_sluice_attempt", pa.int64()),
                               ("_sluice_seq", pa.int64())])

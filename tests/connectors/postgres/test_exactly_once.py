@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from tests.faults import dying_at, kill_python_workers, slow
+from tests.faults import dying_stream, kill_python_workers, slow
 
 pytestmark = pytest.mark.spark
 
@@ -55,16 +55,10 @@ def test_exactly_once_across_a_killed_python_worker(spark, pg, small_arrow_batch
 def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, pg, tmp_path, small_arrow_batches):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (seq bigserial, id bigint, pad text)')
-    src, checkpoint, marker = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "die"
-    for part in range(3):
-        spark.range(part * 1000, (part + 1) * 1000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
-            .write.mode("append").parquet(str(src))
-    marker.touch()
+    stream, marker, checkpoint = dying_stream(spark, tmp_path, 0.02)
 
     def start():
-        return (spark.readStream.schema("id long, pad string").option("maxFilesPerTrigger", 1).parquet(str(src))
-                .mapInArrow(dying_at(1500, str(marker), 50, 0.02), "id long, pad string")
-                .writeStream.format("postgres").options(**eo_options(pg, table))
+        return (stream.writeStream.format("postgres").options(**eo_options(pg, table))
                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
 
     query = start()

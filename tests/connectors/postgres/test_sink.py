@@ -1,5 +1,6 @@
 """format("postgres") writes against a real server: every mode, create-table, fit checks, overwrite, injection."""
 
+import datetime as dt
 import threading
 import time
 from decimal import Decimal
@@ -11,6 +12,18 @@ from sluice import OptionError
 from sluice.connectors.postgres import PostgresError
 
 pytestmark = pytest.mark.spark
+
+
+def plan_of(df, options):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from sluice.connectors.postgres._conn import Connection
+    from sluice.connectors.postgres._sink import WRITE_SPEC
+    from sluice.connectors.postgres._table import prepare_target
+
+    opts = WRITE_SPEC.parse(options)
+    return prepare_target(Connection.from_options(opts), opts, df.schema, to_arrow_schema(df.schema, timezone="UTC"),
+                          overwrite=False, staged=False)
 
 
 def ids(pg, table, order="id"):
@@ -38,6 +51,8 @@ def test_append_into_narrower_types_goes_through_the_server_casts(spark, pg):
     df.write.format("postgres").options(**pg.opts(table)).mode("append").save()
     rows = pg.sql(f'SELECT id, amount, name FROM "{table}" ORDER BY id')
     assert len(rows) == 1000 and rows[5] == (5, Decimal("1.25"), "v5")
+    plan = plan_of(df, pg.opts(table))
+    assert not plan.direct and not plan.csv, "bigint into integer goes through the server's casts"
 
 
 def test_partition_ordered_upserts_keep_the_last_change_of_every_key(spark, pg):
@@ -190,3 +205,35 @@ def test_password_stays_out_of_reprs(pg):
         Connection.from_options(WRITE_SPEC.parse({"url": "postgresql://u:hunter2@127.0.0.1:1/db", "table": "t",
                                                   "connect.retries": "0"})).connect()
     assert "hunter2" not in str(caught.value)
+
+
+def test_csv_copy_keeps_every_edge_value(spark, pg):
+    """The append path that COPYs CSV: NULL vs empty string, quotes, commas, line breaks, a lone \\. line,
+    backslashes, unicode, NaN and infinities, decimals, timestamps with zone, dates, booleans, extremes."""
+    table = pg.table()
+    texts = [None, "", "a,b", 'q"x', "line\nbreak\r\nnext", "\\.", "\\N", "back\\slash", "grüße 世界 🚀", " pad "]
+    rows = [(i, t, f, Decimal(d), ts, day, b, small) for i, (t, f, d, ts, day, b, small) in enumerate(zip(
+        texts,
+        [0.1, float("nan"), float("inf"), float("-inf"), -0.0, 1e-300, 1 / 3, None, 2.5e300, 7.0],
+        ["0.001", "-12345678.901", "0", "1.100", "99999999.999", "-0.001", "3.000", "1", "2", "5"],
+        [dt.datetime(2026, 3, 1, 12, 30, 15, 123456), None, dt.datetime(1970, 1, 1), dt.datetime(2000, 2, 29, 23, 59),
+         dt.datetime(2026, 11, 22), dt.datetime(1901, 12, 14), dt.datetime(2038, 1, 19, 3, 14, 8), None,
+         dt.datetime(2026, 1, 1, 0, 0, 0, 1), dt.datetime(1999, 12, 31)],
+        [dt.date(2026, 3, 1), None, dt.date(1, 1, 1), dt.date(9999, 12, 31)] + [dt.date(2020, 2, 29)] * 6,
+        [True, False, None] + [True] * 7,
+        [-32768, 32767, 0, None, 1, 2, 3, 4, 5, 6],
+        strict=True))]
+    df = spark.createDataFrame(rows, "id long, t string, f double, d decimal(11,3), ts timestamp, day date, "
+                                     "b boolean, small short").repartition(3)
+    sluice.write(df, "postgres", pg.opts(table, **{"create-table": "true"}))
+    assert plan_of(df, pg.opts(table)).csv, "this test is about the CSV path"
+    back = spark.read.format("postgres").option("url", pg.url).option("table", table).load()
+    got, want = sorted(back.collect()), sorted(df.collect())
+    assert [r.asDict() for r in got][:1] and len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        for name in w.asDict():
+            a, b = g[name], w[name]
+            if isinstance(b, float) and b != b:
+                assert a != a, (name, g.id)
+            else:
+                assert a == b, (name, g.id, a, b)

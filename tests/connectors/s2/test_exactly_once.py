@@ -9,7 +9,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from tests.connectors.s2.conftest import read_stream
-from tests.faults import dying_at, kill_python_workers, slow
+from tests.faults import dying_stream, kill_python_workers, slow
 
 pytestmark = pytest.mark.spark
 
@@ -63,16 +63,10 @@ def test_exactly_once_across_a_killed_python_worker(spark, s2_local, s2_opts, sm
 def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, s2_local, s2_opts, tmp_path,
                                                                 small_arrow_batches):
     basin = s2_opts["s2.basin"]
-    src, checkpoint, marker = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "die"
-    for part in range(3):
-        spark.range(part * 1000, (part + 1) * 1000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
-            .write.mode("append").parquet(str(src))
-    marker.touch()
+    stream, marker, checkpoint = dying_stream(spark, tmp_path, 0.05)
 
     def start():
-        return (spark.readStream.schema("id long, pad string").option("maxFilesPerTrigger", 1).parquet(str(src))
-                .mapInArrow(dying_at(1500, str(marker), 50, 0.05), "id long, pad string")
-                .writeStream.format("s2").options(**eo_options(s2_opts, "eo-stream"))
+        return (stream.writeStream.format("s2").options(**eo_options(s2_opts, "eo-stream"))
                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
 
     query = start()
