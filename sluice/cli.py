@@ -1,9 +1,10 @@
-"""The `sluice` command. Subcommands: formats, options, s2 serve."""
+"""The `sluice` command. Subcommands: formats, options, s2 serve, meta."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _formats(_: argparse.Namespace) -> int:
@@ -47,7 +48,64 @@ def build_parser() -> argparse.ArgumentParser:
     serve = s2.add_parser("serve", help="serve S2's API on this machine (default 127.0.0.1:4243, data in .sluice/s2)")
     add_serve_arguments(serve)
     serve.set_defaults(run=serve_from_args)
+    _add_meta(sub)
     return parser
+
+
+def _add_meta(sub: Any) -> None:
+    meta = sub.add_parser("meta", help="the MetaService: jobs, tables, lineage, consistent versions")
+    meta.add_argument("--meta", default=None,
+                      help="database: a SQLite path or postgresql:// URL (default $SLUICE_META, else .sluice/meta.db)")
+    cmds = meta.add_subparsers(dest="meta_command", required=True)
+    cmds.add_parser("jobs", help="every job with its status and tables").set_defaults(run=_meta_jobs)
+    cmds.add_parser("tables", help="every table with its last completed barrier").set_defaults(run=_meta_tables)
+    cmds.add_parser("lineage", help="table -> [job] -> table edges of running jobs").set_defaults(run=_meta_lineage)
+    consistent = cmds.add_parser("consistent-version", help="the newest barrier all given tables completed")
+    consistent.add_argument("tables", nargs="+")
+    consistent.set_defaults(run=_meta_consistent)
+    release = cmds.add_parser("release-job", help="end a job that died without finishing (frees its tables)")
+    release.add_argument("job_id")
+    release.set_defaults(run=_meta_release)
+
+
+def _meta(args: argparse.Namespace) -> Any:
+    from sluice.meta import MetaService
+
+    return MetaService(args.meta)
+
+
+def _meta_jobs(args: argparse.Namespace) -> int:
+    for job in _meta(args).jobs():
+        print(f"{job.job_id}  {job.status:<8}  {job.name}  sources={list(job.sources)}  sinks={list(job.sinks)}  "
+              f"host={job.host} pid={job.pid}")
+    return 0
+
+
+def _meta_tables(args: argparse.Namespace) -> int:
+    for table, last in _meta(args).tables().items():
+        print(f"{table}  " + (f"barrier={last[0]} version={last[1]}" if last else "no barrier yet"))
+    return 0
+
+
+def _meta_lineage(args: argparse.Namespace) -> int:
+    for job in _meta(args).jobs():
+        if job.status == "running":
+            print(f"{', '.join(job.sources) or '(outside)'} -> [{job.name}] -> {', '.join(job.sinks)}")
+    return 0
+
+
+def _meta_consistent(args: argparse.Namespace) -> int:
+    found = _meta(args).consistent_version(args.tables)
+    print(f"barrier {found.barrier}")
+    for table, version in found.versions.items():
+        print(f"  {table}: version {version}")
+    return 0
+
+
+def _meta_release(args: argparse.Namespace) -> int:
+    job = _meta(args).release_job(args.job_id)
+    print(f"released {job.job_id} ({job.name}): its tables {list(job.sinks)} may be written by another job")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

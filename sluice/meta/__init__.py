@@ -1,0 +1,28 @@
+"""The MetaService of seed 001: job/table lineage and each table's completed barriers, in a real database.
+
+    from sluice.meta import MetaService
+    meta = MetaService()                                  # .sluice/meta.db, or MetaService("postgresql://...")
+    job = meta.register_job("ingest", sources=[], sinks=["orders"])
+    meta.complete_barrier("orders", barrier=1700000000000, version=3, job_id=job.job_id)
+    meta.consistent_version(["orders", "customer_totals"])   # -> ConsistentVersion(barrier, {table: version})
+    meta.finish_job(job.job_id)
+
+From the shell: `sluice meta jobs|tables|lineage|consistent-version T...|release-job JOB` (--meta URL).
+"""
+
+from sluice.meta._service import (
+    FAILED,
+    FINISHED,
+    RELEASED,
+    RUNNING,
+    ConsistentVersion,
+    Job,
+    LineageCycleError,
+    MetaError,
+    MetaService,
+    NoConsistentVersionError,
+    WriterConflictError,
+)
+
+__all__ = ["FAILED", "FINISHED", "RELEASED", "RUNNING", "ConsistentVersion", "Job", "LineageCycleError", "MetaError",
+           "MetaService", "NoConsistentVersionError", "WriterConflictError"]

@@ -1,0 +1,341 @@
+"""MetaService (seed 001 / FLIP-276): jobs, their source and sink tables, and each table's completed barriers.
+
+Lives in a real database: a SQLite file by default (`.sluice/meta.db`), PostgreSQL when jobs run on several
+machines. Jobs coordinate only through database transactions: registration takes the database's write
+lock (SQLite `BEGIN IMMEDIATE`, PostgreSQL `LOCK TABLE ... IN EXCLUSIVE MODE`), so two jobs registering at
+once cannot both become a table's writer or close a cycle between them.
+
+A barrier is a logical timestamp in ms. A table completes a barrier when the commit holding it is done; the
+table's Delta version for that barrier is recorded with it. The consistent version of a set of tables is the
+largest barrier every one of them has completed, with each table's version for it; tables the set depends on
+(upstream through jobs) must have completed it too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice._errors import SluiceError
+
+DEFAULT_PATH = Path(".sluice") / "meta.db"
+RUNNING, FINISHED, FAILED, RELEASED = "running", "finished", "failed", "released"
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS sluice_jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, status TEXT NOT NULL, "
+    "host TEXT, pid BIGINT, query_id TEXT, started_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION)",
+    "CREATE TABLE IF NOT EXISTS sluice_job_tables (job_id TEXT NOT NULL, table_name TEXT NOT NULL, "
+    "role TEXT NOT NULL, PRIMARY KEY (job_id, table_name, role))",
+    "CREATE TABLE IF NOT EXISTS sluice_barriers (table_name TEXT NOT NULL, barrier BIGINT NOT NULL, "
+    "version BIGINT NOT NULL, job_id TEXT, committed_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (table_name, barrier))",
+)
+
+
+class MetaError(SluiceError):
+    """The MetaService refused a request; the message says why and what to do."""
+
+
+class WriterConflictError(MetaError):
+    """A sink table already has an active writing job."""
+
+
+class LineageCycleError(MetaError):
+    """Registering the job would close a cycle of jobs and tables."""
+
+
+class NoConsistentVersionError(MetaError):
+    """The tables have no barrier in common yet."""
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    name: str
+    status: str
+    sources: tuple[str, ...]
+    sinks: tuple[str, ...]
+    host: str | None = None
+    pid: int | None = None
+    query_id: str | None = None
+    started_at: float = 0.0
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ConsistentVersion:
+    barrier: int
+    versions: dict[str, int] = field(default_factory=dict)
+
+
+class _Backend:
+    """The differences between SQLite and PostgreSQL that the service needs."""
+
+    def __init__(self, url: str | None) -> None:
+        url = url or os.environ.get("SLUICE_META") or str(DEFAULT_PATH)
+        self.is_pg = url.startswith(("postgresql://", "postgres://"))
+        if self.is_pg:
+            self.url, self.param = url, "%s"
+            self.display = url.split("@")[-1] if "@" in url else url
+        else:
+            path = Path(url.removeprefix("sqlite:///").removeprefix("sqlite://"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.url, self.param, self.display = str(path), "?", str(path)
+
+    def connect(self) -> Any:
+        if self.is_pg:
+            import psycopg
+
+            return psycopg.connect(self.url)
+        conn = sqlite3.connect(self.url, timeout=30, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def begin(self, conn: Any, exclusive: bool) -> None:
+        if self.is_pg:
+            if exclusive:
+                conn.execute("LOCK TABLE sluice_jobs IN EXCLUSIVE MODE")
+        else:
+            conn.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
+
+
+class MetaService:
+    """Jobs, lineage and completed barriers. `MetaService()` opens `.sluice/meta.db` (or $SLUICE_META)."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self._db = _Backend(url)
+        with self._tx() as cur:
+            for statement in _SCHEMA:
+                cur.execute(statement)
+
+    def __repr__(self) -> str:
+        return f"MetaService({self._db.display})"
+
+    # ------------------------------------------------------------------ plumbing
+    @contextmanager
+    def _tx(self, exclusive: bool = False) -> Iterator[Any]:
+        conn = self._db.connect()
+        try:
+            self._db.begin(conn, exclusive)
+            cur = conn.cursor()
+            yield _Cursor(cur, self._db.param)
+            conn.commit() if self._db.is_pg else conn.execute("COMMIT")
+        except BaseException:
+            conn.rollback() if self._db.is_pg else conn.execute("ROLLBACK")
+            raise
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------------ jobs
+    def register_job(self, name: str, sources: Iterable[str], sinks: Iterable[str], *, job_id: str | None = None,
+                     query_id: str | None = None) -> Job:
+        """Record a running job and its tables. Refuses a second writer of a table and a cycle."""
+        sources, sinks = tuple(dict.fromkeys(sources)), tuple(dict.fromkeys(sinks))
+        if not sinks:
+            raise MetaError(f"job '{name}' has no sink table; a job registers the tables it writes")
+        job_id = job_id or f"{name}-{uuid.uuid4().hex[:8]}"
+        with self._tx(exclusive=True) as cur:
+            for table in sinks:
+                cur.execute("SELECT j.job_id, j.name, j.host, j.pid FROM sluice_jobs j JOIN sluice_job_tables t "
+                            "ON t.job_id = j.job_id WHERE t.table_name = ? AND t.role = 'sink' AND j.status = ?",
+                            (table, RUNNING))
+                row = cur.fetchone()
+                if row is not None and row[0] != job_id:
+                    raise WriterConflictError(
+                        f"table '{table}' already has an active writer: job '{row[0]}' ({row[1]}, host {row[2]}, "
+                        f"pid {row[3]}). Stop that job, or if it died without finishing, release it: "
+                        f"sluice meta release-job {row[0]}")
+            cycle = self._find_cycle(cur, job_id, name, sources, sinks)
+            if cycle:
+                raise LineageCycleError(f"registering job '{name}' would close a cycle: {' -> '.join(cycle)}. "
+                                        "A table may not feed, through jobs, the job that writes it.")
+            cur.execute("DELETE FROM sluice_job_tables WHERE job_id = ?", (job_id,))
+            cur.execute("DELETE FROM sluice_jobs WHERE job_id = ?", (job_id,))
+            now = time.time()
+            cur.execute("INSERT INTO sluice_jobs (job_id, name, status, host, pid, query_id, started_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, name, RUNNING, socket.gethostname(), os.getpid(), query_id, now))
+            for role, tables in (("source", sources), ("sink", sinks)):
+                for table in tables:
+                    cur.execute("INSERT INTO sluice_job_tables (job_id, table_name, role) VALUES (?, ?, ?)",
+                                (job_id, table, role))
+        return Job(job_id, name, RUNNING, sources, sinks, socket.gethostname(), os.getpid(), query_id, now)
+
+    def _find_cycle(self, cur: _Cursor, job_id: str, name: str, sources: Sequence[str],
+                    sinks: Sequence[str]) -> list[str] | None:
+        """A path sink -> job -> table ... -> one of the new job's sources, through the other live jobs' edges."""
+        cur.execute("SELECT t.job_id, j.name, t.table_name, t.role FROM sluice_job_tables t JOIN sluice_jobs j "
+                    "ON j.job_id = t.job_id WHERE j.status = ? AND j.job_id <> ?", (RUNNING, job_id))
+        feeds: dict[str, list[tuple[str, str]]] = {}  # table -> [(job name, job id)] reading it
+        writes: dict[str, list[str]] = {}  # job id -> tables it writes
+        names: dict[str, str] = {}
+        for jid, jname, table, role in cur.fetchall():
+            names[jid] = jname
+            if role == "source":
+                feeds.setdefault(table, []).append((jname, jid))
+            else:
+                writes.setdefault(jid, []).append(table)
+        for table in sinks:
+            if table in sources:
+                return [table, f"[{name}]", table]
+        targets = set(sources)
+        stack = [(table, [f"[{name}]", table]) for table in sinks]
+        seen: set[str] = set()
+        while stack:
+            table, path = stack.pop()
+            if table in seen:
+                continue
+            seen.add(table)
+            for jname, jid in feeds.get(table, []):
+                for out in writes.get(jid, []):
+                    step = [*path, f"[{jname}]", out]
+                    if out in targets:
+                        return [*step, f"[{name}]"]
+                    stack.append((out, step))
+        return None
+
+    def finish_job(self, job_id: str, status: str = FINISHED) -> None:
+        """Mark a job ended (finished, failed or released): its tables are free for another writer."""
+        if status not in (FINISHED, FAILED, RELEASED):
+            raise MetaError(f"status must be {FINISHED}, {FAILED} or {RELEASED}, got {status!r}")
+        with self._tx() as cur:
+            cur.execute("UPDATE sluice_jobs SET status = ?, ended_at = ? WHERE job_id = ? AND status = ?",
+                        (status, time.time(), job_id, RUNNING))
+
+    def release_job(self, job_id: str) -> Job:
+        """For a job that died without finishing (driver killed): end it so its tables can be written again."""
+        job = self.job(job_id)
+        if job.status != RUNNING:
+            raise MetaError(f"job '{job_id}' is not running (status {job.status}); nothing to release")
+        self.finish_job(job_id, RELEASED)
+        return self.job(job_id)
+
+    def job(self, job_id: str) -> Job:
+        for job in self.jobs():
+            if job.job_id == job_id:
+                return job
+        raise MetaError(f"no job '{job_id}' in {self!r}; list them with: sluice meta jobs")
+
+    def jobs(self) -> list[Job]:
+        with self._tx() as cur:
+            cur.execute("SELECT job_id, name, status, host, pid, query_id, started_at, ended_at FROM sluice_jobs "
+                        "ORDER BY started_at")
+            rows = cur.fetchall()
+            cur.execute("SELECT job_id, table_name, role FROM sluice_job_tables ORDER BY table_name")
+            edges = cur.fetchall()
+        out = []
+        for jid, name, status, host, pid, query_id, started, ended in rows:
+            sources = tuple(t for j, t, r in edges if j == jid and r == "source")
+            sinks = tuple(t for j, t, r in edges if j == jid and r == "sink")
+            out.append(Job(jid, name, status, sources, sinks, host, pid, query_id, started, ended))
+        return out
+
+    # ------------------------------------------------------------------ barriers
+    def complete_barrier(self, table: str, barrier: int, version: int, job_id: str | None = None) -> bool:
+        """Record that `table` completed `barrier` in Delta version `version`. False if it already had (replay)."""
+        with self._tx() as cur:
+            cur.execute("SELECT version FROM sluice_barriers WHERE table_name = ? AND barrier = ?", (table, barrier))
+            row = cur.fetchone()
+            if row is not None:
+                if row[0] != version:
+                    raise MetaError(f"table '{table}' completed barrier {barrier} in version {row[0]} already; "
+                                    f"refusing version {version} for it (a barrier is committed once)")
+                return False
+            cur.execute("SELECT max(barrier) FROM sluice_barriers WHERE table_name = ?", (table,))
+            last = cur.fetchone()[0]
+            if last is not None and barrier < last:
+                raise MetaError(f"table '{table}' already completed barrier {last}; barrier {barrier} is older "
+                                "(barriers only grow)")
+            cur.execute("INSERT INTO sluice_barriers (table_name, barrier, version, job_id, committed_at) "
+                        "VALUES (?, ?, ?, ?, ?)", (table, barrier, version, job_id, time.time()))
+        return True
+
+    def barriers(self, table: str) -> list[tuple[int, int]]:
+        """(barrier, version) pairs of a table, oldest first."""
+        with self._tx() as cur:
+            cur.execute("SELECT barrier, version FROM sluice_barriers WHERE table_name = ? ORDER BY barrier",
+                        (table,))
+            return [(int(b), int(v)) for b, v in cur.fetchall()]
+
+    def tables(self) -> dict[str, tuple[int, int] | None]:
+        """Every known table -> its last (barrier, version), or None before its first barrier."""
+        with self._tx() as cur:
+            cur.execute("SELECT table_name FROM sluice_job_tables UNION SELECT table_name FROM sluice_barriers")
+            names = sorted(r[0] for r in cur.fetchall())
+            cur.execute("SELECT b.table_name, b.barrier, b.version FROM sluice_barriers b JOIN (SELECT table_name, "
+                        "max(barrier) AS barrier FROM sluice_barriers GROUP BY table_name) m "
+                        "ON m.table_name = b.table_name AND m.barrier = b.barrier")
+            last = {t: (int(b), int(v)) for t, b, v in cur.fetchall()}
+        return {name: last.get(name) for name in names}
+
+    def upstream(self, tables: Iterable[str]) -> set[str]:
+        """The tables `tables` depend on through jobs (not including themselves unless in a cycle)."""
+        with self._tx() as cur:
+            cur.execute("SELECT job_id, table_name, role FROM sluice_job_tables")
+            edges = cur.fetchall()
+        sources_of: dict[str, set[str]] = {}
+        for jid, table, role in edges:
+            if role == "sink":
+                sources_of.setdefault(table, set()).update(t for j, t, r in edges if j == jid and r == "source")
+        out: set[str] = set()
+        stack = list(tables)
+        while stack:
+            for src in sources_of.get(stack.pop(), ()):
+                if src not in out:
+                    out.add(src)
+                    stack.append(src)
+        return out
+
+    def consistent_version(self, tables: Sequence[str]) -> ConsistentVersion:
+        """The largest barrier every table in `tables` completed (and every table they depend on reached)."""
+        tables = list(dict.fromkeys(tables))
+        if not tables:
+            raise MetaError("consistent_version needs at least one table")
+        marks = ", ".join("?" * len(tables))
+        with self._tx() as cur:
+            cur.execute(f"SELECT barrier FROM sluice_barriers WHERE table_name IN ({marks}) GROUP BY barrier "
+                        "HAVING count(DISTINCT table_name) = ? ORDER BY barrier DESC LIMIT 1", (*tables, len(tables)))
+            row = cur.fetchone()
+            if row is None:
+                cur.execute(f"SELECT table_name, max(barrier) FROM sluice_barriers WHERE table_name IN ({marks}) "
+                            "GROUP BY table_name", tuple(tables))
+                have = dict(cur.fetchall())
+                raise NoConsistentVersionError(
+                    f"tables {tables} have no completed barrier in common yet (last barriers: "
+                    f"{ {t: have.get(t) for t in tables} }); wait for their jobs to complete one")
+            barrier = int(row[0])
+            cur.execute("SELECT table_name, version FROM sluice_barriers WHERE barrier = ? "
+                        f"AND table_name IN ({marks})", (barrier, *tables))
+            versions = {t: int(v) for t, v in cur.fetchall()}
+        behind = {t: last for t, last in self.tables().items()
+                  if t in self.upstream(tables) and t not in versions and (last is None or last[0] < barrier)}
+        if behind:
+            raise NoConsistentVersionError(f"upstream table(s) {sorted(behind)} have not reached barrier {barrier} "
+                                           "that their downstream tables completed; the lineage is inconsistent")
+        return ConsistentVersion(barrier, versions)
+
+
+class _Cursor:
+    """A DB-API cursor that takes '?' placeholders on both backends."""
+
+    def __init__(self, cur: Any, param: str) -> None:
+        self._cur, self._param = cur, param
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        if self._param != "?":
+            sql = sql.replace("?", self._param)
+        self._cur.execute(sql, tuple(params))
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()

@@ -1,0 +1,115 @@
+"""The MetaService on SQLite (default) and on a real PostgreSQL: registration rules, barriers, consistent versions,
+and jobs in separate processes coordinating only through the database."""
+
+import multiprocessing
+import uuid
+
+import pytest
+
+from sluice.cli import main as cli
+from sluice.meta import (
+    FINISHED,
+    RELEASED,
+    RUNNING,
+    LineageCycleError,
+    MetaError,
+    MetaService,
+    NoConsistentVersionError,
+    WriterConflictError,
+)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def meta_url(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "meta.db")
+    pg = request.getfixturevalue("pg")
+    schema = f"meta_{uuid.uuid4().hex[:8]}"
+    pg.sql(f"CREATE SCHEMA {schema}")
+    return pg.url + f"?options=-csearch_path%3D{schema}"
+
+
+def test_a_table_has_one_active_writer_until_its_job_ends(meta_url):
+    meta = MetaService(meta_url)
+    ingest = meta.register_job("ingest", sources=[], sinks=["orders"])
+    with pytest.raises(WriterConflictError, match=rf"table 'orders' already has an active writer: job '{ingest.job_id}'"):
+        meta.register_job("ingest-2", sources=[], sinks=["orders"])
+    meta.finish_job(ingest.job_id)
+    second = meta.register_job("ingest-2", sources=[], sinks=["orders"])
+    assert [(j.name, j.status) for j in meta.jobs()] == [("ingest", FINISHED), ("ingest-2", RUNNING)]
+    assert second.sinks == ("orders",)
+
+
+def test_a_job_that_would_close_a_cycle_is_refused_with_the_cycle(meta_url):
+    meta = MetaService(meta_url)
+    meta.register_job("a", sources=["raw"], sinks=["orders"])
+    meta.register_job("b", sources=["orders"], sinks=["totals"])
+    with pytest.raises(LineageCycleError, match=r"\[c\] -> raw -> \[a\] -> orders -> \[b\] -> totals -> \[c\]"):
+        meta.register_job("c", sources=["totals"], sinks=["raw"])
+    with pytest.raises(LineageCycleError, match=r"loop -> \[self\] -> loop"):
+        meta.register_job("self", sources=["loop"], sinks=["loop"])
+    assert [j.name for j in meta.jobs()] == ["a", "b"]
+
+
+def test_a_dead_job_is_released_from_the_cli(meta_url, capsys):
+    meta = MetaService(meta_url)
+    job = meta.register_job("orphan", sources=["x"], sinks=["y"])
+    assert cli(["meta", "--meta", meta_url, "release-job", job.job_id]) == 0
+    assert "released" in capsys.readouterr().out
+    assert meta.job(job.job_id).status == RELEASED
+    meta.register_job("next", sources=["x"], sinks=["y"])  # the table is free again
+    assert cli(["meta", "--meta", meta_url, "release-job", job.job_id]) == 2
+    assert "is not running" in capsys.readouterr().err
+
+
+def test_barriers_are_committed_once_and_only_grow(meta_url):
+    meta = MetaService(meta_url)
+    assert meta.complete_barrier("orders", 1000, 3) is True
+    assert meta.complete_barrier("orders", 1000, 3) is False  # replay
+    with pytest.raises(MetaError, match="completed barrier 1000 in version 3 already"):
+        meta.complete_barrier("orders", 1000, 4)
+    meta.complete_barrier("orders", 2000, 5)
+    with pytest.raises(MetaError, match="barrier 1500 is older"):
+        meta.complete_barrier("orders", 1500, 6)
+    assert meta.barriers("orders") == [(1000, 3), (2000, 5)]
+
+
+def test_the_consistent_version_is_the_newest_barrier_every_table_completed(meta_url, capsys):
+    meta = MetaService(meta_url)
+    meta.register_job("a", sources=[], sinks=["orders"])
+    meta.register_job("b", sources=["orders"], sinks=["totals"])
+    for barrier, version in ((1000, 1), (2000, 2), (3000, 3), (4000, 4)):
+        meta.complete_barrier("orders", barrier, version)
+    meta.complete_barrier("totals", 1000, 7)
+    meta.complete_barrier("totals", 3000, 8)  # b processed barriers 2000 and 3000 in one micro-batch
+    found = meta.consistent_version(["orders", "totals"])
+    assert (found.barrier, found.versions) == (3000, {"orders": 3, "totals": 8})
+    assert meta.consistent_version(["orders"]).barrier == 4000
+    assert meta.tables() == {"orders": (4000, 4), "totals": (3000, 8)}
+    assert cli(["meta", "--meta", meta_url, "consistent-version", "orders", "totals"]) == 0
+    assert capsys.readouterr().out.split() == ["barrier", "3000", "orders:", "version", "3", "totals:", "version", "8"]
+    assert cli(["meta", "--meta", meta_url, "lineage"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["(outside) -> [a] -> orders", "orders -> [b] -> totals"]
+    with pytest.raises(NoConsistentVersionError, match="no completed barrier in common"):
+        meta.consistent_version(["orders", "unknown"])
+
+
+def _register(url, barrier, results):
+    try:
+        MetaService(url).register_job(f"writer-{uuid.uuid4().hex[:4]}", sources=[], sinks=["contended"])
+        results.put("ok")
+    except WriterConflictError:
+        results.put("conflict")
+
+
+def test_jobs_in_separate_processes_coordinate_through_the_database(meta_url):
+    MetaService(meta_url)  # schema first
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_register, args=(meta_url, None, results)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    outcomes = sorted(results.get(timeout=10) for _ in procs)
+    assert outcomes == ["conflict"] * 5 + ["ok"], outcomes
