@@ -32,7 +32,7 @@ def meta_url(request, tmp_path):
 def test_a_table_has_one_active_writer_until_its_job_ends(meta_url):
     meta = MetaService(meta_url)
     ingest = meta.register_job("ingest", sources=[], sinks=["orders"])
-    with pytest.raises(WriterConflictError, match=rf"table 'orders' already has an active writer: job '{ingest.job_id}'"):
+    with pytest.raises(WriterConflictError, match=rf"'orders' already has an active writer: job '{ingest.job_id}'"):
         meta.register_job("ingest-2", sources=[], sinks=["orders"])
     meta.finish_job(ingest.job_id)
     second = meta.register_job("ingest-2", sources=[], sinks=["orders"])
