@@ -34,6 +34,8 @@ _SCHEMA = (
     "host TEXT, pid BIGINT, query_id TEXT, started_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION)",
     "CREATE TABLE IF NOT EXISTS sluice_job_tables (job_id TEXT NOT NULL, table_name TEXT NOT NULL, "
     "role TEXT NOT NULL, PRIMARY KEY (job_id, table_name, role))",
+    "CREATE TABLE IF NOT EXISTS sluice_batch_barriers (query_id TEXT NOT NULL, batch_id BIGINT NOT NULL, "
+    "barrier BIGINT NOT NULL, PRIMARY KEY (query_id, batch_id))",
     "CREATE TABLE IF NOT EXISTS sluice_barriers (table_name TEXT NOT NULL, barrier BIGINT NOT NULL, "
     "version BIGINT NOT NULL, job_id TEXT, committed_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (table_name, barrier))",
 )
@@ -257,6 +259,25 @@ class MetaService:
             cur.execute("INSERT INTO sluice_barriers (table_name, barrier, version, job_id, committed_at) "
                         "VALUES (?, ?, ?, ?, ?)", (table, barrier, version, job_id, time.time()))
         return True
+
+    def batch_barrier(self, query_id: str, batch_id: int, tables: Sequence[str]) -> int:
+        """The barrier of an ingest micro-batch: assigned when first asked (now in ms, above every barrier the
+        tables and the query have), the same one on every replay of that batch."""
+        with self._tx(exclusive=True) as cur:
+            cur.execute("SELECT barrier FROM sluice_batch_barriers WHERE query_id = ? AND batch_id = ?",
+                        (query_id, batch_id))
+            row = cur.fetchone()
+            if row is not None:
+                return int(row[0])
+            floor = int(time.time() * 1000)
+            cur.execute("SELECT max(barrier) FROM sluice_batch_barriers WHERE query_id = ?", (query_id,))
+            floor = max(floor, (cur.fetchone()[0] or 0) + 1)
+            for table in tables:
+                cur.execute("SELECT max(barrier) FROM sluice_barriers WHERE table_name = ?", (table,))
+                floor = max(floor, (cur.fetchone()[0] or 0) + 1)
+            cur.execute("INSERT INTO sluice_batch_barriers (query_id, batch_id, barrier) VALUES (?, ?, ?)",
+                        (query_id, batch_id, floor))
+            return floor
 
     def barriers(self, table: str) -> list[tuple[int, int]]:
         """(barrier, version) pairs of a table, oldest first."""

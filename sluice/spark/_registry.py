@@ -18,6 +18,7 @@ BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
     "s2": "sluice.connectors.s2:S2DataSource",
     "s2_upsert": "sluice.connectors.s2:S2UpsertDataSource",
     "postgres": "sluice.connectors.postgres:PostgresDataSource",
+    "tablestore": "sluice.tablestore:TableStoreDataSource",
 })
 # What register() and sluice.write() know: the built-ins plus any added with add_format (e.g. test formats).
 FORMATS: dict[str, str] = dict(BUILTIN_FORMATS)

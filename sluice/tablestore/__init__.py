@@ -1,0 +1,10 @@
+"""The table store of seed 001: Delta tables by name, committed per barrier, read at consistent versions.
+
+See `_source.py` for `format("tablestore")` and `read_consistent`, `_table.py` for commits, and `sluice.meta`
+for the MetaService that records each table's completed barriers.
+"""
+
+from sluice.tablestore._source import TableStoreDataSource, read_consistent
+from sluice.tablestore._table import Commit, StoreTable, TableStoreError
+
+__all__ = ["Commit", "StoreTable", "TableStoreDataSource", "TableStoreError", "read_consistent"]

@@ -1,0 +1,283 @@
+"""`format("tablestore")`: Delta tables by name, written by executors and committed by the driver per barrier.
+
+    import sluice, sluice.tablestore
+    spark = sluice.session()
+    orders.write.format("tablestore").option("table", "orders").option("primary-key", "id").mode("append").save()
+    spark.read.format("tablestore").option("table", "orders").load()                       # latest version
+    spark.read.format("tablestore").option("table", "orders").option("barrier", 1700000000000).load()
+    spark.read.format("tablestore").option("table", "orders").option("consistent-with", "customer_totals").load()
+    frames = sluice.tablestore.read_consistent(spark, ["orders", "customer_totals"])      # one barrier for all
+
+Writes: every task writes its rows into one Parquet file under the table's `data/` folder; the driver commits
+the write (or micro-batch) as one Delta version: appends add the files (no data passes through the driver),
+tables with a primary key merge them (last change per key wins, `upsert.op-column` deletes). Each commit
+carries its barrier (custom metadata + app transaction) and is skipped when replayed; the MetaService records
+(table, barrier, version). A streaming micro-batch's barrier is assigned when it is first committed and kept
+for its replays (MetaService.batch_barrier).
+
+Reads: one partition per data file of the chosen version. sluice never writes deletion vectors (delta-rs
+merges copy on write); a table that has them is refused with a clear error rather than read wrong.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from sluice._errors import OptionError
+from sluice._options import Option, Options, OptionSpec
+from sluice.meta import MetaService
+from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
+
+COMMON = (
+    Option("table", "str", None, "Table name (letters, digits, '_').", required=True),
+    Option("warehouse", "str", None, "Folder holding the tables; default $SLUICE_WAREHOUSE, else .sluice/warehouse."),
+    Option("meta", "str", None, "MetaService database (SQLite path or postgresql:// URL); default $SLUICE_META, "
+           "else .sluice/meta.db.", secret=True),
+)
+WRITE_SPEC = OptionSpec("tablestore", (
+    *COMMON,
+    Option("primary-key", "list", (), "Key columns: writes are upserts (merge) by this key; set when the table is "
+           "created."),
+    Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored)."),
+    Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
+           "streaming writes use the query id."),
+))
+READ_SPEC = OptionSpec("tablestore", (
+    *COMMON,
+    Option("version", "int", None, "Read this Delta version.", minimum=0),
+    Option("barrier", "int", None, "Read the version that completed this barrier.", minimum=0),
+    Option("consistent-with", "list", (),
+           "Other tables: read this one at the newest barrier it and they all completed."),
+))
+
+
+@dataclass
+class StagedMessage(WriterCommitMessage):
+    partition_id: int
+    query_id: str | None
+    file: StagedFile | None
+
+
+class TableStoreDataSource(DataSource):
+    """See the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tablestore"
+
+    @classmethod
+    def option_spec(cls) -> OptionSpec:
+        return WRITE_SPEC
+
+    @classmethod
+    def read_option_spec(cls) -> OptionSpec:
+        return READ_SPEC
+
+    def parsed(self) -> Options:
+        return WRITE_SPEC.parse(self.options)
+
+    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
+        """For sluice.write: any layout works (the commit orders rows by task, then row)."""
+        return None
+
+    # ------------------------------------------------------------------ writing
+    def _writer_parts(self, schema: StructType, overwrite: bool) -> tuple[Options, StoreTable]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        if overwrite:
+            raise OptionError("format 'tablestore' appends or upserts per barrier; mode('overwrite') is not "
+                              "supported. Use mode('append').")
+        opts = WRITE_SPEC.parse(self.options)
+        table = StoreTable(opts["table"], opts["warehouse"])
+        op = opts["upsert.op-column"]
+        names = schema.fieldNames()
+        for option, cols in (("primary-key", opts["primary-key"]), ("upsert.op-column", [op] if op else [])):
+            missing = [c for c in cols if c not in names]
+            if missing:
+                raise OptionError(f"{option} column(s) {missing} are not in the DataFrame (columns: {names})")
+        if op and not opts["primary-key"] and not (table.exists() and table.primary_key()):
+            raise OptionError("upsert.op-column needs a primary key (option primary-key)")
+        arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]), timezone="UTC")
+        if table.exists():
+            table.check_schema(arrow)
+            if opts.is_set("primary-key") and tuple(opts["primary-key"]) != table.primary_key():
+                raise OptionError(f"table '{table.name}' has primary key {list(table.primary_key())}; the write asks "
+                                  f"for {list(opts['primary-key'])}")
+        else:
+            table.create(arrow, tuple(opts["primary-key"]))
+        return opts, table
+
+    def writer(self, schema: StructType, overwrite: bool) -> TableStoreWriter:
+        opts, table = self._writer_parts(schema, overwrite)
+        return TableStoreWriter(opts, table, uuid.uuid4().hex)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TableStoreStreamWriter:
+        opts, table = self._writer_parts(schema, overwrite)
+        return TableStoreStreamWriter(opts, table, uuid.uuid4().hex)
+
+    # ------------------------------------------------------------------ reading
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        opts = READ_SPEC.parse(self.options)
+        return from_arrow_schema(pa.schema(StoreTable(opts["table"], opts["warehouse"]).delta().schema().to_arrow()))
+
+    def reader(self, schema: StructType) -> TableStoreReader:
+        opts = READ_SPEC.parse(self.options)
+        table = StoreTable(opts["table"], opts["warehouse"])
+        chosen = [k for k in ("version", "barrier", "consistent-with") if opts.is_set(k)]
+        if len(chosen) > 1:
+            raise OptionError(f"set at most one of version, barrier and consistent-with (got {', '.join(chosen)})")
+        version = opts["version"]
+        if opts["barrier"] is not None:
+            found = dict(MetaService(opts["meta"]).barriers(table.name)).get(opts["barrier"])
+            if found is None:
+                raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}; its barriers: "
+                                  f"{[b for b, _ in MetaService(opts['meta']).barriers(table.name)][-5:]} (last 5)")
+            version = found
+        elif opts["consistent-with"]:
+            version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
+                .versions[table.name]
+        return TableStoreReader(table, version, schema)
+
+
+def _task() -> tuple[int, int, str | None, int | None]:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return 0, 0, None, None
+    batch = tc.getLocalProperty("streaming.sql.batchId")
+    return tc.partitionId(), tc.taskAttemptId(), tc.getLocalProperty("sql.streaming.queryId"), \
+        int(batch) if batch is not None else None
+
+
+class _Writer:
+    def __init__(self, opts: Options, table: StoreTable, write_id: str) -> None:
+        self.opts, self.table, self.write_id = opts, table, write_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
+        import pyarrow.parquet as pq
+
+        partition, attempt, query_id, epoch = _task()
+        folder = self.table.staging_dir(query_id or self.write_id, epoch)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"part-{partition:05d}-{attempt}-{uuid.uuid4().hex[:8]}.parquet"
+        writer, rows = None, 0
+        try:
+            for batch in iterator:
+                if not batch.num_rows:
+                    continue
+                if writer is None:
+                    writer = pq.ParquetWriter(path, batch.schema)
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            return StagedMessage(partition, query_id, None)
+        rel = str(path.relative_to(self.table.root))
+        return StagedMessage(partition, query_id, StagedFile(rel, path.stat().st_size, rows))
+
+    def _commit(self, messages: list[StagedMessage | None], epoch: int | None) -> None:
+        done = sorted((m for m in messages if m is not None), key=lambda m: m.partition_id)
+        files = [m.file for m in done if m.file is not None]
+        meta = MetaService(self.opts["meta"])
+        query_id = next((m.query_id for m in done if m.query_id), None)
+        if epoch is not None and query_id:
+            job = query_id
+            barrier = meta.batch_barrier(query_id, epoch, [self.table.name])
+        else:
+            job = self.opts["job"]
+            last = meta.barriers(self.table.name)
+            barrier = max(int(time.time() * 1000), (last[-1][0] + 1) if last else 0)
+        self.table.commit(files, job=job, barrier=barrier, meta=meta, op_column=self.opts["upsert.op-column"])
+
+    def _abort(self, messages: list[StagedMessage | None]) -> None:
+        for m in messages:
+            if m is not None and m.file is not None:
+                (self.table.root / m.file.path).unlink(missing_ok=True)
+
+
+class TableStoreWriter(_Writer, DataSourceArrowWriter):
+    def commit(self, messages: list[StagedMessage | None]) -> None:  # type: ignore[override]
+        self._commit(messages, None)
+
+    def abort(self, messages: list[StagedMessage | None]) -> None:  # type: ignore[override]
+        self._abort(messages)
+
+
+class TableStoreStreamWriter(_Writer, DataSourceStreamArrowWriter):
+    def commit(self, messages: list[StagedMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._commit(messages, batchId)
+
+    def abort(self, messages: list[StagedMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._abort(messages)
+
+
+class FilePartition(InputPartition):
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.uri = uri
+
+
+class TableStoreReader(DataSourceReader):
+    """One partition per data file of the chosen version."""
+
+    def __init__(self, table: StoreTable, version: int | None, schema: StructType) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.table, self.version = table, version
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+
+    def partitions(self) -> list[InputPartition]:
+        dt = self.table.delta(self.version)
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if "deletionVector.storageType" in actions.column_names and \
+                actions.column("deletionVector.storageType").null_count < actions.num_rows:
+            raise TableStoreError(f"table '{self.table.name}' has deletion vectors, which this reader does not "
+                                  "apply; rewrite the table without them (OPTIMIZE / REORG PURGE)")
+        uris = dt.file_uris()
+        return [FilePartition(u) for u in uris] or [FilePartition("")]
+
+    def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        if not partition.uri:
+            return
+        import pyarrow.parquet as pq
+
+        names = self.arrow_schema.names
+        for batch in pq.ParquetFile(partition.uri.removeprefix("file://")).iter_batches(batch_size=65536,
+                                                                                           columns=names):
+            arrays = [batch.column(n).cast(self.arrow_schema.field(n).type) for n in names]
+            yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+
+def read_consistent(spark: Any, tables: list[str], *, warehouse: str | None = None,
+                    meta: str | None = None) -> tuple[int, dict[str, Any]]:
+    """(barrier, {table: DataFrame}) of `tables` at the newest barrier all of them completed."""
+    found = MetaService(meta).consistent_version(tables)
+    frames = {}
+    for name in tables:
+        reader = spark.read.format("tablestore").option("table", name).option("version", found.versions[name])
+        if warehouse:
+            reader = reader.option("warehouse", warehouse)
+        if meta:
+            reader = reader.option("meta", meta)
+        frames[name] = reader.load()
+    return found.barrier, frames

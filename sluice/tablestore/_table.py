@@ -1,0 +1,182 @@
+"""Delta tables by name in a warehouse folder, and the one place that commits to them.
+
+A commit carries its barrier twice: as custom metadata (`sluice.barrier`, shown by `history()`) and as a Delta
+app transaction (app id = the writing job, version = the barrier). delta-rs does not enforce app transactions,
+so `commit` checks `transaction_version(job) >= barrier` itself and skips a replayed barrier. After a commit,
+the MetaService records (table, barrier, Delta version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from sluice._errors import OptionError, SluiceError
+from sluice.meta import MetaService
+
+DEFAULT_WAREHOUSE = Path(".sluice") / "warehouse"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+DATA = "data"
+
+
+class TableStoreError(SluiceError):
+    """A table-store request failed; the message names the table."""
+
+
+def warehouse_path(warehouse: str | None) -> Path:
+    return Path(warehouse or os.environ.get("SLUICE_WAREHOUSE") or DEFAULT_WAREHOUSE).absolute()
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise OptionError(f"table name {name!r}: use letters, digits and '_' (at most 128, not starting with a digit)")
+    return name
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A Parquet file a task wrote, relative to the table root, not yet in the Delta log."""
+
+    path: str
+    size: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    table: str
+    barrier: int
+    version: int
+    replayed: bool
+
+
+class StoreTable:
+    """One named table: where it lives, its schema and primary key, and commits to it."""
+
+    def __init__(self, name: str, warehouse: str | None = None) -> None:
+        self.name = check_name(name)
+        self.root = warehouse_path(warehouse) / name
+
+    @property
+    def uri(self) -> str:
+        return str(self.root)
+
+    def exists(self) -> bool:
+        return (self.root / "_delta_log").is_dir()
+
+    def delta(self, version: int | None = None) -> Any:
+        from deltalake import DeltaTable
+
+        if not self.exists():
+            raise TableStoreError(f"table '{self.name}' does not exist in {self.root.parent}; write to it first "
+                                  "(it is created from the DataFrame's schema)")
+        return DeltaTable(self.uri, version=version) if version is not None else DeltaTable(self.uri)
+
+    def primary_key(self) -> tuple[str, ...]:
+        # Kept in the table's description: this delta-kernel refuses custom configuration keys.
+        try:
+            about = json.loads(self.delta().metadata().description or "{}")
+        except ValueError:
+            return ()
+        return tuple(about.get("sluice", {}).get("primary_key", ()))
+
+    def create(self, schema: pa.Schema, primary_key: tuple[str, ...]) -> None:
+        from deltalake import write_deltalake
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        about = json.dumps({"sluice": {"primary_key": list(primary_key)}})
+        write_deltalake(self.uri, schema.empty_table(), mode="append", name=self.name, description=about,
+                        configuration={"delta.enableChangeDataFeed": "true"})
+
+    def check_schema(self, schema: pa.Schema) -> None:
+        have = pa.schema(self.delta().schema().to_arrow())
+        names = {f.name: f for f in have}
+        for f in schema:
+            if f.name not in names:
+                raise OptionError(f"column '{f.name}' is not in table '{self.name}' (columns: {list(names)})")
+            if not _same_type(names[f.name].type, f.type):
+                raise OptionError(f"column '{f.name}' is {f.type} in the DataFrame but {names[f.name].type} in table "
+                                  f"'{self.name}'; cast it first")
+
+    def staging_dir(self, write_id: str, epoch: int | None) -> Path:
+        """Where tasks write Parquet files for one write or micro-batch (files join the table on commit)."""
+        return self.root / DATA / (write_id if epoch is None else f"{write_id}-e{epoch}")
+
+    def commit(self, files: list[StagedFile], *, job: str, barrier: int, meta: MetaService, job_id: str | None = None,
+               op_column: str | None = None) -> Commit:
+        """Make `files` visible in one Delta version for `barrier` (append, or merge by the primary key)."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.transaction import AddAction
+
+        dt = self.delta()
+        done = dt.transaction_version(job)
+        if done is not None and done >= barrier:
+            self._drop(files)
+            version = dict(meta.barriers(self.name)).get(barrier, dt.version())
+            return Commit(self.name, barrier, version, replayed=True)
+        props = CommitProperties(custom_metadata={"sluice.barrier": str(barrier), "sluice.job": job},
+                                 app_transactions=[Transaction(app_id=job, version=barrier)])
+        key = self.primary_key()
+        if not key:
+            now = int(time.time() * 1000)
+            actions = [AddAction(f.path, f.size, {}, now, True, f'{{"numRecords": {f.rows}}}') for f in files if f.rows]
+            dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props)
+        else:
+            self._merge(dt, files, key, op_column, props)
+            self._drop(files)
+        version = self.delta().version()
+        meta.complete_barrier(self.name, barrier, version, job_id)
+        return Commit(self.name, barrier, version, replayed=False)
+
+    def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
+               props: Any) -> None:
+        import pyarrow.parquet as pq
+
+        tables = [pq.read_table(self.root / f.path) for f in files if f.rows]
+        if not tables:  # nothing changed; the barrier still completes with an empty commit
+            dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=props)
+            return
+        source = pa.concat_tables(tables)
+        # Last change per key wins: row order within the staged files is task order, then row order.
+        import pyarrow.compute as pc
+
+        source = source.append_column("_sluice_row", pa.array(range(source.num_rows), pa.int64()))
+        last = source.group_by(list(key)).aggregate([("_sluice_row", "max")])
+        rows = pc.sort_indices(last.column("_sluice_row_max"))
+        source = source.take(pc.take(last.column("_sluice_row_max"), rows)).drop_columns(["_sluice_row"])
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
+        merge = dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=props)
+        if op_column:
+            deleted = f"s.`{op_column}` IN ('d', 'delete', 'D', '-D')"
+            cols = {c: f"s.`{c}`" for c in source.column_names if c != op_column}
+            merge = (merge.when_matched_delete(deleted).when_matched_update(cols, f"NOT ({deleted})")
+                     .when_not_matched_insert(cols, f"NOT ({deleted})"))
+        else:
+            merge = merge.when_matched_update_all().when_not_matched_insert_all()
+        merge.execute()
+
+    def _drop(self, files: list[StagedFile]) -> None:
+        """Delete files no commit references (a replay's, or the staged input of a merge)."""
+        for f in files:
+            (self.root / f.path).unlink(missing_ok=True)
+        for folder in {(self.root / f.path).parent for f in files}:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    norm = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary(), pa.string_view(): pa.string()}
+    a, b = norm.get(a, a), norm.get(b, b)
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):
+        return (a.tz is None) == (b.tz is None)
+    if (pa.types.is_list(a) and pa.types.is_list(b)) or (pa.types.is_large_list(a) and pa.types.is_large_list(b)):
+        return _same_type(a.value_type, b.value_type)
+    return a == b

@@ -1,0 +1,108 @@
+"""format("tablestore") on real Delta tables (deltalake) with a SQLite MetaService: appends, upserts, barriers,
+replayed commits, reads at a version / barrier / consistent version."""
+
+import pytest
+
+import sluice
+from sluice.meta import MetaService
+from sluice.tablestore import StoreTable, read_consistent
+from sluice.tablestore._table import StagedFile
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def store(tmp_path):
+    return {"warehouse": str(tmp_path / "wh"), "meta": str(tmp_path / "meta.db")}
+
+
+def read(spark, store, table, **opts):
+    reader = spark.read.format("tablestore").option("table", table).options(**store)
+    for key, value in opts.items():
+        reader = reader.option(key.replace("_", "-"), str(value))
+    return reader.load()
+
+
+def test_appends_commit_one_version_per_write_with_its_barrier(spark, store):
+    df = spark.range(0, 1000, 1, 3).selectExpr("id", "concat('n', id) AS name")
+    df.write.format("tablestore").option("table", "events").options(**store).mode("append").save()
+    sluice.write(df.selectExpr("id + 1000 AS id", "name"), "tablestore", {"table": "events", **store})
+    meta = MetaService(store["meta"])
+    (b1, v1), (b2, v2) = meta.barriers("events")
+    assert b1 < b2 and (v1, v2) == (1, 2), "version 0 created the table; one version per write"
+    assert sorted(r.id for r in read(spark, store, "events").collect()) == list(range(2000))
+    assert read(spark, store, "events", barrier=b1).count() == 1000
+    assert read(spark, store, "events", version=2).count() == 2000
+    history = StoreTable("events", store["warehouse"]).delta().history()
+    assert {h.get("sluice.barrier") for h in history} >= {str(b1), str(b2)}
+    assert read(spark, store, "events").rdd.getNumPartitions() == 6, "one partition per data file (3 per write)"
+
+
+def test_upserts_merge_the_last_change_per_key_and_delete(spark, store):
+    opts = {"table": "orders", "primary-key": "id", "upsert.op-column": "op", **store}
+    first = spark.createDataFrame([(1, 10.0, "u"), (2, 20.0, "u"), (3, 30.0, "u")], "id long, amount double, op string")
+    sluice.write(first, "tablestore", opts)
+    changes = spark.createDataFrame([(1, 11.0, "u"), (1, 12.0, "u"), (2, 0.0, "d"), (4, 40.0, "u"), (3, 31.0, "u")],
+                                    "id long, amount double, op string").coalesce(1)
+    sluice.write(changes, "tablestore", opts)
+    rows = sorted((r.id, r.amount) for r in read(spark, store, "orders").collect())
+    assert rows == [(1, 12.0), (3, 31.0), (4, 40.0)]
+    assert read(spark, store, "orders").columns == ["id", "amount"], "the op column is not stored"
+
+
+def test_a_replayed_barrier_is_not_committed_twice(spark, store, tmp_path):
+    spark.range(0, 10).write.format("tablestore").option("table", "t").options(**store).mode("append").save()
+    table = StoreTable("t", store["warehouse"])
+    meta = MetaService(store["meta"])
+    folder = table.staging_dir("q1", 5)
+    folder.mkdir(parents=True)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def staged(name):
+        pq.write_table(pa.table({"id": pa.array(range(100, 105), pa.int64())}), folder / name)
+        return StagedFile(str((folder / name).relative_to(table.root)), (folder / name).stat().st_size, 5)
+
+    barrier = meta.batch_barrier("q1", 5, ["t"])
+    assert meta.batch_barrier("q1", 5, ["t"]) == barrier, "a replayed micro-batch keeps its barrier"
+    first = table.commit([staged("a.parquet")], job="q1", barrier=barrier, meta=meta)
+    again = table.commit([staged("b.parquet")], job="q1", barrier=barrier, meta=meta)
+    assert (first.replayed, again.replayed, again.version) == (False, True, first.version)
+    assert read(spark, store, "t").count() == 15
+    assert not (folder / "b.parquet").exists(), "the replay's files are removed"
+
+
+def test_reads_at_the_consistent_version_of_several_tables(spark, store):
+    meta = MetaService(store["meta"])
+    a = spark.range(0, 10).selectExpr("id", "id * 2 AS v")
+    a.write.format("tablestore").option("table", "a").options(**store).mode("append").save()
+    (barrier, _), = meta.barriers("a")
+    # b completes the same barrier (as a downstream job would), then a moves on alone
+    b = StoreTable("b", store["warehouse"])
+    spark.range(0, 3).write.format("tablestore").option("table", "b").options(**store).mode("append").save()
+    meta_b = meta.barriers("b")[-1]
+    meta.complete_barrier("a", meta_b[0], StoreTable("a", store["warehouse"]).delta().version())
+    spark.range(100, 110).selectExpr("id", "id * 2 AS v").write.format("tablestore").option("table", "a") \
+        .options(**store).mode("append").save()
+    found, frames = read_consistent(spark, ["a", "b"], warehouse=store["warehouse"], meta=store["meta"])
+    assert found == meta_b[0]
+    assert frames["a"].count() == 10 and frames["b"].count() == 3
+    assert read(spark, store, "a").count() == 20
+    assert read(spark, store, "a", consistent_with="b").count() == 10
+    assert b.exists() and barrier < found
+
+
+def test_bad_requests_fail_clearly(spark, store):
+    df = spark.range(0, 3)
+    with pytest.raises(Exception, match="table name 'no-dash'"):
+        df.write.format("tablestore").option("table", "no-dash").options(**store).mode("append").save()
+    df.write.format("tablestore").option("table", "x").options(**store).mode("append").save()
+    with pytest.raises(Exception, match="column 'extra' is not in table 'x'"):
+        df.selectExpr("id", "1 AS extra").write.format("tablestore").option("table", "x").options(**store) \
+            .mode("append").save()
+    with pytest.raises(Exception, match="has not completed barrier 5"):
+        read(spark, store, "x", barrier=5).count()
+    with pytest.raises(Exception, match="mode\\('overwrite'\\) is not supported"):
+        df.write.format("tablestore").option("table", "x").options(**store).mode("overwrite").save()
+    with pytest.raises(Exception, match="table 'nope' does not exist"):
+        read(spark, store, "nope").count()
