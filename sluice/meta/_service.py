@@ -96,17 +96,20 @@ class _Backend:
             import psycopg
 
             return psycopg.connect(self.url)
-        conn = sqlite3.connect(self.url, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA busy_timeout=30000")
-        return conn
+        return sqlite3.connect(self.url, timeout=60, isolation_level=None)  # waits up to 60 s for a lock
 
-    def begin(self, conn: Any, exclusive: bool) -> None:
+    def setup(self, conn: Any) -> None:
+        if not self.is_pg:
+            conn.execute("PRAGMA journal_mode=WAL")  # persistent: readers never wait for the writer
+
+    def begin(self, conn: Any, exclusive: bool, write: bool) -> None:
         if self.is_pg:
             if exclusive:
                 conn.execute("LOCK TABLE sluice_jobs IN EXCLUSIVE MODE")
         else:
-            conn.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
+            # IMMEDIATE takes the write lock up front (waiting for it): a deferred transaction that reads and
+            # then writes fails at once with "database is locked" when another writer got there first.
+            conn.execute("BEGIN IMMEDIATE" if write or exclusive else "BEGIN")
 
 
 class MetaService:
@@ -114,7 +117,12 @@ class MetaService:
 
     def __init__(self, url: str | None = None) -> None:
         self._db = _Backend(url)
-        with self._tx() as cur:
+        conn = self._db.connect()
+        try:
+            self._db.setup(conn)
+        finally:
+            conn.close()
+        with self._tx(write=True) as cur:
             for statement in _SCHEMA:
                 cur.execute(statement)
 
@@ -123,10 +131,10 @@ class MetaService:
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
-    def _tx(self, exclusive: bool = False) -> Iterator[Any]:
+    def _tx(self, exclusive: bool = False, write: bool = False) -> Iterator[Any]:
         conn = self._db.connect()
         try:
-            self._db.begin(conn, exclusive)
+            self._db.begin(conn, exclusive, write)
             cur = conn.cursor()
             yield _Cursor(cur, self._db.param)
             conn.commit() if self._db.is_pg else conn.execute("COMMIT")
@@ -208,7 +216,7 @@ class MetaService:
         """Mark a job ended (finished, failed or released): its tables are free for another writer."""
         if status not in (FINISHED, FAILED, RELEASED):
             raise MetaError(f"status must be {FINISHED}, {FAILED} or {RELEASED}, got {status!r}")
-        with self._tx() as cur:
+        with self._tx(write=True) as cur:
             cur.execute("UPDATE sluice_jobs SET status = ?, ended_at = ? WHERE job_id = ? AND status = ?",
                         (status, time.time(), job_id, RUNNING))
 
@@ -243,7 +251,7 @@ class MetaService:
     # ------------------------------------------------------------------ barriers
     def complete_barrier(self, table: str, barrier: int, version: int, job_id: str | None = None) -> bool:
         """Record that `table` completed `barrier` in Delta version `version`. False if it already had (replay)."""
-        with self._tx() as cur:
+        with self._tx(write=True) as cur:
             cur.execute("SELECT version FROM sluice_barriers WHERE table_name = ? AND barrier = ?", (table, barrier))
             row = cur.fetchone()
             if row is not None:
@@ -278,6 +286,19 @@ class MetaService:
             cur.execute("INSERT INTO sluice_batch_barriers (query_id, batch_id, barrier) VALUES (?, ?, ?)",
                         (query_id, batch_id, floor))
             return floor
+
+    def record_batch_barrier(self, query_id: str, batch_id: int, barrier: int) -> None:
+        """A job reading table-store tables: micro-batch `batch_id` processes input up to `barrier` (its read
+        tasks record it; its sink then commits with that barrier). The same batch always maps to one barrier."""
+        with self._tx(exclusive=True) as cur:
+            cur.execute("SELECT barrier FROM sluice_batch_barriers WHERE query_id = ? AND batch_id = ?",
+                        (query_id, batch_id))
+            row = cur.fetchone()
+            if row is None:
+                cur.execute("INSERT INTO sluice_batch_barriers (query_id, batch_id, barrier) VALUES (?, ?, ?)",
+                            (query_id, batch_id, barrier))
+            elif int(row[0]) != barrier:
+                raise MetaError(f"micro-batch {batch_id} of query {query_id} has barrier {row[0]}; refusing {barrier}")
 
     def barriers(self, table: str) -> list[tuple[int, int]]:
         """(barrier, version) pairs of a table, oldest first."""

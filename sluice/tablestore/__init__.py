@@ -4,7 +4,9 @@ See `_source.py` for `format("tablestore")` and `read_consistent`, `_table.py` f
 for the MetaService that records each table's completed barriers.
 """
 
+from sluice.tablestore._jobs import JobHandle, register_job
 from sluice.tablestore._source import TableStoreDataSource, read_consistent
 from sluice.tablestore._table import Commit, StoreTable, TableStoreError
 
-__all__ = ["Commit", "StoreTable", "TableStoreDataSource", "TableStoreError", "read_consistent"]
+__all__ = ["Commit", "JobHandle", "StoreTable", "TableStoreDataSource", "TableStoreError", "read_consistent",
+           "register_job"]

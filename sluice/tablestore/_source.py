@@ -33,6 +33,7 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
 )
@@ -63,6 +64,8 @@ READ_SPEC = OptionSpec("tablestore", (
     Option("barrier", "int", None, "Read the version that completed this barrier.", minimum=0),
     Option("consistent-with", "list", (),
            "Other tables: read this one at the newest barrier it and they all completed."),
+    Option("changes", "bool", False, "Add the change columns _change_type and _commit_version (Delta's change "
+           "data feed); needed to stream an upsert table."),
 ))
 
 
@@ -96,13 +99,14 @@ class TableStoreDataSource(DataSource):
         return None
 
     # ------------------------------------------------------------------ writing
-    def _writer_parts(self, schema: StructType, overwrite: bool) -> tuple[Options, StoreTable]:
+    def _writer_parts(self, schema: StructType, overwrite: bool, streaming: bool = False) -> tuple[Options, StoreTable]:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        if overwrite:
-            raise OptionError("format 'tablestore' appends or upserts per barrier; mode('overwrite') is not "
-                              "supported. Use mode('append').")
         opts = WRITE_SPEC.parse(self.options)
+        if overwrite and not (streaming and opts["primary-key"]):
+            raise OptionError("format 'tablestore' appends or upserts per barrier; mode('overwrite') is not "
+                              "supported. Use mode('append'); a streaming aggregation writes in outputMode "
+                              "'complete' to a table with a primary-key (each micro-batch upserts every group).")
         table = StoreTable(opts["table"], opts["warehouse"])
         op = opts["upsert.op-column"]
         names = schema.fieldNames()
@@ -127,7 +131,7 @@ class TableStoreDataSource(DataSource):
         return TableStoreWriter(opts, table, uuid.uuid4().hex)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TableStoreStreamWriter:
-        opts, table = self._writer_parts(schema, overwrite)
+        opts, table = self._writer_parts(schema, overwrite, streaming=True)
         return TableStoreStreamWriter(opts, table, uuid.uuid4().hex)
 
     # ------------------------------------------------------------------ reading
@@ -135,7 +139,25 @@ class TableStoreDataSource(DataSource):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         opts = READ_SPEC.parse(self.options)
-        return from_arrow_schema(pa.schema(StoreTable(opts["table"], opts["warehouse"]).delta().schema().to_arrow()))
+        schema = pa.schema(StoreTable(opts["table"], opts["warehouse"]).delta().schema().to_arrow())
+        if opts["changes"]:
+            schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CHANGE_COLUMNS)])
+        return from_arrow_schema(schema)
+
+    # spark.readStream adds the change columns of Delta's change data feed (see TableStoreStreamReader).
+
+    def streamReader(self, schema: StructType) -> TableStoreStreamReader:
+        opts = READ_SPEC.parse(self.options)
+        for key in ("version", "barrier", "consistent-with"):
+            if opts.is_set(key):
+                raise OptionError(f"option '{key}' is for batch reads; a streaming read follows the table barrier "
+                                  "by barrier from its first version")
+        table = StoreTable(opts["table"], opts["warehouse"])
+        if table.primary_key() and "_change_type" not in schema.fieldNames():
+            raise OptionError(f"table '{table.name}' is an upsert table (primary key {list(table.primary_key())}): "
+                              "stream it with option changes=true, which adds _change_type (insert, "
+                              "update_preimage, update_postimage, delete) so updates are not counted twice")
+        return TableStoreStreamReader(table, opts["meta"], schema)
 
     def reader(self, schema: StructType) -> TableStoreReader:
         opts = READ_SPEC.parse(self.options)
@@ -144,6 +166,8 @@ class TableStoreDataSource(DataSource):
         if len(chosen) > 1:
             raise OptionError(f"set at most one of version, barrier and consistent-with (got {', '.join(chosen)})")
         version = opts["version"]
+        if opts["changes"]:
+            raise OptionError("option 'changes' is for streaming reads (spark.readStream)")
         if opts["barrier"] is not None:
             found = dict(MetaService(opts["meta"]).barriers(table.name)).get(opts["barrier"])
             if found is None:
@@ -266,6 +290,70 @@ class TableStoreReader(DataSourceReader):
                                                                                            columns=names):
             arrays = [batch.column(n).cast(self.arrow_schema.field(n).type) for n in names]
             yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+
+CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_version", pa.int64()))
+
+
+class VersionRange(InputPartition):
+    """Delta versions (first, last] of one micro-batch, and the barrier it reaches."""
+
+    def __init__(self, uri: str, first: int, last: int, barrier: int, meta: str | None) -> None:
+        super().__init__(f"{first}-{last}")
+        self.uri, self.first, self.last, self.barrier, self.meta = uri, first, last, barrier, meta
+
+
+class TableStoreStreamReader(DataSourceStreamReader):
+    """Streaming read barrier by barrier: a micro-batch holds exactly the changes of the barriers it covers.
+
+    Offsets are {"barrier": B, "version": V}: V is the Delta version that completed B (from the MetaService).
+    Rows are Delta's change data feed between the two versions: the table's columns plus `_change_type`
+    (insert, update_preimage, update_postimage, delete) and `_commit_version`. Every micro-batch runs one task
+    that records (query, batch) -> barrier in the MetaService, so a table-store sink in the same query commits
+    its output with the barrier of its input, also when the batch has no rows.
+    """
+
+    def __init__(self, table: StoreTable, meta: str | None, schema: StructType) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.table, self.meta = table, meta
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+
+    def initialOffset(self) -> dict:
+        return {"barrier": 0, "version": 0}
+
+    def latestOffset(self) -> dict:
+        done = MetaService(self.meta).barriers(self.table.name)
+        if not done:
+            return self.initialOffset()
+        barrier, version = done[-1]
+        return {"barrier": barrier, "version": version}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [VersionRange(self.table.uri, int(start["version"]), int(end["version"]), int(end["barrier"]),
+                             self.meta)]
+
+    def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        from deltalake import DeltaTable
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if tc is not None and tc.getLocalProperty("streaming.sql.batchId") is not None:
+            MetaService(partition.meta).record_batch_barrier(tc.getLocalProperty("sql.streaming.queryId"),
+                                                             int(tc.getLocalProperty("streaming.sql.batchId")),
+                                                             partition.barrier)
+        if partition.last <= partition.first:
+            return
+        changes = DeltaTable(partition.uri).load_cdf(starting_version=partition.first + 1,
+                                                     ending_version=partition.last)
+        names = self.arrow_schema.names
+        for batch in changes:
+            batch = pa.record_batch(batch)
+            arrays = [batch.column(n).cast(self.arrow_schema.field(n).type) for n in names]
+            yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: positions live in Spark's checkpoint."""
 
 
 def read_consistent(spark: Any, tables: list[str], *, warehouse: str | None = None,
