@@ -80,10 +80,10 @@ class StoreTable:
                                   "(it is created from the DataFrame's schema)")
         return DeltaTable(self.uri, version=version) if version is not None else DeltaTable(self.uri)
 
-    def primary_key(self) -> tuple[str, ...]:
+    def primary_key(self, dt: Any = None) -> tuple[str, ...]:
         # Kept in the table's description: this delta-kernel refuses custom configuration keys.
         try:
-            about = json.loads(self.delta().metadata().description or "{}")
+            about = json.loads((dt or self.delta()).metadata().description or "{}")
         except ValueError:
             return ()
         return tuple(about.get("sluice", {}).get("primary_key", ()))
@@ -124,7 +124,7 @@ class StoreTable:
             return Commit(self.name, barrier, version, replayed=True)
         props = CommitProperties(custom_metadata={"sluice.barrier": str(barrier), "sluice.job": job},
                                  app_transactions=[Transaction(app_id=job, version=barrier)])
-        key = self.primary_key()
+        key = self.primary_key(dt)
         if not key:
             now = int(time.time() * 1000)
             actions = [AddAction(f.path, f.size, {}, now, True, f'{{"numRecords": {f.rows}}}') for f in files if f.rows]
@@ -132,7 +132,8 @@ class StoreTable:
         else:
             self._merge(dt, files, key, op_column, props)
             self._drop(files)
-        version = self.delta().version()
+        dt.update_incremental()  # a write transaction does not advance the handle by itself
+        version = dt.version()
         meta.complete_barrier(self.name, barrier, version, job_id)
         return Commit(self.name, barrier, version, replayed=False)
 
