@@ -6,7 +6,7 @@ for the MetaService that records each table's completed barriers.
 
 from sluice.tablestore._jobs import JobHandle, register_job
 from sluice.tablestore._source import TableStoreDataSource, read_consistent
-from sluice.tablestore._table import Commit, StoreTable, TableStoreError
+from sluice.tablestore._table import Commit, StoreTable, TableStoreError, vacuum
 
 __all__ = ["Commit", "JobHandle", "StoreTable", "TableStoreDataSource", "TableStoreError", "read_consistent",
-           "register_job"]
+           "register_job", "vacuum"]

@@ -181,3 +181,34 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     if (pa.types.is_list(a) and pa.types.is_list(b)) or (pa.types.is_large_list(a) and pa.types.is_large_list(b)):
         return _same_type(a.value_type, b.value_type)
     return a == b
+
+
+def vacuum(name: str, *, warehouse: str | None = None, meta: MetaService | None = None,
+           dry_run: bool = False) -> list[str]:
+    """Delete data files no longer needed, but never one a consistent read may still ask for.
+
+    The oldest version to keep is this table's version at the consistent barrier of every table linked to it
+    through jobs (upstream and downstream): any consistent read that includes this table reads at that barrier
+    or a newer one. Delta's vacuum works by age, in whole hours, so the retention is the age of that version
+    rounded down (keeping more, never less). Returns the files deleted (or that would be, with dry_run).
+    """
+    from sluice.meta import NoConsistentVersionError
+
+    meta = meta or MetaService()
+    table = StoreTable(name, warehouse)
+    dt = table.delta()
+    everyone = meta.tables()
+    linked = {name} | meta.upstream([name]) | {t for t in everyone if name in meta.upstream([t])}
+    try:
+        keep_from = meta.consistent_version(sorted(linked)).versions[name]
+    except NoConsistentVersionError:
+        return []  # no barrier in common yet: any version may still be needed
+    stamps = {h["version"]: h["timestamp"] for h in dt.history() if "version" in h and "timestamp" in h}
+    committed_ms = stamps.get(keep_from)
+    if committed_ms is None:
+        return []
+    # Files removed after that version are still needed by it: keep every removal younger than its commit
+    # (hours rounded up). When it is the latest version, nothing removed is needed any more.
+    age_ms = time.time() * 1000 - committed_ms
+    hours = 0 if keep_from >= dt.version() else int(-(-age_ms // 3_600_000))
+    return list(dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=dry_run))

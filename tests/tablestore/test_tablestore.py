@@ -106,3 +106,24 @@ def test_bad_requests_fail_clearly(spark, store):
         df.write.format("tablestore").option("table", "x").options(**store).mode("overwrite").save()
     with pytest.raises(Exception, match="table 'nope' does not exist"):
         read(spark, store, "nope").count()
+
+
+def test_vacuum_keeps_what_a_consistent_read_may_need(spark, store):
+    from sluice.tablestore import vacuum
+
+    meta = MetaService(store["meta"])
+    opts = {"table": "solo", "primary-key": "id", **store}
+    for value in range(3):  # each upsert rewrites the file: older versions' files become removable
+        sluice.write(spark.range(0, 5).selectExpr("id", f"{value} AS v"), "tablestore", opts)
+    removable = vacuum("solo", warehouse=store["warehouse"], meta=meta, dry_run=True)
+    assert len(removable) >= 2, "with no linked table, only the latest version must stay readable"
+
+    linked = {"table": "up", "primary-key": "id", **store}
+    sluice.write(spark.range(0, 5).selectExpr("id", "0 AS v"), "tablestore", linked)
+    meta.register_job("down-job", sources=["up"], sinks=["down"])
+    meta.complete_barrier("down", meta.barriers("up")[-1][0], 1)  # downstream stays at the first barrier
+    for value in (1, 2):
+        sluice.write(spark.range(0, 5).selectExpr("id", f"{value} AS v"), "tablestore", linked)
+    assert vacuum("up", warehouse=store["warehouse"], meta=meta) == [], \
+        "the version 'down' is consistent with must stay"
+    assert sorted(r.v for r in read(spark, store, "up", consistent_with="down").collect()) == [0] * 5
