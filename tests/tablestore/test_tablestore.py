@@ -127,3 +127,12 @@ def test_vacuum_keeps_what_a_consistent_read_may_need(spark, store):
     assert vacuum("up", warehouse=store["warehouse"], meta=meta) == [], \
         "the version 'down' is consistent with must stay"
     assert sorted(r.v for r in read(spark, store, "up", consistent_with="down").collect()) == [0] * 5
+
+
+def test_sql_through_a_temporary_view(spark, store):
+    spark.range(0, 4).write.format("tablestore").option("table", "sqlt").options(**store).mode("append").save()
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW sqlt USING tablestore OPTIONS (table 'sqlt', "
+              f"warehouse '{store['warehouse']}', meta '{store['meta']}')")
+    spark.sql("INSERT INTO sqlt SELECT id + 10 AS id FROM range(3)")
+    assert sorted(r.id for r in spark.sql("SELECT id FROM sqlt").collect()) == [0, 1, 2, 3, 10, 11, 12]
+    assert len(MetaService(store["meta"]).barriers("sqlt")) == 2
