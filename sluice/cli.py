@@ -59,7 +59,10 @@ def _add_meta(sub: Any) -> None:
     cmds = meta.add_subparsers(dest="meta_command", required=True)
     cmds.add_parser("jobs", help="every job with its status and tables").set_defaults(run=_meta_jobs)
     cmds.add_parser("tables", help="every table with its last completed barrier").set_defaults(run=_meta_tables)
-    cmds.add_parser("lineage", help="table -> [job] -> table edges of running jobs").set_defaults(run=_meta_lineage)
+    lineage = cmds.add_parser("lineage", help="table -> [job] -> table edges of running jobs")
+    lineage.add_argument("--png", metavar="FILE", help="also draw it: tables with their last barrier, and jobs")
+    lineage.add_argument("--all", action="store_true", help="include jobs that have ended")
+    lineage.set_defaults(run=_meta_lineage)
     consistent = cmds.add_parser("consistent-version", help="the newest barrier all given tables completed")
     consistent.add_argument("tables", nargs="+")
     consistent.set_defaults(run=_meta_consistent)
@@ -88,9 +91,15 @@ def _meta_tables(args: argparse.Namespace) -> int:
 
 
 def _meta_lineage(args: argparse.Namespace) -> int:
-    for job in _meta(args).jobs():
-        if job.status == "running":
-            print(f"{', '.join(job.sources) or '(outside)'} -> [{job.name}] -> {', '.join(job.sinks)}")
+    meta = _meta(args)
+    for job in meta.jobs():
+        if job.status == "running" or args.all:
+            ended = "" if job.status == "running" else f"  ({job.status})"
+            print(f"{', '.join(job.sources) or '(outside)'} -> [{job.name}] -> {', '.join(job.sinks)}{ended}")
+    if args.png:
+        from sluice.meta._picture import draw_lineage
+
+        print(f"drew {draw_lineage(meta, args.png, include_ended=args.all)}")
     return 0
 
 

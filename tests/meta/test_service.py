@@ -113,3 +113,20 @@ def test_jobs_in_separate_processes_coordinate_through_the_database(meta_url):
         p.join(60)
     outcomes = sorted(results.get(timeout=10) for _ in procs)
     assert outcomes == ["conflict"] * 5 + ["ok"], outcomes
+
+
+def test_lineage_is_drawn_as_a_png(meta_url, tmp_path, capsys):
+    from PIL import Image
+
+    meta = MetaService(meta_url)
+    meta.register_job("ingest", sources=[], sinks=["orders"])
+    meta.register_job("report", sources=["orders", "totals"], sinks=["daily"])
+    meta.register_job("totals", sources=["orders"], sinks=["totals"])
+    meta.complete_barrier("orders", 1000, 3)
+    out = tmp_path / "lineage.png"
+    assert cli(["meta", "--meta", meta_url, "lineage", "--png", str(out)]) == 0
+    assert f"drew {out}" in capsys.readouterr().out
+    image = Image.open(out)
+    assert image.format == "PNG" and image.width > 4 * 210 and image.height > 2 * 54
+    colors = {color for _, color in image.getcolors(maxcolors=1 << 16)}
+    assert (0xE8, 0xF1, 0xFB) in colors and (0xFD, 0xF3, 0xE3) in colors, "table and job boxes are drawn"
