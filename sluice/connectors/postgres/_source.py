@@ -203,10 +203,10 @@ def filter_sql(f: Filter, exprs: dict[str, tuple[str, bool]]) -> str | None:
             return None
         lit = quote_literal(f.value)
         if isinstance(f, StringStartsWith):
-            return f"starts_with({col}::text, {lit})"
+            return f"starts_with({col}, {lit})"
         if isinstance(f, StringEndsWith):
-            return f"right({col}::text, {len(f.value)}) = {lit}"
-        return f"strpos({col}::text, {lit}) > 0"
+            return f"right({col}, {len(f.value)}) = {lit}"
+        return f"strpos({col}, {lit}) > 0"
     if isinstance(f, In):
         lits = [_literal(v) for v in f.value if v is not None]
         if not lits or any(x is None for x in lits):
@@ -389,8 +389,7 @@ class PostgresSplitReader(SplitReader):
                                   f"(columns: {list(types)})")
             col = f"q.{quote_ident(field.name)}"
             _, how = spark_type(types[field.name])
-            if how == "text" or (isinstance(field.dataType, StringType) and how == "as is"
-                                 and types[field.name] != "text"):
+            if how == "text":
                 col = f"{col}::text"
             elif how.startswith("numeric("):
                 col = f"{col}::{how}::text"
