@@ -136,3 +136,30 @@ def test_sql_through_a_temporary_view(spark, store):
     spark.sql("INSERT INTO sqlt SELECT id + 10 AS id FROM range(3)")
     assert sorted(r.id for r in spark.sql("SELECT id FROM sqlt").collect()) == [0, 1, 2, 3, 10, 11, 12]
     assert len(MetaService(store["meta"]).barriers("sqlt")) == 2
+
+
+def test_a_replayed_ingest_micro_batch_keeps_its_barrier_and_commits_nothing_twice(spark, store, tmp_path):
+    """Spark replays a micro-batch whose commit reached the table but not Spark's commit log (the driver died in
+    between): simulated by deleting the last entry of the checkpoint's commit log before a restart."""
+    src, ck = tmp_path / "in", tmp_path / "ck"
+    for part in range(2):
+        spark.range(part * 100, (part + 1) * 100, 1, 1).write.mode("append").parquet(str(src))
+
+    def run():
+        query = (spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(src))
+                 .writeStream.format("tablestore").option("table", "ingest").options(**store)
+                 .option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return query
+
+    run()
+    meta = MetaService(store["meta"])
+    before = meta.barriers("ingest")
+    assert len(before) == 2
+    for name in ("1", ".1.crc"):  # Spark forgets that batch 1 was committed
+        (ck / "commits" / name).unlink(missing_ok=True)
+    run()  # batch 1 runs again: same barrier, skipped by the table's app transaction
+    assert meta.barriers("ingest") == before, "the replay kept its barrier and committed no new version"
+    assert sorted(r.id for r in read(spark, store, "ingest").collect()) == list(range(200))
+    assert StoreTable("ingest", store["warehouse"]).delta().version() == 2
