@@ -36,6 +36,8 @@ _SCHEMA = (
     "role TEXT NOT NULL, PRIMARY KEY (job_id, table_name, role))",
     "CREATE TABLE IF NOT EXISTS sluice_batch_barriers (query_id TEXT NOT NULL, batch_id BIGINT NOT NULL, "
     "barrier BIGINT NOT NULL, PRIMARY KEY (query_id, batch_id))",
+    "CREATE TABLE IF NOT EXISTS sluice_aligned_barriers (tables TEXT NOT NULL, start_barrier BIGINT NOT NULL, "
+    "barrier BIGINT NOT NULL, PRIMARY KEY (tables, start_barrier))",
     "CREATE TABLE IF NOT EXISTS sluice_barriers (table_name TEXT NOT NULL, barrier BIGINT NOT NULL, "
     "version BIGINT NOT NULL, job_id TEXT, committed_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (table_name, barrier))",
 )
@@ -299,6 +301,33 @@ class MetaService:
                             (query_id, batch_id, barrier))
             elif int(row[0]) != barrier:
                 raise MetaError(f"micro-batch {batch_id} of query {query_id} has barrier {row[0]}; refusing {barrier}")
+
+    def aligned_barrier(self, tables: Sequence[str], start_barrier: int) -> int:
+        """The barrier the next micro-batch of a job reading all of `tables` advances to from `start_barrier`.
+
+        Every table-store source of the job asks with the same start (their previous batch ended aligned); the
+        first to ask fixes the answer - the newest barrier all the tables completed - and the others get the
+        same one, so the sources of one micro-batch never pair different barriers. `start_barrier` when there is
+        nothing newer in common yet.
+        """
+        group = ",".join(sorted(set(tables)))
+        with self._tx(exclusive=True) as cur:
+            cur.execute("SELECT barrier FROM sluice_aligned_barriers WHERE tables = ? AND start_barrier = ?",
+                        (group, start_barrier))
+            row = cur.fetchone()
+            if row is not None:
+                return int(row[0])
+            names = group.split(",")
+            marks = ", ".join("?" * len(names))
+            cur.execute(f"SELECT barrier FROM sluice_barriers WHERE table_name IN ({marks}) AND barrier > ? "
+                        "GROUP BY barrier HAVING count(DISTINCT table_name) = ? ORDER BY barrier DESC LIMIT 1",
+                        (*names, start_barrier, len(names)))
+            found = cur.fetchone()
+            if found is None:
+                return start_barrier
+            cur.execute("INSERT INTO sluice_aligned_barriers (tables, start_barrier, barrier) VALUES (?, ?, ?)",
+                        (group, start_barrier, int(found[0])))
+            return int(found[0])
 
     def barriers(self, table: str) -> list[tuple[int, int]]:
         """(barrier, version) pairs of a table, oldest first."""

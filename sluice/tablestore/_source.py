@@ -64,6 +64,8 @@ READ_SPEC = OptionSpec("tablestore", (
     Option("barrier", "int", None, "Read the version that completed this barrier.", minimum=0),
     Option("consistent-with", "list", (),
            "Other tables: read this one at the newest barrier it and they all completed."),
+    Option("aligned-with", "list", (), "Streaming: the job's other table-store inputs; every micro-batch "
+           "advances all of them to the same barrier (set it on each of those sources too)."),
     Option("changes", "bool", False, "Add the change columns _change_type and _commit_version (Delta's change "
            "data feed); needed to stream an upsert table."),
 ))
@@ -157,7 +159,7 @@ class TableStoreDataSource(DataSource):
             raise OptionError(f"table '{table.name}' is an upsert table (primary key {list(table.primary_key())}): "
                               "stream it with option changes=true, which adds _change_type (insert, "
                               "update_preimage, update_postimage, delete) so updates are not counted twice")
-        return TableStoreStreamReader(table, opts["meta"], schema)
+        return TableStoreStreamReader(table, opts["meta"], schema, tuple(opts["aligned-with"]))
 
     def reader(self, schema: StructType) -> TableStoreReader:
         opts = READ_SPEC.parse(self.options)
@@ -307,27 +309,37 @@ class TableStoreStreamReader(DataSourceStreamReader):
     """Streaming read barrier by barrier: a micro-batch holds exactly the changes of the barriers it covers.
 
     Offsets are {"barrier": B, "version": V}: V is the Delta version that completed B (from the MetaService).
+    With `aligned-with`, B is the barrier the MetaService fixed for the whole group of inputs from this start
+    (MetaService.aligned_barrier), so the job's sources advance together.
     Rows are Delta's change data feed between the two versions: the table's columns plus `_change_type`
     (insert, update_preimage, update_postimage, delete) and `_commit_version`. Every micro-batch runs one task
     that records (query, batch) -> barrier in the MetaService, so a table-store sink in the same query commits
     its output with the barrier of its input, also when the batch has no rows.
     """
 
-    def __init__(self, table: StoreTable, meta: str | None, schema: StructType) -> None:
+    def __init__(self, table: StoreTable, meta: str | None, schema: StructType,
+                 aligned_with: tuple[str, ...] = ()) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        self.table, self.meta = table, meta
+        self.table, self.meta, self.aligned_with = table, meta, aligned_with
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def initialOffset(self) -> dict:
         return {"barrier": 0, "version": 0}
 
-    def latestOffset(self) -> dict:
-        done = MetaService(self.meta).barriers(self.table.name)
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        meta = MetaService(self.meta)
+        done = meta.barriers(self.table.name)
         if not done:
-            return self.initialOffset()
-        barrier, version = done[-1]
-        return {"barrier": barrier, "version": version}
+            return start or self.initialOffset()
+        if not self.aligned_with:
+            barrier, version = done[-1]
+            return {"barrier": barrier, "version": version}
+        begin = int((start or self.initialOffset())["barrier"])
+        barrier = meta.aligned_barrier([self.table.name, *self.aligned_with], begin)
+        if barrier == begin:
+            return start or self.initialOffset()
+        return {"barrier": barrier, "version": dict(done)[barrier]}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return [VersionRange(self.table.uri, int(start["version"]), int(end["version"]), int(end["barrier"]),

@@ -163,3 +163,46 @@ def test_a_replayed_ingest_micro_batch_keeps_its_barrier_and_commits_nothing_twi
     assert meta.barriers("ingest") == before, "the replay kept its barrier and committed no new version"
     assert sorted(r.id for r in read(spark, store, "ingest").collect()) == list(range(200))
     assert StoreTable("ingest", store["warehouse"]).delta().version() == 2
+
+
+def test_a_job_with_two_inputs_advances_both_to_the_same_barrier(spark, store, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = MetaService(store["meta"])
+    for name in ("left", "right"):
+        StoreTable(name, store["warehouse"]).create(pa.schema([("id", pa.int64())]), ())
+
+    def ingest(name, barrier, ids):
+        table = StoreTable(name, store["warehouse"])
+        folder = table.staging_dir("ingest", barrier)
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), folder / "p.parquet")
+        staged = StagedFile(str((folder / "p.parquet").relative_to(table.root)), (folder / "p.parquet").stat().st_size,
+                            len(ids))
+        table.commit([staged], job=f"ingest-{name}", barrier=barrier, meta=meta)
+
+    for barrier in (1000, 2000, 3000):
+        ingest("left", barrier, [barrier + i for i in range(3)])
+    for barrier in (1000, 2000):
+        ingest("right", barrier, [-barrier - i for i in range(2)])
+
+    def run():
+        def side(name, other):
+            return (spark.readStream.format("tablestore").option("table", name).option("aligned-with", other)
+                    .options(**store).load())
+
+        query = (side("left", "right").unionByName(side("right", "left"))
+                 .writeStream.format("tablestore").option("table", "joined").options(**store)
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()
+    assert [b for b, _ in meta.barriers("joined")] == [2000], "right has not completed 3000: both stop at 2000"
+    ids = sorted(r.id for r in read(spark, store, "joined").collect())
+    assert ids == sorted([1000, 1001, 1002, 2000, 2001, 2002, -1000, -1001, -2000, -2001])
+    ingest("right", 3000, [-3000])
+    run()
+    assert [b for b, _ in meta.barriers("joined")] == [2000, 3000]
+    assert read(spark, store, "joined", barrier=3000).count() == 14
