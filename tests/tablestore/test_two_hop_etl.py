@@ -113,3 +113,34 @@ def test_two_streaming_hops_are_read_consistently_and_survive_a_restart(spark, t
     totals_barriers = [b for b, _ in meta.barriers("customer_totals")]
     assert totals_barriers == sorted(set(totals_barriers)), "no barrier committed twice"
     assert {j.name: j.status for j in meta.jobs()} == {"A": FINISHED, "B": FINISHED}
+
+
+def test_two_jobs_in_two_processes_share_a_postgresql_metaservice(spark, pg, tmp_path):
+    """Job A in this process, job B in another process with its own Spark (another machine, as far as the
+    jobs can tell): they coordinate only through the PostgreSQL MetaService."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    schema = f"meta_{uuid.uuid4().hex[:8]}"
+    pg.sql(f"CREATE SCHEMA {schema}")
+    store = {"warehouse": str(tmp_path / "wh"), "meta": pg.url + f"?options=-csearch_path%3D{schema}"}
+    job_a = sluice.tablestore.register_job(spark, "A", sources=[], sinks=["orders"], meta=store["meta"])
+    orders = spark.range(0, 600, 1, 2).selectExpr("id % 200 AS id", "id % 7 AS customer",
+                                                 "CAST(id AS double) AS amount")
+    for part in range(3):  # three ingest writes: three barriers
+        orders.where(f"id % 3 = {part}").write.format("tablestore").option("table", "orders") \
+            .option("primary-key", "id").option("job", "A").options(**store).mode("append").save()
+    job_a.finish()
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-m", "tests.tablestore.job_b_proc", store["warehouse"], store["meta"],
+                           str(tmp_path / "ck-b")], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = MetaService(store["meta"])
+    assert {j.name: j.status for j in meta.jobs()} == {"A": FINISHED, "B": FINISHED}
+    barrier, frames = sluice.tablestore.read_consistent(spark, ["orders", "customer_totals"], **store)
+    assert barrier == meta.barriers("orders")[-1][0]
+    orders_sum, totals_sum = sums(spark, frames)
+    assert orders_sum == pytest.approx(totals_sum) and orders_sum > 0
