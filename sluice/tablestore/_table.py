@@ -120,7 +120,11 @@ class StoreTable:
         done = dt.transaction_version(job)
         if done is not None and done >= barrier:
             self._drop(files)
-            version = dict(meta.barriers(self.name)).get(barrier, dt.version())
+            version = dict(meta.barriers(self.name)).get(barrier)
+            if version is None:  # the commit landed but the driver died before recording it: record it now
+                version = next((h["version"] for h in dt.history() if h.get("sluice.barrier") == str(barrier)),
+                               dt.version())
+                meta.complete_barrier(self.name, barrier, version, job_id)
             return Commit(self.name, barrier, version, replayed=True)
         props = CommitProperties(custom_metadata={"sluice.barrier": str(barrier), "sluice.job": job},
                                  app_transactions=[Transaction(app_id=job, version=barrier)])

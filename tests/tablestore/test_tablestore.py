@@ -70,6 +70,13 @@ def test_a_replayed_barrier_is_not_committed_twice(spark, store, tmp_path):
     assert (first.replayed, again.replayed, again.version) == (False, True, first.version)
     assert read(spark, store, "t").count() == 15
     assert not (folder / "b.parquet").exists(), "the replay's files are removed"
+    # The driver died between the Delta commit and the MetaService record: the replay records the barrier.
+    second = meta.batch_barrier("q1", 6, ["t"])
+    landed = table.commit([staged("c.parquet")], job="q1", barrier=second, meta=meta)
+    with MetaService(store["meta"])._tx(write=True) as cur:
+        cur.execute("DELETE FROM sluice_barriers WHERE table_name = ? AND barrier = ?", ("t", second))
+    replay = table.commit([staged("d.parquet")], job="q1", barrier=second, meta=meta)
+    assert replay.replayed and dict(meta.barriers("t"))[second] == landed.version
 
 
 def test_reads_at_the_consistent_version_of_several_tables(spark, store):
