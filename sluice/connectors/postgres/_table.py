@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -58,7 +58,6 @@ TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
 CSV_TYPES = frozenset({"smallint", "integer", "bigint", "real", "double precision", "text", "boolean", "date",
                        "timestamp with time zone", "timestamp without time zone", "numeric"})
 DELETE_OPS = ("d", "delete", "D", "-D")  # as flink-connector-s2's upsert sink and sluice's s2_upsert
-STAGE_TAGS = ("_sluice_write", "_sluice_epoch", "_sluice_task", "_sluice_attempt", "_sluice_seq")
 
 
 def pg_type(field_name: str, dtype: DataType) -> str:
@@ -136,7 +135,6 @@ class WritePlan:
     csv: bool = False  # direct, and every type's CSV text parses back to the same value: COPY ... (FORMAT csv)
     stage_table: str | None = None  # staged (transactional / overwrite) writes
     overwrite: bool = False
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def target(self) -> str:
