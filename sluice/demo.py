@@ -66,8 +66,7 @@ def two_hop_etl(spark, conn: dict) -> bool:
     feed = spark.readStream.format("tablestore").option("table", "orders").option("changes", "true") \
         .options(**store).load()
     query = job_b.watch(
-        feed.selectExpr("region", "CASE WHEN _change_type IN ('insert', 'update_postimage') THEN amount "
-                        "WHEN _change_type IN ('update_preimage', 'delete') THEN -amount ELSE 0 END AS signed")
+        feed.selectExpr("region", sluice.tablestore.signed_change("amount") + " AS signed")
         .groupBy("region").agg({"signed": "sum"}).withColumnRenamed("sum(signed)", "total")
         .writeStream.format("tablestore").option("table", "region_totals").option("primary-key", "region")
         .options(**store).outputMode("complete").option("checkpointLocation", str(DATA / "ck-b"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -193,7 +194,10 @@ class Core:
                 return existing, False  # the same create retried: idempotent
             raise S2Error("resource_already_exists", f"basin {name!r} already exists")
         basin = Basin(name, self._basin_config(config), rfc3339_now(), token)
-        await self._write(self.storage.insert_basin, name, json.dumps(basin.config), basin.created_at, token)
+        try:
+            await self._write(self.storage.insert_basin, name, json.dumps(basin.config), basin.created_at, token)
+        except sqlite3.IntegrityError:  # created concurrently by another request: its insert won
+            raise S2Error("resource_already_exists", f"basin {name!r} already exists") from None
         self.basins[name] = basin
         return basin, True
 
@@ -267,7 +271,10 @@ class Core:
             raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}")
         cfg = normalize_stream_config(config, b.config.get("default_stream_config"))
         created = rfc3339_now()
-        sid = await self._write(self.storage.insert_stream, basin, name, json.dumps(cfg), created, token)
+        try:
+            sid = await self._write(self.storage.insert_stream, basin, name, json.dumps(cfg), created, token)
+        except sqlite3.IntegrityError:  # created concurrently by another request: its insert won
+            raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}") from None
         if (basin, name) in self.streams:  # created concurrently while we were writing
             raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}")
         stream = Stream(sid, basin, name, cfg, created, token)
@@ -277,8 +284,20 @@ class Core:
     async def ensure_stream(self, basin: str, name: str, config: dict[str, Any] | None) -> tuple[Stream, str]:
         existing = self.streams.get((basin, name))
         if existing is None:
-            stream, _ = await self.create_stream(basin, name, config, None)
-            return stream, "created"
+            try:
+                stream, _ = await self.create_stream(basin, name, config, None)
+                return stream, "created"
+            except S2Error as e:
+                if e.code != "resource_already_exists":
+                    raise
+                # a concurrent create won; it records the stream once its write returns
+                for _ in range(100):
+                    existing = self.streams.get((basin, name))
+                    if existing is not None:
+                        break
+                    await asyncio.sleep(0.01)
+                if existing is None:
+                    raise
         new = normalize_stream_config(config, existing.config)
         if new == existing.config:
             return existing, "noop"

@@ -5,8 +5,8 @@ for the MetaService that records each table's completed barriers.
 """
 
 from sluice.tablestore._jobs import JobHandle, register_job
-from sluice.tablestore._source import TableStoreDataSource, read_consistent
+from sluice.tablestore._source import TableStoreDataSource, read_consistent, signed_change
 from sluice.tablestore._table import Commit, StoreTable, TableStoreError, vacuum
 
 __all__ = ["Commit", "JobHandle", "StoreTable", "TableStoreDataSource", "TableStoreError", "read_consistent",
-           "register_job", "vacuum"]
+           "register_job", "signed_change", "vacuum"]

@@ -368,6 +368,15 @@ class TableStoreStreamReader(DataSourceStreamReader):
         """Nothing to release: positions live in Spark's checkpoint."""
 
 
+def signed_change(column: str) -> str:
+    """SQL for a change-feed row's contribution to a sum of `column`: + for inserts and new images, - for deletes
+    and old images. `feed.selectExpr("key", signed_change("amount") + " AS delta").groupBy("key").sum("delta")`
+    keeps an aggregate of an upsert table right through updates and deletes."""
+    col = f"`{column.replace('`', '``')}`"
+    return (f"CASE WHEN _change_type IN ('insert', 'update_postimage') THEN {col} "
+            f"WHEN _change_type IN ('update_preimage', 'delete') THEN -{col} ELSE 0 END")
+
+
 def read_consistent(spark: Any, tables: list[str], *, warehouse: str | None = None,
                     meta: str | None = None) -> tuple[int, dict[str, Any]]:
     """(barrier, {table: DataFrame}) of `tables` at the newest barrier all of them completed."""

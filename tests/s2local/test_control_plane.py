@@ -137,3 +137,34 @@ def test_unimplemented_endpoints_answer_with_a_clear_error(s2_server):
     run(scenario())
     status, _, body = h2_request(s2_server.port, "GET", "/v1/metrics/account")
     assert status == 501 and json.loads(body)["code"] == "not_implemented"
+
+
+def test_concurrent_creates_of_one_stream_race_cleanly_on_a_durable_server(tmp_path):
+    """Many requests creating or ensuring the same stream at once (s2.create-streams from every Spark task): on a
+    durable server the inserts wait for the writer thread, so all pass the in-memory check first. One creates the
+    stream; the other creates get resource_already_exists (not a 500 from the database); every ensure succeeds."""
+    import asyncio
+
+    from sluice.s2local._core import Core
+    from sluice.s2local._errors import S2Error
+
+    async def scenario():
+        core = Core(tmp_path / "data")
+        await core.start()
+        await core.create_basin("race-basin", None, None)
+
+        async def create():
+            try:
+                await core.create_stream("race-basin", "s", None, None)
+                return "created"
+            except S2Error as e:
+                return e.code
+
+        creates = await asyncio.gather(*(create() for _ in range(8)))
+        ensures = await asyncio.gather(*(core.ensure_stream("race-basin", "e", None) for _ in range(8)))
+        await core.stop()
+        return creates, [status for _, status in ensures]
+
+    creates, ensures = asyncio.run(scenario())
+    assert sorted(creates) == ["created"] + ["resource_already_exists"] * 7, creates
+    assert sorted(ensures) == ["created"] + ["noop"] * 7, ensures

@@ -13,8 +13,7 @@ def main(warehouse: str, meta: str, checkpoint: str) -> int:
     feed = spark.readStream.format("tablestore").option("table", "orders").option("changes", "true") \
         .options(**store).load()
     query = job.watch(
-        feed.selectExpr("customer", "CASE WHEN _change_type IN ('insert', 'update_postimage') THEN amount "
-                        "WHEN _change_type IN ('update_preimage', 'delete') THEN -amount ELSE 0 END AS signed")
+        feed.selectExpr("customer", sluice.tablestore.signed_change("amount") + " AS signed")
         .groupBy("customer").agg({"signed": "sum"}).withColumnRenamed("sum(signed)", "total")
         .writeStream.format("tablestore").option("table", "customer_totals").option("primary-key", "customer")
         .options(**store).outputMode("complete").option("checkpointLocation", checkpoint)

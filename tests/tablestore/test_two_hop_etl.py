@@ -14,8 +14,7 @@ from sluice.meta import FAILED, FINISHED, MetaService, WriterConflictError
 
 pytestmark = pytest.mark.spark
 
-SIGNED = ("CASE WHEN _change_type IN ('insert', 'update_postimage') THEN amount "
-          "WHEN _change_type IN ('update_preimage', 'delete') THEN -amount ELSE 0 END AS signed")
+SIGNED = sluice.tablestore.signed_change("amount") + " AS signed"
 
 
 def die_while(marker: str):
