@@ -274,33 +274,27 @@ class MetaService:
         """The barrier of an ingest micro-batch: assigned when first asked (now in ms, above every barrier the
         tables and the query have), the same one on every replay of that batch."""
         with self._tx(exclusive=True) as cur:
-            cur.execute("SELECT barrier FROM sluice_batch_barriers WHERE query_id = ? AND batch_id = ?",
-                        (query_id, batch_id))
-            row = cur.fetchone()
-            if row is not None:
-                return int(row[0])
+            known = _batch_barrier(cur, query_id, batch_id)
+            if known is not None:
+                return known
             floor = int(time.time() * 1000)
             cur.execute("SELECT max(barrier) FROM sluice_batch_barriers WHERE query_id = ?", (query_id,))
             floor = max(floor, (cur.fetchone()[0] or 0) + 1)
             for table in tables:
                 cur.execute("SELECT max(barrier) FROM sluice_barriers WHERE table_name = ?", (table,))
                 floor = max(floor, (cur.fetchone()[0] or 0) + 1)
-            cur.execute("INSERT INTO sluice_batch_barriers (query_id, batch_id, barrier) VALUES (?, ?, ?)",
-                        (query_id, batch_id, floor))
+            _insert_batch_barrier(cur, query_id, batch_id, floor)
             return floor
 
     def record_batch_barrier(self, query_id: str, batch_id: int, barrier: int) -> None:
         """A job reading table-store tables: micro-batch `batch_id` processes input up to `barrier` (its read
         tasks record it; its sink then commits with that barrier). The same batch always maps to one barrier."""
         with self._tx(exclusive=True) as cur:
-            cur.execute("SELECT barrier FROM sluice_batch_barriers WHERE query_id = ? AND batch_id = ?",
-                        (query_id, batch_id))
-            row = cur.fetchone()
-            if row is None:
-                cur.execute("INSERT INTO sluice_batch_barriers (query_id, batch_id, barrier) VALUES (?, ?, ?)",
-                            (query_id, batch_id, barrier))
-            elif int(row[0]) != barrier:
-                raise MetaError(f"micro-batch {batch_id} of query {query_id} has barrier {row[0]}; refusing {barrier}")
+            known = _batch_barrier(cur, query_id, batch_id)
+            if known is None:
+                _insert_batch_barrier(cur, query_id, batch_id, barrier)
+            elif known != barrier:
+                raise MetaError(f"micro-batch {batch_id} of query {query_id} has barrier {known}; refusing {barrier}")
 
     def aligned_barrier(self, tables: Sequence[str], start_barrier: int) -> int:
         """The barrier the next micro-batch of a job reading all of `tables` advances to from `start_barrier`.
@@ -347,23 +341,58 @@ class MetaService:
             last = {t: (int(b), int(v)) for t, b, v in cur.fetchall()}
         return {name: last.get(name) for name in names}
 
-    def upstream(self, tables: Iterable[str]) -> set[str]:
-        """The tables `tables` depend on through jobs (not including themselves unless in a cycle)."""
+    def _feeds(self) -> dict[str, set[str]]:
+        """table -> the tables written from it by a job (one read of the edges)."""
         with self._tx() as cur:
             cur.execute("SELECT job_id, table_name, role FROM sluice_job_tables")
             edges = cur.fetchall()
-        sources_of: dict[str, set[str]] = {}
+        sources: dict[str, set[str]] = {}
+        sinks: dict[str, set[str]] = {}
         for jid, table, role in edges:
-            if role == "sink":
-                sources_of.setdefault(table, set()).update(t for j, t, r in edges if j == jid and r == "source")
+            (sources if role == "source" else sinks).setdefault(jid, set()).add(table)
+        feeds: dict[str, set[str]] = {}
+        for jid, ins in sources.items():
+            for table in ins:
+                feeds.setdefault(table, set()).update(sinks.get(jid, ()))
+        return feeds
+
+    @staticmethod
+    def _reach(start: Iterable[str], step: dict[str, set[str]]) -> set[str]:
         out: set[str] = set()
-        stack = list(tables)
+        stack = list(start)
         while stack:
-            for src in sources_of.get(stack.pop(), ()):
-                if src not in out:
-                    out.add(src)
-                    stack.append(src)
+            for nxt in step.get(stack.pop(), ()):
+                if nxt not in out:
+                    out.add(nxt)
+                    stack.append(nxt)
         return out
+
+    def upstream(self, tables: Iterable[str]) -> set[str]:
+        """The tables `tables` depend on through jobs (not including themselves unless in a cycle)."""
+        fed_by: dict[str, set[str]] = {}
+        for source, outs in self._feeds().items():
+            for out in outs:
+                fed_by.setdefault(out, set()).add(source)
+        return self._reach(tables, fed_by)
+
+    def downstream(self, tables: Iterable[str]) -> set[str]:
+        """The tables written, through jobs, from `tables` (not including themselves unless in a cycle)."""
+        return self._reach(tables, self._feeds())
+
+    def last_barrier(self, table: str) -> tuple[int, int] | None:
+        """The table's newest (barrier, version), or None before its first barrier."""
+        with self._tx() as cur:
+            cur.execute("SELECT barrier, version FROM sluice_barriers WHERE table_name = ? ORDER BY barrier DESC "
+                        "LIMIT 1", (table,))
+            row = cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else None
+
+    def barrier_version(self, table: str, barrier: int) -> int | None:
+        """The Delta version in which `table` completed `barrier`, or None if it has not."""
+        with self._tx() as cur:
+            cur.execute("SELECT version FROM sluice_barriers WHERE table_name = ? AND barrier = ?", (table, barrier))
+            row = cur.fetchone()
+        return int(row[0]) if row else None
 
     def consistent_version(self, tables: Sequence[str]) -> ConsistentVersion:
         """The largest barrier every table in `tables` completed (and every table they depend on reached)."""
@@ -386,12 +415,24 @@ class MetaService:
             cur.execute("SELECT table_name, version FROM sluice_barriers WHERE barrier = ? "
                         f"AND table_name IN ({marks})", (barrier, *tables))
             versions = {t: int(v) for t, v in cur.fetchall()}
+        upstream = self.upstream(tables)  # once, not once per table
         behind = {t: last for t, last in self.tables().items()
-                  if t in self.upstream(tables) and t not in versions and (last is None or last[0] < barrier)}
+                  if t in upstream and t not in versions and (last is None or last[0] < barrier)}
         if behind:
             raise NoConsistentVersionError(f"upstream table(s) {sorted(behind)} have not reached barrier {barrier} "
                                            "that their downstream tables completed; the lineage is inconsistent")
         return ConsistentVersion(barrier, versions)
+
+
+def _batch_barrier(cur: _Cursor, query_id: str, batch_id: int) -> int | None:
+    cur.execute("SELECT barrier FROM sluice_batch_barriers WHERE query_id = ? AND batch_id = ?", (query_id, batch_id))
+    row = cur.fetchone()
+    return int(row[0]) if row is not None else None
+
+
+def _insert_batch_barrier(cur: _Cursor, query_id: str, batch_id: int, barrier: int) -> None:
+    cur.execute("INSERT INTO sluice_batch_barriers (query_id, batch_id, barrier) VALUES (?, ?, ?)",
+                (query_id, batch_id, barrier))
 
 
 class _Cursor:

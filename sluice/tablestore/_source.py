@@ -171,7 +171,7 @@ class TableStoreDataSource(DataSource):
         if opts["changes"]:
             raise OptionError("option 'changes' is for streaming reads (spark.readStream)")
         if opts["barrier"] is not None:
-            found = dict(MetaService(opts["meta"]).barriers(table.name)).get(opts["barrier"])
+            found = MetaService(opts["meta"]).barrier_version(table.name, opts["barrier"])
             if found is None:
                 raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}; its barriers: "
                                   f"{[b for b, _ in MetaService(opts['meta']).barriers(table.name)][-5:]} (last 5)")
@@ -231,8 +231,8 @@ class _Writer:
             barrier = meta.batch_barrier(query_id, epoch, [self.table.name])
         else:
             job = self.opts["job"]
-            last = meta.barriers(self.table.name)
-            barrier = max(int(time.time() * 1000), (last[-1][0] + 1) if last else 0)
+            last = meta.last_barrier(self.table.name)
+            barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
         self.table.commit(files, job=job, barrier=barrier, meta=meta, op_column=self.opts["upsert.op-column"])
 
     def _abort(self, messages: list[StagedMessage | None]) -> None:
@@ -328,18 +328,18 @@ class TableStoreStreamReader(DataSourceStreamReader):
         return {"barrier": 0, "version": 0}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        # Asked every trigger: read the newest barrier only, not the table's whole (growing) barrier history.
         meta = MetaService(self.meta)
-        done = meta.barriers(self.table.name)
-        if not done:
+        last = meta.last_barrier(self.table.name)
+        if last is None:
             return start or self.initialOffset()
         if not self.aligned_with:
-            barrier, version = done[-1]
-            return {"barrier": barrier, "version": version}
+            return {"barrier": last[0], "version": last[1]}
         begin = int((start or self.initialOffset())["barrier"])
         barrier = meta.aligned_barrier([self.table.name, *self.aligned_with], begin)
         if barrier == begin:
             return start or self.initialOffset()
-        return {"barrier": barrier, "version": dict(done)[barrier]}
+        return {"barrier": barrier, "version": meta.barrier_version(self.table.name, barrier)}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return [VersionRange(self.table.uri, int(start["version"]), int(end["version"]), int(end["barrier"]),

@@ -120,7 +120,7 @@ class StoreTable:
         done = dt.transaction_version(job)
         if done is not None and done >= barrier:
             self._drop(files)
-            version = dict(meta.barriers(self.name)).get(barrier)
+            version = meta.barrier_version(self.name, barrier)
             if version is None:  # the commit landed but the driver died before recording it: record it now
                 version = next((h["version"] for h in dt.history() if h.get("sluice.barrier") == str(barrier)),
                                dt.version())
@@ -201,8 +201,7 @@ def vacuum(name: str, *, warehouse: str | None = None, meta: MetaService | None 
     meta = meta or MetaService()
     table = StoreTable(name, warehouse)
     dt = table.delta()
-    everyone = meta.tables()
-    linked = {name} | meta.upstream([name]) | {t for t in everyone if name in meta.upstream([t])}
+    linked = {name} | meta.upstream([name]) | meta.downstream([name])
     try:
         keep_from = meta.consistent_version(sorted(linked)).versions[name]
     except NoConsistentVersionError:

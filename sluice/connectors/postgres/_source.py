@@ -43,24 +43,7 @@ from pyspark.sql.datasource import (
     StringEndsWith,
     StringStartsWith,
 )
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql.types import ArrayType, ByteType, DataType, DecimalType, StringType, StructField, StructType
 
 from sluice._errors import OptionError
 from sluice._options import Option, Options, OptionSpec
@@ -73,6 +56,7 @@ from sluice.connectors.postgres._conn import (
     split_qualified,
 )
 from sluice.connectors.postgres._snapshot import SnapshotHolder
+from sluice.connectors.postgres._table import TYPE_MAP
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitReader
 
 READ_OPTIONS = (
@@ -103,12 +87,9 @@ READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check
 
 ROWS_PER_SPLIT = 250_000
 YIELD_ROWS = 65_536
-_INT_TYPES = {"smallint": ShortType(), "integer": IntegerType(), "bigint": LongType()}
-_SIMPLE: dict[str, DataType] = {
-    **_INT_TYPES, "real": FloatType(), "double precision": DoubleType(), "boolean": BooleanType(),
-    "text": StringType(), "bytea": BinaryType(), "date": DateType(),
-    "timestamp with time zone": TimestampType(), "timestamp without time zone": TimestampNTZType(),
-}
+_INT_TYPES = frozenset({"smallint", "integer", "bigint"})
+# PostgreSQL -> Spark: the inverse of create-table's mapping (smallint reads back as short, not byte).
+_SIMPLE: dict[str, DataType] = {pg: spark_cls() for spark_cls, pg in TYPE_MAP if spark_cls is not ByteType}
 _NUMERIC = re.compile(r"numeric(?:\((\d+),(\d+)\))?$")
 
 
