@@ -59,6 +59,14 @@ class SplitEnumerator(ABC):
     def end_position(self, split: Split) -> int:
         """The position after the last readable record now (batch reads: the end fixed at planning)."""
 
+    def start_positions(self, splits: Sequence[Split]) -> dict[str, int]:
+        """start_position of many splits; override to ask the store once instead of once per split."""
+        return {split.split_id: self.start_position(split) for split in splits}
+
+    def end_positions(self, splits: Sequence[Split]) -> dict[str, int]:
+        """end_position of many splits; override to ask the store once instead of once per split."""
+        return {split.split_id: self.end_position(split) for split in splits}
+
     def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
         """(position, bytes): how far from `start` (at most `end`) fits in `max_bytes`, and the bytes that is.
 
@@ -97,10 +105,11 @@ class SplitBatchReader(DataSourceReader):
         self.max_per_partition = max_per_partition
 
     def partitions(self) -> Sequence[InputPartition]:
+        splits = self.enumerator.discover()
+        starts, ends = self.enumerator.start_positions(splits), self.enumerator.end_positions(splits)
         out: list[InputPartition] = []
-        for split in self.enumerator.discover():
-            out += cut(split, self.enumerator.start_position(split), self.enumerator.end_position(split),
-                       self.max_per_partition)
+        for split in splits:
+            out += cut(split, starts[split.split_id], ends[split.split_id], self.max_per_partition)
         return out or [SplitPartition(Split("__empty__"), 0, 0)]
 
     def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
@@ -127,7 +136,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._splits
 
     def initialOffset(self) -> dict:
-        return {"splits": {sid: self.enumerator.start_position(s) for sid, s in self._known().items()}}
+        return {"splits": self.enumerator.start_positions(list(self._known().values()))}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_records:
@@ -137,15 +146,16 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {sid: self.enumerator.end_position(s) for sid, s in self._known().items()}
+        self._target = self.enumerator.end_positions(list(self._known().values()))
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         positions = dict(start.get("splits", {}))
         splits = self._known() if self._target is None else {k: self._splits[k] for k in self._target}
         ends = {}
+        latest = self.enumerator.end_positions(list(splits.values()))
         for sid, split in splits.items():
             begin = positions.setdefault(sid, self.enumerator.new_split_position(split))
-            end = self.enumerator.end_position(split)
+            end = latest[sid]
             if self._target is not None:
                 end = min(end, self._target[sid])
             ends[sid] = max(begin, end)

@@ -12,16 +12,18 @@ import json
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from itertools import accumulate
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from sluice._errors import OptionError, SluiceError
 from sluice._options import Option, Options, OptionSpec
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection
+from sluice.connectors.s2._records import RecordColumns, protobuf_records
 from sluice.source import Split, SplitEnumerator, SplitReader
 
 log = logging.getLogger("sluice.s2")
@@ -30,6 +32,7 @@ META_COLUMNS = ("stream", "seq_num", "timestamp", "headers", "body")
 DEFAULT_SCHEMA = ("stream string, seq_num long, timestamp timestamp, "
                   "headers array<struct<name: binary, value: binary>>, body binary")
 CORRUPT = "_corrupt_record"
+ARROW_BATCH_RECORDS = 4096  # records per Arrow batch handed to Spark
 
 SOURCE_OPTIONS = (
     Option("s2.streams", "list", (), "Streams to read (comma-separated); or use s2.discovery-prefix."),
@@ -89,16 +92,14 @@ def parse_position(text: str, option: str) -> tuple[str, int | None]:
     return "timestamp", int(moment.timestamp() * 1000)
 
 
-def _seq(record: Any) -> int:
-    return record.seq_num
-
-
-def _headers_array(headers: list[list[tuple[bytes, bytes]]], arrow_type: pa.DataType) -> pa.Array:
-    """list<struct<name, value>> built from flat arrays and offsets (no per-record dicts)."""
+def _headers_array(headers: list[list[tuple[bytes, bytes]]] | None, n: int, arrow_type: pa.DataType) -> pa.Array:
+    """list<struct<name, value>> built from flat arrays and offsets (no per-record dicts); None: all empty."""
     item = arrow_type.value_type
-    lengths = [len(h) for h in headers]
-    offsets = pa.array([0, *accumulate(lengths)], pa.int32())
-    if not offsets[-1].as_py():
+    if headers is None:
+        offsets = pa.array(np.zeros(n + 1, np.int32))
+    else:
+        offsets = pa.array([0, *accumulate(len(h) for h in headers)], pa.int32())
+    if headers is None or not offsets[-1].as_py():
         values = pa.StructArray.from_arrays([pa.array([], pa.binary()), pa.array([], pa.binary())],
                                             fields=list(item))
     else:
@@ -137,29 +138,42 @@ class S2Enumerator(SplitEnumerator):
             self._listed_at = time.monotonic()
         return self._listed
 
-    def _resolve(self, split: Split, where: tuple[str, int | None]) -> int:
+    def _resolve(self, splits: Sequence[Split], where: tuple[str, int | None]) -> dict[str, int]:
+        """Seq num of `where` in every split: one client (each costs an SSL context), streams asked concurrently."""
         import s2_sdk
 
-        async def resolve() -> int:
-            async with self.conn.client() as client:
-                stream = client.basin(self.conn.basin).stream(split.split_id)
-                kind, value = where
-                tail = (await stream.check_tail()).seq_num
-                if kind == "latest":
-                    return tail
-                if kind == "seq":
-                    return min(value, tail)
-                start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(value)
-                batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
-                return batch.records[0].seq_num if batch.records else tail
+        async def resolve(basin: Any, split: Split) -> int:
+            stream = basin.stream(split.split_id)
+            kind, value = where
+            tail = (await stream.check_tail()).seq_num
+            if kind == "latest":
+                return tail
+            if kind == "seq":
+                return min(value, tail)
+            start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(value)
+            batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
+            return batch.records[0].seq_num if batch.records else tail
 
-        return _run(resolve())
+        async def resolve_all() -> list[int]:
+            async with self.conn.client() as client:
+                basin = client.basin(self.conn.basin)
+                return await asyncio.gather(*(resolve(basin, split) for split in splits))
+
+        if not splits:
+            return {}
+        return dict(zip([s.split_id for s in splits], _run(resolve_all()), strict=True))
 
     def start_position(self, split: Split) -> int:
-        return self._resolve(split, self.start)
+        return self._resolve([split], self.start)[split.split_id]
 
     def end_position(self, split: Split) -> int:
-        return self._resolve(split, self.end)
+        return self._resolve([split], self.end)[split.split_id]
+
+    def start_positions(self, splits: Sequence[Split]) -> dict[str, int]:
+        return self._resolve(splits, self.start)
+
+    def end_positions(self, splits: Sequence[Split]) -> dict[str, int]:
+        return self._resolve(splits, self.end)
 
     def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
         import s2_sdk
@@ -215,47 +229,51 @@ class S2Reader(SplitReader):
         loop = asyncio.new_event_loop()
         try:
             agen = self._records(split.split_id, start, end)
-            pending: list[Any] = []
+            pending = RecordColumns([], [], [], None)
             while True:
                 try:
-                    records = loop.run_until_complete(agen.__anext__())
+                    columns = loop.run_until_complete(agen.__anext__())
                 except StopAsyncIteration:
                     break
-                pending.extend(records)
-                if len(pending) >= 4096 and self.kind != "upsert-batch":
+                pending.extend(columns)
+                if len(pending) >= ARROW_BATCH_RECORDS and self.kind != "upsert-batch":
                     yield self._to_arrow(split.split_id, pending)
-                    pending = []
+                    pending = RecordColumns([], [], [], None)
             if self.kind == "upsert-batch":
                 pending = self._materialize(pending)
-            if pending:
+            if len(pending):
                 yield self._to_arrow(split.split_id, pending)
         finally:
             loop.close()
 
     async def _records(self, stream_name: str, start: int, end: int) -> Any:
+        """RecordColumns of seq nums [start, end), command records left out."""
         import s2_sdk
 
         expected = start
         async with self.conn.client() as client:
             stream = client.basin(self.conn.basin).stream(stream_name)
             try:
-                session = stream.read_session(start=s2_sdk.SeqNum(start), limit=s2_sdk.ReadLimit(count=end - start))
-                async for batch in session:
-                    records = batch.records
-                    if not records:
-                        continue
-                    if records[0].seq_num > expected:
-                        self._data_loss(stream_name, expected, records[0].seq_num)
-                    expected = records[-1].seq_num + 1
-                    out = records
-                    if expected > end:  # seq nums increase: cut at `end` without testing every record
-                        out = out[:bisect_left(out, end, key=_seq)]
-                    if any(r.headers for r in out):  # only a record with headers can be a command record
-                        out = [r for r in out if not r.is_command_record()]
-                    if out:
-                        yield out
-                    if expected >= end:
-                        return
+                with protobuf_records():  # not across a yield: each step of this generator runs in a new task
+                    session = stream.read_session(start=s2_sdk.SeqNum(start),
+                                                  limit=s2_sdk.ReadLimit(count=end - start))
+                    session.__aiter__()  # starts the session's task now: it keeps this context
+                async with session:
+                    async for batch in session:
+                        records = batch.records
+                        if not records:
+                            continue
+                        if records[0].seq_num > expected:
+                            self._data_loss(stream_name, expected, records[0].seq_num)
+                        expected = records[-1].seq_num + 1
+                        columns = RecordColumns.of(records)
+                        seq_nums = columns.seq_nums
+                        if seq_nums and seq_nums[-1] >= end:  # seq nums increase: cut without testing each one
+                            columns = columns.head(bisect_left(seq_nums, end))
+                        if len(columns):
+                            yield columns
+                        if expected >= end:
+                            return
             except s2_sdk.S2ServerError as error:
                 if error.status_code == 404 or isinstance(error, s2_sdk.ReadUnwrittenError):
                     self._data_loss(stream_name, expected, None, error)
@@ -271,37 +289,37 @@ class S2Reader(SplitReader):
         log.warning("%s; skipping ahead (failOnDataLoss=false)", what)
 
     # ------------------------------------------------------------------ conversion
-    def _to_arrow(self, stream: str, records: list[Any]) -> pa.RecordBatch:
+    def _to_arrow(self, stream: str, records: RecordColumns) -> pa.RecordBatch:
         n = len(records)
         columns: dict[str, pa.Array] = {}
         names = self.arrow_schema.names
         if "stream" in names:
-            columns["stream"] = pa.array([stream] * n, pa.string())
+            columns["stream"] = pa.repeat(pa.scalar(stream, pa.string()), n)
         if "seq_num" in names:
-            columns["seq_num"] = pa.array([r.seq_num for r in records], pa.int64())
+            columns["seq_num"] = pa.array(records.seq_nums, pa.int64())
         if "timestamp" in names:
-            columns["timestamp"] = pa.array([r.timestamp for r in records], pa.int64()).cast(
+            columns["timestamp"] = pa.array(records.timestamps, pa.int64()).cast(
                 pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
         if "headers" in names:
-            columns["headers"] = _headers_array([r.headers for r in records], self.arrow_schema.field("headers").type)
+            columns["headers"] = _headers_array(records.headers, n, self.arrow_schema.field("headers").type)
         if "body" in names:
-            columns["body"] = pa.array([r.body for r in records], pa.binary())
+            columns["body"] = pa.array(records.bodies, pa.binary())
         if self.json:
             columns.update(self._parse(stream, records))
         return pa.RecordBatch.from_arrays([columns[name].cast(self.arrow_schema.field(name).type)
                                            for name in names], schema=self.arrow_schema)
 
-    def _parse(self, stream: str, records: list[Any]) -> dict[str, pa.Array]:
+    def _parse(self, stream: str, records: RecordColumns) -> dict[str, pa.Array]:
         """The JSON columns: from the body (format=json) or from @key and the body (upsert)."""
         names = self.arrow_schema.names
         if self.kind.startswith("upsert"):
-            headers = [dict(r.headers) for r in records]
+            headers = records.header_dicts()
             keys = [h.get(b"@key", b"{}") for h in headers]
             ops = [h.get(b"@action", b"u").decode() for h in headers]
             merged = []
-            for key, record, op in zip(keys, records, ops, strict=True):
+            for key, body, op in zip(keys, records.bodies, ops, strict=True):
                 try:
-                    row = json.loads(record.body) if op == "u" and record.body else {}
+                    row = json.loads(body) if op == "u" and body else {}
                     row.update(json.loads(key))
                     merged.append(json.dumps(row).encode())
                 except ValueError:
@@ -310,12 +328,12 @@ class S2Reader(SplitReader):
             if "_op" in names:
                 parsed["_op"] = pa.array(ops, pa.string())
         else:
-            parsed, corrupt = self._parse_json(stream, records, [r.body for r in records])
+            parsed, corrupt = self._parse_json(stream, records, records.bodies)
         if CORRUPT in names:
             parsed[CORRUPT] = pa.array(corrupt, pa.string())
         return parsed
 
-    def _parse_json(self, stream: str, records: list[Any], bodies: list[bytes]
+    def _parse_json(self, stream: str, records: RecordColumns, bodies: list[bytes]
                     ) -> tuple[dict[str, pa.Array], list[str | None]]:
         import pyarrow.json as pj
 
@@ -331,7 +349,7 @@ class S2Reader(SplitReader):
                 pass  # a malformed body somewhere in the batch: go row by row
         rows: list[dict[str, Any]] = []
         corrupt: list[str | None] = []
-        for record, body in zip(records, bodies, strict=True):
+        for seq_num, raw, body in zip(records.seq_nums, records.bodies, bodies, strict=True):
             try:
                 value = json.loads(body)
                 if not isinstance(value, dict):
@@ -341,23 +359,22 @@ class S2Reader(SplitReader):
                 corrupt.append(None)
             except (ValueError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
                 if self.failfast:
-                    raise SluiceError(f"record {record.seq_num} of stream '{stream}' is not a JSON object of the "
+                    raise SluiceError(f"record {seq_num} of stream '{stream}' is not a JSON object of the "
                                       f"schema ({error}); mode=FAILFAST. Use mode=PERMISSIVE to keep it in "
                                       f"{CORRUPT} instead.") from None
                 rows.append({})
-                corrupt.append(record.body.decode("utf-8", "replace"))
+                corrupt.append(raw.decode("utf-8", "replace"))
         table = pa.Table.from_pylist(rows, schema=schema)
         return {f.name: table.column(f.name).combine_chunks() for f in self.data_fields}, corrupt
 
-    def _materialize(self, records: list[Any]) -> list[Any]:
+    def _materialize(self, records: RecordColumns) -> RecordColumns:
         """Latest record per @key in stream order; keys whose latest change is a delete are dropped."""
-        latest: dict[bytes, Any] = {}
-        for record in records:
-            headers = dict(record.headers)
+        latest: dict[bytes, int] = {}
+        for i, headers in enumerate(records.header_dicts()):
             key = headers.get(b"@key")
             if key is None:
                 continue
             latest.pop(key, None)  # re-insert: dict order = order of each key's last change
             if headers.get(b"@action") != b"d":
-                latest[key] = record
-        return list(latest.values())
+                latest[key] = i
+        return records.take(list(latest.values()))
