@@ -8,8 +8,13 @@ Data: N rows of (id bigint, name text, value bigint) in a cached DataFrame of 2 
   doing psycopg executemany of INSERT ... ON CONFLICT DO UPDATE (pages of 10,000 rows);
 - read: sluice (consistent snapshot, split by id) vs Spark JDBC with partitionColumn=id, same partition count,
   both written to Spark's noop sink;
-- one Python process, no Spark: psycopg COPY of pre-encoded CSV, ADBC ingest of an Arrow table, ADBC read.
-Each Spark figure is the best of --rounds runs, alternating the contenders.
+- one Python process, no Spark: psycopg COPY of pre-encoded CSV, ADBC ingest of an Arrow table, ADBC read;
+- floors of Spark's Python Data Source API on the same data, no database: the sluice engine with no store
+  (format("sluice_null")) for writes, and a Python source yielding the rows as ready-made Arrow batches for
+  reads. No Python connector can be faster than these.
+Each Spark figure is the best of --rounds runs, alternating the contenders; with it, the CPU seconds each
+component (Spark JVM, Python workers, PostgreSQL) used in that run (bench/_cpu.py), because on 2 cores a
+write is bounded by the CPU all of them need together.
 """
 
 from __future__ import annotations
@@ -22,11 +27,59 @@ import platform
 import time
 from datetime import date
 
+import _cpu  # bench/_cpu.py: the script's own directory is on sys.path
+
 JAR = "/usr/share/java/postgresql.jar"
 
 
-def best(fn, rounds: int) -> float:
-    return min(fn() for _ in range(rounds))
+def clocked(action) -> tuple[float, dict[str, float]]:
+    before = _cpu.snapshot()
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start, _cpu.used(before, _cpu.snapshot())
+
+
+def best_rounds(contenders: dict, rounds: int) -> dict[str, list[tuple[float, dict[str, float]]]]:
+    """Every round runs each contender once, in turn: (seconds, CPU by component) of every run."""
+    runs: dict[str, list] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            runs[name].append(run())
+    return runs
+
+
+def floor_source(rows: int, partitions: int):
+    """A Python data source yielding the benchmark's rows, built in Arrow with vectorized kernels (no database)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class FloorReader(DataSourceReader):
+        def partitions(self):
+            return [InputPartition(i) for i in range(partitions)]
+
+        def read(self, partition):
+            import numpy as np
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            per = rows // partitions
+            ids = pa.array(np.arange(partition.value * per, (partition.value + 1) * per, dtype=np.int64))
+            names = pc.binary_join_element_wise("name-", pc.cast(ids, pa.string()), "")  # vectorized: ~20 ms
+            batch = pa.RecordBatch.from_arrays([ids, names, pc.multiply(ids, 7)], names=["id", "name", "value"])
+            for start in range(0, per, 65536):
+                yield batch.slice(start, 65536)
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "bench_floor"
+
+        def schema(self):
+            return "id long, name string, value long"
+
+        def reader(self, schema):
+            return FloorReader()
+
+    return FloorSource
 
 
 def main() -> None:
@@ -70,34 +123,40 @@ def main() -> None:
             .repartition(2, "id").cache()
         up.count()
         results: dict[str, float] = {}
+        cpu: dict[str, dict[str, float]] = {}
+        every_round: dict[str, list[float]] = {}
+
+        def keep(runs: dict[str, list[tuple[float, dict[str, float]]]]) -> None:
+            for name, results_of_rounds in runs.items():
+                results[f"{name}_s"], cpu[name] = min(results_of_rounds, key=lambda r: r[0])
+                every_round[name] = [round(seconds, 2) for seconds, _ in results_of_rounds]
 
         # ---------------------------------------------------------------- append
-        def sluice_append() -> float:
+        def sluice_append():
             sql("TRUNCATE w_sluice")
-            t = time.perf_counter()
-            df.write.format("postgres").option("url", url).option("table", "w_sluice").mode("append").save()
-            return time.perf_counter() - t
+            return clocked(lambda: df.write.format("postgres").option("url", url).option("table", "w_sluice")
+                           .mode("append").save())
 
-        def jdbc_append() -> float:
+        def jdbc_append():
             sql("TRUNCATE w_jdbc")
-            t = time.perf_counter()
-            (df.write.format("jdbc").options(**jdbc).option("url", jdbc_url + "?reWriteBatchedInserts=true")
-             .option("dbtable", "w_jdbc").option("batchsize", 10000).mode("append").save())
-            return time.perf_counter() - t
+            return clocked(lambda: df.write.format("jdbc").options(**jdbc)
+                           .option("url", jdbc_url + "?reWriteBatchedInserts=true").option("dbtable", "w_jdbc")
+                           .option("batchsize", 10000).mode("append").save())
 
-        results["append_sluice_s"], results["append_jdbc_s"] = (
-            min(x) for x in zip(*[(sluice_append(), jdbc_append()) for _ in range(args.rounds)], strict=True))
+        def null_append():
+            return clocked(lambda: df.write.format("sluice_null").mode("append").save())
+
+        keep(best_rounds({"append_sluice": sluice_append, "append_jdbc": jdbc_append,
+                          "append_floor_python_sink": null_append}, args.rounds))
 
         # ---------------------------------------------------------------- upsert
-        def sluice_upsert() -> float:
+        def sluice_upsert():
             sql("TRUNCATE u_sluice")
             sql(f"INSERT INTO u_sluice SELECT g, 'old', 0 FROM generate_series(0, {m - 1}, 2) g")
-            t = time.perf_counter()
-            up.write.format("postgres").option("url", url).option("table", "u_sluice") \
-                .option("primary-key", "id").mode("append").save()
-            return time.perf_counter() - t
+            return clocked(lambda: up.write.format("postgres").option("url", url).option("table", "u_sluice")
+                           .option("primary-key", "id").mode("append").save())
 
-        def naive_upsert() -> float:
+        def naive_upsert():
             sql("TRUNCATE u_naive")
             sql(f"INSERT INTO u_naive SELECT g, 'old', 0 FROM generate_series(0, {m - 1}, 2) g")
 
@@ -116,12 +175,9 @@ def main() -> None:
                     if page:
                         cur.executemany(stmt, page)
 
-            t = time.perf_counter()
-            up.foreachPartition(write_partition)
-            return time.perf_counter() - t
+            return clocked(lambda: up.foreachPartition(write_partition))
 
-        results["upsert_sluice_s"], results["upsert_naive_s"] = (
-            min(x) for x in zip(*[(sluice_upsert(), naive_upsert()) for _ in range(args.rounds)], strict=True))
+        keep(best_rounds({"upsert_sluice": sluice_upsert, "upsert_naive": naive_upsert}, args.rounds))
         with psycopg.connect(url) as c:
             a = c.execute("SELECT count(*), sum(value) FROM u_sluice").fetchone()
             b = c.execute("SELECT count(*), sum(value) FROM u_naive").fetchone()
@@ -130,24 +186,25 @@ def main() -> None:
         # ---------------------------------------------------------------- read (of w_sluice: n rows)
         sql("ALTER TABLE w_sluice ADD PRIMARY KEY (id)")
         sql("ANALYZE w_sluice")
+        spark.dataSource.register(floor_source(n, args.partitions))
 
-        def sluice_read() -> float:
-            t = time.perf_counter()
-            r = spark.read.format("postgres").option("url", url).option("table", "w_sluice") \
-                .option("num-partitions", args.partitions).load()
-            r.write.format("noop").mode("overwrite").save()
-            return time.perf_counter() - t
+        def sluice_read():
+            return clocked(lambda: spark.read.format("postgres").option("url", url).option("table", "w_sluice")
+                           .option("num-partitions", args.partitions).load().write.format("noop")
+                           .mode("overwrite").save())
 
-        def jdbc_read() -> float:
-            t = time.perf_counter()
-            r = (spark.read.format("jdbc").options(**jdbc).option("dbtable", "w_sluice")
-                 .option("partitionColumn", "id").option("lowerBound", 0).option("upperBound", n)
-                 .option("numPartitions", args.partitions).option("fetchsize", 10000).load())
-            r.write.format("noop").mode("overwrite").save()
-            return time.perf_counter() - t
+        def jdbc_read():
+            return clocked(lambda: spark.read.format("jdbc").options(**jdbc).option("dbtable", "w_sluice")
+                           .option("partitionColumn", "id").option("lowerBound", 0).option("upperBound", n)
+                           .option("numPartitions", args.partitions).option("fetchsize", 10000).load()
+                           .write.format("noop").mode("overwrite").save())
 
-        results["read_sluice_s"], results["read_jdbc_s"] = (
-            min(x) for x in zip(*[(sluice_read(), jdbc_read()) for _ in range(args.rounds)], strict=True))
+        def floor_read():
+            return clocked(lambda: spark.read.format("bench_floor").load().write.format("noop").mode("overwrite")
+                           .save())
+
+        keep(best_rounds({"read_sluice": sluice_read, "read_jdbc": jdbc_read, "read_floor_python_source": floor_read},
+                         args.rounds))
         spark.stop()
 
         # ---------------------------------------------------------------- one Python process
@@ -179,11 +236,15 @@ def main() -> None:
         "date": date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {platform.machine()}",
         "rows": n, "upsert_rows": m, "read_partitions": args.partitions, "rounds": args.rounds,
         "seconds": {k: round(v, 3) for k, v in results.items()}, "rows_per_s": rate,
+        "seconds_every_round": every_round,
+        "cpu_seconds_of_best_run": cpu,
         "ratios": {
             "append_sluice_vs_jdbc": round(results["append_jdbc_s"] / results["append_sluice_s"], 2),
             "upsert_sluice_vs_foreachPartition_executemany": round(results["upsert_naive_s"]
                                                                    / results["upsert_sluice_s"], 2),
             "read_sluice_vs_jdbc": round(results["read_jdbc_s"] / results["read_sluice_s"], 2),
+            "append_floor_vs_jdbc": round(results["append_jdbc_s"] / results["append_floor_python_sink_s"], 2),
+            "read_floor_vs_jdbc": round(results["read_jdbc_s"] / results["read_floor_python_source_s"], 2),
         },
     }
     print(json.dumps(report, indent=2))

@@ -1,0 +1,56 @@
+"""CPU seconds by component (Spark JVM, Python workers, PostgreSQL, ...) from /proc, for the benchmarks.
+
+A snapshot sums user+system time of every live process plus what its finished children used (PostgreSQL
+backends and Python workers exit into their parents' counters), grouped by what the process is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _component(pid: int, comm: str, cmdline: str) -> str:
+    if pid == os.getpid():
+        return "bench_process"
+    if comm == "java":
+        return "spark_jvm"
+    if "pyspark.daemon" in cmdline or "pyspark/daemon" in cmdline:
+        return "python_workers"
+    if comm.startswith("postgres") or cmdline.startswith("postgres"):
+        return "postgresql"
+    if "s2local" in cmdline:
+        return "s2_server"
+    return "other"
+
+
+def snapshot() -> dict[int, tuple[str, float]]:
+    out: dict[int, tuple[str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        out[int(entry)] = (_component(int(entry), comm, cmdline), ticks / _TICK)
+    return out
+
+
+def used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds each component used between two snapshots."""
+    total: Counter[str] = Counter()
+    for pid, (component, seconds) in after.items():
+        earlier = before.get(pid)
+        start = earlier[1] if earlier and earlier[0] == component else 0.0
+        if seconds > start:
+            total[component] += seconds - start
+    return {k: round(v, 2) for k, v in sorted(total.items()) if v >= 0.01}
