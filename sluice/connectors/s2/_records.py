@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,14 +26,18 @@ log = logging.getLogger("sluice.s2")
 
 _KEEP_PROTOBUF = contextvars.ContextVar("sluice_s2_keep_protobuf", default=False)
 _INSTALLED = False
+_INSTALL_LOCK = threading.Lock()  # readers of several partitions may start at once in one worker
 _FIELDS = attrgetter("seq_num", "timestamp", "body", "headers")
 
 
 def _install() -> bool:
     """Wrap the SDK's read-session mapper once per process; False when this SDK has none to wrap."""
+    with _INSTALL_LOCK:
+        return _INSTALLED or _wrap_mapper()
+
+
+def _wrap_mapper() -> bool:
     global _INSTALLED
-    if _INSTALLED:
-        return True
     try:
         import s2_sdk._s2s._read_session as session_module
         from s2_sdk._types import ReadBatch, StreamPosition
