@@ -153,11 +153,15 @@ class Connection:
 
         return self._retrying(lambda: adbc.connect(self.uri(), autocommit=autocommit))
 
-    def connect_psycopg(self) -> Any:
-        """A psycopg connection (autocommit), for COPY ... FROM STDIN in CSV: the fastest append measured."""
+    def connect_psycopg(self, *, autocommit: bool = True) -> Any:
+        """A psycopg connection: COPY ... FROM STDIN in CSV (the fastest append measured) and plain SQL.
+
+        It connects in ~6 ms where ADBC takes ~50 ms (35 ms of CPU: the driver loads the type catalog), so
+        everything that needs no Arrow result uses it.
+        """
         import psycopg
 
-        return self._retrying(lambda: psycopg.connect(self.uri(), autocommit=True))
+        return self._retrying(lambda: psycopg.connect(self.uri(), autocommit=autocommit))
 
     def _retrying(self, connect: Any) -> Any:
         delay = 0.5

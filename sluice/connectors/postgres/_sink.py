@@ -228,12 +228,14 @@ class PostgresCommitter(Committer):
         epoch = context.epoch if context.epoch is not None else -1
         where = self._where(context)
         rows = sum(int(m["rows"]) for m in messages)
-        conn = self.conn_info.connect(autocommit=False)
+        # SQL only, so psycopg (connects ~8x faster than ADBC). Statements with bind parameters double a '%' in
+        # identifiers (psycopg's placeholder syntax); statements without are sent as they are.
+        conn = self.conn_info.connect_psycopg(autocommit=False)
         try:
             cur = conn.cursor()
-            cur.execute(f"INSERT INTO {qualified(plan.schema, 'sluice_commit_log')} (target, write_id, epoch, rows) "
-                        "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1",
-                        parameters=(plan.display, context.write_id, epoch, rows))
+            log_table = qualified(plan.schema, "sluice_commit_log").replace("%", "%%")
+            cur.execute(f"INSERT INTO {log_table} (target, write_id, epoch, rows) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT DO NOTHING RETURNING 1", (plan.display, context.write_id, epoch, rows))
             if not cur.fetchall():
                 cur.execute(f"DELETE FROM {stage} WHERE {where}")
                 conn.commit()
@@ -267,7 +269,7 @@ class PostgresCommitter(Committer):
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         if self.plan.stage_table is None:
             return
-        conn = self.conn_info.connect(autocommit=True)
+        conn = self.conn_info.connect_psycopg()
         try:
             conn.cursor().execute(f"DELETE FROM {qualified(self.plan.schema, self.plan.stage_table)} "
                                   f"WHERE {self._where(context)}")

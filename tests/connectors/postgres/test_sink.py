@@ -142,11 +142,13 @@ def test_hostile_table_and_column_names_are_quoted_not_spliced(spark, pg):
     df = spark.createDataFrame([(1, "a"), (2, "b")], ["id", evil_column])
     modes = ({}, {"primary-key": "id"}, {"sink.mode": "global-ordered", "sink.transactional": "true"})
     for i, mode in enumerate(modes):
-        evil_table = f'evil{i}"; DROP TABLE "{victim}"; --'
+        evil_table = f'evil{i} %s %(x)s %%"; DROP TABLE "{victim}"; --'  # psycopg placeholders too
         quoted = evil_table.replace('"', '""')
         sluice.write(df, "postgres", {"url": pg.url, "table": f'"{quoted}"', "create-table": "true", **mode})
         assert pg.sql(f'SELECT id, "{evil_column.replace(chr(34), chr(34) * 2)}" FROM "{quoted}" ORDER BY id') == \
             [(1, "a"), (2, "b")]
+        back = spark.read.format("postgres").option("url", pg.url).option("table", f'"{quoted}"').load()
+        assert sorted(tuple(r) for r in back.collect()) == [(1, "a"), (2, "b")]
     assert pg.sql(f'SELECT count(*) FROM "{victim}"') == [(0,)], "the victim table still exists"
 
 
