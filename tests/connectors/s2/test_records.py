@@ -16,7 +16,8 @@ from tests.connectors.s2.conftest import read_stream
 
 SCHEMA = StructType([
     StructField("stream", StringType()), StructField("seq_num", LongType()), StructField("timestamp", TimestampType()),
-    StructField("headers", ArrayType(StructType([StructField("name", BinaryType()), StructField("value", BinaryType())]))),
+    StructField("headers", ArrayType(StructType([StructField("name", BinaryType()),
+                                                 StructField("value", BinaryType())]))),
     StructField("body", BinaryType()),
 ])
 
