@@ -38,6 +38,20 @@ def body_column_name(schema_names: Sequence[str], types: Sequence[Any]) -> str:
     )
 
 
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """The batch's columns named in `schema`, cast to its types: what a reader must yield to Spark.
+
+    Extension types (e.g. ADBC's opaque numeric) are unwrapped to their storage first.
+    """
+    arrays = []
+    for field in schema:
+        column = batch.column(field.name)
+        if isinstance(column.type, pa.ExtensionType):
+            column = column.storage
+        arrays.append(column if column.type == field.type else pc.cast(column, field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
 def partition_buckets(batch: pa.RecordBatch, columns: Sequence[str], parallelism: int) -> list[int]:
     """Bucket of every row: hash of the partition-key columns modulo `parallelism` (vectorized)."""
     import pandas as pd
@@ -94,12 +108,14 @@ class ArrowRows:
                 zip(np.split(rows, cuts), np.split(owner, cuts), strict=True)]
 
     def table(self, entries: Sequence[int]) -> pa.Table:
+        import numpy as np
+
         pieces = []
         for start, rows in self._runs(entries):
             with self._lock:
                 batch = self._batches[start]
             local = rows - start
-            if len(local) and local[-1] - local[0] == len(local) - 1:
+            if len(local) and (np.diff(local) == 1).all():  # consecutive rows in order: a zero-copy slice
                 pieces.append(batch.slice(int(local[0]), len(local)))
             else:
                 pieces.append(batch.take(pa.array(local)))
