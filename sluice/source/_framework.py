@@ -67,6 +67,11 @@ class SplitEnumerator(ABC):
         """end_position of many splits; override to ask the store once instead of once per split."""
         return {split.split_id: self.end_position(split) for split in splits}
 
+    def bounds(self, splits: Sequence[Split]) -> dict[str, tuple[int, int]]:
+        """(start, end) of many splits, for a batch read; override to ask the store once for both."""
+        starts, ends = self.start_positions(splits), self.end_positions(splits)
+        return {split.split_id: (starts[split.split_id], ends[split.split_id]) for split in splits}
+
     def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
         """(position, bytes): how far from `start` (at most `end`) fits in `max_bytes`, and the bytes that is.
 
@@ -106,10 +111,10 @@ class SplitBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         splits = self.enumerator.discover()
-        starts, ends = self.enumerator.start_positions(splits), self.enumerator.end_positions(splits)
+        bounds = self.enumerator.bounds(splits)
         out: list[InputPartition] = []
         for split in splits:
-            out += cut(split, starts[split.split_id], ends[split.split_id], self.max_per_partition)
+            out += cut(split, *bounds[split.split_id], self.max_per_partition)
         return out or [SplitPartition(Split("__empty__"), 0, 0)]
 
     def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]

@@ -152,7 +152,7 @@ class EngineDataSource(DataSource):
         return EngineStreamArrowWriter(self, opts, config, schema, write_id=uuid.uuid4().hex)
 
 
-def _task_context(write_id: str) -> WriteContext:
+def task_context(write_id: str) -> WriteContext:
     from pyspark import TaskContext
 
     tc = TaskContext.get()
@@ -179,7 +179,7 @@ class _EngineWriterMixin:
         self.write_id = write_id
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
-        context = _task_context(self.write_id)
+        context = task_context(self.write_id)
         encode = self.source.make_encoder(self.opts, self.schema, context)
         store = self.source.make_store(self.opts, self.schema, context)
         keyed = self.config.mode == PARTITION_ORDERED

@@ -41,7 +41,10 @@ from pyspark.sql.types import StructType
 
 from sluice._errors import OptionError
 from sluice._options import Option, Options, OptionSpec
+from sluice._upsert import check_key_columns
 from sluice.meta import MetaService
+from sluice.spark._datasource import task_context
+from sluice.spark._encoding import conform
 from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
 
 COMMON = (
@@ -111,11 +114,7 @@ class TableStoreDataSource(DataSource):
                               "'complete' to a table with a primary-key (each micro-batch upserts every group).")
         table = StoreTable(opts["table"], opts["warehouse"])
         op = opts["upsert.op-column"]
-        names = schema.fieldNames()
-        for option, cols in (("primary-key", opts["primary-key"]), ("upsert.op-column", [op] if op else [])):
-            missing = [c for c in cols if c not in names]
-            if missing:
-                raise OptionError(f"{option} column(s) {missing} are not in the DataFrame (columns: {names})")
+        check_key_columns(schema.fieldNames(), opts["primary-key"], op)
         if op and not opts["primary-key"] and not (table.exists() and table.primary_key()):
             raise OptionError("upsert.op-column needs a primary key (option primary-key)")
         arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]), timezone="UTC")
@@ -171,26 +170,16 @@ class TableStoreDataSource(DataSource):
         if opts["changes"]:
             raise OptionError("option 'changes' is for streaming reads (spark.readStream)")
         if opts["barrier"] is not None:
-            found = MetaService(opts["meta"]).barrier_version(table.name, opts["barrier"])
+            meta = MetaService(opts["meta"])
+            found = meta.barrier_version(table.name, opts["barrier"])
             if found is None:
                 raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}; its barriers: "
-                                  f"{[b for b, _ in MetaService(opts['meta']).barriers(table.name)][-5:]} (last 5)")
+                                  f"{[b for b, _ in meta.barriers(table.name)][-5:]} (last 5)")
             version = found
         elif opts["consistent-with"]:
             version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
                 .versions[table.name]
         return TableStoreReader(table, version, schema)
-
-
-def _task() -> tuple[int, int, str | None, int | None]:
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    if tc is None:
-        return 0, 0, None, None
-    batch = tc.getLocalProperty("streaming.sql.batchId")
-    return tc.partitionId(), tc.taskAttemptId(), tc.getLocalProperty("sql.streaming.queryId"), \
-        int(batch) if batch is not None else None
 
 
 class _Writer:
@@ -200,10 +189,11 @@ class _Writer:
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
         import pyarrow.parquet as pq
 
-        partition, attempt, query_id, epoch = _task()
-        folder = self.table.staging_dir(query_id or self.write_id, epoch)
+        task = task_context(self.write_id)  # write_id: the streaming query's id, else this write's
+        query_id = task.write_id if task.epoch is not None else None
+        folder = self.table.staging_dir(task.write_id, task.epoch)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"part-{partition:05d}-{attempt}-{uuid.uuid4().hex[:8]}.parquet"
+        path = folder / f"part-{task.partition_id:05d}-{task.task_attempt_id}-{uuid.uuid4().hex[:8]}.parquet"
         writer, rows = None, 0
         try:
             for batch in iterator:
@@ -217,9 +207,9 @@ class _Writer:
             if writer is not None:
                 writer.close()
         if writer is None:
-            return StagedMessage(partition, query_id, None)
+            return StagedMessage(task.partition_id, query_id, None)
         rel = str(path.relative_to(self.table.root))
-        return StagedMessage(partition, query_id, StagedFile(rel, path.stat().st_size, rows))
+        return StagedMessage(task.partition_id, query_id, StagedFile(rel, path.stat().st_size, rows))
 
     def _commit(self, messages: list[StagedMessage | None], epoch: int | None) -> None:
         done = sorted((m for m in messages if m is not None), key=lambda m: m.partition_id)
@@ -290,8 +280,7 @@ class TableStoreReader(DataSourceReader):
         names = self.arrow_schema.names
         for batch in pq.ParquetFile(partition.uri.removeprefix("file://")).iter_batches(batch_size=65536,
                                                                                            columns=names):
-            arrays = [batch.column(n).cast(self.arrow_schema.field(n).type) for n in names]
-            yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+            yield conform(batch, self.arrow_schema)
 
 
 CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_version", pa.int64()))
@@ -347,22 +336,16 @@ class TableStoreStreamReader(DataSourceStreamReader):
 
     def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         from deltalake import DeltaTable
-        from pyspark import TaskContext
 
-        tc = TaskContext.get()
-        if tc is not None and tc.getLocalProperty("streaming.sql.batchId") is not None:
-            MetaService(partition.meta).record_batch_barrier(tc.getLocalProperty("sql.streaming.queryId"),
-                                                             int(tc.getLocalProperty("streaming.sql.batchId")),
-                                                             partition.barrier)
+        task = task_context("")
+        if task.epoch is not None:  # a micro-batch: its barrier, for a table-store sink in the same query
+            MetaService(partition.meta).record_batch_barrier(task.write_id, task.epoch, partition.barrier)
         if partition.last <= partition.first:
             return
         changes = DeltaTable(partition.uri).load_cdf(starting_version=partition.first + 1,
                                                      ending_version=partition.last)
-        names = self.arrow_schema.names
         for batch in changes:
-            batch = pa.record_batch(batch)
-            arrays = [batch.column(n).cast(self.arrow_schema.field(n).type) for n in names]
-            yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+            yield conform(pa.record_batch(batch), self.arrow_schema)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: positions live in Spark's checkpoint."""

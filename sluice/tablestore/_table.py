@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from sluice._errors import OptionError, SluiceError
+from sluice._upsert import DELETE_OPS_SQL
 from sluice.meta import MetaService
 
 DEFAULT_WAREHOUSE = Path(".sluice") / "warehouse"
@@ -160,7 +161,7 @@ class StoreTable:
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
         merge = dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=props)
         if op_column:
-            deleted = f"s.`{op_column}` IN ('d', 'delete', 'D', '-D')"
+            deleted = f"s.`{op_column}` IN {DELETE_OPS_SQL}"
             cols = {c: f"s.`{c}`" for c in source.column_names if c != op_column}
             merge = (merge.when_matched_delete(deleted).when_matched_update(cols, f"NOT ({deleted})")
                      .when_not_matched_insert(cols, f"NOT ({deleted})"))

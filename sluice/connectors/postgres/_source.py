@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     EqualNullSafe,
     EqualTo,
@@ -51,6 +50,7 @@ from sluice.connectors.postgres._conn import (
     CONNECTION_OPTIONS,
     Connection,
     PostgresError,
+    qualified,
     quote_ident,
     quote_literal,
     split_qualified,
@@ -58,6 +58,7 @@ from sluice.connectors.postgres._conn import (
 from sluice.connectors.postgres._snapshot import SnapshotHolder
 from sluice.connectors.postgres._table import TYPE_MAP
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitReader
+from sluice.spark._encoding import conform
 
 READ_OPTIONS = (
     Option("table", "str", None, "Table to read, [schema.]name (or use query)."),
@@ -114,8 +115,7 @@ def spark_type(pg: str) -> tuple[DataType, str]:
 def _source_sql(opts: Options) -> tuple[str, str | None]:
     """(FROM item aliased q, the table's quoted name or None for a query: ctid splits need a table)."""
     if opts["table"]:
-        schema, table = split_qualified(opts["table"])
-        rel = f"{quote_ident(schema)}.{quote_ident(table)}"
+        rel = qualified(*split_qualified(opts["table"]))
         return f"{rel} q", rel
     return f"({opts['query']}) q", None
 
@@ -124,7 +124,7 @@ def describe_columns(cur: Any, opts: Options) -> list[tuple[str, str]]:
     """(name, format_type) of the table's or the query's columns, read off the catalog."""
     if opts["table"]:
         schema, table = split_qualified(opts["table"])
-        rel = f"{quote_ident(schema)}.{quote_ident(table)}"
+        rel = qualified(schema, table)
         cur.execute("SELECT to_regclass(%s)::oid::bigint", (rel,))
         if cur.fetchone()[0] is None:
             raise OptionError(f"table {schema}.{table} does not exist (option 'table')")
@@ -398,7 +398,7 @@ class PostgresSplitReader(SplitReader):
             for batch in cur.fetch_record_batch():
                 # ADBC hands over large batches; smaller ones let Spark convert while the next arrives.
                 for start in range(0, batch.num_rows, YIELD_ROWS):
-                    yield self._conform(batch.slice(start, YIELD_ROWS))
+                    yield conform(batch.slice(start, YIELD_ROWS), self.arrow_schema)
             if snapshot:
                 cur.execute("SELECT pg_notify($1, $2)", parameters=(split.info["channel"], split.split_id))
                 cur.fetchall()
@@ -411,17 +411,6 @@ class PostgresSplitReader(SplitReader):
         finally:
             cur.close()
             conn.close()
-
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        arrays = []
-        for i, field in enumerate(self.arrow_schema):
-            column = batch.column(i)
-            if isinstance(column.type, pa.ExtensionType):
-                column = column.storage
-            if column.type != field.type:
-                column = pc.cast(column, field.type)
-            arrays.append(column)
-        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 
 class PostgresBatchReader(SplitBatchReader):
@@ -452,11 +441,11 @@ def infer_schema(conn_info: Connection, opts: Options) -> tuple[StructType, list
         cur = conn.cursor()
         columns = describe_columns(cur, opts)
         pk: list[str] = []
-        if opts["table"]:
-            schema, table = split_qualified(opts["table"])
+        _, relation = _source_sql(opts)
+        if relation is not None:
             cur.execute("SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
                         "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary",
-                        (f"{quote_ident(schema)}.{quote_ident(table)}",))
+                        (relation,))
             pk = [r[0] for r in cur.fetchall()]
     except (OptionError, PostgresError):
         raise

@@ -2,8 +2,9 @@
 
 Every check runs on the driver before any task starts. Whether a column fits is decided by PostgreSQL itself:
 the DataFrame's Arrow schema is loaded (empty) into a temporary table with the same types the write path
-uses, and `EXPLAIN INSERT INTO target SELECT ... FROM that table` must plan, i.e. every column has an
-assignment cast. The server's message names the column and both types when it does not.
+uses, and `PREPARE ... AS INSERT INTO target SELECT ... FROM that table` must parse and type-check, i.e. every
+column has an assignment cast (not EXPLAIN: ADBC wraps statements that return rows in COPY). The server's
+message names the column and both types when it does not.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from pyspark.sql.types import (
 )
 
 from sluice._errors import OptionError
-from sluice.connectors.postgres._conn import Connection, PostgresError, qualified, quote_ident
+from sluice._upsert import DELETE_OPS_SQL, check_key_columns
+from sluice.connectors.postgres._conn import Connection, PostgresError, qualified, quote_ident, split_qualified
 
 # Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).
 TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
@@ -57,7 +59,6 @@ TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
 # faster than COPY BINARY through ADBC here (bench/postgres.py); other types (arrays, bytea) go binary.
 CSV_TYPES = frozenset({"smallint", "integer", "bigint", "real", "double precision", "text", "boolean", "date",
                        "timestamp with time zone", "timestamp without time zone", "numeric"})
-DELETE_OPS = ("d", "delete", "D", "-D")  # as flink-connector-s2's upsert sink and sluice's s2_upsert
 
 
 def pg_type(field_name: str, dtype: DataType) -> str:
@@ -117,8 +118,7 @@ def unique_keys(cur: Any, schema: str, table: str) -> list[set[str]]:
 
 
 def is_delete_sql(op_column: str, alias: str = "s") -> str:
-    ops = ", ".join("'" + op + "'" for op in DELETE_OPS)
-    return f"COALESCE({alias}.{quote_ident(op_column)} IN ({ops}), false)"
+    return f"COALESCE({alias}.{quote_ident(op_column)} IN {DELETE_OPS_SQL}, false)"
 
 
 @dataclass(frozen=True)
@@ -196,16 +196,10 @@ def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:
 def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, arrow_schema: pa.Schema,
                    *, overwrite: bool, staged: bool) -> WritePlan:
     """On the driver: create or check the table and return the plan. Raises before anything is written."""
-    from sluice.connectors.postgres._conn import split_qualified
-
     schema, table = split_qualified(opts["table"])
     pk = tuple(opts["primary-key"])
     op_column = opts["upsert.op-column"]
-    names = spark_schema.fieldNames()
-    for option, cols in (("primary-key", pk), ("upsert.op-column", (op_column,) if op_column else ())):
-        missing = [c for c in cols if c not in names]
-        if missing:
-            raise OptionError(f"{option} column(s) {missing} are not in the DataFrame (columns: {names})")
+    check_key_columns(spark_schema.fieldNames(), pk, op_column)
     if op_column and not pk:
         raise OptionError("upsert.op-column needs primary-key: deletes find their row by key")
     data_fields = [f for f in spark_schema.fields if f.name != op_column]
@@ -273,9 +267,7 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
             plan = WritePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
                              overwrite=overwrite)
         return plan
-    except OptionError:
-        raise
-    except PostgresError:
+    except (OptionError, PostgresError):
         raise
     except Exception as e:
         raise PostgresError(f"preparing the write to {schema}.{table} failed: {conn_info.scrub(e)}") from None

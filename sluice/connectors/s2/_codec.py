@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice._errors import OptionError
+from sluice._upsert import DELETE_OPS
 from sluice.connectors.s2._options import template_columns
 from sluice.engine import WriteContext
 
-DELETE_VALUES = ("d", "delete", "D", "-D")
 HEADERS_COLUMN = "headers"
 TIMESTAMP_COLUMN = "timestamp"
 MAX_STREAM_NAME = 512
@@ -237,7 +237,7 @@ class S2Encoder:
         keys = json_bodies(batch, self.key_columns)
         if self.op_column:
             op = batch.column(self.op_column).cast(pa.string())
-            deletes = pc.fill_null(pc.is_in(op, pa.array(DELETE_VALUES)), False)
+            deletes = pc.fill_null(pc.is_in(op, pa.array(DELETE_OPS)), False)
         else:
             deletes = pa.array(np.zeros(batch.num_rows, dtype=bool))
         values = json_bodies(batch, self.value_columns)

@@ -91,10 +91,14 @@ class RecordColumns:
     headers: list[list[tuple[bytes, bytes]]] | None
 
     @classmethod
+    def empty(cls) -> RecordColumns:
+        return cls([], [], [], None)
+
+    @classmethod
     def of(cls, records: Sequence[Any]) -> RecordColumns:
         """From protobuf SequencedRecords or SDK SequencedRecord objects, command records left out."""
         if not records:
-            return cls([], [], [], None)
+            return cls.empty()
         seq_nums, timestamps, bodies, raw_headers = zip(*map(_FIELDS, records), strict=True)
         columns = cls(list(seq_nums), list(timestamps), list(bodies), None)
         if any(raw_headers):

@@ -138,23 +138,27 @@ class S2Enumerator(SplitEnumerator):
             self._listed_at = time.monotonic()
         return self._listed
 
-    def _resolve(self, splits: Sequence[Split], where: tuple[str, int | None]) -> dict[str, int]:
-        """Seq num of `where` in every split: one client (each costs an SSL context), streams asked concurrently."""
+    def _resolve(self, splits: Sequence[Split], *wheres: tuple[str, int | None]) -> dict[str, list[int]]:
+        """Seq num of each of `wheres` in every split: one client (each costs an SSL context), one tail check per
+        stream, streams asked concurrently."""
         import s2_sdk
 
-        async def resolve(basin: Any, split: Split) -> int:
+        async def resolve(basin: Any, split: Split) -> list[int]:
             stream = basin.stream(split.split_id)
-            kind, value = where
             tail = (await stream.check_tail()).seq_num
-            if kind == "latest":
-                return tail
-            if kind == "seq":
-                return min(value, tail)
-            start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(value)
-            batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
-            return batch.records[0].seq_num if batch.records else tail
+            out = []
+            for kind, value in wheres:
+                if kind == "latest":
+                    out.append(tail)
+                elif kind == "seq":
+                    out.append(min(value, tail))
+                else:
+                    start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(value)
+                    batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
+                    out.append(batch.records[0].seq_num if batch.records else tail)
+            return out
 
-        async def resolve_all() -> list[int]:
+        async def resolve_all() -> list[list[int]]:
             async with self.conn.client() as client:
                 basin = client.basin(self.conn.basin)
                 return await asyncio.gather(*(resolve(basin, split) for split in splits))
@@ -164,16 +168,19 @@ class S2Enumerator(SplitEnumerator):
         return dict(zip([s.split_id for s in splits], _run(resolve_all()), strict=True))
 
     def start_position(self, split: Split) -> int:
-        return self._resolve([split], self.start)[split.split_id]
+        return self.start_positions([split])[split.split_id]
 
     def end_position(self, split: Split) -> int:
-        return self._resolve([split], self.end)[split.split_id]
+        return self.end_positions([split])[split.split_id]
 
     def start_positions(self, splits: Sequence[Split]) -> dict[str, int]:
-        return self._resolve(splits, self.start)
+        return {sid: found[0] for sid, found in self._resolve(splits, self.start).items()}
 
     def end_positions(self, splits: Sequence[Split]) -> dict[str, int]:
-        return self._resolve(splits, self.end)
+        return {sid: found[0] for sid, found in self._resolve(splits, self.end).items()}
+
+    def bounds(self, splits: Sequence[Split]) -> dict[str, tuple[int, int]]:
+        return {sid: (start, end) for sid, (start, end) in self._resolve(splits, self.start, self.end).items()}
 
     def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
         import s2_sdk
@@ -229,7 +236,7 @@ class S2Reader(SplitReader):
         loop = asyncio.new_event_loop()
         try:
             agen = self._records(split.split_id, start, end)
-            pending = RecordColumns([], [], [], None)
+            pending = RecordColumns.empty()
             while True:
                 try:
                     columns = loop.run_until_complete(agen.__anext__())
@@ -238,7 +245,7 @@ class S2Reader(SplitReader):
                 pending.extend(columns)
                 if len(pending) >= ARROW_BATCH_RECORDS and self.kind != "upsert-batch":
                     yield self._to_arrow(split.split_id, pending)
-                    pending = RecordColumns([], [], [], None)
+                    pending = RecordColumns.empty()
             if self.kind == "upsert-batch":
                 pending = self._materialize(pending)
             if len(pending):

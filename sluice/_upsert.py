@@ -1,0 +1,19 @@
+"""What primary-key and upsert.op-column mean to every sink that upserts (s2, postgres, tablestore)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sluice._errors import OptionError
+
+# Values of upsert.op-column that delete the row's key, as flink-connector-s2's upsert sink reads them.
+DELETE_OPS = ("d", "delete", "D", "-D")
+DELETE_OPS_SQL = "(" + ", ".join(f"'{op}'" for op in DELETE_OPS) + ")"  # an IN list for PostgreSQL and Spark SQL
+
+
+def check_key_columns(names: Sequence[str], primary_key: Sequence[str], op_column: str | None) -> None:
+    """Fail naming the option when a primary-key or upsert.op-column column is not in the DataFrame."""
+    for option, columns in (("primary-key", primary_key), ("upsert.op-column", [op_column] if op_column else [])):
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise OptionError(f"{option} column(s) {missing} are not in the DataFrame (columns: {list(names)})")
