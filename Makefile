@@ -9,10 +9,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: test demo lint bench docs lock clean check-java check-postgres
 
+# editable_mode=compat puts the checkout itself on sys.path, so Spark's lookup of top-level pyspark_*
+# modules (zero-registration of the formats) finds them as it would in an installed wheel.
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sluice needs Python >= 3.11 (set PYTHON=python3.11)"'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 check-java:

@@ -9,6 +9,7 @@ A connector subclasses `EngineDataSource` and implements:
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -180,13 +181,17 @@ class _EngineWriterMixin:
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         context = task_context(self.write_id)
+        batches = (batch for batch in iterator if batch.num_rows)
+        first = next(batches, None)
+        if first is None:
+            # A task with no rows opens no connection or session (a write of 200 mostly empty partitions
+            # must not open 200 connections).
+            return SluiceCommitMessage(WriteStats(tasks=0).to_dict(), None, context)
         encode = self.source.make_encoder(self.opts, self.schema, context)
         store = self.source.make_store(self.opts, self.schema, context)
         keyed = self.config.mode == PARTITION_ORDERED
         with AsyncSinkWriter(store, self.config, context=context) as writer:
-            for batch in iterator:
-                if not batch.num_rows:
-                    continue
+            for batch in itertools.chain([first], batches):
                 encoded = encode(batch)
                 entries, sizes = encoded[0], encoded[1]
                 if keyed:
@@ -209,21 +214,31 @@ class _EngineWriterMixin:
         if self.source.commits_on_driver(self.config):
             committer = self.source.make_committer(self.opts)
             assert committer is not None
-            committer.commit([m.store_message for m in sorted(done, key=lambda m: m.context.partition_id)],
+            ordered = sorted(done, key=lambda m: m.context.partition_id)
+            committer.commit([m.store_message for m in ordered if m.store_message is not None],
                              self._epoch_context(done, epoch))
+        self._record(done, epoch, "committed")
+
+    def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
+        done = [m for m in messages if m is not None]
+        try:
+            committer = self.source.make_committer(self.opts) if self.source.commits_on_driver(self.config) else None
+            if committer is not None:
+                committer.abort([m.store_message for m in done if m.store_message is not None],
+                                 self._epoch_context(done, epoch))
+        finally:
+            # A failed write is the last write too: never leave the previous one's summary in its place.
+            self._record(done, epoch, "failed")
+
+    def _record(self, done: list[SluiceCommitMessage], epoch: int | None, status: str) -> None:
         stats = WriteStats.merge([WriteStats.from_dict(m.stats) for m in done])
-        summary = stats.summary()
+        summary = {**stats.summary(), "status": status}
         if epoch is not None:
             summary["batch_id"] = epoch
         save_summary(self.source.format_name, summary)
         where = f" batch {epoch}" if epoch is not None else ""
-        log_summary(f"{self.source.format_name}{where}: {stats.summary_line()}")
-
-    def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
-        committer = self.source.make_committer(self.opts) if self.source.commits_on_driver(self.config) else None
-        if committer is not None:
-            done = [m for m in messages if m is not None]
-            committer.abort([m.store_message for m in done], self._epoch_context(done, epoch))
+        failed = " FAILED (tasks that finished before the failure)" if status == "failed" else ""
+        log_summary(f"{self.source.format_name}{where}{failed}: {stats.summary_line()}")
 
 
 class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):

@@ -40,6 +40,10 @@ def data_source_class(format_name: str) -> type[EngineDataSource]:
 
 
 def register(spark: SparkSession) -> list[str]:
+    """Not needed where sluice is installed (Spark finds the pyspark_sluice_* modules); kept for added formats."""
+    from sluice.spark._summary import SummaryDataSource
+
     for name in FORMATS:
         spark.dataSource.register(data_source_class(name))
+    spark.dataSource.register(SummaryDataSource)
     return list(FORMATS)

@@ -25,9 +25,23 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partiti
         return df
     if not columns:
         return df.coalesce(1)
-    # An explicit count: adaptive execution would otherwise coalesce a small write into one task.
-    count = num_partitions or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    count = num_partitions or _own_partition_count(df)
+    if count is None:
+        # Spark Connect has no partition count to ask for: hash-repartition without one, so adaptive
+        # execution sizes the shuffle by the data (a small write becomes one task, not 200).
+        return df.repartition(*columns)
     return df.repartition(count, *columns)
+
+
+def _own_partition_count(df: DataFrame) -> int | None:
+    """How many tasks the DataFrame already runs in (the write keeps that fan-out), when Spark can say."""
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+
+    if not isinstance(df, ClassicDataFrame):  # Spark Connect
+        return None
+    if df.isStreaming:  # a streaming plan has no RDD; one task per core of the cluster
+        return df.sparkSession.sparkContext.defaultParallelism
+    return max(1, df.rdd.getNumPartitions())
 
 
 def write(df: DataFrame, format: str, options: dict[str, Any], mode: str = "append",
