@@ -137,8 +137,9 @@ class OptionSpec:
     format_name: str
     options: tuple[Option, ...]
     checks: tuple[Check, ...] = field(default=())
-    # Keys Spark itself passes along with the user's options (save(path), writeStream's checkpoint).
-    passthrough: frozenset[str] = frozenset({"path", "checkpointlocation"})
+    # Keys Spark itself passes along with the user's options: save(path), writeStream's checkpoint, and
+    # writeStream.queryName(...) (Declarative Pipelines name every flow's query so). Never the user's typo.
+    passthrough: frozenset[str] = frozenset({"path", "checkpointlocation", "queryname"})
 
     def __post_init__(self) -> None:
         names = [o.name for o in self.options]

@@ -1,0 +1,102 @@
+"""Helpers for the deployment tests: Spark processes started the way users start them, each its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pyspark
+
+SPARK_HOME = Path(pyspark.__file__).parent
+EVERY_FORMAT = Path(__file__).with_name("every_format.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A child process whose merged output is collected; `wait_for` blocks until a line matches (an event)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
+        regex = re.compile(pattern)
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: any(regex.search(line) for line in self.lines) or not self._reader.is_alive(), timeout)
+            for line in self.lines:
+                found = regex.search(line)
+                if found:
+                    return found
+        state = "exited" if self.proc.poll() is not None else ("still running" if ok else "timed out")
+        raise AssertionError(f"{self.args[0]}: no line matching {pattern!r} ({state}); output:\n{self.output[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self._reader.join(10)
+
+
+def spark_env(tmp: Path, **more: str) -> dict[str, str]:
+    """The environment of a Spark process of ours: its own temp dir, logs and stats dir (another machine)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "SLUICE_"))}
+    env.update({"TMPDIR": str(tmp), "SLUICE_STATS_DIR": str(tmp / "stats"), "SPARK_LOG_DIR": str(tmp / "logs"),
+                "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, **more})
+    return env
+
+
+def run_every_format(python: str, cfg: dict, env: dict[str, str], timeout: float = 300) -> dict:
+    """Run tests/deploy/every_format.py with `python`; its RESULT line as a dict (fails with its output)."""
+    done = subprocess.run([python, str(EVERY_FORMAT), json.dumps(cfg)], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=env["TMPDIR"])
+    found = re.search(r"^RESULT (.*)$", done.stdout, re.M)
+    assert done.returncode == 0 and found, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return json.loads(found.group(1))
+
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
+    """An S2 server and the suite's PostgreSQL, as every_format.py takes them (tablestore meta on PostgreSQL)."""
+    from sluice.s2local import LocalS2
+
+    with LocalS2() as s2:
+        yield {"s2": s2.url, "pg": pg.url, "meta": pg.url,
+               "warehouse": str(tmp_path_factory.mktemp("warehouse"))}

@@ -1,0 +1,111 @@
+"""Writes and reads back every sluice format from a SparkSession made as a user makes one; prints a RESULT line.
+
+Run as a separate process by tests/deploy (never imported by pytest): from a fresh virtualenv holding the
+wheel, on a standalone cluster, and as a Spark Connect client. Its argument is a JSON object:
+  session   "plain" (SparkSession.builder, sluice never imported), "sluice" (sluice.session(master=...))
+            or "connect" (SparkSession.builder.remote(...), sluice imported only for last_write_summary)
+  master / remote, conf      where the session goes
+  s2, pg, warehouse, meta    the stores
+  sql       also write and read through CREATE TEMPORARY VIEW ... USING (plain sessions)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+
+def make_session(cfg: dict):
+    if cfg["session"] == "sluice":
+        import sluice
+
+        return sluice.session("deploy-test", master=cfg["master"], **cfg.get("conf", {}))
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("deploy-test")
+    builder = builder.remote(cfg["remote"]) if cfg["session"] == "connect" else builder.master(cfg["master"])
+    for key, value in cfg.get("conf", {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def summary(spark, cfg: dict, format_name: str) -> dict:
+    if cfg["session"] == "connect":  # the public call; the driver is another machine
+        import sluice
+
+        found = sluice.last_write_summary(format_name)
+    else:  # no sluice import: ask the driver through the registered-by-discovery format
+        row = spark.read.format("sluice_summary").option("format", format_name).load().collect()[0]
+        found = json.loads(row["summary"]) if row["summary"] else None
+    assert found is not None, f"no summary for {format_name}"
+    return found
+
+
+def ids(df, column: str = "id") -> list[int]:
+    return sorted(int(r[0]) for r in df.select(column).collect())
+
+
+def run(spark, cfg: dict) -> dict:
+    tag = uuid.uuid4().hex[:8]
+    expected = list(range(100))
+    rows = spark.range(0, 100, 1, 4).selectExpr("id", "concat('n', id) AS name")
+    out: dict = {}
+
+    rows.write.format("sluice_null").mode("append").save()
+    out["sluice_null"] = summary(spark, cfg, "sluice_null")["records"]
+
+    s2 = {"s2.basin": f"deploy-{tag}", "s2.endpoints.account": cfg["s2"], "s2.endpoints.basin": cfg["s2"],
+          "s2.auth-token": "local"}
+    created = {"s2.create-basin": "true", "s2.create-streams": "true"}
+    rows.write.format("s2").options(**s2, **created).option("s2.stream", "rows").mode("append").save()
+    read = spark.read.format("s2").options(**s2).option("s2.streams", "rows").option("format", "json") \
+        .schema("id long, name string").load()
+    out["s2"] = ids(read) == expected
+    out["s2_summary"] = summary(spark, cfg, "s2")["records"]
+
+    rows.write.format("s2_upsert").options(**s2, **created).option("s2.stream", "changes") \
+        .option("primary-key", "id").mode("append").save()
+    state = spark.read.format("s2_upsert").options(**s2).option("s2.streams", "changes") \
+        .option("primary-key", "id").schema("id long, name string").load()
+    out["s2_upsert"] = ids(state) == expected
+
+    pg = {"url": cfg["pg"], "table": f"deploy_{tag}", "create-table": "true"}
+    rows.write.format("postgres").options(**pg).mode("append").save()
+    out["postgres"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", pg["table"]).load()) \
+        == expected
+
+    store = {"table": f"deploy_{tag}", "warehouse": cfg["warehouse"], "meta": cfg["meta"]}
+    rows.write.format("tablestore").options(**store).mode("append").save()
+    out["tablestore"] = ids(spark.read.format("tablestore").options(**store).load()) == expected
+
+    if cfg.get("sql"):
+        quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**s2, **created, "s2.stream": "sql"}.items())
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW s2_out (id BIGINT, name STRING) USING s2 OPTIONS ({quoted})")
+        spark.sql("INSERT INTO s2_out SELECT id, concat('n', id) AS name FROM range(100)")
+        quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**s2, "s2.streams": "sql", "format": "json"}.items())
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW s2_in (id BIGINT, name STRING) USING s2 OPTIONS ({quoted})")
+        out["sql"] = ids(spark.sql("SELECT id FROM s2_in")) == expected
+
+    from pyspark.sql.functions import udf
+
+    # Which interpreter ran the Python workers (a cluster picks its own; see the cluster test).
+    probe = udf(lambda _: __import__("os").environ.get("SLUICE_TEST_PYTHON_LABEL", "unlabelled"), "string")
+    out["tasks_python"] = spark.range(1).select(probe("id")).collect()[0][0]
+    where = udf(lambda _: __import__("importlib.util").util.find_spec("sluice").origin, "string")
+    out["tasks_sluice"] = spark.range(1).select(where("id")).collect()[0][0]
+    out["sluice_imported"] = "sluice" in sys.modules
+    return out
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    spark = make_session(cfg)
+    try:
+        print("RESULT " + json.dumps(run(spark, cfg)), flush=True)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
