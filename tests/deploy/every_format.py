@@ -54,6 +54,11 @@ def run(spark, cfg: dict) -> dict:
 
     rows.write.format("sluice_null").mode("append").save()
     out["sluice_null"] = summary(spark, cfg, "sluice_null")["records"]
+    if cfg["session"] != "plain":  # the one-call path; it must not fan out to spark.sql.shuffle.partitions (200)
+        import sluice
+
+        sluice.write(rows, "sluice_null", {"sink.mode": "partition-ordered", "sink.partition-key": "id"})
+        out["one_call_tasks"] = summary(spark, cfg, "sluice_null")["tasks"]
 
     s2 = {"s2.basin": f"deploy-{tag}", "s2.endpoints.account": cfg["s2"], "s2.endpoints.basin": cfg["s2"],
           "s2.auth-token": "local"}

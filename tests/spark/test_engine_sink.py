@@ -158,3 +158,26 @@ def test_importing_the_engine_does_not_import_pyspark():
 
     code = "import sys, sluice, sluice.engine; print('pyspark' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_tasks_without_rows_open_no_store(spark, tmp_path):
+    # 8 input partitions, rows only in the first two: the store (its connections, sessions) opens twice.
+    df = spark.range(0, 800, 1, 8).where("id < 200").selectExpr("cast(id AS string) AS body")
+    sluice.write(df, "sluice_test", {"test.dir": tmp_path})
+    assert sorted(map(int, read_file_store(tmp_path)["out"])) == list(range(200))
+    assert len(list((tmp_path / "out").iterdir())) == 2  # FileStore makes one file per store opened
+    assert sluice.last_write_summary("sluice_test")["tasks"] == 2
+
+
+def test_one_call_write_keeps_the_dataframes_fan_out_instead_of_200_shuffle_partitions(spark, tmp_path):
+    df = numbered(spark, 3000, keys=50, partitions=3)
+    opts = {"test.dir": tmp_path / "own", "sink.mode": "partition-ordered", "sink.partition-key": "key"}
+    spark.conf.set("spark.sql.shuffle.partitions", "200")
+    try:
+        sluice.write(df, "sluice_test", opts)
+        assert sluice.last_write_summary("sluice_test")["tasks"] == 3  # one per input partition, not up to 50
+        sluice.write(df, "sluice_test", {**opts, "test.dir": tmp_path / "told"}, num_partitions=5)
+        assert sluice.last_write_summary("sluice_test")["tasks"] == 5
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    assert sum(map(len, by_key(read_file_store(tmp_path / "own")["out"]).values())) == 3000
