@@ -32,7 +32,7 @@ check-postgres:
 	fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check sluice tests bench
+	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
 test: $(STAMP) check-java check-postgres lint
 	$(PY) -m pytest

@@ -12,9 +12,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import pyspark
+import pytest
 
 SPARK_HOME = Path(pyspark.__file__).parent
 EVERY_FORMAT = Path(__file__).with_name("every_format.py")

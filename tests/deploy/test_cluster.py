@@ -1,8 +1,8 @@
 """A Spark standalone cluster (pyspark's own master and two workers on loopback, each its own work and temp
 dirs): every format written and read by a driver that made its session with sluice.session(master=...)."""
 
-import os
 import stat
+import sys
 
 import pytest
 
@@ -43,12 +43,14 @@ def test_every_format_on_a_standalone_cluster_with_the_clusters_own_python(clust
     # The cluster's interpreter (as a cluster's spark-env.sh sets it): a wrapper that labels its tasks.
     # sluice.session() must leave it alone on a non-local master (it used to pin the driver's interpreter).
     cluster_python = tmp_path / "cluster-python"
-    cluster_python.write_text(f'#!/bin/sh\nexport SLUICE_TEST_PYTHON_LABEL=cluster\nexec "{os.sys.executable}" "$@"\n')
+    cluster_python.write_text(f'#!/bin/sh\nexport SLUICE_TEST_PYTHON_LABEL=cluster\nexec "{sys.executable}" "$@"\n')
     cluster_python.chmod(cluster_python.stat().st_mode | stat.S_IEXEC)
     cfg = {"session": "sluice", "master": cluster, "conf": {"spark.executor.memory": "512m", "spark.cores.max": "2"},
            **stores}
-    result = run_every_format(str(cluster_python), cfg, spark_env(tmp_path / "driver", PYSPARK_PYTHON=str(cluster_python)))
+    env = spark_env(tmp_path / "driver", PYSPARK_PYTHON=str(cluster_python))
+    result = run_every_format(str(cluster_python), cfg, env)
     assert result["tasks_python"] == "cluster", result
+    assert result["one_call_tasks"] == 4, result  # the input's 4 partitions, not spark.sql.shuffle.partitions
     assert result["sluice_null"] == 100 and result["s2_summary"] == 100
     assert {k: result[k] for k in ("s2", "s2_upsert", "postgres", "tablestore")} == dict.fromkeys(
         ("s2", "s2_upsert", "postgres", "tablestore"), True)

@@ -1,0 +1,79 @@
+"""Spark Declarative Pipelines: a project run with `spark-pipelines run` whose flows read an S2 stream and
+write it into every sluice format through dp.create_sink (Spark names each flow's query: option queryName)."""
+
+import json
+import uuid
+
+import pytest
+
+import sluice
+from tests.deploy.conftest import SPARK_HOME, Process, spark_env
+
+pytestmark = pytest.mark.spark
+
+FLOWS = '''
+from pyspark import pipelines as dp
+
+S2 = {s2}
+STORES = {stores}
+TAG = "{tag}"
+
+
+def source():
+    return (spark.readStream.format("s2").options(**S2).option("s2.streams", "src").option("format", "json")
+            .schema("id long, name string").load())
+
+
+SINKS = {{
+    "null_sink": ("sluice_null", {{}}),
+    "s2_sink": ("s2", {{**S2, "s2.stream": "copy", "s2.create-streams": "true"}}),
+    "upsert_sink": ("s2_upsert", {{**S2, "s2.stream": "changes", "s2.create-streams": "true", "primary-key": "id"}}),
+    "pg_sink": ("postgres", {{"url": STORES["pg"], "table": "pl_" + TAG, "create-table": "true"}}),
+    "table_sink": ("tablestore", {{"table": "pl_" + TAG, "warehouse": STORES["warehouse"], "meta": STORES["meta"]}}),
+}}
+
+for name, (fmt, options) in SINKS.items():
+    dp.create_sink(name, fmt, options)
+
+    @dp.append_flow(target=name, name="to_" + name)
+    def flow():
+        return source()
+'''
+
+
+def test_a_pipeline_reads_s2_and_writes_every_sluice_format(spark, stores, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    s2 = {"s2.basin": f"pipeline-{tag}", "s2.endpoints.account": stores["s2"],
+          "s2.endpoints.basin": stores["s2"], "s2.auth-token": "local"}
+    rows = spark.range(0, 100, 1, 2).selectExpr("id", "concat('n', id) AS name")
+    sluice.write(rows, "s2", {**s2, "s2.stream": "src", "s2.create-basin": "true", "s2.create-streams": "true"})
+
+    project = tmp_path / "project"
+    (project / "transformations").mkdir(parents=True)
+    (project / "spark-pipeline.yml").write_text(
+        f"name: sluice_pipeline\nstorage: file://{tmp_path / 'storage'}\n"
+        "libraries:\n  - glob:\n      include: transformations/**\n")
+    (project / "transformations" / "flows.py").write_text(
+        FLOWS.format(s2=json.dumps(s2), stores=json.dumps(stores), tag=tag))
+    run = Process([str(SPARK_HOME / "bin" / "spark-pipelines"), "run"],
+                  spark_env(tmp_path / "run", SPARK_HOME=str(SPARK_HOME)), cwd=project)
+    try:
+        assert run.proc.wait(300) == 0, run.output[-6000:]
+    finally:
+        run.stop()
+    assert "Run is COMPLETED" in run.output, run.output[-3000:]
+
+    def s2_ids(fmt, stream, **more):
+        reader = spark.read.format(fmt).options(**s2).option("s2.streams", stream).schema("id long, name string")
+        if fmt == "s2":
+            reader = reader.option("format", "json")
+        return sorted(r.id for r in reader.options(**more).load().collect())
+
+    expected = list(range(100))
+    assert s2_ids("s2", "copy") == expected
+    assert s2_ids("s2_upsert", "changes", **{"primary-key": "id"}) == expected
+    pg_rows = spark.read.format("postgres").option("url", stores["pg"]).option("table", f"pl_{tag}").load()
+    assert sorted(r.id for r in pg_rows.collect()) == expected
+    table = spark.read.format("tablestore").options(table=f"pl_{tag}", warehouse=stores["warehouse"],
+                                                    meta=stores["meta"]).load()
+    assert sorted(r.id for r in table.collect()) == expected
