@@ -1,7 +1,7 @@
 """sluice: connectors for PySpark with control over parallelism, batching, ordering and delivery.
 
     import sluice
-    spark = sluice.session()            # or your own SparkSession, then sluice.register(spark)
+    spark = sluice.session()            # or any SparkSession: installed formats need no registration
     sluice.write(df, "sluice_null", {"sink.mode": "partition-ordered", "sink.partition-key": "id"})
     print(sluice.last_write_summary())
 
@@ -28,17 +28,21 @@ __version__ = "0.1.0"
 
 
 def register(spark: SparkSession) -> list[str]:
-    """Register every sluice format with `spark`; returns the format names."""
+    """Register every sluice format with `spark`; returns the format names.
+
+    Not needed for the built-in formats where sluice is installed: Spark finds them by itself (docs/deploy.md).
+    """
     from sluice.spark._registry import register as _register
 
     return _register(spark)
 
 
-def session(app_name: str = "sluice", **conf: str) -> SparkSession:
-    """A local SparkSession set up for sluice (workers use this interpreter, quiet logs, formats registered)."""
+def session(app_name: str = "sluice", master: str | None = None, **conf: str) -> SparkSession:
+    """A SparkSession for sluice jobs. Local masters (the default, local[2]): workers use this interpreter, the
+    driver listens on loopback, quiet logs. Other masters: the cluster's own settings (docs/deploy.md)."""
     from sluice.spark._session import session as _session
 
-    return _session(app_name, **conf)
+    return _session(app_name, master, **conf)
 
 
 def write(df: DataFrame, format: str, options: dict[str, Any] | None = None, mode: str = "append",
@@ -57,11 +61,15 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any] | None = Non
     return _partitioned(df, format, options or {}, num_partitions)
 
 
-def last_write_summary(format: str | None = None) -> dict[str, Any] | None:
-    """The statistics summary of the last committed write (or micro-batch) on this machine."""
+def last_write_summary(format: str | None = None, spark: SparkSession | None = None) -> dict[str, Any] | None:
+    """The statistics summary of the last write (or micro-batch), committed or failed (`status`).
+
+    Kept on the driver's machine; a Spark Connect client (the active Connect session, or `spark`) asks the
+    driver for it.
+    """
     from sluice.spark._summary import read_last_summary
 
-    return read_last_summary(format)
+    return read_last_summary(format, spark)
 
 
 __all__ = [

@@ -33,7 +33,17 @@ class TableStoreError(SluiceError):
 
 
 def warehouse_path(warehouse: str | None) -> Path:
-    return Path(warehouse or os.environ.get("SLUICE_WAREHOUSE") or DEFAULT_WAREHOUSE).absolute()
+    """The warehouse folder, made absolute on the driver (tasks get this path, not their own working dir)."""
+    raw = warehouse or os.environ.get("SLUICE_WAREHOUSE") or str(DEFAULT_WAREHOUSE)
+    scheme, sep, rest = raw.partition("://")
+    if sep and scheme.lower() == "file":
+        raw = rest
+    elif sep:
+        # Never a local folder named 's3:' - the files would land on one machine's disk and not in the bucket.
+        raise OptionError(f"warehouse {raw!r}: the table store writes to a filesystem path so far, not to "
+                          f"{scheme}:// storage; give a folder every executor and the driver share (a local path "
+                          "in local mode, a shared mount on a cluster).")
+    return Path(raw).absolute()
 
 
 def check_name(name: str) -> str:

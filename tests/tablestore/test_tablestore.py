@@ -115,6 +115,15 @@ def test_bad_requests_fail_clearly(spark, store):
         read(spark, store, "nope").count()
 
 
+def test_an_object_storage_warehouse_is_refused_never_made_a_local_folder(spark, store, tmp_path):
+    bucket = {**store, "warehouse": "s3://bucket/tables"}
+    with pytest.raises(Exception, match=r"warehouse 's3://bucket/tables'.*not to s3:// storage"):
+        spark.range(0, 3).write.format("tablestore").option("table", "t").options(**bucket).mode("append").save()
+    local = {**store, "warehouse": f"file://{tmp_path / 'wh2'}"}
+    spark.range(0, 3).write.format("tablestore").option("table", "t").options(**local).mode("append").save()
+    assert read(spark, local, "t").count() == 3 and (tmp_path / "wh2" / "t").is_dir()
+
+
 def test_vacuum_keeps_what_a_consistent_read_may_need(spark, store):
     from sluice.tablestore import vacuum
 
