@@ -25,6 +25,7 @@ log = logging.getLogger("sluice.s2local")
 # The SDK gives up on a silent read session after 20 s; s2-lite sends one every 5-15 s.
 HEARTBEAT_S = float(os.environ.get("SLUICE_S2_HEARTBEAT_S", "5"))
 MAX_CONTROL_BODY = 64 * 1024
+MAX_UNARY_WAIT_S = 60
 MAX_UNARY_APPEND_BODY = 4 * MIB  # 1 MiB of metered bytes, as JSON with base64 at worst
 MAX_UNACKED_BATCHES = 1000
 MAX_DRAIN = 16 * MIB  # past this, an oversize request's connection is simply closed
@@ -380,17 +381,22 @@ class S2App:
             return await req.json(200, pos)
         return await req.respond(200, ack, "application/x-protobuf")
 
-    def _read_params(self, req: Request, stream: Stream) -> tuple[int, int | None, int | None, int | None, int | None]:
+    def _read_params(self, req: Request, stream: Stream, *, unary: bool
+                     ) -> tuple[int, int | None, int | None, int | None, int | None]:
         clamp = (req.query.get("clamp") or "").lower() == "true"
+        count, max_bytes = _int_param(req, "count"), _int_param(req, "bytes")
+        until, wait = _int_param(req, "until"), _int_param(req, "wait")
+        if unary and wait is not None:
+            wait = min(wait, MAX_UNARY_WAIT_S)  # S2 clamps a unary read's wait, it does not refuse it
+        # Unary reads are always bounded (1000 records / 1 MiB); sessions follow the tail when unbounded.
+        unbounded = not unary and count is None and max_bytes is None and until is None
+        may_follow = unbounded or bool(wait)
         start = self.core.resolve_start(stream, _int_param(req, "seq_num"), _int_param(req, "timestamp"),
-                                        _int_param(req, "tail_offset"), clamp)
-        return start, _int_param(req, "count"), _int_param(req, "bytes"), _int_param(req, "until"), \
-            _int_param(req, "wait")
+                                        _int_param(req, "tail_offset"), clamp, may_follow=may_follow, until=until)
+        return start, count, max_bytes, until, wait
 
     async def _unary_read(self, req: Request, stream: Stream) -> None:
-        start, count, max_bytes, until, wait = self._read_params(req, stream)
-        if wait is not None and wait > 60:
-            raise S2Error("bad_query", "wait is at most 60 seconds for a unary read")
+        start, count, max_bytes, until, wait = self._read_params(req, stream, unary=True)
         count = min(count if count is not None else 1000, 1000)
         max_bytes = min(max_bytes if max_bytes is not None else MIB, MIB)
         deadline = time.monotonic() + (wait or 0)
@@ -481,7 +487,7 @@ class S2App:
                 await reader
 
     async def _read_session(self, req: Request, stream: Stream) -> None:
-        start, count, max_bytes, until, wait = self._read_params(req, stream)
+        start, count, max_bytes, until, wait = self._read_params(req, stream, unary=False)
         bounded = count is not None or max_bytes is not None or until is not None
         if wait is None:
             wait = 0 if bounded else None  # S2: 0 with a bound on count/bytes/until, otherwise follow forever

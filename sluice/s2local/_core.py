@@ -491,20 +491,32 @@ class Core:
 
     # ------------------------------------------------------------------ reads
     def resolve_start(self, stream: Stream, seq_num: int | None, timestamp: int | None, tail_offset: int | None,
-                      clamp: bool) -> int:
+                      clamp: bool, *, may_follow: bool, until: int | None = None) -> int:
+        """The first seq num to read, as S2 resolves it (s2-lite's read_start_seq_num).
+
+        A start past the tail (a seq num beyond it, a timestamp after the last record's) is 416 with the tail
+        unless `clamp`; a start that lands at the tail is 416 too when the read may not wait for new records
+        (`may_follow`: a session with no count/bytes/until bound, or a non-zero `wait`).
+        """
         if sum(x is not None for x in (seq_num, timestamp, tail_offset)) > 1:
             raise S2Error("bad_query", "only one of seq_num, timestamp, or tail_offset can be provided")
-        tail = stream.next_seq
-        if seq_num is not None:
-            if seq_num > tail:
-                if not clamp:
-                    raise unwritten(*stream.tail)
-                return tail
-            return max(seq_num, stream.trim_point)
-        if timestamp is not None:
-            return self.storage.first_seq_at(stream.id, timestamp, stream.trim_point, tail)
-        offset = tail_offset or 0
-        return max(tail - offset, stream.trim_point)
+        if timestamp is not None and until is not None and until <= timestamp:
+            raise S2Error("invalid", "start `timestamp` exceeds or equal to `until`")
+        tail_seq, tail_ts = stream.tail
+        past = (seq_num is not None and seq_num > tail_seq) or (timestamp is not None and timestamp > tail_ts)
+        if past:
+            if not clamp:
+                raise unwritten(tail_seq, tail_ts)
+            start = tail_seq
+        elif seq_num is not None:
+            start = max(seq_num, stream.trim_point)
+        elif timestamp is not None:
+            start = self.storage.first_seq_at(stream.id, timestamp, stream.trim_point, tail_seq)
+        else:
+            start = max(tail_seq - (tail_offset or 0), stream.trim_point)
+        if start >= tail_seq and not may_follow:
+            raise unwritten(tail_seq, tail_ts)
+        return start
 
     def read(self, stream: Stream, start: int, count: int, max_bytes: int, until: int | None
              ) -> tuple[list[bytes], int, int, bool]:

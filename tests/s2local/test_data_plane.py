@@ -82,10 +82,48 @@ def test_reading_past_the_tail_is_416_unless_clamped(s2_server, basin_name):
             with pytest.raises(s2_sdk.ReadUnwrittenError) as past:
                 await stream.read(start=SeqNum(10))
             assert past.value.status_code == 416 and past.value.tail.seq_num == 3
-            clamped = await stream.read(start=SeqNum(10), clamp_to_tail=True)
-            assert clamped.records == [] and clamped.tail.seq_num == 3
-            at_tail = await stream.read(start=SeqNum(3))
-            assert at_tail.records == [] and at_tail.tail.seq_num == 3
+            # Clamped to the tail, with nothing to wait for: S2 answers 416 as well (s2-lite's read_start_seq_num).
+            with pytest.raises(s2_sdk.ReadUnwrittenError) as clamped:
+                await stream.read(start=SeqNum(10), clamp_to_tail=True)
+            assert clamped.value.tail.seq_num == 3
+            with pytest.raises(s2_sdk.ReadUnwrittenError):
+                await stream.read(start=SeqNum(3))
+            waited = await stream.read(start=SeqNum(10), clamp_to_tail=True, wait=1)
+            assert waited.records == [] and waited.tail.seq_num == 3
+
+    run(scenario())
+
+
+def test_reads_that_start_at_the_tail_are_416_unless_they_may_wait(s2_server, basin_name):
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            cfg = StreamConfig(timestamping=Timestamping(mode=TimestampingMode.CLIENT_REQUIRE, uncapped=True))
+            stream = await new_stream(s2, basin_name, config=cfg)
+            with pytest.raises(s2_sdk.ReadUnwrittenError) as empty:
+                await stream.read(start=SeqNum(0))  # an empty stream
+            assert (empty.value.status_code, empty.value.tail.seq_num) == (416, 0)
+            await stream.append(AppendInput(records=[Record(body=b"x", timestamp=1000 + i) for i in range(3)]))
+            with pytest.raises(s2_sdk.ReadUnwrittenError) as future:
+                await stream.read(start=Timestamp(5000))  # after the last record's timestamp
+            assert future.value.tail.seq_num == 3 and future.value.tail.timestamp == 1002
+            with pytest.raises(s2_sdk.ReadUnwrittenError):
+                await stream.read(start=Timestamp(5000), clamp_to_tail=True)
+            assert (await stream.read(start=Timestamp(5000), clamp_to_tail=True, wait=1)).records == []
+            assert [r.seq_num for r in (await stream.read(start=Timestamp(1002))).records] == [2]
+            with pytest.raises(s2_sdk.S2ServerError) as until:
+                await stream.read(start=Timestamp(1001), until_timestamp=1001)
+            assert until.value.status_code == 422 and "until" in str(until.value)
+            # Sessions: a bounded one at the tail is 416; an unbounded one follows the tail instead.
+            with pytest.raises(s2_sdk.ReadUnwrittenError):
+                async for _ in stream.read_session(start=SeqNum(3), limit=ReadLimit(count=5)):
+                    pass
+            session = stream.read_session(start=SeqNum(3))
+            appended = asyncio.create_task(stream.append(AppendInput(records=[Record(body=b"y", timestamp=2000)])))
+            async for batch in session:
+                if batch.records:
+                    assert batch.records[0].seq_num == 3
+                    break
+            await appended
 
     run(scenario())
 
@@ -250,7 +288,8 @@ def test_create_stream_on_append_and_read(s2_server, basin_name):
                                                                          create_stream_on_read=True))
             basin = s2.basin(basin_name)
             await basin.stream("auto-a").append(AppendInput(records=records(1)))
-            assert (await basin.stream("auto-r").read(start=SeqNum(0))).records == []
+            with pytest.raises(s2_sdk.ReadUnwrittenError):  # created by the read, and empty: 416 as on S2
+                await basin.stream("auto-r").read(start=SeqNum(0))
             assert {s.name async for s in basin.list_all_streams()} == {"auto-a", "auto-r"}
 
     run(scenario())

@@ -152,9 +152,18 @@ class S2Enumerator(SplitEnumerator):
                     out.append(tail)
                 elif kind == "seq":
                     out.append(min(value, tail))
+                elif kind == "earliest" and tail == 0:
+                    out.append(0)  # nothing was ever written: reading would only get S2's 416
                 else:
                     start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(value)
-                    batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
+                    try:
+                        batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
+                    except s2_sdk.ReadUnwrittenError as at_tail:
+                        # S2 answers 416 when the start resolves to the tail: every record trimmed, or a
+                        # timestamp after the last record's. Reading from there means reading new records
+                        # (never past the tail this plan saw, so a batch read's start stays <= its end).
+                        out.append(min(at_tail.tail.seq_num, tail))
+                        continue
                     out.append(batch.records[0].seq_num if batch.records else tail)
             return out
 
@@ -190,8 +199,11 @@ class S2Enumerator(SplitEnumerator):
             async with self.conn.client() as client:
                 stream = client.basin(self.conn.basin).stream(split.split_id)
                 while position < end and used < max_bytes:
-                    batch = await stream.read(start=s2_sdk.SeqNum(position),
-                                              limit=s2_sdk.ReadLimit(count=min(1000, end - position)))
+                    try:
+                        batch = await stream.read(start=s2_sdk.SeqNum(position),
+                                                  limit=s2_sdk.ReadLimit(count=min(1000, end - position)))
+                    except s2_sdk.ReadUnwrittenError:  # trimmed up to the tail meanwhile: nothing left to meter
+                        break
                     if not batch.records:
                         break
                     for record in batch.records:

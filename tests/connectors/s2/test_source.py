@@ -93,6 +93,22 @@ def test_start_and_end_by_seq_num_and_timestamp(spark, s2_local, read_opts):
     assert base().option("s2.start", "2000-01-01T00:00:00Z").load().count() == 100
 
 
+def test_empty_and_fully_trimmed_streams_read_as_empty(spark, s2_local, read_opts, tmp_path):
+    """S2 answers 416 to a read that would start at the tail (nothing written, everything trimmed); the source
+    resolves `earliest` to the tail there instead of failing."""
+    basin = read_opts["s2.basin"]
+    append(s2_local, basin, "empty", [])
+    append(s2_local, basin, "gone", rows(10))
+    trim(s2_local, basin, "gone", 11)  # the 10 records and the trim command record itself
+    for stream in ("empty", "gone"):
+        assert spark.read.format("s2").options(**read_opts).option("s2.streams", stream).load().count() == 0
+    query = (spark.readStream.format("s2").options(**read_opts).option("s2.streams", "empty,gone").load()
+             .writeStream.format("memory").queryName("empty_streams")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None and spark.table("empty_streams").count() == 0
+
+
 def test_trimmed_stream_with_and_without_fail_on_data_loss(spark, s2_local, read_opts):
     basin = read_opts["s2.basin"]
     append(s2_local, basin, "t", rows(100))
