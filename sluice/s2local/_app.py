@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, unquote
 
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
-from sluice.s2local._core import MIB, Core, Session, Stream
+from sluice.s2local._core import MIB, U64_MAX, Core, Session, Stream, check_uint
 from sluice.s2local._errors import S2Error
 from sluice.s2local._wire import FrameReader, compress, frame, read_batch, terminal_frame
 
@@ -143,14 +143,15 @@ def _int_param(req: Request, name: str, maximum: int | None = None) -> int | Non
         value = int(raw)
     except ValueError:
         raise S2Error("bad_query", f"query parameter {name} must be a whole number") from None
-    if value < 0 or (maximum is not None and value > maximum):
-        raise S2Error("bad_query", f"query parameter {name} must be between 0 and {maximum}")
+    highest = U64_MAX if maximum is None else maximum
+    if not 0 <= value <= highest:
+        raise S2Error("bad_query", f"query parameter {name} must be between 0 and {highest}")
     return value
 
 
 def _page_params(req: Request) -> tuple[str, str, int]:
-    limit = _int_param(req, "limit", 1000)
-    return req.query.get("prefix", ""), req.query.get("start_after", ""), 1000 if limit is None else limit
+    limit = _int_param(req, "limit")
+    return req.query.get("prefix", ""), req.query.get("start_after", ""), 1000 if limit is None else min(limit, 1000)
 
 
 class S2App:
@@ -227,7 +228,9 @@ class S2App:
         if kind == "streams" and len(seg) == 4 and seg[3] == "records":
             return await self._records(req, method, seg[2])
         if kind == "streams" and len(seg) == 5 and seg[3:] == ["records", "tail"] and method == "GET":
-            stream = self.core.stream(self._basin(req), seg[2])
+            # S2 creates the stream on a tail check too where the basin says create_stream_on_read.
+            stream = await self.core.stream_or_create(self._basin(req), seg[2], "create_stream_on_read",
+                                                      self._header_config(req))
             return await req.json(200, {"tail": {"seq_num": stream.next_seq, "timestamp": stream.last_ts}})
         raise S2Error("bad_path", f"no such endpoint: {method} {req.scope.get('path')}", 404)
 
@@ -254,7 +257,10 @@ class S2App:
             status = 201 if result == "created" else 200
             return await req.json(status, basin.info(), [("s2-provision-result", result)])
         if method == "PATCH":
-            basin = await self.core.reconfigure_basin(name, await req.json_body())
+            body = await req.json_body()
+            if not isinstance(body, dict):
+                raise S2Error("invalid", "a basin reconfiguration is a JSON object of the fields to change")
+            basin = await self.core.reconfigure_basin(name, body)
             return await req.json(200, basin.config)
         if method == "DELETE":
             await self.core.delete_basin(name)
@@ -284,7 +290,10 @@ class S2App:
             status = 201 if result == "created" else 200
             return await req.json(status, stream.info(), [("s2-provision-result", result)])
         if method == "PATCH":
-            stream = await self.core.reconfigure_stream(basin, name, await req.json_body())
+            body = await req.json_body()
+            if not isinstance(body, dict):
+                raise S2Error("invalid", "a stream reconfiguration is a JSON object of the fields to change")
+            stream = await self.core.reconfigure_stream(basin, name, body)
             return await req.json(200, stream.config)
         if method == "DELETE":
             await self.core.delete_stream(basin, name)
@@ -345,16 +354,18 @@ class S2App:
                 raise S2Error("invalid", f"record {i} must be an object")
             out = inp.records.add()
             if rec.get("timestamp") is not None:
-                out.timestamp = int(rec["timestamp"])
+                out.timestamp = check_uint(rec["timestamp"], f"record {i}: timestamp")
             for header in rec.get("headers") or []:
                 if not isinstance(header, list) or len(header) != 2:
                     raise S2Error("invalid", f"record {i}: headers are [name, value] pairs")
                 out.headers.add(name=decode(header[0], "header name"), value=decode(header[1], "header value"))
             out.body = decode(rec.get("body", ""), "body")
         if data.get("match_seq_num") is not None:
-            inp.match_seq_num = int(data["match_seq_num"])
+            inp.match_seq_num = check_uint(data["match_seq_num"], "match_seq_num")
         if data.get("fencing_token") is not None:
-            inp.fencing_token = str(data["fencing_token"])
+            if not isinstance(data["fencing_token"], str):
+                raise S2Error("invalid", "fencing_token must be a string")
+            inp.fencing_token = data["fencing_token"]
         return inp
 
     async def _unary_append(self, req: Request, stream: Stream) -> None:

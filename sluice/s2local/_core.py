@@ -62,8 +62,30 @@ def _set_fields(config: Any, what: str, known: set[str]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if v is not None}
 
 
+U64_MAX = 2**64 - 1
+STORAGE_CLASSES = ("standard", "express")
+MAX_FENCING_TOKEN_BYTES = 36
+
+
+def check_uint(value: Any, what: str, minimum: int = 0) -> int:
+    """A JSON whole number in [minimum, 2^64) (JSON booleans are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= U64_MAX:
+        raise S2Error("invalid", f"{what} must be a whole number from {minimum} to {U64_MAX}, got {value!r}")
+    return value
+
+
+def _retention(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or len(value) != 1 or not ({"age", "infinite"} & set(value)):
+        raise S2Error("invalid", 'retention_policy must be {"age": SECONDS} or {"infinite": {}}')
+    if "age" in value:
+        return {"age": check_uint(value["age"], "retention_policy.age", minimum=1)}  # S2 refuses an age of 0
+    if value["infinite"] not in ({}, None):
+        raise S2Error("invalid", 'retention_policy.infinite must be {}')
+    return {"infinite": {}}
+
+
 def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Validate a StreamConfig JSON object, filling unset fields from `base`."""
+    """Validate a StreamConfig JSON object as S2 does, filling unset fields from `base`."""
     out = dict(base or {})
     if config is None:
         return out
@@ -71,15 +93,22 @@ def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] 
                                                    "delete_on_empty"})
     for key, value in fields.items():
         if key == "timestamping":
-            if not isinstance(value, dict):
-                raise S2Error("invalid", "timestamping must be an object")
             merged = dict(out.get("timestamping") or {})
-            merged.update({k: v for k, v in value.items() if v is not None})
+            merged.update(_set_fields(value, "timestamping", {"mode", "uncapped"}))
             if merged.get("mode") is not None and merged["mode"] not in TIMESTAMPING_MODES:
                 raise S2Error("invalid", f"timestamping.mode must be one of {', '.join(TIMESTAMPING_MODES)}")
+            if not isinstance(merged.get("uncapped", False), bool):
+                raise S2Error("invalid", "timestamping.uncapped must be true or false")
             out["timestamping"] = merged
-        else:
+        elif key == "storage_class":
+            if value not in STORAGE_CLASSES:
+                raise S2Error("invalid", f"storage_class must be one of {', '.join(STORAGE_CLASSES)}")
             out[key] = value
+        elif key == "retention_policy":
+            out[key] = _retention(value)
+        else:  # delete_on_empty
+            doe = _set_fields(value, "delete_on_empty", {"min_age_secs"})
+            out[key] = {"min_age_secs": check_uint(doe.get("min_age_secs", 0), "delete_on_empty.min_age_secs")}
     return out
 
 
@@ -203,13 +232,15 @@ class Core:
 
     def _basin_config(self, config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
         out = dict(base or {})
-        if not config:
+        if config is None:
             return out
         fields = _set_fields(config, "basin config", {"default_stream_config", "create_stream_on_append",
                                                       "create_stream_on_read", "stream_cipher"})
         for key, value in fields.items():
             if key == "default_stream_config":
                 value = normalize_stream_config(value, out.get("default_stream_config"))
+            elif key in ("create_stream_on_append", "create_stream_on_read") and not isinstance(value, bool):
+                raise S2Error("invalid", f"{key} must be true or false")
             if key == "stream_cipher":
                 raise S2Error("invalid", "encryption is not supported by the local S2 server")
             out[key] = value
@@ -400,6 +431,9 @@ class Core:
         count = len(records)
         if not 1 <= count <= MAX_BATCH_RECORDS:
             raise S2Error("invalid", f"a batch holds 1 to {MAX_BATCH_RECORDS} records, got {count}")
+        if append_input.HasField("fencing_token") and \
+                len(append_input.fencing_token.encode()) > MAX_FENCING_TOKEN_BYTES:
+            raise S2Error("invalid", f"fencing_token is at most {MAX_FENCING_TOKEN_BYTES} bytes")
         if append_input.HasField("fencing_token") and append_input.fencing_token != state.fencing_token:
             raise fencing_token_mismatch(state.fencing_token)
         if append_input.HasField("match_seq_num") and append_input.match_seq_num != state.next_seq:

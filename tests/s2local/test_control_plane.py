@@ -168,3 +168,64 @@ def test_concurrent_creates_of_one_stream_race_cleanly_on_a_durable_server(tmp_p
     creates, ensures = asyncio.run(scenario())
     assert sorted(creates) == ["created"] + ["resource_already_exists"] * 7, creates
     assert sorted(ensures) == ["created"] + ["noop"] * 7, ensures
+
+
+def test_streams_inherit_the_basins_default_config_on_every_creation_path(s2_server, basin_name):
+    default = StreamConfig(storage_class="express", retention_policy=3600,
+                           timestamping=Timestamping(mode=TimestampingMode.ARRIVAL), delete_on_empty_min_age=60)
+
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            await s2.create_basin(basin_name, config=BasinConfig(default_stream_config=default,
+                                                                 create_stream_on_append=True,
+                                                                 create_stream_on_read=True))
+            basin = s2.basin(basin_name)
+            await basin.create_stream("created")
+            await basin.create_stream("partly", config=StreamConfig(retention_policy="infinite"))
+            await basin.ensure_stream("ensured")
+            await basin.stream("on-append").append(s2_sdk.AppendInput(records=[s2_sdk.Record(body=b"x")]))
+            await basin.stream("on-read").check_tail()
+            for name in ("created", "ensured", "on-append", "on-read"):
+                assert await basin.get_stream_config(name) == default, name
+            partly = await basin.get_stream_config("partly")
+            assert partly.retention_policy == "infinite" and partly.storage_class == "express"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"retention_policy": {"age": 0}}, "retention_policy.age"),
+    ({"retention_policy": {"age": -1}}, "retention_policy.age"),
+    ({"retention_policy": {"age": 5, "infinite": {}}}, "retention_policy"),
+    ({"retention_policy": 7}, "retention_policy"),
+    ({"storage_class": "cold"}, "storage_class"),
+    ({"timestamping": {"mode": "sometimes"}}, "timestamping.mode"),
+    ({"timestamping": {"uncapped": "yes"}}, "timestamping.uncapped"),
+    ({"timestamping": {"speed": 1}}, "timestamping field"),
+    ({"delete_on_empty": {"min_age_secs": -5}}, "delete_on_empty.min_age_secs"),
+    ({"delete_on_empty": 3}, "delete_on_empty"),
+])
+def test_stream_configs_are_validated_with_422(s2_server, basin_name, config, message):
+    run(_create_basin(s2_server, basin_name))
+    for method, path, body in [("POST", "/v1/streams", {"stream": "s", "config": config}),
+                               ("PUT", "/v1/streams/s2", config),
+                               ("POST", "/v1/basins", {"basin": basin_name + "-d",
+                                                       "config": {"default_stream_config": config}})]:
+        status, _, raw = h2_request(s2_server.port, method, path, {"s2-basin": basin_name,
+                                                                   "content-type": "application/json"},
+                                    json.dumps(body).encode())
+        assert (status, json.loads(raw)["code"]) == (422, "invalid"), (method, path, raw)
+        assert message in json.loads(raw)["message"]
+
+
+def test_bad_basin_reconfigurations_and_list_limits(s2_server, basin_name):
+    run(_create_basin(s2_server, basin_name))
+    for body in (b"null", b"[]", b'{"create_stream_on_append": "yes"}'):
+        status, _, raw = h2_request(s2_server.port, "PATCH", f"/v1/basins/{basin_name}",
+                                    {"content-type": "application/json"}, body)
+        assert status == 422, (body, raw)
+    # S2 clamps list limits to 1000 instead of refusing them.
+    status, _, raw = h2_request(s2_server.port, "GET", "/v1/basins?limit=5000")
+    assert status == 200 and "basins" in json.loads(raw)
+    status, _, raw = h2_request(s2_server.port, "GET", "/v1/streams?limit=1001", {"s2-basin": basin_name})
+    assert status == 200 and "streams" in json.loads(raw)

@@ -1,6 +1,7 @@
 """Appends, reads, sessions, conditions, command records and timestamping, through the official s2-sdk."""
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -307,3 +308,24 @@ def test_missing_stream_and_basin_errors(s2_server, basin_name):
             assert no_stream.value.status_code == 404 and no_stream.value.code == "stream_not_found"
 
     run(scenario())
+
+
+@pytest.mark.parametrize("field", [
+    {"records": [{"body": "x", "timestamp": -1}]},
+    {"records": [{"body": "x", "timestamp": 1e30}]},
+    {"records": [{"body": "x", "timestamp": "abc"}]},
+    {"records": [{"body": "x", "timestamp": [1]}]},
+    {"records": [{"body": "x"}], "match_seq_num": -5},
+    {"records": [{"body": "x"}], "match_seq_num": "abc"},
+    {"records": [{"body": "x"}], "fencing_token": "t" * 100},
+    {"records": [{"body": "x"}], "fencing_token": 5},
+])
+def test_bad_json_appends_are_422_never_500(s2_server, basin_name, field):
+    from tests.s2local.conftest import create_stream
+    from tests.s2local.raw import h2_request
+
+    create_stream(s2_server, basin_name)
+    status, _, raw = h2_request(s2_server.port, "POST", "/v1/streams/s/records",
+                                {"s2-basin": basin_name, "content-type": "application/json"},
+                                json.dumps(field).encode())
+    assert status == 422, raw
