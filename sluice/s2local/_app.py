@@ -6,7 +6,6 @@ import asyncio
 import base64
 import contextlib
 import gzip
-import hmac
 import json
 import logging
 import os
@@ -18,6 +17,7 @@ from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
 from sluice.s2local._core import MIB, U64_MAX, Core, Session, Stream, check_uint
 from sluice.s2local._errors import S2Error
+from sluice.s2local._tokens import Caller, TokenRegistry
 from sluice.s2local._wire import FrameReader, compress, frame, read_batch, terminal_frame
 
 log = logging.getLogger("sluice.s2local")
@@ -25,13 +25,20 @@ log = logging.getLogger("sluice.s2local")
 # The SDK gives up on a silent read session after 20 s; s2-lite sends one every 5-15 s.
 HEARTBEAT_S = float(os.environ.get("SLUICE_S2_HEARTBEAT_S", "5"))
 MAX_CONTROL_BODY = 64 * 1024
-MAX_UNARY_WAIT_S = 60
+# S2 caps a unary read's wait at 60 s; tests that fire many requests (the API fuzz test) lower it.
+MAX_UNARY_WAIT_S = int(os.environ.get("SLUICE_S2_MAX_UNARY_WAIT_S", "60"))
 MAX_UNARY_APPEND_BODY = 4 * MIB  # 1 MiB of metered bytes, as JSON with base64 at worst
 MAX_UNACKED_BATCHES = 1000
 MAX_DRAIN = 16 * MIB  # past this, an oversize request's connection is simply closed
 S2S = "s2s/proto"
 PROTO = ("application/x-protobuf", "application/protobuf")
-UNSUPPORTED = {"access-tokens": "access tokens", "locations": "locations", "metrics": "metrics"}
+UNSUPPORTED = {"locations": "locations"}
+METRIC_SETS = {
+    "account": ("active-basins", "account-ops", "estimated-billable-usage"),
+    "basin": ("storage", "append-ops", "read-ops", "read-throughput", "append-throughput", "basin-ops"),
+    "stream": ("storage",),
+}
+INTERVALS = ("minute", "hour", "day")
 
 
 class Request:
@@ -47,6 +54,7 @@ class Request:
         self._send = send
         self.started = False
         self.disconnected = asyncio.Event()
+        self.caller = Caller()
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -135,6 +143,19 @@ class Request:
             raise S2Error("bad_json", f"request body is not valid JSON: {error}") from None
 
 
+def _accumulation(name: str, unit: str, interval: str, now: int, value: float) -> dict[str, Any]:
+    return {"accumulation": {"name": name, "unit": unit, "interval": interval, "values": [[now, float(value)]]}}
+
+
+def _authorize_commands(req: Request, stream: Stream, inp: Any) -> None:
+    """Command records need their own operation: a trim needs `trim`, a fence `fence` (on top of `append`)."""
+    for record in inp.records:
+        if len(record.headers) == 1 and not record.headers[0].name:
+            op = record.headers[0].value.decode("utf-8", "replace")
+            if op in ("trim", "fence"):
+                req.caller.authorize(op, basin=stream.basin, stream=stream.name)
+
+
 def _int_param(req: Request, name: str, maximum: int | None = None) -> int | None:
     raw = req.query.get(name)
     if raw is None:
@@ -157,7 +178,7 @@ def _page_params(req: Request) -> tuple[str, str, int]:
 class S2App:
     def __init__(self, core: Core, token: str | None = None) -> None:
         self.core = core
-        self.token = token
+        self.tokens = TokenRegistry(token, core.storage.load_tokens())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -167,7 +188,7 @@ class S2App:
             return
         req = Request(scope, receive, send)
         try:
-            self._authorize(req)
+            req.caller = self.tokens.authenticate(req.header("authorization"))
             await self._route(req)
         except asyncio.CancelledError:
             pass
@@ -195,14 +216,6 @@ class S2App:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _authorize(self, req: Request) -> None:
-        if self.token is None:
-            return
-        given = req.header("authorization") or ""
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-            # Never echo what was sent: it may be a real token.
-            raise S2Error("unauthorized", "missing or wrong access token (authorization: Bearer ...)")
-
     def _basin(self, req: Request) -> str:
         basin = req.header("s2-basin")
         if not basin:
@@ -217,6 +230,10 @@ class S2App:
         kind = seg[1]
         if kind in UNSUPPORTED:
             raise S2Error("not_implemented", f"{UNSUPPORTED[kind]} are not implemented by sluice's local S2 server")
+        if kind == "access-tokens" and len(seg) <= 3:
+            return await self._access_tokens(req, method, seg[2] if len(seg) == 3 else None)
+        if kind == "metrics" and len(seg) <= 4 and method == "GET":
+            return await self._metrics(req, *seg[2:])
         if kind == "basins" and len(seg) == 2:
             return await self._basins(req, method)
         if kind == "basins" and len(seg) == 3:
@@ -228,8 +245,10 @@ class S2App:
         if kind == "streams" and len(seg) == 4 and seg[3] == "records":
             return await self._records(req, method, seg[2])
         if kind == "streams" and len(seg) == 5 and seg[3:] == ["records", "tail"] and method == "GET":
+            basin = self._basin(req)
+            req.caller.authorize("check-tail", basin=basin, stream=seg[2])
             # S2 creates the stream on a tail check too where the basin says create_stream_on_read.
-            stream = await self.core.stream_or_create(self._basin(req), seg[2], "create_stream_on_read",
+            stream = await self.core.stream_or_create(basin, seg[2], "create_stream_on_read",
                                                       self._header_config(req))
             return await req.json(200, {"tail": {"seq_num": stream.next_seq, "timestamp": stream.last_ts}})
         raise S2Error("bad_path", f"no such endpoint: {method} {req.scope.get('path')}", 404)
@@ -237,18 +256,26 @@ class S2App:
     # ------------------------------------------------------------------ control plane
     async def _basins(self, req: Request, method: str) -> None:
         if method == "GET":
+            req.caller.authorize("list-basins")
             basins, more = self.core.list_basins(*_page_params(req))
-            return await req.json(200, {"basins": [b.info() for b in basins], "has_more": more})
+            seen = [b.info() for b in basins if req.caller.may_see("basins", b.name)]
+            return await req.json(200, {"basins": seen, "has_more": more})
         if method == "POST":
             body = await req.json_body()
             if not isinstance(body, dict) or not isinstance(body.get("basin"), str):
                 raise S2Error("invalid", "body must be {\"basin\": NAME, \"config\": {...}}")
+            req.caller.authorize("create-basin", basin=body["basin"])
             basin, created = await self.core.create_basin(body["basin"], body.get("config"),
                                                           req.header("s2-request-token"))
             return await req.json(201 if created else 200, basin.info())
         raise S2Error("bad_path", f"{method} is not allowed on /v1/basins", 405)
 
     async def _basin_item(self, req: Request, method: str, name: str) -> None:
+        exists = name in self.core.basins
+        op = {"GET": "get-basin-config", "PATCH": "reconfigure-basin", "DELETE": "delete-basin",
+              "PUT": "reconfigure-basin" if exists else "create-basin"}.get(method)
+        if op:
+            req.caller.authorize(op, basin=name)
         if method == "GET":
             return await req.json(200, self.core.basin(name).config)
         if method == "PUT":
@@ -270,12 +297,15 @@ class S2App:
     async def _streams(self, req: Request, method: str) -> None:
         basin = self._basin(req)
         if method == "GET":
+            req.caller.authorize("list-streams", basin=basin)
             streams, more = self.core.list_streams(basin, *_page_params(req))
-            return await req.json(200, {"streams": [s.info() for s in streams], "has_more": more})
+            seen = [s.info() for s in streams if req.caller.may_see("streams", s.name)]
+            return await req.json(200, {"streams": seen, "has_more": more})
         if method == "POST":
             body = await req.json_body()
             if not isinstance(body, dict) or not isinstance(body.get("stream"), str):
                 raise S2Error("invalid", "body must be {\"stream\": NAME, \"config\": {...}}")
+            req.caller.authorize("create-stream", basin=basin, stream=body["stream"])
             stream, created = await self.core.create_stream(basin, body["stream"], body.get("config"),
                                                             req.header("s2-request-token"))
             return await req.json(201 if created else 200, stream.info())
@@ -283,6 +313,11 @@ class S2App:
 
     async def _stream_item(self, req: Request, method: str, name: str) -> None:
         basin = self._basin(req)
+        exists = (basin, name) in self.core.streams
+        op = {"GET": "get-stream-config", "PATCH": "reconfigure-stream", "DELETE": "delete-stream",
+              "PUT": "reconfigure-stream" if exists else "create-stream"}.get(method)
+        if op:
+            req.caller.authorize(op, basin=basin, stream=name)
         if method == "GET":
             return await req.json(200, self.core.stream(basin, name).config)
         if method == "PUT":
@@ -300,6 +335,62 @@ class S2App:
             return await req.respond(202, b"")
         raise S2Error("bad_path", f"{method} is not allowed on a stream", 405)
 
+    # ------------------------------------------------------------------ access tokens and metrics
+    async def _access_tokens(self, req: Request, method: str, token_id: str | None) -> None:
+        if token_id is None and method == "GET":
+            req.caller.authorize("list-access-tokens")
+            tokens, more = self.tokens.page(req.caller, *_page_params(req))
+            return await req.json(200, {"access_tokens": [t.info() for t in tokens], "has_more": more})
+        if token_id is None and method == "POST":
+            token, secret = self.tokens.issue(await req.json_body(), req.caller)
+            await self.core.save_token(token.id, token.to_json())
+            self.tokens.add(token)
+            return await req.json(201, {"access_token": secret})
+        if token_id is not None and method == "DELETE":
+            req.caller.authorize("revoke-access-token", token_id=token_id)
+            token = self.tokens.remove(token_id)
+            await self.core.drop_token(token.id)
+            return await req.json(200, token.info())
+        raise S2Error("bad_path", f"{method} is not allowed on {req.scope.get('path')}", 405)
+
+    async def _metrics(self, req: Request, basin: str | None = None, stream: str | None = None) -> None:
+        """What this server knows: its basins, and per basin/stream the records and bytes appended, read and
+        stored (ops and throughput count since the server started; storage is what is stored now)."""
+        level = "stream" if stream is not None else "basin" if basin is not None else "account"
+        req.caller.authorize(f"{level}-metrics", basin=basin, stream=stream)
+        metric_set = req.query.get("set")
+        if metric_set not in METRIC_SETS[level]:
+            raise S2Error("bad_query", f"set must be one of {', '.join(METRIC_SETS[level])} for {level} metrics")
+        interval = req.query.get("interval") or "minute"
+        if interval not in INTERVALS:
+            raise S2Error("bad_query", f"interval must be one of {', '.join(INTERVALS)}")
+        for name in ("start", "end"):
+            _int_param(req, name, 2**31 - 1)
+        now = int(time.time())
+        if level == "account":
+            if metric_set == "active-basins":
+                names = sorted(b for b in self.core.basins if req.caller.may_see("basins", b))
+                return await req.json(200, {"values": [{"label": {"name": "active-basins", "values": names}}]})
+            if metric_set == "estimated-billable-usage":  # a local server bills nothing
+                return await req.json(200, {"values": [_accumulation(metric_set, "usd", interval, now, 0)]})
+            total = sum(sum(s.usage[k] for k in ("append-ops", "read-ops")) for s in self.core.streams.values())
+            return await req.json(200, {"values": [_accumulation("account-ops", "operations", interval, now,
+                                                                 total)]})
+        self.core.basin(basin)
+        streams = [self.core.stream(basin, stream)] if stream is not None else \
+            [s for (b, _), s in self.core.streams.items() if b == basin]
+        if metric_set == "storage":
+            _, stored = self.core.storage.stored([s.id for s in streams])
+            return await req.json(200, {"values": [{"gauge": {"name": "storage", "unit": "bytes",
+                                                              "values": [[now, float(stored)]]}}]})
+        key, unit = {"append-ops": ("append-ops", "operations"), "read-ops": ("read-ops", "operations"),
+                     "append-throughput": ("append-bytes", "bytes"), "read-throughput": ("read-bytes", "bytes"),
+                     "basin-ops": ("append-ops", "operations")}[metric_set]
+        total = sum(s.usage[key] for s in streams)
+        if metric_set == "basin-ops":
+            total += sum(s.usage["read-ops"] for s in streams)
+        return await req.json(200, {"values": [_accumulation(metric_set, unit, interval, now, total)]})
+
     # ------------------------------------------------------------------ data plane
     def _header_config(self, req: Request) -> dict[str, Any] | None:
         raw = req.header("s2-stream-config")
@@ -315,6 +406,8 @@ class S2App:
         if req.header("s2-encryption-key"):
             raise S2Error("invalid", "encryption is not supported by the local S2 server")
         session = req.content_type() == S2S
+        if method in ("GET", "POST"):
+            req.caller.authorize("append" if method == "POST" else "read", basin=basin, stream=name)
         if method == "POST":
             stream = await self.core.stream_or_create(basin, name, "create_stream_on_append",
                                                       self._header_config(req))
@@ -383,6 +476,7 @@ class S2App:
                 inp.ParseFromString(body)
             except Exception:
                 raise S2Error("bad_proto", "append body is not a valid AppendInput protobuf") from None
+        _authorize_commands(req, stream, inp)
         ack = await (await self.core.append(stream, inp, raw=None if json_in else body))
         if (req.header("accept") or "").startswith("application/json") or (json_in and not req.header("accept")):
             parsed = pb.AppendAck()
@@ -412,7 +506,7 @@ class S2App:
         max_bytes = min(max_bytes if max_bytes is not None else MIB, MIB)
         deadline = time.monotonic() + (wait or 0)
         while True:
-            records, position, _, hit_until = self.core.read(stream, start, count, max_bytes, until)
+            records, position, used, hit_until = self.core.read(stream, start, count, max_bytes, until)
             if records or hit_until or time.monotonic() >= deadline or count == 0:
                 break
             changed = stream.changed
@@ -420,6 +514,8 @@ class S2App:
                 await asyncio.wait_for(changed.wait(), deadline - time.monotonic())
         tail = stream.tail if position >= stream.next_seq else None
         payload = read_batch(records, tail)
+        stream.usage["read-ops"] += 1
+        stream.usage["read-bytes"] += used
         if (req.header("accept") or "").startswith("application/json"):
             return await req.json(200, self._batch_json(payload, self._format(req)))
         return await req.respond(200, payload, "application/x-protobuf")
@@ -465,6 +561,7 @@ class S2App:
                             inp.ParseFromString(body)
                         except Exception:
                             raise S2Error("bad_proto", "frame is not a valid AppendInput protobuf") from None
+                        _authorize_commands(req, stream, inp)
                         await acks.put(await self.core.append(stream, inp, session, body))
                     if not message.get("more_body"):
                         if frames.pending:
@@ -502,6 +599,7 @@ class S2App:
         bounded = count is not None or max_bytes is not None or until is not None
         if wait is None:
             wait = 0 if bounded else None  # S2: 0 with a bound on count/bytes/until, otherwise follow forever
+        stream.usage["read-ops"] += 1
         codec = req.response_codec()
         await req.start(200, S2S)
 
@@ -521,6 +619,7 @@ class S2App:
                 changed = stream.changed
                 records, position, used, hit_until = self.core.read(stream, position, take, cap, until)
                 if records:
+                    stream.usage["read-bytes"] += used
                     caught_up = position >= stream.next_seq
                     await req.chunk(frame(read_batch(records, stream.tail if caught_up else None), codec))
                     last_data = time.monotonic()

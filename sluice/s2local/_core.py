@@ -13,6 +13,7 @@ import json
 import re
 import sqlite3
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -136,6 +137,8 @@ class Stream:
     fencing_token: str = ""
     trim_point: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # Since the server started (metrics): append/read ops, records and metered bytes.
+    usage: Counter[str] = field(default_factory=Counter, repr=False)
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "created_at": self.created_at, "deleted_at": None}
@@ -207,6 +210,13 @@ class Core:
         if self._writer is None:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    # ------------------------------------------------------------------ access tokens (kept by S2App's registry)
+    async def save_token(self, token_id: str, info: str) -> None:
+        await self._write(self.storage.insert_token, token_id, info)
+
+    async def drop_token(self, token_id: str) -> None:
+        await self._write(self.storage.delete_token, token_id)
 
     # ------------------------------------------------------------------ basins
     def basin(self, name: str) -> Basin:
@@ -412,6 +422,12 @@ class Core:
                         item.future.set_exception(failure)
                 return
             by_id = {item.stream.id: item.stream for item, _ in results}
+            for sid, _seq, _ts, metered, _framed in rows:
+                by_id[sid].usage["append-records"] += 1
+                by_id[sid].usage["append-bytes"] += metered
+            for item, result in results:
+                if not isinstance(result, S2Error):
+                    item.stream.usage["append-ops"] += 1
             for sid, w in work.items():
                 stream = by_id[sid]
                 stream.next_seq, stream.last_ts, stream.fencing_token, stream.trim_point = (

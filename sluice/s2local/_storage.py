@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS streams (
     next_seq INTEGER NOT NULL DEFAULT 0, last_ts INTEGER NOT NULL DEFAULT 0,
     fencing_token TEXT NOT NULL DEFAULT '', trim_point INTEGER NOT NULL DEFAULT 0,
     UNIQUE (basin, name));
+CREATE TABLE IF NOT EXISTS access_tokens (id TEXT PRIMARY KEY, info TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS records (
     stream_id INTEGER NOT NULL, seq INTEGER NOT NULL, ts INTEGER NOT NULL, metered INTEGER NOT NULL,
     framed BLOB NOT NULL, PRIMARY KEY (stream_id, seq)) WITHOUT ROWID;
@@ -56,6 +57,9 @@ class Storage:
             "trim_point FROM streams").fetchall()
         return basins, streams
 
+    def load_tokens(self) -> list[str]:
+        return [row[0] for row in self.reader.execute("SELECT info FROM access_tokens ORDER BY id")]
+
     # ---- writes (called on the writer thread, or inline in memory)
     def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
         cur = self.writer.cursor()
@@ -80,6 +84,12 @@ class Storage:
             ("DELETE FROM streams WHERE basin=?", (name,)),
             ("DELETE FROM basins WHERE name=?", (name,)),
         ])
+
+    def insert_token(self, token_id: str, info: str) -> None:
+        self._tx([("INSERT INTO access_tokens VALUES (?, ?)", (token_id, info))])
+
+    def delete_token(self, token_id: str) -> None:
+        self._tx([("DELETE FROM access_tokens WHERE id=?", (token_id,))])
 
     def insert_stream(self, basin: str, name: str, config: str, created_at: str, token: str | None) -> int:
         cur = self.writer.cursor()
@@ -123,6 +133,16 @@ class Storage:
         return self.reader.execute(
             "SELECT seq, ts, metered, framed FROM records WHERE stream_id=? AND seq>=? AND seq<? ORDER BY seq LIMIT ?",
             (stream_id, start, end, count)).fetchall()
+
+    def stored(self, stream_ids: list[int]) -> tuple[int, int]:
+        """(records, metered bytes) stored for these streams."""
+        if not stream_ids:
+            return 0, 0
+        marks = ",".join("?" * len(stream_ids))
+        count, total = self.reader.execute(
+            f"SELECT count(*), coalesce(sum(metered), 0) FROM records WHERE stream_id IN ({marks})", stream_ids
+        ).fetchone()
+        return count, total
 
     def first_seq_at(self, stream_id: int, timestamp: int, lo: int, hi: int) -> int:
         """First seq in [lo, hi) whose timestamp >= `timestamp` (timestamps are monotonic): binary search."""
