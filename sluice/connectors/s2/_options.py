@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from sluice._errors import OptionError
+from sluice._errors import OptionError, SluiceError
 from sluice._options import Option, Options
 from sluice.engine import PARTITION_ORDERED, SINK_SPEC
 
@@ -132,3 +132,20 @@ class Connection:
         )
         compression = s2_sdk.Compression[self.compression.upper()]
         return s2_sdk.S2(self.token, endpoints=endpoints, retry=retry, compression=compression)
+
+
+class S2AccessError(SluiceError):
+    """S2 refused the access token for an operation (HTTP 401/403): a scope or token problem, never retried."""
+
+
+def access_error(error: BaseException, basin: str, stream: str | None, operation: str) -> S2AccessError | None:
+    """The error to raise for S2's 401/403, naming the operation, basin and stream; None for any other error."""
+    status = getattr(error, "status_code", None)
+    if status not in (401, 403):
+        return None
+    where = f"basin '{basin}'" + (f", stream '{stream}'" if stream else "")
+    why = "the token is missing, wrong, expired or revoked" if status == 401 else "the token's scope does not allow it"
+    return S2AccessError(
+        f"S2 refused '{operation}' on {where} (HTTP {status} {getattr(error, 'code', '')}: {why}; server said: "
+        f"{getattr(error, 'message', error)}). Check s2.auth-token / S2_ACCESS_TOKEN and the token's scope: it needs "
+        f"the '{operation}' operation (or its op group) for this basin and stream.")

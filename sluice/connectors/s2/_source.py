@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from sluice._errors import OptionError, SluiceError
 from sluice._options import Option, Options, OptionSpec
-from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection
+from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, access_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
 from sluice.source import Split, SplitEnumerator, SplitReader
 
@@ -131,8 +131,14 @@ class S2Enumerator(SplitEnumerator):
             return [Split(s) for s in self.streams]
         if time.monotonic() - self._listed_at >= self.interval:
             async def listing() -> list[str]:
+                import s2_sdk
+
                 async with self.conn.client() as client:
-                    return [s.name async for s in client.basin(self.conn.basin).list_all_streams(prefix=self.prefix)]
+                    try:
+                        return [s.name async for s in
+                                client.basin(self.conn.basin).list_all_streams(prefix=self.prefix)]
+                    except s2_sdk.S2ServerError as error:
+                        raise access_error(error, self.conn.basin, None, "list-streams") or error from None
 
             self._listed = [Split(name) for name in sorted(_run(listing()))]
             self._listed_at = time.monotonic()
@@ -144,7 +150,12 @@ class S2Enumerator(SplitEnumerator):
         import s2_sdk
 
         async def resolve(basin: Any, split: Split) -> list[int]:
-            stream = basin.stream(split.split_id)
+            try:
+                return await positions(basin.stream(split.split_id))
+            except s2_sdk.S2ServerError as error:
+                raise access_error(error, self.conn.basin, split.split_id, "check-tail or read") or error from None
+
+        async def positions(stream: Any) -> list[int]:
             tail = (await stream.check_tail()).seq_num
             out = []
             for kind, value in wheres:
@@ -297,7 +308,7 @@ class S2Reader(SplitReader):
                 if error.status_code == 404 or isinstance(error, s2_sdk.ReadUnwrittenError):
                     self._data_loss(stream_name, expected, None, error)
                     return
-                raise
+                raise access_error(error, self.conn.basin, stream_name, "read") or error from None
 
     def _data_loss(self, stream: str, expected: int, found: int | None, error: Exception | None = None) -> None:
         what = (f"records {expected}..{found - 1} of stream '{stream}' were trimmed" if found is not None

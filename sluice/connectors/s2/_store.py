@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from sluice._errors import RetryableError, SinkError, ThrottledError
-from sluice.connectors.s2._options import MIB, Connection
+from sluice.connectors.s2._options import MIB, Connection, access_error
 from sluice.engine import Batch, ErrorKind, Store, WriteContext
 
 RETRYABLE_STATUS = {408, 500, 502, 503, 504}
@@ -30,6 +30,15 @@ RETRYABLE_STATUS = {408, 500, 502, 503, 504}
 
 class ExactlyOnceConflict(Exception):
     """Another writer appended to or fenced a stream this exactly-once writer owns for the epoch."""
+
+
+def _about(error: BaseException, stream: str, operation: str) -> BaseException:
+    """Tag an SDK error with the stream and operation it failed on (explain() names them); its type stays, so
+    retry classification is unchanged."""
+    if not hasattr(error, "s2_stream"):
+        error.s2_stream = stream  # type: ignore[attr-defined]
+        error.s2_operation = operation  # type: ignore[attr-defined]
+    return error
 
 
 class _StreamWriter:
@@ -190,9 +199,9 @@ class S2Store(Store):
             waits.append(writer.enqueue(records))
             self.streams_written[stream] = self.streams_written.get(stream, 0) + len(records)
         results = await asyncio.gather(*waits, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        for stream, result in zip(parts, results, strict=True):
+            if isinstance(result, BaseException):
+                raise _about(result, stream, "append")
 
     async def _writer(self, stream: str) -> _StreamWriter:
         future = self._writers.get(stream)
@@ -206,7 +215,7 @@ class S2Store(Store):
             except Exception as error:
                 del self._writers[stream]
                 future.set_exception(error)
-                raise
+                raise _about(error, stream, "create-stream") from None
         return await future
 
     def classify(self, error: BaseException) -> ErrorKind:
@@ -231,11 +240,11 @@ class S2Store(Store):
         import s2_sdk
 
         cause = error.cause
-        if isinstance(cause, s2_sdk.S2ServerError) and cause.status_code in (401, 403):
-            return SinkError(
-                f"S2 refused the access token for basin '{self.conn.basin}' (HTTP {cause.status_code}: {cause.code}). "
-                "Check s2.auth-token / S2_ACCESS_TOKEN and the token's scope.",
-                store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
+        stream, operation = getattr(cause, "s2_stream", None), getattr(cause, "s2_operation", "append")
+        refused = access_error(cause, self.conn.basin, stream, operation) if cause is not None else None
+        if refused is not None:
+            return SinkError(str(refused), store=self.name, target=self.target, batch_records=error.batch_records,
+                             cause=cause)
         if isinstance(cause, (s2_sdk.FencingTokenMismatchError, s2_sdk.SeqNumMismatchError)):
             return SinkError(
                 f"exactly-once write to {self.target} lost ownership of a stream: another writer fenced or appended "

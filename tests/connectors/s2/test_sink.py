@@ -1,9 +1,11 @@
 """format("s2") / format("s2_upsert") against the local S2 server, in real Spark."""
 
+import asyncio
 import json
 import time
 
 import pytest
+import s2_sdk
 from pyspark.errors import AnalysisException
 
 import sluice
@@ -223,3 +225,30 @@ def test_token_and_endpoints_come_from_the_environment(monkeypatch):
     monkeypatch.delenv("S2_BASIN_ENDPOINT")
     with pytest.raises(sluice.OptionError, match="must be set together"):
         Connection.from_options(APPEND_SPEC.parse({"s2.basin": "env-basin", "s2.stream": "s"}))
+
+
+def test_a_token_without_the_permission_fails_at_once_naming_the_operation_basin_and_stream(spark, s2_local,
+                                                                                              s2_opts):
+    basin = s2_opts["s2.basin"]
+
+    async def issue():
+        async with s2_sdk.S2("local", endpoints=s2_local.endpoints) as admin:
+            await admin.create_basin(basin)
+            await admin.basin(basin).create_stream("s")
+            read = await admin.issue_access_token(f"ro-{basin}", scope=s2_sdk.AccessTokenScope(
+                basins=s2_sdk.ExactMatch(basin),
+                op_groups=s2_sdk.OperationGroupPermissions(stream=s2_sdk.Permission.READ)))
+            write = await admin.issue_access_token(f"wo-{basin}", scope=s2_sdk.AccessTokenScope(
+                basins=s2_sdk.ExactMatch(basin), ops=[s2_sdk.Operation.APPEND]))
+            return read, write
+
+    read_only, write_only = asyncio.run(issue())
+    opts = {**s2_opts, "s2.auth-token": read_only, "s2.create-basin": "false", "s2.create-streams": "false",
+            "sink.max-retries": "5", "sink.retry-delay-ms": "60000"}  # a retry would take minutes
+    with pytest.raises(Exception, match=rf"S2 refused 'append' on basin '{basin}', stream 's' \(HTTP 403"):
+        spark.range(3).write.format("s2").options(**opts).mode("append").save()
+    assert read_stream(s2_local, basin, "s") == []
+    connection = {k: v for k, v in s2_opts.items() if k.startswith(("s2.basin", "s2.endpoints"))}
+    with pytest.raises(Exception, match=rf"S2 refused 'check-tail or read' on basin '{basin}', stream 's'"):
+        spark.read.format("s2").options(**connection).option("s2.auth-token", write_only) \
+            .option("s2.streams", "s").load().collect()
