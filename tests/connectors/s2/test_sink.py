@@ -192,7 +192,7 @@ def test_a_wrong_token_is_a_clear_401_naming_the_basin_without_a_retry_storm(spa
         with pytest.raises(Exception) as failure:
             orders(spark, 10, 1).write.format("s2").options(**opts).mode("append").save()
         text = str(failure.value)
-    assert f"S2 refused the access token for basin '{s2_opts['s2.basin']}' (HTTP 401" in text
+    assert f"S2 refused 'append' on basin '{s2_opts['s2.basin']}', stream 's' (HTTP 401" in text
     assert "a-wrong-token" not in text and "the-right-token" not in text
     assert time.monotonic() - started < 30  # no retries with backoff: 401 is not retryable
 
