@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, unquote
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
 from sluice.s2local._core import MIB, U64_MAX, Core, Session, Stream, check_uint
+from sluice.s2local._crypto import RecordCipher
 from sluice.s2local._errors import S2Error
 from sluice.s2local._tokens import Caller, TokenRegistry
 from sluice.s2local._wire import FrameReader, compress, frame, read_batch, terminal_frame
@@ -53,6 +54,7 @@ class Request:
         self.receive = receive
         self._send = send
         self.started = False
+        self.body_read = False
         self.disconnected = asyncio.Event()
         self.caller = Caller()
 
@@ -82,6 +84,7 @@ class Request:
                 raise S2Error("payload_too_large", f"request body over {limit} bytes")
             if not message.get("more_body"):
                 break
+        self.body_read = True
         data = bytes(chunks)
         encoding = (self.header("content-encoding") or "").lower()
         if encoding == "zstd":
@@ -98,12 +101,18 @@ class Request:
                 raise S2Error("bad_header", f"cannot decompress gzip body: {error}") from None
         return data
 
+    async def drain(self) -> None:
+        """Before an early error answer to a unary request: read what is left of its body (see below)."""
+        if not self.body_read and self.content_type() != S2S:
+            await self._discard_rest({"more_body": True})
+
     async def _discard_rest(self, message: dict[str, Any]) -> None:
         """Read (and drop) the rest of an oversize body, up to MAX_DRAIN, so the client gets the 413.
 
         Answering while the client is still sending makes hypercorn drop the connection instead.
         """
         drained = 0
+        self.body_read = True
         while message.get("more_body") and drained < MAX_DRAIN:
             message = await self.receive()
             if message["type"] == "http.disconnect":
@@ -201,6 +210,7 @@ class S2App:
     async def _fail(self, req: Request, error: S2Error) -> None:
         with contextlib.suppress(Exception):
             if not req.started:
+                await req.drain()
                 await req.respond(error.status, error.body())
             else:
                 await req.chunk(terminal_frame(error), more=False)
@@ -403,21 +413,23 @@ class S2App:
 
     async def _records(self, req: Request, method: str, name: str) -> None:
         basin = self._basin(req)
-        if req.header("s2-encryption-key"):
-            raise S2Error("invalid", "encryption is not supported by the local S2 server")
         session = req.content_type() == S2S
         if method in ("GET", "POST"):
             req.caller.authorize("append" if method == "POST" else "read", basin=basin, stream=name)
         if method == "POST":
             stream = await self.core.stream_or_create(basin, name, "create_stream_on_append",
                                                       self._header_config(req))
-            return await (self._append_session(req, stream) if session else self._unary_append(req, stream))
+            cipher = self._cipher(req, stream)
+            return await (self._append_session(req, stream, cipher) if session else
+                          self._unary_append(req, stream, cipher))
         if method == "GET":
             if "text/event-stream" in (req.header("accept") or ""):
                 raise S2Error("not_implemented", "server-sent events are not implemented; use s2s sessions")
             stream = await self.core.stream_or_create(basin, name, "create_stream_on_read",
                                                       self._header_config(req))
-            return await (self._read_session(req, stream) if session else self._unary_read(req, stream))
+            cipher = self._cipher(req, stream)
+            return await (self._read_session(req, stream, cipher) if session else
+                          self._unary_read(req, stream, cipher))
         raise S2Error("bad_path", f"{method} is not allowed on records", 405)
 
     def _format(self, req: Request) -> str:
@@ -461,7 +473,12 @@ class S2App:
             inp.fencing_token = data["fencing_token"]
         return inp
 
-    async def _unary_append(self, req: Request, stream: Stream) -> None:
+    def _cipher(self, req: Request, stream: Stream) -> RecordCipher | None:
+        """The record cipher of an encrypted basin's stream (the key is required); None for a plain one."""
+        name = self.core.basin(stream.basin).config.get("stream_cipher")
+        return RecordCipher(name, req.header("s2-encryption-key"), stream.basin, stream.name) if name else None
+
+    async def _unary_append(self, req: Request, stream: Stream, cipher: RecordCipher | None) -> None:
         body = await req.body(MAX_UNARY_APPEND_BODY)
         json_in = req.content_type() == "application/json"
         if json_in:
@@ -477,7 +494,9 @@ class S2App:
             except Exception:
                 raise S2Error("bad_proto", "append body is not a valid AppendInput protobuf") from None
         _authorize_commands(req, stream, inp)
-        ack = await (await self.core.append(stream, inp, raw=None if json_in else body))
+        if cipher is not None:
+            inp = cipher.encrypt_input(inp)
+        ack = await (await self.core.append(stream, inp, raw=None if json_in or cipher else body))
         if (req.header("accept") or "").startswith("application/json") or (json_in and not req.header("accept")):
             parsed = pb.AppendAck()
             parsed.ParseFromString(ack)
@@ -500,7 +519,7 @@ class S2App:
                                         _int_param(req, "tail_offset"), clamp, may_follow=may_follow, until=until)
         return start, count, max_bytes, until, wait
 
-    async def _unary_read(self, req: Request, stream: Stream) -> None:
+    async def _unary_read(self, req: Request, stream: Stream, cipher: RecordCipher | None) -> None:
         start, count, max_bytes, until, wait = self._read_params(req, stream, unary=True)
         count = min(count if count is not None else 1000, 1000)
         max_bytes = min(max_bytes if max_bytes is not None else MIB, MIB)
@@ -513,7 +532,7 @@ class S2App:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), deadline - time.monotonic())
         tail = stream.tail if position >= stream.next_seq else None
-        payload = read_batch(records, tail)
+        payload = read_batch(cipher.decrypt_framed(records) if cipher else records, tail)
         stream.usage["read-ops"] += 1
         stream.usage["read-bytes"] += used
         if (req.header("accept") or "").startswith("application/json"):
@@ -540,7 +559,7 @@ class S2App:
             out["tail"] = {"seq_num": batch.tail.seq_num, "timestamp": batch.tail.timestamp}
         return out
 
-    async def _append_session(self, req: Request, stream: Stream) -> None:
+    async def _append_session(self, req: Request, stream: Stream, cipher: RecordCipher | None) -> None:
         codec = req.response_codec()
         await req.start(200, S2S)
         session = Session()
@@ -562,6 +581,8 @@ class S2App:
                         except Exception:
                             raise S2Error("bad_proto", "frame is not a valid AppendInput protobuf") from None
                         _authorize_commands(req, stream, inp)
+                        if cipher is not None:
+                            inp, body = cipher.encrypt_input(inp), None
                         await acks.put(await self.core.append(stream, inp, session, body))
                     if not message.get("more_body"):
                         if frames.pending:
@@ -594,7 +615,7 @@ class S2App:
             with contextlib.suppress(BaseException):
                 await reader
 
-    async def _read_session(self, req: Request, stream: Stream) -> None:
+    async def _read_session(self, req: Request, stream: Stream, cipher: RecordCipher | None) -> None:
         start, count, max_bytes, until, wait = self._read_params(req, stream, unary=False)
         bounded = count is not None or max_bytes is not None or until is not None
         if wait is None:
@@ -621,6 +642,8 @@ class S2App:
                 if records:
                     stream.usage["read-bytes"] += used
                     caught_up = position >= stream.next_seq
+                    if cipher is not None:
+                        records = cipher.decrypt_framed(records)
                     await req.chunk(frame(read_batch(records, stream.tail if caught_up else None), codec))
                     last_data = time.monotonic()
                     if count is not None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
+from sluice.s2local._crypto import check_cipher
 from sluice.s2local._errors import S2Error, fencing_token_mismatch, seq_num_mismatch, unwritten
 from sluice.s2local._storage import Storage
 from sluice.s2local._wire import append_ack, read_varint, split_append_records, varint
@@ -252,7 +253,10 @@ class Core:
             elif key in ("create_stream_on_append", "create_stream_on_read") and not isinstance(value, bool):
                 raise S2Error("invalid", f"{key} must be true or false")
             if key == "stream_cipher":
-                raise S2Error("invalid", "encryption is not supported by the local S2 server")
+                value = check_cipher(value)
+                if out.get("stream_cipher") not in (None, value):
+                    raise S2Error("invalid", "a basin's stream_cipher cannot be changed: its streams were written "
+                                             f"with {out['stream_cipher']}")
             out[key] = value
         return out
 
