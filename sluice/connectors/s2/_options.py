@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sluice._errors import OptionError, SluiceError
 from sluice._options import Option, Options
@@ -17,6 +19,9 @@ CONNECTION_OPTIONS = (
     Option("s2.basin", "str", None, "Basin to write to (8-48 chars of a-z, 0-9, '-').", required=True),
     Option("s2.auth-token", "str", None, "Access token; default: the S2_ACCESS_TOKEN environment variable.",
            secret=True),
+    Option("s2.encryption-key", "str", None,
+           "Key of an encrypted basin's streams (base64 of 32 bytes), sent with every append and read; default: the "
+           "S2_ENCRYPTION_KEY environment variable.", secret=True),
     Option("s2.endpoints.account", "str", None,
            "Account endpoint, e.g. http://127.0.0.1:4243; default: S2_ACCOUNT_ENDPOINT, else s2.dev."),
     Option("s2.endpoints.basin", "str", None,
@@ -89,6 +94,7 @@ class Connection:
     max_retries: int
     retry_delay_ms: int
     compression: str
+    encryption_key: str | None = None
 
     def __repr__(self) -> str:
         return f"Connection(basin={self.basin!r}, endpoint={self.account_endpoint or 's2.dev'}, token=<redacted>)"
@@ -113,8 +119,21 @@ class Connection:
             raise OptionError(f"s2.basin {basin!r} is not a basin name: 8-48 characters of a-z, 0-9 and '-', "
                               "not starting or ending with '-'")
         policy = "NO_SIDE_EFFECTS" if exactly_once else opts["s2.append-retry-policy"]
+        key = opts["s2.encryption-key"] or os.environ.get("S2_ENCRYPTION_KEY")
+        if key is not None:
+            try:
+                valid = len(base64.b64decode(key, validate=True)) == 32
+            except ValueError:
+                valid = False
+            if not valid:  # never echo the value: it is a key
+                raise OptionError("s2.encryption-key must be the base64 of a 32-byte key (e.g. "
+                                  "base64.b64encode(os.urandom(32))); the value given is not.")
         return cls(basin, token, account, basin_endpoint, policy, opts["s2.max-retries"], opts["s2.retry-delay-ms"],
-                   opts["s2.compression"])
+                   opts["s2.compression"], key)
+
+    def stream(self, basin: Any, name: str) -> Any:
+        """The SDK's handle of one stream of `basin`, carrying the encryption key when there is one."""
+        return basin.stream(name, encryption_key=self.encryption_key)
 
     def client(self):  # -> s2_sdk.S2
         from datetime import timedelta

@@ -151,7 +151,7 @@ class S2Enumerator(SplitEnumerator):
 
         async def resolve(basin: Any, split: Split) -> list[int]:
             try:
-                return await positions(basin.stream(split.split_id))
+                return await positions(self.conn.stream(basin, split.split_id))
             except s2_sdk.S2ServerError as error:
                 raise access_error(error, self.conn.basin, split.split_id, "check-tail or read") or error from None
 
@@ -208,7 +208,7 @@ class S2Enumerator(SplitEnumerator):
         async def scan() -> tuple[int, int]:
             position, used = start, 0
             async with self.conn.client() as client:
-                stream = client.basin(self.conn.basin).stream(split.split_id)
+                stream = self.conn.stream(client.basin(self.conn.basin), split.split_id)
                 while position < end and used < max_bytes:
                     try:
                         batch = await stream.read(start=s2_sdk.SeqNum(position),
@@ -282,7 +282,7 @@ class S2Reader(SplitReader):
 
         expected = start
         async with self.conn.client() as client:
-            stream = client.basin(self.conn.basin).stream(stream_name)
+            stream = self.conn.stream(client.basin(self.conn.basin), stream_name)
             try:
                 with protobuf_records():  # not across a yield: each step of this generator runs in a new task
                     session = stream.read_session(start=s2_sdk.SeqNum(start),

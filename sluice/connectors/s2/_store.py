@@ -57,7 +57,7 @@ class _StreamWriter:
         if self.session is not None:
             with contextlib.suppress(Exception):  # the old session already failed; closing is best effort
                 await self.session.close()
-        stream = self.store.basin.stream(self.name)
+        stream = self.store.conn.stream(self.store.basin, self.name)
         if self.store.exactly_once:
             await self._fence_and_resume(stream)
         self.session = stream.append_session()
@@ -245,6 +245,10 @@ class S2Store(Store):
         if refused is not None:
             return SinkError(str(refused), store=self.name, target=self.target, batch_records=error.batch_records,
                              cause=cause)
+        if isinstance(cause, s2_sdk.S2ServerError) and "s2-encryption-key" in str(cause):
+            return SinkError(f"{cause.message}: set .option('s2.encryption-key', ...) (or S2_ENCRYPTION_KEY) to the "
+                             f"basin's key (writing to {self.target}).",
+                             store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
         if isinstance(cause, (s2_sdk.FencingTokenMismatchError, s2_sdk.SeqNumMismatchError)):
             return SinkError(
                 f"exactly-once write to {self.target} lost ownership of a stream: another writer fenced or appended "

@@ -252,3 +252,31 @@ def test_a_token_without_the_permission_fails_at_once_naming_the_operation_basin
     with pytest.raises(Exception, match=rf"S2 refused 'check-tail or read' on basin '{basin}', stream 's'"):
         spark.read.format("s2").options(**connection).option("s2.auth-token", write_only) \
             .option("s2.streams", "s").load().collect()
+
+
+def test_encrypted_basins_are_written_and_read_with_the_key_which_never_shows(spark, s2_local, s2_opts, capsys):
+    import base64
+    import os
+
+    basin = s2_opts["s2.basin"]
+    key = base64.b64encode(os.urandom(32)).decode()
+
+    async def create():
+        async with s2_sdk.S2("local", endpoints=s2_local.endpoints) as admin:
+            await admin.create_basin(basin, config=s2_sdk.BasinConfig(stream_cipher=s2_sdk.Encryption.AES_256_GCM))
+
+    asyncio.run(create())
+    opts = {**s2_opts, "s2.create-basin": "false", "s2.encryption-key": key}
+    orders(spark, 20, 2).write.format("s2").options(**opts).mode("append").save()
+    connection = {k: v for k, v in opts.items() if k.startswith(("s2.basin", "s2.endpoints", "s2.auth", "s2.encr"))}
+    reader = spark.read.format("s2").options(**connection).option("s2.streams", "s")
+    assert reader.load().count() == 20
+    reader.load().explain()
+    assert key not in capsys.readouterr().out
+    with pytest.raises(Exception, match=r"encrypted.*set \.option\('s2.encryption-key'") as missing:
+        orders(spark, 5, 1).write.format("s2").options(**{**opts, "s2.encryption-key": None}).mode("append").save()
+    assert key not in str(missing.value)
+    with pytest.raises(Exception, match=r"s2\.encryption-key must be the base64 of a 32-byte key") as bad:
+        orders(spark, 5, 1).write.format("s2").options(**{**opts, "s2.encryption-key": "not-a-key"}) \
+            .mode("append").save()
+    assert "not-a-key" not in str(bad.value)
