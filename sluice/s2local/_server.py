@@ -27,6 +27,32 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _tolerate_data_for_closed_streams() -> None:
+    """hypercorn's HTTP/2 protocol raises KeyError on a DATA frame for a stream it already answered and closed,
+    and that error ends the whole connection - every append and read session on it (seen with a task writing to
+    1,000 streams). Such frames are legal HTTP/2 (the client had sent them before it saw the answer): acknowledge
+    their flow-control window and drop them, as StreamEnded already is."""
+    import contextlib
+
+    import h2.events
+    from hypercorn.protocol.h2 import H2Protocol
+
+    if getattr(H2Protocol, "_sluice_patched", False):
+        return
+    handle_events = H2Protocol._handle_events
+
+    async def _handle_events(self: H2Protocol, events: list[h2.events.Event]) -> None:
+        for event in events:  # one at a time: an earlier event of the list may open the stream a later one uses
+            if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
+                with contextlib.suppress(Exception):
+                    self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                continue
+            await handle_events(self, [event])
+
+    H2Protocol._handle_events = _handle_events  # type: ignore[method-assign]
+    H2Protocol._sluice_patched = True  # type: ignore[attr-defined]
+
+
 def run_server(host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = Path(".sluice/s2"),
                token: str | None = None, ready_file: Path | None = None) -> None:
     """Serve until SIGINT/SIGTERM. `data_dir=None` keeps everything in memory."""
@@ -51,6 +77,9 @@ def run_server(host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = P
     config.bind = [f"fd://{sock.fileno()}"]
     config.keep_alive_timeout = 180  # above the SDK's 90 s idle reaper
     config.h2_max_concurrent_streams = 1000
+    # hypercorn closes a connection after 1,000 requests by default (GOAWAY), failing whatever is in flight on it;
+    # a client writing to many streams passes that within seconds. S2 keeps connections for as long as they are used.
+    config.keep_alive_max_requests = 2**62
     config.accesslog = None
     config.loglevel = "WARNING"
     config.graceful_timeout = 2
@@ -61,6 +90,7 @@ def run_server(host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = P
         tmp.write_text(str(actual))
         os.replace(tmp, ready_file)
     app = S2App(Core(data_dir), token)
+    _tolerate_data_for_closed_streams()
     asyncio.run(serve(app, config))  # type: ignore[arg-type]
 
 

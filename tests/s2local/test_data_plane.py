@@ -329,3 +329,4 @@ def test_bad_json_appends_are_422_never_500(s2_server, basin_name, field):
                                 {"s2-basin": basin_name, "content-type": "application/json"},
                                 json.dumps(field).encode())
     assert status == 422, raw
+

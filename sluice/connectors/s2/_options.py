@@ -38,6 +38,10 @@ SINK_ONLY_OPTIONS = (
            "Stream to write to; a template over columns routes rows, e.g. orders/{region}.", required=True),
     Option("s2.create-streams", "bool", False, "Create streams that do not exist yet."),
     Option("s2.create-basin", "bool", False, "Create the basin if it does not exist yet."),
+    Option("s2.max-append-sessions", "int", 200,
+           "Append sessions one task keeps open (one per target stream, up to this many); appends to further "
+           "streams go as single requests. Keeps a task within S2's concurrent-stream limit per connection.",
+           minimum=0, maximum=900),
     Option("s2.stamp-writer", "bool", False,
            "Add @writer (write/epoch/partition) and @wseq headers so readers can rebuild per-writer order."),
 )

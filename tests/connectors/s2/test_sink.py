@@ -280,3 +280,21 @@ def test_encrypted_basins_are_written_and_read_with_the_key_which_never_shows(sp
         orders(spark, 5, 1).write.format("s2").options(**{**opts, "s2.encryption-key": "not-a-key"}) \
             .mode("append").save()
     assert "not-a-key" not in str(bad.value)
+
+
+def test_a_write_routed_over_1200_streams_lands_every_row_on_its_stream(spark, s2_local, s2_opts):
+    """Past what used to break it: > 1,000 requests on one HTTP/2 connection while hundreds of append sessions
+    are open on it (hypercorn's default ended such a connection), more streams than a task keeps append sessions
+    for (s2.max-append-sessions), per-stream batches."""
+    n, rows = 1200, 24_000
+    df = spark.range(0, rows, 1, 2).selectExpr(f"id % {n} AS k", "id")
+    # A small buffer makes small per-stream batches: many appends per stream, so busy streams get sessions.
+    df.write.format("s2").options(**{**s2_opts, "s2.stream": "st/{k}", "sink.requests.max-buffered": "3000",
+                                     "s2.max-append-sessions": "900"}).mode("append").save()
+    basin = s2_opts["s2.basin"]
+    names = list_streams(s2_local, basin)
+    assert len(names) == n
+    for k in (0, 1, 599, 1199):
+        ids = sorted(json.loads(r.body)["id"] for r in read_stream(s2_local, basin, f"st/{k}"))
+        assert ids == list(range(k, rows, n))
+    assert sluice.last_write_summary("s2")["records"] == rows
