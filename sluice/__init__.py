@@ -38,7 +38,7 @@ def register(spark: SparkSession) -> list[str]:
 
 
 def session(app_name: str = "sluice", master: str | None = None, **conf: str) -> SparkSession:
-    """A SparkSession for sluice jobs. Local masters (the default, local[2]): workers use this interpreter, the
+    """A SparkSession for sluice jobs. Local masters (the default, local[2,4]): workers use this interpreter, the
     driver listens on loopback, quiet logs. Other masters: the cluster's own settings (docs/deploy.md)."""
     from sluice.spark._session import session as _session
 

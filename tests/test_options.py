@@ -47,6 +47,7 @@ def test_unknown_option_lists_valid_keys_and_closest_match():
         ({"sink.flush-on-checkpoint": "true", "sink.mode": "global-ordered"},
          "sink.flush-on-checkpoint only applies to sink.mode=partition-ordered"),
         ({"sink.requests.max-buffered": "500"}, "sink.requests.max-buffered (500) must be greater than"),
+        ({"sink.max-retries": "100000"}, "'sink.max-retries' must be <= 100, got 100000"),
     ],
 )
 def test_bad_values_and_combinations_name_the_option(raw, message):

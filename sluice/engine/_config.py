@@ -46,7 +46,7 @@ SINK_OPTIONS: tuple[Option, ...] = (
         "sink.flush-on-checkpoint", "bool", False,
         "partition-ordered only: hold data until the end of the task or micro-batch (or max-buffered).",
     ),
-    Option("sink.max-retries", "int", 3, "Retries of one batch before the task fails.", minimum=0),
+    Option("sink.max-retries", "int", 3, "Retries of one batch before the task fails.", minimum=0, maximum=100),
     Option(
         "sink.retry-delay-ms", "int", 1000,
         "First retry delay in ms; doubles per attempt, with jitter.", minimum=0,

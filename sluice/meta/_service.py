@@ -84,6 +84,13 @@ class _Backend:
 
     def __init__(self, url: str | None) -> None:
         url = url or os.environ.get("SLUICE_META") or str(DEFAULT_PATH)
+        scheme, sep, _ = url.partition("://")
+        if sep and scheme.lower() not in ("postgresql", "postgres", "sqlite"):
+            # Never a SQLite file named 'mysql:' in the working directory.
+            from sluice._errors import OptionError
+
+            raise OptionError(f"meta: the MetaService runs on SQLite (a path or sqlite:///path) or PostgreSQL "
+                              f"(postgresql://...), not on {scheme}://.")
         self.is_pg = url.startswith(("postgresql://", "postgres://"))
         if self.is_pg:
             self.url, self.param = url, "%s"

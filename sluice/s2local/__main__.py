@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from sluice.s2local._server import TOKEN_ENV, run_server
@@ -15,13 +16,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--data-dir", type=Path, default=Path(".sluice/s2"), help="where data lives (durable)")
     where.add_argument("--in-memory", action="store_true", help="keep everything in memory (tests)")
-    parser.add_argument("--token", help=f"require 'authorization: Bearer TOKEN' (or set {TOKEN_ENV})")
+    parser.add_argument("--token-file", type=Path,
+                        help=f"require 'authorization: Bearer TOKEN', TOKEN read from this file (or set {TOKEN_ENV})")
+    parser.add_argument("--token", help="the token itself (discouraged: every `ps` listing shows it; use "
+                                        f"--token-file or {TOKEN_ENV})")
     parser.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
 
 
 def serve_from_args(args: argparse.Namespace) -> int:
-    run_server(args.host, args.port, None if args.in_memory else args.data_dir,
-               args.token or os.environ.get(TOKEN_ENV) or None, args.ready_file)
+    token = os.environ.get(TOKEN_ENV) or None
+    if args.token_file is not None:
+        token = args.token_file.read_text().strip() or None
+        if token is None:
+            raise SystemExit(f"--token-file {args.token_file} is empty")
+    if args.token:
+        print(f"WARNING: --token puts the token in every process listing; use --token-file or {TOKEN_ENV}.",
+              file=sys.stderr, flush=True)
+        token = args.token
+    run_server(args.host, args.port, None if args.in_memory else args.data_dir, token, args.ready_file)
     return 0
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
-DEFAULT_LOCAL_MASTER = "local[2]"
+DEFAULT_LOCAL_MASTER = "local[2,4]"  # 4 attempts per task, as a cluster gives (spark.task.maxFailures)
 
 
 def python_worker_env() -> None:
@@ -49,7 +49,8 @@ def _submitted_master() -> str | None:
 def session(app_name: str = "sluice", master: str | None = None, **conf: str) -> SparkSession:
     """A SparkSession for sluice jobs; see the module docstring for what is set where.
 
-    `master`: None keeps what spark-submit or the pyspark shell chose, else local[2].
+    `master`: None keeps what spark-submit or the pyspark shell chose, else local[2,4] (2 cores; a failed task is
+    retried up to 4 times in all, as on a cluster, so transient store faults are retried locally too).
     Extra Spark settings: `session("job", **{"spark.sql.shuffle.partitions": "4"})`; they win over sluice's.
     """
     from pyspark.sql import SparkSession

@@ -104,7 +104,8 @@ class TableStoreDataSource(DataSource):
         return None
 
     # ------------------------------------------------------------------ writing
-    def _writer_parts(self, schema: StructType, overwrite: bool, streaming: bool = False) -> tuple[Options, StoreTable]:
+    def _writer_parts(self, schema: StructType, overwrite: bool,
+                      streaming: bool = False) -> tuple[Options, StoreTable, tuple[str, ...]]:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         opts = WRITE_SPEC.parse(self.options)
@@ -125,15 +126,13 @@ class TableStoreDataSource(DataSource):
                                   f"for {list(opts['primary-key'])}")
         else:
             table.create(arrow, tuple(opts["primary-key"]))
-        return opts, table
+        return opts, table, tuple(opts["primary-key"]) or table.primary_key()
 
     def writer(self, schema: StructType, overwrite: bool) -> TableStoreWriter:
-        opts, table = self._writer_parts(schema, overwrite)
-        return TableStoreWriter(opts, table, uuid.uuid4().hex)
+        return TableStoreWriter(*self._writer_parts(schema, overwrite), uuid.uuid4().hex)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TableStoreStreamWriter:
-        opts, table = self._writer_parts(schema, overwrite, streaming=True)
-        return TableStoreStreamWriter(opts, table, uuid.uuid4().hex)
+        return TableStoreStreamWriter(*self._writer_parts(schema, overwrite, streaming=True), uuid.uuid4().hex)
 
     # ------------------------------------------------------------------ reading
     def schema(self) -> StructType:
@@ -183,8 +182,19 @@ class TableStoreDataSource(DataSource):
 
 
 class _Writer:
-    def __init__(self, opts: Options, table: StoreTable, write_id: str) -> None:
-        self.opts, self.table, self.write_id = opts, table, write_id
+    def __init__(self, opts: Options, table: StoreTable, key: tuple[str, ...], write_id: str) -> None:
+        self.opts, self.table, self.key, self.write_id = opts, table, key, write_id
+
+    def _check_key(self, batch: pa.RecordBatch) -> None:
+        """A row without its primary key cannot be merged by it: refuse the write (nothing of it is committed)."""
+        for name in self.key:
+            column = batch.column(name)
+            if column.null_count:
+                first = column.is_null().index(True).as_py()
+                raise TableStoreError(
+                    f"table '{self.table.name}': {column.null_count} row(s) have a null primary-key column "
+                    f"'{name}' (the first at row {first} of a batch); every row needs its key {list(self.key)}. "
+                    "Nothing of this write is committed: filter or fill those rows and write again.")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
         import pyarrow.parquet as pq
@@ -199,6 +209,7 @@ class _Writer:
             for batch in iterator:
                 if not batch.num_rows:
                     continue
+                self._check_key(batch)
                 if writer is None:
                     writer = pq.ParquetWriter(path, batch.schema)
                 writer.write_batch(batch)

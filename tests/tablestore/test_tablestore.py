@@ -115,6 +115,23 @@ def test_bad_requests_fail_clearly(spark, store):
         read(spark, store, "nope").count()
 
 
+def test_rows_with_a_null_primary_key_are_refused_and_nothing_is_committed(spark, store):
+    good = spark.range(0, 5).selectExpr("id", "id * 10 AS v")
+    good.write.format("tablestore").option("table", "keyed").option("primary-key", "id").options(**store) \
+        .mode("append").save()
+    bad = spark.createDataFrame([(7, 70), (None, 80)], "id long, v long").coalesce(1)
+    with pytest.raises(Exception, match=r"null primary-key column 'id'.*Nothing of this write is committed"):
+        bad.write.format("tablestore").option("table", "keyed").options(**store).mode("append").save()
+    assert sorted(r.id for r in read(spark, store, "keyed").collect()) == [0, 1, 2, 3, 4]  # not even row 7
+    assert len(MetaService(store["meta"]).barriers("keyed")) == 1
+
+
+def test_a_metaservice_url_it_cannot_use_is_refused(spark, store, tmp_path):
+    with pytest.raises(Exception, match=r"MetaService runs on SQLite .* or PostgreSQL .*not on mysql://"):
+        spark.range(0, 3).write.format("tablestore").option("table", "t").options(
+            **{**store, "meta": "mysql://db/meta"}).mode("append").save()
+
+
 def test_an_object_storage_warehouse_is_refused_never_made_a_local_folder(spark, store, tmp_path):
     bucket = {**store, "warehouse": "s3://bucket/tables"}
     with pytest.raises(Exception, match=r"warehouse 's3://bucket/tables'.*not to s3:// storage"):

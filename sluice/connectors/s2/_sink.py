@@ -38,8 +38,10 @@ class S2Committer(Committer):
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         streams = sorted({s for m in messages if m for s in m.get("streams", {})})
-        log.warning("s2 write %s epoch %s aborted; appends already made to %s stay on the streams (S2 streams are "
-                    "append-only). A retry of the same query and epoch resumes without duplicates.",
+        log.warning("s2 write %s epoch %s aborted. Tasks that finished had appended to %s; failed tasks may have "
+                    "appended part of their rows too, to any target stream. S2 streams are append-only: those "
+                    "records stay. A streaming query restarted from its checkpoint resumes this epoch without "
+                    "duplicates; re-running a batch write is a new write and appends its rows again.",
                     context.write_id, context.epoch, streams or "no stream")
 
 

@@ -200,7 +200,12 @@ class S2Enumerator(SplitEnumerator):
         return {sid: found[0] for sid, found in self._resolve(splits, self.end).items()}
 
     def bounds(self, splits: Sequence[Split]) -> dict[str, tuple[int, int]]:
-        return {sid: (start, end) for sid, (start, end) in self._resolve(splits, self.start, self.end).items()}
+        found = self._resolve(splits, self.start, self.end)
+        backwards = sorted(f"{sid} ({start} > {end})" for sid, (start, end) in found.items() if start > end)
+        if backwards:  # a read that could only ever be empty is a mistake in the options, not an empty result
+            raise OptionError(f"s2.start is after s2.end on stream(s) {', '.join(backwards)} (seq nums): the read "
+                              "would return nothing. Check s2.start and s2.end.")
+        return {sid: (start, end) for sid, (start, end) in found.items()}
 
     def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
         import s2_sdk

@@ -88,6 +88,8 @@ def test_start_and_end_by_seq_num_and_timestamp(spark, s2_local, read_opts):
     assert [r.seq_num for r in base().option("s2.start", "40").option("s2.end", "45").load().collect()] == \
         list(range(40, 45))
     assert base().option("s2.start", "latest").load().count() == 0
+    with pytest.raises(Exception, match=r"s2.start is after s2.end on stream\(s\) pos \(50 > 10\)"):
+        base().option("s2.start", "50").option("s2.end", "10").load().collect()
     future = int(time.time() * 1000) + 3_600_000
     assert base().option("s2.start", f"timestamp:{future}").load().count() == 0
     assert base().option("s2.start", "2000-01-01T00:00:00Z").load().count() == 100
