@@ -35,7 +35,7 @@ from sluice.engine import (
     WriteContext,
     WriteStats,
 )
-from sluice.spark._encoding import partition_buckets
+from sluice.spark._encoding import check_writable, partition_buckets
 from sluice.spark._summary import log_summary, save_summary
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ class EngineDataSource(DataSource):
     # The store's hard limits, checked against the sink.* options on the driver: (record bytes, batch records,
     # batch bytes); None = no limit.
     store_limits: ClassVar[tuple[int | None, int | None, int | None]] = (None, None, None)
+    # Whether any column type is fine (sluice_null drops everything); else check_writable() refuses some.
+    writes_any_type: ClassVar[bool] = False
 
     @classmethod
     def name(cls) -> str:
@@ -134,6 +136,8 @@ class EngineDataSource(DataSource):
 
     def _prepare(self, schema: StructType, overwrite: bool) -> tuple[Options, SinkConfig]:
         opts = self.resolve_options(self.parsed())
+        if not self.writes_any_type:
+            check_writable(self.format_name, schema)
         config = self.sink_config(opts, schema)
         config.check_store_limits(self.format_name, *self.store_limits)
         self.check_write(opts, schema, overwrite)

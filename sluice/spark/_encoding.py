@@ -128,3 +128,40 @@ class ArrowRows:
                 if self._pending[start] <= 0:
                     del self._pending[start], self._batches[start]
                     self._starts.remove(start)
+
+
+def unwritable_columns(schema: Any) -> list[str]:
+    """Columns (nested paths too) of types no sluice store writes: intervals, variant, geometry/geography.
+
+    Spark's own failure for them names no column (intervals) or is a panic deep in an encoder (variant).
+    """
+    from pyspark.sql import types as T
+
+    refused = (T.DayTimeIntervalType, T.YearMonthIntervalType, T.CalendarIntervalType, T.VariantType, T.SpatialType)
+    found: list[str] = []
+
+    def walk(path: str, dtype: Any) -> None:
+        if isinstance(dtype, refused):
+            found.append(f"'{path}' ({dtype.simpleString()})")
+        elif isinstance(dtype, T.StructType):
+            for field in dtype.fields:
+                walk(f"{path}.{field.name}", field.dataType)
+        elif isinstance(dtype, T.ArrayType):
+            walk(f"{path}[]", dtype.elementType)
+        elif isinstance(dtype, T.MapType):
+            walk(f"{path}{{key}}", dtype.keyType)
+            walk(f"{path}{{value}}", dtype.valueType)
+
+    for field in schema.fields:
+        walk(field.name, field.dataType)
+    return found
+
+
+def check_writable(format_name: str, schema: Any) -> None:
+    """On the driver, before any task starts: refuse column types the format cannot write, naming them."""
+    bad = unwritable_columns(schema)
+    if bad:
+        raise OptionError(
+            f"format '{format_name}' cannot write column(s) {', '.join(bad)}. Supported: numbers, decimal, string, "
+            "binary, boolean, date, timestamp, timestamp_ntz and arrays, maps and structs of them. Convert first, "
+            "e.g. CAST(col AS STRING), or to_json(col) for a variant.")

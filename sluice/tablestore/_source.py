@@ -44,7 +44,7 @@ from sluice._options import Option, Options, OptionSpec
 from sluice._upsert import check_key_columns
 from sluice.meta import MetaService
 from sluice.spark._datasource import task_context
-from sluice.spark._encoding import conform
+from sluice.spark._encoding import check_writable, conform
 from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
 
 COMMON = (
@@ -109,6 +109,7 @@ class TableStoreDataSource(DataSource):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         opts = WRITE_SPEC.parse(self.options)
+        check_writable("tablestore", schema)
         if overwrite and not (streaming and opts["primary-key"]):
             raise OptionError("format 'tablestore' appends or upserts per barrier; mode('overwrite') is not "
                               "supported. Use mode('append'); a streaming aggregation writes in outputMode "

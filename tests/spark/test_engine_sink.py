@@ -1,6 +1,7 @@
 """The engine behind a real Spark (local mode) writing through the Arrow writers into the file-backed test store."""
 
 import json
+import re
 import sys
 from collections import defaultdict
 
@@ -181,3 +182,20 @@ def test_one_call_write_keeps_the_dataframes_fan_out_instead_of_200_shuffle_part
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", "2")
     assert sum(map(len, by_key(read_file_store(tmp_path / "own")["out"]).values())) == 3000
+
+
+@pytest.mark.parametrize(("expr", "shown"), [
+    ("INTERVAL '1' DAY AS span", "'span' (interval day)"),
+    ("parse_json('{\"a\": 1}') AS doc", "'doc' (variant)"),
+    ("array(named_struct('gap', INTERVAL '2' HOUR)) AS nested", "'nested[].gap' (interval hour)"),
+])
+def test_column_types_no_store_writes_are_refused_on_the_driver_naming_the_column(spark, tmp_path, expr, shown):
+    df = spark.range(3).selectExpr("cast(id AS string) AS body", expr)
+    for fmt, opts in [("sluice_test", {"test.dir": str(tmp_path)}),
+                      ("tablestore", {"table": "typed", "warehouse": str(tmp_path / "wh"),
+                                      "meta": str(tmp_path / "meta.db")})]:
+        with pytest.raises(Exception, match=rf"format '{fmt}' cannot write column\(s\) {re.escape(shown)}\. "
+                                            r"Supported: numbers"):
+            df.write.format(fmt).options(**opts).mode("append").save()
+    assert not (tmp_path / "out").exists()  # no task ran
+    df.write.format("sluice_null").mode("append").save()  # a store that drops everything takes any type

@@ -45,6 +45,7 @@ def _row_encoder(batch: pa.RecordBatch) -> tuple[list[Any], list[int]]:
 
 class NullDataSource(EngineDataSource):
     format_name = "sluice_null"
+    writes_any_type = True
 
     def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
         try:

@@ -318,7 +318,14 @@ class PostgresDataSource(EngineDataSource):
 
     def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
         self._rows = ArrowRows()  # make_store (called next, in the same task) writes from these rows
-        return self._rows.add
+        plan, rows = self._plan, self._rows
+        assert plan is not None
+
+        def encode(batch: pa.RecordBatch) -> tuple[Any, ...]:
+            plan.check_chunk(batch)  # before any row of this chunk is buffered, let alone sent
+            return rows.add(batch)
+
+        return encode
 
     def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
         assert self._plan is not None and self._conn_info is not None

@@ -135,6 +135,34 @@ class WritePlan:
     csv: bool = False  # direct, and every type's CSV text parses back to the same value: COPY ... (FORMAT csv)
     stage_table: str | None = None  # staged (transactional / overwrite) writes
     overwrite: bool = False
+    # What PostgreSQL would refuse mid-COPY (after part of the chunk went in): checked per chunk in the task.
+    not_null: tuple[str, ...] = ()
+    int_ranges: tuple[tuple[str, int, int], ...] = ()  # (column, lowest, highest) for narrower integer columns
+
+    def check_chunk(self, batch: pa.RecordBatch) -> None:
+        """Refuse a chunk with a NULL for a NOT NULL column or an integer out of its column's range, naming the
+        column and the row's key, before any row of it is sent."""
+        import pyarrow.compute as pc
+
+        for name in self.not_null:
+            column = batch.column(name)
+            if column.null_count:
+                self._refuse(batch, pc.index(pc.is_null(column), True).as_py(),
+                             f"column '{name}' is NOT NULL in {self.display}, but {column.null_count} row(s) have "
+                             "no value for it")
+        for name, low, high in self.int_ranges:
+            column = batch.column(name)
+            outside = pc.or_(pc.less(column, low), pc.greater(column, high))
+            if pc.any(outside).as_py():
+                first = pc.index(outside, True).as_py()
+                self._refuse(batch, first, f"value {column[first].as_py()} of column '{name}' is outside "
+                                           f"{low}..{high}, the range of its type in {self.display}")
+
+    def _refuse(self, batch: pa.RecordBatch, row: int, what: str) -> None:
+        keys = {k: batch.column(k)[row].as_py() for k in self.primary_key if k in batch.schema.names}
+        where = f"the row with key {keys}" if keys else f"row {row} of a chunk of {batch.num_rows}"
+        raise PostgresError(f"{what} ({where}). Nothing of this chunk was sent: fix or filter those rows (or widen "
+                            "the column) and write again.")
 
     @property
     def target(self) -> str:
@@ -182,6 +210,23 @@ def _base(pg: str) -> str:
 def schema_digest(schema: str, table: str, arrow_schema: pa.Schema) -> str:
     """Names a staging or temporary table after its target and columns (a new schema gets a new table)."""
     return hashlib.sha1(f"{schema}.{table}|{arrow_schema}".encode()).hexdigest()[:12]
+
+
+INT_RANGES = {"smallint": (-2**15, 2**15 - 1), "integer": (-2**31, 2**31 - 1)}
+
+
+def _chunk_checks(columns: tuple[str, ...], target_types: tuple[str, ...], existing: dict[str, Any],
+                  data_schema: pa.Schema) -> dict[str, Any]:
+    """The per-chunk checks a plan needs: NOT NULL columns, and integer columns narrower than their Arrow type."""
+    not_null = tuple(c for c in columns if existing[c].not_null)
+    ranges = []
+    for name, pg in zip(columns, target_types, strict=True):
+        arrow_type = data_schema.field(name).type
+        if pg in INT_RANGES and pa.types.is_integer(arrow_type):
+            low, high = INT_RANGES[pg]
+            if arrow_type.bit_width > (16 if pg == "smallint" else 32):
+                ranges.append((name, low, high))
+    return {"not_null": not_null, "int_ranges": tuple(ranges)}
 
 
 def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:
@@ -239,7 +284,9 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
         # (numeric into numeric(11,3) is fine; text into varchar(10) goes through the server's casts instead).
         csv = not pk and all(_base(a) == _base(b) and _base(b) in CSV_TYPES
                              for a, b in zip(loaded_types, target_types, strict=True))
-        plan = WritePlan(schema, table, columns, target_types, pk, op_column, direct=direct or csv, csv=csv)
+        checks = _chunk_checks(columns, target_types, by_name, data_schema)
+        plan = WritePlan(schema, table, columns, target_types, pk, op_column, direct=direct or csv, csv=csv,
+                         **checks)
         try:
             values = ", ".join(plan._value(c, t, "s") for c, t in zip(columns, target_types, strict=True))
             # PREPARE parses and type-checks the INSERT exactly as the writes will run it, without running it.
@@ -265,7 +312,7 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
                         "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, write_id, epoch))")
             conn.commit()
             plan = WritePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
-                             overwrite=overwrite)
+                             overwrite=overwrite, **checks)
         return plan
     except (OptionError, PostgresError):
         raise

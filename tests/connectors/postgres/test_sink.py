@@ -239,3 +239,19 @@ def test_csv_copy_keeps_every_edge_value(spark, pg):
                 assert a != a, (name, g.id)
             else:
                 assert a == b, (name, g.id, a, b)
+
+
+def test_rows_postgresql_would_refuse_mid_copy_are_refused_per_chunk_naming_column_and_key(spark, pg):
+    table = pg.table()
+    pg.sql(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, n integer NOT NULL, note text)')
+    ok = spark.createDataFrame([(1, 10, "a"), (2, 20, "b")], "id long, n long, note string").coalesce(1)
+    sluice.write(ok, "postgres", pg.opts(table, **{"primary-key": "id"}))
+    too_big = spark.createDataFrame([(3, 30, "c"), (4, 2**31, "d")], "id long, n long, note string").coalesce(1)
+    with pytest.raises(Exception, match=r"value 2147483648 of column 'n' is outside -2147483648\.\.2147483647.*"
+                                        r"the row with key \{'id': 4\}.*Nothing of this chunk was sent"):
+        sluice.write(too_big, "postgres", pg.opts(table, **{"primary-key": "id"}))
+    missing = spark.createDataFrame([(5, None, "e")], "id long, n long, note string").coalesce(1)
+    with pytest.raises(Exception, match=r"column 'n' is NOT NULL in public\.\S+, but 1 row\(s\) have no value "
+                                        r"for it \(row 0 of a chunk of 1\)"):  # an append knows no key: the row
+        sluice.write(missing, "postgres", pg.opts(table))
+    assert ids(pg, table) == [1, 2]  # row 3, in the refused chunk before row 4, was not written either
