@@ -415,6 +415,11 @@ class MetaService:
                 cur.execute(f"SELECT table_name, max(barrier) FROM sluice_barriers WHERE table_name IN ({marks}) "
                             "GROUP BY table_name", tuple(tables))
                 have = dict(cur.fetchall())
+                unknown = [t for t in tables if t not in have]
+                if unknown:  # a typo or a table no job has written yet: say so, not "no barrier in common"
+                    raise NoConsistentVersionError(
+                        f"table(s) {unknown} have no completed barrier at all in the MetaService {self._db.display}: "
+                        "check the names (consistent-with / read_consistent), or wait for their first commit")
                 raise NoConsistentVersionError(
                     f"tables {tables} have no completed barrier in common yet (last barriers: "
                     f"{ {t: have.get(t) for t in tables} }); wait for their jobs to complete one")

@@ -128,8 +128,9 @@ class EngineDataSource(DataSource):
             )
         missing = [c for c in key if c not in schema.fieldNames()]
         if missing:
+            option = "sink.partition-key" if config.partition_key else "primary-key"  # where the key came from
             raise OptionError(
-                f"sink.partition-key column(s) {missing} are not in the DataFrame "
+                f"{option} column(s) {missing} are not in the DataFrame "
                 f"(columns: {schema.fieldNames()})."
             )
         return SinkConfig(**{**config.__dict__, "partition_key": tuple(key)})

@@ -89,7 +89,16 @@ class StoreTable:
         if not self.exists():
             raise TableStoreError(f"table '{self.name}' does not exist in {self.root.parent}; write to it first "
                                   "(it is created from the DataFrame's schema)")
-        return DeltaTable(self.uri, version=version) if version is not None else DeltaTable(self.uri)
+        if version is None:
+            return DeltaTable(self.uri)
+        try:
+            return DeltaTable(self.uri, version=version)
+        except Exception:
+            latest = DeltaTable(self.uri).version()
+            if version > latest:  # deltalake's own error here is a kernel message that names neither
+                raise TableStoreError(f"table '{self.name}' has no version {version}: its latest is {latest}") \
+                    from None
+            raise
 
     def primary_key(self, dt: Any = None) -> tuple[str, ...]:
         # Kept in the table's description: this delta-kernel refuses custom configuration keys.

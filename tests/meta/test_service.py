@@ -90,7 +90,7 @@ def test_the_consistent_version_is_the_newest_barrier_every_table_completed(meta
     assert capsys.readouterr().out.split() == ["barrier", "3000", "orders:", "version", "3", "totals:", "version", "8"]
     assert cli(["meta", "--meta", meta_url, "lineage"]) == 0
     assert capsys.readouterr().out.splitlines() == ["(outside) -> [a] -> orders", "orders -> [b] -> totals"]
-    with pytest.raises(NoConsistentVersionError, match="no completed barrier in common"):
+    with pytest.raises(NoConsistentVersionError, match=r"table\(s\) \['unknown'\] have no completed barrier at all"):
         meta.consistent_version(["orders", "unknown"])
 
 

@@ -109,6 +109,10 @@ def test_bad_requests_fail_clearly(spark, store):
             .mode("append").save()
     with pytest.raises(Exception, match="has not completed barrier 5"):
         read(spark, store, "x", barrier=5).count()
+    with pytest.raises(Exception, match="table 'x' has no version 9: its latest is 1"):
+        read(spark, store, "x", version=9).count()
+    with pytest.raises(Exception, match=r"table\(s\) \['nosuch'\] have no completed barrier at all"):
+        read(spark, store, "x", consistent_with="nosuch").count()
     with pytest.raises(Exception, match="mode\\('overwrite'\\) is not supported"):
         df.write.format("tablestore").option("table", "x").options(**store).mode("overwrite").save()
     with pytest.raises(Exception, match="table 'nope' does not exist"):

@@ -161,9 +161,21 @@ class S2AccessError(SluiceError):
     """S2 refused the access token for an operation (HTTP 401/403): a scope or token problem, never retried."""
 
 
-def access_error(error: BaseException, basin: str, stream: str | None, operation: str) -> S2AccessError | None:
-    """The error to raise for S2's 401/403, naming the operation, basin and stream; None for any other error."""
+def access_error(error: BaseException, basin: str, stream: str | None, operation: str,
+                 conn: Connection | None = None) -> SluiceError | None:
+    """What to raise instead of an SDK error users hit often, naming the option involved: 401/403 (the operation,
+    basin and stream), an endpoint that cannot be reached, a stream or basin that is not there. None otherwise."""
     status = getattr(error, "status_code", None)
+    if conn is not None and _is_unreachable(error):
+        return SluiceError(
+            f"cannot reach S2 at {conn.account_endpoint or 'https://aws.s2.dev (s2.dev)'} for '{operation}' on basin "
+            f"'{basin}' ({error.__cause__ or error}). Check s2.endpoints.account / s2.endpoints.basin (or "
+            "S2_ACCOUNT_ENDPOINT / S2_BASIN_ENDPOINT) and that the server runs and is reachable from every executor.")
+    code = getattr(error, "code", None)
+    if status == 404 and code in ("stream_not_found", "basin_not_found"):
+        what = f"stream '{stream}' of basin '{basin}'" if code == "stream_not_found" else f"basin '{basin}'"
+        option = "s2.streams (or s2.discovery-prefix)" if code == "stream_not_found" else "s2.basin"
+        return SluiceError(f"{what} does not exist ('{operation}'). Check {option}.")
     if status not in (401, 403):
         return None
     where = f"basin '{basin}'" + (f", stream '{stream}'" if stream else "")
@@ -172,3 +184,11 @@ def access_error(error: BaseException, basin: str, stream: str | None, operation
         f"S2 refused '{operation}' on {where} (HTTP {status} {getattr(error, 'code', '')}: {why}; server said: "
         f"{getattr(error, 'message', error)}). Check s2.auth-token / S2_ACCESS_TOKEN and the token's scope: it needs "
         f"the '{operation}' operation (or its op group) for this basin and stream.")
+
+
+def _is_unreachable(error: BaseException) -> bool:
+    """The SDK wraps transport failures (connection refused, DNS, TLS) in S2ClientError."""
+    import s2_sdk
+
+    cause = error.__cause__ if isinstance(error, s2_sdk.S2ClientError) else error
+    return type(cause).__name__ in ("ConnectError", "ConnectionRefusedError", "gaierror")

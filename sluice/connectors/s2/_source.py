@@ -137,8 +137,8 @@ class S2Enumerator(SplitEnumerator):
                     try:
                         return [s.name async for s in
                                 client.basin(self.conn.basin).list_all_streams(prefix=self.prefix)]
-                    except s2_sdk.S2ServerError as error:
-                        raise access_error(error, self.conn.basin, None, "list-streams") or error from None
+                    except s2_sdk.S2Error as error:
+                        raise access_error(error, self.conn.basin, None, "list-streams", self.conn) or error from None
 
             self._listed = [Split(name) for name in sorted(_run(listing()))]
             self._listed_at = time.monotonic()
@@ -152,8 +152,9 @@ class S2Enumerator(SplitEnumerator):
         async def resolve(basin: Any, split: Split) -> list[int]:
             try:
                 return await positions(self.conn.stream(basin, split.split_id))
-            except s2_sdk.S2ServerError as error:
-                raise access_error(error, self.conn.basin, split.split_id, "check-tail or read") or error from None
+            except s2_sdk.S2Error as error:
+                raise access_error(error, self.conn.basin, split.split_id, "check-tail or read", self.conn) \
+                    or error from None
 
         async def positions(stream: Any) -> list[int]:
             tail = (await stream.check_tail()).seq_num

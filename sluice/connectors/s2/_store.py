@@ -243,7 +243,12 @@ class S2Store(Store):
         # concurrent-stream limit of a connection (the server closes a connection that goes past it).
         self.requests = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         if self.create_basin:
-            await self.client.ensure_basin(self.conn.basin)
+            import s2_sdk
+
+            try:
+                await self.client.ensure_basin(self.conn.basin)
+            except s2_sdk.S2Error as error:
+                raise access_error(error, self.conn.basin, None, "create-basin", self.conn) or error from None
         self.basin = self.client.basin(self.conn.basin)
 
     def submit(self, batch: Batch) -> Future[None]:
@@ -303,8 +308,12 @@ class S2Store(Store):
         import s2_sdk
 
         cause = error.cause
+        if isinstance(cause, s2_sdk.S2ServerError) and cause.code in ("stream_not_found", "basin_not_found"):
+            hint = "s2.create-streams=true" if cause.code == "stream_not_found" else "s2.create-basin=true"
+            return SinkError(f"{cause} (writing to {self.target}); create it first or set {hint}.",
+                             store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
         stream, operation = getattr(cause, "s2_stream", None), getattr(cause, "s2_operation", "append")
-        refused = access_error(cause, self.conn.basin, stream, operation) if cause is not None else None
+        refused = access_error(cause, self.conn.basin, stream, operation, self.conn) if cause is not None else None
         if refused is not None:
             return SinkError(str(refused), store=self.name, target=self.target, batch_records=error.batch_records,
                              cause=cause)
@@ -319,10 +328,6 @@ class S2Store(Store):
                 "micro-batch: repartition by the columns of the s2.stream template (sluice.write() and "
                 "sluice.partitioned() do this), or write from a single partition.",
                 store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
-        if isinstance(cause, s2_sdk.S2ServerError) and cause.code in ("stream_not_found", "basin_not_found"):
-            hint = "s2.create-streams=true" if cause.code == "stream_not_found" else "s2.create-basin=true"
-            return SinkError(f"{cause} (writing to {self.target}); create it first or set {hint}.",
-                             store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
         return error
 
     def pre_commit(self) -> Any:

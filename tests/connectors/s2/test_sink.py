@@ -179,6 +179,8 @@ def test_bad_rows_name_the_column(spark, s2_opts):
     df = spark.createDataFrame([(None, 1)], "k string, v int")
     with pytest.raises(Exception, match="primary-key column 'k' has 1 null value"):
         df.write.format("s2_upsert").options(**s2_opts).option("primary-key", "k").mode("append").save()
+    with pytest.raises(Exception, match=r"primary-key column\(s\) \['key'\] are not in the DataFrame"):
+        df.write.format("s2_upsert").options(**s2_opts).option("primary-key", "key").mode("append").save()
     routed = spark.createDataFrame([(1, None)], "id int, region string")
     with pytest.raises(Exception, match="column 'region' routes rows to streams"):
         routed.write.format("s2").options(**s2_opts).option("s2.stream", "o/{region}").mode("append").save()
@@ -203,6 +205,12 @@ def test_the_token_never_appears_in_errors(spark, s2_opts):
     with pytest.raises(Exception) as failure:
         orders(spark, 5, 1).write.format("s2").options(**opts).mode("append").save()
     assert "sekrit-token-value" not in str(failure.value)
+    assert "cannot reach S2 at http://127.0.0.1:9" in str(failure.value)
+    assert "s2.endpoints.account / s2.endpoints.basin" in str(failure.value)
+    connection = {k: v for k, v in opts.items() if k.startswith(("s2.basin", "s2.endpoints", "s2.auth"))}
+    reader = spark.read.format("s2").options(**connection)
+    with pytest.raises(Exception, match=r"cannot reach S2 at http://127\.0\.0\.1:9 for 'check-tail or read'"):
+        reader.option("s2.streams", "s").load().collect()
     from sluice.connectors.s2._options import APPEND_SPEC, Connection
 
     parsed = APPEND_SPEC.parse(opts)

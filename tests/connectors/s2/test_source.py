@@ -111,6 +111,12 @@ def test_empty_and_fully_trimmed_streams_read_as_empty(spark, s2_local, read_opt
     assert query.exception() is None and spark.table("empty_streams").count() == 0
 
 
+def test_reading_a_stream_that_does_not_exist_names_the_option(spark, s2_local, read_opts):
+    append(s2_local, read_opts["s2.basin"], "there", rows(1))
+    with pytest.raises(Exception, match=r"stream 'not-there' of basin '\S+' does not exist.*Check s2.streams"):
+        spark.read.format("s2").options(**read_opts).option("s2.streams", "not-there").load().collect()
+
+
 def test_trimmed_stream_with_and_without_fail_on_data_loss(spark, s2_local, read_opts):
     basin = read_opts["s2.basin"]
     append(s2_local, basin, "t", rows(100))
