@@ -61,3 +61,21 @@ def dying_stream(spark, tmp_path, pause: float):
     stream = (spark.readStream.schema("id long, pad string").option("maxFilesPerTrigger", 1).parquet(str(src))
               .mapInArrow(dying_at(1500, str(marker), 50, pause), "id long, pad string"))
     return stream, marker, tmp_path / "checkpoint"
+
+
+def fails_while(marker, at_id: int):
+    """A column expression's UDF: returns id, but raises at `at_id` while the file `marker` exists (a job that fails
+    part-way through, then succeeds once the marker is removed)."""
+    from pyspark.sql.functions import udf
+
+    path = str(marker)
+
+    @udf("long")
+    def guard(i):
+        import os
+
+        if i == at_id and os.path.exists(path):
+            raise RuntimeError(f"injected failure at id {i}")
+        return i
+
+    return guard

@@ -47,6 +47,10 @@ SINK_OPTIONS: tuple[Option, ...] = (
         "partition-ordered only: hold data until the end of the task or micro-batch (or max-buffered).",
     ),
     Option("sink.max-retries", "int", 3, "Retries of one batch before the task fails.", minimum=0, maximum=100),
+    Option("sink.write-id", "str", None,
+           "Batch writes: an id of your choosing for this write. Re-running a failed or uncertain transactional "
+           "write with the same id finishes it without duplicates (the same rows in the same order). Streaming "
+           "queries use their checkpoint's query id instead."),
     Option(
         "sink.retry-delay-ms", "int", 1000,
         "First retry delay in ms; doubles per attempt, with jitter.", minimum=0,

@@ -151,10 +151,13 @@ class EngineDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
         opts, config = self._prepare(schema, overwrite)
-        return EngineArrowWriter(self, opts, config, schema, write_id=uuid.uuid4().hex)
+        return EngineArrowWriter(self, opts, config, schema, write_id=opts["sink.write-id"] or uuid.uuid4().hex)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
         opts, config = self._prepare(schema, overwrite)
+        if opts["sink.write-id"]:
+            raise OptionError("sink.write-id is for batch writes: a streaming query's writes are identified by its "
+                              "checkpoint (query id and batch id). Remove sink.write-id.")
         return EngineStreamArrowWriter(self, opts, config, schema, write_id=uuid.uuid4().hex)
 
 

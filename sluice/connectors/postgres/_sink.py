@@ -193,13 +193,15 @@ class PostgresStore(BlockingStore):
         return (table.append_column("_sluice_write", pa.repeat(pa.scalar(ctx.write_id, pa.string()), n))
                 .append_column("_sluice_epoch", pa.repeat(pa.scalar(epoch, pa.int64()), n))
                 .append_column("_sluice_task", pa.repeat(pa.scalar(ctx.partition_id, pa.int32()), n))
-                .append_column("_sluice_attempt", pa.repeat(pa.scalar(ctx.task_attempt_id, pa.int64()), n))
+                .append_column("_sluice_attempt",
+                               pa.repeat(pa.scalar(self.plan.attempt_tag(ctx.task_attempt_id), pa.int64()), n))
                 .append_column("_sluice_seq", pa.array(entries, pa.int64())))
 
     def pre_commit(self) -> Any:
         if not self.plan.stage_table:
             return None
-        return {"task": self.context.partition_id, "attempt": self.context.task_attempt_id, "rows": self._written}
+        return {"task": self.context.partition_id, "attempt": self.plan.attempt_tag(self.context.task_attempt_id),
+                "rows": self._written}
 
     def close(self) -> None:
         super().close()

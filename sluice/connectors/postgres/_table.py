@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +139,12 @@ class WritePlan:
     # What PostgreSQL would refuse mid-COPY (after part of the chunk went in): checked per chunk in the task.
     not_null: tuple[str, ...] = ()
     int_ranges: tuple[tuple[str, int, int], ...] = ()  # (column, lowest, highest) for narrower integer columns
+    # Distinguishes this run's staged rows from an earlier run of the same sink.write-id: Spark's task attempt
+    # ids start again at 0 in every application.
+    run: int = 0
+
+    def attempt_tag(self, task_attempt_id: int) -> int:
+        return (self.run << 32) | task_attempt_id
 
     def check_chunk(self, batch: pa.RecordBatch) -> None:
         """Refuse a chunk with a NULL for a NOT NULL column or an integer out of its column's range, naming the
@@ -312,7 +319,7 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
                         "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, write_id, epoch))")
             conn.commit()
             plan = WritePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
-                             overwrite=overwrite, **checks)
+                             overwrite=overwrite, run=secrets.randbits(30), **checks)
         return plan
     except (OptionError, PostgresError):
         raise

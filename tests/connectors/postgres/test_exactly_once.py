@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from pyspark.errors import StreamingQueryException
 
+import sluice
 from tests.faults import dying_stream, kill_python_workers, slow
 
 pytestmark = pytest.mark.spark
@@ -136,3 +137,24 @@ def test_streaming_writes_in_the_other_modes(spark, pg, tmp_path, mode):
         assert sorted(v for _, v in rows) == list(range(1000))
     else:
         assert rows == [(k, max(v for v in range(1000) if v % 300 == k)) for k in range(300)]
+
+
+def test_a_batch_write_rerun_with_its_write_id_commits_once(spark, pg, tmp_path):
+    """sink.write-id: a failed run commits nothing; its re-run commits once; a re-run of a write whose commit landed
+    (the driver may have died before it learned so) is a no-op. A new id is a new write (negative control)."""
+    from tests.faults import fails_while
+
+    marker, table = tmp_path / "fail", pg.table()
+    marker.touch()
+    rows = spark.range(0, 2000, 1, 2).select(fails_while(marker, 1500)("id").alias("id"))
+    opts = pg.opts(table, **{"create-table": "true", "sink.mode": "global-ordered", "sink.transactional": "true",
+                             "sink.write-id": "nightly-2026-11-23"})
+    with pytest.raises(Exception, match="injected failure at id 1500"):
+        sluice.write(rows, "postgres", opts)
+    assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(0,)]
+    marker.unlink()
+    sluice.write(rows, "postgres", opts)
+    sluice.write(rows, "postgres", opts)  # again: the commit log knows this write
+    assert pg.sql(f'SELECT count(*), count(DISTINCT id) FROM "{table}"') == [(2000, 2000)]
+    sluice.write(rows, "postgres", {**opts, "sink.write-id": "another-write"})
+    assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(4000,)]

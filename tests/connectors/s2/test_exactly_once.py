@@ -85,3 +85,29 @@ def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, s2_local
     missing = 3000 - len(counts)
     assert (dupes, missing) == (0, 0), f"{dupes} duplicates, {missing} missing"
     assert data == list(range(3000)), "each micro-batch is one file and one task: input order throughout"
+
+
+def test_a_failed_batch_write_rerun_with_its_write_id_finishes_without_duplicates(spark, s2_local, s2_opts,
+                                                                                    tmp_path, small_arrow_batches):
+    """The failure of issue 16: a batch write failed with part of its records on the stream; re-running it gave
+    those records twice. With sink.write-id the re-run resumes each writer after what it had written."""
+    import sluice
+    from tests.faults import fails_while
+
+    marker = tmp_path / "fail"
+    marker.touch()
+    # Rows padded to ~1 KB, so the writer receives batches before the failure (see small_arrow_batches).
+    rows = spark.range(0, 3000, 1, 1).select(fails_while(marker, 2500)("id").alias("id")) \
+        .selectExpr("id", "repeat('x', 1000) AS pad")
+    opts = {**s2_opts, "s2.stream": "eo", "sink.mode": "global-ordered", "sink.transactional": "true",
+            "sink.batch.max-size": "200", "sink.write-id": "backfill-1"}
+    with pytest.raises(Exception, match="injected failure at id 2500"):
+        sluice.write(rows, "s2", opts)
+    partial = len(read_stream(s2_local, s2_opts["s2.basin"], "eo"))
+    assert 0 < partial < 3000, partial  # the failure left part of the write on the stream
+    marker.unlink()
+    sluice.write(rows, "s2", opts)
+    ids = [json.loads(r.body)["id"] for r in read_stream(s2_local, s2_opts["s2.basin"], "eo")]
+    assert Counter(ids) == Counter(range(3000)), "each row exactly once"
+    sluice.write(rows, "s2", {**opts, "sink.write-id": "backfill-2"})  # negative control: a new write
+    assert len(read_stream(s2_local, s2_opts["s2.basin"], "eo")) == 6000
