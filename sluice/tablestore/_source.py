@@ -60,6 +60,9 @@ WRITE_SPEC = OptionSpec("tablestore", (
     Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored)."),
     Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
            "streaming writes use the query id."),
+    Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "
+           "same id (after a failure, or when unsure it committed) commits it once: it keeps its barrier, and a "
+           "commit that landed is not repeated."),
 ))
 READ_SPEC = OptionSpec("tablestore", (
     *COMMON,
@@ -231,6 +234,9 @@ class _Writer:
         if epoch is not None and query_id:
             job = query_id
             barrier = meta.batch_barrier(query_id, epoch, [self.table.name])
+        elif self.opts["write-id"]:  # a re-run of this write gets the same barrier: its replay is detected
+            job = self.opts["write-id"]
+            barrier = meta.batch_barrier(job, 0, [self.table.name])
         else:
             job = self.opts["job"]
             last = meta.last_barrier(self.table.name)

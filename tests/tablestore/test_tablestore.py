@@ -130,6 +130,17 @@ def test_rows_with_a_null_primary_key_are_refused_and_nothing_is_committed(spark
     assert len(MetaService(store["meta"]).barriers("keyed")) == 1
 
 
+def test_a_batch_write_rerun_with_its_write_id_commits_once(spark, store):
+    df = spark.range(0, 50, 1, 2).selectExpr("id")
+    opts = {**store, "table": "once", "write-id": "load-2026-11-23"}
+    for _ in range(2):  # the second run: as after a driver that died not knowing whether its commit landed
+        df.write.format("tablestore").options(**opts).mode("append").save()
+    assert read(spark, store, "once").count() == 50
+    assert len(MetaService(store["meta"]).barriers("once")) == 1
+    df.write.format("tablestore").options(**{**opts, "write-id": "load-2"}).mode("append").save()  # a new write
+    assert read(spark, store, "once").count() == 100
+
+
 def test_a_metaservice_url_it_cannot_use_is_refused(spark, store, tmp_path):
     with pytest.raises(Exception, match=r"MetaService runs on SQLite .* or PostgreSQL .*not on mysql://"):
         spark.range(0, 3).write.format("tablestore").option("table", "t").options(
