@@ -37,6 +37,8 @@ def main() -> int:
     parser.add_argument("--streams", default="1,10,100,1000,10000")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra sink option for every write (repeatable)")
+    parser.add_argument("--one-call", action="store_true",
+                        help="write with sluice.write() (rows of a stream in one task) instead of df.write")
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
     results = {}
@@ -52,7 +54,10 @@ def main() -> int:
             df = spark.range(0, args.rows, 1, 2).selectExpr(f"id % {n} AS k", "repeat('x', 90) AS body").cache()
             df.count()
             start = time.perf_counter()
-            df.write.format("s2").options(**opts).option("s2.basin", basin).mode("append").save()
+            if args.one_call:
+                sluice.write(df, "s2", {**opts, "s2.basin": basin})
+            else:
+                df.write.format("s2").options(**opts).option("s2.basin", basin).mode("append").save()
             seconds = time.perf_counter() - start
             summary = sluice.last_write_summary("s2")
             tails, appends = asyncio.run(stream_tails(server.url, basin))
@@ -67,7 +72,8 @@ def main() -> int:
     for n in counts:
         results[n]["vs_first"] = round(results[n]["rows_per_s"] / base, 3)
     print(json.dumps({"date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-                      "rows": args.rows, "tasks": 2, "results": results}, indent=2))
+                      "rows": args.rows, "tasks": 2, "path": "sluice.write" if args.one_call else "df.write",
+                      "results": results}, indent=2))
     return 0
 
 
