@@ -76,3 +76,13 @@ def test_docs_options_tables_are_generated_from_the_declarations():
     assert docgen.render_options_doc() == docgen.OPTIONS_DOC.read_text(), (
         "docs/options.md is stale: run `make docs` (python -m sluice.docgen --write)"
     )
+
+
+def test_every_builtin_format_has_a_discovery_module_exporting_it():
+    import importlib
+
+    from sluice.spark._registry import BUILTIN_FORMATS, DISCOVERY_MODULES
+
+    assert set(DISCOVERY_MODULES) == {*BUILTIN_FORMATS, "sluice_summary"}
+    for name, module in DISCOVERY_MODULES.items():
+        assert importlib.import_module(module).DefaultSource.name() == name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -39,11 +40,28 @@ def data_source_class(format_name: str) -> type[EngineDataSource]:
     return getattr(importlib.import_module(module), attr)
 
 
+# The top-level modules through which Spark finds the built-in formats by itself (see pyspark_sluice_*.py).
+DISCOVERY_MODULES: Mapping[str, str] = MappingProxyType({
+    "sluice_null": "pyspark_sluice_null", "s2": "pyspark_sluice_s2", "s2_upsert": "pyspark_sluice_s2_upsert",
+    "postgres": "pyspark_sluice_postgres", "tablestore": "pyspark_sluice_tablestore",
+    "sluice_summary": "pyspark_sluice_summary",
+})
+
+
+def _discovered(name: str) -> bool:
+    """Whether Spark registers `name` by itself (its pyspark_sluice_* module is on this Python's path)."""
+    module = DISCOVERY_MODULES.get(name)
+    return module is not None and importlib.util.find_spec(module) is not None
+
+
 def register(spark: SparkSession) -> list[str]:
-    """Not needed where sluice is installed (Spark finds the pyspark_sluice_* modules); kept for added formats."""
+    """Register the formats Spark does not find by itself: added ones (add_format), or every one where sluice's
+    discovery modules are not on the path. Registering a discovered one again only makes Spark warn."""
     from sluice.spark._summary import SummaryDataSource
 
     for name in FORMATS:
-        spark.dataSource.register(data_source_class(name))
-    spark.dataSource.register(SummaryDataSource)
+        if not _discovered(name):
+            spark.dataSource.register(data_source_class(name))
+    if not _discovered("sluice_summary"):
+        spark.dataSource.register(SummaryDataSource)
     return list(FORMATS)
