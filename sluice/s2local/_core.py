@@ -212,6 +212,15 @@ class Core:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
 
+    @staticmethod
+    async def _recorded(registry: dict[Any, Any], key: Any) -> Any:
+        """The entry a concurrent create is about to record (its durable write is ahead of ours), or None."""
+        for _ in range(100):
+            if key in registry:
+                return registry[key]
+            await asyncio.sleep(0.01)
+        return None
+
     # ------------------------------------------------------------------ access tokens (kept by S2App's registry)
     async def save_token(self, token_id: str, info: str) -> None:
         await self._write(self.storage.insert_token, token_id, info)
@@ -264,8 +273,16 @@ class Core:
         check_basin_name(name)
         existing = self.basins.get(name)
         if existing is None:
-            basin, _ = await self.create_basin(name, config, None)
-            return basin, "created"
+            try:
+                basin, _ = await self.create_basin(name, config, None)
+                return basin, "created"
+            except S2Error as e:
+                if e.code != "resource_already_exists":
+                    raise
+                # a concurrent create won (another task's ensure); it records the basin once its write returns
+                existing = await self._recorded(self.basins, name)
+                if existing is None:
+                    raise
         new = self._basin_config(config, existing.config)
         if new == existing.config:
             return existing, "noop"
@@ -336,11 +353,7 @@ class Core:
                 if e.code != "resource_already_exists":
                     raise
                 # a concurrent create won; it records the stream once its write returns
-                for _ in range(100):
-                    existing = self.streams.get((basin, name))
-                    if existing is not None:
-                        break
-                    await asyncio.sleep(0.01)
+                existing = await self._recorded(self.streams, (basin, name))
                 if existing is None:
                     raise
         new = normalize_stream_config(config, existing.config)
