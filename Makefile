@@ -49,6 +49,7 @@ bench: $(STAMP) check-java check-postgres
 	$(PY) bench/s2_sink.py
 	$(PY) bench/s2_source.py
 	$(PY) bench/s2_many_streams.py
+	$(PY) bench/faults.py
 	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/postgres.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
 	$(PY) bench/postgres.py
 	$(PY) bench/tablestore.py
