@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 
 def slow(rows_per_batch: int, pause: float):
@@ -19,16 +20,40 @@ def slow(rows_per_batch: int, pause: float):
     return fn
 
 
-def kill_python_workers() -> int:
-    """SIGKILL Spark's forked Python workers (children of pyspark.daemon), as an executor losing them would."""
+def _sockets_to(port: int) -> set[str]:
+    """Inodes of the TCP sockets on this machine connected to 127.0.0.1:`port` (from /proc/net/tcp)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        if remote_port == port and fields[3] == "01":  # ESTABLISHED
+            inodes.add(fields[9])
+    return inodes
+
+
+def kill_python_workers(store_port: int | None = None) -> int:
+    """SIGKILL Spark's forked Python workers (children of pyspark.daemon), as an executor losing them would.
+
+    With `store_port`, only the workers connected to the store (the sink's writers): killing every worker
+    also kills idle pooled ones, which Spark may hand to the retried task a moment later, so the retry
+    dies too (seen in CI)."""
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     procs = [line.split(None, 2) for line in out.splitlines() if "pyspark.daemon" in line or "pyspark/daemon" in line]
     daemons = {pid for pid, _, _ in procs}
+    wanted = _sockets_to(store_port) if store_port is not None else None
     killed = 0
     for pid, ppid, _ in procs:
-        if ppid in daemons:
-            os.kill(int(pid), signal.SIGKILL)
-            killed += 1
+        if ppid not in daemons:
+            continue
+        if wanted is not None:
+            try:
+                fds = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            except OSError:  # the process ended meanwhile
+                continue
+            if not any(f"socket:[{inode}]" in fds for inode in wanted):
+                continue
+        os.kill(int(pid), signal.SIGKILL)
+        killed += 1
     return killed
 
 

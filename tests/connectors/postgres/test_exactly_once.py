@@ -4,6 +4,7 @@ streaming query killed mid-batch and restarted from its checkpoint; plus streami
 import threading
 import time
 from collections import Counter
+from urllib.parse import urlsplit
 
 import pytest
 from pyspark.errors import StreamingQueryException
@@ -37,7 +38,7 @@ def test_exactly_once_across_a_killed_python_worker(spark, pg, small_arrow_batch
             time.sleep(0.05)
         seen["staged"] = staged_rows(pg)
         seen["visible"] = pg.sql(f'SELECT count(*) FROM "{table}"')[0][0]
-        seen["workers"] = kill_python_workers()
+        seen["workers"] = kill_python_workers(int(urlsplit(pg.url).port))
 
     striker = threading.Thread(target=strike)
     striker.start()

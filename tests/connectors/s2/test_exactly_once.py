@@ -43,7 +43,7 @@ def test_exactly_once_across_a_killed_python_worker(spark, s2_local, s2_opts, sm
 
     def strike():
         killed["at"] = wait_for_records(s2_local, basin, "eo", 300)
-        killed["workers"] = kill_python_workers()
+        killed["workers"] = kill_python_workers(s2_local.port)
         killed["after"] = len(read_stream(s2_local, basin, "eo"))
 
     striker = threading.Thread(target=strike)
