@@ -53,8 +53,9 @@ def expect_failure(write) -> None:
     raise AssertionError("the injected failure did not fail the write")
 
 
-def dies_once_at(row: int, marker: str):
-    """Pass-through mapInArrow; the first worker to reach id `row` while `marker` exists removes it and dies."""
+def strike_at(row: int, marker: str, *, die: bool):
+    """Pass-through mapInArrow that strikes on reaching id `row` while the file `marker` exists: `die` removes the
+    marker and kills the worker (os._exit; Spark retries the task), else it raises (the write fails)."""
 
     def fn(batches):
         import os as _os
@@ -63,21 +64,9 @@ def dies_once_at(row: int, marker: str):
             for start in range(0, batch.num_rows, 100):
                 part = batch.slice(start, 100)
                 if part.column(0)[0].as_py() >= row and _os.path.exists(marker):
-                    _os.remove(marker)
-                    _os._exit(1)
-                yield part
-
-    return fn
-
-
-def fails_at(row: int, marker: str):
-    def fn(batches):
-        import os as _os
-
-        for batch in batches:
-            for start in range(0, batch.num_rows, 100):
-                part = batch.slice(start, 100)
-                if part.column(0)[0].as_py() >= row and _os.path.exists(marker):
+                    if die:
+                        _os.remove(marker)
+                        _os._exit(1)
                     raise RuntimeError(f"injected failure at id {row}")
                 yield part
 
@@ -195,13 +184,13 @@ def main() -> int:
             basin, marker = f"faults-{uuid.uuid4().hex[:10]}", work / f"die-{uuid.uuid4().hex[:6]}"
             marker.touch()
             write(base, fmt, {**s2_common, **extra, "s2.basin": basin, "s2.stream": "s"},
-                  dies_once_at(n * 3 // 4, str(marker)))
+                  strike_at(n * 3 // 4, str(marker), die=True))
             record("worker", name, s2_ids(basin, fmt))
         for name, extra in pg_modes.items():
             table, marker = f"f_{uuid.uuid4().hex[:10]}", work / f"die-{uuid.uuid4().hex[:6]}"
             marker.touch()
             write(base, "postgres", {"url": pg.url, "table": table, "create-table": "true", **extra},
-                  dies_once_at(n * 3 // 4, str(marker)))
+                  strike_at(n * 3 // 4, str(marker), die=True))
             record("worker", name, [r[0] for r in psycopg.connect(pg.url).execute(f'SELECT id FROM "{table}"')])
 
         # ---- rerun: a write fails part-way and is run again (with its write id where the mode has one)
@@ -211,7 +200,7 @@ def main() -> int:
             opts = {**s2_common, **extra, "s2.basin": basin, "s2.stream": "s", "sink.max-retries": "0"}
             if extra.get("sink.transactional"):
                 opts["sink.write-id"] = f"rerun-{basin}"
-            fault = fails_at(n * 3 // 4, str(marker))
+            fault = strike_at(n * 3 // 4, str(marker), die=False)
             expect_failure(lambda fmt=fmt, opts=opts, fault=fault: write(base, fmt, opts, fault))
             marker.unlink()
             write(base, fmt, opts, fault)
@@ -223,7 +212,7 @@ def main() -> int:
             opts = {"url": pg.url, "table": table, "create-table": "true", **extra}
             if extra.get("sink.transactional"):
                 opts["sink.write-id"] = f"rerun-{table}"
-            fault = fails_at(n * 3 // 4, str(marker))
+            fault = strike_at(n * 3 // 4, str(marker), die=False)
             expect_failure(lambda opts=opts, fault=fault: write(base, "postgres", opts, fault))
             marker.unlink()
             write(base, "postgres", opts, fault)
@@ -235,13 +224,13 @@ def main() -> int:
         for name, extra in {"tablestore append": {}, "tablestore upsert": {"primary-key": "id"}}.items():
             table, marker = f"f_{uuid.uuid4().hex[:10]}", work / f"die-{uuid.uuid4().hex[:6]}"
             marker.touch()
-            write(base, "tablestore", {**store, "table": table, **extra}, dies_once_at(n * 3 // 4, str(marker)))
+            write(base, "tablestore", {**store, "table": table, **extra}, strike_at(n * 3 // 4, str(marker), die=True))
             ids = [r.id for r in spark.read.format("tablestore").options(**store, table=table).load().collect()]
             record("worker", name, ids)
             table, marker = f"f_{uuid.uuid4().hex[:10]}", work / f"fail-{uuid.uuid4().hex[:6]}"
             marker.touch()
             opts = {**store, "table": table, "write-id": f"rerun-{table}", **extra}
-            fault = fails_at(n * 3 // 4, str(marker))
+            fault = strike_at(n * 3 // 4, str(marker), die=False)
             expect_failure(lambda opts=opts, fault=fault: write(base, "tablestore", opts, fault))
             marker.unlink()
             write(base, "tablestore", opts, fault)
