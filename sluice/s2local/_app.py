@@ -19,7 +19,7 @@ from sluice.s2local._core import MIB, U64_MAX, Core, Session, Stream, check_uint
 from sluice.s2local._crypto import RecordCipher
 from sluice.s2local._errors import S2Error
 from sluice.s2local._tokens import Caller, TokenRegistry
-from sluice.s2local._wire import FrameReader, compress, frame, read_batch, terminal_frame
+from sluice.s2local._wire import FrameReader, compress, frame, is_command_record, read_batch, terminal_frame
 
 log = logging.getLogger("sluice.s2local")
 
@@ -159,7 +159,7 @@ def _accumulation(name: str, unit: str, interval: str, now: int, value: float) -
 def _authorize_commands(req: Request, stream: Stream, inp: Any) -> None:
     """Command records need their own operation: a trim needs `trim`, a fence `fence` (on top of `append`)."""
     for record in inp.records:
-        if len(record.headers) == 1 and not record.headers[0].name:
+        if is_command_record(record):
             op = record.headers[0].value.decode("utf-8", "replace")
             if op in ("trim", "fence"):
                 req.caller.authorize(op, basin=stream.basin, stream=stream.name)

@@ -15,6 +15,7 @@ from typing import Any
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
 from sluice.s2local._errors import S2Error
+from sluice.s2local._wire import is_command_record
 
 CIPHERS = ("aes-256-gcm", "aegis-256")
 _ID = {"aes-256-gcm": 1, "aegis-256": 2}
@@ -36,10 +37,6 @@ def _aegis() -> Any:
         raise S2Error("invalid", "stream_cipher aegis-256 needs the pyaegis library on this server: "
                                  "pip install 'sluice[aegis]' (or use aes-256-gcm)") from None
     return pyaegis.Aegis256()
-
-
-def _is_command(record: Any) -> bool:
-    return len(record.headers) == 1 and not record.headers[0].name
 
 
 class RecordCipher:
@@ -73,7 +70,7 @@ class RecordCipher:
         out = pb.AppendInput()
         out.CopyFrom(inp)
         for record in out.records:
-            if _is_command(record):
+            if is_command_record(record):
                 continue
             plain = pb.AppendRecord(headers=record.headers, body=record.body).SerializeToString()
             nonce = os.urandom(self._nonce_bytes)
@@ -87,7 +84,7 @@ class RecordCipher:
         for item in framed:
             batch = pb.ReadBatch.FromString(item)
             record = batch.records[0]
-            if not _is_command(record):
+            if not is_command_record(record):
                 blob = record.body
                 if not blob or blob[0] != _ID[self.cipher]:
                     raise S2Error("invalid", f"record {record.seq_num} was not written with {self.cipher}")

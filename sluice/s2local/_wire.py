@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+from typing import Any
 
 import zstandard
 
@@ -166,3 +167,8 @@ class FrameReader:
     @property
     def pending(self) -> int:
         return len(self._buf)
+
+
+def is_command_record(record: Any) -> bool:
+    """A command record (fence, trim): exactly one header, with an empty name."""
+    return len(record.headers) == 1 and not record.headers[0].name

@@ -78,7 +78,6 @@ def log_summary(line: str) -> None:
     log.info(line)
 
 
-
 class SummaryReader(DataSourceReader):
     def __init__(self, format_name: str | None) -> None:
         self.format_name = format_name
@@ -88,8 +87,7 @@ class SummaryReader(DataSourceReader):
         return [InputPartition(json.dumps(read_summary_file(self.format_name)))]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[str | None, str | None]]:
-        summary = json.loads(partition.value)
-        yield (self.format_name, json.dumps(summary) if summary is not None else None)
+        yield (self.format_name, None if partition.value == "null" else partition.value)
 
 
 class SummaryDataSource(DataSource):

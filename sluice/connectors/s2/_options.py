@@ -161,7 +161,7 @@ class S2AccessError(SluiceError):
     """S2 refused the access token for an operation (HTTP 401/403): a scope or token problem, never retried."""
 
 
-def access_error(error: BaseException, basin: str, stream: str | None, operation: str,
+def explain_sdk_error(error: BaseException, basin: str, stream: str | None, operation: str,
                  conn: Connection | None = None) -> SluiceError | None:
     """What to raise instead of an SDK error users hit often, naming the option involved: 401/403 (the operation,
     basin and stream), an endpoint that cannot be reached, a stream or basin that is not there. None otherwise."""

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from sluice._errors import OptionError, SluiceError
 from sluice._options import Option, Options, OptionSpec
-from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, access_error
+from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
 from sluice.source import Split, SplitEnumerator, SplitReader
 
@@ -138,7 +138,8 @@ class S2Enumerator(SplitEnumerator):
                         return [s.name async for s in
                                 client.basin(self.conn.basin).list_all_streams(prefix=self.prefix)]
                     except s2_sdk.S2Error as error:
-                        raise access_error(error, self.conn.basin, None, "list-streams", self.conn) or error from None
+                        raise explain_sdk_error(error, self.conn.basin, None, "list-streams", self.conn) \
+                            or error from None
 
             self._listed = [Split(name) for name in sorted(_run(listing()))]
             self._listed_at = time.monotonic()
@@ -153,7 +154,7 @@ class S2Enumerator(SplitEnumerator):
             try:
                 return await positions(self.conn.stream(basin, split.split_id))
             except s2_sdk.S2Error as error:
-                raise access_error(error, self.conn.basin, split.split_id, "check-tail or read", self.conn) \
+                raise explain_sdk_error(error, self.conn.basin, split.split_id, "check-tail or read", self.conn) \
                     or error from None
 
         async def positions(stream: Any) -> list[int]:
@@ -314,7 +315,7 @@ class S2Reader(SplitReader):
                 if error.status_code == 404 or isinstance(error, s2_sdk.ReadUnwrittenError):
                     self._data_loss(stream_name, expected, None, error)
                     return
-                raise access_error(error, self.conn.basin, stream_name, "read") or error from None
+                raise explain_sdk_error(error, self.conn.basin, stream_name, "read") or error from None
 
     def _data_loss(self, stream: str, expected: int, found: int | None, error: Exception | None = None) -> None:
         what = (f"records {expected}..{found - 1} of stream '{stream}' were trimmed" if found is not None

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from sluice._errors import RetryableError, SinkError, ThrottledError
-from sluice.connectors.s2._options import MIB, Connection, access_error
+from sluice.connectors.s2._options import MIB, Connection, explain_sdk_error
 from sluice.engine import Batch, ErrorKind, Store, WriteContext
 
 RETRYABLE_STATUS = {408, 500, 502, 503, 504}
@@ -248,7 +248,7 @@ class S2Store(Store):
             try:
                 await self.client.ensure_basin(self.conn.basin)
             except s2_sdk.S2Error as error:
-                raise access_error(error, self.conn.basin, None, "create-basin", self.conn) or error from None
+                raise explain_sdk_error(error, self.conn.basin, None, "create-basin", self.conn) or error from None
         self.basin = self.client.basin(self.conn.basin)
 
     def submit(self, batch: Batch) -> Future[None]:
@@ -313,7 +313,7 @@ class S2Store(Store):
             return SinkError(f"{cause} (writing to {self.target}); create it first or set {hint}.",
                              store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
         stream, operation = getattr(cause, "s2_stream", None), getattr(cause, "s2_operation", "append")
-        refused = access_error(cause, self.conn.basin, stream, operation, self.conn) if cause is not None else None
+        refused = explain_sdk_error(cause, self.conn.basin, stream, operation, self.conn) if cause is not None else None
         if refused is not None:
             return SinkError(str(refused), store=self.name, target=self.target, batch_records=error.batch_records,
                              cause=cause)
