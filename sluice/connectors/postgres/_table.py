@@ -139,6 +139,8 @@ class WritePlan:
     # What PostgreSQL would refuse mid-COPY (after part of the chunk went in): checked per chunk in the task.
     not_null: tuple[str, ...] = ()
     int_ranges: tuple[tuple[str, int, int], ...] = ()  # (column, lowest, highest) for narrower integer columns
+    max_lengths: tuple[tuple[str, int], ...] = ()  # (column, n) for varchar(n) / char(n) columns
+    numeric_limits: tuple[tuple[str, int, int], ...] = ()  # (column, precision, scale) for numeric(p,s) columns
     # Distinguishes this run's staged rows from an earlier run of the same sink.write-id: Spark's task attempt
     # ids start again at 0 in every application.
     run: int = 0
@@ -147,8 +149,9 @@ class WritePlan:
         return (self.run << 32) | task_attempt_id
 
     def check_chunk(self, batch: pa.RecordBatch) -> None:
-        """Refuse a chunk with a NULL for a NOT NULL column or an integer out of its column's range, naming the
-        column and the row's key, before any row of it is sent."""
+        """Refuse a chunk with a NULL for a NOT NULL column, an integer out of its column's range, a string longer
+        than its varchar(n), or a number too large for its numeric(p,s), naming the column and the row's key,
+        before any row of it is sent."""
         import pyarrow.compute as pc
 
         for name in self.not_null:
@@ -164,6 +167,24 @@ class WritePlan:
                 first = pc.index(outside, True).as_py()
                 self._refuse(batch, first, f"value {column[first].as_py()} of column '{name}' is outside "
                                            f"{low}..{high}, the range of its type in {self.display}")
+        for name, limit in self.max_lengths:
+            column = batch.column(name)
+            longer = pc.greater(pc.utf8_length(column), limit)
+            if pc.any(longer).as_py():
+                first = pc.index(longer, True).as_py()
+                self._refuse(batch, first, f"a value of column '{name}' has {len(column[first].as_py())} characters; "
+                                           f"the column is varchar({limit}) in {self.display}")
+        for name, precision, scale in self.numeric_limits:
+            # PostgreSQL rounds to the scale, then refuses |value| >= 10^(precision - scale). Checked in float64:
+            # exact far from the limit, and within a rounding step of it PostgreSQL's own check still applies.
+            column = pc.cast(batch.column(name), pa.float64())
+            limit = 10.0 ** (precision - scale) - 0.5 * 10.0 ** -scale
+            over = pc.greater_equal(pc.abs(column), limit)
+            if pc.any(over).as_py():
+                first = pc.index(over, True).as_py()
+                self._refuse(batch, first, f"value {batch.column(name)[first].as_py()} of column '{name}' does not "
+                                           f"fit numeric({precision},{scale}) in {self.display} (absolute values must "
+                                           f"round to less than 10^{precision - scale})")
 
     def _refuse(self, batch: pa.RecordBatch, row: int, what: str) -> None:
         keys = {k: batch.column(k)[row].as_py() for k in self.primary_key if k in batch.schema.names}
@@ -219,21 +240,37 @@ def schema_digest(schema: str, table: str, arrow_schema: pa.Schema) -> str:
     return hashlib.sha1(f"{schema}.{table}|{arrow_schema}".encode()).hexdigest()[:12]
 
 
+VARCHAR_RE = re.compile(r"(?:character varying|character)\((\d+)\)")
+NUMERIC_RE = re.compile(r"numeric\((\d+)(?:,(\d+))?\)")
 INT_RANGES = {"smallint": (-2**15, 2**15 - 1), "integer": (-2**31, 2**31 - 1)}
 
 
 def _chunk_checks(columns: tuple[str, ...], target_types: tuple[str, ...], existing: dict[str, Any],
                   data_schema: pa.Schema) -> dict[str, Any]:
-    """The per-chunk checks a plan needs: NOT NULL columns, and integer columns narrower than their Arrow type."""
+    """The per-chunk checks a plan needs: NOT NULL columns, integer columns narrower than their Arrow type,
+    length-limited strings and numeric(p,s) columns fed by numbers that may not fit."""
     not_null = tuple(c for c in columns if existing[c].not_null)
-    ranges = []
+    ranges, lengths, numerics = [], [], []
     for name, pg in zip(columns, target_types, strict=True):
         arrow_type = data_schema.field(name).type
         if pg in INT_RANGES and pa.types.is_integer(arrow_type):
             low, high = INT_RANGES[pg]
             if arrow_type.bit_width > (16 if pg == "smallint" else 32):
                 ranges.append((name, low, high))
-    return {"not_null": not_null, "int_ranges": tuple(ranges)}
+        declared = existing[name].type
+        if (m := VARCHAR_RE.fullmatch(declared)) and (pa.types.is_string(arrow_type)
+                                                      or pa.types.is_large_string(arrow_type)):
+            lengths.append((name, int(m.group(1))))
+        elif (m := NUMERIC_RE.fullmatch(declared)) and (pa.types.is_decimal(arrow_type)
+                                                        or pa.types.is_floating(arrow_type)
+                                                        or pa.types.is_integer(arrow_type)):
+            precision, scale = int(m.group(1)), int(m.group(2) or 0)
+            fits = (pa.types.is_decimal(arrow_type)
+                    and arrow_type.precision - arrow_type.scale <= precision - scale and arrow_type.scale <= scale)
+            if not fits:
+                numerics.append((name, precision, scale))
+    return {"not_null": not_null, "int_ranges": tuple(ranges), "max_lengths": tuple(lengths),
+            "numeric_limits": tuple(numerics)}
 
 
 def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:

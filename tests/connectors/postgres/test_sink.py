@@ -255,3 +255,24 @@ def test_rows_postgresql_would_refuse_mid_copy_are_refused_per_chunk_naming_colu
                                         r"for it \(row 0 of a chunk of 1\)"):  # an append knows no key: the row
         sluice.write(missing, "postgres", pg.opts(table))
     assert ids(pg, table) == [1, 2]  # row 3, in the refused chunk before row 4, was not written either
+
+
+def test_strings_longer_than_varchar_and_numbers_too_large_for_numeric_are_refused_per_chunk(spark, pg):
+    table = pg.table()
+    pg.sql(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, code varchar(3), amount numeric(5,2), n numeric(4))')
+    schema = "id long, code string, amount decimal(10,3), n long"
+    fits = spark.createDataFrame([(1, "abc", Decimal("999.994"), 9999), (2, "é€x", Decimal("-999.99"), -9999)],
+                                 schema).coalesce(1)
+    sluice.write(fits, "postgres", pg.opts(table, **{"primary-key": "id"}))  # at the limits: written
+    long_code = spark.createDataFrame([(3, "ab", Decimal(1), 1), (4, "abcd", Decimal(1), 1)], schema).coalesce(1)
+    with pytest.raises(Exception, match=r"a value of column 'code' has 4 characters; the column is varchar\(3\) "
+                                        r"in public\.\S+ \(the row with key \{'id': 4\}\)\. Nothing of this chunk"):
+        sluice.write(long_code, "postgres", pg.opts(table, **{"primary-key": "id"}))
+    big_amount = spark.createDataFrame([(5, "a", Decimal("999.995"), 1)], schema).coalesce(1)
+    with pytest.raises(Exception, match=r"value 999\.995 of column 'amount' does not fit numeric\(5,2\) .*"
+                                        r"\{'id': 5\}"):
+        sluice.write(big_amount, "postgres", pg.opts(table, **{"primary-key": "id"}))
+    big_n = spark.createDataFrame([(6, "a", Decimal(1), 10000)], schema).coalesce(1)
+    with pytest.raises(Exception, match=r"value 10000 of column 'n' does not fit numeric\(4,0\)"):
+        sluice.write(big_n, "postgres", pg.opts(table, **{"primary-key": "id"}))
+    assert ids(pg, table) == [1, 2]  # row 3, before row 4 in its chunk, was not written either
