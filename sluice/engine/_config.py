@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from sluice._errors import OptionError
 from sluice._options import Option, Options, OptionSpec
+from sluice.engine._batch import BatchCreator
+from sluice.engine._buffer import RequestBuffer
 
 UNORDERED = "unordered"
 PARTITION_ORDERED = "partition-ordered"
@@ -39,6 +41,22 @@ SINK_OPTIONS: tuple[Option, ...] = (
         minimum=1, maximum=4096,
     ),
     Option(
+        "sink.batch-by", "choice", "bucket",
+        "partition-ordered only: 'bucket' batches rows of one hash bucket (several keys may share a batch); 'key' "
+        "makes every batch hold exactly one partition-key value (seed 003's per-partition batches).",
+        choices=("bucket", "key"),
+    ),
+    Option(
+        "sink.batch-creator", "str", None,
+        "A BatchCreator class to cut batches with, as 'module:Class' (importable on the executors; no-argument "
+        "constructor). Default: the connector's, else the mode's (docs/engine.md).",
+    ),
+    Option(
+        "sink.request-buffer", "str", None,
+        "A RequestBuffer class to buffer entries in, as 'module:Class' (importable on the executors; no-argument "
+        "constructor). Default: the connector's, else the mode's.",
+    ),
+    Option(
         "sink.transactional", "bool", False,
         "Exactly-once through the store's transactions (needs sink.mode=global-ordered).",
     ),
@@ -66,17 +84,42 @@ def _check_combinations(opts: Options) -> None:
             "transactions commit one ordered stream of batches per task. Set .option('sink.mode', 'global-ordered')."
         )
     if mode != PARTITION_ORDERED:
-        for key in ("sink.partition-key", "sink.parallelism", "sink.flush-on-checkpoint"):
+        for key in ("sink.partition-key", "sink.parallelism", "sink.flush-on-checkpoint", "sink.batch-by"):
             if opts.is_set(key):
                 raise OptionError(
                     f"{key} only applies to sink.mode=partition-ordered (got sink.mode={mode}). "
                     f"Remove {key} or set .option('sink.mode', 'partition-ordered')."
                 )
+    if opts["sink.batch-creator"]:
+        load_class("sink.batch-creator", opts["sink.batch-creator"], BatchCreator)
+    if opts["sink.request-buffer"]:
+        load_class("sink.request-buffer", opts["sink.request-buffer"], RequestBuffer)
     if opts["sink.requests.max-buffered"] <= opts["sink.batch.max-size"]:
         raise OptionError(
             f"sink.requests.max-buffered ({opts['sink.requests.max-buffered']}) must be greater than "
             f"sink.batch.max-size ({opts['sink.batch.max-size']}); raise the first or lower the second."
         )
+
+
+def load_class(option: str, path: str, base: type) -> type:
+    """The class `path` ('module:Class' or 'module.Class') names, checked to subclass `base`; errors name `option`."""
+    import importlib
+
+    module_name, _, class_name = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not class_name:
+        raise OptionError(f"{option}={path!r} must name a class as 'module:Class', e.g. "
+                          f"'sluice.engine:{base.__name__}'.")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise OptionError(f"{option}={path!r}: module '{module_name}' cannot be imported ({e}). It must be "
+                          "installed on the driver and every executor.") from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type) or not issubclass(cls, base):
+        what = "is not in" if cls is None else "is not a subclass of " + base.__name__ + " in"
+        raise OptionError(f"{option}={path!r}: '{class_name}' {what} module '{module_name}'; name a "
+                          f"{base.__name__} subclass.")
+    return cls
 
 
 SINK_SPEC = OptionSpec("sink", SINK_OPTIONS, (_check_combinations,))
@@ -98,6 +141,9 @@ class SinkConfig:
     flush_on_checkpoint: bool = False
     max_retries: int = 3
     retry_delay_ms: int = 1000
+    batch_by: str = "bucket"
+    batch_creator: str | None = None  # 'module:Class', instantiated per task
+    request_buffer: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -118,7 +164,19 @@ class SinkConfig:
             flush_on_checkpoint=opts["sink.flush-on-checkpoint"],
             max_retries=opts["sink.max-retries"],
             retry_delay_ms=opts["sink.retry-delay-ms"],
+            batch_by=opts["sink.batch-by"],
+            batch_creator=opts["sink.batch-creator"],
+            request_buffer=opts["sink.request-buffer"],
         )
+
+    def make_batch_creator(self) -> BatchCreator | None:
+        """A new instance of the sink.batch-creator class, or None when the option is not set."""
+        return load_class("sink.batch-creator", self.batch_creator, BatchCreator)() if self.batch_creator else None
+
+    def make_request_buffer(self) -> RequestBuffer | None:
+        """A new instance of the sink.request-buffer class, or None when the option is not set."""
+        return load_class("sink.request-buffer", self.request_buffer, RequestBuffer)() if self.request_buffer \
+            else None
 
     @property
     def effective_max_inflight(self) -> int:

@@ -125,8 +125,12 @@ class AsyncSinkWriter:
                 )
         self._put(Chunk(list(entries), list(sizes), key if self._keyed else None))
 
-    def write_keyed(self, entries: list[Any], sizes: Sequence[int], keys: Sequence[Hashable]) -> None:
-        """Add entries with a partition key each; entries of one key keep their relative order."""
+    def write_keyed(self, entries: list[Any], sizes: Sequence[int], keys: Sequence[Hashable],
+                    names: Sequence[Hashable] | None = None) -> None:
+        """Add entries with a partition key each; entries of one key keep their relative order.
+
+        With `names`, `keys` are integer codes and entry i's partition key is names[keys[i]] (exact keys
+        grouped as fast as integer buckets)."""
         if not self._keyed:
             self.write_chunk(entries, sizes)
             return
@@ -148,7 +152,9 @@ class AsyncSinkWriter:
         ordered_entries = [entries[i] for i in positions]
         ordered_sizes = [sizes[i] for i in positions]
         for start, end in zip([0, *bounds], [*bounds, len(positions)], strict=True):
-            self.write_chunk(ordered_entries[start:end], ordered_sizes[start:end], int(sorted_keys[start]))
+            code = int(sorted_keys[start])
+            self.write_chunk(ordered_entries[start:end], ordered_sizes[start:end],
+                             code if names is None else names[code])
 
     def flush(self) -> None:
         """The checkpoint: return once every entry written so far is acknowledged by the store."""

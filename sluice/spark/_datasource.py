@@ -2,19 +2,22 @@
 
 A connector subclasses `EngineDataSource` and implements:
   - `option_spec()`  its options (the engine's sink.* options are included by `sink_spec()`),
-  - `make_encoder()` Arrow RecordBatch -> (entries, sizes), vectorized,
-  - `make_store()`   the executor-side Store,
-  - optionally `make_committer()` (driver side of transactions), `primary_key()` and `check_write()`.
+  - `plan_write()`   on the driver, once: validate, then return a `WritePlan` (sluice/spark/_plan.py) whose
+                     `open_task()` gives each task its encoder and Store, and whose `committer()` gives the
+                     driver its Committer for transactional writes,
+  - optionally `primary_key()`, `resolve_options()` and `partitioning()`.
+Everything a task needs travels in the plan; the DataSource keeps no state between calls.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -29,21 +32,23 @@ from sluice.engine import (
     PARTITION_ORDERED,
     SINK_SPEC,
     AsyncSinkWriter,
-    Committer,
+    BatchCreator,
+    DequeRequestBuffer,
+    KeyedRequestBuffer,
+    PartitionKeyBatchCreator,
+    RequestBuffer,
+    RequestInfo,
+    SimpleBatchCreator,
     SinkConfig,
-    Store,
     WriteContext,
     WriteStats,
 )
-from sluice.spark._encoding import check_writable, partition_buckets
+from sluice.spark._encoding import check_writable, partition_buckets, partition_keys
+from sluice.spark._plan import WritePlan
 from sluice.spark._summary import log_summary, save_summary
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-# RecordBatch -> (entries, sizes), or (entries, sizes, indices of the rows kept) when rows were dropped.
-Encoder = Callable[["pa.RecordBatch"], tuple[Any, ...]]
-
 
 @dataclass
 class SluiceCommitMessage(WriterCommitMessage):
@@ -95,25 +100,16 @@ class EngineDataSource(DataSource):
         config = self.sink_config(opts, schema)
         return config.partition_key if config.mode == PARTITION_ORDERED else None
 
-    def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
-        """Validate the schema and mode on the driver, before any task starts."""
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> WritePlan:
+        """On the driver, once per write: validate the schema, options and mode against the store, then return
+        the plan every task opens its writer from. Refuse what cannot be written here, before any task starts."""
+        raise NotImplementedError
+
+    def refuse_overwrite(self, overwrite: bool) -> None:
         if overwrite:
             raise OptionError(
                 f"format '{self.format_name}' does not support mode('overwrite'); use mode('append')."
             )
-
-    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
-        raise NotImplementedError
-
-    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
-        raise NotImplementedError
-
-    def make_committer(self, opts: Options) -> Committer | None:
-        return None
-
-    def commits_on_driver(self, config: SinkConfig) -> bool:
-        """Whether the driver's Committer publishes each write/epoch (transactions; a store may add e.g. overwrite)."""
-        return config.transactional
 
     # ---- Spark entry points
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
@@ -135,30 +131,54 @@ class EngineDataSource(DataSource):
             )
         return SinkConfig(**{**config.__dict__, "partition_key": tuple(key)})
 
-    def _prepare(self, schema: StructType, overwrite: bool) -> tuple[Options, SinkConfig]:
+    def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         opts = self.resolve_options(self.parsed())
+        if streaming and opts["sink.write-id"]:
+            raise OptionError("sink.write-id is for batch writes: a streaming query's writes are identified by its "
+                              "checkpoint (query id and batch id). Remove sink.write-id.")
         if not self.writes_any_type:
             check_writable(self.format_name, schema)
         config = self.sink_config(opts, schema)
         config.check_store_limits(self.format_name, *self.store_limits)
-        self.check_write(opts, schema, overwrite)
-        if config.transactional and self.make_committer(opts) is None:
+        plan = self.plan_write(opts, schema, config, overwrite)
+        if config.transactional and plan.committer() is None:
             raise OptionError(
                 f"sink.transactional=true, but format '{self.format_name}' has no transactions; "
                 "remove sink.transactional."
             )
-        return opts, config
+        check_batching(plan)
+        return plan
 
     def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
-        opts, config = self._prepare(schema, overwrite)
-        return EngineArrowWriter(self, opts, config, schema, write_id=opts["sink.write-id"] or uuid.uuid4().hex)
+        plan = self._plan(schema, overwrite, streaming=False)
+        return EngineArrowWriter(plan, write_id=plan.options["sink.write-id"] or uuid.uuid4().hex)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
-        opts, config = self._prepare(schema, overwrite)
-        if opts["sink.write-id"]:
-            raise OptionError("sink.write-id is for batch writes: a streaming query's writes are identified by its "
-                              "checkpoint (query id and batch id). Remove sink.write-id.")
-        return EngineStreamArrowWriter(self, opts, config, schema, write_id=uuid.uuid4().hex)
+        return EngineStreamArrowWriter(self._plan(schema, overwrite, streaming=True), write_id=uuid.uuid4().hex)
+
+
+def batching(plan: WritePlan) -> tuple[BatchCreator | None, RequestBuffer | None]:
+    """The write's BatchCreator and RequestBuffer: the sink.* options' classes, else the connector's; None =
+    the engine's default for the mode."""
+    config = plan.config
+    return (config.make_batch_creator() or plan.batch_creator(), config.make_request_buffer() or plan.request_buffer())
+
+
+def check_batching(plan: WritePlan) -> None:
+    """On the driver: a trial batch from an empty buffer, so a creator that cannot work with the buffer (e.g. a
+    per-key creator over an unkeyed buffer) fails here, naming the options, not in every task."""
+    creator, buffer = batching(plan)
+    if creator is None and buffer is None:
+        return
+    keyed = plan.config.mode == PARTITION_ORDERED
+    creator = creator or (PartitionKeyBatchCreator() if keyed else SimpleBatchCreator())
+    buffer = buffer or (KeyedRequestBuffer() if keyed else DequeRequestBuffer())
+    try:
+        creator.create_next_batch(RequestInfo(plan.config.max_batch_records, plan.config.max_batch_bytes, 0.0), buffer)
+    except Exception as e:
+        raise OptionError(f"sink.batch-creator / sink.request-buffer: {type(creator).__name__} cannot cut batches "
+                          f"from a {type(buffer).__name__} ({type(e).__name__}: {e}). Choose classes that work "
+                          "together (PartitionKeyBatchCreator needs KeyedRequestBuffer).") from None
 
 
 def task_context(write_id: str) -> WriteContext:
@@ -179,12 +199,10 @@ def task_context(write_id: str) -> WriteContext:
 
 
 class _EngineWriterMixin:
-    def __init__(self, source: EngineDataSource, opts: Options, config: SinkConfig, schema: StructType,
-                 write_id: str) -> None:
-        self.source = source
-        self.opts = opts
-        self.config = config
-        self.schema = schema
+    """The Spark writer around a plan: tasks run the engine on the plan's encoder and store; the driver commits."""
+
+    def __init__(self, plan: WritePlan, write_id: str) -> None:
+        self.plan = plan
         self.write_id = write_id
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
@@ -195,20 +213,23 @@ class _EngineWriterMixin:
             # A task with no rows opens no connection or session (a write of 200 mostly empty partitions
             # must not open 200 connections).
             return SluiceCommitMessage(WriteStats(tasks=0).to_dict(), None, context)
-        encode = self.source.make_encoder(self.opts, self.schema, context)
-        store = self.source.make_store(self.opts, self.schema, context)
-        keyed = self.config.mode == PARTITION_ORDERED
-        with AsyncSinkWriter(store, self.config, context=context) as writer:
+        config = self.plan.config
+        task = self.plan.open_task(context)
+        creator, buffer = batching(self.plan)
+        keyed = config.mode == PARTITION_ORDERED
+        with AsyncSinkWriter(task.store, config, context=context, batch_creator=creator, buffer=buffer) as writer:
             for batch in itertools.chain([first], batches):
-                encoded = encode(batch)
-                entries, sizes = encoded[0], encoded[1]
-                if keyed:
-                    buckets = partition_buckets(batch, self.config.partition_key, self.config.parallelism)
-                    if len(encoded) == 3:  # the encoder kept only some rows (e.g. the last change per key)
-                        buckets = [buckets[i] for i in encoded[2]]
-                    writer.write_keyed(entries, sizes, buckets)
+                encoded = task.encode(batch)
+                if not keyed:
+                    writer.write_chunk(encoded.entries, encoded.sizes)
+                    continue
+                if config.batch_by == "key":
+                    codes, names = partition_keys(batch, config.partition_key)
                 else:
-                    writer.write_chunk(entries, sizes)
+                    codes, names = partition_buckets(batch, config.partition_key, config.parallelism), None
+                if encoded.rows is not None:  # the encoder kept only some rows (e.g. the last change per key)
+                    codes = np.asarray(codes)[np.asarray(encoded.rows, dtype=np.int64)]
+                writer.write_keyed(encoded.entries, encoded.sizes, codes, names)
             message = writer.finish()
         return SluiceCommitMessage(writer.stats.to_dict(), message, context)
 
@@ -219,8 +240,8 @@ class _EngineWriterMixin:
 
     def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
-        if self.source.commits_on_driver(self.config):
-            committer = self.source.make_committer(self.opts)
+        if self.plan.commits_on_driver:
+            committer = self.plan.committer()
             assert committer is not None
             ordered = sorted(done, key=lambda m: m.context.partition_id)
             committer.commit([m.store_message for m in ordered if m.store_message is not None],
@@ -230,7 +251,7 @@ class _EngineWriterMixin:
     def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
         try:
-            committer = self.source.make_committer(self.opts) if self.source.commits_on_driver(self.config) else None
+            committer = self.plan.committer() if self.plan.commits_on_driver else None
             if committer is not None:
                 committer.abort([m.store_message for m in done if m.store_message is not None],
                                  self._epoch_context(done, epoch))
@@ -243,10 +264,10 @@ class _EngineWriterMixin:
         summary = {**stats.summary(), "status": status}
         if epoch is not None:
             summary["batch_id"] = epoch
-        save_summary(self.source.format_name, summary)
+        save_summary(self.plan.format_name, summary)
         where = f" batch {epoch}" if epoch is not None else ""
         failed = " FAILED (tasks that finished before the failure)" if status == "failed" else ""
-        log_summary(f"{self.source.format_name}{where}{failed}: {stats.summary_line()}")
+        log_summary(f"{self.plan.format_name}{where}{failed}: {stats.summary_line()}")
 
 
 class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):

@@ -12,17 +12,30 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from sluice._errors import RetryableError
-from sluice._options import Option, Options, OptionSpec
-from sluice.engine import Batch, BlockingStore, Committer, Store, WriteContext
-from sluice.spark._datasource import Encoder, EngineDataSource
-from sluice.spark._encoding import binary_column, body_column_name
+from sluice.connector import (
+    Batch,
+    BlockingStore,
+    Committer,
+    Encoded,
+    EngineDataSource,
+    Option,
+    Options,
+    OptionSpec,
+    RetryableError,
+    SinkConfig,
+    TaskWriter,
+    WriteContext,
+    WritePlan,
+    binary_column,
+)
+from sluice.spark._encoding import body_column_name
 
 
 class InjectedCrash(Exception):
@@ -118,16 +131,24 @@ class FileStoreDataSource(EngineDataSource):
     def option_spec(cls) -> OptionSpec:
         return cls.sink_spec().extend(TEST_OPTIONS)
 
-    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> WritePlan:
+        self.refuse_overwrite(overwrite)
         column = body_column_name(schema.fieldNames(), [f.dataType.typeName() for f in schema.fields])
-        return lambda batch: binary_column(batch, column)
+        return FileWritePlan(self.format_name, opts, schema, config, column)
 
-    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
-        return FileStore(Path(opts["test.dir"]), context, opts["sink.transactional"], opts["test.fail-every"],
-                         opts["test.crash-after"])
 
-    def make_committer(self, opts: Options) -> Committer:
-        return FileCommitter(Path(opts["test.dir"]))
+@dataclass(frozen=True)
+class FileWritePlan(WritePlan):
+    body_column: str
+
+    def open_task(self, context: WriteContext) -> TaskWriter:
+        opts = self.options
+        return TaskWriter(lambda batch: Encoded(*binary_column(batch, self.body_column)),
+                          FileStore(Path(opts["test.dir"]), context, opts["sink.transactional"],
+                                    opts["test.fail-every"], opts["test.crash-after"]))
+
+    def committer(self) -> Committer:
+        return FileCommitter(Path(self.options["test.dir"]))
 
 
 def read_file_store(folder: str | os.PathLike[str]) -> dict[str, list[str]]:

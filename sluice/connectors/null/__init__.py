@@ -15,16 +15,17 @@ is accepted too, with one entry per row sized by the batch's average row size.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from sluice._errors import OptionError
 from sluice._options import Options
-from sluice.engine import Batch, Store, WriteContext, completed_future
-from sluice.spark._datasource import Encoder, EngineDataSource
+from sluice.engine import Batch, SinkConfig, Store, WriteContext, completed_future
+from sluice.spark._datasource import EngineDataSource
 from sluice.spark._encoding import binary_column, body_column_name
+from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 
 
 class NullStore(Store):
@@ -38,24 +39,38 @@ class NullStore(Store):
         return completed_future()
 
 
-def _row_encoder(batch: pa.RecordBatch) -> tuple[list[Any], list[int]]:
+def _row_encoder(batch: pa.RecordBatch) -> Encoded:
     size = max(1, batch.nbytes // max(1, batch.num_rows))
-    return list(range(batch.num_rows)), [size] * batch.num_rows
+    return Encoded(range(batch.num_rows), [size] * batch.num_rows)
+
+
+def _column_encoder(column: str) -> Encoder:
+    def encode(batch: pa.RecordBatch) -> Encoded:
+        return Encoded(*binary_column(batch, column))
+
+    return encode
+
+
+@dataclass(frozen=True)
+class NullWritePlan(WritePlan):
+    body_column: str | None = None  # entries are this column's values; None: one entry per row
+
+    def open_task(self, context: WriteContext) -> TaskWriter:
+        encode = _row_encoder if self.body_column is None else _column_encoder(self.body_column)
+        return TaskWriter(encode, NullStore())
 
 
 class NullDataSource(EngineDataSource):
     format_name = "sluice_null"
     writes_any_type = True
 
-    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> WritePlan:
+        self.refuse_overwrite(overwrite)
         try:
             column = body_column_name(schema.fieldNames(), [f.dataType.typeName() for f in schema.fields])
         except OptionError:
-            return _row_encoder
-        return lambda batch: binary_column(batch, column)
-
-    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
-        return NullStore()
+            column = None
+        return NullWritePlan(self.format_name, opts, schema, config, column)
 
 
 __all__ = ["NullDataSource", "NullStore"]

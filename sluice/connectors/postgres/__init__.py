@@ -20,6 +20,6 @@ Reads: see _source.py for splits, the shared snapshot and filter pushdown. Full 
 """
 
 from sluice.connectors.postgres._conn import Connection, PostgresError
-from sluice.connectors.postgres._sink import PostgresDataSource
+from sluice.connectors.postgres._datasource import PostgresDataSource
 
 __all__ = ["Connection", "PostgresDataSource", "PostgresError"]

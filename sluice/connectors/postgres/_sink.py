@@ -20,13 +20,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.types import StructType
 
-from sluice._errors import OptionError
-from sluice._options import Option, Options, OptionSpec
+from sluice.connector import (
+    SINK_SPEC,
+    UNORDERED,
+    ArrowRows,
+    Batch,
+    BlockingStore,
+    Committer,
+    Encoded,
+    Option,
+    OptionError,
+    Options,
+    TaskWriter,
+    WriteContext,
+    WritePlan,
+)
 from sluice.connectors.postgres._conn import (
     CONNECTION_OPTIONS,
     Connection,
@@ -37,28 +50,7 @@ from sluice.connectors.postgres._conn import (
     quote_ident,
     quote_literal,
 )
-from sluice.connectors.postgres._source import (
-    READ_SPEC,
-    PostgresBatchReader,
-    PostgresEnumerator,
-    PostgresPushdownReader,
-    PostgresSplitReader,
-    infer_schema,
-)
-from sluice.connectors.postgres._table import WritePlan, prepare_target, schema_digest
-from sluice.engine import (
-    PARTITION_ORDERED,
-    SINK_SPEC,
-    UNORDERED,
-    Batch,
-    BlockingStore,
-    Committer,
-    SinkConfig,
-    Store,
-    WriteContext,
-)
-from sluice.spark._datasource import Encoder, EngineDataSource
-from sluice.spark._encoding import ArrowRows
+from sluice.connectors.postgres._table import TablePlan, schema_digest
 
 log = logging.getLogger("sluice.postgres")
 MiB = 1024 * 1024
@@ -93,7 +85,7 @@ class PostgresStore(BlockingStore):
     name = "postgres"
     supports_transactions = True
 
-    def __init__(self, conn_info: Connection, plan: WritePlan, rows: ArrowRows, context: WriteContext,
+    def __init__(self, conn_info: Connection, plan: TablePlan, rows: ArrowRows, context: WriteContext,
                  connections: int) -> None:
         super().__init__()
         self.conn_info = conn_info
@@ -215,7 +207,7 @@ class PostgresStore(BlockingStore):
 class PostgresCommitter(Committer):
     """Driver side of staged writes: one transaction per write or micro-batch, guarded by the commit log."""
 
-    def __init__(self, conn_info: Connection, plan: WritePlan) -> None:
+    def __init__(self, conn_info: Connection, plan: TablePlan) -> None:
         self.conn_info = conn_info
         self.plan = plan
 
@@ -279,76 +271,27 @@ class PostgresCommitter(Committer):
             conn.close()
 
 
-class PostgresDataSource(EngineDataSource):
-    """`format("postgres")`: see the package docstring for usage."""
+@dataclass(frozen=True)
+class PostgresWritePlan(WritePlan):
+    """The target as the driver prepared it (table created, staging table ready, per-chunk checks decided)."""
 
-    format_name = "postgres"
-    _plan: WritePlan | None = None
-    _conn_info: Connection | None = None
-    _overwrite: bool = False
+    conn_info: Connection
+    table: TablePlan
+    overwrite: bool = False
 
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        return WRITE_SPEC
+    @property
+    def commits_on_driver(self) -> bool:
+        return self.config.transactional or self.overwrite  # overwrite is always staged and committed by the driver
 
-    @classmethod
-    def read_option_spec(cls) -> OptionSpec:
-        return READ_SPEC
+    def open_task(self, context: WriteContext) -> TaskWriter:
+        rows, table = ArrowRows(), self.table
 
-    def primary_key(self, opts: Options) -> tuple[str, ...]:
-        return tuple(opts["primary-key"])
+        def encode(batch: pa.RecordBatch) -> Encoded:
+            table.check_chunk(batch)  # before any row of this chunk is buffered, let alone sent
+            return Encoded(*rows.add(batch))
 
-    def parsed(self) -> Options:
-        raw = dict(self.options)
-        keys = {k.lower() for k in raw}
-        if "primary-key" in keys and "sink.mode" not in keys:
-            raw["sink.mode"] = PARTITION_ORDERED  # upserts default to per-key order
-        return self.option_spec().parse(raw)
+        return TaskWriter(encode, PostgresStore(self.conn_info, table, rows, context,
+                                                self.options["connections-per-task"]))
 
-    def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        config = SinkConfig.from_options(opts)
-        self._conn_info = Connection.from_options(opts)
-        self._overwrite = overwrite
-        staged = config.transactional or overwrite  # overwrite is always staged and committed by the driver
-        self._plan = prepare_target(self._conn_info, opts, schema, to_arrow_schema(schema, timezone="UTC"),
-                                    overwrite=overwrite, staged=staged)
-
-    def commits_on_driver(self, config: SinkConfig) -> bool:
-        return config.transactional or self._overwrite
-
-    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
-        self._rows = ArrowRows()  # make_store (called next, in the same task) writes from these rows
-        plan, rows = self._plan, self._rows
-        assert plan is not None
-
-        def encode(batch: pa.RecordBatch) -> tuple[Any, ...]:
-            plan.check_chunk(batch)  # before any row of this chunk is buffered, let alone sent
-            return rows.add(batch)
-
-        return encode
-
-    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
-        assert self._plan is not None and self._conn_info is not None
-        return PostgresStore(self._conn_info, self._plan, self._rows, context, opts["connections-per-task"])
-
-    def make_committer(self, opts: Options) -> Committer:
-        assert self._plan is not None and self._conn_info is not None
-        return PostgresCommitter(self._conn_info, self._plan)
-
-    # ------------------------------------------------------------------ reading
-    def _read_options(self) -> tuple[Options, Connection]:
-        opts = READ_SPEC.parse(self.options)
-        return opts, Connection.from_options(opts)
-
-    def schema(self) -> StructType:
-        opts, conn_info = self._read_options()
-        return infer_schema(conn_info, opts)[0]
-
-    def reader(self, schema: StructType) -> PostgresBatchReader:
-        opts, conn_info = self._read_options()
-        _, columns, primary_key = infer_schema(conn_info, opts)
-        kind = PostgresPushdownReader if opts["pushdown"] else PostgresBatchReader
-        return kind(PostgresEnumerator(conn_info, opts, columns, primary_key),
-                    PostgresSplitReader(conn_info, opts, columns, schema), None)
+    def committer(self) -> Committer:
+        return PostgresCommitter(self.conn_info, self.table)

@@ -123,7 +123,7 @@ def is_delete_sql(op_column: str, alias: str = "s") -> str:
 
 
 @dataclass(frozen=True)
-class WritePlan:
+class TablePlan:
     """What every task and the committer need to know about the target; decided on the driver."""
 
     schema: str
@@ -283,7 +283,7 @@ def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:
 
 
 def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, arrow_schema: pa.Schema,
-                   *, overwrite: bool, staged: bool) -> WritePlan:
+                   *, overwrite: bool, staged: bool) -> TablePlan:
     """On the driver: create or check the table and return the plan. Raises before anything is written."""
     schema, table = split_qualified(opts["table"])
     pk = tuple(opts["primary-key"])
@@ -329,7 +329,7 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
         csv = not pk and all(_base(a) == _base(b) and _base(b) in CSV_TYPES
                              for a, b in zip(loaded_types, target_types, strict=True))
         checks = _chunk_checks(columns, target_types, by_name, data_schema)
-        plan = WritePlan(schema, table, columns, target_types, pk, op_column, direct=direct or csv, csv=csv,
+        plan = TablePlan(schema, table, columns, target_types, pk, op_column, direct=direct or csv, csv=csv,
                          **checks)
         try:
             values = ", ".join(plan._value(c, t, "s") for c, t in zip(columns, target_types, strict=True))
@@ -355,7 +355,7 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
                         "write_id text NOT NULL, epoch bigint NOT NULL, rows bigint NOT NULL, "
                         "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, write_id, epoch))")
             conn.commit()
-            plan = WritePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
+            plan = TablePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
                              overwrite=overwrite, run=secrets.randbits(30), **checks)
         return plan
     except (OptionError, PostgresError):

@@ -17,6 +17,7 @@ from sluice._errors import OptionError
 from sluice._upsert import DELETE_OPS
 from sluice.connectors.s2._options import template_columns
 from sluice.engine import WriteContext
+from sluice.spark._plan import Encoded
 
 HEADERS_COLUMN = "headers"
 TIMESTAMP_COLUMN = "timestamp"
@@ -122,7 +123,7 @@ class _Stamper:
 
 
 class S2Encoder:
-    """Callable: RecordBatch -> (entries, metered sizes). One per Spark task."""
+    """Callable: RecordBatch -> Encoded (entries, metered sizes; the rows kept, for upserts). One per Spark task."""
 
     def __init__(self, kind: str, opts: Any, schema_names: Sequence[str], context: WriteContext,
                  stamp: bool) -> None:
@@ -163,9 +164,9 @@ class S2Encoder:
                 raise OptionError("s2_upsert needs at least one non-key column for the record body "
                                   f"(primary-key={self.key_columns}, columns: {names})")
 
-    def __call__(self, batch: pa.RecordBatch) -> tuple[Any, ...]:
+    def __call__(self, batch: pa.RecordBatch) -> Encoded:
         if self.kind == "append":
-            return self._append(batch)
+            return Encoded(*self._append(batch))
         return self._upsert(batch)
 
     # ------------------------------------------------------------------ append
@@ -223,7 +224,7 @@ class S2Encoder:
         return column.to_pylist()
 
     # ------------------------------------------------------------------ upsert
-    def _upsert(self, batch: pa.RecordBatch) -> tuple[Any, ...]:
+    def _upsert(self, batch: pa.RecordBatch) -> Encoded:
         for column in self.key_columns:
             nulls = batch.column(column).null_count
             if nulls:
@@ -249,9 +250,7 @@ class S2Encoder:
         headers = [[(b"@key", k), (b"@action", b"d" if d else b"u")]
                    for k, d in zip(key_list, delete_flags, strict=True)]
         entries, sizes_list = self._entries(self.router.streams(batch), bodies, sizes, headers, None)
-        if kept is None:
-            return entries, sizes_list
-        return entries, sizes_list, kept.to_pylist()
+        return Encoded(entries, sizes_list, None if kept is None else kept.to_pylist())
 
     def _last_per_key(self, batch: pa.RecordBatch) -> pa.Array | None:
         """Indices of each key's last row, in order (None: nothing to drop). No key's changes reorder."""

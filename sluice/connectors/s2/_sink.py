@@ -1,32 +1,17 @@
-"""`format("s2")` and `format("s2_upsert")`: Spark sinks (on the sluice engine) and sources (on the split framework)."""
+"""`format("s2")` / `format("s2_upsert")` writes: the plan every task opens its encoder and S2Store from."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
-from pyspark.sql.types import StructType
-
-from sluice._errors import OptionError
-from sluice._options import Options, OptionSpec
-from sluice.connectors.s2._codec import S2Encoder, StreamRouter
-from sluice.connectors.s2._options import APPEND_SPEC, UPSERT_SPEC, Connection
-from sluice.connectors.s2._source import (
-    DEFAULT_SCHEMA,
-    READ_SPEC,
-    UPSERT_READ_SPEC,
-    S2Enumerator,
-    S2Reader,
-)
+from sluice.connector import Committer, TaskWriter, WriteContext, WritePlan
+from sluice.connectors.s2._codec import S2Encoder
+from sluice.connectors.s2._options import Connection
 from sluice.connectors.s2._store import S2Store
-from sluice.engine import PARTITION_ORDERED, UNORDERED, Committer, SinkConfig, Store, WriteContext
-from sluice.source import SplitBatchReader, SplitStreamReader
-from sluice.spark._datasource import Encoder, EngineDataSource
 
 log = logging.getLogger("sluice.s2")
-ROUTED_PARALLELISM = 4096  # the most sink.parallelism allows: buckets ~ streams
-ROUTED_MAX_BUFFERED = 50_000
 
 
 class S2Committer(Committer):
@@ -45,110 +30,19 @@ class S2Committer(Committer):
                     context.write_id, context.epoch, streams or "no stream")
 
 
-class _S2Base(EngineDataSource):
-    kind: ClassVar[str] = "append"
-    read_spec: ClassVar[OptionSpec] = READ_SPEC
-    store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
-    spec: ClassVar[OptionSpec] = APPEND_SPEC
+@dataclass(frozen=True)
+class S2WritePlan(WritePlan):
+    kind: str = "append"  # or "upsert"
 
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        return cls.spec
-
-    @classmethod
-    def read_option_spec(cls) -> OptionSpec:
-        return cls.read_spec
-
-    def resolve_options(self, opts: Options) -> Options:
-        conn = Connection.from_options(opts)  # reads S2_* from the driver's environment, validates
-        return opts.with_values(s2_auth_token=conn.token, s2_endpoints_account=conn.account_endpoint,
-                                s2_endpoints_basin=conn.basin_endpoint)
-
-    def check_write(self, opts: Options, schema: StructType, overwrite: bool) -> None:
-        if overwrite:
-            raise OptionError(f"format '{self.format_name}' cannot overwrite: S2 streams are append-only. "
-                              "Use mode('append').")
-        # Build an encoder once on the driver so column problems surface before any task starts.
-        S2Encoder(self.kind, opts, schema.fieldNames(), WriteContext(), stamp=False)
-
-    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        config = super().sink_config(opts, schema)
-        columns = tuple(StreamRouter(opts["s2.stream"], schema.fieldNames()).columns)
-        if not columns or config.mode != UNORDERED:
-            return config
-        # Rows routed over a template (seed 000's split table): batch per target stream, as seed 003's per-key
-        # batches do, or every append would carry a row or two of each stream (1,000 streams: 57 s instead of
-        # 4 s for 100k rows, bench/s2_many_streams.py). Keyed batching also keeps each stream's order per task,
-        # which only strengthens `unordered`. A larger buffer lets per-stream batches fill up.
-        return replace(
-            config, mode=PARTITION_ORDERED, partition_key=columns,
-            parallelism=config.parallelism if opts.is_set("sink.parallelism") else ROUTED_PARALLELISM,
-            max_buffered=config.max_buffered if opts.is_set("sink.requests.max-buffered") else ROUTED_MAX_BUFFERED)
-
-    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
-        if opts["sink.transactional"]:
-            # Exactly-once: each stream has one writer per micro-batch.
-            return tuple(StreamRouter(opts["s2.stream"], schema.fieldNames()).columns)
-        return super().partitioning(opts, schema)
-
-    def make_encoder(self, opts: Options, schema: StructType, context: WriteContext) -> Encoder:
-        stamp = opts["s2.stamp-writer"] or opts["sink.transactional"]
-        return S2Encoder(self.kind, opts, schema.fieldNames(), context, stamp)
-
-    def make_store(self, opts: Options, schema: StructType, context: WriteContext) -> Store:
+    def open_task(self, context: WriteContext) -> TaskWriter:
+        opts = self.options
         exactly_once = opts["sink.transactional"]
-        return S2Store(Connection.from_options(opts, exactly_once), opts["s2.stream"],
-                       create_streams=opts["s2.create-streams"], create_basin=opts["s2.create-basin"],
-                       exactly_once=exactly_once, max_sessions=opts["s2.max-append-sessions"])
+        stamp = opts["s2.stamp-writer"] or exactly_once
+        encoder = S2Encoder(self.kind, opts, self.schema.fieldNames(), context, stamp)
+        store = S2Store(Connection.from_options(opts, exactly_once), opts["s2.stream"],
+                        create_streams=opts["s2.create-streams"], create_basin=opts["s2.create-basin"],
+                        exactly_once=exactly_once, max_sessions=opts["s2.max-append-sessions"])
+        return TaskWriter(encoder, store)
 
-    def make_committer(self, opts: Options) -> Committer:
+    def committer(self) -> Committer:
         return S2Committer()
-
-    # ------------------------------------------------------------------ reading
-    def schema(self) -> str:
-        return DEFAULT_SCHEMA
-
-    def _read_parts(self, schema: StructType, batch: bool) -> tuple[S2Enumerator, S2Reader, int | None, Options]:
-        opts = self.read_spec.parse(self.options)
-        conn = Connection.from_options(opts)  # resolved on the driver; executors get it with the reader
-        kind = self.kind if self.kind == "append" else ("upsert-batch" if batch else "upsert")
-        if kind != "append":
-            missing = [c for c in opts["primary-key"] if c not in schema.fieldNames()]
-            if missing:
-                raise OptionError(f"primary-key column(s) {missing} are not in the schema {schema.simpleString()}")
-        per_partition = opts["s2.max-records-per-partition"] or None
-        if kind == "upsert-batch":
-            per_partition = None  # a stream is materialized as a whole
-        return S2Enumerator(conn, opts, batch), S2Reader(conn, schema, opts, kind), per_partition, opts
-
-    def reader(self, schema: StructType) -> SplitBatchReader:
-        enumerator, reader, per_partition, _ = self._read_parts(schema, batch=True)
-        return SplitBatchReader(enumerator, reader, per_partition)
-
-    def streamReader(self, schema: StructType) -> SplitStreamReader:
-        enumerator, reader, per_partition, opts = self._read_parts(schema, batch=False)
-        return SplitStreamReader(enumerator, reader, per_partition, opts["max-records-per-trigger"],
-                                 opts["max-bytes-per-trigger"])
-
-
-class S2DataSource(_S2Base):
-    """Insert-only appends: one record per row, body = the row as JSON (or a raw column)."""
-
-    format_name = "s2"
-
-
-class S2UpsertDataSource(_S2Base):
-    """An upsert changelog compatible with flink-connector-s2: @key and @action headers, body = non-key columns."""
-
-    format_name = "s2_upsert"
-    kind = "upsert"
-    spec = UPSERT_SPEC
-    read_spec = UPSERT_READ_SPEC
-
-    def schema(self) -> str:
-        raise OptionError("reading format 's2_upsert' needs a schema of the key and value columns: "
-                          "spark.read.format('s2_upsert').schema('id long, status string, amount double')...; "
-                          "for streaming reads add '_op string' to get each change's action (u or d)")
-
-    def primary_key(self, opts: Options) -> tuple[str, ...]:
-        return tuple(opts["primary-key"])

@@ -1,0 +1,90 @@
+"""The connector SDK: everything a connector implements and may call, in one public module (docs/connectors.md).
+
+A sink is an `EngineDataSource` subclass with an `OptionSpec` and a `plan_write()` that returns a `WritePlan`;
+the plan's `open_task()` gives each Spark task an encoder (Arrow RecordBatch -> `Encoded`) and a `Store`
+(one `submit(batch)` per request; `BlockingStore` for blocking clients). Transactional sinks add a `Committer`.
+The engine does the buffering, batching (`BatchCreator`/`RequestBuffer`, seed 003), ordering, retries and
+back-pressure. A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served to Spark by
+`SplitBatchReader` / `SplitStreamReader` (seed 002). `register_format` makes a format known to
+`sluice.write()` and `sluice.register()`.
+
+Built-in connectors (ClickHouse, ...) are written on these names only.
+"""
+
+from sluice._errors import OptionError, RecordTooLargeError, RetryableError, SinkError, SluiceError, ThrottledError
+from sluice._options import Option, Options, OptionSpec
+from sluice._upsert import DELETE_OPS
+from sluice.engine import (
+    GLOBAL_ORDERED,
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    UNORDERED,
+    Batch,
+    BatchCreator,
+    BlockingStore,
+    Committer,
+    DequeRequestBuffer,
+    ErrorKind,
+    KeyedRequestBuffer,
+    PartitionKeyBatchCreator,
+    RequestBuffer,
+    RequestInfo,
+    SimpleBatchCreator,
+    SinkConfig,
+    Store,
+    WriteContext,
+    completed_future,
+)
+from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
+from sluice.spark._datasource import EngineDataSource
+from sluice.spark._encoding import ArrowRows, binary_column, check_writable, conform
+from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
+from sluice.spark._registry import add_format as register_format
+
+__all__ = [
+    "DELETE_OPS",
+    "GLOBAL_ORDERED",
+    "PARTITION_ORDERED",
+    "SINK_SPEC",
+    "UNORDERED",
+    "ArrowRows",
+    "Batch",
+    "BatchCreator",
+    "BlockingStore",
+    "Committer",
+    "DequeRequestBuffer",
+    "Encoded",
+    "Encoder",
+    "EngineDataSource",
+    "ErrorKind",
+    "KeyedRequestBuffer",
+    "Option",
+    "OptionError",
+    "OptionSpec",
+    "Options",
+    "PartitionKeyBatchCreator",
+    "RecordTooLargeError",
+    "RequestBuffer",
+    "RequestInfo",
+    "RetryableError",
+    "SimpleBatchCreator",
+    "SinkConfig",
+    "SinkError",
+    "SluiceError",
+    "Split",
+    "SplitBatchReader",
+    "SplitEnumerator",
+    "SplitPartition",
+    "SplitReader",
+    "SplitStreamReader",
+    "Store",
+    "TaskWriter",
+    "ThrottledError",
+    "WriteContext",
+    "WritePlan",
+    "binary_column",
+    "check_writable",
+    "completed_future",
+    "conform",
+    "register_format",
+]

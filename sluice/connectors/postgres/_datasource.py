@@ -1,0 +1,67 @@
+"""`format("postgres")`: the Spark data source; writes in _sink.py, reads in _source.py."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import StructType
+
+from sluice.connector import PARTITION_ORDERED, EngineDataSource, Options, OptionSpec, SinkConfig
+from sluice.connectors.postgres._conn import Connection
+from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresWritePlan
+from sluice.connectors.postgres._source import (
+    READ_SPEC,
+    PostgresBatchReader,
+    PostgresEnumerator,
+    PostgresPushdownReader,
+    PostgresSplitReader,
+    infer_schema,
+)
+from sluice.connectors.postgres._table import prepare_target
+
+
+class PostgresDataSource(EngineDataSource):
+    """`format("postgres")`: see the package docstring for usage."""
+
+    format_name = "postgres"
+
+    @classmethod
+    def option_spec(cls) -> OptionSpec:
+        return WRITE_SPEC
+
+    @classmethod
+    def read_option_spec(cls) -> OptionSpec:
+        return READ_SPEC
+
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        return tuple(opts["primary-key"])
+
+    def parsed(self) -> Options:
+        raw = dict(self.options)
+        keys = {k.lower() for k in raw}
+        if "primary-key" in keys and "sink.mode" not in keys:
+            raw["sink.mode"] = PARTITION_ORDERED  # upserts default to per-key order
+        return self.option_spec().parse(raw)
+
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> PostgresWritePlan:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        conn_info = Connection.from_options(opts)
+        staged = config.transactional or overwrite  # overwrite is always staged and committed by the driver
+        table = prepare_target(conn_info, opts, schema, to_arrow_schema(schema, timezone="UTC"),
+                               overwrite=overwrite, staged=staged)
+        return PostgresWritePlan(self.format_name, opts, schema, config, conn_info, table, overwrite)
+
+    # ------------------------------------------------------------------ reading
+    def _read_options(self) -> tuple[Options, Connection]:
+        opts = READ_SPEC.parse(self.options)
+        return opts, Connection.from_options(opts)
+
+    def schema(self) -> StructType:
+        opts, conn_info = self._read_options()
+        return infer_schema(conn_info, opts)[0]
+
+    def reader(self, schema: StructType) -> PostgresBatchReader:
+        opts, conn_info = self._read_options()
+        _, columns, primary_key = infer_schema(conn_info, opts)
+        kind = PostgresPushdownReader if opts["pushdown"] else PostgresBatchReader
+        return kind(PostgresEnumerator(conn_info, opts, columns, primary_key),
+                    PostgresSplitReader(conn_info, opts, columns, schema), None)

@@ -1,0 +1,81 @@
+"""The connector shape: a write is planned once on the driver; every task opens its writer from the plan.
+
+`EngineDataSource.plan_write()` validates the write and returns an immutable, picklable `WritePlan`
+(a connector subclasses it with what its tasks need: resolved connection, target table, ...). Spark
+pickles the plan to every task, which calls `plan.open_task(context)` for a `TaskWriter` (an encoder
+and a store), and the driver calls `plan.committer()` when the write commits on the driver. Nothing
+is set on the DataSource as a side effect: the plan is the only hand-over between driver and tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sluice._options import Options
+from sluice.engine import BatchCreator, Committer, RequestBuffer, SinkConfig, Store, WriteContext
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What an encoder makes of one Arrow RecordBatch: engine entries with their byte sizes.
+
+    `rows` are the batch rows the entries came from, when the encoder dropped or merged rows (e.g. kept
+    only the last change per key); None means one entry per row, in order.
+    """
+
+    entries: Sequence[Any]
+    sizes: Sequence[int]
+    rows: Sequence[int] | None = None
+
+
+Encoder = Callable[["pa.RecordBatch"], Encoded]
+
+
+@dataclass(frozen=True)
+class TaskWriter:
+    """One task's side of a write: the encoder its batches go through, and the store they go to."""
+
+    encode: Encoder
+    store: Store
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Everything a write needs, decided once on the driver and pickled to every task.
+
+    Subclass it (as a frozen dataclass) with the connector's own fields and implement `open_task`;
+    transactional connectors also implement `committer`.
+    """
+
+    format_name: str
+    options: Options
+    schema: StructType
+    config: SinkConfig
+
+    @property
+    def commits_on_driver(self) -> bool:
+        """Whether the driver's Committer publishes each write/epoch (transactions; a store may add e.g.
+        overwrite)."""
+        return self.config.transactional
+
+    def open_task(self, context: WriteContext) -> TaskWriter:
+        """On an executor, once per task that has rows: the task's encoder and store."""
+        raise NotImplementedError
+
+    def committer(self) -> Committer | None:
+        """On the driver: the Committer of transactional writes, or None when the connector has none."""
+        return None
+
+    def batch_creator(self) -> BatchCreator | None:
+        """The connector's default BatchCreator (seed 003); None = the engine's default for the mode."""
+        return None
+
+    def request_buffer(self) -> RequestBuffer | None:
+        """The connector's default RequestBuffer (seed 003); None = the engine's default for the mode."""
+        return None
