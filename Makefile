@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test demo lint bench docs lock clean check-java check-postgres
+.PHONY: test demo lint bench docs lock clean check-java check-postgres check-clickhouse
 
 # editable_mode=compat puts the checkout itself on sys.path, so Spark's lookup of top-level pyspark_*
 # modules (zero-registration of the formats) finds them as it would in an installed wheel.
@@ -31,10 +31,21 @@ check-postgres:
 	  fi; \
 	fi
 
+# The ClickHouse tests start a real server from Debian's clickhouse-server package (18.16 on bookworm).
+check-clickhouse:
+	@if ! test -x /usr/sbin/clickhouse-server && ! command -v clickhouse-server >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing the ClickHouse server (Debian package clickhouse-server) for the tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clickhouse-server >/dev/null || exit 1; \
+	  else \
+	    echo "The ClickHouse tests need the server binary: apt-get install -y clickhouse-server" >&2; exit 1; \
+	  fi; \
+	fi
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-test: $(STAMP) check-java check-postgres lint
+test: $(STAMP) check-java check-postgres check-clickhouse lint
 	$(PY) -m pytest
 
 demo: $(STAMP) check-java
@@ -43,7 +54,7 @@ demo: $(STAMP) check-java
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
-bench: $(STAMP) check-java check-postgres
+bench: $(STAMP) check-java check-postgres check-clickhouse
 	$(PY) bench/engine_throughput.py
 	$(PY) bench/s2_server.py
 	$(PY) bench/s2_sink.py

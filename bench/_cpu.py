@@ -23,6 +23,8 @@ def _component(pid: int, comm: str, cmdline: str) -> str:
         return "postgresql"
     if "s2local" in cmdline:
         return "s2_server"
+    if "clickhouse" in comm or "clickhouse" in cmdline:
+        return "clickhouse"
     return "other"
 
 

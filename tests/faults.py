@@ -104,3 +104,21 @@ def fails_while(marker, at_id: int):
         return i
 
     return guard
+
+
+def dies_once_at(row: int, marker: str):
+    """A pass-through mapInArrow whose Python worker dies (os._exit) on reaching id `row`, once: the first to get
+    there removes `marker` before dying, so Spark's retry of the task runs through."""
+
+    def fn(batches):
+        import os as _os
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, 100):
+                part = batch.slice(start, 100)
+                if part.column(0)[0].as_py() >= row and _os.path.exists(marker):
+                    _os.remove(marker)
+                    _os._exit(1)
+                yield part
+
+    return fn

@@ -4,10 +4,12 @@
 - `format("sluice_test")` (`FileStoreDataSource`): a file-backed store usable from Spark's worker
   processes, with transactions (staging files + an atomic commit log), for Spark-level engine tests.
 - `LocalPostgres`: a real, throwaway PostgreSQL server (Debian's binaries) for tests, benchmarks and the demo.
+- `LocalClickHouse`: a real, throwaway ClickHouse server (Debian's clickhouse-server) for tests and benchmarks.
 """
 
+from sluice.testing._clickhouse import LocalClickHouse
 from sluice.testing._filestore import FileStoreDataSource, read_file_store, register
 from sluice.testing._flaky import FlakyStore
 from sluice.testing._postgres import LocalPostgres
 
-__all__ = ["FileStoreDataSource", "FlakyStore", "LocalPostgres", "read_file_store", "register"]
+__all__ = ["FileStoreDataSource", "FlakyStore", "LocalClickHouse", "LocalPostgres", "read_file_store", "register"]

@@ -1,0 +1,150 @@
+"""ClickHouse's HTTP interface: connection options, one pooled client, errors classified and scrubbed."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from sluice.connector import Option, OptionError, Options, RetryableError, SinkError
+
+CONNECTION_OPTIONS = (
+    Option("url", "str", None, "ClickHouse's HTTP endpoint, e.g. http://host:8123 (https:// for TLS).", required=True),
+    Option("user", "str", "default", "User name."),
+    Option("password", "str", None, "Password (else CLICKHOUSE_PASSWORD on the driver). Never logged.", secret=True),
+    Option("database", "str", "default", "Database of the table."),
+    Option("table", "str", None, "Table name (plain name; quoted for you).", required=True),
+    Option("http.timeout-ms", "int", 300_000, "Timeout of one HTTP request.", minimum=1000),
+)
+
+
+class ClickHouseError(SinkError):
+    """A statement ClickHouse refused, or a request that failed; the message never holds the password."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ClickHouseRetryableError(RetryableError):
+    """A failure worth retrying: the server unreachable, overloaded or restarting."""
+
+
+def quote_ident(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def quote_literal(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# ClickHouse error codes that mean "try again" (TOO_MANY_SIMULTANEOUS_QUERIES, TIMEOUT_EXCEEDED, NETWORK_ERROR,
+# SOCKET_TIMEOUT, TOO_MANY_PARTS, ...): the request did nothing that a retry would repeat wrongly.
+RETRYABLE_CODES = frozenset({159, 160, 164, 202, 203, 209, 210, 252, 425})
+AUTH_CODES = frozenset({192, 193, 194, 516})  # UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, AUTHENTICATION_FAILED
+_CODE = re.compile(r"Code: (\d+)")
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Resolved on the driver (password from the option or the driver's CLICKHOUSE_PASSWORD), pickled to tasks."""
+
+    url: str
+    user: str
+    database: str
+    table: str
+    timeout_s: float
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_options(cls, opts: Options) -> Connection:
+        url = opts["url"].rstrip("/")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise OptionError(f"url={url!r} must be ClickHouse's HTTP endpoint, http://host:8123 or https://...")
+        if parts.username or parts.password or parts.query:
+            raise OptionError("url must not carry a user, password or query string: use the options user and "
+                              "password (or CLICKHOUSE_PASSWORD).")
+        password = opts["password"] if opts["password"] is not None else os.environ.get("CLICKHOUSE_PASSWORD")
+        return cls(url, opts["user"], opts["database"], opts["table"], opts["http.timeout-ms"] / 1000, password)
+
+    @property
+    def target(self) -> str:
+        return f"{quote_ident(self.database)}.{quote_ident(self.table)}"
+
+    @property
+    def display(self) -> str:
+        return f"{self.url} {self.database}.{self.table}"
+
+    def scrub(self, text: str) -> str:
+        return text.replace(self.password, "<redacted>") if self.password else text
+
+    def _headers(self) -> dict[str, str]:
+        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+    def request(self, sql: str, body: bytes | None = None, *, stream: bool = False, **settings: Any) -> Any:
+        """POST one statement (with `body` as its data, e.g. an INSERT's rows); returns the urllib3 response."""
+        params = "&".join(f"{k}={quote(str(v))}" for k, v in {"database": self.database, **settings}.items())
+        if body is None:
+            url, data = f"{self.url}/?{params}", sql.encode()
+        else:
+            url, data = f"{self.url}/?query={quote(sql)}&{params}", body
+        try:
+            response = _pool().request("POST", url, body=data, headers=self._headers(), preload_content=not stream,
+                                       timeout=self.timeout_s, retries=False)
+        except Exception as e:  # urllib3's connection errors: the server is down or restarting
+            raise ClickHouseRetryableError(f"ClickHouse at {self.url} is unreachable: {self.scrub(str(e))}") from None
+        if response.status != 200:
+            text = self.scrub(response.data.decode(errors="replace") if not stream else response.read().decode(
+                errors="replace")).strip()
+            match = _CODE.search(text)
+            code = int(match.group(1)) if match else None
+            if (response.status >= 500 and (code is None or code in RETRYABLE_CODES)) or response.status == 503:
+                raise ClickHouseRetryableError(f"ClickHouse at {self.url} answered {response.status}: {text[:500]}")
+            if code in AUTH_CODES:
+                raise ClickHouseError(f"ClickHouse at {self.url} refused user '{self.user}': wrong user or password. "
+                                      "Check the options user and password (or CLICKHOUSE_PASSWORD on the driver). "
+                                      f"Server said: {text[:300]}", code)
+            raise ClickHouseError(f"ClickHouse refused a statement on {self.database}.{self.table}: {text[:1000]}",
+                                  code)
+        return response
+
+    def query(self, sql: str, **settings: Any) -> str:
+        return self.request(sql, **settings).data.decode()
+
+    def rows(self, sql: str) -> list[list[str]]:
+        """A query's rows as lists of (unescaped) strings, through TabSeparated."""
+        text = self.query(sql + " FORMAT TabSeparated")
+        return [[_unescape(v) for v in line.split("\t")] for line in text.splitlines()]
+
+    def stream(self, sql: str, **settings: Any) -> Iterator[bytes]:
+        response = self.request(sql, stream=True, **settings)
+        try:
+            yield from response.stream(1 << 20)
+        finally:
+            response.release_conn()
+
+
+_ESCAPES = {"\\t": "\t", "\\n": "\n", "\\\\": "\\", "\\'": "'", "\\0": "\0", "\\b": "\b", "\\f": "\f", "\\r": "\r"}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\[tn\\'0bfr]", lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
+
+
+_POOL: Any = None
+
+
+def _pool() -> Any:
+    """One connection pool per process (tasks of one Python worker share it); thread-safe."""
+    global _POOL
+    if _POOL is None:
+        import urllib3
+
+        _POOL = urllib3.PoolManager(maxsize=16, block=False)
+    return _POOL

@@ -1,0 +1,125 @@
+"""A throwaway ClickHouse server for tests and benchmarks: the real server binary, on loopback.
+
+`LocalClickHouse()` writes a minimal config into a temporary folder and starts `clickhouse-server` with its HTTP
+interface on a free loopback port and a password for the `default` user, then stops it and deletes the folder on
+exit. The binary comes from Debian's `clickhouse-server` package (18.16 on bookworm) or from PATH.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from xml.sax.saxutils import escape
+
+INSTALL_HINT = "install the server: apt-get install -y clickhouse-server"
+
+CONFIG = """<yandex>
+  <logger><level>warning</level><log>{dir}/server.log</log><errorlog>{dir}/error.log</errorlog></logger>
+  <http_port>{port}</http_port>
+  <listen_host>127.0.0.1</listen_host>
+  <path>{dir}/data/</path>
+  <tmp_path>{dir}/tmp/</tmp_path>
+  <mark_cache_size>67108864</mark_cache_size>
+  <max_concurrent_queries>200</max_concurrent_queries>
+  <users>
+    <default>
+      <password>{password}</password>
+      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </default>
+  </users>
+  <profiles><default/></profiles>
+  <quotas><default/></quotas>
+</yandex>
+"""
+
+
+def find_server() -> str:
+    for candidate in ("/usr/sbin/clickhouse-server", shutil.which("clickhouse-server"), shutil.which("clickhouse")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise RuntimeError(f"the ClickHouse server binary (clickhouse-server) was not found; {INSTALL_HINT}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalClickHouse:
+    """Context manager: a fresh ClickHouse server; `.url` is its HTTP endpoint, `.password` the default user's."""
+
+    def __init__(self, *, password: str = "sluice-test-pw") -> None:
+        self.password = password
+        self.port = 0
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LocalClickHouse:
+        binary = find_server()
+        self._dir = Path(tempfile.mkdtemp(prefix="sluice-ch-"))
+        self.port = _free_port()
+        config = self._dir / "config.xml"
+        config.write_text(CONFIG.format(dir=self._dir, port=self.port, password=escape(self.password)))
+        args = [binary] if binary.endswith("server") else [binary, "server"]
+        self._proc = subprocess.Popen([*args, f"--config-file={config}"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/ping", timeout=1) as response:
+                    if response.read().strip() == b"Ok.":
+                        return self
+            except OSError:
+                pass
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                log = (self._dir / "error.log").read_text()[-2000:] if (self._dir / "error.log").exists() else ""
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"clickhouse-server did not start: {log}")
+            time.sleep(0.05)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def sql(self, query: str, body: bytes | None = None) -> str:
+        """Run one statement as the default user; returns the response text (errors raise with the server's)."""
+        request = urllib.request.Request(f"{self.url}/?query={urllib.request.quote(query)}" if body is not None
+                                         else self.url, data=body if body is not None else query.encode(),
+                                         method="POST")
+        token = base64.b64encode(f"default:{self.password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.read().decode()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"ClickHouse: {e.read().decode()[:2000]}") from None
+
+    def rows(self, query: str) -> list[list[Any]]:
+        """Tab-separated result rows as lists of strings."""
+        text = self.sql(query + " FORMAT TabSeparated")
+        return [line.split("\t") for line in text.splitlines()]
