@@ -133,7 +133,7 @@ class EngineDataSource(DataSource):
 
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
         opts = self.resolve_options(self.parsed())
-        if streaming and opts["sink.write-id"]:
+        if streaming and opts.get("sink.write-id"):
             raise OptionError("sink.write-id is for batch writes: a streaming query's writes are identified by its "
                               "checkpoint (query id and batch id). Remove sink.write-id.")
         if not self.writes_any_type:
@@ -151,7 +151,7 @@ class EngineDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
         plan = self._plan(schema, overwrite, streaming=False)
-        return EngineArrowWriter(plan, write_id=plan.options["sink.write-id"] or uuid.uuid4().hex)
+        return EngineArrowWriter(plan, write_id=plan.options.get("sink.write-id") or uuid.uuid4().hex)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
         return EngineStreamArrowWriter(self._plan(schema, overwrite, streaming=True), write_id=uuid.uuid4().hex)

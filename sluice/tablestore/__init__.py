@@ -1,11 +1,13 @@
 """The table store of seed 001: Delta tables by name, committed per barrier, read at consistent versions.
 
-See `_source.py` for `format("tablestore")` and `read_consistent`, `_table.py` for commits, and `sluice.meta`
-for the MetaService that records each table's completed barriers.
+See `_source.py` for `format("tablestore")` reads and `read_consistent`, `_sink.py` for writes, `_table.py` for
+commits, `_barriers.py` for how a micro-batch's barrier passes from a table-store source to a table-store sink, and
+`sluice.meta` for the MetaService that records each table's completed barriers.
 """
 
+from sluice.tablestore._datasource import TableStoreDataSource
 from sluice.tablestore._jobs import JobHandle, register_job
-from sluice.tablestore._source import TableStoreDataSource, read_consistent, signed_change
+from sluice.tablestore._source import read_consistent, signed_change
 from sluice.tablestore._table import Commit, StoreTable, TableStoreError, vacuum
 
 __all__ = ["Commit", "JobHandle", "StoreTable", "TableStoreDataSource", "TableStoreError", "read_consistent",

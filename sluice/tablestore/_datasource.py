@@ -1,0 +1,125 @@
+"""`format("tablestore")`: the Spark data source; writes in _sink.py (on the engine), reads in _source.py."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql.types import StructType
+
+from sluice._errors import OptionError
+from sluice._options import Options, OptionSpec
+from sluice._upsert import check_key_columns
+from sluice.engine import SinkConfig
+from sluice.meta import MetaService
+from sluice.spark._datasource import EngineArrowWriter, EngineDataSource, EngineStreamArrowWriter
+from sluice.tablestore._options import READ_SPEC, WRITE_SPEC
+from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
+from sluice.tablestore._source import (
+    CHANGE_COLUMNS,
+    TableStoreReader,
+    TableStoreStreamReader,
+)
+from sluice.tablestore._table import StoreTable
+
+
+class TableStoreDataSource(EngineDataSource):
+    """See sluice/tablestore/_source.py's docstring for usage."""
+
+    format_name = "tablestore"
+
+    @classmethod
+    def option_spec(cls) -> OptionSpec:
+        return WRITE_SPEC
+
+    @classmethod
+    def read_option_spec(cls) -> OptionSpec:
+        return READ_SPEC
+
+    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
+        """For sluice.write: any layout works (the commit orders rows by task, then row)."""
+        return None
+
+    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
+        return SINK_CONFIG  # not tunable: one ordered Parquet file per task, committed by the driver
+
+    # ------------------------------------------------------------------ writing
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig,
+                   overwrite: bool) -> TableStoreWritePlan:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        table = StoreTable(opts["table"], opts["warehouse"])
+        op = opts["upsert.op-column"]
+        check_key_columns(schema.fieldNames(), opts["primary-key"], op)
+        if op and not opts["primary-key"] and not (table.exists() and table.primary_key()):
+            raise OptionError("upsert.op-column needs a primary key (option primary-key)")
+        arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]), timezone="UTC")
+        if table.exists():
+            table.check_schema(arrow)
+            if opts.is_set("primary-key") and tuple(opts["primary-key"]) != table.primary_key():
+                raise OptionError(f"table '{table.name}' has primary key {list(table.primary_key())}; the write asks "
+                                  f"for {list(opts['primary-key'])}")
+        else:
+            table.create(arrow, tuple(opts["primary-key"]))
+        key = tuple(opts["primary-key"]) or table.primary_key()
+        return TableStoreWritePlan(self.format_name, opts, schema, config, table, key)
+
+    def _refuse_overwrite(self, overwrite: bool, streaming: bool) -> None:
+        if overwrite and not (streaming and WRITE_SPEC.parse(self.options)["primary-key"]):
+            raise OptionError("format 'tablestore' appends or upserts per barrier; mode('overwrite') is not "
+                              "supported. Use mode('append'); a streaming aggregation writes in outputMode "
+                              "'complete' to a table with a primary-key (each micro-batch upserts every group).")
+
+    def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
+        self._refuse_overwrite(overwrite, streaming=False)
+        return super().writer(schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
+        self._refuse_overwrite(overwrite, streaming=True)  # complete mode upserts every group per micro-batch
+        return super().streamWriter(schema, overwrite)
+
+    # ------------------------------------------------------------------ reading
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        opts = READ_SPEC.parse(self.options)
+        schema = pa.schema(StoreTable(opts["table"], opts["warehouse"]).delta().schema().to_arrow())
+        if opts["changes"]:
+            schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CHANGE_COLUMNS)])
+        return from_arrow_schema(schema)
+
+    # spark.readStream adds the change columns of Delta's change data feed (see TableStoreStreamReader).
+
+    def streamReader(self, schema: StructType) -> TableStoreStreamReader:
+        opts = READ_SPEC.parse(self.options)
+        for key in ("version", "barrier", "consistent-with"):
+            if opts.is_set(key):
+                raise OptionError(f"option '{key}' is for batch reads; a streaming read follows the table barrier "
+                                  "by barrier from its first version")
+        table = StoreTable(opts["table"], opts["warehouse"])
+        if table.primary_key() and "_change_type" not in schema.fieldNames():
+            raise OptionError(f"table '{table.name}' is an upsert table (primary key {list(table.primary_key())}): "
+                              "stream it with option changes=true, which adds _change_type (insert, "
+                              "update_preimage, update_postimage, delete) so updates are not counted twice")
+        return TableStoreStreamReader(table, opts["meta"], schema, tuple(opts["aligned-with"]))
+
+    def reader(self, schema: StructType) -> TableStoreReader:
+        opts = READ_SPEC.parse(self.options)
+        table = StoreTable(opts["table"], opts["warehouse"])
+        chosen = [k for k in ("version", "barrier", "consistent-with") if opts.is_set(k)]
+        if len(chosen) > 1:
+            raise OptionError(f"set at most one of version, barrier and consistent-with (got {', '.join(chosen)})")
+        version = opts["version"]
+        if opts["changes"]:
+            raise OptionError("option 'changes' is for streaming reads (spark.readStream)")
+        if opts["barrier"] is not None:
+            meta = MetaService(opts["meta"])
+            found = meta.barrier_version(table.name, opts["barrier"])
+            if found is None:
+                raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}; its barriers: "
+                                  f"{[b for b, _ in meta.barriers(table.name)][-5:]} (last 5)")
+            version = found
+        elif opts["consistent-with"]:
+            version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
+                .versions[table.name]
+        return TableStoreReader(table, version, schema)
+
+

@@ -1,0 +1,34 @@
+"""The table store's options: one declaration each, for writes and reads."""
+
+from __future__ import annotations
+
+from sluice._options import Option, OptionSpec
+
+COMMON = (
+    Option("table", "str", None, "Table name (letters, digits, '_').", required=True),
+    Option("warehouse", "str", None, "Folder holding the tables; default $SLUICE_WAREHOUSE, else .sluice/warehouse."),
+    Option("meta", "str", None, "MetaService database (SQLite path or postgresql:// URL); default $SLUICE_META, "
+           "else .sluice/meta.db.", secret=True),
+)
+WRITE_SPEC = OptionSpec("tablestore", (
+    *COMMON,
+    Option("primary-key", "list", (), "Key columns: writes are upserts (merge) by this key; set when the table is "
+           "created."),
+    Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored)."),
+    Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
+           "streaming writes use the query id."),
+    Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "
+           "same id (after a failure, or when unsure it committed) commits it once: it keeps its barrier, and a "
+           "commit that landed is not repeated."),
+))
+READ_SPEC = OptionSpec("tablestore", (
+    *COMMON,
+    Option("version", "int", None, "Read this Delta version.", minimum=0),
+    Option("barrier", "int", None, "Read the version that completed this barrier.", minimum=0),
+    Option("consistent-with", "list", (),
+           "Other tables: read this one at the newest barrier it and they all completed."),
+    Option("aligned-with", "list", (), "Streaming: the job's other table-store inputs; every micro-batch "
+           "advances all of them to the same barrier (set it on each of those sources too)."),
+    Option("changes", "bool", False, "Add the change columns _change_type and _commit_version (Delta's change "
+           "data feed); needed to stream an upsert table."),
+))
