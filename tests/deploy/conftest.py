@@ -93,9 +93,11 @@ def run_every_format(python: str, cfg: dict, env: dict[str, str], timeout: float
 
 @pytest.fixture(scope="session")
 def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
-    """An S2 server and the suite's PostgreSQL, as every_format.py takes them (tablestore meta on PostgreSQL)."""
+    """An S2 server, a ClickHouse server and the suite's PostgreSQL, as every_format.py takes them (tablestore meta
+    on PostgreSQL)."""
     from sluice.s2local import LocalS2
+    from sluice.testing import LocalClickHouse
 
-    with LocalS2() as s2:
-        yield {"s2": s2.url, "pg": pg.url, "meta": pg.url,
+    with LocalS2() as s2, LocalClickHouse() as ch:
+        yield {"s2": s2.url, "pg": pg.url, "meta": pg.url, "ch": {"url": ch.url, "password": ch.password},
                "warehouse": str(tmp_path_factory.mktemp("warehouse"))}

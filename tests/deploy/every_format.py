@@ -5,7 +5,7 @@ wheel, on a standalone cluster, and as a Spark Connect client. Its argument is a
   session   "plain" (SparkSession.builder, sluice never imported), "sluice" (sluice.session(master=...))
             or "connect" (SparkSession.builder.remote(...), sluice imported only for last_write_summary)
   master / remote, conf      where the session goes
-  s2, pg, warehouse, meta    the stores
+  s2, pg, ch, warehouse, meta    the stores (ch: ClickHouse's url and password)
   sql       also write and read through CREATE TEMPORARY VIEW ... USING (plain sessions)
 """
 
@@ -40,6 +40,15 @@ def summary(spark, cfg: dict, format_name: str) -> dict:
         found = json.loads(row["summary"]) if row["summary"] else None
     assert found is not None, f"no summary for {format_name}"
     return found
+
+
+def clickhouse_sql(ch: dict, sql: str) -> None:
+    """One statement over ClickHouse's HTTP interface with the standard library (a plain session imports no sluice)."""
+    import base64
+    import urllib.request
+
+    auth = "Basic " + base64.b64encode(f"default:{ch['password']}".encode()).decode()
+    urllib.request.urlopen(urllib.request.Request(ch["url"], data=sql.encode(), headers={"Authorization": auth}))
 
 
 def ids(df, column: str = "id") -> list[int]:
@@ -79,6 +88,11 @@ def run(spark, cfg: dict) -> dict:
     rows.write.format("postgres").options(**pg).mode("append").save()
     out["postgres"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", pg["table"]).load()) \
         == expected
+
+    ch = {"url": cfg["ch"]["url"], "password": cfg["ch"]["password"], "table": f"deploy_{tag}"}
+    clickhouse_sql(cfg["ch"], f"CREATE TABLE {ch['table']} (id Int64, name String) ENGINE = MergeTree() ORDER BY id")
+    rows.write.format("clickhouse").options(**ch).mode("append").save()
+    out["clickhouse"] = ids(spark.read.format("clickhouse").options(**ch).load()) == expected
 
     store = {"table": f"deploy_{tag}", "warehouse": cfg["warehouse"], "meta": cfg["meta"]}
     rows.write.format("tablestore").options(**store).mode("append").save()
