@@ -1,0 +1,43 @@
+"""A streaming driver for bench/faults.py: reads a parquet directory one file per micro-batch into a format.
+
+Run as `python bench/stream_driver.py FORMAT OPTIONS_JSON INPUT_DIR CHECKPOINT_DIR`; bench/faults.py SIGKILLs
+its whole process group mid-stream and runs it again on the same checkpoint, as a crashed job is restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import sluice
+
+
+def paced(pause: float):
+    """Pass-through that sleeps `pause` per 100 rows: a micro-batch takes long enough to be killed mid-write."""
+
+    def fn(batches):
+        import time
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, 100):
+                time.sleep(pause)
+                yield batch.slice(start, 100)
+
+    return fn
+
+
+def main(fmt: str, options: str, input_dir: str, checkpoint: str) -> None:
+    opts = json.loads(options)
+    spark = sluice.session("sluice-faults-stream", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "500"})
+    schema = spark.read.parquet(input_dir).schema
+    rows = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir) \
+        .mapInArrow(paced(0.05), schema)
+    laid_out = rows if fmt == "tablestore" else sluice.partitioned(rows, fmt, opts)
+    query = (laid_out.writeStream.format(fmt).options(**opts).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
