@@ -56,3 +56,13 @@ def used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float
         if seconds > start:
             total[component] += seconds - start
     return {k: round(v, 2) for k, v in sorted(total.items()) if v >= 0.01}
+
+
+def clocked(action) -> tuple[float, dict[str, float]]:
+    """(wall seconds, CPU seconds by component) of running `action()`."""
+    import time
+
+    before = snapshot()
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start, used(before, snapshot())

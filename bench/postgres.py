@@ -27,16 +27,9 @@ import platform
 import time
 from datetime import date
 
-import _cpu  # bench/_cpu.py: the script's own directory is on sys.path
+from _cpu import clocked
 
 JAR = "/usr/share/java/postgresql.jar"
-
-
-def clocked(action) -> tuple[float, dict[str, float]]:
-    before = _cpu.snapshot()
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start, _cpu.used(before, _cpu.snapshot())
 
 
 def best_rounds(contenders: dict, rounds: int) -> dict[str, list[tuple[float, dict[str, float]]]]:

@@ -9,21 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
+from faults import paced  # bench/faults.py: the script's own directory is on sys.path
+
 import sluice
-
-
-def paced(pause: float):
-    """Pass-through that sleeps `pause` per 100 rows: a micro-batch takes long enough to be killed mid-write."""
-
-    def fn(batches):
-        import time
-
-        for batch in batches:
-            for start in range(0, batch.num_rows, 100):
-                time.sleep(pause)
-                yield batch.slice(start, 100)
-
-    return fn
 
 
 def main(fmt: str, options: str, input_dir: str, checkpoint: str) -> None:
@@ -31,7 +19,7 @@ def main(fmt: str, options: str, input_dir: str, checkpoint: str) -> None:
     spark = sluice.session("sluice-faults-stream", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "500"})
     schema = spark.read.parquet(input_dir).schema
     rows = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir) \
-        .mapInArrow(paced(0.05), schema)
+        .mapInArrow(paced(0.05), schema)  # ~1 s per micro-batch of 2,000 rows: long enough to be killed mid-write
     laid_out = rows if fmt == "tablestore" else sluice.partitioned(rows, fmt, opts)
     query = (laid_out.writeStream.format(fmt).options(**opts).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())

@@ -13,7 +13,7 @@ Built-in connectors (ClickHouse, ...) are written on these names only.
 
 from sluice._errors import OptionError, RecordTooLargeError, RetryableError, SinkError, SluiceError, ThrottledError
 from sluice._options import Option, Options, OptionSpec
-from sluice._upsert import DELETE_OPS
+from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns
 from sluice.engine import (
     GLOBAL_ORDERED,
     PARTITION_ORDERED,
@@ -36,13 +36,14 @@ from sluice.engine import (
     completed_future,
 )
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
-from sluice.spark._datasource import EngineDataSource
-from sluice.spark._encoding import ArrowRows, binary_column, check_writable, conform
+from sluice.spark._datasource import EngineArrowWriter, EngineDataSource, EngineStreamArrowWriter, task_context
+from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, check_writable, conform
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.spark._registry import add_format as register_format
 
 __all__ = [
     "DELETE_OPS",
+    "DELETE_OPS_SQL",
     "GLOBAL_ORDERED",
     "PARTITION_ORDERED",
     "SINK_SPEC",
@@ -55,7 +56,9 @@ __all__ = [
     "DequeRequestBuffer",
     "Encoded",
     "Encoder",
+    "EngineArrowWriter",
     "EngineDataSource",
+    "EngineStreamArrowWriter",
     "ErrorKind",
     "KeyedRequestBuffer",
     "Option",
@@ -83,8 +86,11 @@ __all__ = [
     "WriteContext",
     "WritePlan",
     "binary_column",
+    "body_column_name",
+    "check_key_columns",
     "check_writable",
     "completed_future",
     "conform",
     "register_format",
+    "task_context",
 ]

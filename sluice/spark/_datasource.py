@@ -66,6 +66,9 @@ class EngineDataSource(DataSource):
     store_limits: ClassVar[tuple[int | None, int | None, int | None]] = (None, None, None)
     # Whether any column type is fine (sluice_null drops everything); else check_writable() refuses some.
     writes_any_type: ClassVar[bool] = False
+    # The options of writes (usually SINK_SPEC.extend(...)) and of reads; None: sink.* only / not readable.
+    write_spec: ClassVar[OptionSpec | None] = None
+    read_spec: ClassVar[OptionSpec | None] = None
 
     @classmethod
     def name(cls) -> str:
@@ -77,12 +80,13 @@ class EngineDataSource(DataSource):
 
     @classmethod
     def option_spec(cls) -> OptionSpec:
-        return cls.sink_spec()
+        """The options of writes: `write_spec`, else the engine's sink.* options alone."""
+        return cls.write_spec or cls.sink_spec()
 
     @classmethod
     def read_option_spec(cls) -> OptionSpec | None:
         """The options of spark.read.format(name), for formats that can be read; None otherwise."""
-        return None
+        return cls.read_spec
 
     def parsed(self) -> Options:
         return self.option_spec().parse(self.options)

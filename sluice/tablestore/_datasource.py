@@ -5,12 +5,16 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from sluice._errors import OptionError
-from sluice._options import Options, OptionSpec
-from sluice._upsert import check_key_columns
-from sluice.engine import SinkConfig
+from sluice.connector import (
+    EngineArrowWriter,
+    EngineDataSource,
+    EngineStreamArrowWriter,
+    OptionError,
+    Options,
+    SinkConfig,
+    check_key_columns,
+)
 from sluice.meta import MetaService
-from sluice.spark._datasource import EngineArrowWriter, EngineDataSource, EngineStreamArrowWriter
 from sluice.tablestore._options import READ_SPEC, WRITE_SPEC
 from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
 from sluice.tablestore._source import (
@@ -26,13 +30,8 @@ class TableStoreDataSource(EngineDataSource):
 
     format_name = "tablestore"
 
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        return WRITE_SPEC
-
-    @classmethod
-    def read_option_spec(cls) -> OptionSpec:
-        return READ_SPEC
+    write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
 
     def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
         """For sluice.write: any layout works (the commit orders rows by task, then row)."""

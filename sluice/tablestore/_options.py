@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sluice._options import Option, OptionSpec
+from sluice.connector import Option, OptionSpec
 
 COMMON = (
     Option("table", "str", None, "Table name (letters, digits, '_').", required=True),

@@ -14,10 +14,19 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.engine import GLOBAL_ORDERED, Batch, BlockingStore, Committer, SinkConfig, WriteContext
+from sluice.connector import (
+    GLOBAL_ORDERED,
+    ArrowRows,
+    Batch,
+    BlockingStore,
+    Committer,
+    Encoded,
+    SinkConfig,
+    TaskWriter,
+    WriteContext,
+    WritePlan,
+)
 from sluice.meta import MetaService
-from sluice.spark._encoding import ArrowRows
-from sluice.spark._plan import Encoded, TaskWriter, WritePlan
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
 

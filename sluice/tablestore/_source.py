@@ -30,9 +30,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from sluice.connector import conform, task_context
 from sluice.meta import MetaService
-from sluice.spark._datasource import task_context
-from sluice.spark._encoding import conform
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._table import StoreTable, TableStoreError
 

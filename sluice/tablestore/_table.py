@@ -19,8 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice._errors import OptionError, SluiceError
-from sluice._upsert import DELETE_OPS_SQL
+from sluice.connector import DELETE_OPS_SQL, OptionError, SluiceError
 from sluice.meta import MetaService
 
 DEFAULT_WAREHOUSE = Path(".sluice") / "warehouse"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 from xml.sax.saxutils import escape
+
+from sluice.testing._postgres import free_port
 
 INSTALL_HINT = "install the server: apt-get install -y clickhouse-server"
 
@@ -52,12 +53,6 @@ def find_server() -> str:
     raise RuntimeError(f"the ClickHouse server binary (clickhouse-server) was not found; {INSTALL_HINT}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalClickHouse:
     """Context manager: a fresh ClickHouse server; `.url` is its HTTP endpoint, `.password` the default user's."""
 
@@ -74,7 +69,7 @@ class LocalClickHouse:
     def __enter__(self) -> LocalClickHouse:
         binary = find_server()
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-ch-"))
-        self.port = _free_port()
+        self.port = free_port()
         config = self._dir / "config.xml"
         config.write_text(CONFIG.format(dir=self._dir, port=self.port, password=escape(self.password)))
         args = [binary] if binary.endswith("server") else [binary, "server"]

@@ -37,7 +37,8 @@ def find_bin_dir() -> Path:
     raise RuntimeError(f"PostgreSQL server binaries (initdb, postgres) were not found; {INSTALL_HINT}")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for a server a test starts)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -88,7 +89,7 @@ class LocalPostgres:
                         "--auth=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
                        check=True, capture_output=True, **as_user)  # type: ignore[call-overload]
         pwfile.unlink()
-        self.port = _free_port()
+        self.port = free_port()
         args = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(self.port),
                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self._dir}"]
         for key, value in self.settings.items():

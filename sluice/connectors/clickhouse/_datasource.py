@@ -12,7 +12,6 @@ from sluice.connector import (
     EngineDataSource,
     OptionError,
     Options,
-    OptionSpec,
     SinkConfig,
     SplitBatchReader,
 )
@@ -41,13 +40,8 @@ class ClickHouseDataSource(EngineDataSource):
 
     format_name = "clickhouse"
 
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        return WRITE_SPEC
-
-    @classmethod
-    def read_option_spec(cls) -> OptionSpec:
-        return READ_SPEC
+    write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
 
     def _table(self, opts: Options) -> tuple[Connection, TableInfo]:
         conn = Connection.from_options(opts)

@@ -20,12 +20,22 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from sluice._errors import OptionError
-from sluice._options import Options
-from sluice.engine import Batch, SinkConfig, Store, WriteContext, completed_future
-from sluice.spark._datasource import EngineDataSource
-from sluice.spark._encoding import binary_column, body_column_name
-from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
+from sluice.connector import (
+    Batch,
+    Encoded,
+    Encoder,
+    EngineDataSource,
+    OptionError,
+    Options,
+    SinkConfig,
+    Store,
+    TaskWriter,
+    WriteContext,
+    WritePlan,
+    binary_column,
+    body_column_name,
+    completed_future,
+)
 
 
 class NullStore(Store):

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from sluice._errors import OptionError, RetryableError, SluiceError, ThrottledError
-from sluice._options import Option, Options
+from sluice.connector import Option, OptionError, Options, RetryableError, SluiceError, ThrottledError
 
 CONNECTION_OPTIONS = (
     Option("url", "str", None, "postgresql://user@host:port/dbname (a password in it is redacted everywhere); "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import PARTITION_ORDERED, EngineDataSource, Options, OptionSpec, SinkConfig
+from sluice.connector import PARTITION_ORDERED, EngineDataSource, Options, SinkConfig
 from sluice.connectors.postgres._conn import Connection
 from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresWritePlan
 from sluice.connectors.postgres._source import (
@@ -23,13 +23,8 @@ class PostgresDataSource(EngineDataSource):
 
     format_name = "postgres"
 
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        return WRITE_SPEC
-
-    @classmethod
-    def read_option_spec(cls) -> OptionSpec:
-        return READ_SPEC
+    write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return tuple(opts["primary-key"])

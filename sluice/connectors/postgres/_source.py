@@ -44,8 +44,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import ArrayType, ByteType, DataType, DecimalType, StringType, StructField, StructType
 
-from sluice._errors import OptionError
-from sluice._options import Option, Options, OptionSpec
+from sluice.connector import (
+    Option,
+    OptionError,
+    Options,
+    OptionSpec,
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitReader,
+    conform,
+)
 from sluice.connectors.postgres._conn import (
     CONNECTION_OPTIONS,
     Connection,
@@ -57,8 +66,6 @@ from sluice.connectors.postgres._conn import (
 )
 from sluice.connectors.postgres._snapshot import SnapshotHolder
 from sluice.connectors.postgres._table import TYPE_MAP
-from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitReader
-from sluice.spark._encoding import conform
 
 READ_OPTIONS = (
     Option("table", "str", None, "Table to read, [schema.]name (or use query)."),

@@ -35,8 +35,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice._errors import OptionError
-from sluice._upsert import DELETE_OPS_SQL, check_key_columns
+from sluice.connector import DELETE_OPS_SQL, OptionError, check_key_columns
 from sluice.connectors.postgres._conn import Connection, PostgresError, qualified, quote_ident, split_qualified
 
 # Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).

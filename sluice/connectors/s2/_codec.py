@@ -13,11 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice._errors import OptionError
-from sluice._upsert import DELETE_OPS
+from sluice.connector import DELETE_OPS, Encoded, OptionError, WriteContext
 from sluice.connectors.s2._options import template_columns
-from sluice.engine import WriteContext
-from sluice.spark._plan import Encoded
 
 HEADERS_COLUMN = "headers"
 TIMESTAMP_COLUMN = "timestamp"

@@ -13,7 +13,6 @@ from sluice.connector import (
     EngineDataSource,
     OptionError,
     Options,
-    OptionSpec,
     SinkConfig,
     SplitBatchReader,
     SplitStreamReader,
@@ -37,17 +36,9 @@ ROUTED_MAX_BUFFERED = 50_000
 
 class _S2Base(EngineDataSource):
     kind: ClassVar[str] = "append"
-    read_spec: ClassVar[OptionSpec] = READ_SPEC
+    read_spec = READ_SPEC
+    write_spec = APPEND_SPEC
     store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
-    spec: ClassVar[OptionSpec] = APPEND_SPEC
-
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        return cls.spec
-
-    @classmethod
-    def read_option_spec(cls) -> OptionSpec:
-        return cls.read_spec
 
     def resolve_options(self, opts: Options) -> Options:
         conn = Connection.from_options(opts)  # reads S2_* from the driver's environment, validates
@@ -120,7 +111,7 @@ class S2UpsertDataSource(_S2Base):
 
     format_name = "s2_upsert"
     kind = "upsert"
-    spec = UPSERT_SPEC
+    write_spec = UPSERT_SPEC
     read_spec = UPSERT_READ_SPEC
 
     def schema(self) -> str:

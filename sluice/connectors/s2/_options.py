@@ -8,9 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sluice._errors import OptionError, SluiceError
-from sluice._options import Option, Options
-from sluice.engine import PARTITION_ORDERED, SINK_SPEC
+from sluice.connector import PARTITION_ORDERED, SINK_SPEC, Option, OptionError, Options, SluiceError
 
 MIB = 1024 * 1024
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")

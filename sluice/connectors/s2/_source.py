@@ -20,11 +20,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sluice._errors import OptionError, SluiceError
-from sluice._options import Option, Options, OptionSpec
+from sluice.connector import Option, OptionError, Options, OptionSpec, SluiceError, Split, SplitEnumerator, SplitReader
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
-from sluice.source import Split, SplitEnumerator, SplitReader
 
 log = logging.getLogger("sluice.s2")
 
