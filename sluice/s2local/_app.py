@@ -287,7 +287,7 @@ class S2App:
         if op:
             req.caller.authorize(op, basin=name)
         if method == "GET":
-            return await req.json(200, self.core.basin(name).config)
+            return await req.json(200, basin_config_view(self.core.basin(name).config))
         if method == "PUT":
             body = await req.json_body() or {}
             basin, result = await self.core.ensure_basin(name, body.get("config") if isinstance(body, dict) else None)
@@ -298,7 +298,7 @@ class S2App:
             if not isinstance(body, dict):
                 raise S2Error("invalid", "a basin reconfiguration is a JSON object of the fields to change")
             basin = await self.core.reconfigure_basin(name, body)
-            return await req.json(200, basin.config)
+            return await req.json(200, basin_config_view(basin.config))
         if method == "DELETE":
             await self.core.delete_basin(name)
             return await req.respond(202, b"")
@@ -672,3 +672,9 @@ class S2App:
                 await req.chunk(b"", more=False)
         finally:
             watcher.cancel()
+
+
+def basin_config_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A basin's configuration as S2 answers it: the create-on-append/read flags are always there (false by default,
+    per the API's BasinConfig), not only once set."""
+    return {"create_stream_on_append": False, "create_stream_on_read": False, **config}

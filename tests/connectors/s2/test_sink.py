@@ -3,6 +3,7 @@
 import asyncio
 import json
 import time
+import uuid
 
 import pytest
 import s2_sdk
@@ -306,3 +307,31 @@ def test_a_write_routed_over_1200_streams_lands_every_row_on_its_stream(spark, s
         ids = sorted(json.loads(r.body)["id"] for r in read_stream(s2_local, basin, f"st/{k}"))
         assert ids == list(range(k, rows, n))
     assert sluice.last_write_summary("s2")["records"] == rows
+
+
+def test_a_basin_created_for_a_write_creates_streams_on_append_and_an_existing_basin_is_left_as_it_is(
+        spark, s2_local, s2_opts):
+    """s2.create-basin + s2.create-streams: a new basin is set to create streams on append (no request per stream);
+    an existing basin's configuration is never changed, its streams are created one by one instead."""
+    rows = spark.range(0, 300, 1, 1).selectExpr("id % 3 AS k", "id")
+    rows.write.format("s2").options(**{**s2_opts, "s2.stream": "st/{k}"}).mode("append").save()
+
+    async def config(basin):
+        async with s2_sdk.S2("local", endpoints=s2_local.endpoints) as client:
+            return await client.get_basin_config(basin)
+
+    assert asyncio.run(config(s2_opts["s2.basin"])).create_stream_on_append is True
+    assert sorted(list_streams(s2_local, s2_opts["s2.basin"])) == ["st/0", "st/1", "st/2"]
+
+    existing = f"kept-{uuid.uuid4().hex[:12]}"
+
+    async def create():
+        async with s2_sdk.S2("local", endpoints=s2_local.endpoints) as client:
+            await client.create_basin(existing, config=s2_sdk.BasinConfig(create_stream_on_read=True))
+
+    asyncio.run(create())
+    rows.write.format("s2").options(**{**s2_opts, "s2.basin": existing, "s2.stream": "st/{k}"}).mode("append").save()
+    kept = asyncio.run(config(existing))
+    assert (kept.create_stream_on_append, kept.create_stream_on_read) == (False, True)
+    assert sorted(list_streams(s2_local, existing)) == ["st/0", "st/1", "st/2"]
+    assert sorted(json.loads(r.body)["id"] for r in read_stream(s2_local, existing, "st/1")) == list(range(1, 300, 3))
