@@ -1,7 +1,7 @@
 """Base classes that turn an engine-based store into a Spark Python Data Source with Arrow writers.
 
 A connector subclasses `EngineDataSource` and implements:
-  - `option_spec()`  its options (the engine's sink.* options are included by `sink_spec()`),
+  - `write_spec` / `read_spec`  its options (usually SINK_SPEC.extend(...): the engine's sink.* options too),
   - `plan_write()`   on the driver, once: validate, then return a `WritePlan` (sluice/spark/_plan.py) whose
                      `open_task()` gives each task its encoder and Store, and whose `committer()` gives the
                      driver its Committer for transactional writes,

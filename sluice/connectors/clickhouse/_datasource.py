@@ -35,6 +35,23 @@ NO_TRANSACTIONS = (
 )
 
 
+# Spark type names (DataType.typeName()) each ClickHouse base type takes.
+NUMBERS = {"byte", "short", "integer", "long", "float", "double", "decimal", "boolean"}
+ACCEPTS = {"String": {"string", "binary"}, "Date": {"date"}, "DateTime": {"timestamp", "timestamp_ntz"},
+           "Decimal": NUMBERS - {"boolean"}}
+
+
+def check_compatible(schema: StructType, types: dict, table: str) -> None:
+    """On the driver: every DataFrame column's Spark type must be one its ClickHouse column can take."""
+    for field in schema.fields:
+        kind = types[field.name]
+        accepted = ACCEPTS.get(kind.base, NUMBERS)
+        spark_type = field.dataType.typeName()
+        if spark_type not in accepted:
+            raise OptionError(f"column '{field.name}' is {field.dataType.simpleString()} in the DataFrame but "
+                              f"{kind.name} in {table}; cast it first (it takes {', '.join(sorted(accepted))}).")
+
+
 class ClickHouseDataSource(EngineDataSource):
     """`format("clickhouse")`: see the package docstring for usage."""
 
@@ -92,6 +109,7 @@ class ClickHouseDataSource(EngineDataSource):
                 raise OptionError(f"column '{name}' is in the sorting key of {conn.database}.{conn.table} and has "
                                   "no default; the DataFrame must have it.")
         types = info.column_types(columns)
+        check_compatible(schema, types, f"{conn.database}.{conn.table}")
         insert = InsertPlan(conn, tuple(columns), types, tuple(c for c in info.sorting_key if c in columns))
         return ClickHouseWritePlan(self.format_name, opts, schema, config, insert)
 

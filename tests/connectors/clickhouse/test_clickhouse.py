@@ -115,6 +115,9 @@ def test_bad_tables_and_columns_are_named(spark, ch):
                                         r"write or read; supported: Int8"):
         sluice.write(spark.createDataFrame([(1, ["a"])], "id long, tags array<string>"), "clickhouse",
                      ch.opts(table))
+    with pytest.raises(Exception, match=r"column 'Name' is bigint in the DataFrame but String in default\.\S+; cast it "
+                                        r"first \(it takes binary, string\)"):
+        sluice.write(spark.createDataFrame([(1, 2)], "id long, Name long"), "clickhouse", ch.opts(table))
     with pytest.raises(Exception, match=r"format 'clickhouse' cannot overwrite atomically"):
         spark.range(1).write.format("clickhouse").options(**ch.opts(table)).mode("overwrite").save()
 
