@@ -119,6 +119,6 @@ class TableStoreDataSource(EngineDataSource):
         elif opts["consistent-with"]:
             version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
                 .versions[table.name]
-        return TableStoreReader(table, version, schema)
+        return TableStoreReader(table, version, schema, opts["max-partition-bytes"])
 
 

@@ -29,6 +29,8 @@ READ_SPEC = OptionSpec("tablestore", (
            "Other tables: read this one at the newest barrier it and they all completed."),
     Option("aligned-with", "list", (), "Streaming: the job's other table-store inputs; every micro-batch "
            "advances all of them to the same barrier (set it on each of those sources too)."),
+    Option("max-partition-bytes", "int", 128 * 1024 * 1024, "Batch reads: data files are grouped into Spark "
+           "partitions of about this many bytes (a larger file is a partition alone).", minimum=1),
     Option("changes", "bool", False, "Add the change columns _change_type and _commit_version (Delta's change "
            "data feed); needed to stream an upsert table."),
 ))

@@ -37,18 +37,47 @@ from sluice.tablestore._table import StoreTable, TableStoreError
 
 
 class FilePartition(InputPartition):
-    def __init__(self, uri: str) -> None:
-        super().__init__(uri)
-        self.uri = uri
+    """Data files one task reads, in table order."""
+
+    def __init__(self, uris: list[str]) -> None:
+        super().__init__(uris[0] if uris else "")
+        self.uris = uris
+
+
+def group_files(uris: list[str], sizes: list[int], target: int) -> list[list[str]]:
+    """Consecutive files packed into groups of about `target` bytes (a file larger than it is a group alone): a read
+    plans by data size, not by how many commits wrote the table (20 small appends are 1 partition, not 20)."""
+    groups: list[list[str]] = []
+    current: list[str] = []
+    filled = 0
+    for uri, size in zip(uris, sizes, strict=True):
+        if current and filled + size > target:
+            groups.append(current)
+            current, filled = [], 0
+        current.append(uri)
+        filled += size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _size(uri: str, size_of: dict[str, int]) -> int:
+    """A file's size from the add actions, whose paths are relative to the table (URL-quoted)."""
+    from urllib.parse import quote
+
+    for start in range(len(uri)):  # the shortest suffix after a '/' that is a known path
+        if (start == 0 or uri[start - 1] == "/") and (uri[start:] in size_of or quote(uri[start:]) in size_of):
+            return size_of.get(uri[start:], size_of.get(quote(uri[start:]), 0))
+    return 0
 
 
 class TableStoreReader(DataSourceReader):
-    """One partition per data file of the chosen version."""
+    """The chosen version's data files, grouped into partitions of about `max-partition-bytes`."""
 
-    def __init__(self, table: StoreTable, version: int | None, schema: StructType) -> None:
+    def __init__(self, table: StoreTable, version: int | None, schema: StructType, target_bytes: int) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        self.table, self.version = table, version
+        self.table, self.version, self.target_bytes = table, version, target_bytes
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def partitions(self) -> list[InputPartition]:
@@ -58,18 +87,18 @@ class TableStoreReader(DataSourceReader):
                 actions.column("deletionVector.storageType").null_count < actions.num_rows:
             raise TableStoreError(f"table '{self.table.name}' has deletion vectors, which this reader does not "
                                   "apply; rewrite the table without them (OPTIMIZE / REORG PURGE)")
+        size_of = dict(zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True))
         uris = dt.file_uris()
-        return [FilePartition(u) for u in uris] or [FilePartition("")]
+        sizes = [_size(uri, size_of) for uri in uris]
+        return [FilePartition(group) for group in group_files(uris, sizes, self.target_bytes)] or [FilePartition([])]
 
     def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        if not partition.uri:
-            return
         import pyarrow.parquet as pq
 
         names = self.arrow_schema.names
-        for batch in pq.ParquetFile(partition.uri.removeprefix("file://")).iter_batches(batch_size=65536,
-                                                                                           columns=names):
-            yield conform(batch, self.arrow_schema)
+        for uri in partition.uris:
+            for batch in pq.ParquetFile(uri.removeprefix("file://")).iter_batches(batch_size=65536, columns=names):
+                yield conform(batch, self.arrow_schema)
 
 
 CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_version", pa.int64()))

@@ -35,7 +35,22 @@ def test_appends_commit_one_version_per_write_with_its_barrier(spark, store):
     assert read(spark, store, "events", version=2).count() == 2000
     history = StoreTable("events", store["warehouse"]).delta().history()
     assert {h.get("sluice.barrier") for h in history} >= {str(b1), str(b2)}
-    assert read(spark, store, "events").rdd.getNumPartitions() == 6, "one partition per data file (3 per write)"
+    assert read(spark, store, "events").rdd.getNumPartitions() == 1, "6 small files (3 per write) in one partition"
+    one_per_file = read(spark, store, "events", max_partition_bytes=1)
+    assert one_per_file.rdd.getNumPartitions() == 6 and one_per_file.count() == 2000
+
+
+def test_batch_reads_plan_partitions_by_data_size_not_by_commits(spark, store):
+    for i in range(20):  # 20 small appends: 20 files
+        spark.range(i * 100, (i + 1) * 100, 1, 1).write.format("tablestore").option("table", "small") \
+            .options(**store).mode("append").save()
+    packed = read(spark, store, "small")
+    assert packed.rdd.getNumPartitions() == 1 and sorted(r.id for r in packed.collect()) == list(range(2000))
+    sizes = [f.stat().st_size for f in (StoreTable("small", store["warehouse"]).root / "data").rglob("*.parquet")]
+    assert len(sizes) == 20
+    # About 5 files per partition; negative control: a 1-byte target gives one partition per file again.
+    assert read(spark, store, "small", max_partition_bytes=5 * max(sizes)).rdd.getNumPartitions() == 4
+    assert read(spark, store, "small", max_partition_bytes=1).rdd.getNumPartitions() == 20
 
 
 def test_upserts_merge_the_last_change_per_key_and_delete(spark, store):
