@@ -17,6 +17,8 @@ WRITE_SPEC = OptionSpec("tablestore", (
     Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored)."),
     Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
            "streaming writes use the query id."),
+    Option("checkpoint-interval", "int", 100, "A Delta checkpoint every this many versions, so opening the table "
+           "reads a checkpoint and at most this many log entries, not the whole log.", minimum=1),
     Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "
            "same id (after a failure, or when unsure it committed) commits it once: it keeps its barrier, and a "
            "commit that landed is not repeated."),

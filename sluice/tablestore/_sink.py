@@ -102,7 +102,8 @@ class TableStoreCommitter(Committer):
             job = self.opts["job"]
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
-        self.table.commit(files, job=job, barrier=barrier, meta=meta, op_column=self.opts["upsert.op-column"])
+        self.table.commit(files, job=job, barrier=barrier, meta=meta, op_column=self.opts["upsert.op-column"],
+                          checkpoint_interval=self.opts["checkpoint-interval"])
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         for m in messages:

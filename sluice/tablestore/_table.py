@@ -51,6 +51,10 @@ def check_name(name: str) -> str:
     return name
 
 
+# Versions between Delta checkpoints (Delta's own default): opening a table reads the newest checkpoint and at most
+# this many log entries after it.
+CHECKPOINT_INTERVAL = 100
+
 @dataclass(frozen=True)
 class StagedFile:
     """A Parquet file a task wrote, relative to the table root, not yet in the Delta log."""
@@ -130,9 +134,11 @@ class StoreTable:
         return self.root / DATA / (write_id if epoch is None else f"{write_id}-e{epoch}")
 
     def commit(self, files: list[StagedFile], *, job: str, barrier: int, meta: MetaService, job_id: str | None = None,
-               op_column: str | None = None) -> Commit:
-        """Make `files` visible in one Delta version for `barrier` (append, or merge by the primary key)."""
-        from deltalake import CommitProperties, Transaction
+               op_column: str | None = None, checkpoint_interval: int = CHECKPOINT_INTERVAL) -> Commit:
+        """Make `files` visible in one Delta version for `barrier` (append, or merge by the primary key); every
+        `checkpoint_interval` versions, a Delta checkpoint, so opening the table reads a checkpoint and the log after
+        it instead of the whole log."""
+        from deltalake import CommitProperties, PostCommitHookProperties, Transaction
         from deltalake.transaction import AddAction
 
         dt = self.delta()
@@ -147,26 +153,31 @@ class StoreTable:
             return Commit(self.name, barrier, version, replayed=True)
         props = CommitProperties(custom_metadata={"sluice.barrier": str(barrier), "sluice.job": job},
                                  app_transactions=[Transaction(app_id=job, version=barrier)])
+        hooks = PostCommitHookProperties(create_checkpoint=False)  # checkpoints on our interval, below
         key = self.primary_key(dt)
         if not key:
             now = int(time.time() * 1000)
             actions = [AddAction(f.path, f.size, {}, now, True, f'{{"numRecords": {f.rows}}}') for f in files if f.rows]
-            dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props)
+            dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props,
+                                        post_commithook_properties=hooks)
         else:
-            self._merge(dt, files, key, op_column, props)
+            self._merge(dt, files, key, op_column, props, hooks)
             self._drop(files)
         dt.update_incremental()  # a write transaction does not advance the handle by itself
         version = dt.version()
+        if version % checkpoint_interval == 0:
+            dt.create_checkpoint()
         meta.complete_barrier(self.name, barrier, version, job_id)
         return Commit(self.name, barrier, version, replayed=False)
 
     def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
-               props: Any) -> None:
+               props: Any, hooks: Any) -> None:
         import pyarrow.parquet as pq
 
         tables = [pq.read_table(self.root / f.path) for f in files if f.rows]
         if not tables:  # nothing changed; the barrier still completes with an empty commit
-            dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=props)
+            dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=props,
+                                        post_commithook_properties=hooks)
             return
         source = pa.concat_tables(tables)
         # Last change per key wins: row order within the staged files is task order, then row order.
@@ -177,7 +188,8 @@ class StoreTable:
         rows = pc.sort_indices(last.column("_sluice_row_max"))
         source = source.take(pc.take(last.column("_sluice_row_max"), rows)).drop_columns(["_sluice_row"])
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
-        merge = dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=props)
+        merge = dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=props,
+                         post_commithook_properties=hooks)
         if op_column:
             deleted = f"s.`{op_column}` IN {DELETE_OPS_SQL}"
             cols = {c: f"s.`{c}`" for c in source.column_names if c != op_column}

@@ -269,3 +269,17 @@ def test_a_job_with_two_inputs_advances_both_to_the_same_barrier(spark, store, t
     run()
     assert [b for b, _ in meta.barriers("joined")] == [2000, 3000]
     assert read(spark, store, "joined", barrier=3000).count() == 14
+
+
+def test_a_delta_checkpoint_is_written_every_checkpoint_interval_versions(spark, store):
+    def checkpoints(table: str) -> list[int]:
+        log = StoreTable(table, store["warehouse"]).root / "_delta_log"
+        return sorted(int(f.name.split(".")[0]) for f in log.glob("*.checkpoint.parquet"))
+
+    for table, interval in (("ckpt_5", "5"), ("ckpt_none", "1000")):
+        for i in range(12):  # versions 1..12 (version 0 created the table)
+            spark.range(i, i + 1, 1, 1).write.format("tablestore").option("table", table).options(**store) \
+                .option("checkpoint-interval", interval).mode("append").save()
+    assert checkpoints("ckpt_5") == [5, 10]
+    assert checkpoints("ckpt_none") == []  # negative control: no checkpoint before its interval
+    assert sorted(r.id for r in read(spark, store, "ckpt_5").collect()) == list(range(12))  # opened from v10's
