@@ -60,9 +60,8 @@ class ClickHouseEnumerator(SplitEnumerator):
         if kind is None or kind.base not in RANGED or kind.nullable or self.partitions == 1:
             return [Split("all")]
         column = _as_number(kind, quote_ident(key))
-        low, high = self.conn.rows(f"SELECT toString(min({column})), toString(max({column})), count() "
-                                   f"FROM {self.conn.target}")[0][:2]
-        low, high = int(low), int(high)
+        bounds = self.conn.rows(f"SELECT toString(min({column})), toString(max({column})) FROM {self.conn.target}")
+        low, high = (int(v) for v in bounds[0])
         if high <= low:
             return [Split("all")]
         step = max(1, -(-(high - low + 1) // self.partitions))
