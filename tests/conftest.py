@@ -64,3 +64,12 @@ def pg():
         return
     with LocalPostgres() as server:
         yield PG(server.url)
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A real S3-compatible server process (moto's standalone server) with one bucket, for the whole suite."""
+    from sluice.testing import LocalS3
+
+    with LocalS3() as server:
+        yield server

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,12 @@ _SCHEMA = (
     "barrier BIGINT NOT NULL, PRIMARY KEY (tables, start_barrier))",
     "CREATE TABLE IF NOT EXISTS sluice_barriers (table_name TEXT NOT NULL, barrier BIGINT NOT NULL, "
     "version BIGINT NOT NULL, job_id TEXT, committed_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (table_name, barrier))",
+    # Which table feeds which through some job, ever: kept when jobs end (vacuum and consistent reads need it), one
+    # row per pair however many runs.
+    "CREATE TABLE IF NOT EXISTS sluice_lineage (source TEXT NOT NULL, sink TEXT NOT NULL, PRIMARY KEY (source, sink))",
 )
+# Columns added after the first release: (table, column, type), added to an older database when missing.
+_ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),)
 
 
 class MetaError(SluiceError):
@@ -111,6 +116,14 @@ class _Backend:
         if not self.is_pg:
             conn.execute("PRAGMA journal_mode=WAL")  # persistent: readers never wait for the writer
 
+    def columns(self, cur: _Cursor, table: str) -> set[str]:
+        if self.is_pg:
+            cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                        "AND table_schema = current_schema()", (table,))
+            return {r[0] for r in cur.fetchall()}
+        cur.execute(f"PRAGMA table_info({table})")
+        return {r[1] for r in cur.fetchall()}
+
     def begin(self, conn: Any, exclusive: bool, write: bool) -> None:
         if self.is_pg:
             if exclusive:
@@ -134,6 +147,9 @@ class MetaService:
         with self._tx(write=True) as cur:
             for statement in _SCHEMA:
                 cur.execute(statement)
+            for table, column, kind in _ADDED_COLUMNS:
+                if column not in self._db.columns(cur, table):
+                    cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def __repr__(self) -> str:
         return f"MetaService({self._db.display})"
@@ -163,11 +179,13 @@ class MetaService:
         job_id = job_id or f"{name}-{uuid.uuid4().hex[:8]}"
         with self._tx(exclusive=True) as cur:
             for table in sinks:
-                cur.execute("SELECT j.job_id, j.name, j.host, j.pid FROM sluice_jobs j JOIN sluice_job_tables t "
-                            "ON t.job_id = j.job_id WHERE t.table_name = ? AND t.role = 'sink' AND j.status = ?",
-                            (table, RUNNING))
+                cur.execute("SELECT j.job_id, j.name, j.host, j.pid, j.lease_until FROM sluice_jobs j JOIN "
+                            "sluice_job_tables t ON t.job_id = j.job_id WHERE t.table_name = ? AND t.role = 'sink' "
+                            "AND j.status = ?", (table, RUNNING))
                 row = cur.fetchone()
-                if row is not None and row[0] != job_id:
+                if row is not None and row[4] is not None and row[4] < time.time():  # an idle implicit writer
+                    self._end(cur, row[0], RELEASED)
+                elif row is not None and row[0] != job_id:
                     raise WriterConflictError(
                         f"table '{table}' already has an active writer: job '{row[0]}' ({row[1]}, host {row[2]}, "
                         f"pid {row[3]}). Stop that job, or if it died without finishing, release it: "
@@ -186,7 +204,62 @@ class MetaService:
                 for table in tables:
                     cur.execute("INSERT INTO sluice_job_tables (job_id, table_name, role) VALUES (?, ?, ?)",
                                 (job_id, table, role))
+            for source in sources:
+                for sink in sinks:
+                    cur.execute("INSERT INTO sluice_lineage (source, sink) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                                (source, sink))
         return Job(job_id, name, RUNNING, sources, sinks, socket.gethostname(), os.getpid(), query_id, now)
+
+    def claim_writer(self, table: str, *, name: str, query_id: str | None = None, lease_s: float = 0) -> str:
+        """The job that commits to `table` now, checked at every commit of a table-store sink (single writer).
+
+        The table's running writer may be: a job registered for it (`register_job`), which this commit joins when
+        it is that job (a batch write with the job's name or id, or its streaming query: the first query to commit
+        binds to a registered job that has none yet); or an implicit job of a streaming query that did not
+        register, owning the table until `lease_s` after its last commit (renewed here). Anything else is a
+        second concurrent writer: WriterConflictError naming the table and the other job. With no running writer,
+        a streaming query (query_id) becomes the implicit writer; a batch write (no query_id) commits under no
+        job row (returns `name`), so one-off writes leave no bookkeeping behind.
+        """
+        with self._tx(exclusive=True) as cur:
+            now = time.time()
+            cur.execute("SELECT j.job_id, j.name, j.host, j.pid, j.query_id, j.lease_until FROM sluice_jobs j "
+                        "JOIN sluice_job_tables t ON t.job_id = j.job_id WHERE t.table_name = ? AND t.role = 'sink' "
+                        "AND j.status = ?", (table, RUNNING))
+            row = cur.fetchone()
+            if row is not None:
+                job_id, job_name, host, pid, bound, lease_until = row
+                if lease_until is not None and lease_until < now and bound != query_id:  # an idle implicit writer
+                    self._end(cur, job_id, RELEASED)
+                elif query_id is not None and bound in (None, query_id):
+                    if bound is None:
+                        cur.execute("UPDATE sluice_jobs SET query_id = ? WHERE job_id = ?", (query_id, job_id))
+                    if lease_until is not None:
+                        cur.execute("UPDATE sluice_jobs SET lease_until = ? WHERE job_id = ?", (now + lease_s, job_id))
+                    return str(job_id)
+                elif query_id is None and name in (job_name, job_id):
+                    return str(job_id)
+                else:
+                    writer = f"streaming query {query_id}" if query_id else f"batch write '{name}'"
+                    raise WriterConflictError(
+                        f"table '{table}' already has an active writer: job '{job_id}' ({job_name}, host {host}, "
+                        f"pid {pid}{f', query {bound}' if bound else ''}); refusing {writer}: a table has one "
+                        "writer at a time. Stop that job, or if it died without finishing, release it: "
+                        f"sluice meta release-job {job_id}")
+            if query_id is None:
+                return name
+            job_id = f"{name}-{uuid.uuid4().hex[:8]}"
+            cur.execute("INSERT INTO sluice_jobs (job_id, name, status, host, pid, query_id, started_at, lease_until) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (job_id, name, RUNNING, socket.gethostname(), os.getpid(),
+                                                            query_id, now, now + lease_s))
+            cur.execute("INSERT INTO sluice_job_tables (job_id, table_name, role) VALUES (?, ?, 'sink')",
+                        (job_id, table))
+            return job_id
+
+    def bind_query(self, job_id: str, query_id: str) -> None:
+        """Tie a registered job to its streaming query (JobHandle.watch), so only that query commits as it."""
+        with self._tx(write=True) as cur:
+            cur.execute("UPDATE sluice_jobs SET query_id = ? WHERE job_id = ? AND query_id IS NULL", (query_id, job_id))
 
     def _find_cycle(self, cur: _Cursor, job_id: str, name: str, sources: Sequence[str],
                     sinks: Sequence[str]) -> list[str] | None:
@@ -226,8 +299,21 @@ class MetaService:
         if status not in (FINISHED, FAILED, RELEASED):
             raise MetaError(f"status must be {FINISHED}, {FAILED} or {RELEASED}, got {status!r}")
         with self._tx(write=True) as cur:
-            cur.execute("UPDATE sluice_jobs SET status = ?, ended_at = ? WHERE job_id = ? AND status = ?",
-                        (status, time.time(), job_id, RUNNING))
+            self._end(cur, job_id, status)
+
+    @staticmethod
+    def _end(cur: _Cursor, job_id: str, status: str) -> None:
+        """End a running job and drop its bookkeeping: its table edges (the lineage pairs stay in sluice_lineage)
+        and its query's micro-batch barriers but the last (a restarted query replays at most that one). Completed
+        barriers stay: consistent reads need them."""
+        cur.execute("UPDATE sluice_jobs SET status = ?, ended_at = ? WHERE job_id = ? AND status = ?",
+                    (status, time.time(), job_id, RUNNING))
+        cur.execute("DELETE FROM sluice_job_tables WHERE job_id = ?", (job_id,))
+        cur.execute("SELECT query_id FROM sluice_jobs WHERE job_id = ?", (job_id,))
+        row = cur.fetchone()
+        if row is not None and row[0]:
+            cur.execute("DELETE FROM sluice_batch_barriers WHERE query_id = ? AND batch_id < (SELECT max(batch_id) "
+                        "FROM sluice_batch_barriers WHERE query_id = ?)", (row[0], row[0]))
 
     def release_job(self, job_id: str) -> Job:
         """For a job that died without finishing (driver killed): end it so its tables can be written again."""
@@ -235,7 +321,7 @@ class MetaService:
         if job.status != RUNNING:
             raise MetaError(f"job '{job_id}' is not running (status {job.status}); nothing to release")
         self.finish_job(job_id, RELEASED)
-        return self.job(job_id)
+        return replace(job, status=RELEASED, ended_at=self.job(job_id).ended_at)
 
     def job(self, job_id: str) -> Job:
         for job in self.jobs():
@@ -351,16 +437,11 @@ class MetaService:
     def _feeds(self) -> dict[str, set[str]]:
         """table -> the tables written from it by a job (one read of the edges)."""
         with self._tx() as cur:
-            cur.execute("SELECT job_id, table_name, role FROM sluice_job_tables")
-            edges = cur.fetchall()
-        sources: dict[str, set[str]] = {}
-        sinks: dict[str, set[str]] = {}
-        for jid, table, role in edges:
-            (sources if role == "source" else sinks).setdefault(jid, set()).add(table)
+            cur.execute("SELECT source, sink FROM sluice_lineage")
+            pairs = cur.fetchall()
         feeds: dict[str, set[str]] = {}
-        for jid, ins in sources.items():
-            for table in ins:
-                feeds.setdefault(table, set()).update(sinks.get(jid, ()))
+        for source, sink in pairs:
+            feeds.setdefault(source, set()).add(sink)
         return feeds
 
     @staticmethod

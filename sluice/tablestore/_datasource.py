@@ -22,6 +22,7 @@ from sluice.tablestore._source import (
     TableStoreReader,
     TableStoreStreamReader,
 )
+from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import StoreTable
 
 
@@ -45,7 +46,7 @@ class TableStoreDataSource(EngineDataSource):
                    overwrite: bool) -> TableStoreWritePlan:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        table = StoreTable(opts["table"], opts["warehouse"])
+        table = _table(opts)
         op = opts["upsert.op-column"]
         check_key_columns(schema.fieldNames(), opts["primary-key"], op)
         if op and not opts["primary-key"] and not (table.exists() and table.primary_key()):
@@ -80,7 +81,7 @@ class TableStoreDataSource(EngineDataSource):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         opts = READ_SPEC.parse(self.options)
-        schema = pa.schema(StoreTable(opts["table"], opts["warehouse"]).delta().schema().to_arrow())
+        schema = pa.schema(_table(opts).delta().schema().to_arrow())
         if opts["changes"]:
             schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CHANGE_COLUMNS)])
         return from_arrow_schema(schema)
@@ -93,7 +94,7 @@ class TableStoreDataSource(EngineDataSource):
             if opts.is_set(key):
                 raise OptionError(f"option '{key}' is for batch reads; a streaming read follows the table barrier "
                                   "by barrier from its first version")
-        table = StoreTable(opts["table"], opts["warehouse"])
+        table = _table(opts)
         if table.primary_key() and "_change_type" not in schema.fieldNames():
             raise OptionError(f"table '{table.name}' is an upsert table (primary key {list(table.primary_key())}): "
                               "stream it with option changes=true, which adds _change_type (insert, "
@@ -102,7 +103,7 @@ class TableStoreDataSource(EngineDataSource):
 
     def reader(self, schema: StructType) -> TableStoreReader:
         opts = READ_SPEC.parse(self.options)
-        table = StoreTable(opts["table"], opts["warehouse"])
+        table = _table(opts)
         chosen = [k for k in ("version", "barrier", "consistent-with") if opts.is_set(k)]
         if len(chosen) > 1:
             raise OptionError(f"set at most one of version, barrier and consistent-with (got {', '.join(chosen)})")
@@ -122,3 +123,6 @@ class TableStoreDataSource(EngineDataSource):
         return TableStoreReader(table, version, schema, opts["max-partition-bytes"])
 
 
+def _table(opts: Options) -> StoreTable:
+    """The named table in the warehouse the options name (resolved here, on the driver)."""
+    return StoreTable(opts["table"], Warehouse.resolve(opts["warehouse"], opts))

@@ -32,6 +32,7 @@ class JobHandle:
     def watch(self, query: Any) -> Any:
         """Tie the job to a started streaming query: the job ends when the query does."""
         _install_listener(self.spark)
+        MetaService(self.meta).bind_query(self.job.job_id, str(query.id))  # only this query commits as the job
         with _LOCK:
             _WATCHED[str(query.id)] = (self.meta, self.job.job_id)
         if not query.isActive:  # it ended before we watched it

@@ -6,7 +6,20 @@ from sluice.connector import Option, OptionSpec
 
 COMMON = (
     Option("table", "str", None, "Table name (letters, digits, '_').", required=True),
-    Option("warehouse", "str", None, "Folder holding the tables; default $SLUICE_WAREHOUSE, else .sluice/warehouse."),
+    Option("warehouse", "str", None, "Where the tables live: a folder (local or shared), file:///folder or "
+           "s3://bucket/prefix; default $SLUICE_WAREHOUSE, else .sluice/warehouse."),
+    Option("storage.endpoint", "str", None, "s3:// warehouses: the S3 endpoint URL (an S3-compatible server); "
+           "default $AWS_ENDPOINT_URL, else AWS S3."),
+    Option("storage.region", "str", None, "s3:// warehouses: the bucket's region; default $AWS_REGION, else "
+           "us-east-1."),
+    Option("storage.access-key-id", "str", None, "s3:// warehouses: access key id; default $AWS_ACCESS_KEY_ID, else "
+           "the machine's default AWS credentials."),
+    Option("storage.secret-access-key", "str", None, "s3:// warehouses: secret access key; default "
+           "$AWS_SECRET_ACCESS_KEY.", secret=True),
+    Option("storage.session-token", "str", None, "s3:// warehouses: session token of temporary credentials; "
+           "default $AWS_SESSION_TOKEN.", secret=True),
+    Option("storage.allow-http", "bool", None, "s3:// warehouses: allow a plain http:// endpoint; default true "
+           "when storage.endpoint is http://."),
     Option("meta", "str", None, "MetaService database (SQLite path or postgresql:// URL); default $SLUICE_META, "
            "else .sluice/meta.db.", secret=True),
 )
@@ -17,6 +30,9 @@ WRITE_SPEC = OptionSpec("tablestore", (
     Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored)."),
     Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
            "streaming writes use the query id."),
+    Option("writer-lease", "int", 600, "Seconds a streaming query that did not register_job stays the table's "
+           "only writer after its last commit (a registered job is the writer until it ends); another writer is "
+           "refused until then.", minimum=0),
     Option("checkpoint-interval", "int", 100, "A Delta checkpoint every this many versions, so opening the table "
            "reads a checkpoint and at most this many log entries, not the whole log.", minimum=1),
     Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "

@@ -7,6 +7,7 @@ one Delta version at its barrier (table.commit): appends add the files, tables w
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -47,8 +48,10 @@ class ParquetStore(BlockingStore):
     def __init__(self, table: StoreTable, rows: ArrowRows, context: WriteContext) -> None:
         super().__init__()
         self.table, self.rows = table, rows
-        folder = table.staging_dir(context.write_id, context.epoch)
-        self.path = folder / f"part-{context.partition_id:05d}-{context.task_attempt_id}-{uuid.uuid4().hex[:8]}.parquet"
+        self.relative = (f"{table.staging_prefix(context.write_id, context.epoch)}/"
+                         f"part-{context.partition_id:05d}-{context.task_attempt_id}-{uuid.uuid4().hex[:8]}.parquet")
+        self._fs: Any = None
+        self._out: Any = None  # the file's output stream (local file or object-store upload)
         self._writer: Any = None
         self._count = 0
 
@@ -61,8 +64,12 @@ class ParquetStore(BlockingStore):
 
         data = self.rows.table(batch.entries)
         if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.path, data.schema)
+            path = self.table.file_path(self.relative)
+            self._fs = self.table.warehouse.filesystem()
+            if self.table.warehouse.is_local:
+                self._fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            self._out = self._fs.open_output_stream(path)
+            self._writer = pq.ParquetWriter(self._out, data.schema)
         self._writer.write_table(data)
         self._count += data.num_rows
         self.rows.release(batch.entries)
@@ -72,14 +79,20 @@ class ParquetStore(BlockingStore):
             return None
         self._writer.close()
         self._writer = None
-        return {"path": str(self.path.relative_to(self.table.root)), "size": self.path.stat().st_size,
-                "rows": self._count}
+        size = self._out.tell()
+        self._out.close()  # on an object store, the upload completes here
+        self._out = None
+        return {"path": self.relative, "size": size, "rows": self._count}
 
     def close(self) -> None:
         super().close()
         if self._writer is not None:  # a failed task: its partial file is never committed
             self._writer.close()
             self._writer = None
+            self._out.close()
+            self._out = None
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(self.table.file_path(self.relative))
 
 
 class TableStoreCommitter(Committer):
@@ -92,23 +105,30 @@ class TableStoreCommitter(Committer):
     def commit(self, messages: list[Any], context: WriteContext) -> None:
         files = [StagedFile(**m) for m in messages if m]
         meta = MetaService(self.opts["meta"])
-        if context.epoch is not None:  # a micro-batch: the barrier its table-store input offered, else a new one
-            job = context.write_id  # the streaming query's id
-            barrier = BarrierHandoff(self.opts["meta"]).take(job, context.epoch, [self.table.name])
+        streaming = context.epoch is not None
+        try:  # one writer per table: this commit's job, or WriterConflictError naming the table's other writer
+            writer = meta.claim_writer(self.table.name, name=self.opts["job"] if self.opts.is_set("job") or not
+                                       streaming else f"query-{context.write_id[:8]}",
+                                       query_id=context.write_id if streaming else None,
+                                       lease_s=self.opts["writer-lease"])
+        except Exception:
+            self.abort(messages, context)
+            raise
+        if streaming:  # a micro-batch: the barrier its table-store input offered, else a new one
+            app = context.write_id  # the streaming query's id
+            barrier = BarrierHandoff(self.opts["meta"]).take(app, context.epoch, [self.table.name])
         elif self.opts["write-id"]:  # a re-run of this write gets the same barrier: its replay is detected
-            job = self.opts["write-id"]
-            barrier = BarrierHandoff(self.opts["meta"]).take(job, 0, [self.table.name])
+            app = self.opts["write-id"]
+            barrier = BarrierHandoff(self.opts["meta"]).take(app, 0, [self.table.name])
         else:
-            job = self.opts["job"]
+            app = self.opts["job"]
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
-        self.table.commit(files, job=job, barrier=barrier, meta=meta, op_column=self.opts["upsert.op-column"],
-                          checkpoint_interval=self.opts["checkpoint-interval"])
+        self.table.commit(files, job=app, barrier=barrier, meta=meta, job_id=writer,
+                          op_column=self.opts["upsert.op-column"], checkpoint_interval=self.opts["checkpoint-interval"])
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
-        for m in messages:
-            if m:
-                (self.table.root / m["path"]).unlink(missing_ok=True)
+        self.table.delete_files([m["path"] for m in messages if m])
 
 
 @dataclass(frozen=True)

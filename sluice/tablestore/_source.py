@@ -33,15 +33,16 @@ from pyspark.sql.types import StructType
 from sluice.connector import conform, task_context
 from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
+from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import StoreTable, TableStoreError
 
 
 class FilePartition(InputPartition):
-    """Data files one task reads, in table order."""
+    """Data files one task reads, in table order, and the warehouse that holds them."""
 
-    def __init__(self, uris: list[str]) -> None:
+    def __init__(self, uris: list[str], warehouse: Warehouse) -> None:
         super().__init__(uris[0] if uris else "")
-        self.uris = uris
+        self.uris, self.warehouse = uris, warehouse
 
 
 def group_files(uris: list[str], sizes: list[int], target: int) -> list[list[str]]:
@@ -90,15 +91,19 @@ class TableStoreReader(DataSourceReader):
         size_of = dict(zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True))
         uris = dt.file_uris()
         sizes = [_size(uri, size_of) for uri in uris]
-        return [FilePartition(group) for group in group_files(uris, sizes, self.target_bytes)] or [FilePartition([])]
+        warehouse = self.table.warehouse
+        return [FilePartition(group, warehouse) for group in group_files(uris, sizes, self.target_bytes)] or \
+            [FilePartition([], warehouse)]
 
     def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         import pyarrow.parquet as pq
 
         names = self.arrow_schema.names
+        fs = partition.warehouse.filesystem() if partition.uris else None
         for uri in partition.uris:
-            for batch in pq.ParquetFile(uri.removeprefix("file://")).iter_batches(batch_size=65536, columns=names):
-                yield conform(batch, self.arrow_schema)
+            with fs.open_input_file(partition.warehouse.path(uri)) as file:
+                for batch in pq.ParquetFile(file).iter_batches(batch_size=65536, columns=names):
+                    yield conform(batch, self.arrow_schema)
 
 
 CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_version", pa.int64()))
@@ -107,9 +112,9 @@ CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_version", pa.int64())
 class VersionRange(InputPartition):
     """Delta versions (first, last] of one micro-batch, and the barrier it reaches."""
 
-    def __init__(self, uri: str, first: int, last: int, barrier: int, handoff: BarrierHandoff) -> None:
+    def __init__(self, table: StoreTable, first: int, last: int, barrier: int, handoff: BarrierHandoff) -> None:
         super().__init__(f"{first}-{last}")
-        self.uri, self.first, self.last, self.barrier, self.handoff = uri, first, last, barrier, handoff
+        self.table, self.first, self.last, self.barrier, self.handoff = table, first, last, barrier, handoff
 
 
 class TableStoreStreamReader(DataSourceStreamReader):
@@ -149,19 +154,17 @@ class TableStoreStreamReader(DataSourceStreamReader):
         return {"barrier": barrier, "version": meta.barrier_version(self.table.name, barrier)}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [VersionRange(self.table.uri, int(start["version"]), int(end["version"]), int(end["barrier"]),
+        return [VersionRange(self.table, int(start["version"]), int(end["version"]), int(end["barrier"]),
                              BarrierHandoff(self.meta))]
 
     def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        from deltalake import DeltaTable
-
         task = task_context("")
         if task.epoch is not None:  # a micro-batch: its barrier, for a table-store sink in the same query
             partition.handoff.offer(task.write_id, task.epoch, partition.barrier)
         if partition.last <= partition.first:
             return
-        changes = DeltaTable(partition.uri).load_cdf(starting_version=partition.first + 1,
-                                                     ending_version=partition.last)
+        changes = partition.table.delta().load_cdf(starting_version=partition.first + 1,
+                                                   ending_version=partition.last)
         for batch in changes:
             yield conform(pa.record_batch(batch), self.arrow_schema)
 
@@ -178,13 +181,15 @@ def signed_change(column: str) -> str:
             f"WHEN _change_type IN ('update_preimage', 'delete') THEN -{col} ELSE 0 END")
 
 
-def read_consistent(spark: Any, tables: list[str], *, warehouse: str | None = None,
-                    meta: str | None = None) -> tuple[int, dict[str, Any]]:
-    """(barrier, {table: DataFrame}) of `tables` at the newest barrier all of them completed."""
+def read_consistent(spark: Any, tables: list[str], *, warehouse: str | None = None, meta: str | None = None,
+                    storage: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """(barrier, {table: DataFrame}) of `tables` at the newest barrier all of them completed; `storage` holds
+    the `storage.*` options of an s3:// warehouse."""
     found = MetaService(meta).consistent_version(tables)
     frames = {}
     for name in tables:
         reader = spark.read.format("tablestore").option("table", name).option("version", found.versions[name])
+        reader = reader.options(**(storage or {}))
         if warehouse:
             reader = reader.option("warehouse", warehouse)
         if meta:

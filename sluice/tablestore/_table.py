@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -21,28 +20,14 @@ import pyarrow as pa
 
 from sluice.connector import DELETE_OPS_SQL, OptionError, SluiceError
 from sluice.meta import MetaService
+from sluice.tablestore._storage import Warehouse
 
-DEFAULT_WAREHOUSE = Path(".sluice") / "warehouse"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 DATA = "data"
 
 
 class TableStoreError(SluiceError):
     """A table-store request failed; the message names the table."""
-
-
-def warehouse_path(warehouse: str | None) -> Path:
-    """The warehouse folder, made absolute on the driver (tasks get this path, not their own working dir)."""
-    raw = warehouse or os.environ.get("SLUICE_WAREHOUSE") or str(DEFAULT_WAREHOUSE)
-    scheme, sep, rest = raw.partition("://")
-    if sep and scheme.lower() == "file":
-        raw = rest
-    elif sep:
-        # Never a local folder named 's3:' - the files would land on one machine's disk and not in the bucket.
-        raise OptionError(f"warehouse {raw!r}: the table store writes to a filesystem path so far, not to "
-                          f"{scheme}:// storage; give a folder every executor and the driver share (a local path "
-                          "in local mode, a shared mount on a cluster).")
-    return Path(raw).absolute()
 
 
 def check_name(name: str) -> str:
@@ -75,29 +60,45 @@ class Commit:
 class StoreTable:
     """One named table: where it lives, its schema and primary key, and commits to it."""
 
-    def __init__(self, name: str, warehouse: str | None = None) -> None:
+    def __init__(self, name: str, warehouse: str | Warehouse | None = None) -> None:
         self.name = check_name(name)
-        self.root = warehouse_path(warehouse) / name
+        self.warehouse = Warehouse.resolve(warehouse)
+        self.uri = self.warehouse.table_uri(name)
+
+    def __repr__(self) -> str:
+        return f"StoreTable({self.name!r}, {self.warehouse.root!r})"
 
     @property
-    def uri(self) -> str:
-        return str(self.root)
+    def root(self) -> Path:
+        """The table's folder, for a local warehouse."""
+        if not self.warehouse.is_local:
+            raise TableStoreError(f"table '{self.name}' is in {self.warehouse.root}, not in a local folder")
+        return Path(self.uri)
+
+    def file_path(self, relative: str) -> str:
+        """A file of this table (a path relative to its root) as the warehouse's filesystem names it."""
+        return self.warehouse.path(f"{self.uri}/{relative}")
 
     def exists(self) -> bool:
-        return (self.root / "_delta_log").is_dir()
+        from deltalake import DeltaTable
+
+        if self.warehouse.is_local:
+            return (self.root / "_delta_log").is_dir()
+        return DeltaTable.is_deltatable(self.uri, storage_options=self.warehouse.storage_options())
 
     def delta(self, version: int | None = None) -> Any:
         from deltalake import DeltaTable
 
         if not self.exists():
-            raise TableStoreError(f"table '{self.name}' does not exist in {self.root.parent}; write to it first "
+            raise TableStoreError(f"table '{self.name}' does not exist in {self.warehouse.root}; write to it first "
                                   "(it is created from the DataFrame's schema)")
+        storage = self.warehouse.storage_options()
         if version is None:
-            return DeltaTable(self.uri)
+            return DeltaTable(self.uri, storage_options=storage)
         try:
-            return DeltaTable(self.uri, version=version)
+            return DeltaTable(self.uri, version=version, storage_options=storage)
         except Exception:
-            latest = DeltaTable(self.uri).version()
+            latest = DeltaTable(self.uri, storage_options=storage).version()
             if version > latest:  # deltalake's own error here is a kernel message that names neither
                 raise TableStoreError(f"table '{self.name}' has no version {version}: its latest is {latest}") \
                     from None
@@ -114,10 +115,12 @@ class StoreTable:
     def create(self, schema: pa.Schema, primary_key: tuple[str, ...]) -> None:
         from deltalake import write_deltalake
 
-        self.root.mkdir(parents=True, exist_ok=True)
+        if self.warehouse.is_local:
+            self.root.mkdir(parents=True, exist_ok=True)
         about = json.dumps({"sluice": {"primary_key": list(primary_key)}})
         write_deltalake(self.uri, schema.empty_table(), mode="append", name=self.name, description=about,
-                        configuration={"delta.enableChangeDataFeed": "true"})
+                        configuration={"delta.enableChangeDataFeed": "true"},
+                        storage_options=self.warehouse.storage_options())
 
     def check_schema(self, schema: pa.Schema) -> None:
         have = pa.schema(self.delta().schema().to_arrow())
@@ -129,9 +132,10 @@ class StoreTable:
                 raise OptionError(f"column '{f.name}' is {f.type} in the DataFrame but {names[f.name].type} in table "
                                   f"'{self.name}'; cast it first")
 
-    def staging_dir(self, write_id: str, epoch: int | None) -> Path:
-        """Where tasks write Parquet files for one write or micro-batch (files join the table on commit)."""
-        return self.root / DATA / (write_id if epoch is None else f"{write_id}-e{epoch}")
+    def staging_prefix(self, write_id: str, epoch: int | None) -> str:
+        """Where tasks write Parquet files for one write or micro-batch, relative to the table (files join the table
+        on commit)."""
+        return f"{DATA}/{write_id if epoch is None else f'{write_id}-e{epoch}'}"
 
     def commit(self, files: list[StagedFile], *, job: str, barrier: int, meta: MetaService, job_id: str | None = None,
                op_column: str | None = None, checkpoint_interval: int = CHECKPOINT_INTERVAL) -> Commit:
@@ -174,7 +178,8 @@ class StoreTable:
                props: Any, hooks: Any) -> None:
         import pyarrow.parquet as pq
 
-        tables = [pq.read_table(self.root / f.path) for f in files if f.rows]
+        fs = self.warehouse.filesystem()
+        tables = [pq.read_table(self.file_path(f.path), filesystem=fs) for f in files if f.rows]
         if not tables:  # nothing changed; the barrier still completes with an empty commit
             dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=props,
                                         post_commithook_properties=hooks)
@@ -201,11 +206,17 @@ class StoreTable:
 
     def _drop(self, files: list[StagedFile]) -> None:
         """Delete files no commit references (a replay's, or the staged input of a merge)."""
-        for f in files:
-            (self.root / f.path).unlink(missing_ok=True)
-        for folder in {(self.root / f.path).parent for f in files}:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only when empty
+        self.delete_files([f.path for f in files])
+
+    def delete_files(self, relative: list[str]) -> None:
+        fs = self.warehouse.filesystem()
+        for path in relative:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(self.file_path(path))
+        if self.warehouse.is_local:  # object stores have no folders to leave behind
+            for folder in {(self.root / path).parent for path in relative}:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only when empty
 
 
 def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
@@ -218,7 +229,7 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return a == b
 
 
-def vacuum(name: str, *, warehouse: str | None = None, meta: MetaService | None = None,
+def vacuum(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaService | None = None,
            dry_run: bool = False) -> list[str]:
     """Delete data files no longer needed, but never one a consistent read may still ask for.
 

@@ -69,7 +69,7 @@ def test_a_replayed_barrier_is_not_committed_twice(spark, store, tmp_path):
     spark.range(0, 10).write.format("tablestore").option("table", "t").options(**store).mode("append").save()
     table = StoreTable("t", store["warehouse"])
     meta = MetaService(store["meta"])
-    folder = table.staging_dir("q1", 5)
+    folder = table.root / table.staging_prefix("q1", 5)
     folder.mkdir(parents=True)
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -162,10 +162,18 @@ def test_a_metaservice_url_it_cannot_use_is_refused(spark, store, tmp_path):
             **{**store, "meta": "mysql://db/meta"}).mode("append").save()
 
 
-def test_an_object_storage_warehouse_is_refused_never_made_a_local_folder(spark, store, tmp_path):
-    bucket = {**store, "warehouse": "s3://bucket/tables"}
-    with pytest.raises(Exception, match=r"warehouse 's3://bucket/tables'.*not to s3:// storage"):
-        spark.range(0, 3).write.format("tablestore").option("table", "t").options(**bucket).mode("append").save()
+def test_a_warehouse_uri_the_store_cannot_honour_is_refused_never_made_a_local_folder(spark, store, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for warehouse, message in (("gs://bucket/tables", r"gs:// is not supported by the table store; use a local"),
+                               ("s3:///tables", r"names no bucket")):
+        with pytest.raises(Exception, match=message):
+            spark.range(0, 3).write.format("tablestore").option("table", "t").options(**store) \
+                .option("warehouse", warehouse).mode("append").save()
+    with pytest.raises(Exception, match=r"option 'storage.endpoint' is for an s3:// warehouse"):
+        spark.range(0, 3).write.format("tablestore").option("table", "t").options(**store) \
+            .option("storage.endpoint", "http://127.0.0.1:1").mode("append").save()
+    assert not list(tmp_path.glob("*:*")), "no local folder named after a URI scheme"
     local = {**store, "warehouse": f"file://{tmp_path / 'wh2'}"}
     spark.range(0, 3).write.format("tablestore").option("table", "t").options(**local).mode("append").save()
     assert read(spark, local, "t").count() == 3 and (tmp_path / "wh2" / "t").is_dir()
@@ -238,7 +246,7 @@ def test_a_job_with_two_inputs_advances_both_to_the_same_barrier(spark, store, t
 
     def ingest(name, barrier, ids):
         table = StoreTable(name, store["warehouse"])
-        folder = table.staging_dir("ingest", barrier)
+        folder = table.root / table.staging_prefix("ingest", barrier)
         folder.mkdir(parents=True)
         pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), folder / "p.parquet")
         staged = StagedFile(str((folder / "p.parquet").relative_to(table.root)), (folder / "p.parquet").stat().st_size,
@@ -283,3 +291,53 @@ def test_a_delta_checkpoint_is_written_every_checkpoint_interval_versions(spark,
     assert checkpoints("ckpt_5") == [5, 10]
     assert checkpoints("ckpt_none") == []  # negative control: no checkpoint before its interval
     assert sorted(r.id for r in read(spark, store, "ckpt_5").collect()) == list(range(12))  # opened from v10's
+
+
+def test_the_sink_itself_keeps_one_writer_per_table(spark, store, tmp_path):
+    """No register_job here: the sink claims the table for its streaming query at the first commit, refuses
+    every other writer while it holds it, records itself with every barrier, and a release frees the table."""
+    from pyspark.errors import StreamingQueryException
+
+    from sluice.meta import RELEASED, RUNNING, WriterConflictError
+
+    meta = MetaService(store["meta"])
+    source = tmp_path / "in"
+    spark.range(0, 10).write.parquet(str(source / "a"))
+
+    def stream(checkpoint):
+        query = (spark.readStream.schema("id long").parquet(str(source / "*")).writeStream.format("tablestore")
+                 .option("table", "owned").options(**store).option("checkpointLocation", str(tmp_path / checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        return query
+
+    first = stream("ck1")
+    (owner,) = [j for j in meta.jobs() if j.sinks == ("owned",)]
+    assert (owner.status, owner.query_id) == (RUNNING, str(first.id)) and owner.name.startswith("query-")
+    with pytest.raises(StreamingQueryException, match=rf"table 'owned' already has an active writer: job "
+                                                      rf"'{owner.job_id}'.*release-job {owner.job_id}"):
+        stream("ck2")
+    with pytest.raises(Exception, match=rf"table 'owned' already has an active writer: job '{owner.job_id}'"):
+        spark.range(0, 3).write.format("tablestore").option("table", "owned").options(**store).mode("append").save()
+    assert read(spark, store, "owned").count() == 10, "nothing of the refused writers was committed"
+
+    spark.range(10, 15).write.parquet(str(source / "b"))
+    assert stream("ck1").id == first.id and read(spark, store, "owned").count() == 15, "its own restart commits"
+    with meta._tx() as cur:
+        cur.execute("SELECT DISTINCT job_id FROM sluice_barriers WHERE table_name = 'owned'")
+        assert cur.fetchall() == [(owner.job_id,)], "every barrier records its job"
+
+    meta.release_job(owner.job_id)
+    assert meta.job(owner.job_id).status == RELEASED and meta.job(owner.job_id).sinks == ()
+    with meta._tx() as cur:
+        cur.execute("SELECT count(*) FROM sluice_batch_barriers WHERE query_id = ?", (str(first.id),))
+        assert cur.fetchone()[0] <= 1, "an ended job's micro-batch bookkeeping is dropped (the last batch stays)"
+    spark.range(20, 25).write.parquet(str(source / "c"))
+    second = stream("ck2")  # the table is free: the other query takes it (and reads all three files)
+    assert read(spark, store, "owned").count() == 15 + 20
+    with pytest.raises(StreamingQueryException, match=r"table 'owned' already has an active writer"):
+        spark.range(30, 31).write.parquet(str(source / "d"))
+        stream("ck1")
+    assert [j.query_id for j in meta.jobs() if j.status == RUNNING] == [str(second.id)]
+    with pytest.raises(WriterConflictError, match="'owned' already has an active writer"):
+        meta.register_job("late", sources=[], sinks=["owned"])

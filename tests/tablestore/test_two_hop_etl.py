@@ -10,7 +10,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import sluice.tablestore
-from sluice.meta import FAILED, FINISHED, MetaService, WriterConflictError
+from sluice.meta import FAILED, FINISHED, MetaService, NoConsistentVersionError, WriterConflictError
 
 pytestmark = pytest.mark.spark
 
@@ -37,8 +37,14 @@ def sums(spark, frames):
     return orders, totals
 
 
-def test_two_streaming_hops_are_read_consistently_and_survive_a_restart(spark, tmp_path):
-    store = {"warehouse": str(tmp_path / "wh"), "meta": str(tmp_path / "meta.db")}
+def test_two_streaming_hops_are_read_consistently_and_survive_a_restart(spark, s3, tmp_path):
+    """Both tables in a bucket of the S3-compatible server: executors and the driver share no disk for them."""
+    store = {"warehouse": s3.uri(f"two-hop-{tmp_path.name}"), "meta": str(tmp_path / "meta.db"), **s3.storage}
+
+    def consistent():
+        return sluice.tablestore.read_consistent(spark, ["orders", "customer_totals"], warehouse=store["warehouse"],
+                                                 meta=store["meta"], storage=s3.storage)
+
     meta = MetaService(store["meta"])
     marker = tmp_path / "die"
 
@@ -74,8 +80,8 @@ def test_two_streaming_hops_are_read_consistently_and_survive_a_restart(spark, t
         deadline = time.monotonic() + 45
         while time.monotonic() < deadline and (len(checks) < 5 or disagreements == 0):
             try:
-                barrier, frames = sluice.tablestore.read_consistent(spark, ["orders", "customer_totals"], **store)
-            except Exception:  # no barrier in common yet
+                barrier, frames = consistent()
+            except NoConsistentVersionError:  # no barrier in common yet
                 time.sleep(0.5)
                 continue
             orders, totals = sums(spark, frames)
@@ -103,7 +109,7 @@ def test_two_streaming_hops_are_read_consistently_and_survive_a_restart(spark, t
     query_b.stop()
     time.sleep(0.5)
 
-    barrier, frames = sluice.tablestore.read_consistent(spark, ["orders", "customer_totals"], **store)
+    barrier, frames = consistent()
     orders, totals = sums(spark, frames)
     assert orders == pytest.approx(totals)
     assert barrier == meta.barriers("orders")[-1][0], "B caught up with every barrier of A"
