@@ -1,10 +1,16 @@
-"""Table store benchmark (seed 001): what a barrier commit costs, and how consistent-read planning scales.
+"""Table store benchmark (seed 001): what a barrier commit costs, how a long-running table ages, and how
+consistent-read planning scales.
 
-Run: `.venv/bin/python bench/tablestore.py` (no Spark: it measures the driver's part).
+Run: `.venv/bin/python bench/tablestore.py [--store local|s3]` (no Spark: it measures the driver's part; `s3`
+starts moto's standalone S3-compatible server on loopback and puts the tables in its bucket).
 - commit overhead: the same staged Parquet files (--files files of --rows rows) committed to a Delta table
   by sluice's barrier commit (app-transaction check, commit with metadata + app transaction, MetaService
   record) vs a plain deltalake commit of the same files (create_write_transaction), alternating, --commits
   each; also for upsert tables: sluice's merge commit vs a plain deltalake merge of the same rows;
+- a day of micro-batches: --day micro-batches (2 staged files of 50 rows each, as 2 tasks would write) committed
+  through the sink's committer (TableStoreCommitter: writer claim, barrier, commit, checkpoint, compaction), with
+  auto-compaction on and off; at 10, 1,000 and 2,000 micro-batches: the median commit time of the last 10, the time
+  to open the table (median of 3) and to read it fully (open + every row, median of 3);
 - consistent-read planning: MetaService.consistent_version over 2, 10 and 50 tables that each completed
   --barriers barriers (SQLite file), median of 20.
 """
@@ -12,6 +18,8 @@ Run: `.venv/bin/python bench/tablestore.py` (no Spark: it measures the driver's 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -25,16 +33,65 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def stage(root: Path, folder: str, files: int, rows: int, start: int):
+def stage(table, folder: str, files: int, rows: int, start: int):
+    """Parquet files written where the sink's tasks would write them (local folder or bucket)."""
     from sluice.tablestore._table import StagedFile
 
     out = []
-    (root / folder).mkdir(parents=True, exist_ok=True)
+    fs = table.warehouse.filesystem()
     for i in range(files):
-        path = root / folder / f"part-{i}.parquet"
+        relative = f"{folder}/part-{i}.parquet"
+        path = table.file_path(relative)
+        if table.warehouse.is_local:
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         ids = pa.array(range(start + i * rows, start + (i + 1) * rows), pa.int64())
-        pq.write_table(pa.table({"id": ids, "v": pa.compute.multiply(ids, 2)}), path)
-        out.append(StagedFile(str(path.relative_to(root)), path.stat().st_size, rows))
+        with fs.open_output_stream(path) as sink:
+            pq.write_table(pa.table({"id": ids, "v": pa.compute.multiply(ids, 2)}), sink)
+            size = sink.tell()
+        out.append(StagedFile(relative, size, rows))
+    return out
+
+
+def median_ms(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def day(warehouse, meta_url: str, batches: int, compact: bool, storage: dict[str, str]) -> dict[str, float]:
+    """--day micro-batches through the sink's committer; figures at 10, 1,000 and 2,000 micro-batches."""
+    from deltalake import DeltaTable
+
+    from sluice.connector import WriteContext
+    from sluice.tablestore import StoreTable
+    from sluice.tablestore._options import WRITE_SPEC
+    from sluice.tablestore._sink import TableStoreCommitter
+
+    name = f"day_{'compacted' if compact else 'uncompacted'}"
+    table = StoreTable(name, warehouse)
+    table.create(pa.schema([("id", pa.int64()), ("v", pa.int64())]), ())
+    opts = WRITE_SPEC.parse({"table": name, "warehouse": warehouse.root, "meta": meta_url,
+                             "auto-compact": str(compact).lower(), **storage})
+    committer = TableStoreCommitter(table, opts)
+    query = f"bench-{name}"
+    options = warehouse.storage_options()
+    commit_ms: list[float] = []
+    out: dict[str, float] = {}
+    for n in range(1, batches + 1):
+        files = stage(table, table.staging_prefix(query, n), 2, 50, n * 100)
+        t = time.perf_counter()
+        committer.commit([dataclasses.asdict(f) for f in files], WriteContext(write_id=query, epoch=n))
+        commit_ms.append((time.perf_counter() - t) * 1000)
+        if n in (10, 1000, 2000):
+            out[f"{n}_version"] = DeltaTable(table.uri, storage_options=options).version()
+            out[f"{n}_commit_ms"] = statistics.median(commit_ms[-10:])
+            out[f"{n}_open_ms"] = median_ms(lambda: DeltaTable(table.uri, storage_options=options))
+            out[f"{n}_full_read_ms"] = median_ms(
+                lambda: DeltaTable(table.uri, storage_options=options).to_pyarrow_table())
+            out[f"{n}_files"] = len(DeltaTable(table.uri, storage_options=options).file_uris())
     return out
 
 
@@ -44,37 +101,53 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000)
     ap.add_argument("--commits", type=int, default=20)
     ap.add_argument("--barriers", type=int, default=200)
+    ap.add_argument("--day", type=int, default=2000, help="micro-batches of the day (0: skip)")
+    ap.add_argument("--store", choices=("local", "s3"), default="local")
     args = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        run(args, stack)
 
+
+def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     from deltalake import DeltaTable
     from deltalake.transaction import AddAction
 
     from sluice.meta import MetaService
-    from sluice.tablestore import StoreTable
+    from sluice.tablestore import StoreTable, Warehouse
 
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-ts-"))
     meta = MetaService(str(tmp / "meta.db"))
+    storage: dict[str, str] = {}
+    if args.store == "s3":
+        from sluice.testing import LocalS3
+
+        s3 = stack.enter_context(LocalS3())
+        storage = s3.storage
+        warehouse = Warehouse.resolve(s3.uri("bench"), storage)
+    else:
+        warehouse = Warehouse.resolve(str(tmp / "wh"))
     schema = pa.schema([("id", pa.int64()), ("v", pa.int64())])
     results: dict[str, float] = {}
 
     for kind, key in (("append", ()), ("upsert", ("id",))):
-        ours = StoreTable(f"{kind}_sluice", str(tmp / "wh"))
-        plain = StoreTable(f"{kind}_plain", str(tmp / "wh"))
+        ours = StoreTable(f"{kind}_sluice", warehouse)
+        plain = StoreTable(f"{kind}_plain", warehouse)
         ours.create(schema, key)
         plain.create(schema, key)
         sluice_ms, plain_ms = [], []
         for n in range(args.commits):
             start = (n % 5) * args.files * args.rows  # upserts overlap earlier keys
-            files = stage(ours.root, f"data/w{n}", args.files, args.rows, start)
+            files = stage(ours, f"data/w{n}", args.files, args.rows, start)
             t = time.perf_counter()
             ours.commit(files, job="bench", barrier=1000 + n, meta=meta)
             sluice_ms.append((time.perf_counter() - t) * 1000)
 
-            files = stage(plain.root, f"data/w{n}", args.files, args.rows, start)
+            files = stage(plain, f"data/w{n}", args.files, args.rows, start)
             t = time.perf_counter()
-            dt = DeltaTable(plain.uri)
+            dt = DeltaTable(plain.uri, storage_options=warehouse.storage_options())
             if key:
-                source = pa.concat_tables([pq.read_table(plain.root / f.path) for f in files])
+                fs = warehouse.filesystem()
+                source = pa.concat_tables([pq.read_table(plain.file_path(f.path), filesystem=fs) for f in files])
                 dt.merge(source, "t.id = s.id", source_alias="s", target_alias="t") \
                     .when_matched_update_all().when_not_matched_insert_all().execute()
             else:
@@ -84,6 +157,12 @@ def main() -> None:
             plain_ms.append((time.perf_counter() - t) * 1000)
         results[f"{kind}_commit_sluice_ms_median"] = statistics.median(sluice_ms)
         results[f"{kind}_commit_plain_deltalake_ms_median"] = statistics.median(plain_ms)
+        results[f"{kind}_commit_ratio"] = statistics.median(sluice_ms) / statistics.median(plain_ms)
+
+    if args.day:
+        for compact in (True, False):
+            for key, value in day(warehouse, str(tmp / "meta.db"), args.day, compact, storage).items():
+                results[f"day_{'compaction_on' if compact else 'compaction_off'}_{key}"] = value
 
     for count in (2, 10, 50):
         names = [f"t{count}_{i}" for i in range(count)]
@@ -101,6 +180,7 @@ def main() -> None:
 
     print(json.dumps({
         "date": date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+        "store": args.store if args.store == "local" else "s3 (moto's standalone server on loopback)",
         "files_per_commit": args.files, "rows_per_file": args.rows, "commits": args.commits,
         "barriers_per_table": args.barriers, "results": {k: round(v, 2) for k, v in results.items()},
     }, indent=2))

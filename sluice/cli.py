@@ -1,4 +1,4 @@
-"""The `sluice` command. Subcommands: formats, options, s2 serve, meta."""
+"""The `sluice` command. Subcommands: formats, options, s2 serve, meta, table."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(run=serve_from_args)
     _add_meta(sub)
+    _add_table(sub)
     return parser
 
 
@@ -69,6 +70,39 @@ def _add_meta(sub: Any) -> None:
     release = cmds.add_parser("release-job", help="end a job that died without finishing (frees its tables)")
     release.add_argument("job_id")
     release.set_defaults(run=_meta_release)
+
+
+def _add_table(sub: Any) -> None:
+    table = sub.add_parser("table", help="table-store maintenance: compact, vacuum")
+    table.add_argument("--warehouse", default=None, help="folder or s3://bucket/prefix (default $SLUICE_WAREHOUSE, "
+                       "else .sluice/warehouse); S3 settings from the AWS_* environment variables")
+    table.add_argument("--meta", default=None, help="MetaService database (default $SLUICE_META, else .sluice/meta.db)")
+    cmds = table.add_subparsers(dest="table_command", required=True)
+    compact = cmds.add_parser("compact", help="rewrite a table's small files into few large ones (refused while "
+                              "the table's writer runs: it compacts by itself)")
+    compact.add_argument("name")
+    compact.add_argument("--target-bytes", type=int, default=128 * 1024 * 1024)
+    compact.set_defaults(run=_table_compact)
+    vacuum = cmds.add_parser("vacuum", help="delete data files no version a consistent read may need references")
+    vacuum.add_argument("name")
+    vacuum.add_argument("--dry-run", action="store_true")
+    vacuum.set_defaults(run=_table_vacuum)
+
+
+def _table_compact(args: argparse.Namespace) -> int:
+    from sluice.tablestore import compact
+
+    metrics = compact(args.name, warehouse=args.warehouse, meta=_meta(args), target_bytes=args.target_bytes)
+    print(f"compacted {args.name}: {metrics['numFilesRemoved']} files into {metrics['numFilesAdded']}")
+    return 0
+
+
+def _table_vacuum(args: argparse.Namespace) -> int:
+    from sluice.tablestore import vacuum
+
+    files = vacuum(args.name, warehouse=args.warehouse, meta=_meta(args), dry_run=args.dry_run)
+    print(f"{'would delete' if args.dry_run else 'deleted'} {len(files)} file(s) of {args.name}")
+    return 0
 
 
 def _meta(args: argparse.Namespace) -> Any:

@@ -8,7 +8,8 @@ commits, `_barriers.py` for how a micro-batch's barrier passes from a table-stor
 from sluice.tablestore._datasource import TableStoreDataSource
 from sluice.tablestore._jobs import JobHandle, register_job
 from sluice.tablestore._source import read_consistent, signed_change
-from sluice.tablestore._table import Commit, StoreTable, TableStoreError, vacuum
+from sluice.tablestore._storage import Warehouse
+from sluice.tablestore._table import Commit, StoreTable, TableStoreError, compact, vacuum
 
-__all__ = ["Commit", "JobHandle", "StoreTable", "TableStoreDataSource", "TableStoreError", "read_consistent",
-           "register_job", "signed_change", "vacuum"]
+__all__ = ["Commit", "JobHandle", "StoreTable", "TableStoreDataSource", "TableStoreError", "Warehouse", "compact",
+           "read_consistent", "register_job", "signed_change", "vacuum"]

@@ -35,6 +35,12 @@ WRITE_SPEC = OptionSpec("tablestore", (
            "refused until then.", minimum=0),
     Option("checkpoint-interval", "int", 100, "A Delta checkpoint every this many versions, so opening the table "
            "reads a checkpoint and at most this many log entries, not the whole log.", minimum=1),
+    Option("auto-compact", "bool", True, "Compact the table from the sink: after a commit that leaves "
+           "compact-min-files small files, they are rewritten into few large ones (a data-neutral version)."),
+    Option("compact-min-files", "int", 50, "Files smaller than compact-target-bytes that trigger a compaction.",
+           minimum=2),
+    Option("compact-target-bytes", "int", 128 * 1024 * 1024, "Size of the files a compaction writes; smaller files "
+           "count as small.", minimum=1024),
     Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "
            "same id (after a failure, or when unsure it committed) commits it once: it keeps its barrier, and a "
            "commit that landed is not repeated."),

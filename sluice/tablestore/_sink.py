@@ -125,7 +125,9 @@ class TableStoreCommitter(Committer):
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
         self.table.commit(files, job=app, barrier=barrier, meta=meta, job_id=writer,
-                          op_column=self.opts["upsert.op-column"], checkpoint_interval=self.opts["checkpoint-interval"])
+                          op_column=self.opts["upsert.op-column"], checkpoint_interval=self.opts["checkpoint-interval"],
+                          compact_min_files=self.opts["compact-min-files"] if self.opts["auto-compact"] else 0,
+                          compact_target_bytes=self.opts["compact-target-bytes"])
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])

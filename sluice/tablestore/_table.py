@@ -39,6 +39,18 @@ def check_name(name: str) -> str:
 # Versions between Delta checkpoints (Delta's own default): opening a table reads the newest checkpoint and at most
 # this many log entries after it.
 CHECKPOINT_INTERVAL = 100
+# Compaction: files below this size are small; they are rewritten into files of about this size.
+COMPACT_TARGET_BYTES = 128 * 1024 * 1024
+COMPACT_MIN_FILES = 50
+
+
+def small_files(dt: Any, target_bytes: int) -> int:
+    """How many of the table's current data files are smaller than `target_bytes`."""
+    import pyarrow.compute as pc
+
+    sizes = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes")
+    return int(pc.sum(pc.less(sizes, target_bytes)).as_py() or 0)
+
 
 @dataclass(frozen=True)
 class StagedFile:
@@ -138,10 +150,12 @@ class StoreTable:
         return f"{DATA}/{write_id if epoch is None else f'{write_id}-e{epoch}'}"
 
     def commit(self, files: list[StagedFile], *, job: str, barrier: int, meta: MetaService, job_id: str | None = None,
-               op_column: str | None = None, checkpoint_interval: int = CHECKPOINT_INTERVAL) -> Commit:
+               op_column: str | None = None, checkpoint_interval: int = CHECKPOINT_INTERVAL,
+               compact_min_files: int = 0, compact_target_bytes: int = COMPACT_TARGET_BYTES) -> Commit:
         """Make `files` visible in one Delta version for `barrier` (append, or merge by the primary key); every
         `checkpoint_interval` versions, a Delta checkpoint, so opening the table reads a checkpoint and the log after
-        it instead of the whole log."""
+        it instead of the whole log; once the table has `compact_min_files` files smaller than
+        `compact_target_bytes` (0: never), a compaction right after the barrier's version (see `compact`)."""
         from deltalake import CommitProperties, PostCommitHookProperties, Transaction
         from deltalake.transaction import AddAction
 
@@ -172,7 +186,25 @@ class StoreTable:
         if version % checkpoint_interval == 0:
             dt.create_checkpoint()
         meta.complete_barrier(self.name, barrier, version, job_id)
+        # By the table's single writer, between two of its commits: a compaction never races one of them.
+        if compact_min_files and small_files(dt, compact_target_bytes) >= compact_min_files:
+            self.compact(compact_target_bytes, dt)
         return Commit(self.name, barrier, version, replayed=False)
+
+    def compact(self, target_bytes: int = COMPACT_TARGET_BYTES, dt: Any = None) -> dict[str, Any]:
+        """Rewrite the table's small files into files of about `target_bytes`, as one data-neutral Delta version.
+
+        Delta's optimize marks its adds and removes dataChange=false: reads at a barrier (pinned to the barrier's
+        version) are untouched, the change feed between two barrier versions has no rows from it, and a replayed
+        barrier still finds its app transaction. The version belongs to no barrier (sluice.compaction in its
+        metadata). Deltalake's metrics are returned (numFilesAdded, numFilesRemoved, ...).
+        """
+        from deltalake import CommitProperties, PostCommitHookProperties
+
+        dt = dt or self.delta()
+        return dt.optimize.compact(target_size=target_bytes,
+                                   commit_properties=CommitProperties(custom_metadata={"sluice.compaction": "true"}),
+                                   post_commithook_properties=PostCommitHookProperties(create_checkpoint=False))
 
     def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
                props: Any, hooks: Any) -> None:
@@ -257,3 +289,20 @@ def vacuum(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaSer
     age_ms = time.time() * 1000 - committed_ms
     hours = 0 if keep_from >= dt.version() else int(-(-age_ms // 3_600_000))
     return list(dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=dry_run))
+
+
+def compact(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaService | None = None,
+            target_bytes: int = COMPACT_TARGET_BYTES) -> dict[str, Any]:
+    """Compact a table now (see StoreTable.compact), as a short job holding the table's writer role.
+
+    It never races a commit: while the table's writer runs (a registered job, or a streaming query within its
+    writer-lease) this refuses with WriterConflictError; that writer compacts by itself (option auto-compact).
+    """
+    meta = meta or MetaService()
+    table = StoreTable(name, warehouse)
+    table.delta()  # a missing table fails here, before any job is registered
+    job = meta.register_job("compaction", sources=[], sinks=[name])
+    try:
+        return table.compact(target_bytes)
+    finally:
+        meta.finish_job(job.job_id)
