@@ -1,8 +1,8 @@
 """Table store benchmark (seed 001): what a barrier commit costs, how a long-running table ages, and how
 consistent-read planning scales.
 
-Run: `.venv/bin/python bench/tablestore.py [--store local|s3]` (no Spark: it measures the driver's part; `s3`
-starts moto's standalone S3-compatible server on loopback and puts the tables in its bucket).
+Run: `.venv/bin/python bench/tablestore.py [--store local|s3] [--compaction on|off|both]` (no Spark: it measures
+the driver's part; `s3` starts moto's standalone S3-compatible server on loopback and puts the tables in its bucket).
 - commit overhead: the same staged Parquet files (--files files of --rows rows) committed to a Delta table
   by sluice's barrier commit (app-transaction check, commit with metadata + app transaction, MetaService
   record) vs a plain deltalake commit of the same files (create_write_transaction), alternating, --commits
@@ -85,7 +85,7 @@ def day(warehouse, meta_url: str, batches: int, compact: bool, storage: dict[str
         t = time.perf_counter()
         committer.commit([dataclasses.asdict(f) for f in files], WriteContext(write_id=query, epoch=n))
         commit_ms.append((time.perf_counter() - t) * 1000)
-        if n in (10, 1000, 2000):
+        if n in (10, 1000, 2000) or n == batches:
             out[f"{n}_version"] = DeltaTable(table.uri, storage_options=options).version()
             out[f"{n}_commit_ms"] = statistics.median(commit_ms[-10:])
             out[f"{n}_open_ms"] = median_ms(lambda: DeltaTable(table.uri, storage_options=options))
@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--barriers", type=int, default=200)
     ap.add_argument("--day", type=int, default=2000, help="micro-batches of the day (0: skip)")
     ap.add_argument("--store", choices=("local", "s3"), default="local")
+    ap.add_argument("--compaction", choices=("on", "off", "both"), default="both", help="day runs to make")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
         run(args, stack)
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
         results[f"{kind}_commit_ratio"] = statistics.median(sluice_ms) / statistics.median(plain_ms)
 
     if args.day:
-        for compact in (True, False):
+        for compact in {"on": (True,), "off": (False,), "both": (True, False)}[args.compaction]:
             for key, value in day(warehouse, str(tmp / "meta.db"), args.day, compact, storage).items():
                 results[f"day_{'compaction_on' if compact else 'compaction_off'}_{key}"] = value
 

@@ -33,7 +33,7 @@ WRITE_SPEC = OptionSpec("tablestore", (
     Option("writer-lease", "int", 600, "Seconds a streaming query that did not register_job stays the table's "
            "only writer after its last commit (a registered job is the writer until it ends); another writer is "
            "refused until then.", minimum=0),
-    Option("checkpoint-interval", "int", 100, "A Delta checkpoint every this many versions, so opening the table "
+    Option("checkpoint-interval", "int", 10, "A Delta checkpoint every this many versions, so opening the table "
            "reads a checkpoint and at most this many log entries, not the whole log.", minimum=1),
     Option("auto-compact", "bool", True, "Compact the table from the sink: after a commit that leaves "
            "compact-min-files small files, they are rewritten into few large ones (a data-neutral version)."),
@@ -41,6 +41,9 @@ WRITE_SPEC = OptionSpec("tablestore", (
            minimum=2),
     Option("compact-target-bytes", "int", 128 * 1024 * 1024, "Size of the files a compaction writes; smaller files "
            "count as small.", minimum=1024),
+    Option("log-retention-versions", "int", 100, "When the sink compacts, it also trims the Delta log: it keeps the "
+           "last this many versions (version and barrier reads of them work) and every version a consistent read "
+           "may open.", minimum=1),
     Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "
            "same id (after a failure, or when unsure it committed) commits it once: it keeps its barrier, and a "
            "commit that landed is not repeated."),

@@ -127,7 +127,8 @@ class TableStoreCommitter(Committer):
         self.table.commit(files, job=app, barrier=barrier, meta=meta, job_id=writer,
                           op_column=self.opts["upsert.op-column"], checkpoint_interval=self.opts["checkpoint-interval"],
                           compact_min_files=self.opts["compact-min-files"] if self.opts["auto-compact"] else 0,
-                          compact_target_bytes=self.opts["compact-target-bytes"])
+                          compact_target_bytes=self.opts["compact-target-bytes"],
+                          log_retention=self.opts["log-retention-versions"])
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])

@@ -36,12 +36,28 @@ def check_name(name: str) -> str:
     return name
 
 
-# Versions between Delta checkpoints (Delta's own default): opening a table reads the newest checkpoint and at most
-# this many log entries after it.
-CHECKPOINT_INTERVAL = 100
+# Versions between Delta checkpoints (delta.checkpointInterval of Delta Lake on Spark; delta-rs uses 100): opening a
+# table reads the newest checkpoint and at most this many log entries after it (on object storage, one GET each).
+CHECKPOINT_INTERVAL = 10
 # Compaction: files below this size are small; they are rewritten into files of about this size.
 COMPACT_TARGET_BYTES = 128 * 1024 * 1024
 COMPACT_MIN_FILES = 50
+# Versions whose log entries the sink keeps when it trims the log (besides those consistent reads may need).
+LOG_RETENTION = 100
+# How long a checkpoint carries the removal of a file (Delta's default is a week): a table compacted for months would
+# otherwise open tens of thousands of tombstones. The sink's clean (at every compaction) deletes removed files well
+# within it; `vacuum` finds only removals it still carries.
+TOMBSTONE_RETENTION = "interval 1 days"
+# Attempts at the next version when other commits keep taking it (each attempt re-reads the log first).
+COMMIT_ATTEMPTS = 20
+
+
+def _hooks() -> Any:
+    """Post-commit work sluice does itself: checkpoints on its interval (commit), log retention by what consistent
+    reads need (trim_log; delta-rs's own cleanup lists the whole log after every commit and knows nothing of them)."""
+    from deltalake import PostCommitHookProperties
+
+    return PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 
 
 def small_files(dt: Any, target_bytes: int) -> int:
@@ -100,21 +116,27 @@ class StoreTable:
 
     def delta(self, version: int | None = None) -> Any:
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
-        if not self.exists():
-            raise TableStoreError(f"table '{self.name}' does not exist in {self.warehouse.root}; write to it first "
-                                  "(it is created from the DataFrame's schema)")
         storage = self.warehouse.storage_options()
-        if version is None:
-            return DeltaTable(self.uri, storage_options=storage)
-        try:
+        missing = TableStoreError(f"table '{self.name}' does not exist in {self.warehouse.root}; write to it first "
+                                  "(it is created from the DataFrame's schema)")
+        try:  # opened directly: on an object store, asking first whether it exists is one more round trip
             return DeltaTable(self.uri, version=version, storage_options=storage)
+        except TableNotFoundError:
+            if version is None:
+                raise missing from None
         except Exception:
+            if version is None:
+                raise
+        try:  # deltalake's errors for a version it cannot open are kernel messages that name neither
             latest = DeltaTable(self.uri, storage_options=storage).version()
-            if version > latest:  # deltalake's own error here is a kernel message that names neither
-                raise TableStoreError(f"table '{self.name}' has no version {version}: its latest is {latest}") \
-                    from None
-            raise
+        except TableNotFoundError:
+            raise missing from None
+        if version > latest:
+            raise TableStoreError(f"table '{self.name}' has no version {version}: its latest is {latest}")
+        raise TableStoreError(f"table '{self.name}' has no version {version} any more: vacuum trimmed its log to the "
+                              f"versions a consistent read may still need (latest {latest})")
 
     def primary_key(self, dt: Any = None) -> tuple[str, ...]:
         # Kept in the table's description: this delta-kernel refuses custom configuration keys.
@@ -131,7 +153,8 @@ class StoreTable:
             self.root.mkdir(parents=True, exist_ok=True)
         about = json.dumps({"sluice": {"primary_key": list(primary_key)}})
         write_deltalake(self.uri, schema.empty_table(), mode="append", name=self.name, description=about,
-                        configuration={"delta.enableChangeDataFeed": "true"},
+                        configuration={"delta.enableChangeDataFeed": "true",
+                                       "delta.deletedFileRetentionDuration": TOMBSTONE_RETENTION},
                         storage_options=self.warehouse.storage_options())
 
     def check_schema(self, schema: pa.Schema) -> None:
@@ -151,45 +174,91 @@ class StoreTable:
 
     def commit(self, files: list[StagedFile], *, job: str, barrier: int, meta: MetaService, job_id: str | None = None,
                op_column: str | None = None, checkpoint_interval: int = CHECKPOINT_INTERVAL,
-               compact_min_files: int = 0, compact_target_bytes: int = COMPACT_TARGET_BYTES) -> Commit:
+               compact_min_files: int = 0, compact_target_bytes: int = COMPACT_TARGET_BYTES,
+               log_retention: int = LOG_RETENTION) -> Commit:
         """Make `files` visible in one Delta version for `barrier` (append, or merge by the primary key); every
         `checkpoint_interval` versions, a Delta checkpoint, so opening the table reads a checkpoint and the log after
         it instead of the whole log; once the table has `compact_min_files` files smaller than
-        `compact_target_bytes` (0: never), a compaction right after the barrier's version (see `compact`)."""
-        from deltalake import CommitProperties, PostCommitHookProperties, Transaction
-        from deltalake.transaction import AddAction
+        `compact_target_bytes` (0: never), a compaction right after the barrier's version (see `compact`), then
+        `clean` keeping the last `log_retention` versions and every version a consistent read may open."""
+        from deltalake.exceptions import CommitFailedError
 
         dt = self.delta()
-        done = dt.transaction_version(job)
-        if done is not None and done >= barrier:
-            self._drop(files)
-            version = meta.barrier_version(self.name, barrier)
-            if version is None:  # the commit landed but the driver died before recording it: record it now
-                version = next((h["version"] for h in dt.history() if h.get("sluice.barrier") == str(barrier)),
-                               dt.version())
-                meta.complete_barrier(self.name, barrier, version, job_id)
-            return Commit(self.name, barrier, version, replayed=True)
-        props = CommitProperties(custom_metadata={"sluice.barrier": str(barrier), "sluice.job": job},
-                                 app_transactions=[Transaction(app_id=job, version=barrier)])
-        hooks = PostCommitHookProperties(create_checkpoint=False)  # checkpoints on our interval, below
-        key = self.primary_key(dt)
-        if not key:
-            now = int(time.time() * 1000)
-            actions = [AddAction(f.path, f.size, {}, now, True, f'{{"numRecords": {f.rows}}}') for f in files if f.rows]
-            dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props,
-                                        post_commithook_properties=hooks)
+        for _ in range(COMMIT_ATTEMPTS):
+            done = dt.transaction_version(job)
+            if done is not None and done >= barrier:
+                return self._replayed(dt, files, barrier, meta, job_id)
+            try:
+                version = self._commit_once(dt, files, job, barrier, op_column)
+                break
+            except CommitFailedError:  # another commit took the next version first: commit on top of it
+                dt.update_incremental()
         else:
-            self._merge(dt, files, key, op_column, props, hooks)
-            self._drop(files)
-        dt.update_incremental()  # a write transaction does not advance the handle by itself
-        version = dt.version()
+            raise TableStoreError(f"table '{self.name}': barrier {barrier} lost the race for the next version "
+                                  f"{COMMIT_ATTEMPTS} times; another process keeps committing to it outside sluice")
+        if version % checkpoint_interval == 0 or compact_min_files:
+            dt.update_incremental()  # both need the handle at the new version
         if version % checkpoint_interval == 0:
             dt.create_checkpoint()
         meta.complete_barrier(self.name, barrier, version, job_id)
-        # By the table's single writer, between two of its commits: a compaction never races one of them.
+        # By the table's single writer, between two of its commits: a compaction never races one of them. Files and
+        # log entries are cleaned at the same pace (kept: log_retention versions and all a consistent read may open).
         if compact_min_files and small_files(dt, compact_target_bytes) >= compact_min_files:
             self.compact(compact_target_bytes, dt)
+            self.clean(meta, keep_last=log_retention, dt=dt)
         return Commit(self.name, barrier, version, replayed=False)
+
+    def clean(self, meta: MetaService, *, keep_last: int = 0, dry_run: bool = False, dt: Any = None) -> list[str]:
+        """Delete the data files and log entries that no version from `keep_from` on needs (see `vacuum`);
+        `keep_from` is the oldest version a consistent read may open, or `keep_last` versions back if older."""
+        keep_from = oldest_needed_version(self.name, meta)
+        if keep_from is None:
+            return []  # no barrier in common yet: any version may still be needed
+        dt = dt or self.delta()
+        latest = int(dt.version())
+        keep_from = max(0, min(keep_from, latest - keep_last))
+        if keep_from >= latest:
+            hours = 0  # nothing removed is needed any more
+        else:  # files removed after that version are still needed by it: keep every removal younger than its commit
+            committed = next((h["timestamp"] for h in dt.history(latest - keep_from + 1)
+                              if h.get("version") == keep_from), None)
+            if committed is None:
+                return []
+            hours = int(-(-(time.time() * 1000 - committed) // 3_600_000))  # whole hours, rounded up
+        deleted = list(dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=dry_run,
+                                 post_commithook_properties=_hooks()))
+        return deleted + trim_log(self, keep_from, dry_run=dry_run)
+
+    def _commit_once(self, dt: Any, files: list[StagedFile], job: str, barrier: int, op_column: str | None) -> int:
+        """One attempt at the version after `dt`'s; returns that version. No silent retry at a later version (so
+        the version is known without reading the log again): a lost race raises CommitFailedError."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.transaction import AddAction
+
+        props = CommitProperties(custom_metadata={"sluice.barrier": str(barrier), "sluice.job": job},
+                                 app_transactions=[Transaction(app_id=job, version=barrier)], max_commit_retries=0)
+        hooks = _hooks()
+        key = self.primary_key(dt)
+        if key:
+            self._merge(dt, files, key, op_column, props, hooks)  # a merge advances the handle itself
+            self._drop(files)
+            return int(dt.version())
+        now = int(time.time() * 1000)
+        actions = [AddAction(f.path, f.size, {}, now, True, f'{{"numRecords": {f.rows}}}') for f in files if f.rows]
+        read = int(dt.version())
+        dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props,
+                                    post_commithook_properties=hooks)
+        return read + 1
+
+    def _replayed(self, dt: Any, files: list[StagedFile], barrier: int, meta: MetaService,
+                  job_id: str | None) -> Commit:
+        self._drop(files)
+        version = meta.barrier_version(self.name, barrier)
+        if version is None:  # the commit landed but the driver died before recording it: record it now
+            version = next((h["version"] for h in dt.history() if h.get("sluice.barrier") == str(barrier)),
+                           dt.version())
+            meta.complete_barrier(self.name, barrier, version, job_id)
+        return Commit(self.name, barrier, version, replayed=True)
 
     def compact(self, target_bytes: int = COMPACT_TARGET_BYTES, dt: Any = None) -> dict[str, Any]:
         """Rewrite the table's small files into files of about `target_bytes`, as one data-neutral Delta version.
@@ -199,12 +268,12 @@ class StoreTable:
         barrier still finds its app transaction. The version belongs to no barrier (sluice.compaction in its
         metadata). Deltalake's metrics are returned (numFilesAdded, numFilesRemoved, ...).
         """
-        from deltalake import CommitProperties, PostCommitHookProperties
+        from deltalake import CommitProperties
 
         dt = dt or self.delta()
         return dt.optimize.compact(target_size=target_bytes,
                                    commit_properties=CommitProperties(custom_metadata={"sluice.compaction": "true"}),
-                                   post_commithook_properties=PostCommitHookProperties(create_checkpoint=False))
+                                   post_commithook_properties=_hooks())
 
     def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
                props: Any, hooks: Any) -> None:
@@ -263,32 +332,48 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
 
 def vacuum(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaService | None = None,
            dry_run: bool = False) -> list[str]:
-    """Delete data files no longer needed, but never one a consistent read may still ask for.
+    """Delete data files and log entries no longer needed, but never one a consistent read may still ask for.
 
     The oldest version to keep is this table's version at the consistent barrier of every table linked to it
     through jobs (upstream and downstream): any consistent read that includes this table reads at that barrier
     or a newer one. Delta's vacuum works by age, in whole hours, so the retention is the age of that version
-    rounded down (keeping more, never less). Returns the files deleted (or that would be, with dry_run).
+    rounded up (keeping more, never less); log entries go up to the newest checkpoint at or below that version
+    (trim_log). Returns the files deleted (or that would be, with dry_run).
     """
+    return StoreTable(name, warehouse).clean(meta or MetaService(), dry_run=dry_run)
+
+
+def oldest_needed_version(name: str, meta: MetaService) -> int | None:
+    """The table's version at the consistent barrier of every table linked to it through jobs (upstream and
+    downstream): any consistent read that includes this table reads that version or a newer one. None before the
+    tables have a barrier in common (then any version may still be needed)."""
     from sluice.meta import NoConsistentVersionError
 
-    meta = meta or MetaService()
-    table = StoreTable(name, warehouse)
-    dt = table.delta()
     linked = {name} | meta.upstream([name]) | meta.downstream([name])
     try:
-        keep_from = meta.consistent_version(sorted(linked)).versions[name]
+        return meta.consistent_version(sorted(linked)).versions[name]
     except NoConsistentVersionError:
-        return []  # no barrier in common yet: any version may still be needed
-    stamps = {h["version"]: h["timestamp"] for h in dt.history() if "version" in h and "timestamp" in h}
-    committed_ms = stamps.get(keep_from)
-    if committed_ms is None:
+        return None
+
+
+def trim_log(table: StoreTable, keep_from: int, *, dry_run: bool = False) -> list[str]:
+    """Delete the Delta log entries no version from `keep_from` on needs: those before the newest checkpoint at or
+    below `keep_from` (that checkpoint and the entries after it open every such version). Returns their paths."""
+    from pyarrow import fs as pafs
+
+    fs = table.warehouse.filesystem()
+    log = table.file_path("_delta_log")
+    names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log)) if i.type == pafs.FileType.File]
+    versioned = [(int(n[:20]), n) for n in names if n[:20].isdigit()]
+    checkpoints = [v for v, n in versioned if ".checkpoint." in n and v <= keep_from]
+    if not checkpoints:
         return []
-    # Files removed after that version are still needed by it: keep every removal younger than its commit
-    # (hours rounded up). When it is the latest version, nothing removed is needed any more.
-    age_ms = time.time() * 1000 - committed_ms
-    hours = 0 if keep_from >= dt.version() else int(-(-age_ms // 3_600_000))
-    return list(dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=dry_run))
+    floor = max(checkpoints)
+    doomed = [f"{log}/{n}" for v, n in versioned if v < floor]
+    if not dry_run:
+        for path in doomed:
+            fs.delete_file(path)
+    return doomed
 
 
 def compact(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaService | None = None,

@@ -383,3 +383,38 @@ def test_compaction_is_a_data_neutral_version_for_barrier_reads_and_change_feeds
     # change feed, so a downstream job would count them again.
     write_deltalake(table.uri, dt.to_pyarrow_table(), mode="overwrite")
     assert feed_rows(first + 1) > 60 - 10
+
+
+def test_log_retention_keeps_every_version_a_consistent_read_may_open(store):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sluice.tablestore import TableStoreError, vacuum
+    from sluice.tablestore._table import trim_log
+
+    meta = MetaService(store["meta"])
+    up = StoreTable("up", store["warehouse"])
+    up.create(pa.schema([("id", pa.int64())]), ())
+    meta.register_job("down-job", sources=["up"], sinks=["down"])
+    for n in range(1, 26):  # versions 1..25, checkpoints at 10 and 20 (checkpoint-interval 10)
+        relative = f"data/b{n}/part.parquet"
+        (up.root / relative).parent.mkdir(parents=True)
+        pq.write_table(pa.table({"id": pa.array([n], pa.int64())}), up.root / relative)
+        up.commit([StagedFile(relative, (up.root / relative).stat().st_size, 1)], job="ingest", barrier=n, meta=meta,
+                  checkpoint_interval=10)
+    meta.complete_barrier("down", 12, 1)  # the downstream table is consistent with up's barrier 12 = version 12
+    log = up.root / "_delta_log"
+    assert (log / "00000000000000000000.json").exists() and len(list(log.glob("*.checkpoint.parquet"))) == 2
+
+    vacuum("up", warehouse=store["warehouse"], meta=meta)
+    kept = sorted(int(p.name[:20]) for p in log.glob("*.json"))
+    assert kept == list(range(10, 26)), "entries before the checkpoint at or below version 12 are gone"
+    assert up.delta(12).to_pyarrow_table().num_rows == 12, "the version a consistent read needs still opens"
+    assert pa.table(up.delta().load_cdf(starting_version=13, ending_version=25)).num_rows == 13, \
+        "the downstream job's change feed from there still reads"
+    with pytest.raises(TableStoreError, match="no version 5"):
+        up.delta(5)
+    # Negative control: retention up to the newest checkpoint, blind to the consistent version, loses version 12.
+    trim_log(up, 25)
+    with pytest.raises(TableStoreError, match="no version 12"):
+        up.delta(12)
