@@ -106,13 +106,13 @@ class TableStoreCommitter(Committer):
         files = [StagedFile(**m) for m in messages if m]
         meta = MetaService(self.opts["meta"])
         streaming = context.epoch is not None
+        # An unregistered streaming query writes as an implicit job named after it.
+        name = f"query-{context.write_id[:8]}" if streaming and not self.opts.is_set("job") else self.opts["job"]
         try:  # one writer per table: this commit's job, or WriterConflictError naming the table's other writer
-            writer = meta.claim_writer(self.table.name, name=self.opts["job"] if self.opts.is_set("job") or not
-                                       streaming else f"query-{context.write_id[:8]}",
-                                       query_id=context.write_id if streaming else None,
+            writer = meta.claim_writer(self.table.name, name=name, query_id=context.write_id if streaming else None,
                                        lease_s=self.opts["writer-lease"])
         except Exception:
-            self.abort(messages, context)
+            self.abort(messages, context)  # nothing of a refused writer stays in the table's folder
             raise
         if streaming:  # a micro-batch: the barrier its table-store input offered, else a new one
             app = context.write_id  # the streaming query's id

@@ -44,10 +44,10 @@ COMPACT_TARGET_BYTES = 128 * 1024 * 1024
 COMPACT_MIN_FILES = 50
 # Versions whose log entries the sink keeps when it trims the log (besides those consistent reads may need).
 LOG_RETENTION = 100
-# How long a checkpoint carries the removal of a file (Delta's default is a week): a table compacted for months would
-# otherwise open tens of thousands of tombstones. The sink's clean (at every compaction) deletes removed files well
-# within it; `vacuum` finds only removals it still carries.
-TOMBSTONE_RETENTION = "interval 1 days"
+# How long a checkpoint carries the removal of a file (Delta's default is a week: a table compacted every few minutes
+# would open tens of thousands of them). Vacuum deletes only removals the table still carries, in whole hours: the
+# sink's clean at every compaction gets them within this window, a `vacuum` run less often than this may not.
+TOMBSTONE_RETENTION = "interval 2 hours"
 # Attempts at the next version when other commits keep taking it (each attempt re-reads the log first).
 COMMIT_ATTEMPTS = 20
 

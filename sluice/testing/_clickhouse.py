@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -20,7 +19,7 @@ from types import TracebackType
 from typing import Any
 from xml.sax.saxutils import escape
 
-from sluice.testing._postgres import free_port
+from sluice.testing._postgres import free_port, stop
 
 INSTALL_HINT = "install the server: apt-get install -y clickhouse-server"
 
@@ -91,13 +90,7 @@ class LocalClickHouse:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop(self._proc)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 

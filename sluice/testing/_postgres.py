@@ -44,6 +44,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """End a server process a test started: SIGTERM, then SIGKILL if it is still there after 30 s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class LocalPostgres:
     """Context manager: a fresh PostgreSQL cluster; `.url` is a postgresql:// URL with the password."""
 

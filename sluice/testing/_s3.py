@@ -7,7 +7,6 @@ creates one bucket; clients reach it over HTTP like any S3 endpoint (it enforces
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from sluice.testing._postgres import free_port
+from sluice.testing._postgres import free_port, stop
 
 INSTALL_HINT = "install the test dependencies: make test (or pip install 'moto[s3]' flask flask-cors)"
 
@@ -81,12 +80,6 @@ class LocalS3:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop(self._proc)
         if self._log is not None:
             self._log.unlink(missing_ok=True)
