@@ -95,6 +95,7 @@ class AsyncSinkWriter:
         self._busy_keys: set[Hashable] = set()
         self._deadline: float | None = None
         self._timeout_flush = False
+        self._pumped_at = clock()  # when the last pump looked at what is sendable
         self._retry_pending = 0
         self._checkpoints: list[_Checkpoint] = []
 
@@ -247,15 +248,17 @@ class AsyncSinkWriter:
     def _wait_seconds(self) -> float | None:
         if self._failure is not None:
             return None  # nothing more will be sent; wait for close()
-        now = self._clock()
+        # Judged at the time the last pump judged readiness: a retry whose backoff ended since then was not sent
+        # by it and must not be taken for "sendable, so nothing to wait for" (that waited forever).
+        judged = self._pumped_at
         times = []
         if self._deadline is not None and not self._timeout_flush:
             times.append(self._deadline)
         if self._buffer.size():
-            ready = self._creator.next_ready_at(self._request_info(now), self._buffer)
-            if ready > now:
+            ready = self._creator.next_ready_at(self._request_info(judged), self._buffer)
+            if ready > judged:
                 times.append(ready)
-        return min(times) - now if times else None
+        return max(0.0, min(times) - self._clock()) if times else None
 
     def _request_info(self, now: float) -> RequestInfo:
         return RequestInfo(
@@ -283,7 +286,7 @@ class AsyncSinkWriter:
     def _pump(self) -> None:
         if self._failure is not None:
             return
-        now = self._clock()
+        now = self._pumped_at = self._clock()
         if self._deadline is not None and now >= self._deadline:
             self._timeout_flush = True
         while self._buffer.size():

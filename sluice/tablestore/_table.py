@@ -41,7 +41,6 @@ def check_name(name: str) -> str:
 CHECKPOINT_INTERVAL = 10
 # Compaction: files below this size are small; they are rewritten into files of about this size.
 COMPACT_TARGET_BYTES = 128 * 1024 * 1024
-COMPACT_MIN_FILES = 50
 # Versions whose log entries the sink keeps when it trims the log (besides those consistent reads may need).
 LOG_RETENTION = 100
 # How long a checkpoint carries the removal of a file (Delta's default is a week: a table compacted every few minutes

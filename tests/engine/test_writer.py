@@ -293,3 +293,32 @@ def test_stats_percentiles_and_merge():
     assert merged.records == 7 and merged.tasks == 2
     assert 0.9 <= merged.latency_ms(0.5) <= 1.2
     assert 90 <= merged.latency_ms(0.99) <= 110
+
+
+@pytest.mark.parametrize("mode", ["unordered", "partition-ordered"])
+def test_a_retry_that_becomes_ready_between_the_pump_and_the_wait_is_still_sent(mode):
+    """Regression (a partition-ordered Spark write hung in CI): the manager judged what was ready at the pump's
+    clock reading but computed its wait from a later one; a retry backoff ending in between left it waiting with
+    no timeout. This clock only moves when the wait is computed, so the backoff always ends in between."""
+    import sys
+
+    now = [100.0]
+
+    def clock():
+        if sys._getframe(1).f_code.co_name == "_wait_seconds":
+            now[0] += 0.010  # 10 ms pass between the pump and the wait; the backoff is at most 5 ms
+        return now[0]
+
+    store = ManualStore()
+    config = SinkConfig(**{**FAST, "retry_delay_ms": 5, "mode": mode,
+                           **({"partition_key": ("k",)} if mode == "partition-ordered" else {})})
+    with AsyncSinkWriter(store, config, clock=clock) as w:
+        w.write_chunk(["a"], [1], key="k1" if mode == "partition-ordered" else None)
+        flusher = threading.Thread(target=w.flush)
+        flusher.start()
+        store.wait_submits(1)
+        store.complete_all(RetryableError("again"))
+        assert store.wait_submits(1)[0].attempt == 1, "the retry is sent"
+        store.complete_all()
+        flusher.join(10)
+        assert not flusher.is_alive(), "the checkpoint completes"
