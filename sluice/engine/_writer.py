@@ -85,7 +85,7 @@ class AsyncSinkWriter:
 
         # Shared between the caller and the manager thread, guarded by _cond.
         self._cond = threading.Condition()
-        self._ring: deque[Chunk | _Checkpoint] = deque()
+        self._ring: deque[Chunk | list[Chunk] | _Checkpoint] = deque()  # a list: one write_keyed call's chunks
         self._ring_capacity = ring_capacity
         self._completions: deque[tuple[Batch, float, Future[None]]] = deque()
         self._failure: SinkError | None = None
@@ -109,8 +109,10 @@ class AsyncSinkWriter:
 
     def write_chunk(self, entries: list[Any], sizes: Sequence[int], key: Hashable = None) -> None:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full."""
-        if not entries:
-            return
+        if entries:
+            self._put(self._chunk(entries, sizes, key))
+
+    def _chunk(self, entries: Sequence[Any], sizes: Sequence[int], key: Hashable) -> Chunk:
         if len(entries) != len(sizes):
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
@@ -124,7 +126,7 @@ class AsyncSinkWriter:
                     "chunk was sent.",
                     store=self.store.name, target=self.store.target, batch_records=1,
                 )
-        self._put(Chunk(list(entries), list(sizes), key if self._keyed else None))
+        return Chunk(list(entries), list(sizes), key if self._keyed else None)
 
     def write_keyed(self, entries: list[Any], sizes: Sequence[int], keys: Sequence[Hashable],
                     names: Sequence[Hashable] | None = None) -> None:
@@ -142,8 +144,8 @@ class AsyncSinkWriter:
             groups: dict[Hashable, list[int]] = {}
             for index, key in enumerate(keys):
                 groups.setdefault(key, []).append(index)
-            for key, indexes in groups.items():
-                self.write_chunk([entries[i] for i in indexes], [sizes[i] for i in indexes], key)
+            self._put([self._chunk([entries[i] for i in indexes], [sizes[i] for i in indexes], key)
+                       for key, indexes in groups.items()])
             return
         # Integer buckets: a stable sort groups them and keeps each key's order, without a Python loop per key.
         order = np.argsort(key_array, kind="stable")
@@ -152,10 +154,14 @@ class AsyncSinkWriter:
         positions = order.tolist()
         ordered_entries = [entries[i] for i in positions]
         ordered_sizes = [sizes[i] for i in positions]
+        chunks = []
         for start, end in zip([0, *bounds], [*bounds, len(positions)], strict=True):
             code = int(sorted_keys[start])
-            self.write_chunk(ordered_entries[start:end], ordered_sizes[start:end],
-                             code if names is None else names[code])
+            chunks.append(self._chunk(ordered_entries[start:end], ordered_sizes[start:end],
+                                      code if names is None else names[code]))
+        # One hand-over to the manager thread for all keys of the call: with many keys (a write routed into 1,000
+        # streams) a hand-over per key made the caller and the manager trade the ring lock per handful of rows.
+        self._put(chunks)
 
     def flush(self) -> None:
         """The checkpoint: return once every entry written so far is acknowledged by the store."""
@@ -190,7 +196,7 @@ class AsyncSinkWriter:
         if self._failure is not None:
             raise self._failure
 
-    def _put(self, item: Chunk | _Checkpoint) -> None:
+    def _put(self, item: Chunk | list[Chunk] | _Checkpoint) -> None:
         with self._cond:
             while len(self._ring) >= self._ring_capacity and self._failure is None and not self._closing:
                 self._cond.wait()
@@ -220,14 +226,15 @@ class AsyncSinkWriter:
                     return
                 completions = list(self._completions)
                 self._completions.clear()
-                admitted: list[Chunk | _Checkpoint] = []
+                admitted: list[Chunk | list[Chunk] | _Checkpoint] = []
                 while self._ring and self._admissible():
                     item = self._ring.popleft()
                     admitted.append(item)
-                    if isinstance(item, Chunk):
-                        self._admit(item)
-                    else:
+                    if isinstance(item, _Checkpoint):
                         self._checkpoints.append(item)
+                    else:
+                        for chunk in item if isinstance(item, list) else (item,):
+                            self._admit(chunk)
                 if admitted:
                     self._cond.notify_all()  # the caller may be waiting for room in the ring
             for batch, started, future in completions:
