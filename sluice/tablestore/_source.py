@@ -17,8 +17,10 @@ carries its barrier (custom metadata + app transaction) and is skipped when repl
 (table, barrier, version). A streaming micro-batch's barrier is assigned when it is first committed and kept
 for its replays (MetaService.batch_barrier).
 
-Reads: one partition per data file of the chosen version. sluice never writes deletion vectors (delta-rs
-merges copy on write); a table that has them is refused with a clear error rather than read wrong.
+Reads: the chosen version's data files, grouped into partitions of about `max-partition-bytes`, read by the
+executors straight from the warehouse (a local folder or an s3:// bucket: see _storage.py). sluice never writes
+deletion vectors (delta-rs merges copy on write); a table that has them is refused with a clear error rather than
+read wrong.
 """
 
 from __future__ import annotations
