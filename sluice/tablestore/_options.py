@@ -10,8 +10,8 @@ COMMON = (
            "s3://bucket/prefix; default $SLUICE_WAREHOUSE, else .sluice/warehouse."),
     Option("storage.endpoint", "str", None, "s3:// warehouses: the S3 endpoint URL (an S3-compatible server); "
            "default $AWS_ENDPOINT_URL, else AWS S3."),
-    Option("storage.region", "str", None, "s3:// warehouses: the bucket's region; default $AWS_REGION, else "
-           "us-east-1."),
+    Option("storage.region", "str", None, "s3:// warehouses: the bucket's region; default $AWS_REGION, else the "
+           "bucket's own for data files and us-east-1 for the Delta log (set it for a bucket elsewhere)."),
     Option("storage.access-key-id", "str", None, "s3:// warehouses: access key id; default $AWS_ACCESS_KEY_ID, else "
            "the machine's default AWS credentials."),
     Option("storage.secret-access-key", "str", None, "s3:// warehouses: secret access key; default "

@@ -71,8 +71,11 @@ class Warehouse:
         return f"{self.root}/{name}"
 
     def storage_options(self) -> dict[str, str] | None:
-        """For deltalake (None: its defaults, as for a local folder)."""
-        return dict(self.storage) if self.storage else None
+        """For deltalake (None: its defaults, as for a local folder). deltalake needs a region; S3-compatible servers
+        ignore it. pyarrow gets none unless one was given: it finds the bucket's own."""
+        if self.is_local:
+            return None
+        return {"AWS_REGION": "us-east-1", **dict(self.storage)}
 
     def filesystem(self) -> Any:
         """A pyarrow filesystem reaching this warehouse (built where it is used: executors build their own)."""
@@ -124,5 +127,4 @@ def _s3_storage(options: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         raise OptionError(f"storage.endpoint {endpoint!r} is plain http but storage.allow-http is false")
     if allow_http:
         settings["AWS_ALLOW_HTTP"] = "true"
-    settings.setdefault("AWS_REGION", "us-east-1")  # deltalake needs one; S3-compatible servers ignore it
     return tuple(sorted(settings.items()))
