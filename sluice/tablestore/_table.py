@@ -195,14 +195,23 @@ class StoreTable:
         else:
             raise TableStoreError(f"table '{self.name}': barrier {barrier} lost the race for the next version "
                                   f"{COMMIT_ATTEMPTS} times; another process keeps committing to it outside sluice")
-        if version % checkpoint_interval == 0 or compact_min_files:
-            dt.update_incremental()  # both need the handle at the new version
+        # A merge leaves the handle at the new version, an append at the one it read. Re-reading the log (a LIST on
+        # object storage) only when a checkpoint or a compaction needs the new version; the small-file count of an
+        # append is the one before it plus its own small files.
+        current = int(dt.version()) == version
+        small = 0
+        if compact_min_files:
+            small = small_files(dt, compact_target_bytes)
+            if not current:
+                small += sum(1 for f in files if f.rows and f.size < compact_target_bytes)
+        if not current and (version % checkpoint_interval == 0 or small >= compact_min_files > 0):
+            dt.update_incremental()
         if version % checkpoint_interval == 0:
             dt.create_checkpoint()
         meta.complete_barrier(self.name, barrier, version, job_id)
         # By the table's single writer, between two of its commits: a compaction never races one of them. Files and
         # log entries are cleaned at the same pace (kept: log_retention versions and all a consistent read may open).
-        if compact_min_files and small_files(dt, compact_target_bytes) >= compact_min_files:
+        if compact_min_files and small >= compact_min_files:
             self.compact(compact_target_bytes, dt)
             self.clean(meta, keep_last=log_retention, dt=dt)
         return Commit(self.name, barrier, version, replayed=False)
