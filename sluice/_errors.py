@@ -43,3 +43,7 @@ class RetryableError(SluiceError):
 
 class ThrottledError(RetryableError):
     """The store asked us to slow down (rate limited); retried and counted as a throttle."""
+
+
+class DataLossError(SluiceError):
+    """Data a streaming query needed is gone from the store (trimmed, deleted, or a replication slot lost)."""

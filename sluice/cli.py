@@ -1,4 +1,4 @@
-"""The `sluice` command. Subcommands: formats, options, s2 serve, meta, table."""
+"""The `sluice` command. Subcommands: formats, options, s2 serve, meta, table, postgres."""
 
 from __future__ import annotations
 
@@ -50,7 +50,52 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=serve_from_args)
     _add_meta(sub)
     _add_table(sub)
+    _add_postgres(sub)
     return parser
+
+
+def _add_postgres(sub: Any) -> None:
+    postgres = sub.add_parser("postgres", help="change capture: list and drop sluice's replication slots")
+    postgres.add_argument("--url", required=True, help="postgresql://user@host:port/dbname; the password comes from "
+                          "PGPASSWORD (never on the command line, where ps shows it)")
+    cmds = postgres.add_subparsers(dest="postgres_command", required=True)
+    slots = cmds.add_parser("slots", help="sluice's logical replication slots and the WAL each holds back")
+    slots.add_argument("--prefix", default="sluice_", help="slot name prefix (default sluice_; '' for all)")
+    slots.set_defaults(run=_postgres_slots)
+    drop = cmds.add_parser("drop-slot", help="drop a slot and the publication sluice created with its name")
+    drop.add_argument("name")
+    drop.add_argument("--keep-publication", action="store_true")
+    drop.set_defaults(run=_postgres_drop)
+
+
+def _pg_connection(args: argparse.Namespace) -> Any:
+    from urllib.parse import urlsplit
+
+    from sluice import OptionError
+    from sluice.connectors.postgres import Connection
+    from sluice.connectors.postgres._changes import CHANGES_SPEC
+
+    if urlsplit(args.url).password:
+        raise OptionError("--url carries a password, which ps shows to every user of this machine; "
+                          "put it in PGPASSWORD instead")
+    return Connection.from_options(CHANGES_SPEC.parse({"url": args.url, "table": "-"}))
+
+
+def _postgres_slots(args: argparse.Namespace) -> int:
+    from sluice.connectors.postgres._changes import list_slots
+
+    for slot in list_slots(_pg_connection(args), args.prefix):
+        print(f"{slot.name}  database={slot.database}  active={slot.active}  confirmed={slot.confirmed}  "
+              f"retained_wal_bytes={slot.retained_bytes}  wal_status={slot.wal_status}")
+    return 0
+
+
+def _postgres_drop(args: argparse.Namespace) -> int:
+    from sluice.connectors.postgres._changes import drop_slot
+
+    drop_slot(_pg_connection(args), args.name, publication=not args.keep_publication)
+    print(f"dropped slot {args.name}" + ("" if args.keep_publication else " (and its publication, if sluice's)"))
+    return 0
 
 
 def _add_meta(sub: Any) -> None:

@@ -11,7 +11,15 @@ back-pressure. A source is a `SplitEnumerator` (driver) and a `SplitReader` (exe
 Built-in connectors (ClickHouse, ...) are written on these names only.
 """
 
-from sluice._errors import OptionError, RecordTooLargeError, RetryableError, SinkError, SluiceError, ThrottledError
+from sluice._errors import (
+    DataLossError,
+    OptionError,
+    RecordTooLargeError,
+    RetryableError,
+    SinkError,
+    SluiceError,
+    ThrottledError,
+)
 from sluice._options import Option, Options, OptionSpec
 from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns
 from sluice.engine import (
@@ -53,6 +61,7 @@ __all__ = [
     "BatchCreator",
     "BlockingStore",
     "Committer",
+    "DataLossError",
     "DequeRequestBuffer",
     "Encoded",
     "Encoder",

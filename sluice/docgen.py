@@ -30,8 +30,11 @@ def render_options_doc() -> str:
     for name in sorted(BUILTIN_FORMATS):
         source = data_source_class(name)
         own = [o for o in source.option_spec().options if o.name not in shared]
-        parts += [f"## format(\"{name}\")", "", "Writing:", ""]
-        parts += [option_table(own) if own else "Only the shared sink options.", ""]
+        parts += [f"## format(\"{name}\")", ""]
+        if getattr(source, "read_only", False):
+            parts += ["Read only.", ""]
+        else:
+            parts += ["Writing:", "", option_table(own) if own else "Only the shared sink options.", ""]
         read_spec = source.read_option_spec()
         if read_spec is not None:
             parts += ["Reading (`spark.read` / `spark.readStream`):", "", option_table(read_spec.options), ""]

@@ -19,6 +19,7 @@ BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
     "s2": "sluice.connectors.s2:S2DataSource",
     "s2_upsert": "sluice.connectors.s2:S2UpsertDataSource",
     "postgres": "sluice.connectors.postgres:PostgresDataSource",
+    "postgres_changes": "sluice.connectors.postgres:PostgresChangesDataSource",
     "clickhouse": "sluice.connectors.clickhouse:ClickHouseDataSource",
     "tablestore": "sluice.tablestore:TableStoreDataSource",
 })
@@ -44,7 +45,8 @@ def data_source_class(format_name: str) -> type[EngineDataSource]:
 # The top-level modules through which Spark finds the built-in formats by itself (see pyspark_sluice_*.py).
 DISCOVERY_MODULES: Mapping[str, str] = MappingProxyType({
     "sluice_null": "pyspark_sluice_null", "s2": "pyspark_sluice_s2", "s2_upsert": "pyspark_sluice_s2_upsert",
-    "postgres": "pyspark_sluice_postgres", "clickhouse": "pyspark_sluice_clickhouse",
+    "postgres": "pyspark_sluice_postgres", "postgres_changes": "pyspark_sluice_postgres_changes",
+    "clickhouse": "pyspark_sluice_clickhouse",
     "tablestore": "pyspark_sluice_tablestore",
     "sluice_summary": "pyspark_sluice_summary",
 })

@@ -16,10 +16,14 @@
                                                                         "WHERE o.amount > 5").load()
 
 Writes: see _sink.py for how each mode maps onto COPY, INSERT ... ON CONFLICT and the staged commit.
+    changes = (spark.readStream.format("postgres_changes")                          # change capture
+               .options(url=pg["url"], table="public.orders").load())                # (wal_level=logical)
+
 Reads: see _source.py for splits, the shared snapshot and filter pushdown. Full guide: docs/postgres.md.
 """
 
+from sluice.connectors.postgres._changes import PostgresChangesDataSource
 from sluice.connectors.postgres._conn import Connection, PostgresError
 from sluice.connectors.postgres._datasource import PostgresDataSource
 
-__all__ = ["Connection", "PostgresDataSource", "PostgresError"]
+__all__ = ["Connection", "PostgresChangesDataSource", "PostgresDataSource", "PostgresError"]

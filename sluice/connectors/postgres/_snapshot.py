@@ -29,17 +29,18 @@ from sluice.connectors.postgres._conn import Connection, PostgresError
 class SharedSnapshot:
     snapshot_id: str
     channel: str
+    lsn: str | None = None  # the slot's consistent point, when the snapshot came with a new replication slot
 
 
 class SnapshotHolder:
-    """Driver side: start the holder process, get the snapshot id, tell it the number of splits."""
+    """Driver side: start the holder process and get the snapshot id (with `slot`: from creating that slot)."""
 
-    def __init__(self, conn_info: Connection, timeout_s: int) -> None:
+    def __init__(self, conn_info: Connection, timeout_s: int, slot: str | None = None) -> None:
         self.channel = "sluice_snap_" + uuid.uuid4().hex[:16]
         env = {**os.environ, "SLUICE_PG_URI": conn_info.uri()}
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("_snapshot_holder.py")), self.channel, str(timeout_s),
-             str(_driver_pid())],
+             str(_driver_pid()), *([slot] if slot else [])],  # slot: a validated [a-z0-9_] name
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
             start_new_session=True,
         )
@@ -50,7 +51,8 @@ class SnapshotHolder:
             self._proc.wait()
             raise PostgresError(f"could not export a snapshot from {conn_info.describe()}: "
                                 f"{conn_info.scrub(RuntimeError(err or line))}")
-        self.shared = SharedSnapshot(line.split(" ", 1)[1], self.channel)
+        parts = line.split(" ")
+        self.shared = SharedSnapshot(parts[1], self.channel, parts[2] if len(parts) > 2 else None)
 
     def release_pipes(self) -> None:
         """Planning is done: the holder runs on by itself."""

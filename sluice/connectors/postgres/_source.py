@@ -64,7 +64,7 @@ from sluice.connectors.postgres._conn import (
     quote_literal,
     split_qualified,
 )
-from sluice.connectors.postgres._snapshot import SnapshotHolder
+from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._table import TYPE_MAP
 
 READ_OPTIONS = (
@@ -276,25 +276,31 @@ class PostgresEnumerator(SplitEnumerator):
         holder = SnapshotHolder(self.conn_info, self.opts["snapshot.timeout-s"]) \
             if self.opts["consistent-snapshot"] else None
         try:
-            conn = self.conn_info.connect_psycopg(autocommit=False)  # planning needs SQL, not Arrow
-            try:
-                cur = conn.cursor()
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                if holder is not None:
-                    cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(holder.shared.snapshot_id)}")
-                wheres = self._cut(cur)
-            finally:
-                conn.rollback()
-                conn.close()
+            splits = self.discover_in(holder.shared if holder is not None else None)
         except BaseException:
             if holder is not None:
                 holder.cancel()
             raise
-        info: dict[str, Any] = {"snapshot": holder.shared.snapshot_id, "channel": holder.shared.channel} \
-            if holder is not None else {}
         if holder is not None:
             holder.release_pipes()
+        return splits
+
+    def discover_in(self, shared: SharedSnapshot | None) -> list[Split]:
+        """The splits of a read in `shared` (a snapshot someone else holds), or in no common snapshot."""
+        conn = self.conn_info.connect_psycopg(autocommit=False)  # planning needs SQL, not Arrow
+        try:
+            cur = conn.cursor()
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            if shared is not None:
+                cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(shared.snapshot_id)}")
+            wheres = self._cut(cur)
+        finally:
+            conn.rollback()
+            conn.close()
+        info: dict[str, Any] = {"snapshot": shared.snapshot_id, "channel": shared.channel} \
+            if shared is not None else {}
         return [Split(f"split-{i}", {**info, "where": where}) for i, where in enumerate(wheres)]
+
 
     def _partitions_wanted(self, cur: Any, relation: str | None) -> int:
         if self.opts["num-partitions"]:

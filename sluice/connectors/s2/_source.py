@@ -20,7 +20,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sluice.connector import Option, OptionError, Options, OptionSpec, SluiceError, Split, SplitEnumerator, SplitReader
+from sluice.connector import (
+    DataLossError,
+    Option,
+    OptionError,
+    Options,
+    OptionSpec,
+    SluiceError,
+    Split,
+    SplitEnumerator,
+    SplitReader,
+)
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
 
@@ -65,10 +75,6 @@ UPSERT_READ_SPEC = OptionSpec("s2_upsert", (
     *CONNECTION_OPTIONS, *SOURCE_OPTIONS,
     Option("primary-key", "list", (), "Key columns: parsed from the @key header.", required=True),
 ), (_check_streams,))
-
-
-class DataLossError(SluiceError):
-    """Records a query needed were trimmed, or their stream deleted."""
 
 
 def parse_position(text: str, option: str) -> tuple[str, int | None]:

@@ -1,0 +1,119 @@
+"""Change capture benchmark: changes/s of format("postgres_changes") end to end vs the bare fetch of the same changes.
+
+Run: `.venv/bin/python bench/postgres_changes.py [--changes 1000000] [--rounds 3]` (starts a throwaway PostgreSQL
+with wal_level=logical). Narrow rows (id bigint primary key, v bigint, s text of 8 characters), inserted in
+transactions of 1,000 rows, then updated the same way (half the changes are updates). One slot per Spark round,
+all created before the changes, so every contender reads exactly the same changes:
+- fetch: one Python process, `SELECT data FROM pg_logical_slot_peek_binary_changes(...)` over ADBC into one
+  Arrow binary column: the server decoding the WAL and sending pgoutput messages, nothing else (the limit);
+- decode: the same fetch plus sluice's decoding into typed Arrow rows, one process, no Spark;
+- spark: `spark.readStream.format("postgres_changes")` with Trigger.AvailableNow into `sluice_null` (local[2]).
+Each figure is the best of --rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from datetime import date
+
+import psycopg
+
+PUBLICATION = "bench_pub"
+
+
+def generate(url: str, changes: int) -> None:
+    rows = changes // 2
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(0, rows, 1000):
+            conn.execute("INSERT INTO narrow SELECT g, g * 2, md5(g::text)::char(8) FROM generate_series(%s, %s) g",
+                         (lo, min(lo + 999, rows - 1)))
+        for lo in range(0, rows, 1000):
+            conn.execute("UPDATE narrow SET v = v + 1 WHERE id BETWEEN %s AND %s", (lo, min(lo + 999, rows - 1)))
+        conn.execute("SET synchronous_commit = on")
+        conn.execute("CREATE TEMP TABLE flush_marker (x int)")  # a synchronous commit flushes everything before it
+
+
+def fetch(url: str, slot: str) -> tuple[float, int]:
+    import adbc_driver_postgresql.dbapi as adbc
+
+    start = time.perf_counter()
+    with adbc.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT data FROM pg_logical_slot_peek_binary_changes('{slot}', NULL, NULL, 'proto_version', "
+                    f"'1', 'publication_names', '{PUBLICATION}')")
+        table = cur.fetch_arrow_table()
+    return time.perf_counter() - start, table.num_rows
+
+
+def decode(url: str, slot: str) -> tuple[float, int]:
+    from sluice.connectors.postgres import PostgresChangesDataSource
+
+    source = PostgresChangesDataSource({"url": url, "table": "narrow", "slot": slot, "publication": PUBLICATION,
+                                        "snapshot": "false"})
+    reader = source.streamReader(source.schema())
+    start_offset = reader.initialOffset()
+    start = time.perf_counter()
+    end = reader.latestOffset(start_offset, reader.getDefaultReadLimit())
+    rows = sum(b.num_rows for p in reader.partitions(start_offset, end) for b in reader.read(p))
+    return time.perf_counter() - start, rows
+
+
+def spark_run(spark, url: str, slot: str) -> tuple[float, int]:
+    df = (spark.readStream.format("postgres_changes")
+          .options(url=url, table="narrow", slot=slot, publication=PUBLICATION, snapshot="false").load())
+    with tempfile.TemporaryDirectory() as ck:
+        start = time.perf_counter()
+        q = df.writeStream.format("sluice_null").option("checkpointLocation", ck).trigger(availableNow=True).start()
+        q.awaitTermination()
+        elapsed = time.perf_counter() - start
+        rows = sum(p["numInputRows"] for p in q.recentProgress)
+    return elapsed, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--changes", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    import sluice
+    from sluice.testing import LocalPostgres
+
+    with LocalPostgres(settings={"wal_level": "logical", "max_replication_slots": "20",
+                                 "max_wal_size": "4GB"}) as pg:
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE narrow (id bigint PRIMARY KEY, v bigint, s text)")
+            conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE narrow")
+            slots = [f"bench_{i}" for i in range(args.rounds + 1)]
+            for slot in slots:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        generate(pg.url, args.changes)
+        results: dict[str, list[float]] = {"fetch": [], "decode": [], "spark": []}
+        counts: dict[str, int] = {}
+        for _ in range(args.rounds):
+            for name, run in (("fetch", fetch), ("decode", decode)):
+                seconds, n = run(pg.url, slots[0])
+                results[name].append(round(seconds, 3))
+                counts[name] = n
+        spark = sluice.session("bench-postgres-changes")
+        for i in range(args.rounds):
+            seconds, n = spark_run(spark, pg.url, slots[i + 1])
+            results["spark"].append(round(seconds, 3))
+            counts["spark"] = n
+        spark.stop()
+    best = {name: min(runs) for name, runs in results.items()}
+    out = {
+        "date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "changes": args.changes, "rows_read": counts, "seconds_every_round": results,
+        "changes_per_s": {name: round(args.changes / s) for name, s in best.items()},
+        "spark_vs_fetch": round(best["fetch"] / best["spark"], 2),
+        "decode_vs_fetch": round(best["fetch"] / best["decode"], 2),
+    }
+    assert counts["decode"] == counts["spark"] == args.changes, counts
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

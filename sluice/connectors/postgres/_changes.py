@@ -1,0 +1,589 @@
+"""`spark.readStream.format("postgres_changes")`: a table's committed changes, in order, from logical replication.
+
+A sibling format rather than an option of `format("postgres")`: its options (slot, publication, snapshot, ...)
+have nothing in common with a batch read's beyond the connection, and each format validates and documents
+exactly its own.
+
+How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_level=logical):
+- **Offsets are LSNs** in Spark's checkpoint. A micro-batch (start, end] holds every transaction of the
+  publication whose commit record lies in [start, end), whole: `pg_logical_slot_peek_binary_changes(slot,
+  end, ...)` decodes transactions committed before `end` and never consumes them. The slot is advanced to
+  a batch's start when the next batch is planned (Spark has then committed everything before it) and in
+  `commit()`, so a restarted query replays exactly the batches Spark did not commit. The end of a batch is
+  the server's flushed WAL position, or with `max-changes-per-trigger` the commit after the last transaction
+  that fits (at least one transaction, never a part of one).
+- **Initial snapshot without gap or overlap**: on first start the slot is created over the replication
+  protocol with an exported snapshot (held open by a small process, see _snapshot.py); micro-batch 0 reads
+  the tables in that snapshot, in parallel splits as `format("postgres")` does, and every later batch
+  streams from the slot's consistent point, where that snapshot ends.
+- **Rows**: the tables' columns typed as `format("postgres")` types them, then `_op` (insert, update, delete:
+  values `upsert.op-column` takes; snapshot rows are inserts), `_lsn` (the commit LSN as a number),
+  `_commit_time`, `_xid` (null for snapshot rows) and `_table` (schema.name).
+- **A lost slot is data loss**: dropped, invalidated (max_slot_wal_keep_size) or moved past the query's
+  position by someone else. failOnDataLoss=true (default) fails; false warns, re-creates the slot and goes on
+  from its new position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from sluice.connector import DataLossError, EngineDataSource, Option, OptionError, Options, OptionSpec, Split
+from sluice.connectors.postgres._conn import (
+    CONNECTION_OPTIONS,
+    Connection,
+    PostgresError,
+    quote_ident,
+    quote_literal,
+    split_qualified,
+    sqlstate_of,
+)
+from sluice.connectors.postgres._pgoutput import (
+    COMMIT_TIME,
+    LSN,
+    METADATA_COLUMNS,
+    OP,
+    TABLE,
+    XID,
+    ChangeDecoder,
+    format_lsn,
+    parse_lsn,
+)
+from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
+from sluice.connectors.postgres._snapshot_holder import holder_name
+from sluice.connectors.postgres._source import PostgresEnumerator, PostgresSplitReader, infer_schema
+
+log = logging.getLogger("sluice.postgres")
+
+CHANGES_OPTIONS = (
+    Option("table", "list", (), "Tables whose changes to stream, [schema.]name, comma-separated; or use "
+           "publication."),
+    Option("publication", "str", None,
+           "An existing publication whose tables to stream. Default: sluice creates publication <slot> for the "
+           "tables in 'table' (which needs ownership of them)."),
+    Option("slot", "str", None,
+           "The logical replication slot (pgoutput), created if missing. Default: sluice_<12 hex digits of the "
+           "database and tables>. Two queries over the same tables need different slots."),
+    Option("snapshot", "bool", True,
+           "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
+           "(every row as an insert), then stream changes from exactly there. false: changes only."),
+    Option("max-changes-per-trigger", "int", 0,
+           "Most changes per micro-batch (whole transactions; at least one); 0 = all available.", minimum=0),
+    Option("failOnDataLoss", "bool", True,
+           "Fail when the slot is missing, invalidated or moved past the query's position (false: warn, "
+           "re-create the slot and skip what is gone)."),
+    Option("retained-wal-warn-bytes", "int", 1 << 30,
+           "Warn when the slot holds back more WAL than this on the server.", minimum=0),
+    Option("num-partitions", "int", 0, "Splits per table for the snapshot; 0 = about one per 250,000 rows.",
+           minimum=0, maximum=10_000),
+    Option("snapshot.timeout-s", "int", 600,
+           "The exported snapshot is released this long after the last snapshot split finished.", minimum=5),
+)
+
+
+def _check(opts: Options) -> None:
+    if not opts["table"] and not opts["publication"]:
+        raise OptionError("format('postgres_changes') needs option 'table' (tables to stream) or 'publication'")
+
+
+CHANGES_SPEC = OptionSpec("postgres_changes", (*CONNECTION_OPTIONS, *CHANGES_OPTIONS), (_check,))
+
+_PEEK = ("pg_logical_slot_peek_binary_changes({slot}, {upto}, {count}, 'proto_version', '1', "
+         "'publication_names', {publication})")
+_SESSION = ("SET DateStyle = ISO", "SET TimeZone = 'UTC'", "SET IntervalStyle = postgres",
+            "SET bytea_output = hex")
+_SLOT_BUSY = "55006"  # object_in_use: another backend is decoding the slot (a killed task's, for a moment)
+
+
+@dataclass(frozen=True)
+class ChangeStream:
+    """What the driver resolved: the slot, the publication, the tables and their columns."""
+
+    conn: Connection
+    slot: str
+    publication: str
+    tables: tuple[str, ...]  # schema.name
+    columns: dict[str, str]  # every table column over all tables -> PostgreSQL type
+    table_columns: dict[str, tuple[tuple[str, str], ...]]
+    primary_keys: dict[str, tuple[str, ...]]
+
+    def peek(self, upto: str, count: int | None) -> str:
+        return _PEEK.format(slot=quote_literal(self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
+                            count="NULL" if count is None else int(count),
+                            publication=quote_literal(quote_ident(self.publication)))
+
+
+def default_slot(conn: Connection, tables: Sequence[str], publication: str | None) -> str:
+    digest = hashlib.sha1(f"{conn.dbname}|{','.join(sorted(tables))}|{publication or ''}".encode()).hexdigest()
+    return f"sluice_{digest[:12]}"
+
+
+def resolve(opts: Options) -> ChangeStream:
+    """On the driver: the publication's tables (created for `table` if needed) and their columns."""
+    conn = Connection.from_options(opts)
+    wanted = [".".join(split_qualified(t)) for t in opts["table"]]
+    slot = opts["slot"] or default_slot(conn, wanted, opts["publication"])
+    if len(slot) > 63 or not slot.replace("_", "").isalnum() or slot != slot.lower():
+        raise OptionError(f"option 'slot': {slot!r} is not a valid replication slot name (lower-case letters, "
+                          "digits and _, at most 63)")
+    publication = opts["publication"] or slot
+    with conn.connect_psycopg() as pg:
+        _check_server(pg, conn)
+        published = _published_tables(pg, publication)
+        if published is None:
+            if opts["publication"]:
+                raise OptionError(f"publication '{publication}' does not exist on {conn.describe()} "
+                                  "(option 'publication'); create it, or name the tables with option 'table'")
+            _describe(conn, opts, wanted)  # a missing table is named as such, not as a failed CREATE PUBLICATION
+            _create_publication(pg, conn, publication, wanted)
+            published = wanted
+        tables = wanted or published
+        missing = [t for t in tables if t not in published]
+        if missing:
+            raise OptionError(f"table(s) {missing} are not in publication '{publication}' (its tables: {published}); "
+                              f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...")
+    return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, opts, tables))
+
+
+def _describe(conn: Connection, opts: Options, tables: Sequence[str]) -> tuple[dict[str, str], dict, dict]:
+    """(column -> PostgreSQL type over all tables, each table's columns, each table's primary key)."""
+    columns: dict[str, str] = {}
+    table_columns, keys = {}, {}
+    for table in tables:
+        _, cols, pk = infer_schema(conn, _table_opts(opts, table))
+        table_columns[table] = tuple(cols)
+        keys[table] = tuple(pk)
+        for name, pg_type in cols:
+            if name in METADATA_COLUMNS:
+                raise OptionError(f"column '{name}' of {table} has the name of a metadata column the change stream "
+                                  f"adds ({', '.join(METADATA_COLUMNS)}); rename it or read a view without it")
+            if columns.setdefault(name, pg_type) != pg_type:
+                raise OptionError(f"column '{name}' is {columns[name]} in one table and {pg_type} in {table}; "
+                                  "stream those tables with separate queries")
+    return columns, table_columns, keys
+
+
+def _conn_options(opts: Options) -> dict[str, Any]:
+    return {o.name: opts[o.name] for o in CONNECTION_OPTIONS if opts.is_set(o.name)}
+
+
+def _table_opts(opts: Options, table: str) -> Options:
+    """The options of a batch read of one table in the snapshot (format("postgres")'s reader takes them)."""
+    from sluice.connectors.postgres._source import READ_SPEC
+
+    raw = {k: str(v) for k, v in _conn_options(opts).items()}
+    raw.update({"table": table, "num-partitions": str(opts["num-partitions"]),
+                "snapshot.timeout-s": str(opts["snapshot.timeout-s"])})
+    return READ_SPEC.parse(raw)
+
+
+def _check_server(pg: Any, conn: Connection) -> None:
+    level, version = pg.execute("SELECT current_setting('wal_level'), current_setting('server_version_num')::int"
+                                ).fetchone()
+    if version < 120000:
+        raise PostgresError(f"{conn.describe()} runs PostgreSQL {version // 10000}; change capture needs >= 12")
+    if level != "logical":
+        raise PostgresError(f"{conn.describe()} has wal_level={level}; change capture needs wal_level=logical "
+                            "(ALTER SYSTEM SET wal_level = logical, then restart the server; managed services "
+                            "call it logical replication / logical decoding)")
+
+
+def _published_tables(pg: Any, publication: str) -> list[str] | None:
+    if pg.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
+        return None
+    rows = pg.execute("SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables "
+                      "WHERE pubname = %s ORDER BY 1", (publication,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _create_publication(pg: Any, conn: Connection, publication: str, tables: list[str]) -> None:
+    from sluice.connectors.postgres._conn import qualified
+
+    rels = ", ".join(qualified(*t.split(".", 1)) for t in tables)
+    try:
+        pg.execute(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {rels}")
+    except Exception as e:
+        raise PostgresError(f"could not create publication '{publication}' for {tables} on {conn.describe()}: "
+                            f"{conn.scrub(e)}; create it yourself and pass option 'publication'",
+                            sqlstate_of(e)) from None
+
+
+def spark_schema(stream: ChangeStream) -> StructType:
+    from sluice.connectors.postgres._source import spark_type
+
+    fields = [StructField(name, spark_type(pg_type)[0], True) for name, pg_type in stream.columns.items()]
+    return StructType([*fields, StructField(OP, StringType(), False), StructField(LSN, LongType(), False),
+                       StructField(COMMIT_TIME, TimestampType(), True), StructField(XID, LongType(), True),
+                       StructField(TABLE, StringType(), False)])
+
+
+# ------------------------------------------------------------------------------------------------ slot state
+@dataclass(frozen=True)
+class SlotState:
+    confirmed: int
+    restart: int
+    wal_status: str | None
+    retained_bytes: int
+
+
+def slot_state(pg: Any, slot: str) -> SlotState | None:
+    row = pg.execute("SELECT confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
+                     "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots "
+                     "WHERE slot_name = %s AND database = current_database()", (slot,)).fetchone()
+    if row is None:
+        return None
+    return SlotState(parse_lsn(row[0]) if row[0] else 0, parse_lsn(row[1]) if row[1] else 0, row[2], row[3] or 0)
+
+
+def holder_of(pg: Any, slot: str) -> tuple[str, str] | None:
+    """(snapshot id, notify channel) of the running process that holds `slot`'s exported snapshot, if any."""
+    prefix = holder_name(slot, "", "").rsplit("/", 2)[0] + "/"
+    row = pg.execute("SELECT application_name FROM pg_stat_activity WHERE starts_with(application_name, %s) "
+                     "LIMIT 1", (prefix,)).fetchone()
+    if row is None:
+        return None
+    _, _, snapshot, suffix = row[0].split("/")
+    return snapshot, f"sluice_snap_{suffix}"
+
+
+def _busy_retry(action: Any, what: str, conn: Connection, deadline_s: float = 30.0) -> Any:
+    """Run `action`; while the slot is in use by another backend (a task being killed), wait and retry."""
+    until = time.monotonic() + deadline_s
+    delay = 0.1
+    while True:
+        try:
+            return action()
+        except Exception as e:
+            if sqlstate_of(e) != _SLOT_BUSY or time.monotonic() > until:
+                raise PostgresError(f"{what} on {conn.describe()} failed: {conn.scrub(e)}", sqlstate_of(e)) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+# ------------------------------------------------------------------------------------------------ partitions
+@dataclass
+class SnapshotPartition(InputPartition):
+    table: str
+    split: Split
+    lsn: int
+
+    def __init__(self, table: str, split: Split, lsn: int) -> None:
+        super().__init__(f"snapshot:{table}:{split.split_id}")
+        self.table, self.split, self.lsn = table, split, lsn
+
+
+@dataclass
+class ChangesPartition(InputPartition):
+    start: int
+    end: int
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(f"changes:{format_lsn(start)}-{format_lsn(end)}")
+        self.start, self.end = start, end
+
+
+class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver and executor side of the change stream (see the module docstring)."""
+
+    def __init__(self, stream: ChangeStream, opts: Options, schema: StructType) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.stream = stream
+        self.opts = opts
+        self.schema = schema
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self._holder: SnapshotHolder | None = None
+        self._target: int | None = None  # AvailableNow: never read past this
+        self._reported: dict[str, Any] | None = None
+        self._initial: dict | None = None
+
+    # ------------------------------------------------------------------ driver
+    def initialOffset(self) -> dict:
+        """Where micro-batch 0 starts. Spark asks again when it replays micro-batch 0 (same run or a restart), so
+        an existing slot whose snapshot is still held gives the same answer."""
+        if self._initial is None:
+            self._initial = self._first_offset()
+        return self._initial
+
+    def _first_offset(self) -> dict:
+        s = self.stream
+        with s.conn.connect_psycopg() as pg:
+            state = slot_state(pg, s.slot)
+            if state is not None:
+                if not self.opts["snapshot"]:
+                    return {"lsn": format_lsn(state.confirmed)}
+                held = holder_of(pg, s.slot)
+                if held is None:
+                    raise OptionError(
+                        f"replication slot '{s.slot}' exists already and holds no snapshot: a first start with "
+                        "snapshot=true needs a new slot (its exported snapshot is where the changes begin), and a "
+                        "query that stopped before micro-batch 0 committed cannot replay it any more. Drop the slot "
+                        f"(sluice postgres drop-slot {s.slot} --url ...) and the checkpoint, or set snapshot=false "
+                        f"to stream from the slot's position {format_lsn(state.confirmed)}")
+                return {"lsn": format_lsn(state.confirmed), "snapshot": held[0], "channel": held[1]}
+            if not self.opts["snapshot"]:
+                return {"lsn": self._create_slot(pg)}
+        holder = SnapshotHolder(s.conn, self.opts["snapshot.timeout-s"], slot=s.slot)
+        holder.release_pipes()
+        self._holder = holder
+        shared = holder.shared
+        return {"lsn": shared.lsn, "snapshot": shared.snapshot_id, "channel": shared.channel}
+
+    def _create_slot(self, pg: Any) -> str:
+        try:
+            lsn = pg.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+                             (self.stream.slot,)).fetchone()[0]
+        except Exception as e:
+            raise PostgresError(f"could not create replication slot '{self.stream.slot}' on "
+                                f"{self.stream.conn.describe()}: {self.stream.conn.scrub(e)}", sqlstate_of(e)) from None
+        log.info("created replication slot %s at %s", self.stream.slot, lsn)
+        return lsn
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts["max-changes-per-trigger"]
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        with self.stream.conn.connect_psycopg() as pg:
+            self._target = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if "snapshot" in start:
+            return {"lsn": start["lsn"]}  # micro-batch 0: the snapshot alone, then changes from its LSN
+        begin = parse_lsn(start["lsn"])
+        s = self.stream
+        with s.conn.connect_psycopg() as pg:
+            for statement in _SESSION:
+                pg.execute(statement)
+            begin = self._advance(pg, begin)  # Spark committed every batch before `start`: the slot may move
+            flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+            upto = flush if self._target is None else min(flush, self._target)
+            if upto <= begin:
+                return {"lsn": format_lsn(begin)}
+            budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            end = self._cut(pg, begin, upto, budget)
+        if self._reported is not None:
+            self._reported["lsn"] = format_lsn(end)
+        return {"lsn": format_lsn(end)}
+
+    def _advance(self, pg: Any, begin: int) -> int:
+        """Check the slot (data loss), move it to `begin`, report retained WAL; returns where reading begins."""
+        s = self.stream
+        state = slot_state(pg, s.slot)
+        lost = None
+        if state is None:
+            lost = f"replication slot '{s.slot}' does not exist any more"
+        elif state.wal_status == "lost":
+            lost = f"replication slot '{s.slot}' was invalidated (the server removed WAL it needed)"
+        elif state.confirmed > begin:
+            lost = (f"replication slot '{s.slot}' is at {format_lsn(state.confirmed)}, past this query's position "
+                    f"{format_lsn(begin)} (another consumer used it)")
+        if lost:
+            what = f"{lost}: the changes from {format_lsn(begin)} on cannot be read"
+            if self.opts["failOnDataLoss"]:
+                raise DataLossError(f"{what}. Set .option('failOnDataLoss', 'false') to go on from the slot's "
+                                    "position (re-created if needed), or start over: drop the slot and the checkpoint "
+                                    "and start with snapshot=true")
+            log.warning("%s; going on from the slot's position (failOnDataLoss=false)", what)
+            if state is None or state.wal_status == "lost":
+                if state is not None:
+                    pg.execute("SELECT pg_drop_replication_slot(%s)", (s.slot,))
+                return parse_lsn(self._create_slot(pg))
+            return state.confirmed
+        assert state is not None
+        if state.confirmed < begin:
+            _busy_retry(lambda: pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+                                           (s.slot, format_lsn(begin))), f"advancing slot '{s.slot}'", s.conn)
+        self._reported = {"lsn": format_lsn(begin), "slot": s.slot, "retained_wal_bytes": state.retained_bytes,
+                          "wal_status": state.wal_status}
+        log.info("slot %s: position %s, %d bytes of WAL retained (%s)", s.slot, format_lsn(begin),
+                 state.retained_bytes, state.wal_status)
+        if state.retained_bytes > self.opts["retained-wal-warn-bytes"]:
+            log.warning("replication slot %s holds back %d bytes of WAL on %s (more than retained-wal-warn-bytes=%d); "
+                        "the query is behind, or stopped for long", s.slot, state.retained_bytes, s.conn.describe(),
+                        self.opts["retained-wal-warn-bytes"])
+        return begin
+
+    def _cut(self, pg: Any, begin: int, upto: int, budget: int | None) -> int:
+        """Where the next batch ends: `upto`, or after the last whole transaction within `budget` changes; `begin`
+        when no transaction of the publication committed in between (no empty micro-batches)."""
+        # A budget counts changes; the peek counts messages (a BEGIN and a COMMIT around each transaction's changes).
+        count = 1 if budget is None else 2 * budget + 16
+        rows = _busy_retry(lambda: pg.execute(
+            "SELECT get_byte(data, 0), CASE WHEN get_byte(data, 0) = 66 THEN substring(data FROM 2 FOR 8) END "
+            f"FROM {self.stream.peek(format_lsn(upto), count)}").fetchall(), f"peeking slot '{self.stream.slot}'",
+            self.stream.conn)
+        txns: list[list[int]] = []  # [commit LSN, changes] of each transaction from `begin` on
+        for kind, final in rows:
+            if kind == 66:  # B
+                commit = int.from_bytes(final, "big")
+                if commit >= begin:
+                    txns.append([commit, 0])
+            elif kind in (73, 85, 68, 84) and txns:  # I U D T
+                txns[-1][1] += 1
+        if not txns:
+            return begin
+        if budget is None:
+            return upto
+        taken = total = 0
+        for _, changes in txns:
+            if taken and total + changes > budget:
+                break
+            taken += 1
+            total += changes
+        if taken == len(txns) and len(rows) < count:
+            return upto  # the peek saw everything before `upto`, and it all fits
+        return txns[taken - 1][0] + 1
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._reported
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin, stop = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
+        if "snapshot" in start:
+            shared = SharedSnapshot(start["snapshot"], start["channel"], start["lsn"])
+            out: list[InputPartition] = []
+            for table in self.stream.tables:
+                enumerator = PostgresEnumerator(self.stream.conn, _table_opts(self.opts, table),
+                                                list(self.stream.table_columns[table]),
+                                                list(self.stream.primary_keys[table]))
+                try:
+                    splits = enumerator.discover_in(shared)
+                except PostgresError as e:
+                    raise self._snapshot_gone(e) from None
+                out += [SnapshotPartition(table, split, begin) for split in splits]
+            return out
+        return [ChangesPartition(begin, stop)] if stop > begin else []
+
+    def _snapshot_gone(self, error: Exception) -> PostgresError:
+        return PostgresError(
+            f"the initial snapshot of slot '{self.stream.slot}' is gone ({error}); it lives only until micro-batch 0 "
+            "is committed (or snapshot.timeout-s after its last split), and the query stopped before that. Start over: "
+            f"drop the slot (sluice postgres drop-slot {self.stream.slot} --url ...) and the checkpoint")
+
+    def commit(self, end: dict) -> None:
+        if self._holder is not None and "snapshot" not in end:
+            self._holder.cancel()  # micro-batch 0 is committed: the snapshot is not needed any more
+            self._holder = None
+        s = self.stream
+        with s.conn.connect_psycopg() as pg:
+            state = slot_state(pg, s.slot)
+            if state is not None and state.confirmed < parse_lsn(end["lsn"]):
+                _busy_retry(lambda: pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+                                               (s.slot, end["lsn"])), f"advancing slot '{s.slot}'", s.conn)
+
+    def stop(self) -> None:
+        if self._holder is not None:
+            self._holder.release_pipes()
+
+    # ------------------------------------------------------------------ executors
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SnapshotPartition):
+            yield from self._read_snapshot(partition)
+        else:
+            assert isinstance(partition, ChangesPartition)
+            yield from self._read_changes(partition)
+
+    def _read_snapshot(self, part: SnapshotPartition) -> Iterator[pa.RecordBatch]:
+        from pyspark.sql.types import StructType as ST
+
+        cols = self.stream.table_columns[part.table]
+        table_schema = ST([self.schema[name] for name, _ in cols])
+        reader = PostgresSplitReader(self.stream.conn, _table_opts(self.opts, part.table), list(cols), table_schema)
+        try:
+            for batch in reader.read(part.split, 0, 1):
+                n = batch.num_rows
+                by_name = {name: batch.column(name) for name, _ in cols}
+                by_name |= {OP: pa.array(["insert"] * n, pa.string()), LSN: pa.array([part.lsn] * n, pa.int64()),
+                            COMMIT_TIME: pa.nulls(n, pa.timestamp("us", tz="UTC")), XID: pa.nulls(n, pa.int64()),
+                            TABLE: pa.array([part.table] * n, pa.string())}
+                yield pa.RecordBatch.from_arrays(
+                    [by_name[f.name] if f.name in by_name else pa.nulls(n, f.type) for f in self.arrow_schema],
+                    schema=self.arrow_schema)
+        except PostgresError as e:
+            if "shared snapshot" in str(e):
+                raise self._snapshot_gone(e) from None
+            raise
+
+    def _read_changes(self, part: ChangesPartition) -> Iterator[pa.RecordBatch]:
+        s = self.stream
+        decoder = ChangeDecoder(self.arrow_schema, s.columns, part.start, part.end, set(s.tables))
+        conn = s.conn.connect()
+        cur = conn.cursor()
+        try:
+            for statement in _SESSION:
+                cur.execute(statement)
+            _busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(part.end), None)}"),
+                        f"reading changes of slot '{s.slot}'", s.conn)
+            for chunk in cur.fetch_record_batch():
+                yield from decoder.feed(chunk.column(0))
+            if decoder.pending:
+                yield decoder.flush()
+        finally:
+            cur.close()
+            conn.close()
+
+
+class PostgresChangesDataSource(EngineDataSource):
+    """`spark.readStream.format("postgres_changes")`: see the module docstring; docs/postgres.md."""
+
+    format_name = "postgres_changes"
+    read_spec = CHANGES_SPEC
+    read_only = True
+
+    def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> Any:
+        raise OptionError("format 'postgres_changes' is read-only (spark.readStream); write with format('postgres')")
+
+    def schema(self) -> StructType:
+        return spark_schema(resolve(CHANGES_SPEC.parse(self.options)))
+
+    def reader(self, schema: StructType) -> Any:
+        raise OptionError("format 'postgres_changes' is a stream (spark.readStream); for a batch read of the tables "
+                          "use format('postgres')")
+
+    def streamReader(self, schema: StructType) -> ChangeStreamReader:
+        opts = CHANGES_SPEC.parse(self.options)
+        return ChangeStreamReader(resolve(opts), opts, schema)
+
+
+# ------------------------------------------------------------------------------------------------ operations
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    database: str
+    active: bool
+    confirmed: str | None
+    retained_bytes: int
+    wal_status: str | None
+
+
+def list_slots(conn: Connection, prefix: str = "sluice_") -> list[SlotInfo]:
+    """The logical replication slots whose names start with `prefix` (sluice's default names), with retained WAL."""
+    with conn.connect_psycopg() as pg:
+        rows = pg.execute("SELECT slot_name::text, database::text, active, confirmed_flush_lsn::text, "
+                          "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint, wal_status "
+                          "FROM pg_replication_slots WHERE slot_type = 'logical' AND starts_with(slot_name, %s) "
+                          "ORDER BY 1", (prefix,)).fetchall()
+    return [SlotInfo(*row) for row in rows]
+
+
+def drop_slot(conn: Connection, slot: str, *, publication: bool = True) -> None:
+    """Drop a slot (the server keeps WAL for it until then) and the publication sluice created under its name."""
+    with conn.connect_psycopg() as pg:
+        if pg.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is None:
+            raise OptionError(f"there is no replication slot '{slot}' on {conn.describe()} (sluice postgres slots "
+                              "lists them)")
+        _busy_retry(lambda: pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,)), f"dropping slot '{slot}'",
+                    conn)
+        if publication:
+            pg.execute(f"DROP PUBLICATION IF EXISTS {quote_ident(slot)}")

@@ -1,0 +1,315 @@
+"""format("postgres_changes"): change capture over logical replication (pgoutput) on a real server with
+wal_level=logical. Most tests drive the stream reader the way Spark's micro-batch loop does (initialOffset,
+latestOffset, partitions, read, commit) without Spark; the last one runs the whole thing in Spark."""
+
+import os
+import threading
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from sluice import DataLossError, OptionError
+from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError
+from sluice.connectors.postgres._changes import drop_slot, list_slots
+from sluice.testing import LocalPostgres
+
+
+@pytest.fixture(scope="module")
+def lpg():
+    # synchronous_commit=on: a commit is flushed when it returns, so the stream sees it at once (change capture
+    # reads up to the flushed WAL position).
+    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on"}) as server:
+        yield server
+
+
+def sql(url, *statements):
+    with psycopg.connect(url, autocommit=True) as conn:
+        out = None
+        for statement in statements:
+            cur = conn.execute(statement)
+            out = cur.fetchall() if cur.description else None
+        return out
+
+
+def stream(url, **options):
+    source = PostgresChangesDataSource({"url": url, **options})
+    return source.streamReader(source.schema())
+
+
+def batch(reader, start, limit=None):
+    """One micro-batch as Spark runs it: (end offset, rows as a pyarrow Table); Spark's commit is left to the test."""
+    end = reader.latestOffset(start, limit or reader.getDefaultReadLimit())
+    parts = reader.partitions(start, end)
+    batches = [b for p in parts for b in reader.read(p)]
+    table = pa.Table.from_batches(batches, schema=reader.arrow_schema) if batches else \
+        reader.arrow_schema.empty_table()
+    return end, table
+
+
+def new_table(url, name, ddl="id int PRIMARY KEY, v text"):
+    sql(url, f"CREATE TABLE {name} ({ddl})")
+    return name
+
+
+def test_changes_come_whole_in_commit_order_typed_with_their_metadata(lpg):
+    t = new_table(lpg.url, "typed", "id int PRIMARY KEY, v text, amount numeric(10,2), ok boolean, at timestamptz, "
+                  "tags int[], raw bytea")
+    reader = stream(lpg.url, table=t, snapshot="false")
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a', 1.25, true, '2026-01-02 03:04:05.5+00', '{{1,NULL}}', "
+                 "'\\x00ff'), (2, 'b', NULL, false, NULL, NULL, NULL)",
+        f"UPDATE {t} SET v = 'a2' WHERE id = 1", f"DELETE FROM {t} WHERE id = 2")
+    end, rows = batch(reader, start)
+    got = rows.to_pylist()
+    assert [(r["_op"], r["id"], r["v"]) for r in got] == [("insert", 1, "a"), ("insert", 2, "b"),
+                                                           ("update", 1, "a2"), ("delete", 2, None)]
+    first = got[0]
+    assert (str(first["amount"]), first["ok"], first["tags"], first["raw"]) == ("1.25", True, [1, None], b"\x00\xff")
+    assert first["at"].isoformat() == "2026-01-02T03:04:05.500000+00:00"
+    assert first["_table"] == "public.typed" and first["_commit_time"] is not None
+    assert got[0]["_xid"] == got[1]["_xid"] != got[2]["_xid"], "the two inserts were one transaction"
+    lsns = [r["_lsn"] for r in got]
+    assert lsns == sorted(lsns) and len(set(lsns)) == 3, "one commit LSN per transaction, in commit order"
+    reader.commit(end)
+    assert batch(reader, end)[0] == end, "nothing new: no new offset, so Spark runs no empty micro-batch"
+
+
+def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consuming_it_would_lose_it(lpg):
+    t = new_table(lpg.url, "replay")
+    slot = "sluice_test_replay"
+    reader = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 100) g")
+    end, first = batch(reader, start)
+    assert first.num_rows == 100
+    # The query dies before Spark commits the batch: a restarted query replays it from the same start offset.
+    restarted = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    assert restarted.latestOffset(start, restarted.getDefaultReadLimit()) == end
+    again = [b for p in restarted.partitions(start, end) for b in restarted.read(p)]
+    assert pa.Table.from_batches(again).column("id").to_pylist() == first.column("id").to_pylist()
+
+    # Negative control: consuming the changes when they are read (the slot moved to the batch's end before Spark
+    # committed it, as pg_logical_slot_get_changes does) leaves nothing to replay, and the query can tell.
+    sql(lpg.url, f"SELECT pg_replication_slot_advance('{slot}', '{end['lsn']}')")
+    with pytest.raises(DataLossError, match="past this query's position"):
+        stream(lpg.url, table=t, snapshot="false", slot=slot).latestOffset(start, restarted.getDefaultReadLimit())
+    lenient = stream(lpg.url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
+    skipped_to = lenient.latestOffset(start, lenient.getDefaultReadLimit())
+    assert [b for p in lenient.partitions(start, skipped_to) for b in lenient.read(p)] == [], "the batch is lost"
+
+
+def test_max_changes_per_trigger_cuts_between_transactions_never_inside_one(lpg):
+    t = new_table(lpg.url, "limited")
+    reader = stream(lpg.url, table=t, snapshot="false", **{"max-changes-per-trigger": "4"})
+    start = reader.initialOffset()
+    for i in range(5):  # five transactions of three changes each
+        sql(lpg.url, f"INSERT INTO {t} SELECT g, 'x' FROM generate_series({i * 3}, {i * 3 + 2}) g")
+    sizes, xids = [], []
+    while True:
+        end, rows = batch(reader, start)
+        if end == start:
+            break
+        sizes.append(rows.num_rows)
+        xids.append(set(rows.column("_xid").to_pylist()))
+        reader.commit(end)
+        start = end
+    assert sizes == [3, 3, 3, 3, 3], "3 + 3 > 4: one whole transaction per batch"
+    assert all(len(x) == 1 for x in xids) and len(set.union(*xids)) == 5
+
+
+def test_toasted_values_left_out_of_an_update_fail_clearly_or_are_carried_with_replica_identity_full(lpg):
+    t = new_table(lpg.url, "toasty", "id int PRIMARY KEY, n int, doc text")
+    sql(lpg.url, f"ALTER TABLE {t} ALTER COLUMN doc SET STORAGE EXTERNAL")  # stored out of line, uncompressed
+    big = "z" * 20_000
+    reader = stream(lpg.url, table=t, snapshot="false")
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 0, '{big}')", f"UPDATE {t} SET n = 1 WHERE id = 1")
+    with pytest.raises(PostgresError, match=r"TOASTed\) column\(s\) \['doc'\].*REPLICA IDENTITY FULL"):
+        batch(reader, start)
+
+    sql(lpg.url, f"ALTER TABLE {t} REPLICA IDENTITY FULL", f"UPDATE {t} SET n = 2 WHERE id = 1")
+    full = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_toast_full")
+    begin = full.initialOffset()
+    sql(lpg.url, f"UPDATE {t} SET n = 3 WHERE id = 1")
+    _, rows = batch(full, begin)
+    assert [(r["_op"], r["n"], r["doc"] == big) for r in rows.to_pylist()] == [("update", 3, True)]
+
+
+def test_truncate_fails_clearly_and_an_added_column_needs_a_restart_that_reads_it(lpg):
+    t = new_table(lpg.url, "ddl")
+    slot = "sluice_test_ddl"
+    reader = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a')", f"ALTER TABLE {t} ADD COLUMN extra int",
+        f"INSERT INTO {t} VALUES (2, 'b', 7)")
+    with pytest.raises(PostgresError, match=r"column\(s\) \['extra'\].*restart the query"):
+        batch(reader, start)
+    restarted = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    end, rows = batch(restarted, start)
+    assert [(r["id"], r["extra"]) for r in rows.to_pylist()] == [(1, None), (2, 7)]
+    restarted.commit(end)
+
+    sql(lpg.url, f"TRUNCATE {t}")
+    with pytest.raises(PostgresError, match=r"TRUNCATE of .*public\.ddl"):
+        batch(restarted, end)
+
+
+def test_a_dropped_slot_is_data_loss_and_the_cli_lists_and_drops_slots(lpg, capsys):
+    from sluice.cli import main
+
+    t = new_table(lpg.url, "lost")
+    slot = "sluice_test_lost"
+    reader = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    start = reader.initialOffset()
+    url = lpg.url.replace(f":{lpg.password}@", "@")
+    os.environ["PGPASSWORD"] = lpg.password
+    try:
+        assert main(["postgres", "--url", url, "slots"]) == 0
+        assert slot in capsys.readouterr().out
+        assert main(["postgres", "--url", lpg.url, "slots"]) != 0  # refused: ps would show the password
+        assert lpg.password not in capsys.readouterr().err
+        assert main(["postgres", "--url", url, "drop-slot", slot]) == 0
+    finally:
+        del os.environ["PGPASSWORD"]
+    assert slot not in [s.name for s in list_slots(reader.stream.conn)]
+    with pytest.raises(DataLossError, match="does not exist any more"):
+        reader.latestOffset(start, reader.getDefaultReadLimit())
+    lenient = stream(lpg.url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
+    lenient.latestOffset(start, lenient.getDefaultReadLimit())
+    assert slot in [s.name for s in list_slots(reader.stream.conn)], "re-created"
+    drop_slot(reader.stream.conn, slot)
+
+
+def test_bad_options_fail_before_anything_is_created(lpg):
+    with pytest.raises(OptionError, match="Did you mean 'max-changes-per-trigger'"):
+        PostgresChangesDataSource({"url": lpg.url, "table": "x", "max-changes-per-trigger2": "1"}).schema()
+    with pytest.raises(OptionError, match="needs option 'table'"):
+        PostgresChangesDataSource({"url": lpg.url}).schema()
+    with pytest.raises(OptionError, match="not a valid replication slot name"):
+        PostgresChangesDataSource({"url": lpg.url, "table": "x", "slot": "Bad-Name"}).schema()
+    with pytest.raises(OptionError, match=r"table public\.missing does not exist \(option 'table'\)"):
+        PostgresChangesDataSource({"url": lpg.url, "table": "missing"}).schema()
+    with pytest.raises(OptionError, match="publication 'nope' does not exist"):
+        PostgresChangesDataSource({"url": lpg.url, "publication": "nope"}).schema()
+    with pytest.raises(OptionError) as refused:
+        PostgresChangesDataSource({"url": lpg.url, "table": "x"}).reader(None)
+    assert "stream" in str(refused.value) and lpg.password not in str(refused.value)
+
+
+def test_wal_level_replica_is_refused_with_the_fix(pg):
+    with pytest.raises(PostgresError, match=r"wal_level=replica.*wal_level = logical"):
+        PostgresChangesDataSource({"url": pg.url, "table": "x"}).schema()
+
+
+# ------------------------------------------------------------------------------------------------ in Spark
+def transfers(url, accounts, stop, seed, errors):
+    """Transactions moving money between two accounts until `stop` is set: the total never changes at a commit."""
+    import random
+
+    rnd = random.Random(seed)
+    try:
+        with psycopg.connect(url, autocommit=False) as conn:
+            while not stop.wait(0.01):  # paced (<= 100 transactions/s) so the queries keep up
+                a, b = sorted(rnd.sample(range(accounts), 2))  # rows locked in id order: no deadlocks
+                amount = rnd.randint(-50, 50)
+                conn.execute("UPDATE accounts SET balance = balance - %s WHERE id = %s", (amount, a))
+                conn.execute("UPDATE accounts SET balance = balance + %s WHERE id = %s", (amount, b))
+                conn.commit()
+    except Exception as e:  # handed to the test thread, which fails with it
+        errors.append(e)
+        raise
+
+
+def die_while(marker: str):
+    """Pass-through that kills its Python worker while `marker` exists (the query dying mid-batch)."""
+
+    def fn(batches):
+        import os as _os
+
+        for b in batches:
+            if _os.path.exists(marker) and b.num_rows:
+                _os._exit(1)
+            yield b
+
+    return fn
+
+
+@pytest.mark.spark
+def test_transfers_stream_into_postgres_and_the_table_store_untorn_and_exactly_once_across_a_kill(
+        spark, lpg, tmp_path):
+    """Money moves between accounts in concurrent transactions while the queries start (snapshot hand-over), run,
+    and one is killed mid-batch and restarted. Every committed micro-batch of the replicas holds the source's total
+    (no transaction torn), and at the end both equal the source row for row (nothing lost, nothing applied twice)."""
+    from deltalake import DeltaTable
+    from pyspark.errors import StreamingQueryException
+
+    accounts, total = 40, 40 * 1000
+    sql(lpg.url, "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, owner text)",
+        f"INSERT INTO accounts SELECT g, 1000, 'owner ' || g FROM generate_series(0, {accounts - 1}) g",
+        "CREATE TABLE replica (id int PRIMARY KEY, balance bigint, owner text)")
+    errors: list[Exception] = []
+    stop = threading.Event()
+    workers = [threading.Thread(target=transfers, args=(lpg.url, accounts, stop, seed, errors)) for seed in (1, 2)]
+    for w in workers:
+        w.start()
+    warehouse, meta = str(tmp_path / "wh"), str(tmp_path / "meta.db")
+    marker = str(tmp_path / "die")
+
+    def changes(slot):
+        return spark.readStream.format("postgres_changes").options(url=lpg.url, table="accounts", slot=slot) \
+            .option("max-changes-per-trigger", "500").load().select("id", "balance", "owner", "_op")
+
+    def start_store():
+        return changes("sluice_to_store").writeStream.format("tablestore").options(
+            table="accounts", warehouse=warehouse, meta=meta, **{"primary-key": "id", "upsert.op-column": "_op"}) \
+            .option("checkpointLocation", str(tmp_path / "ck-store")).start()
+
+    def start_pg():
+        rows = changes("sluice_to_pg")
+        return rows.mapInArrow(die_while(marker), rows.schema).writeStream.format("postgres").options(
+            url=lpg.url, table="replica", **{"primary-key": "id", "upsert.op-column": "_op",
+                                             "sink.mode": "global-ordered", "sink.transactional": "true"}) \
+            .option("checkpointLocation", str(tmp_path / "ck-pg")).start()
+
+    to_store, to_pg = start_store(), start_pg()
+    states: set[str] = set()  # distinct replica states seen while the transfers run
+    while len(states) < 8 and any(w.is_alive() for w in workers):
+        assert to_store.exception() is None and to_pg.exception() is None
+        count, replica_total, state = sql(lpg.url, "SELECT count(*), coalesce(sum(balance), 0), "
+                                                   "md5(string_agg(balance::text, ',' ORDER BY id)) FROM replica")[0]
+        if count:
+            assert replica_total == total, f"the replica's total {replica_total} != {total}: a torn transaction"
+            states.add(state)
+        stop.wait(0.05)
+    stop.set()
+    for w in workers:
+        w.join()
+    assert not errors
+    assert len(states) >= 3, "the replica changed too few times while the transfers ran"
+
+    # Kill the PostgreSQL hop mid-batch (its tasks die, both attempts), then restart it from its checkpoint.
+    open(marker, "w").close()
+    sql(lpg.url, "BEGIN; UPDATE accounts SET balance = balance - 5 WHERE id = 0; "
+                 "UPDATE accounts SET balance = balance + 5 WHERE id = 1; COMMIT")
+    with pytest.raises(StreamingQueryException):
+        to_pg.awaitTermination(120)
+    os.unlink(marker)
+    to_pg = start_pg()
+    sql(lpg.url, "BEGIN; INSERT INTO accounts SELECT 40, balance, 'owner 40' FROM accounts WHERE id = 39; "
+                 "DELETE FROM accounts WHERE id = 39; COMMIT")
+    for q in (to_store, to_pg):
+        q.processAllAvailable()
+        q.stop()
+
+    source = sql(lpg.url, "SELECT id, balance, owner FROM accounts ORDER BY id")
+    assert sql(lpg.url, "SELECT id, balance, owner FROM replica ORDER BY id") == source
+    table = DeltaTable(f"{warehouse}/accounts")
+    stored = table.to_pyarrow_table(columns=["id", "balance", "owner"]).sort_by("id").to_pylist()
+    assert [tuple(r.values()) for r in stored] == [tuple(r) for r in source]
+    # Every version the table-store sink committed holds the total: no micro-batch tore a transaction.
+    versions = range(1, table.version() + 1)
+    assert len(versions) > 5
+    for version in versions:
+        at = DeltaTable(f"{warehouse}/accounts", version=version).to_pyarrow_table(columns=["balance"])
+        assert at.num_rows == 0 or pa.compute.sum(at.column("balance")).as_py() == total, f"version {version}"
