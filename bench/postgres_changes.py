@@ -23,16 +23,18 @@ from datetime import date
 import psycopg
 
 PUBLICATION = "bench_pub"
+PHASES: list = []  # Spark's durationMs of each micro-batch of each round
 
 
 def generate(url: str, changes: int) -> None:
     rows = changes // 2
     with psycopg.connect(url, autocommit=True) as conn:
         for lo in range(0, rows, 1000):
-            conn.execute("INSERT INTO narrow SELECT g, g * 2, md5(g::text)::char(8) FROM generate_series(%s, %s) g",
-                         (lo, min(lo + 999, rows - 1)))
+            conn.execute("INSERT INTO narrow SELECT g, g * 2, md5(g::text)::char(8) "
+                         "FROM generate_series(%s::bigint, %s::bigint) g", (lo, min(lo + 999, rows - 1)))
         for lo in range(0, rows, 1000):
-            conn.execute("UPDATE narrow SET v = v + 1 WHERE id BETWEEN %s AND %s", (lo, min(lo + 999, rows - 1)))
+            conn.execute("UPDATE narrow SET v = v + 1 WHERE id BETWEEN %s::bigint AND %s::bigint",
+                         (lo, min(lo + 999, rows - 1)))
         conn.execute("SET synchronous_commit = on")
         conn.execute("CREATE TEMP TABLE flush_marker (x int)")  # a synchronous commit flushes everything before it
 
@@ -70,6 +72,7 @@ def spark_run(spark, url: str, slot: str) -> tuple[float, int]:
         q.awaitTermination()
         elapsed = time.perf_counter() - start
         rows = sum(p["numInputRows"] for p in q.recentProgress)
+        PHASES.append([p["durationMs"] for p in q.recentProgress])
     return elapsed, rows
 
 
@@ -110,6 +113,7 @@ def main() -> None:
         "changes_per_s": {name: round(args.changes / s) for name, s in best.items()},
         "spark_vs_fetch": round(best["fetch"] / best["spark"], 2),
         "decode_vs_fetch": round(best["fetch"] / best["decode"], 2),
+        "spark_phases_ms": PHASES,
     }
     assert counts["decode"] == counts["spark"] == args.changes, counts
     print(json.dumps(out, indent=2))

@@ -527,8 +527,6 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         f"reading changes of slot '{s.slot}'", s.conn)
             for chunk in cur.fetch_record_batch():
                 yield from decoder.feed(chunk.column(0))
-            if decoder.pending:
-                yield decoder.flush()
         finally:
             cur.close()
             conn.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from struct import Struct
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,7 +32,6 @@ METADATA_FIELDS = (
 METADATA_COLUMNS = tuple(f.name for f in METADATA_FIELDS)
 
 _I32, _I16, _I64 = Struct("!i"), Struct("!h"), Struct("!q")
-_BEGIN = Struct("!qqi")  # final (commit) LSN, commit time, xid
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
 
 
@@ -63,54 +63,141 @@ class ChangeDecoder:
 
     Only transactions whose commit LSN is in [start, end) are emitted; Relation messages are taken from all.
     `column_types` gives each table column's PostgreSQL type (format_type), which decides how its text parses.
+
+    The change messages of a chunk are parsed with numpy across all messages at once, one column position at a
+    time (where each value starts and how long it is), and each schema column is then gathered into one Arrow
+    string array and cast. Only Relation and Truncate messages, which are rare, are handled one by one.
     """
 
     def __init__(self, schema: pa.Schema, column_types: dict[str, str], start: int, end: int,
-                 tables: set[str], batch_rows: int = 65_536) -> None:
+                 tables: set[str]) -> None:
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
         self._index = {name: i for i, name in enumerate(self.data_names)}
         self.start, self.end = start, end
         self.tables = tables
-        self.batch_rows = batch_rows
         self.relations: dict[int, Relation] = {}
         self._slots: dict[int, list[int]] = {}  # relid -> schema column index of each relation column
-        self._reset()
-        self.in_range = False
-        self.txn: tuple[int, int, int] = (0, 0, 0)  # commit LSN, commit time (Unix us), xid
+        self.txn: tuple[int, int, int] = (-1, 0, 0)  # commit LSN, commit time (Unix us), xid
         self.changes = 0
-
-    def _reset(self) -> None:
-        self._values: list[list[Any]] = [[] for _ in self.data_names]
-        self._meta: list[list[Any]] = [[] for _ in METADATA_FIELDS]
-        self._rows = 0
 
     # ------------------------------------------------------------------ messages
     def feed(self, messages: pa.Array) -> Iterator[pa.RecordBatch]:
-        """Decode a chunk of messages; yields full batches (call `flush()` at the end for the rest)."""
-        for msg in messages.to_pylist():
-            kind = msg[0]
-            if kind == 0x42:  # B
-                lsn, ts, xid = _BEGIN.unpack_from(msg, 1)
-                self.in_range = self.start <= lsn < self.end
-                self.txn = (lsn, ts + _PG_EPOCH_US, xid)
-            elif kind == 0x52:  # R
-                self._relation(msg)
-            elif not self.in_range:
-                continue
-            elif kind == 0x49:  # I
-                self._row(msg, 5, "insert")  # relid, then 'N'
-            elif kind == 0x55:  # U
-                self._update(msg)
-            elif kind == 0x44:  # D
-                self._row(msg, 5, "delete")  # relid, then 'K' or 'O'
-            elif kind == 0x54:  # T
-                self._truncate(msg)
-            else:
-                continue  # C, Y (type), O (origin), M (message): nothing to emit
-            if self._rows >= self.batch_rows:
-                yield self.flush()
+        """Decode a chunk of messages (an Arrow binary array); yields one record batch per run of change messages."""
+        if len(messages) == 0:
+            return
+        messages = messages.cast(pa.binary()) if not pa.types.is_binary(messages.type) else messages
+        buffers = messages.buffers()
+        offsets = np.frombuffer(buffers[1], np.int32)[messages.offset:messages.offset + len(messages) + 1]
+        data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+        starts = offsets[:-1].astype(np.int64)
+        kinds = data[starts]
+        # Relation (R) and Truncate (T) messages are handled one by one, in order, between runs of the others.
+        special = np.flatnonzero((kinds == 0x52) | (kinds == 0x54))
+        first = 0
+        for i in [*special.tolist(), len(messages)]:
+            if i > first:
+                batch = self._run(data, starts[first:i], kinds[first:i])
+                if batch is not None:
+                    yield batch
+            if i < len(messages):
+                msg = messages[i].as_py()
+                if msg[0] == 0x52:
+                    self._relation(msg)
+                elif self._in_range(self.txn[0]):
+                    self._truncate(msg)
+            first = i + 1
+
+    def _in_range(self, lsn: int) -> bool:
+        return self.start <= lsn < self.end
+
+    def _run(self, data: np.ndarray, starts: np.ndarray, kinds: np.ndarray) -> pa.RecordBatch | None:
+        """The rows of a run of messages with no Relation or Truncate among them."""
+        n = len(starts)
+        is_begin = kinds == 0x42
+        begins = np.flatnonzero(is_begin)
+        # Each message's transaction: the last BEGIN before it, or the one carried over from earlier messages.
+        txn_of = np.maximum.accumulate(np.where(is_begin, np.arange(n), -1))
+        lsn = np.full(n, self.txn[0], np.int64)
+        ts = np.full(n, self.txn[1], np.int64)
+        xid = np.full(n, self.txn[2], np.int64)
+        if len(begins):
+            b_lsn, b_ts = _be(data, starts[begins] + 1, 8), _be(data, starts[begins] + 9, 8) + _PG_EPOCH_US
+            b_xid = _be(data, starts[begins] + 17, 4)
+            inside = txn_of >= 0
+            rank = np.searchsorted(begins, txn_of[inside])
+            lsn[inside], ts[inside], xid[inside] = b_lsn[rank], b_ts[rank], b_xid[rank]
+            self.txn = (int(b_lsn[-1]), int(b_ts[-1]), int(b_xid[-1]))
+        change = ((kinds == 0x49) | (kinds == 0x55) | (kinds == 0x44)) & (lsn >= self.start) & (lsn < self.end)
+        rows = np.flatnonzero(change)
+        if not len(rows):
+            return None
+        relids = _be(data, starts[rows] + 1, 4)
+        count = len(rows)
+        value_start = np.zeros((len(self.data_names), count), np.int64)
+        value_len = np.full((len(self.data_names), count), -1, np.int64)  # -1: null
+        table_names = np.empty(count, dtype=object)
+        keep = np.zeros(count, bool)
+        for relid in np.unique(relids).tolist():
+            slots = self._slots.get(relid)
+            if slots is None:
+                continue  # a table of the publication that this stream does not read
+            mine = np.flatnonzero(relids == relid)
+            keep[mine] = True
+            table_names[mine] = self.relations[relid].name
+            self._parse_rows(data, starts[rows[mine]], kinds[rows[mine]], slots, relid, mine, value_start, value_len,
+                             lsn[rows[mine]])
+        if not keep.all():
+            rows, value_start, value_len, table_names = rows[keep], value_start[:, keep], value_len[:, keep], \
+                table_names[keep]
+            count = len(rows)
+            if not count:
+                return None
+        self.changes += count
+        by_name: dict[str, pa.Array] = {}
+        for i, name in enumerate(self.data_names):
+            texts = _gather(data, value_start[i], value_len[i])
+            by_name[name] = text_to_arrow(texts, self.column_types.get(name, "text"), self.schema.field(name).type,
+                                          name)
+        op_kinds = kinds[rows]
+        ops = np.where(op_kinds == 0x49, "insert", np.where(op_kinds == 0x55, "update", "delete"))
+        by_name |= {OP: pa.array(ops, pa.string()), LSN: pa.array(lsn[rows], pa.int64()),
+                    COMMIT_TIME: pa.array(ts[rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                    XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(table_names.tolist(), pa.string())}
+        return pa.RecordBatch.from_arrays([by_name[f.name] for f in self.schema], schema=self.schema)
+
+    def _parse_rows(self, data: np.ndarray, starts: np.ndarray, kinds: np.ndarray, slots: list[int], relid: int,
+                    out_rows: np.ndarray, value_start: np.ndarray, value_len: np.ndarray, lsns: np.ndarray) -> None:
+        """Fill value_start/value_len (schema column x row) for the change messages of one relation."""
+        marker = data[starts + 5]  # N (new tuple), or K / O (old key / old row) in updates and deletes
+        has_old = (marker == 0x4B) | (marker == 0x4F)
+        pos = starts + 6
+        old_start = old_len = None
+        updates_with_old = has_old & (kinds == 0x55)
+        if has_old.any():
+            old_start, old_len, after = _tuples(data, pos, len(slots), has_old)
+            # Deletes: the old key/row is the row. Updates: the new tuple follows after an 'N'.
+            pos = np.where(updates_with_old, after + 1, pos)
+        new_tuple = ~has_old | updates_with_old
+        # Inserts and updates: the new tuple; deletes: the old key or row (pos still points at it).
+        v_start, v_len, _ = _tuples(data, pos, len(slots), np.ones(len(starts), bool))
+        unchanged = (v_len == _UNCHANGED) & new_tuple[None, :]
+        if unchanged.any():
+            carried = unchanged & (data[starts + 5] == 0x4F)[None, :] & (old_len is not None)
+            if not (carried == unchanged).all():
+                col, row = np.argwhere(unchanged & ~carried)[0]
+                rel = self.relations[relid]
+                raise UnchangedToastError(
+                    f"an UPDATE of {rel.name} (transaction committed at LSN {format_lsn(int(lsns[row]))}) left the "
+                    f"large (TOASTed) column(s) {[rel.columns[col]]} unchanged and PostgreSQL did not send their "
+                    f"values. Run ALTER TABLE {rel.name} REPLICA IDENTITY FULL so updates carry the old row, then "
+                    "restart the query")
+            assert old_start is not None and old_len is not None
+            v_start[unchanged], v_len[unchanged] = old_start[unchanged], old_len[unchanged]  # from the old row
+        for i, slot in enumerate(slots):
+            value_start[slot, out_rows] = v_start[i]
+            value_len[slot, out_rows] = v_len[i]
 
     def _relation(self, msg: bytes) -> None:
         relid = _I32.unpack_from(msg, 1)[0]
@@ -137,60 +224,6 @@ class ChangeDecoder:
                     "checkpoint: it reads the new schema and goes on from where it stopped")
             self._slots[relid] = [self._index[c] for c in columns]
 
-    def _tuple(self, msg: bytes, pos: int, slots: list[int], out: list[Any]) -> tuple[int, list[int]]:
-        """Parse TupleData at `pos` into `out` (by schema column); returns (end position, unchanged-TOAST slots)."""
-        ncols = _I16.unpack_from(msg, pos)[0]
-        pos += 2
-        unchanged = []
-        for i in range(ncols):
-            kind = msg[pos]
-            if kind == 0x74:  # t: text
-                n = _I32.unpack_from(msg, pos + 1)[0]
-                out[slots[i]] = msg[pos + 5:pos + 5 + n]
-                pos += 5 + n
-            elif kind == 0x6E:  # n: null
-                pos += 1
-            elif kind == 0x75:  # u: unchanged TOASTed value, not sent
-                unchanged.append(slots[i])
-                pos += 1
-            else:
-                raise PostgresError(f"pgoutput sent a tuple value of kind {chr(kind)!r}; sluice reads text values")
-        return pos, unchanged
-
-    def _row(self, msg: bytes, pos: int, op: str) -> None:
-        relid = _I32.unpack_from(msg, 1)[0]
-        slots = self._slots.get(relid)
-        if slots is None:
-            return  # a table of the publication that this stream does not read
-        row: list[Any] = [None] * len(self.data_names)
-        self._tuple(msg, pos + 1, slots, row)  # skip the 'N' / 'K' / 'O' marker
-        self._emit(row, op, relid)
-
-    def _update(self, msg: bytes) -> None:
-        relid = _I32.unpack_from(msg, 1)[0]
-        slots = self._slots.get(relid)
-        if slots is None:
-            return
-        pos = 5
-        old: list[Any] | None = None
-        if msg[pos] in (0x4B, 0x4F):  # K / O: the old key or (REPLICA IDENTITY FULL) the whole old row
-            old = [None] * len(self.data_names)
-            pos, _ = self._tuple(msg, pos + 1, slots, old)
-            old_full = msg[5] == 0x4F
-        row: list[Any] = [None] * len(self.data_names)
-        _, unchanged = self._tuple(msg, pos + 1, slots, row)
-        if unchanged:
-            if old is None or not old_full:
-                rel = self.relations[relid]
-                names = [self.data_names[s] for s in unchanged]
-                raise UnchangedToastError(
-                    f"an UPDATE of {rel.name} (transaction committed at LSN {format_lsn(self.txn[0])}) left the large "
-                    f"(TOASTed) column(s) {names} unchanged and PostgreSQL did not send their values. Run ALTER TABLE "
-                    f"{rel.name} REPLICA IDENTITY FULL so updates carry the old row, then restart the query")
-            for s in unchanged:
-                row[s] = old[s]  # carried over from the full old row
-        self._emit(row, "update", relid)
-
     def _truncate(self, msg: bytes) -> None:
         count = _I32.unpack_from(msg, 1)[0]
         relids = [_I32.unpack_from(msg, 6 + 4 * i)[0] for i in range(count)]
@@ -201,44 +234,74 @@ class ChangeDecoder:
                 "changes cannot express it. Reload the table: drop the slot (sluice postgres drop-slot), clear the "
                 "target and start the query with a new checkpoint (snapshot=true reads the table again)")
 
-    def _emit(self, row: list[Any], op: str, relid: int) -> None:
-        for column, value in zip(self._values, row, strict=True):
-            column.append(value)
-        lsn, ts, xid = self.txn
-        for column, value in zip(self._meta, (op, lsn, ts, xid, self.relations[relid].name), strict=True):
-            column.append(value)
-        self._rows += 1
-        self.changes += 1
 
-    @property
-    def pending(self) -> int:
-        """Rows decoded and not yet flushed."""
-        return self._rows
-
-    # ------------------------------------------------------------------ typing
-    def flush(self) -> pa.RecordBatch:
-        """The rows decoded since the last flush, typed as `schema`."""
-        arrays = [text_to_arrow(values, self.column_types.get(name, "text"), self.schema.field(name).type, name)
-                  for name, values in zip(self.data_names, self._values, strict=True)]
-        meta = [pa.array(values, field.type) for values, field in zip(self._meta, METADATA_FIELDS, strict=True)]
-        by_name = dict(zip(self.data_names, arrays, strict=True)) | dict(zip(METADATA_COLUMNS, meta, strict=True))
-        batch = pa.RecordBatch.from_arrays([by_name[f.name] for f in self.schema], schema=self.schema)
-        self._reset()
-        return batch
+_UNCHANGED = -2  # value length of an unchanged TOASTed value ('u')
 
 
-def text_to_arrow(values: list[bytes | None], pg_type: str, target: pa.DataType, column: str) -> pa.Array:
-    """A column of PostgreSQL text output values as `target` (the type the batch reader gives the column)."""
-    raw = pa.array(values, pa.binary()).cast(pa.string())
+def _be(data: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """Big-endian signed integers of `width` bytes at each position."""
+    raw = data[pos[:, None] + np.arange(width)]
+    return np.ascontiguousarray(raw).view(f">i{width}").ravel().astype(np.int64)
+
+
+def _tuples(data: np.ndarray, pos: np.ndarray, ncols: int, which: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                        np.ndarray]:
+    """TupleData at `pos` of the messages in `which`: (value start, value length or -1 null / -2 unchanged) per
+    column x message, and the position after each tuple. Positions of other messages are left as they are."""
+    count = len(pos)
+    starts = np.zeros((ncols, count), np.int64)
+    lengths = np.full((ncols, count), -1, np.int64)
+    at = np.flatnonzero(which)
+    sent = _be(data, pos[at], 2)
+    if len(at) and (sent != ncols).any():
+        raise PostgresError(f"pgoutput sent a tuple of {int(sent[sent != ncols][0])} columns for a relation of "
+                            f"{ncols}; restart the query")
+    p = pos[at] + 2
+    for i in range(ncols):
+        kind = data[p]
+        text = np.flatnonzero(kind == 0x74)  # t
+        if ((kind != 0x74) & (kind != 0x6E) & (kind != 0x75)).any():
+            raise PostgresError("pgoutput sent a tuple value that is not text, null or unchanged; sluice reads text")
+        n = _be(data, p[text] + 1, 4)
+        starts[i, at[text]] = p[text] + 5
+        lengths[i, at[text]] = n
+        lengths[i, at[kind == 0x75]] = _UNCHANGED
+        step = np.ones(len(p), np.int64)
+        step[text] = 5 + n
+        p = p + step
+    after = pos.copy()
+    after[at] = p
+    return starts, lengths, after
+
+
+def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """An Arrow string array of the byte ranges (start, length); length < 0 is null."""
+    valid = lengths >= 0
+    sizes = np.where(valid, lengths, 0)
+    offsets = np.zeros(len(sizes) + 1, np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    total = int(offsets[-1])
+    if total:
+        index = np.repeat(starts - offsets[:-1], sizes) + np.arange(total)
+        values = data[index]
+    else:
+        values = np.zeros(0, np.uint8)
+    mask = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.StringArray.from_buffers(len(sizes), pa.py_buffer(offsets), pa.py_buffer(values), mask,
+                                       null_count=int((~valid).sum()))
+
+
+def text_to_arrow(raw: pa.Array, pg_type: str, target: pa.DataType, column: str) -> pa.Array:
+    """A column of PostgreSQL text output values (an Arrow string array) as `target` (the batch reader's type)."""
     try:
         if pa.types.is_string(target) or pa.types.is_large_string(target):
             return raw.cast(target)
         if pa.types.is_boolean(target):
             return pc.equal(raw, "t")
         if pa.types.is_binary(target):  # bytea in hex output: \x0102...
-            return pa.array([None if v is None else bytes.fromhex(v[2:].decode()) for v in values], target)
+            return pa.array([None if v is None else bytes.fromhex(v[2:]) for v in raw.to_pylist()], target)
         if pa.types.is_list(target):
-            return pa.array([None if v is None else _parse_array(v.decode(), target.value_type) for v in values],
+            return pa.array([None if v is None else _parse_array(v, target.value_type) for v in raw.to_pylist()],
                             target)
         if pa.types.is_date(target) or pa.types.is_timestamp(target) or pa.types.is_floating(target) \
                 or pa.types.is_integer(target) or pa.types.is_decimal(target):
