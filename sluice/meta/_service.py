@@ -13,6 +13,7 @@ largest barrier every one of them has completed, with each table's version for i
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -45,7 +46,9 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS sluice_lineage (source TEXT NOT NULL, sink TEXT NOT NULL, PRIMARY KEY (source, sink))",
 )
 # Columns added after the first release: (table, column, type), added to an older database when missing.
-_ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),)
+_ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),
+                  # An ended job's sources and sinks (JSON): its edge rows are dropped, its history shown.
+                  ("sluice_jobs", "ended_tables", "TEXT"))
 
 
 class MetaError(SluiceError):
@@ -308,6 +311,11 @@ class MetaService:
         barriers stay: consistent reads need them."""
         cur.execute("UPDATE sluice_jobs SET status = ?, ended_at = ? WHERE job_id = ? AND status = ?",
                     (status, time.time(), job_id, RUNNING))
+        cur.execute("SELECT table_name, role FROM sluice_job_tables WHERE job_id = ? ORDER BY table_name", (job_id,))
+        edges = cur.fetchall()
+        if edges:
+            tables = {role: [t for t, r in edges if r == role] for role in ("source", "sink")}
+            cur.execute("UPDATE sluice_jobs SET ended_tables = ? WHERE job_id = ?", (json.dumps(tables), job_id))
         cur.execute("DELETE FROM sluice_job_tables WHERE job_id = ?", (job_id,))
         cur.execute("SELECT query_id FROM sluice_jobs WHERE job_id = ?", (job_id,))
         row = cur.fetchone()
@@ -331,15 +339,18 @@ class MetaService:
 
     def jobs(self) -> list[Job]:
         with self._tx() as cur:
-            cur.execute("SELECT job_id, name, status, host, pid, query_id, started_at, ended_at FROM sluice_jobs "
-                        "ORDER BY started_at")
+            cur.execute("SELECT job_id, name, status, host, pid, query_id, started_at, ended_at, ended_tables "
+                        "FROM sluice_jobs ORDER BY started_at")
             rows = cur.fetchall()
             cur.execute("SELECT job_id, table_name, role FROM sluice_job_tables ORDER BY table_name")
             edges = cur.fetchall()
         out = []
-        for jid, name, status, host, pid, query_id, started, ended in rows:
+        for jid, name, status, host, pid, query_id, started, ended, ended_tables in rows:
             sources = tuple(t for j, t, r in edges if j == jid and r == "source")
             sinks = tuple(t for j, t, r in edges if j == jid and r == "sink")
+            if ended_tables and not (sources or sinks):  # an ended job: what it read and wrote, as history
+                history = json.loads(ended_tables)
+                sources, sinks = tuple(history["source"]), tuple(history["sink"])
             out.append(Job(jid, name, status, sources, sinks, host, pid, query_id, started, ended))
         return out
 

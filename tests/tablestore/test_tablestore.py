@@ -328,8 +328,10 @@ def test_the_sink_itself_keeps_one_writer_per_table(spark, store, tmp_path):
         assert cur.fetchall() == [(owner.job_id,)], "every barrier records its job"
 
     meta.release_job(owner.job_id)
-    assert meta.job(owner.job_id).status == RELEASED and meta.job(owner.job_id).sinks == ()
+    assert meta.job(owner.job_id).status == RELEASED and meta.job(owner.job_id).sinks == ("owned",), "as history"
     with meta._tx() as cur:
+        cur.execute("SELECT count(*) FROM sluice_job_tables WHERE job_id = ?", (owner.job_id,))
+        assert cur.fetchone()[0] == 0, "an ended job's edges are dropped"
         cur.execute("SELECT count(*) FROM sluice_batch_barriers WHERE query_id = ?", (str(first.id),))
         assert cur.fetchone()[0] <= 1, "an ended job's micro-batch bookkeeping is dropped (the last batch stays)"
     spark.range(20, 25).write.parquet(str(source / "c"))
