@@ -48,7 +48,7 @@ lint: $(STAMP)
 test: $(STAMP) check-java check-postgres check-clickhouse lint
 	$(PY) -m pytest
 
-demo: $(STAMP) check-java
+demo: $(STAMP) check-java check-postgres
 	$(PY) -m sluice.demo
 
 docs: $(STAMP)

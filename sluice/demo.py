@@ -11,6 +11,9 @@
    table `orders` (upserts, one barrier per micro-batch); job B streams the change feed of `orders` into
    `region_totals` (an aggregation committed with A's barriers). A consistent read of both tables at one
    barrier shows the same money in both; the MetaService prints the lineage.
+6. The first hop from an operational database: orders change in PostgreSQL (a throwaway server with
+   wal_level=logical), format("postgres_changes") streams the committed changes into S2 as s2_upsert records,
+   a second query streams them on into the table store, and the table read at the end equals the database.
 """
 
 from __future__ import annotations
@@ -86,13 +89,67 @@ def two_hop_etl(spark, conn: dict) -> bool:
     return same
 
 
+def first_hop(spark, conn: dict) -> bool:
+    import psycopg
+
+    import sluice
+    from sluice.testing import LocalPostgres
+
+    print("6. The first hop: PostgreSQL changes -> S2 (s2_upsert) -> the table store:")
+    store = {"warehouse": str(DATA / "warehouse"), "meta": str(DATA / "meta.db")}
+    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on"}) as pg:
+        with psycopg.connect(pg.url, autocommit=True) as db:
+            db.execute("CREATE TABLE shop_orders (order_id bigint PRIMARY KEY, region text, status text, "
+                       "amount double precision)")
+            db.execute("INSERT INTO shop_orders SELECT g, (array['eu','us','apac'])[g % 3 + 1], 'new', g % 97 "
+                       "FROM generate_series(1, 5000) g")
+        to_s2 = {**conn, "s2.stream": "pg-orders", "s2.create-streams": "true", "primary-key": "order_id",
+                 "upsert.op-column": "_op", "sink.mode": "partition-ordered"}
+
+        def changes_to_s2() -> int:
+            changes = (spark.readStream.format("postgres_changes").options(url=pg.url, table="shop_orders").load()
+                       .drop("_lsn", "_commit_time", "_xid", "_table"))
+            query = (sluice.partitioned(changes, "s2_upsert", to_s2).writeStream.format("s2_upsert").options(**to_s2)
+                     .option("checkpointLocation", str(DATA / "ck-pg")).trigger(availableNow=True).start())
+            query.awaitTermination()
+            return sum(p["numInputRows"] for p in query.recentProgress)
+
+        snapshot = changes_to_s2()
+        print(f"   the table's snapshot ({snapshot:,} rows) went to S2 stream pg-orders as micro-batch 0")
+        with psycopg.connect(pg.url, autocommit=True) as db:
+            for i in range(20):  # 20 transactions: payments, cancellations, new orders
+                with db.transaction():
+                    db.execute("UPDATE shop_orders SET status = 'paid', amount = amount + 0.5 "
+                               "WHERE order_id %% 20 = %s AND status = 'new'", (i,))
+                    db.execute("DELETE FROM shop_orders WHERE order_id %% 200 = %s", (i * 7 % 200,))
+                    db.execute("INSERT INTO shop_orders VALUES (%s, 'eu', 'new', 10)", (10_000 + i,))
+            source = db.execute("SELECT order_id, region, status, amount FROM shop_orders ORDER BY 1").fetchall()
+        streamed = changes_to_s2()
+        print(f"   20 transactions later, the same query (restarted from its checkpoint) sent {streamed:,} changes")
+        into_store = (spark.readStream.format("s2_upsert").options(**conn).option("s2.streams", "pg-orders")
+                      .option("primary-key", "order_id")
+                      .schema("order_id long, region string, status string, amount double, _op string").load())
+        query = (into_store.writeStream.format("tablestore").option("table", "shop_orders")
+                 .option("primary-key", "order_id").option("upsert.op-column", "_op").options(**store)
+                 .option("checkpointLocation", str(DATA / "ck-pg-store")).trigger(availableNow=True).start())
+        query.awaitTermination()
+    _, frames = sluice.tablestore.read_consistent(spark, ["shop_orders"], **store)
+    table = [tuple(r) for r in frames["shop_orders"].select("order_id", "region", "status", "amount")
+             .orderBy("order_id").collect()]
+    same = table == source
+    print(f"   PostgreSQL: {len(source):,} orders, {sum(r[3] for r in source):,.1f} in total; the table store's "
+          f"consistent read: {len(table):,} orders, {sum(r[3] for r in table):,.1f}; row for row "
+          f"{'the same: OK' if same else 'DIFFERENT: MISMATCH'}")
+    return same
+
+
 def main() -> int:
     import sluice
     from sluice.s2local import LocalS2
 
     started = time.monotonic()
     shutil.rmtree(DATA, ignore_errors=True)
-    print("sluice demo: an order changelog from Spark into S2 streams, and back.\n")
+    print("sluice demo: an order changelog from Spark into S2 streams, and back; then from PostgreSQL.\n")
     with LocalS2(data_dir=DATA / "s2") as server:
         print(f"1. Local S2 server on {server.url} (durable, data in {DATA / 's2'}).")
         spark = sluice.session("sluice-demo", **{"spark.sql.shuffle.partitions": "4"})
@@ -133,6 +190,7 @@ def main() -> int:
             print(f"   {name:12s} {records[name]:7,} records -> {live:6,} live orders ({paid:,} paid); expected "
                   f"{want:,} {'OK' if live == want else 'MISMATCH'}")
         ok &= two_hop_etl(spark, conn)
+        ok &= first_hop(spark, conn)
         spark.stop()
     total = sum(records.values())
     print(f"\n{changes:,} changes became {total:,} records: within each Arrow batch the sink sends only the last "
