@@ -122,3 +122,17 @@ def dies_once_at(row: int, marker: str):
                 yield part
 
     return fn
+
+
+def die_while(marker: str):
+    """Pass-through that kills its Python worker while `marker` exists (a streaming query dying mid-batch)."""
+
+    def fn(batches):
+        import os as _os
+
+        for batch in batches:
+            if _os.path.exists(marker) and batch.num_rows:
+                _os._exit(1)
+            yield batch
+
+    return fn

@@ -11,24 +11,11 @@ from pyspark.errors import StreamingQueryException
 
 import sluice.tablestore
 from sluice.meta import FAILED, FINISHED, MetaService, NoConsistentVersionError, WriterConflictError
+from tests.faults import die_while
 
 pytestmark = pytest.mark.spark
 
 SIGNED = sluice.tablestore.signed_change("amount") + " AS signed"
-
-
-def die_while(marker: str):
-    """Pass-through that kills its Python worker while `marker` exists (job B dying mid-batch)."""
-
-    def fn(batches):
-        import os as _os
-
-        for batch in batches:
-            if _os.path.exists(marker) and batch.num_rows:
-                _os._exit(1)
-            yield batch
-
-    return fn
 
 
 def sums(spark, frames):

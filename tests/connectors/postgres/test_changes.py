@@ -13,6 +13,7 @@ from sluice import DataLossError, OptionError
 from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError
 from sluice.connectors.postgres._changes import drop_slot, list_slots
 from sluice.testing import LocalPostgres
+from tests.faults import die_while
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,61 @@ def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consu
     lenient = stream(lpg.url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
     skipped_to = lenient.latestOffset(start, lenient.getDefaultReadLimit())
     assert [b for p in lenient.partitions(start, skipped_to) for b in lenient.read(p)] == [], "the batch is lost"
+
+
+def test_the_snapshot_hands_over_to_the_changes_with_no_gap_and_no_overlap_under_concurrent_inserts(lpg):
+    """Rows keep being inserted while the slot is created: each id comes exactly once, from the snapshot or from
+    the changes. Negative control: the same snapshot read in a fresh snapshot instead of the slot's exported one
+    (what a reader taking its own snapshot after creating the slot gets) repeats rows the changes also carry."""
+    from sluice.connectors.postgres._snapshot import SnapshotHolder
+
+    t = new_table(lpg.url, "handover")
+    sql(lpg.url, f"INSERT INTO {t} SELECT g, 'old' FROM generate_series(0, 499) g")
+    stop, errors = threading.Event(), []
+
+    def insert():
+        try:
+            with psycopg.connect(lpg.url, autocommit=True) as conn:
+                i = 500
+                while not stop.is_set() or i < 700:  # at least 200 inserts, some after the snapshot
+                    conn.execute(f"INSERT INTO {t} VALUES (%s, 'new')", (i,))
+                    i += 1
+        except Exception as e:  # handed to the test thread
+            errors.append(e)
+            raise
+
+    writer = threading.Thread(target=insert)
+    writer.start()
+    reader = stream(lpg.url, table=t)
+    start = reader.initialOffset()
+    assert "snapshot" in start
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {"lsn": start["lsn"]}, "micro-batch 0 is the snapshot alone"
+    snapshot_rows = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+    fresh = SnapshotHolder(reader.stream.conn, 30)  # the negative control's snapshot: taken after the slot's
+    stop.set()
+    writer.join()
+    assert not errors
+    reader.commit(end)
+    reader.prepareForTriggerAvailableNow()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (100000, 'after AvailableNow began')")
+    last, changes = batch(reader, end)
+    assert 100000 not in changes.column("id").to_pylist(), "AvailableNow stops where it began"
+    assert reader.reportLatestOffset()["retained_wal_bytes"] > 0
+
+    ids = pa.Table.from_batches(snapshot_rows).column("id").to_pylist() + changes.column("id").to_pylist()
+    (count,) = sql(lpg.url, f"SELECT count(*) FROM {t} WHERE id < 100000")[0]
+    assert sorted(ids) == list(range(count)), "every row exactly once: no gap, no overlap"
+    assert changes.num_rows > 0 and set(changes.column("_op").to_pylist()) == {"insert"}
+
+    try:
+        other = {**start, "snapshot": fresh.shared.snapshot_id, "channel": fresh.shared.channel}
+        again = [b for p in reader.partitions(other, end) for b in reader.read(p)]
+    finally:
+        fresh.cancel()
+    doubled = pa.Table.from_batches(again).column("id").to_pylist() + changes.column("id").to_pylist()
+    assert len(doubled) > len(set(doubled)), "a snapshot of its own overlaps the changes"
+    reader.commit(last)
 
 
 def test_max_changes_per_trigger_cuts_between_transactions_never_inside_one(lpg):
@@ -219,20 +275,6 @@ def transfers(url, accounts, stop, seed, errors):
     except Exception as e:  # handed to the test thread, which fails with it
         errors.append(e)
         raise
-
-
-def die_while(marker: str):
-    """Pass-through that kills its Python worker while `marker` exists (the query dying mid-batch)."""
-
-    def fn(batches):
-        import os as _os
-
-        for b in batches:
-            if _os.path.exists(marker) and b.num_rows:
-                _os._exit(1)
-            yield b
-
-    return fn
 
 
 @pytest.mark.spark
