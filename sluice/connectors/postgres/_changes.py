@@ -102,6 +102,7 @@ _PEEK = ("pg_logical_slot_peek_binary_changes({slot}, {upto}, {count}, 'proto_ve
          "'publication_names', {publication})")
 _SESSION = ("SET DateStyle = ISO", "SET TimeZone = 'UTC'", "SET IntervalStyle = postgres",
             "SET bytea_output = hex")
+DECODE_SLICE = 65_536  # messages decoded at a time
 _SLOT_BUSY = "55006"  # object_in_use: another backend is decoding the slot (a killed task's, for a moment)
 
 
@@ -526,7 +527,11 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(part.end), None)}"),
                         f"reading changes of slot '{s.slot}'", s.conn)
             for chunk in cur.fetch_record_batch():
-                yield from decoder.feed(chunk.column(0))
+                messages = chunk.column(0)
+                # ADBC hands over the whole peek at once; decoding it in slices lets Spark convert and write one
+                # slice while the next is decoded.
+                for first in range(0, len(messages), DECODE_SLICE):
+                    yield from decoder.feed(messages.slice(first, DECODE_SLICE))
         finally:
             cur.close()
             conn.close()
