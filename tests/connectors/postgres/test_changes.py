@@ -155,6 +155,25 @@ def test_the_snapshot_hands_over_to_the_changes_with_no_gap_and_no_overlap_under
     reader.commit(last)
 
 
+def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_included(lpg):
+    a = new_table(lpg.url, "pub_a", "id int PRIMARY KEY, name text")
+    b = new_table(lpg.url, "pub_b", "id int PRIMARY KEY, qty bigint")
+    sql(lpg.url, f"INSERT INTO {a} VALUES (1, 'one')", f"INSERT INTO {b} VALUES (1, 10)",
+        f"CREATE PUBLICATION two_tables FOR TABLE {a}, {b}")
+    reader = stream(lpg.url, publication="two_tables", slot="sluice_test_two")
+    assert reader.schema.fieldNames()[:3] == ["id", "name", "qty"]
+    start = reader.initialOffset()
+    end, snapshot = batch(reader, start)
+    reader.commit(end)
+    sql(lpg.url, f"BEGIN; UPDATE {a} SET name = 'uno' WHERE id = 1; DELETE FROM {b} WHERE id = 1; COMMIT")
+    _, changes = batch(reader, end)
+    rows = [(r["_table"], r["_op"], r["id"], r["name"], r["qty"]) for r in snapshot.to_pylist() + changes.to_pylist()]
+    assert sorted(rows[:2]) == [("public.pub_a", "insert", 1, "one", None), ("public.pub_b", "insert", 1, None, 10)]
+    assert rows[2:] == [("public.pub_a", "update", 1, "uno", None), ("public.pub_b", "delete", 1, None, None)]
+    with pytest.raises(OptionError, match=r"not in publication 'two_tables'"):
+        stream(lpg.url, publication="two_tables", table="typed")
+
+
 def test_max_changes_per_trigger_cuts_between_transactions_never_inside_one(lpg):
     t = new_table(lpg.url, "limited")
     reader = stream(lpg.url, table=t, snapshot="false", **{"max-changes-per-trigger": "4"})
