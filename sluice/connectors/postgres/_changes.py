@@ -419,11 +419,13 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where the next batch ends: `upto`, or after the last whole transaction within `budget` changes; `begin`
         when no transaction of the publication committed in between (no empty micro-batches)."""
         # A budget counts changes; the peek counts messages (a BEGIN and a COMMIT around each transaction's changes).
+        # Without one, the first transaction tells whether there is anything new: only its BEGIN comes back.
         count = 1 if budget is None else 2 * budget + 16
+        only_begins = " WHERE get_byte(data, 0) = 66" if budget is None else ""
         rows = _busy_retry(lambda: pg.execute(
             "SELECT get_byte(data, 0), CASE WHEN get_byte(data, 0) = 66 THEN substring(data FROM 2 FOR 8) END "
-            f"FROM {self.stream.peek(format_lsn(upto), count)}").fetchall(), f"peeking slot '{self.stream.slot}'",
-            self.stream.conn)
+            f"FROM {self.stream.peek(format_lsn(upto), count)}{only_begins}").fetchall(),
+            f"peeking slot '{self.stream.slot}'", self.stream.conn)
         txns: list[list[int]] = []  # [commit LSN, changes] of each transaction from `begin` on
         for kind, final in rows:
             if kind == 66:  # B
