@@ -124,7 +124,7 @@ class ChangeDecoder:
         xid = np.full(n, self.txn[2], np.int64)
         if len(begins):
             b_lsn, b_ts = _be(data, starts[begins] + 1, 8), _be(data, starts[begins] + 9, 8) + _PG_EPOCH_US
-            b_xid = _be(data, starts[begins] + 17, 4)
+            b_xid = _be(data, starts[begins] + 17, 4) & 0xFFFFFFFF  # xids are unsigned 32-bit
             inside = txn_of >= 0
             rank = np.searchsorted(begins, txn_of[inside])
             lsn[inside], ts[inside], xid[inside] = b_lsn[rank], b_ts[rank], b_xid[rank]
