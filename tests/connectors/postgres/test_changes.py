@@ -155,6 +155,22 @@ def test_the_snapshot_hands_over_to_the_changes_with_no_gap_and_no_overlap_under
     reader.commit(last)
 
 
+def test_retained_wal_past_the_threshold_is_a_warning_naming_the_slot(lpg, caplog):
+    t = new_table(lpg.url, "retained")
+    quiet = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_retained")
+    start = quiet.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'x')")
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        quiet.latestOffset(start, quiet.getDefaultReadLimit())
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], "1 GiB by default: far away"
+    loud = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_retained",
+                  **{"retained-wal-warn-bytes": "0"})
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        loud.latestOffset(start, loud.getDefaultReadLimit())
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "sluice_test_retained holds back" in warning and lpg.password not in warning
+
+
 def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_included(lpg):
     a = new_table(lpg.url, "pub_a", "id int PRIMARY KEY, name text")
     b = new_table(lpg.url, "pub_b", "id int PRIMARY KEY, qty bigint")
