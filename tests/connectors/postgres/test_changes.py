@@ -20,7 +20,9 @@ from tests.faults import die_while
 def lpg():
     # synchronous_commit=on: a commit is flushed when it returns, so the stream sees it at once (change capture
     # reads up to the flushed WAL position).
-    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on"}) as server:
+    # Every test leaves its slot behind: room for more than the default 10.
+    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on",
+                                 "max_replication_slots": "40"}) as server:
         yield server
 
 
