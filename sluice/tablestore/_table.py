@@ -214,7 +214,15 @@ class StoreTable:
         if compact_min_files and small >= compact_min_files:
             self.compact(compact_target_bytes, dt)
             self.clean(meta, keep_last=log_retention, dt=dt)
+            self.checkpoint_if_crossed(dt, version, checkpoint_interval)
         return Commit(self.name, barrier, version, replayed=False)
+
+    def checkpoint_if_crossed(self, dt: Any, before: int, interval: int = CHECKPOINT_INTERVAL) -> None:
+        """A checkpoint at `dt`'s version if versions since `before` reached a multiple of `interval`. Compactions
+        and vacuums take versions too (as in Delta, every commit counts): were a multiple taken by one of them left
+        without its checkpoint, opening the table would replay up to twice the interval's log entries."""
+        if int(dt.version()) // interval > before // interval:
+            dt.create_checkpoint()
 
     def clean(self, meta: MetaService, *, keep_last: int = 0, dry_run: bool = False, dt: Any = None) -> list[str]:
         """Delete the data files and log entries that no version from `keep_from` on needs (see `vacuum`);
@@ -348,7 +356,12 @@ def vacuum(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaSer
     rounded up (keeping more, never less); log entries go up to the newest checkpoint at or below that version
     (trim_log). Returns the files deleted (or that would be, with dry_run).
     """
-    return StoreTable(name, warehouse).clean(meta or MetaService(), dry_run=dry_run)
+    table = StoreTable(name, warehouse)
+    dt = table.delta()
+    before = int(dt.version())
+    deleted = table.clean(meta or MetaService(), dry_run=dry_run, dt=dt)
+    table.checkpoint_if_crossed(dt, before)
+    return deleted
 
 
 def oldest_needed_version(name: str, meta: MetaService) -> int | None:
@@ -396,6 +409,10 @@ def compact(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaSe
     table.delta()  # a missing table fails here, before any job is registered
     job = meta.register_job("compaction", sources=[], sinks=[name])
     try:
-        return table.compact(target_bytes)
+        dt = table.delta()
+        before = int(dt.version())
+        metrics = table.compact(target_bytes, dt)
+        table.checkpoint_if_crossed(dt, before)
+        return metrics
     finally:
         meta.finish_job(job.job_id)

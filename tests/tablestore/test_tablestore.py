@@ -420,3 +420,37 @@ def test_log_retention_keeps_every_version_a_consistent_read_may_open(store):
     trim_log(up, 25)
     with pytest.raises(TableStoreError, match="no version 12"):
         up.delta(12)
+
+
+def test_compaction_versions_count_toward_the_checkpoint_interval(store, monkeypatch):
+    """Compactions take versions of their own; when one takes a multiple of the interval, a checkpoint still follows,
+    so opening the table never replays more than the interval's log entries after the newest checkpoint."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = MetaService(store["meta"])
+
+    def widest_gap(name: str) -> tuple[int, int]:
+        """(most log entries after the newest checkpoint seen after any commit, compaction versions)."""
+        table = StoreTable(name, store["warehouse"])
+        table.create(pa.schema([("id", pa.int64())]), ())
+        log = table.root / "_delta_log"
+        widest = 0
+        for n in range(1, 31):
+            relative = f"data/b{n}/part.parquet"
+            (table.root / relative).parent.mkdir(parents=True)
+            pq.write_table(pa.table({"id": pa.array([n], pa.int64())}), table.root / relative)
+            table.commit([StagedFile(relative, (table.root / relative).stat().st_size, 1)], job=f"ingest-{name}",
+                         barrier=n, meta=meta, checkpoint_interval=5, compact_min_files=3)
+            checkpoints = [int(p.name[:20]) for p in log.glob("*.checkpoint.parquet")]
+            widest = max(widest, int(table.delta().version()) - max(checkpoints, default=0))
+        compactions = [h["version"] for h in table.delta().history() if h.get("sluice.compaction")]
+        return widest, len(compactions)
+
+    widest, compactions = widest_gap("counted")
+    assert compactions >= 5 and widest < 5, (widest, compactions)
+    # Negative control: checkpoints only at the sink's own commits on a multiple of the interval; compactions took
+    # some of those multiples, and the log after the newest checkpoint grew past the interval.
+    monkeypatch.setattr(StoreTable, "checkpoint_if_crossed", lambda *args, **kwargs: None)
+    widest, compactions = widest_gap("uncounted")
+    assert compactions >= 5 and widest >= 5, (widest, compactions)
