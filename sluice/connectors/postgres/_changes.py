@@ -117,6 +117,7 @@ class ChangeStream:
     columns: dict[str, str]  # every table column over all tables -> PostgreSQL type
     table_columns: dict[str, tuple[tuple[str, str], ...]]
     primary_keys: dict[str, tuple[str, ...]]
+    table_options: dict[str, Options]  # each table's options for format("postgres")'s snapshot reader
 
     def peek(self, upto: str, count: int | None) -> str:
         return _PEEK.format(slot=quote_literal(self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
@@ -145,7 +146,8 @@ def resolve(opts: Options) -> ChangeStream:
             if opts["publication"]:
                 raise OptionError(f"publication '{publication}' does not exist on {conn.describe()} "
                                   "(option 'publication'); create it, or name the tables with option 'table'")
-            _describe(conn, opts, wanted)  # a missing table is named as such, not as a failed CREATE PUBLICATION
+            _describe(conn, {t: _table_opts(opts, t) for t in wanted})  # a missing table is named as such, not
+            # as a failed CREATE PUBLICATION
             _create_publication(pg, conn, publication, wanted)
             published = wanted
         tables = wanted or published
@@ -153,15 +155,16 @@ def resolve(opts: Options) -> ChangeStream:
         if missing:
             raise OptionError(f"table(s) {missing} are not in publication '{publication}' (its tables: {published}); "
                               f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...")
-    return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, opts, tables))
+    table_options = {t: _table_opts(opts, t) for t in tables}
+    return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options), table_options)
 
 
-def _describe(conn: Connection, opts: Options, tables: Sequence[str]) -> tuple[dict[str, str], dict, dict]:
+def _describe(conn: Connection, table_options: dict[str, Options]) -> tuple[dict[str, str], dict, dict]:
     """(column -> PostgreSQL type over all tables, each table's columns, each table's primary key)."""
     columns: dict[str, str] = {}
     table_columns, keys = {}, {}
-    for table in tables:
-        _, cols, pk = infer_schema(conn, _table_opts(opts, table))
+    for table, read_opts in table_options.items():
+        _, cols, pk = infer_schema(conn, read_opts)
         table_columns[table] = tuple(cols)
         keys[table] = tuple(pk)
         for name, pg_type in cols:
@@ -457,7 +460,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             shared = SharedSnapshot(start["snapshot"], start["channel"], start["lsn"])
             out: list[InputPartition] = []
             for table in self.stream.tables:
-                enumerator = PostgresEnumerator(self.stream.conn, _table_opts(self.opts, table),
+                enumerator = PostgresEnumerator(self.stream.conn, self.stream.table_options[table],
                                                 list(self.stream.table_columns[table]),
                                                 list(self.stream.primary_keys[table]))
                 try:
@@ -502,7 +505,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         cols = self.stream.table_columns[part.table]
         table_schema = ST([self.schema[name] for name, _ in cols])
-        reader = PostgresSplitReader(self.stream.conn, _table_opts(self.opts, part.table), list(cols), table_schema)
+        reader = PostgresSplitReader(self.stream.conn, self.stream.table_options[part.table], list(cols), table_schema)
         try:
             for batch in reader.read(part.split, 0, 1):
                 n = batch.num_rows

@@ -51,7 +51,6 @@ class Relation:
     relid: int
     name: str  # schema.table
     columns: list[str]
-    replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
 
 
 class UnchangedToastError(PostgresError):
@@ -80,7 +79,6 @@ class ChangeDecoder:
         self.relations: dict[int, Relation] = {}
         self._slots: dict[int, list[int]] = {}  # relid -> schema column index of each relation column
         self.txn: tuple[int, int, int] = (-1, 0, 0)  # commit LSN, commit time (Unix us), xid
-        self.changes = 0
 
     # ------------------------------------------------------------------ messages
     def feed(self, messages: pa.Array) -> Iterator[pa.RecordBatch]:
@@ -137,7 +135,8 @@ class ChangeDecoder:
         count = len(rows)
         value_start = np.zeros((len(self.data_names), count), np.int64)
         value_len = np.full((len(self.data_names), count), -1, np.int64)  # -1: null
-        table_names = np.empty(count, dtype=object)
+        table_of = np.zeros(count, np.int32)  # index into `names`
+        names: list[str] = []
         keep = np.zeros(count, bool)
         for relid in np.unique(relids).tolist():
             slots = self._slots.get(relid)
@@ -145,26 +144,26 @@ class ChangeDecoder:
                 continue  # a table of the publication that this stream does not read
             mine = np.flatnonzero(relids == relid)
             keep[mine] = True
-            table_names[mine] = self.relations[relid].name
+            table_of[mine] = len(names)
+            names.append(self.relations[relid].name)
             self._parse_rows(data, starts[rows[mine]], kinds[rows[mine]], slots, relid, mine, value_start, value_len,
                              lsn[rows[mine]])
         if not keep.all():
-            rows, value_start, value_len, table_names = rows[keep], value_start[:, keep], value_len[:, keep], \
-                table_names[keep]
+            rows, value_start, value_len, table_of = rows[keep], value_start[:, keep], value_len[:, keep], \
+                table_of[keep]
             count = len(rows)
             if not count:
                 return None
-        self.changes += count
         by_name: dict[str, pa.Array] = {}
         for i, name in enumerate(self.data_names):
             texts = _gather(data, value_start[i], value_len[i])
             by_name[name] = text_to_arrow(texts, self.column_types.get(name, "text"), self.schema.field(name).type,
                                           name)
         op_kinds = kinds[rows]
-        ops = np.where(op_kinds == 0x49, "insert", np.where(op_kinds == 0x55, "update", "delete"))
-        by_name |= {OP: pa.array(ops, pa.string()), LSN: pa.array(lsn[rows], pa.int64()),
+        op_of = np.where(op_kinds == 0x49, 0, np.where(op_kinds == 0x55, 1, 2)).astype(np.int32)
+        by_name |= {OP: _OPS.take(op_of), LSN: pa.array(lsn[rows], pa.int64()),
                     COMMIT_TIME: pa.array(ts[rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                    XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(table_names.tolist(), pa.string())}
+                    XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(names, pa.string()).take(table_of)}
         return pa.RecordBatch.from_arrays([by_name[f.name] for f in self.schema], schema=self.schema)
 
     def _parse_rows(self, data: np.ndarray, starts: np.ndarray, kinds: np.ndarray, slots: list[int], relid: int,
@@ -206,15 +205,14 @@ class ChangeDecoder:
         rel_end = msg.index(b"\0", nsp_end + 1)
         name = f"{msg[pos:nsp_end].decode()}.{msg[nsp_end + 1:rel_end].decode()}"
         pos = rel_end + 1
-        ident = chr(msg[pos])
-        natts = _I16.unpack_from(msg, pos + 1)[0]
+        natts = _I16.unpack_from(msg, pos + 1)[0]  # after the replica identity setting (one byte)
         pos += 3
         columns = []
         for _ in range(natts):
             end = msg.index(b"\0", pos + 1)
             columns.append(msg[pos + 1:end].decode())
             pos = end + 1 + 8  # type oid, typmod
-        self.relations[relid] = Relation(relid, name, columns, ident)
+        self.relations[relid] = Relation(relid, name, columns)
         if name in self.tables:
             new = [c for c in columns if c not in self._index]
             if new:
@@ -235,6 +233,7 @@ class ChangeDecoder:
                 "target and start the query with a new checkpoint (snapshot=true reads the table again)")
 
 
+_OPS = pa.array(["insert", "update", "delete"], pa.string())  # the op column's values, taken by index
 _UNCHANGED = -2  # value length of an unchanged TOASTed value ('u')
 
 
