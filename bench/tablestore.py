@@ -10,7 +10,8 @@ the driver's part; `s3` starts moto's standalone S3-compatible server on loopbac
 - a day of micro-batches: --day micro-batches (2 staged files of 50 rows each, as 2 tasks would write) committed
   through the sink's committer (TableStoreCommitter: writer claim, barrier, commit, checkpoint, compaction), with
   auto-compaction on and off; at 10, 1,000 and 2,000 micro-batches: the median commit time of the last 10, the time
-  to open the table (median of 3) and to read it fully (open + every row, median of 3);
+  to open the table and to read it fully (open + every row), each measured after each of the last 10 micro-batches
+  (a whole checkpoint interval), median;
 - consistent-read planning: MetaService.consistent_version over 2, 10 and 50 tables that each completed
   --barriers barriers (SQLite file), median of 20.
 """
@@ -79,18 +80,26 @@ def day(warehouse, meta_url: str, batches: int, compact: bool, storage: dict[str
     query = f"bench-{name}"
     options = warehouse.storage_options()
     commit_ms: list[float] = []
+    open_ms: list[float] = []
+    read_ms: list[float] = []
     out: dict[str, float] = {}
+    points = {n for n in (10, 1000, 2000) if n <= batches} | {batches}
     for n in range(1, batches + 1):
         files = stage(table, table.staging_prefix(query, n), 2, 50, n * 100)
         t = time.perf_counter()
         committer.commit([dataclasses.asdict(f) for f in files], WriteContext(write_id=query, epoch=n))
         commit_ms.append((time.perf_counter() - t) * 1000)
-        if n in (10, 1000, 2000) or n == batches:
+        # Open and read after each of the 10 micro-batches up to a point: a whole checkpoint interval, so the figure
+        # does not depend on how far the point happens to be from the newest checkpoint (0 to 9 log entries).
+        if any(0 <= point - n < 10 for point in points):
+            open_ms.append(median_ms(lambda: DeltaTable(table.uri, storage_options=options), repeat=1))
+            read_ms.append(median_ms(lambda: DeltaTable(table.uri, storage_options=options).to_pyarrow_table(),
+                                     repeat=1))
+        if n in points:
             out[f"{n}_version"] = DeltaTable(table.uri, storage_options=options).version()
             out[f"{n}_commit_ms"] = statistics.median(commit_ms[-10:])
-            out[f"{n}_open_ms"] = median_ms(lambda: DeltaTable(table.uri, storage_options=options))
-            out[f"{n}_full_read_ms"] = median_ms(
-                lambda: DeltaTable(table.uri, storage_options=options).to_pyarrow_table())
+            out[f"{n}_open_ms"] = statistics.median(open_ms[-10:])
+            out[f"{n}_full_read_ms"] = statistics.median(read_ms[-10:])
             out[f"{n}_files"] = len(DeltaTable(table.uri, storage_options=options).file_uris())
     return out
 
