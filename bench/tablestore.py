@@ -1,7 +1,8 @@
 """Table store benchmark (seed 001): what a barrier commit costs, how a long-running table ages, and how
 consistent-read planning scales.
 
-Run: `.venv/bin/python bench/tablestore.py [--store local|s3] [--compaction on|off|both]` (no Spark: it measures
+Run: `.venv/bin/python bench/tablestore.py [--store local|s3] [--compaction on|off|both] [--compact-min-files N]`
+(no Spark: it measures
 the driver's part; `s3` starts moto's standalone S3-compatible server on loopback and puts the tables in its bucket).
 - commit overhead: the same staged Parquet files (--files files of --rows rows) committed to a Delta table
   by sluice's barrier commit (app-transaction check, commit with metadata + app transaction, MetaService
@@ -62,7 +63,8 @@ def median_ms(fn, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def day(warehouse, meta_url: str, batches: int, compact: bool, storage: dict[str, str]) -> dict[str, float]:
+def day(warehouse, meta_url: str, batches: int, compact: bool, storage: dict[str, str],
+        compact_min_files: int = 20) -> dict[str, float]:
     """--day micro-batches through the sink's committer; figures at 10, 1,000 and 2,000 micro-batches."""
     from deltalake import DeltaTable
 
@@ -75,7 +77,8 @@ def day(warehouse, meta_url: str, batches: int, compact: bool, storage: dict[str
     table = StoreTable(name, warehouse)
     table.create(pa.schema([("id", pa.int64()), ("v", pa.int64())]), ())
     opts = WRITE_SPEC.parse({"table": name, "warehouse": warehouse.root, "meta": meta_url,
-                             "auto-compact": str(compact).lower(), **storage})
+                             "auto-compact": str(compact).lower(),
+                             "compact-min-files": str(compact_min_files), **storage})
     committer = TableStoreCommitter(table, opts)
     query = f"bench-{name}"
     options = warehouse.storage_options()
@@ -113,6 +116,7 @@ def main() -> None:
     ap.add_argument("--day", type=int, default=2000, help="micro-batches of the day (0: skip)")
     ap.add_argument("--store", choices=("local", "s3"), default="local")
     ap.add_argument("--compaction", choices=("on", "off", "both"), default="both", help="day runs to make")
+    ap.add_argument("--compact-min-files", type=int, default=20, help="the sink option of the day runs")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
         run(args, stack)
@@ -171,7 +175,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
 
     if args.day:
         for compact in {"on": (True,), "off": (False,), "both": (True, False)}[args.compaction]:
-            for key, value in day(warehouse, str(tmp / "meta.db"), args.day, compact, storage).items():
+            for key, value in day(warehouse, str(tmp / "meta.db"), args.day, compact, storage,
+                                  args.compact_min_files).items():
                 results[f"day_{'compaction_on' if compact else 'compaction_off'}_{key}"] = value
 
     for count in (2, 10, 50):
@@ -192,6 +197,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
         "date": date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {platform.machine()}",
         "store": args.store if args.store == "local" else "s3 (moto's standalone server on loopback)",
         "files_per_commit": args.files, "rows_per_file": args.rows, "commits": args.commits,
+        "compact_min_files": args.compact_min_files,
         "barriers_per_table": args.barriers, "results": {k: round(v, 2) for k, v in results.items()},
     }, indent=2))
 

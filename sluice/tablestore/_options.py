@@ -37,8 +37,8 @@ WRITE_SPEC = OptionSpec("tablestore", (
            "reads a checkpoint and at most this many log entries, not the whole log.", minimum=1),
     Option("auto-compact", "bool", True, "Compact the table from the sink: after a commit that leaves "
            "compact-min-files small files, they are rewritten into few large ones (a data-neutral version)."),
-    Option("compact-min-files", "int", 50, "Files smaller than compact-target-bytes that trigger a compaction.",
-           minimum=2),
+    Option("compact-min-files", "int", 20, "Files smaller than compact-target-bytes that trigger a compaction "
+           "(each is a request when the table is read from object storage).", minimum=2),
     Option("compact-target-bytes", "int", 128 * 1024 * 1024, "Size of the files a compaction writes; smaller files "
            "count as small.", minimum=1024),
     Option("log-retention-versions", "int", 100, "When the sink compacts, it also trims the Delta log: it keeps the "
