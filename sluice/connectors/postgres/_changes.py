@@ -146,8 +146,8 @@ def resolve(opts: Options) -> ChangeStream:
             if opts["publication"]:
                 raise OptionError(f"publication '{publication}' does not exist on {conn.describe()} "
                                   "(option 'publication'); create it, or name the tables with option 'table'")
-            _describe(conn, {t: _table_opts(opts, t) for t in wanted})  # a missing table is named as such, not
-            # as a failed CREATE PUBLICATION
+            # A missing table is named as such, not as a failed CREATE PUBLICATION.
+            _describe(conn, {t: _table_opts(opts, t) for t in wanted})
             _create_publication(pg, conn, publication, wanted)
             published = wanted
         tables = wanted or published
