@@ -15,7 +15,10 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
 - **Initial snapshot without gap or overlap**: on first start the slot is created over the replication
   protocol with an exported snapshot (held open by a small process, see _snapshot.py); micro-batch 0 reads
   the tables in that snapshot, in parallel splits as `format("postgres")` does, and every later batch
-  streams from the slot's consistent point, where that snapshot ends.
+  streams from the slot's consistent point, where that snapshot ends. With `max-changes-per-trigger` the
+  snapshot is cut into splits of about that many rows (table statistics) and read over as many micro-batches,
+  whole splits each; the splits are planned once and carried in the offsets, so a replayed batch reads the same
+  ones (offsets {"lsn", "snapshot", "channel", "splits", "done"} until the last snapshot batch).
 - **Rows**: the tables' columns typed as `format("postgres")` types them, then `_op` (insert, update, delete:
   values `upsert.op-column` takes; snapshot rows are inserts), `_lsn` (the commit LSN as a number),
   `_commit_time`, `_xid` (null for snapshot rows) and `_table` (schema.name).
@@ -43,6 +46,7 @@ from sluice.connectors.postgres._conn import (
     CONNECTION_OPTIONS,
     Connection,
     PostgresError,
+    qualified,
     quote_ident,
     quote_literal,
     split_qualified,
@@ -78,7 +82,8 @@ CHANGES_OPTIONS = (
            "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
            "(every row as an insert), then stream changes from exactly there. false: changes only."),
     Option("max-changes-per-trigger", "int", 0,
-           "Most changes per micro-batch (whole transactions; at least one); 0 = all available.", minimum=0),
+           "Most changes per micro-batch (whole transactions; at least one); 0 = all available. The initial "
+           "snapshot is read in splits of about this many rows, as many micro-batches.", minimum=0),
     Option("failOnDataLoss", "bool", True,
            "Fail when the slot is missing, invalidated or moved past the query's position (false: warn, "
            "re-create the slot and skip what is gone)."),
@@ -103,6 +108,8 @@ _PEEK = ("pg_logical_slot_peek_binary_changes({slot}, {upto}, {count}, 'proto_ve
 _SESSION = ("SET DateStyle = ISO", "SET TimeZone = 'UTC'", "SET IntervalStyle = postgres",
             "SET bytea_output = hex")
 DECODE_SLICE = 65_536  # messages decoded at a time
+# Most snapshot splits per table when max-changes-per-trigger cuts the snapshot: every snapshot offset carries them.
+MAX_SNAPSHOT_SPLITS = 1_000
 _SLOT_BUSY = "55006"  # object_in_use: another backend is decoding the slot (a killed task's, for a moment)
 
 
@@ -181,12 +188,12 @@ def _conn_options(opts: Options) -> dict[str, Any]:
     return {o.name: opts[o.name] for o in CONNECTION_OPTIONS if opts.is_set(o.name)}
 
 
-def _table_opts(opts: Options, table: str) -> Options:
+def _table_opts(opts: Options, table: str, partitions: int | None = None) -> Options:
     """The options of a batch read of one table in the snapshot (format("postgres")'s reader takes them)."""
     from sluice.connectors.postgres._source import READ_SPEC
 
     raw = {k: str(v) for k, v in _conn_options(opts).items()}
-    raw.update({"table": table, "num-partitions": str(opts["num-partitions"]),
+    raw.update({"table": table, "num-partitions": str(opts["num-partitions"] if partitions is None else partitions),
                 "snapshot.timeout-s": str(opts["snapshot.timeout-s"])})
     return READ_SPEC.parse(raw)
 
@@ -362,8 +369,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._target = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        if "snapshot" in start:
-            return {"lsn": start["lsn"]}  # micro-batch 0: the snapshot alone, then changes from its LSN
+        if "snapshot" in start:  # the snapshot alone, then changes from its LSN
+            return self._snapshot_end(start, limit.max_rows if isinstance(limit, ReadMaxRows) else None)
         begin = parse_lsn(start["lsn"])
         s = self.stream
         with s.conn.connect_psycopg() as pg:
@@ -379,6 +386,48 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._reported is not None:
             self._reported["lsn"] = format_lsn(end)
         return {"lsn": format_lsn(end)}
+
+    def _snapshot_end(self, start: dict, budget: int | None) -> dict:
+        """Where a snapshot micro-batch ends: after the whole snapshot, or with a budget after the splits (planned
+        once, then carried in the offsets) whose estimated rows fit it, at least one."""
+        after = {"lsn": start["lsn"]}
+        if budget is None:
+            return after
+        splits = start.get("splits")
+        if splits is None:
+            splits = self._plan_snapshot(start, budget)
+        done = start.get("done", 0)
+        taken, rows = done, 0
+        while taken < len(splits) and (taken == done or rows + splits[taken][2] <= budget):
+            rows += splits[taken][2]
+            taken += 1
+        if taken == len(splits):
+            return after
+        return {**after, "snapshot": start["snapshot"], "channel": start["channel"], "splits": splits,
+                "done": taken}
+
+    def _plan_snapshot(self, start: dict, budget: int) -> list[list]:
+        """[table, where, estimated rows] of every split of the snapshot, about `budget` rows each."""
+        shared = SharedSnapshot(start["snapshot"], start["channel"], start["lsn"])
+        out: list[list] = []
+        with self.stream.conn.connect_psycopg() as pg:
+            for table in self.stream.tables:
+                schema, name = table.split(".", 1)  # exact names, as resolve() joined them
+                (rows,) = pg.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class c JOIN pg_namespace n "
+                                     "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                                     (schema, name)).fetchone()
+                if not rows:  # never analyzed (or empty): count, once
+                    (rows,) = pg.execute(f"SELECT count(*) FROM {qualified(schema, name)}").fetchone()
+                wanted = self.opts["num-partitions"] or min(MAX_SNAPSHOT_SPLITS, max(1, -(-rows // budget)))
+                enumerator = PostgresEnumerator(self.stream.conn, _table_opts(self.opts, table, wanted),
+                                                list(self.stream.table_columns[table]),
+                                                list(self.stream.primary_keys[table]))
+                try:
+                    splits = enumerator.discover_in(shared)
+                except PostgresError as e:
+                    raise self._snapshot_gone(e) from None
+                out += [[table, split.info["where"], rows // len(splits)] for split in splits]
+        return out
 
     def _advance(self, pg: Any, begin: int) -> int:
         """Check the slot (data loss), move it to `begin`, report retained WAL; returns where reading begins."""
@@ -456,6 +505,12 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, stop = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
+        if "snapshot" in start and ("splits" in start or "splits" in end):  # planned splits, some of them
+            planned = start.get("splits") or end["splits"]
+            info = {"snapshot": start["snapshot"], "channel": start["channel"]}
+            return [SnapshotPartition(table, Split(f"split-{i}", {**info, "where": where}), begin)
+                    for i, (table, where, _) in enumerate(planned[start.get("done", 0):end.get("done", len(planned))],
+                                                          start.get("done", 0))]
         if "snapshot" in start:
             shared = SharedSnapshot(start["snapshot"], start["channel"], start["lsn"])
             out: list[InputPartition] = []

@@ -211,6 +211,39 @@ def test_max_changes_per_trigger_cuts_between_transactions_never_inside_one(lpg)
     assert all(len(x) == 1 for x in xids) and len(set.union(*xids)) == 5
 
 
+def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro_batches(lpg):
+    """A 1,000-row table with a budget of 300: four snapshot batches of one 250-row split each (planned once and
+    carried in the offsets, so a replayed batch reads the same rows), then the changes; every row exactly once."""
+    t = new_table(lpg.url, "budgeted_snapshot")
+    sql(lpg.url, f"INSERT INTO {t} SELECT g, 'old' FROM generate_series(0, 999) g", f"ANALYZE {t}")
+    reader = stream(lpg.url, table=t, **{"max-changes-per-trigger": "300"})
+    start = first = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1000, 'after the snapshot')")
+    sizes, ids = [], []
+    while "snapshot" in start:
+        end, rows = batch(reader, start)
+        replayed = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+        assert pa.Table.from_batches(replayed, schema=reader.arrow_schema).column("id").to_pylist() == \
+            rows.column("id").to_pylist(), "a replayed snapshot batch reads the same split"
+        assert set(rows.column("_op").to_pylist()) == {"insert"}
+        sizes.append(rows.num_rows)
+        ids += rows.column("id").to_pylist()
+        reader.commit(end)
+        start = end
+    assert sizes == [250, 250, 250, 250]
+    assert start == {"lsn": first["lsn"]}, "the last snapshot batch ends where the changes begin"
+    end, changes = batch(reader, start)
+    assert changes.column("id").to_pylist() == [1000]
+    assert sorted([*ids, 1000]) == list(range(1001)), "every row exactly once"
+    reader.commit(end)
+    # Without a budget the snapshot is one micro-batch, as before.
+    whole = stream(lpg.url, table=t, slot="whole_snapshot")
+    start = whole.initialOffset()
+    end, rows = batch(whole, start)
+    assert end == {"lsn": start["lsn"]} and rows.num_rows == 1001
+    whole.commit(end)
+
+
 def test_toasted_values_left_out_of_an_update_fail_clearly_or_are_carried_with_replica_identity_full(lpg):
     t = new_table(lpg.url, "toasty", "id int PRIMARY KEY, n int, doc text")
     sql(lpg.url, f"ALTER TABLE {t} ALTER COLUMN doc SET STORAGE EXTERNAL")  # stored out of line, uncompressed
