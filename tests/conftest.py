@@ -62,7 +62,8 @@ def pg():
     if url:
         yield PG(url)
         return
-    with LocalPostgres() as server:
+    # wal_level=logical: the deploy tests stream change capture from it too (a superset of the default, replica).
+    with LocalPostgres(settings={"wal_level": "logical"}) as server:
         yield PG(server.url)
 
 

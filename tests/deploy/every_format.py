@@ -89,6 +89,26 @@ def run(spark, cfg: dict) -> dict:
     out["postgres"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", pg["table"]).load()) \
         == expected
 
+    # Change capture: the table's snapshot (micro-batch 0), then one transaction after it, streamed into an upsert
+    # table by two AvailableNow runs of one query (the second resumes from the checkpoint, on the driver's machine).
+    source, target = f"deploy_cdc_{tag}", f"deploy_cdc_out_{tag}"
+    rows.write.format("postgres").options(url=cfg["pg"], table=source, **{"create-table": "true",
+                                                                          "primary-key": "id"}).mode("append").save()
+
+    def stream_changes() -> None:
+        changes = spark.readStream.format("postgres_changes").option("url", cfg["pg"]).option("table", source).load()
+        changes.select("id", "name", "_op").writeStream.format("postgres").options(
+            url=cfg["pg"], table=target, **{"create-table": "true", "primary-key": "id", "upsert.op-column": "_op"}) \
+            .option("checkpointLocation", f"{cfg['warehouse']}/checkpoint-{target}").trigger(availableNow=True) \
+            .start().awaitTermination()
+
+    stream_changes()
+    spark.range(100, 110, 1, 1).selectExpr("id", "concat('n', id) AS name").write.format("postgres") \
+        .option("url", cfg["pg"]).option("table", source).mode("append").save()
+    stream_changes()
+    out["postgres_changes"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", target)
+                                  .load()) == list(range(110))
+
     ch = {"url": cfg["ch"]["url"], "password": cfg["ch"]["password"], "table": f"deploy_{tag}"}
     clickhouse_sql(cfg["ch"], f"CREATE TABLE {ch['table']} (id Int64, name String) ENGINE = MergeTree() ORDER BY id")
     rows.write.format("clickhouse").options(**ch).mode("append").save()

@@ -52,5 +52,5 @@ def test_every_format_on_a_standalone_cluster_with_the_clusters_own_python(clust
     assert result["tasks_python"] == "cluster", result
     assert result["one_call_tasks"] == 4, result  # the input's 4 partitions, not spark.sql.shuffle.partitions
     assert result["sluice_null"] == 100 and result["s2_summary"] == 100
-    assert {k: result[k] for k in ("s2", "s2_upsert", "postgres", "clickhouse", "tablestore")} == dict.fromkeys(
-        ("s2", "s2_upsert", "postgres", "clickhouse", "tablestore"), True)
+    stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore")
+    assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result

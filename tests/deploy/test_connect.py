@@ -34,5 +34,5 @@ def test_every_format_from_a_spark_connect_client_with_its_write_summaries(conne
     assert not (client / "stats").exists()
     assert (connect_server["home"] / "stats" / "s2.json").is_file()
     assert 1 <= result["one_call_tasks"] <= 4, result  # adaptive execution sized the shuffle, not 200 tasks
-    assert {k: result[k] for k in ("s2", "s2_upsert", "postgres", "clickhouse", "tablestore")} == dict.fromkeys(
-        ("s2", "s2_upsert", "postgres", "clickhouse", "tablestore"), True)
+    stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore")
+    assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result

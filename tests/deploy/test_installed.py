@@ -38,5 +38,5 @@ def test_the_wheel_in_a_fresh_virtualenv_writes_and_reads_every_format_without_r
     assert result["tasks_sluice"].startswith(str(site)), result  # the installed copy, not the checkout
     assert result["sluice_imported"] is False  # the driver's Python never imported sluice
     assert result["sluice_null"] == 100 and result["s2_summary"] == 100
-    assert {k: result[k] for k in ("s2", "s2_upsert", "postgres", "clickhouse", "tablestore", "sql")} == dict.fromkeys(
-        ("s2", "s2_upsert", "postgres", "clickhouse", "tablestore", "sql"), True)
+    stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore", "sql")
+    assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result
