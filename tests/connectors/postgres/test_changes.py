@@ -323,9 +323,10 @@ def test_bad_options_fail_before_anything_is_created(lpg):
     assert "stream" in str(refused.value) and lpg.password not in str(refused.value)
 
 
-def test_wal_level_replica_is_refused_with_the_fix(pg):
-    with pytest.raises(PostgresError, match=r"wal_level=replica.*wal_level = logical"):
-        PostgresChangesDataSource({"url": pg.url, "table": "x"}).schema()
+def test_wal_level_replica_is_refused_with_the_fix():
+    with LocalPostgres(settings={"wal_level": "replica"}) as replica, \
+            pytest.raises(PostgresError, match=r"wal_level=replica.*wal_level = logical"):
+        PostgresChangesDataSource({"url": replica.url, "table": "x"}).schema()
 
 
 # ------------------------------------------------------------------------------------------------ in Spark
