@@ -212,19 +212,20 @@ class StoreTable:
         # By the table's single writer, between two of its commits: a compaction never races one of them. Files and
         # log entries are cleaned at the same pace (kept: log_retention versions and all a consistent read may open).
         if compact_min_files and small >= compact_min_files:
-            self.compact(compact_target_bytes, dt)
-            self.clean(meta, keep_last=log_retention, dt=dt)
-            self.checkpoint_if_crossed(dt, version, checkpoint_interval)
+            self.compact(compact_target_bytes, dt, checkpoint_interval)
+            self.clean(meta, keep_last=log_retention, dt=dt, checkpoint_interval=checkpoint_interval)
         return Commit(self.name, barrier, version, replayed=False)
 
     def checkpoint_if_crossed(self, dt: Any, before: int, interval: int = CHECKPOINT_INTERVAL) -> None:
         """A checkpoint at `dt`'s version if versions since `before` reached a multiple of `interval`. Compactions
-        and vacuums take versions too (as in Delta, every commit counts): were a multiple taken by one of them left
-        without its checkpoint, opening the table would replay up to twice the interval's log entries."""
+        and vacuums take versions too (as in Delta, every commit counts), so each calls this after itself: were a
+        multiple taken by one of them left without its checkpoint, opening the table would replay up to twice the
+        interval's log entries."""
         if int(dt.version()) // interval > before // interval:
             dt.create_checkpoint()
 
-    def clean(self, meta: MetaService, *, keep_last: int = 0, dry_run: bool = False, dt: Any = None) -> list[str]:
+    def clean(self, meta: MetaService, *, keep_last: int = 0, dry_run: bool = False, dt: Any = None,
+              checkpoint_interval: int = CHECKPOINT_INTERVAL) -> list[str]:
         """Delete the data files and log entries that no version from `keep_from` on needs (see `vacuum`);
         `keep_from` is the oldest version a consistent read may open, or `keep_last` versions back if older."""
         keep_from = oldest_needed_version(self.name, meta)
@@ -243,6 +244,7 @@ class StoreTable:
             hours = int(-(-(time.time() * 1000 - committed) // 3_600_000))  # whole hours, rounded up
         deleted = list(dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=dry_run,
                                  post_commithook_properties=_hooks()))
+        self.checkpoint_if_crossed(dt, latest, checkpoint_interval)  # the vacuum's own versions, when it deleted
         return deleted + trim_log(self, keep_from, dry_run=dry_run)
 
     def _commit_once(self, dt: Any, files: list[StagedFile], job: str, barrier: int, op_column: str | None) -> int:
@@ -276,7 +278,8 @@ class StoreTable:
             meta.complete_barrier(self.name, barrier, version, job_id)
         return Commit(self.name, barrier, version, replayed=True)
 
-    def compact(self, target_bytes: int = COMPACT_TARGET_BYTES, dt: Any = None) -> dict[str, Any]:
+    def compact(self, target_bytes: int = COMPACT_TARGET_BYTES, dt: Any = None,
+                checkpoint_interval: int = CHECKPOINT_INTERVAL) -> dict[str, Any]:
         """Rewrite the table's small files into files of about `target_bytes`, as one data-neutral Delta version.
 
         Delta's optimize marks its adds and removes dataChange=false: reads at a barrier (pinned to the barrier's
@@ -287,9 +290,12 @@ class StoreTable:
         from deltalake import CommitProperties
 
         dt = dt or self.delta()
-        return dt.optimize.compact(target_size=target_bytes,
-                                   commit_properties=CommitProperties(custom_metadata={"sluice.compaction": "true"}),
-                                   post_commithook_properties=_hooks())
+        before = int(dt.version())
+        metrics = dt.optimize.compact(target_size=target_bytes,
+                                      commit_properties=CommitProperties(custom_metadata={"sluice.compaction": "true"}),
+                                      post_commithook_properties=_hooks())
+        self.checkpoint_if_crossed(dt, before, checkpoint_interval)
+        return metrics
 
     def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
                props: Any, hooks: Any) -> None:
@@ -356,12 +362,7 @@ def vacuum(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaSer
     rounded up (keeping more, never less); log entries go up to the newest checkpoint at or below that version
     (trim_log). Returns the files deleted (or that would be, with dry_run).
     """
-    table = StoreTable(name, warehouse)
-    dt = table.delta()
-    before = int(dt.version())
-    deleted = table.clean(meta or MetaService(), dry_run=dry_run, dt=dt)
-    table.checkpoint_if_crossed(dt, before)
-    return deleted
+    return StoreTable(name, warehouse).clean(meta or MetaService(), dry_run=dry_run)
 
 
 def oldest_needed_version(name: str, meta: MetaService) -> int | None:
@@ -409,10 +410,6 @@ def compact(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaSe
     table.delta()  # a missing table fails here, before any job is registered
     job = meta.register_job("compaction", sources=[], sinks=[name])
     try:
-        dt = table.delta()
-        before = int(dt.version())
-        metrics = table.compact(target_bytes, dt)
-        table.checkpoint_if_crossed(dt, before)
-        return metrics
+        return table.compact(target_bytes)
     finally:
         meta.finish_job(job.job_id)

@@ -419,15 +419,18 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if not rows:  # never analyzed (or empty): count, once
                     (rows,) = pg.execute(f"SELECT count(*) FROM {qualified(schema, name)}").fetchone()
                 wanted = self.opts["num-partitions"] or min(MAX_SNAPSHOT_SPLITS, max(1, -(-rows // budget)))
-                enumerator = PostgresEnumerator(self.stream.conn, _table_opts(self.opts, table, wanted),
-                                                list(self.stream.table_columns[table]),
-                                                list(self.stream.primary_keys[table]))
-                try:
-                    splits = enumerator.discover_in(shared)
-                except PostgresError as e:
-                    raise self._snapshot_gone(e) from None
+                splits = self._discover(table, _table_opts(self.opts, table, wanted), shared)
                 out += [[table, split.info["where"], rows // len(splits)] for split in splits]
         return out
+
+    def _discover(self, table: str, read_opts: Options, shared: SharedSnapshot) -> list[Split]:
+        """The snapshot splits of one table, cut as format("postgres")'s reader cuts them."""
+        enumerator = PostgresEnumerator(self.stream.conn, read_opts, list(self.stream.table_columns[table]),
+                                        list(self.stream.primary_keys[table]))
+        try:
+            return enumerator.discover_in(shared)
+        except PostgresError as e:
+            raise self._snapshot_gone(e) from None
 
     def _advance(self, pg: Any, begin: int) -> int:
         """Check the slot (data loss), move it to `begin`, report retained WAL; returns where reading begins."""
@@ -507,23 +510,14 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, stop = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if "snapshot" in start and ("splits" in start or "splits" in end):  # planned splits, some of them
             planned = start.get("splits") or end["splits"]
+            first, stop_at = start.get("done", 0), end.get("done", len(planned))
             info = {"snapshot": start["snapshot"], "channel": start["channel"]}
             return [SnapshotPartition(table, Split(f"split-{i}", {**info, "where": where}), begin)
-                    for i, (table, where, _) in enumerate(planned[start.get("done", 0):end.get("done", len(planned))],
-                                                          start.get("done", 0))]
+                    for i, (table, where, _) in enumerate(planned[first:stop_at], first)]
         if "snapshot" in start:
             shared = SharedSnapshot(start["snapshot"], start["channel"], start["lsn"])
-            out: list[InputPartition] = []
-            for table in self.stream.tables:
-                enumerator = PostgresEnumerator(self.stream.conn, self.stream.table_options[table],
-                                                list(self.stream.table_columns[table]),
-                                                list(self.stream.primary_keys[table]))
-                try:
-                    splits = enumerator.discover_in(shared)
-                except PostgresError as e:
-                    raise self._snapshot_gone(e) from None
-                out += [SnapshotPartition(table, split, begin) for split in splits]
-            return out
+            return [SnapshotPartition(table, split, begin) for table in self.stream.tables
+                    for split in self._discover(table, self.stream.table_options[table], shared)]
         return [ChangesPartition(begin, stop)] if stop > begin else []
 
     def _snapshot_gone(self, error: Exception) -> PostgresError:
