@@ -12,6 +12,10 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
   `commit()`, so a restarted query replays exactly the batches Spark did not commit. The end of a batch is
   the server's flushed WAL position, or with `max-changes-per-trigger` the commit after the last transaction
   that fits (at least one transaction, never a part of one).
+- **A batch's fetch is overlapped with its decoding** (`fetch-ranges`): the server materializes a whole peek
+  before sending any of it, so a large batch is fetched as consecutive WAL ranges, each after the first from a
+  temporary copy of the slot advanced to the range's start (the copy skips earlier transactions on the server;
+  each range's decoder keeps only its own), the next range fetched in a thread while this one is decoded.
 - **Initial snapshot without gap or overlap**: on first start the slot is created over the replication
   protocol with an exported snapshot (held open by a small process, see _snapshot.py); micro-batch 0 reads
   the tables in that snapshot, in parallel splits as `format("postgres")` does, and every later batch
@@ -30,9 +34,12 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +100,12 @@ CHANGES_OPTIONS = (
            minimum=0, maximum=10_000),
     Option("snapshot.timeout-s", "int", 600,
            "The exported snapshot is released this long after the last snapshot split finished.", minimum=5),
+    Option("fetch-ranges", "int", 2,
+           "A micro-batch's changes are fetched as up to this many consecutive WAL ranges of at least 16 MiB each: "
+           "the server decodes the next range, from a temporary copy of the slot, while sluice decodes and Spark "
+           "writes the one before. 1 = one fetch per micro-batch. A copy takes a replication slot "
+           "(max_replication_slots) while it is read; with none free the range is fetched from the slot itself "
+           "(slower, with a warning).", minimum=1, maximum=16),
 )
 
 
@@ -108,9 +121,13 @@ _PEEK = ("pg_logical_slot_peek_binary_changes({slot}, {upto}, {count}, 'proto_ve
 _SESSION = ("SET DateStyle = ISO", "SET TimeZone = 'UTC'", "SET IntervalStyle = postgres",
             "SET bytea_output = hex")
 DECODE_SLICE = 65_536  # messages decoded at a time
+# A fetch range smaller than this is not worth a copied slot: copying and advancing one costs ~0.1 s, and the copy
+# decodes (without sending) everything from the slot's restart point up to the range again.
+FETCH_RANGE_MIN_WAL = 16 << 20
 # Most snapshot splits per table when max-changes-per-trigger cuts the snapshot: every snapshot offset carries them.
 MAX_SNAPSHOT_SPLITS = 1_000
 _SLOT_BUSY = "55006"  # object_in_use: another backend is decoding the slot (a killed task's, for a moment)
+_NO_FREE_SLOT = "53400"  # configuration_limit_exceeded: all max_replication_slots are in use
 
 
 @dataclass(frozen=True)
@@ -126,8 +143,8 @@ class ChangeStream:
     primary_keys: dict[str, tuple[str, ...]]
     table_options: dict[str, Options]  # each table's options for format("postgres")'s snapshot reader
 
-    def peek(self, upto: str, count: int | None) -> str:
-        return _PEEK.format(slot=quote_literal(self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
+    def peek(self, upto: str, count: int | None, slot: str | None = None) -> str:
+        return _PEEK.format(slot=quote_literal(slot or self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
                             count="NULL" if count is None else int(count),
                             publication=quote_literal(quote_ident(self.publication)))
 
@@ -279,6 +296,13 @@ def _busy_retry(action: Any, what: str, conn: Connection, deadline_s: float = 30
                 raise PostgresError(f"{what} on {conn.describe()} failed: {conn.scrub(e)}", sqlstate_of(e)) from None
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def wal_ranges(start: int, end: int, most: int) -> list[tuple[int, int]]:
+    """[start, end) cut into at most `most` consecutive ranges of equal WAL bytes, none under FETCH_RANGE_MIN_WAL."""
+    count = max(1, min(most, (end - start) // FETCH_RANGE_MIN_WAL))
+    cuts = [start + (end - start) * i // count for i in range(count)] + [end]
+    return list(itertools.pairwise(cuts))
 
 
 # ------------------------------------------------------------------------------------------------ partitions
@@ -571,24 +595,65 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise
 
     def _read_changes(self, part: ChangesPartition) -> Iterator[pa.RecordBatch]:
+        """The batch's changes, range by range (wal_ranges), each range's fetch running while the one before it is
+        decoded and written. A range holds the transactions whose commit record starts in it: its decoder keeps only
+        those, and its slot copy, advanced to the range's start, skips the ones before on the server."""
         s = self.stream
-        decoder = ChangeDecoder(self.arrow_schema, s.columns, part.start, part.end, set(s.tables))
+        ranges = wal_ranges(part.start, part.end, self.opts["fetch-ranges"])
+        pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-fetch")
+        try:
+            ahead: Future[pa.ChunkedArray] | None = None
+            for i, (low, high) in enumerate(ranges):
+                messages = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
+                if i + 1 < len(ranges):
+                    ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True)
+                decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, set(s.tables))
+                for chunk in messages.chunks:
+                    # ADBC hands over a whole fetch at once; decoding it in slices lets Spark convert and write one
+                    # slice while the next is decoded.
+                    for first in range(0, len(chunk), DECODE_SLICE):
+                        yield from decoder.feed(chunk.slice(first, DECODE_SLICE))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _fetch(self, low: int, high: int, *, copy: bool) -> pa.ChunkedArray:
+        """The pgoutput messages of the transactions committed before `high`; with `copy`, from a temporary copy of
+        the slot advanced to `low` (dropped with the session), so the server sends only [low, high)."""
+        s = self.stream
         conn = s.conn.connect()
         cur = conn.cursor()
         try:
             for statement in _SESSION:
                 cur.execute(statement)
-            _busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(part.end), None)}"),
-                        f"reading changes of slot '{s.slot}'", s.conn)
-            for chunk in cur.fetch_record_batch():
-                messages = chunk.column(0)
-                # ADBC hands over the whole peek at once; decoding it in slices lets Spark convert and write one
-                # slice while the next is decoded.
-                for first in range(0, len(messages), DECODE_SLICE):
-                    yield from decoder.feed(messages.slice(first, DECODE_SLICE))
+            slot = self._copy_slot(cur, low) if copy else s.slot
+            _busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(high), None, slot)}"),
+                        f"reading changes of slot '{slot}'", s.conn)
+            return cur.fetch_arrow_table().column(0)
         finally:
             cur.close()
             conn.close()
+
+    def _copy_slot(self, cur: Any, low: int) -> str:
+        """A temporary copy of the slot, at `low`; the slot itself when the server has no slot free for it."""
+        s = self.stream
+        copy = f"sluice_tmp_{uuid.uuid4().hex[:16]}"
+        try:
+            # ADBC reads a function's record result as a nested row it cannot convert: select a constant.
+            cur.execute(f"SELECT 1 FROM pg_copy_logical_replication_slot({quote_literal(s.slot)}, "
+                        f"{quote_literal(copy)}, true)")
+            cur.fetchall()
+        except Exception as e:
+            if sqlstate_of(e) != _NO_FREE_SLOT:
+                raise PostgresError(f"copying slot '{s.slot}' on {s.conn.describe()} failed: {s.conn.scrub(e)}",
+                                    sqlstate_of(e)) from None
+            log.warning("no replication slot free for a copy of slot %s on %s (max_replication_slots): the server "
+                        "decodes this micro-batch from its start again for the range from %s; raise "
+                        "max_replication_slots or set fetch-ranges=1", s.slot, s.conn.describe(), format_lsn(low))
+            return s.slot
+        cur.execute(f"SELECT 1 FROM pg_replication_slot_advance({quote_literal(copy)}, "
+                    f"{quote_literal(format_lsn(low))}::pg_lsn)")
+        cur.fetchall()
+        return copy
 
 
 class PostgresChangesDataSource(EngineDataSource):
@@ -629,7 +694,8 @@ def list_slots(conn: Connection, prefix: str = "sluice_") -> list[SlotInfo]:
     with conn.connect_psycopg() as pg:
         rows = pg.execute("SELECT slot_name::text, database::text, active, confirmed_flush_lsn::text, "
                           "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint, wal_status "
-                          "FROM pg_replication_slots WHERE slot_type = 'logical' AND starts_with(slot_name, %s) "
+                          "FROM pg_replication_slots WHERE slot_type = 'logical' AND NOT temporary "
+                          "AND starts_with(slot_name, %s) "
                           "ORDER BY 1", (prefix,)).fetchall()
     return [SlotInfo(*row) for row in rows]
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from sluice import DataLossError, OptionError
-from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError
+from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError, _changes
 from sluice.connectors.postgres._changes import drop_slot, list_slots
 from sluice.testing import LocalPostgres
 from tests.faults import die_while
@@ -242,6 +242,82 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
     end, rows = batch(whole, start)
     assert end == {"lsn": start["lsn"]} and rows.num_rows == 1001
     whole.commit(end)
+
+
+def mixed_transactions(url, t, count):
+    """`count` transactions of 1-4 inserts, an update or a delete each: commits spread over the WAL."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in range(count):
+            with conn.transaction():
+                if i % 5 == 3:
+                    conn.execute(f"UPDATE {t} SET v = v || 'u' WHERE id = %s", ((i - 1) * 10,))
+                elif i % 5 == 4:
+                    conn.execute(f"DELETE FROM {t} WHERE id = %s", ((i - 3) * 10,))
+                else:
+                    conn.execute(f"INSERT INTO {t} SELECT g, repeat('v', 200) FROM generate_series(%s::int, %s::int) g",
+                                 (i * 10, i * 10 + i % 4))
+
+
+def change_rows(reader, start, end):
+    rows = [r for p in reader.partitions(start, end) for b in reader.read(p) for r in b.to_pylist()]
+    return [(r["_lsn"], r["_xid"], r["_op"], r["id"], r["v"]) for r in rows]
+
+
+def test_a_batch_fetched_in_wal_ranges_reads_every_transaction_once_in_commit_order(lpg, monkeypatch):
+    """fetch-ranges=4: the ranges after the first come from copies of the slot advanced to each range's start, and
+    together hold exactly the transactions of one fetch of the whole batch. Negative controls: ranges that overlap,
+    or leave a hole, and the check sees the duplicates and the loss."""
+    monkeypatch.setattr(_changes, "FETCH_RANGE_MIN_WAL", 1024)  # ranges of this test's few hundred KiB of WAL
+    copies = []
+    copy_slot = _changes.ChangeStreamReader._copy_slot
+
+    def counted(self, cur, low):
+        copies.append(copy_slot(self, cur, low))
+        return copies[-1]
+
+    monkeypatch.setattr(_changes.ChangeStreamReader, "_copy_slot", counted)
+    t = new_table(lpg.url, "ranged")
+    whole = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_whole", **{"fetch-ranges": "1"})
+    ranged = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_ranged", **{"fetch-ranges": "4"})
+    start_whole, start_ranged = whole.initialOffset(), ranged.initialOffset()
+    mixed_transactions(lpg.url, t, 200)
+    end_whole = whole.latestOffset(start_whole, whole.getDefaultReadLimit())
+    end_ranged = ranged.latestOffset(start_ranged, ranged.getDefaultReadLimit())
+    expected = change_rows(whole, start_whole, end_whole)
+    assert not copies and len(expected) > 300 and len({r[1] for r in expected}) == 200
+    got = change_rows(ranged, start_ranged, end_ranged)
+    assert len(copies) == 3 and ranged.stream.slot not in copies, "three ranges from copies of the slot"
+    assert got == expected
+
+    def cut(overlap):
+        def ranges(start, end, most):
+            a, b = start + (end - start) // 3, start + 2 * (end - start) // 3
+            return [(start, b), (a, end)] if overlap else [(start, a), (b, end)]
+        return ranges
+
+    monkeypatch.setattr(_changes, "wal_ranges", cut(overlap=True))
+    doubled = change_rows(ranged, start_ranged, end_ranged)
+    assert len(doubled) > len(expected) and set(doubled) == set(expected), "the overlap is read twice"
+    monkeypatch.setattr(_changes, "wal_ranges", cut(overlap=False))
+    holed = change_rows(ranged, start_ranged, end_ranged)
+    assert set(holed) < set(expected), "the hole is lost"
+
+
+def test_with_no_slot_free_for_a_copy_a_range_comes_from_the_slot_itself_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(_changes, "FETCH_RANGE_MIN_WAL", 1024)
+    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on",
+                                 "max_replication_slots": "1"}) as one_slot:
+        t = new_table(one_slot.url, "crowded")
+        reader = stream(one_slot.url, table=t, snapshot="false", **{"fetch-ranges": "3"})
+        start = reader.initialOffset()
+        mixed_transactions(one_slot.url, t, 60)
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        with caplog.at_level("WARNING", logger="sluice.postgres"):
+            got = change_rows(reader, start, end)
+        whole = stream(one_slot.url, table=t, snapshot="false", slot=reader.stream.slot, **{"fetch-ranges": "1"})
+        assert got == change_rows(whole, start, end) and len({r[1] for r in got}) == 60
+    warnings = [r.getMessage() for r in caplog.records if "no replication slot free" in r.getMessage()]
+    assert len(warnings) == 2 and "fetch-ranges=1" in warnings[0] and "max_replication_slots" in warnings[0]
 
 
 def test_toasted_values_left_out_of_an_update_fail_clearly_or_are_carried_with_replica_identity_full(lpg):
