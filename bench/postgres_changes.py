@@ -12,7 +12,10 @@ all created before the changes, so every contender reads exactly the same change
 - spark in micro-batches: the same run's changes over the sum of its micro-batches' triggerExecution (what Spark
   reports as processedRowsPerSecond; what a long-running query sustains, without the query's one-off start).
 decode and spark run once with `fetch-ranges` 1 (one fetch of the whole batch) and once with the default, 2 (the
-second half fetched from a copy of the slot while the first is decoded), alternating within each round.
+second half fetched from a copy of the slot while the first is decoded), alternating within each round;
+- spark floor: the same number of rows of the same schema, ready-made (one 65,536-row Arrow batch built once and
+  yielded over and over) by a minimal Python streaming source into `sluice_null`, in micro-batches: what Spark's
+  hand-over from a Python source to a Python sink costs with no fetch and no decoding, the bound on any source.
 Each figure is the best of --rounds.
 """
 
@@ -84,6 +87,66 @@ def spark_run(spark, url: str, slot: str, ranges: int) -> tuple[float, float, in
     return elapsed, in_batches, rows
 
 
+FLOOR_SCHEMA = ("id bigint, v bigint, s string, _op string, _lsn bigint, _commit_time timestamp, _xid bigint, "
+                "_table string")
+
+
+def floor_source(rows: int) -> type:
+    """A streaming Python data source of `rows` ready-made change rows (one batch built once, yielded repeatedly)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class ReadyMadeReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict:
+            return {"rows": 0}
+
+        def latestOffset(self, start: dict | None = None, limit: object = None) -> dict:
+            return {"rows": rows}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition(end["rows"] - start["rows"])] if end["rows"] > start["rows"] else []
+
+        def read(self, partition: InputPartition):
+            import numpy as np
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            n = 65_536
+            ids = pa.array(np.arange(n, dtype=np.int64))
+            batch = pa.RecordBatch.from_arrays([
+                ids, pc.multiply(ids, 2), pc.cast(pc.add(ids, 10_000_000), pa.string()),
+                pa.array(["insert"] * (n // 2) + ["update"] * (n - n // 2)), pc.divide(ids, 1000),
+                pa.array(np.full(n, 1_700_000_000_000_000, np.int64)).cast(pa.timestamp("us", tz="UTC")),
+                pc.divide(ids, 1000), pa.array(["public.narrow"] * n)],
+                names=["id", "v", "s", "_op", "_lsn", "_commit_time", "_xid", "_table"])
+            for first in range(0, partition.value, n):
+                yield batch.slice(0, min(n, partition.value - first))
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    class ReadyMade(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_ready_made_changes"
+
+        def schema(self) -> str:
+            return FLOOR_SCHEMA
+
+        def streamReader(self, schema: object) -> ReadyMadeReader:
+            return ReadyMadeReader()
+
+    return ReadyMade
+
+
+def floor_run(spark, rows: int) -> tuple[float, int]:
+    with tempfile.TemporaryDirectory() as ck:
+        q = (spark.readStream.format("bench_ready_made_changes").load().writeStream.format("sluice_null")
+             .option("checkpointLocation", ck).trigger(availableNow=True).start())
+        q.awaitTermination()
+    done = [p for p in q.recentProgress if p["numInputRows"]]
+    return sum(p["durationMs"]["triggerExecution"] for p in done) / 1000, sum(p["numInputRows"] for p in done)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--changes", type=int, default=1_000_000)
@@ -110,12 +173,19 @@ def main() -> None:
                 seconds, counts[f"decode_r{ranges}"] = decode(pg.url, slots[0], ranges)
                 results.setdefault(f"decode_r{ranges}", []).append(round(seconds, 3))
         spark = sluice.session("bench-postgres-changes")
+        spark.dataSource.register(floor_source(args.changes))
+        real_schema = (spark.readStream.format("postgres_changes")
+                       .options(url=pg.url, table="narrow", slot=slots[0], publication=PUBLICATION).load().schema)
+        assert real_schema.simpleString() == f"struct<{FLOOR_SCHEMA.replace(' ', ':').replace(',:', ',')}>", \
+            real_schema.simpleString()
         for i in range(args.rounds):
             for j, ranges in enumerate(RANGES):
                 seconds, in_batches, n = spark_run(spark, pg.url, slots[1 + 2 * i + j], ranges)
                 results.setdefault(f"spark_r{ranges}", []).append(round(seconds, 3))
                 results.setdefault(f"spark_in_micro_batches_r{ranges}", []).append(round(in_batches, 3))
                 counts[f"spark_r{ranges}"] = n
+            seconds, counts["spark_floor"] = floor_run(spark, args.changes)
+            results.setdefault("spark_floor_in_micro_batches", []).append(round(seconds, 3))
         spark.stop()
     best = {name: min(runs) for name, runs in results.items()}
     out = {
