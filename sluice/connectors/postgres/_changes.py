@@ -644,7 +644,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cur.fetchall()
         except Exception as e:
             if sqlstate_of(e) != _NO_FREE_SLOT:
-                raise PostgresError(f"copying slot '{s.slot}' on {s.conn.describe()} failed: {s.conn.scrub(e)}",
+                raise PostgresError(f"copying slot '{s.slot}' on {s.conn.describe()} failed: {s.conn.scrub(e)}; "
+                                    "set fetch-ranges=1 to read each micro-batch in one fetch, without copies",
                                     sqlstate_of(e)) from None
             log.warning("no replication slot free for a copy of slot %s on %s (max_replication_slots): the server "
                         "decodes this micro-batch from its start again for the range from %s; raise "
