@@ -340,9 +340,13 @@ class PostgresEnumerator(SplitEnumerator):
         lo, hi = cur.fetchone()
         if lo is None or wanted <= 1 or hi <= lo:
             return ["true"]
-        wanted = min(wanted, int(hi - lo) + 1)
-        step = (hi - lo + 1) / wanted
-        edges = [int(lo + round(step * i)) for i in range(1, wanted)]
+        bounds = self._histogram(cur, relation, name, kind)
+        if bounds is not None:
+            edges = quantile_edges(bounds, lo, hi, wanted)
+        else:  # never analyzed: the keys are taken as spread evenly
+            wanted = min(wanted, int(hi - lo) + 1)
+            step = (hi - lo + 1) / wanted
+            edges = [int(lo + round(step * i)) for i in range(1, wanted)]
         wheres = []
         prev = None
         for edge in [*edges, None]:
@@ -357,6 +361,41 @@ class PostgresEnumerator(SplitEnumerator):
             wheres.append(clause)
             prev = edge
         return wheres
+
+
+    def _histogram(self, cur: Any, relation: str | None, name: str, kind: str) -> list[int] | None:
+        """The split column's histogram bounds from ANALYZE (pg_stats), as numbers; None without one."""
+        if relation is None:
+            return None
+        pg_type = dict(self.columns)[name]
+        cur.execute(f"SELECT {_as_number(kind, 'u.b')} FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = %s "
+                    f"AND NOT s.inherited, unnest(s.histogram_bounds::text::{pg_type}[]) WITH ORDINALITY AS u(b, i) "
+                    "WHERE c.oid = to_regclass(%s) ORDER BY u.i", (name, relation))
+        bounds = [b for (b,) in cur.fetchall()]
+        return bounds if len(bounds) >= 2 else None
+
+
+def quantile_edges(bounds: list[int], lo: int, hi: int, wanted: int) -> list[int]:
+    """Edges cutting the keys [lo, hi] into at most `wanted` splits of about equal rows, by an equi-depth histogram
+    (each bucket between two bounds holds as many rows, spread evenly in it): gaps in the keys leave no split empty
+    and none oversized. Keys outside the histogram (rows added since ANALYZE) get the histogram's mean density."""
+    import numpy as np
+
+    keys = np.asarray(bounds, dtype=np.float64)
+    cumulative = np.arange(len(keys), dtype=np.float64)  # buckets below each bound
+    density = (len(keys) - 1) / max(1.0, keys[-1] - keys[0])
+    if lo < keys[0]:
+        keys, cumulative = np.r_[lo, keys], np.r_[-(keys[0] - lo) * density, cumulative]
+    if hi + 1 > keys[-1]:
+        keys, cumulative = np.r_[keys, hi + 1], np.r_[cumulative, cumulative[-1] + (hi + 1 - keys[-1]) * density]
+    first, last = np.interp([lo, hi + 1], keys, cumulative)
+    targets = first + (last - first) * np.arange(1, wanted) / wanted
+    edges: list[int] = []
+    for edge in np.rint(np.interp(targets, cumulative, keys)).astype(np.int64).tolist():
+        if lo < edge <= hi and (not edges or edge > edges[-1]):
+            edges.append(edge)
+    return edges
 
 
 class PostgresSplitReader(SplitReader):

@@ -33,6 +33,25 @@ def test_a_keyed_table_is_read_in_key_ranges(spark, pg):
     assert len(sizes) == 5 and min(sizes) > 1500, sizes
 
 
+def test_analyzed_keys_are_cut_by_their_histogram_so_a_gap_in_the_keys_leaves_no_split_empty(spark, pg):
+    """Two clusters of 20,000 keys far apart, by the integer key and by a timestamp column. Negative control:
+    before ANALYZE the keys are taken as spread evenly, and the two middle splits of four are empty."""
+    table = pg.table()
+    pg.sql(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, at timestamptz) WITH (autovacuum_enabled = false)')
+    for first in (1, 50_000_001):
+        pg.sql(f"INSERT INTO \"{table}\" SELECT g, timestamptz '2026-01-01 00:00+00' + g * interval '1 second' "
+               f"FROM generate_series({first}, {first + 19_999}) g")
+
+    def sizes():
+        return [read(spark, pg, table=table, num_partitions=4, **column).rdd.glom().map(len).collect()
+                for column in ({}, {"partition_column": "at"})]
+
+    assert all(sorted(s)[:2] == [0, 0] and sum(s) == 40_000 for s in sizes()), "evenly spread keys: two empty"
+    pg.sql(f'ANALYZE "{table}"')
+    for by_key in sizes():
+        assert sum(by_key) == 40_000 and min(by_key) > 6_000 and max(by_key) < 14_000, by_key
+
+
 def test_a_table_without_a_key_is_read_in_page_ranges_and_a_query_by_partition_column(spark, pg):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (x int, at timestamptz)')
