@@ -11,11 +11,11 @@ all created before the changes, so every contender reads exactly the same change
   wall time from start() to the end of the query (its start included);
 - spark in micro-batches: the same run's changes over the sum of its micro-batches' triggerExecution (what Spark
   reports as processedRowsPerSecond; what a long-running query sustains, without the query's one-off start).
-decode and spark run once with `fetch-ranges` 1 (one fetch of the whole batch) and once with the default, 2 (the
-second half fetched from a copy of the slot while the first is decoded), alternating within each round;
 - spark floor: the same number of rows of the same schema, ready-made (one 65,536-row Arrow batch built once and
   yielded over and over) by a minimal Python streaming source into `sluice_null`, in micro-batches: what Spark's
   hand-over from a Python source to a Python sink costs with no fetch and no decoding, the bound on any source.
+decode and spark run once with `fetch-ranges` 1 (one fetch of the whole batch) and once with the default, 2 (the
+second half fetched from a copy of the slot while the first is decoded), alternating within each round.
 Each figure is the best of --rounds.
 """
 

@@ -301,7 +301,6 @@ class PostgresEnumerator(SplitEnumerator):
             if shared is not None else {}
         return [Split(f"split-{i}", {**info, "where": where}) for i, where in enumerate(wheres)]
 
-
     def _partitions_wanted(self, cur: Any, relation: str | None) -> int:
         if self.opts["num-partitions"]:
             return self.opts["num-partitions"]
@@ -347,6 +346,8 @@ class PostgresEnumerator(SplitEnumerator):
             wanted = min(wanted, int(hi - lo) + 1)
             step = (hi - lo + 1) / wanted
             edges = [int(lo + round(step * i)) for i in range(1, wanted)]
+        if not edges:  # the histogram puts every row on one key
+            return ["true"]
         wheres = []
         prev = None
         for edge in [*edges, None]:
@@ -361,7 +362,6 @@ class PostgresEnumerator(SplitEnumerator):
             wheres.append(clause)
             prev = edge
         return wheres
-
 
     def _histogram(self, cur: Any, relation: str | None, name: str, kind: str) -> list[int] | None:
         """The split column's histogram bounds from ANALYZE (pg_stats), as numbers; None without one."""
