@@ -13,26 +13,80 @@ all created before the changes, so every contender reads exactly the same change
   reports as processedRowsPerSecond; what a long-running query sustains, without the query's one-off start).
 - spark floor: the same number of rows of the same schema, ready-made (one 65,536-row Arrow batch built once and
   yielded over and over) by a minimal Python streaming source into `sluice_null`, in micro-batches: what Spark's
-  hand-over from a Python source to a Python sink costs with no fetch and no decoding, the bound on any source.
+  hand-over from a Python source to a Python sink costs with no fetch and no decoding, the bound on any source;
+- spark and its floor once more into Spark's own `noop` sink (JVM, no Python writer; `fetch-ranges` 2): the
+  source's part apart from the hand-over to a Python sink.
 decode and spark run once with `fetch-ranges` 1 (one fetch of the whole batch) and once with the default, 2 (the
 second half fetched from a copy of the slot while the first is decoded), alternating within each round.
 Each figure is the best of --rounds.
+
+Beside each time, the CPU the whole machine spent in it (PostgreSQL's backends, the JVM and the Python workers
+alike; busy time from /proc/stat), so the bench also shows what a contender costs in cores, and the least wall time
+two cores allow for the fetch, the decoding and Spark's hand-over together: (decode CPU + floor CPU) / 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
+import threading
 import time
-from datetime import date
+from datetime import date, datetime
 
 import psycopg
 
 PUBLICATION = "bench_pub"
 PHASES: list = []  # Spark's durationMs of each micro-batch of each round
 RANGES = (1, 2)  # fetch-ranges: one fetch of the whole batch; the default
+# the Spark contenders: label, fetch-ranges, sink (Spark's own JVM `noop` sink splits the source's part from the
+# hand-over to a Python sink)
+SPARK_RUNS = (("r1", 1, "sluice_null"), ("r2", 2, "sluice_null"), ("noop_r2", 2, "noop"))
+CPU_SECONDS: dict[str, list[float]] = {}  # contender -> busy core-seconds of the whole machine, every round
+
+
+def busy_cpu() -> float:
+    """Core-seconds the machine has spent busy since boot, every process included (Linux /proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:8]]  # user nice system idle iowait irq softirq
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler:
+    """busy_cpu() every 10 ms in a thread, so the CPU of windows known only afterwards (Spark's micro-batches, from
+    their progress) can be read."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = [(time.time(), busy_cpu())]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.samples.append((time.time(), busy_cpu()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> float:
+        import numpy as np
+
+        times, busy = zip(*list(self.samples), strict=True)
+        first, last = np.interp([start, end], times, busy)
+        return float(last - first)
+
+    def in_micro_batches(self, progress: list[dict]) -> float:
+        """CPU within the triggerExecution of each micro-batch that read rows."""
+        total = 0.0
+        for p in progress:
+            if p["numInputRows"]:
+                start = datetime.fromisoformat(p["timestamp"]).timestamp()
+                total += self.between(start, start + p["durationMs"]["triggerExecution"] / 1000)
+        return total
 
 
 def generate(url: str, changes: int) -> None:
@@ -51,12 +105,23 @@ def generate(url: str, changes: int) -> None:
 def fetch(url: str, slot: str) -> tuple[float, int]:
     import adbc_driver_postgresql.dbapi as adbc
 
-    start = time.perf_counter()
+    cpu, start = busy_cpu(), time.perf_counter()
     with adbc.connect(url) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT data FROM pg_logical_slot_peek_binary_changes('{slot}', NULL, NULL, 'proto_version', "
                     f"'1', 'publication_names', '{PUBLICATION}')")
         table = cur.fetch_arrow_table()
+    CPU_SECONDS.setdefault("fetch", []).append(round(busy_cpu() - cpu, 2))
     return time.perf_counter() - start, table.num_rows
+
+
+def advance(url: str, slot: str) -> float:
+    """The slot moved past every change, as commit() does after each micro-batch (server work off the batch)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cpu, start = busy_cpu(), time.perf_counter()
+        conn.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,))
+        elapsed = time.perf_counter() - start
+    CPU_SECONDS["advance_at_commit"] = [round(busy_cpu() - cpu, 2)]
+    return elapsed
 
 
 def decode(url: str, slot: str, ranges: int) -> tuple[float, int]:
@@ -66,24 +131,28 @@ def decode(url: str, slot: str, ranges: int) -> tuple[float, int]:
                                         "snapshot": "false", "fetch-ranges": str(ranges)})
     reader = source.streamReader(source.schema())
     start_offset = reader.initialOffset()
-    start = time.perf_counter()
+    cpu, start = busy_cpu(), time.perf_counter()
     end = reader.latestOffset(start_offset, reader.getDefaultReadLimit())
     rows = sum(b.num_rows for p in reader.partitions(start_offset, end) for b in reader.read(p))
+    CPU_SECONDS.setdefault(f"decode_r{ranges}", []).append(round(busy_cpu() - cpu, 2))
     return time.perf_counter() - start, rows
 
 
-def spark_run(spark, url: str, slot: str, ranges: int) -> tuple[float, float, int]:
+def spark_run(spark, cpu: CpuSampler, url: str, slot: str, ranges: int, sink: str,
+              label: str) -> tuple[float, float, int]:
     df = (spark.readStream.format("postgres_changes")
           .options(url=url, table="narrow", slot=slot, publication=PUBLICATION, snapshot="false",
                    **{"fetch-ranges": str(ranges)}).load())
     with tempfile.TemporaryDirectory() as ck:
         start = time.perf_counter()
-        q = df.writeStream.format("sluice_null").option("checkpointLocation", ck).trigger(availableNow=True).start()
+        q = df.writeStream.format(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
         q.awaitTermination()
         elapsed = time.perf_counter() - start
         rows = sum(p["numInputRows"] for p in q.recentProgress)
         PHASES.append([p["durationMs"] for p in q.recentProgress])
         in_batches = sum(p["durationMs"]["triggerExecution"] for p in q.recentProgress if p["numInputRows"]) / 1000
+    CPU_SECONDS.setdefault(f"spark_in_micro_batches_{label}", []).append(
+        round(cpu.in_micro_batches(q.recentProgress), 2))
     return elapsed, in_batches, rows
 
 
@@ -138,12 +207,13 @@ def floor_source(rows: int) -> type:
     return ReadyMade
 
 
-def floor_run(spark, rows: int) -> tuple[float, int]:
+def floor_run(spark, cpu: CpuSampler, sink: str, label: str) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as ck:
-        q = (spark.readStream.format("bench_ready_made_changes").load().writeStream.format("sluice_null")
+        q = (spark.readStream.format("bench_ready_made_changes").load().writeStream.format(sink)
              .option("checkpointLocation", ck).trigger(availableNow=True).start())
         q.awaitTermination()
     done = [p for p in q.recentProgress if p["numInputRows"]]
+    CPU_SECONDS.setdefault(f"{label}_in_micro_batches", []).append(round(cpu.in_micro_batches(done), 2))
     return sum(p["durationMs"]["triggerExecution"] for p in done) / 1000, sum(p["numInputRows"] for p in done)
 
 
@@ -160,7 +230,7 @@ def main() -> None:
         with psycopg.connect(pg.url, autocommit=True) as conn:
             conn.execute("CREATE TABLE narrow (id bigint PRIMARY KEY, v bigint, s text)")
             conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE narrow")
-            slots = [f"bench_{i}" for i in range(2 * args.rounds + 1)]
+            slots = [f"bench_{i}" for i in range(len(SPARK_RUNS) * args.rounds + 1)]
             for slot in slots:
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         generate(pg.url, args.changes)
@@ -178,21 +248,33 @@ def main() -> None:
                        .options(url=pg.url, table="narrow", slot=slots[0], publication=PUBLICATION).load().schema)
         assert real_schema.simpleString() == f"struct<{FLOOR_SCHEMA.replace(' ', ':').replace(',:', ',')}>", \
             real_schema.simpleString()
+        cpu = CpuSampler()
         for i in range(args.rounds):
-            for j, ranges in enumerate(RANGES):
-                seconds, in_batches, n = spark_run(spark, pg.url, slots[1 + 2 * i + j], ranges)
-                results.setdefault(f"spark_r{ranges}", []).append(round(seconds, 3))
-                results.setdefault(f"spark_in_micro_batches_r{ranges}", []).append(round(in_batches, 3))
-                counts[f"spark_r{ranges}"] = n
-            seconds, counts["spark_floor"] = floor_run(spark, args.changes)
-            results.setdefault("spark_floor_in_micro_batches", []).append(round(seconds, 3))
+            for j, (label, ranges, sink) in enumerate(SPARK_RUNS):
+                slot = slots[1 + len(SPARK_RUNS) * i + j]
+                seconds, in_batches, n = spark_run(spark, cpu, pg.url, slot, ranges, sink, label)
+                results.setdefault(f"spark_{label}", []).append(round(seconds, 3))
+                results.setdefault(f"spark_in_micro_batches_{label}", []).append(round(in_batches, 3))
+                counts[f"spark_{label}"] = n
+            for label, sink in (("spark_floor", "sluice_null"), ("spark_floor_noop", "noop")):
+                seconds, counts[label] = floor_run(spark, cpu, sink, label)
+                results.setdefault(f"{label}_in_micro_batches", []).append(round(seconds, 3))
+        cpu.stop()
         spark.stop()
+        results["advance_at_commit"] = [round(advance(pg.url, slots[0]), 3)]  # last: it consumes slot 0
     best = {name: min(runs) for name, runs in results.items()}
+    # the CPU of each contender's best round; Spark's wall time from start() has no CPU figure of its own
+    cpu_best = {name: CPU_SECONDS[name][runs.index(min(runs))] for name, runs in results.items() if name in CPU_SECONDS}
+    least_wall = {f"r{r}": round((cpu_best[f"decode_r{r}"] + cpu_best["spark_floor_in_micro_batches"]) / 2, 3)
+                  for r in RANGES}
     out = {
         "date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
         "changes": args.changes, "rows_read": counts, "seconds_every_round": results,
         "changes_per_s": {name: round(args.changes / s) for name, s in best.items()},
         "vs_fetch": {name: round(best["fetch"] / s, 2) for name, s in best.items() if name != "fetch"},
+        "cpu_core_seconds_every_round": CPU_SECONDS, "cpu_core_seconds_of_best_round": cpu_best,
+        "two_core_least_wall_s": least_wall,
+        "two_core_best_vs_fetch": {r: round(best["fetch"] / s, 2) for r, s in least_wall.items()},
         "spark_phases_ms": PHASES,
     }
     assert all(n == args.changes for name, n in counts.items() if name != "fetch"), counts
