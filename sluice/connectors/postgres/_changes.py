@@ -27,8 +27,10 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
   values `upsert.op-column` takes; snapshot rows are inserts), `_lsn` (the commit LSN as a number),
   `_commit_time`, `_xid` (null for snapshot rows) and `_table` (schema.name).
 - **A lost slot is data loss**: dropped, invalidated (max_slot_wal_keep_size) or moved past the query's
-  position by someone else. failOnDataLoss=true (default) fails; false warns, re-creates the slot and goes on
-  from its new position.
+  position by someone else (checked when a batch is planned and again, on the executor, after its changes are
+  fetched). failOnDataLoss=true (default) fails; false warns, re-creates the slot and goes on from its new position.
+- **One query per slot** (SlotGuard): the driver holds an advisory lock named after the slot for the query's life,
+  so a second query on it fails at start instead of advancing the slot past the first one's changes.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ CHANGES_OPTIONS = (
            "tables in 'table' (which needs ownership of them)."),
     Option("slot", "str", None,
            "The logical replication slot (pgoutput), created if missing. Default: sluice_<12 hex digits of the "
-           "database and tables>. Two queries over the same tables need different slots."),
+           "database and tables>. Two queries over the same tables need different slots: a second query on a slot in "
+           "use fails at start."),
     Option("snapshot", "bool", True,
            "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
            "(every row as an insert), then stream changes from exactly there. false: changes only."),
@@ -128,6 +131,7 @@ FETCH_RANGE_MIN_WAL = 16 << 20
 MAX_SNAPSHOT_SPLITS = 1_000
 _SLOT_BUSY = "55006"  # object_in_use: another backend is decoding the slot (a killed task's, for a moment)
 _NO_FREE_SLOT = "53400"  # configuration_limit_exceeded: all max_replication_slots are in use
+_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,78 @@ def holder_of(pg: Any, slot: str) -> tuple[str, str] | None:
     return snapshot, f"sluice_snap_{suffix}"
 
 
+SLOT_GUARD_WAIT_S = 15  # a query restarted at once may find its last run's session still closing
+
+
+class SlotGuard:
+    """One query per slot. Two queries on one slot (the default slot name is the same for the same tables) would each
+    advance it past the other's position, and the other's changes would be gone. The driver holds an advisory lock
+    named after the slot, on a session of its own, for the query's life; a second query waits SLOT_GUARD_WAIT_S for it
+    and then fails at start, before either loses anything. The server drops the lock with the session: stop(), the
+    driver's process exiting, or (its machine gone) the session's TCP keepalives, within about a minute."""
+
+    def __init__(self, conn: Connection, slot: str) -> None:
+        self.conn, self.slot = conn, slot
+        self.key = int.from_bytes(hashlib.blake2b(f"sluice slot {slot}".encode(), digest_size=8).digest(), "big",
+                                  signed=True)
+        self.name = f"sluice slot guard {slot}"[:63]  # application_name, for the error and for DBAs
+        self._pg: Any = None
+
+    def hold(self) -> None:
+        """Take the lock, or make sure this session still has it (a session the server closed is taken again)."""
+        import psycopg
+
+        if self._pg is not None:
+            try:
+                self._pg.execute("SELECT 1")
+                return
+            except psycopg.Error:
+                log.warning("the session holding slot %s for this query was closed; taking it again", self.slot)
+                self.release()
+        pg = self.conn.connect_psycopg()
+        try:
+            pg.execute("SELECT set_config('application_name', %s, false)", (self.name,))
+            for setting, value in (("tcp_keepalives_idle", "30"), ("tcp_keepalives_interval", "10"),
+                                   ("tcp_keepalives_count", "3"), ("lock_timeout", f"{SLOT_GUARD_WAIT_S}s")):
+                pg.execute("SELECT set_config(%s, %s, false)", (setting, value))
+            if pg.info.server_version >= 140000:  # managed services may end idle sessions
+                pg.execute("SELECT set_config('idle_session_timeout', '0', false)")
+            pg.execute("SELECT pg_advisory_lock(%s)", (self.key,))
+        except Exception as e:
+            holder = self._holder(pg) if sqlstate_of(e) == _LOCK_NOT_AVAILABLE else None
+            pg.close()
+            if holder is None:
+                raise PostgresError(f"locking slot '{self.slot}' for this query on {self.conn.describe()} failed: "
+                                    f"{self.conn.scrub(e)}", sqlstate_of(e)) from None
+            raise OptionError(
+                f"option 'slot': replication slot '{self.slot}' is in use by another query ({holder}; waited "
+                f"{SLOT_GUARD_WAIT_S} s). Two queries on one slot would each advance it past the other's changes. "
+                "Give each query its own slot (.option('slot', ...)); if that query is gone, its session ends within "
+                "about a minute") from None
+        self._pg = pg
+
+    def _holder(self, pg: Any) -> str:
+        import psycopg
+
+        try:
+            row = pg.execute("SELECT pid, client_addr::text, backend_start FROM pg_stat_activity "
+                             "WHERE application_name = %s AND pid <> pg_backend_pid() LIMIT 1", (self.name,)).fetchone()
+        except psycopg.Error:
+            row = None
+        if row is None:
+            return "its session is not visible to this user"
+        pid, addr, since = row
+        return f"server process {pid}, client {addr or 'local socket'}, since {since:%Y-%m-%d %H:%M:%S %Z}"
+
+    def release(self) -> None:
+        if self._pg is not None:
+            pg, self._pg = self._pg, None
+            try:
+                pg.close()
+            except OSError as e:  # the server drops the lock with the session either way
+                log.debug("closing the session holding slot %s: %s", self.slot, e)
+
+
 def _busy_retry(action: Any, what: str, conn: Connection, deadline_s: float = 30.0) -> Any:
     """Run `action`; while the slot is in use by another backend (a task being killed), wait and retry."""
     until = time.monotonic() + deadline_s
@@ -341,11 +417,13 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: int | None = None  # AvailableNow: never read past this
         self._reported: dict[str, Any] | None = None
         self._initial: dict | None = None
+        self._guard = SlotGuard(stream.conn, stream.slot)  # held from the first offset on, released by stop()
 
     # ------------------------------------------------------------------ driver
     def initialOffset(self) -> dict:
         """Where micro-batch 0 starts. Spark asks again when it replays micro-batch 0 (same run or a restart), so
         an existing slot whose snapshot is still held gives the same answer."""
+        self._guard.hold()
         if self._initial is None:
             self._initial = self._first_offset()
         return self._initial
@@ -393,6 +471,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._target = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._guard.hold()
         if "snapshot" in start:  # the snapshot alone, then changes from its LSN
             return self._snapshot_end(start, limit.max_rows if isinstance(limit, ReadMaxRows) else None)
         begin = parse_lsn(start["lsn"])
@@ -564,6 +643,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def stop(self) -> None:
         if self._holder is not None:
             self._holder.release_pipes()
+        self._guard.release()
 
     # ------------------------------------------------------------------ executors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -628,7 +708,12 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             slot = self._copy_slot(cur, low) if copy else s.slot
             _busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(high), None, slot)}"),
                         f"reading changes of slot '{slot}'", s.conn)
-            return cur.fetch_arrow_table().column(0)
+            messages = cur.fetch_arrow_table().column(0)
+            if slot == s.slot:
+                # Checked after the peek, which starts at the slot's position: moved past `low` by then, the peek
+                # missed the changes in between; moved later, it had them all.
+                self._check_position(cur, s.slot, low)
+            return messages
         finally:
             cur.close()
             conn.close()
@@ -651,10 +736,30 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         "decodes this micro-batch from its start again for the range from %s; raise "
                         "max_replication_slots or set fetch-ranges=1", s.slot, s.conn.describe(), format_lsn(low))
             return s.slot
-        cur.execute(f"SELECT 1 FROM pg_replication_slot_advance({quote_literal(copy)}, "
-                    f"{quote_literal(format_lsn(low))}::pg_lsn)")
-        cur.fetchall()
+        if self._check_position(cur, copy, low):  # the copy starts where the slot was: before `low`, as it should
+            cur.execute(f"SELECT 1 FROM pg_replication_slot_advance({quote_literal(copy)}, "
+                        f"{quote_literal(format_lsn(low))}::pg_lsn)")
+            cur.fetchall()
         return copy
+
+    def _check_position(self, cur: Any, slot: str, low: int) -> bool:
+        """Whether `slot` is still at or before `low` (else data loss: someone else moved the query's slot while a
+        micro-batch was read; the planning checked it before)."""
+        cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                    f"WHERE slot_name = {quote_literal(slot)}")
+        rows = cur.fetchall()
+        at = parse_lsn(rows[0][0]) if rows and rows[0][0] else None
+        if at is not None and at <= low:
+            return True
+        where = "does not exist any more" if at is None else f"is at {format_lsn(at)}"
+        what = (f"replication slot '{self.stream.slot}' {where}, past the start {format_lsn(low)} of the changes this "
+                "micro-batch reads (another consumer moved it while the batch was read): the changes in between are "
+                "gone for this query")
+        if self.opts["failOnDataLoss"]:
+            raise DataLossError(f"{what}. Give each query its own slot; set .option('failOnDataLoss', 'false') to go "
+                                "on without them")
+        log.warning("%s; going on without them (failOnDataLoss=false)", what)
+        return False
 
 
 class PostgresChangesDataSource(EngineDataSource):

@@ -87,6 +87,7 @@ def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consu
     end, first = batch(reader, start)
     assert first.num_rows == 100
     # The query dies before Spark commits the batch: a restarted query replays it from the same start offset.
+    reader.stop()  # as Spark does when the query ends, or the server when the driver's process dies
     restarted = stream(lpg.url, table=t, snapshot="false", slot=slot)
     assert restarted.latestOffset(start, restarted.getDefaultReadLimit()) == end
     again = [b for p in restarted.partitions(start, end) for b in restarted.read(p)]
@@ -95,8 +96,11 @@ def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consu
     # Negative control: consuming the changes when they are read (the slot moved to the batch's end before Spark
     # committed it, as pg_logical_slot_get_changes does) leaves nothing to replay, and the query can tell.
     sql(lpg.url, f"SELECT pg_replication_slot_advance('{slot}', '{end['lsn']}')")
+    restarted.stop()
+    strict = stream(lpg.url, table=t, snapshot="false", slot=slot)
     with pytest.raises(DataLossError, match="past this query's position"):
-        stream(lpg.url, table=t, snapshot="false", slot=slot).latestOffset(start, restarted.getDefaultReadLimit())
+        strict.latestOffset(start, strict.getDefaultReadLimit())
+    strict.stop()
     lenient = stream(lpg.url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
     skipped_to = lenient.latestOffset(start, lenient.getDefaultReadLimit())
     assert [b for p in lenient.partitions(start, skipped_to) for b in lenient.read(p)] == [], "the batch is lost"
@@ -165,6 +169,7 @@ def test_retained_wal_past_the_threshold_is_a_warning_naming_the_slot(lpg, caplo
     with caplog.at_level("WARNING", logger="sluice.postgres"):
         quiet.latestOffset(start, quiet.getDefaultReadLimit())
     assert not [r for r in caplog.records if r.levelname == "WARNING"], "1 GiB by default: far away"
+    quiet.stop()
     loud = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_retained",
                   **{"retained-wal-warn-bytes": "0"})
     with caplog.at_level("WARNING", logger="sluice.postgres"):
@@ -347,6 +352,7 @@ def test_truncate_fails_clearly_and_an_added_column_needs_a_restart_that_reads_i
         f"INSERT INTO {t} VALUES (2, 'b', 7)")
     with pytest.raises(PostgresError, match=r"column\(s\) \['extra'\].*restart the query"):
         batch(reader, start)
+    reader.stop()
     restarted = stream(lpg.url, table=t, snapshot="false", slot=slot)
     end, rows = batch(restarted, start)
     assert [(r["id"], r["extra"]) for r in rows.to_pylist()] == [(1, None), (2, 7)]
@@ -377,10 +383,70 @@ def test_a_dropped_slot_is_data_loss_and_the_cli_lists_and_drops_slots(lpg, caps
     assert slot not in [s.name for s in list_slots(reader.stream.conn)]
     with pytest.raises(DataLossError, match="does not exist any more"):
         reader.latestOffset(start, reader.getDefaultReadLimit())
+    reader.stop()
     lenient = stream(lpg.url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
     lenient.latestOffset(start, lenient.getDefaultReadLimit())
     assert slot in [s.name for s in list_slots(reader.stream.conn)], "re-created"
     drop_slot(reader.stream.conn, slot)
+
+
+def test_a_second_query_on_a_slot_in_use_fails_at_start_and_the_first_one_loses_nothing(lpg, monkeypatch):
+    t = new_table(lpg.url, "guarded")
+    slot = "sluice_test_guarded"
+    first = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    start = first.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 10) g")
+    monkeypatch.setattr(_changes, "SLOT_GUARD_WAIT_S", 1)
+    second = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    with pytest.raises(OptionError, match=r"option 'slot': replication slot 'sluice_test_guarded' is in use by "
+                                          r"another query \(server process \d+.*own slot"):
+        second.initialOffset()
+    end, rows = batch(first, start)
+    assert rows.column("id").to_pylist() == list(range(1, 11))
+    first.commit(end)
+    first.stop()
+    third = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    assert third.initialOffset() == end, "free once the first one stopped"
+    third.stop()
+
+    # Negative control: without the guard a second query starts on the slot, and its commit moves the slot past
+    # the first query's position: the first one's changes are gone.
+    monkeypatch.setattr(_changes.SlotGuard, "hold", lambda self: None)
+    sql(lpg.url, f"INSERT INTO {t} SELECT g, 'y' FROM generate_series(11, 20) g")
+    other = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    other.initialOffset()
+    other_end, _ = batch(other, end)
+    other.commit(other_end)
+    with pytest.raises(DataLossError, match="another consumer used it"):
+        first.latestOffset(end, first.getDefaultReadLimit())
+
+
+def test_a_slot_moved_by_someone_else_while_a_batch_is_read_fails_the_batch_before_any_row(lpg, monkeypatch, caplog):
+    t = new_table(lpg.url, "moved")
+    slot = "sluice_test_moved"
+    reader = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 10) g",
+        f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(11, 20) g")
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())  # planned: the slot was where it should be
+    (part,) = reader.partitions(start, end)
+    # Someone else moves the slot past the first transaction before the batch is read.
+    (first_commit,) = sql(lpg.url, f"SELECT max(lsn)::text FROM pg_logical_slot_peek_binary_changes('{slot}', NULL, "
+                                   f"3, 'proto_version', '1', 'publication_names', '{reader.stream.publication}')")[0]
+    sql(lpg.url, f"SELECT pg_replication_slot_advance('{slot}', '{first_commit}')")
+    with pytest.raises(DataLossError, match=r"slot 'sluice_test_moved' is at .* past the start .* while the batch "
+                                            r"was read"):
+        next(iter(reader.read(part)))
+    lenient = stream(lpg.url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        rows = [b for b in lenient.read(part)]
+    assert pa.Table.from_batches(rows).column("id").to_pylist() == list(range(11, 21))
+    assert any("going on without them" in r.getMessage() for r in caplog.records)
+
+    # Negative control: without the check the batch silently misses the first transaction.
+    monkeypatch.setattr(_changes.ChangeStreamReader, "_check_position", lambda self, cur, slot, low: True)
+    rows = [b for b in reader.read(part)]
+    assert pa.Table.from_batches(rows).column("id").to_pylist() == list(range(11, 21))
 
 
 def test_bad_options_fail_before_anything_is_created(lpg):
