@@ -11,7 +11,8 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
   a batch's start when the next batch is planned (Spark has then committed everything before it) and in
   `commit()`, so a restarted query replays exactly the batches Spark did not commit. The end of a batch is
   the server's flushed WAL position, or with `max-changes-per-trigger` the commit after the last transaction
-  that fits (at least one transaction, never a part of one).
+  that fits (at least one transaction, never a part of one). When only tables outside the publication wrote
+  (`quiet-advance-wal-bytes` of WAL), a batch without rows moves past their WAL, so the slot does not hold it back.
 - **A batch's fetch is overlapped with its decoding** (`fetch-ranges`): the server materializes a whole peek
   before sending any of it, so a large batch is fetched as consecutive WAL ranges, each after the first from a
   temporary copy of the slot advanced to the range's start (the copy skips earlier transactions on the server;
@@ -97,6 +98,11 @@ CHANGES_OPTIONS = (
     Option("failOnDataLoss", "bool", True,
            "Fail when the slot is missing, invalidated or moved past the query's position (false: warn, "
            "re-create the slot and skip what is gone)."),
+    Option("quiet-advance-wal-bytes", "int", 16 << 20,
+           "When no table of the publication changed but other tables wrote this much WAL since the query's "
+           "position, the query moves past it in a micro-batch without rows, so the slot lets the server recycle "
+           "that WAL (a quiet table on a busy database would hold it back without end). 0 = at every trigger.",
+           minimum=0),
     Option("retained-wal-warn-bytes", "int", 1 << 30,
            "Warn when the slot holds back more WAL than this on the server.", minimum=0),
     Option("num-partitions", "int", 0, "Splits per table for the snapshot; 0 = about one per 250,000 rows.",
@@ -483,12 +489,22 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
             upto = flush if self._target is None else min(flush, self._target)
             if upto <= begin:
-                return {"lsn": format_lsn(begin)}
+                return self._same_or(start, {"lsn": format_lsn(begin)})
             budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             end = self._cut(pg, begin, upto, budget)
+        quiet = end == begin and upto - begin >= self.opts["quiet-advance-wal-bytes"]
+        if quiet:  # the peek saw no transaction of the publication before `upto`: nothing to read up to there
+            log.info("slot %s: no change of the publication's tables in %d bytes of WAL; moving on to %s", s.slot,
+                     upto - begin, format_lsn(upto))
+            end = upto
         if self._reported is not None:
             self._reported["lsn"] = format_lsn(end)
-        return {"lsn": format_lsn(end)}
+        return {"lsn": format_lsn(end), "quiet": True} if quiet else self._same_or(start, {"lsn": format_lsn(end)})
+
+    @staticmethod
+    def _same_or(start: dict, end: dict) -> dict:
+        """`start` itself when nothing moved: Spark runs a micro-batch for any offset that differs, marks included."""
+        return start if end["lsn"] == start["lsn"] else end
 
     def _snapshot_end(self, start: dict, budget: int | None) -> dict:
         """Where a snapshot micro-batch ends: after the whole snapshot, or with a budget after the splits (planned
@@ -621,6 +637,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             shared = SharedSnapshot(start["snapshot"], start["channel"], start["lsn"])
             return [SnapshotPartition(table, split, begin) for table in self.stream.tables
                     for split in self._discover(table, self.stream.table_options[table], shared)]
+        if end.get("quiet"):  # latestOffset saw no transaction of the publication in between
+            return []
         return [ChangesPartition(begin, stop)] if stop > begin else []
 
     def _snapshot_gone(self, error: Exception) -> PostgresError:

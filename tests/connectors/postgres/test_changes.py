@@ -449,6 +449,37 @@ def test_a_slot_moved_by_someone_else_while_a_batch_is_read_fails_the_batch_befo
     assert pa.Table.from_batches(rows).column("id").to_pylist() == list(range(11, 21))
 
 
+def test_a_quiet_table_on_a_busy_database_does_not_hold_back_the_servers_wal(lpg):
+    t = new_table(lpg.url, "quiet")
+    busy = new_table(lpg.url, "busy_elsewhere", "id int, v text")
+
+    def retained(slot):  # what the server must keep for the slot
+        return sql(lpg.url, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) FROM pg_replication_slots "
+                            f"WHERE slot_name = '{slot}'")[0][0]
+
+    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_quiet")
+    held = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_quiet_held",
+                  **{"quiet-advance-wal-bytes": str(1 << 40)})
+    start, held_start = reader.initialOffset(), held.initialOffset()
+    # ~30 MiB of WAL from a table outside the publication; CHECKPOINT logs the running transactions, which is what
+    # lets a slot's restart point move (the server does it every 15 s on its own).
+    sql(lpg.url, *[f"INSERT INTO {busy} SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g"] * 2,
+        "CHECKPOINT")
+    end, rows = batch(reader, start)
+    assert end["lsn"] != start["lsn"] and rows.num_rows == 0 and reader.partitions(start, end) == []
+    reader.commit(end)
+    assert reader.latestOffset(end, reader.getDefaultReadLimit()) == end, "one batch without rows, not one a trigger"
+    sql(lpg.url, "CHECKPOINT")
+    assert retained("sluice_test_quiet") < 1 << 20
+    # Negative control: a query that never moves past a stretch without its own changes holds it all back.
+    assert held.latestOffset(held_start, held.getDefaultReadLimit()) == held_start
+    assert retained("sluice_test_quiet_held") > 16 << 20
+
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a')")
+    _, rows = batch(reader, end)
+    assert rows.column("id").to_pylist() == [1], "the quiet stretch skipped nothing of the publication"
+
+
 def test_bad_options_fail_before_anything_is_created(lpg):
     with pytest.raises(OptionError, match="Did you mean 'max-changes-per-trigger'"):
         PostgresChangesDataSource({"url": lpg.url, "table": "x", "max-changes-per-trigger2": "1"}).schema()
