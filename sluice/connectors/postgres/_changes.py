@@ -311,14 +311,16 @@ class SlotGuard:
         self.name = f"sluice slot guard {slot}"[:63]  # application_name, for the error and for DBAs
         self._pg: Any = None
 
-    def hold(self) -> None:
-        """Take the lock, or make sure this session still has it (a session the server closed is taken again)."""
+    def hold(self) -> Any:
+        """Take the lock, or make sure this session still has it (a session the server closed is taken again).
+        Returns the session, which the driver also plans micro-batches on: Spark asks for the latest offset every
+        few milliseconds while nothing comes, and a connection each time would be that many logins."""
         import psycopg
 
         if self._pg is not None:
             try:
                 self._pg.execute("SELECT 1")
-                return
+                return self._pg
             except psycopg.Error:
                 log.warning("the session holding slot %s for this query was closed; taking it again", self.slot)
                 self.release()
@@ -330,7 +332,9 @@ class SlotGuard:
                 pg.execute("SELECT set_config(%s, %s, false)", (setting, value))
             if pg.info.server_version >= 140000:  # managed services may end idle sessions
                 pg.execute("SELECT set_config('idle_session_timeout', '0', false)")
-            pg.execute("SELECT pg_advisory_lock(%s)", (self.key,))
+            self._lock(pg)
+            for statement in _SESSION:
+                pg.execute(statement)
         except Exception as e:
             holder = self._holder(pg) if sqlstate_of(e) == _LOCK_NOT_AVAILABLE else None
             pg.close()
@@ -343,6 +347,10 @@ class SlotGuard:
                 "Give each query its own slot (.option('slot', ...)); if that query is gone, its session ends within "
                 "about a minute") from None
         self._pg = pg
+        return pg
+
+    def _lock(self, pg: Any) -> None:
+        pg.execute("SELECT pg_advisory_lock(%s)", (self.key,))  # waits lock_timeout for a holder to let go
 
     def _holder(self, pg: Any) -> str:
         import psycopg
@@ -477,21 +485,18 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._target = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        self._guard.hold()
+        pg = self._guard.hold()
         if "snapshot" in start:  # the snapshot alone, then changes from its LSN
             return self._snapshot_end(start, limit.max_rows if isinstance(limit, ReadMaxRows) else None)
         begin = parse_lsn(start["lsn"])
         s = self.stream
-        with s.conn.connect_psycopg() as pg:
-            for statement in _SESSION:
-                pg.execute(statement)
-            begin = self._advance(pg, begin)  # Spark committed every batch before `start`: the slot may move
-            flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
-            upto = flush if self._target is None else min(flush, self._target)
-            if upto <= begin:
-                return self._same_or(start, {"lsn": format_lsn(begin)})
-            budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-            end = self._cut(pg, begin, upto, budget)
+        begin = self._advance(pg, begin)  # Spark committed every batch before `start`: the slot may move
+        flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+        upto = flush if self._target is None else min(flush, self._target)
+        if upto <= begin:
+            return self._same_or(start, {"lsn": format_lsn(begin)})
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = self._cut(pg, begin, upto, budget)
         quiet = end == begin and upto - begin >= self.opts["quiet-advance-wal-bytes"]
         if quiet:  # the peek saw no transaction of the publication before `upto`: nothing to read up to there
             log.info("slot %s: no change of the publication's tables in %d bytes of WAL; moving on to %s", s.slot,
@@ -652,11 +657,11 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._holder.cancel()  # micro-batch 0 is committed: the snapshot is not needed any more
             self._holder = None
         s = self.stream
-        with s.conn.connect_psycopg() as pg:
-            state = slot_state(pg, s.slot)
-            if state is not None and state.confirmed < parse_lsn(end["lsn"]):
-                _busy_retry(lambda: pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
-                                               (s.slot, end["lsn"])), f"advancing slot '{s.slot}'", s.conn)
+        pg = self._guard.hold()
+        state = slot_state(pg, s.slot)
+        if state is not None and state.confirmed < parse_lsn(end["lsn"]):
+            _busy_retry(lambda: pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+                                           (s.slot, end["lsn"])), f"advancing slot '{s.slot}'", s.conn)
 
     def stop(self) -> None:
         if self._holder is not None:

@@ -411,7 +411,7 @@ def test_a_second_query_on_a_slot_in_use_fails_at_start_and_the_first_one_loses_
 
     # Negative control: without the guard a second query starts on the slot, and its commit moves the slot past
     # the first query's position: the first one's changes are gone.
-    monkeypatch.setattr(_changes.SlotGuard, "hold", lambda self: None)
+    monkeypatch.setattr(_changes.SlotGuard, "_lock", lambda self, pg: None)
     sql(lpg.url, f"INSERT INTO {t} SELECT g, 'y' FROM generate_series(11, 20) g")
     other = stream(lpg.url, table=t, snapshot="false", slot=slot)
     other.initialOffset()
