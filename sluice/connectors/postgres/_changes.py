@@ -395,6 +395,37 @@ def wal_ranges(start: int, end: int, most: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(cuts))
 
 
+def _close_fetched(done: Future[RangeFetch]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        done.result().close()
+
+
+class RangeFetch:
+    """One fetch range's peek, executed: its first record batch in hand, the rest still streaming from the server on
+    the ADBC session, which closing ends."""
+
+    def __init__(self, conn: Any, cur: Any, batches: Any, first: pa.RecordBatch | None) -> None:
+        self._conn, self._cur, self._batches, self._first = conn, cur, batches, first
+
+    def arrays(self) -> Iterator[pa.Array]:
+        """The messages (`data` bytea), batch by batch."""
+        if self._first is not None:
+            yield self._first.column(0)
+            self._first = None
+        for batch in self._batches:
+            yield batch.column(0)
+
+    def close(self) -> None:
+        self._cur.close()
+        self._conn.close()
+
+    def __enter__(self) -> RangeFetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # ------------------------------------------------------------------------------------------------ partitions
 @dataclass
 class SnapshotPartition(InputPartition):
@@ -704,24 +735,27 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         s = self.stream
         ranges = wal_ranges(part.start, part.end, self.opts["fetch-ranges"])
         pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-fetch")
+        ahead: Future[RangeFetch] | None = None
         try:
-            ahead: Future[pa.ChunkedArray] | None = None
             for i, (low, high) in enumerate(ranges):
-                messages = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
-                if i + 1 < len(ranges):
-                    ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True)
+                fetch = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
+                ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
                 decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, set(s.tables))
-                for chunk in messages.chunks:
-                    # ADBC hands over a whole fetch at once; decoding it in slices lets Spark convert and write one
-                    # slice while the next is decoded.
-                    for first in range(0, len(chunk), DECODE_SLICE):
-                        yield from decoder.feed(chunk.slice(first, DECODE_SLICE))
+                with fetch:
+                    for messages in fetch.arrays():
+                        # Slices let Spark convert and write one while the next is decoded.
+                        for first in range(0, len(messages), DECODE_SLICE):
+                            yield from decoder.feed(messages.slice(first, DECODE_SLICE))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+            if ahead is not None:  # the query stopped reading: close the next range's session when it is open
+                ahead.add_done_callback(_close_fetched)
 
-    def _fetch(self, low: int, high: int, *, copy: bool) -> pa.ChunkedArray:
-        """The pgoutput messages of the transactions committed before `high`; with `copy`, from a temporary copy of
-        the slot advanced to `low` (dropped with the session), so the server sends only [low, high)."""
+    def _fetch(self, low: int, high: int, *, copy: bool) -> RangeFetch:
+        """The pgoutput messages of the transactions committed before `high`, streaming in record batches (a large
+        transaction never sits in memory whole); with `copy`, from a temporary copy of the slot advanced to `low`
+        (dropped with the session), so the server sends only [low, high). Returns once the first batch is in, that
+        is once the server finished the peek."""
         s = self.stream
         conn = s.conn.connect()
         cur = conn.cursor()
@@ -731,15 +765,19 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             slot = self._copy_slot(cur, low) if copy else s.slot
             _busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(high), None, slot)}"),
                         f"reading changes of slot '{slot}'", s.conn)
-            messages = cur.fetch_arrow_table().column(0)
+            batches = iter(cur.fetch_record_batch())
+            first = next(batches, None)
             if slot == s.slot:
-                # Checked after the peek, which starts at the slot's position: moved past `low` by then, the peek
-                # missed the changes in between; moved later, it had them all.
-                self._check_position(cur, s.slot, low)
-            return messages
-        finally:
+                # Checked after the peek (it computes its whole result before the first row), which starts at the
+                # slot's position: moved past `low` by then, the peek missed the changes in between; moved later,
+                # it had them all. The ADBC session is busy streaming: ask on another.
+                with s.conn.connect_psycopg() as pg:
+                    self._check_position(pg.cursor(), s.slot, low)
+            return RangeFetch(conn, cur, batches, first)
+        except BaseException:
             cur.close()
             conn.close()
+            raise
 
     def _copy_slot(self, cur: Any, low: int) -> str:
         """A temporary copy of the slot, at `low`; the slot itself when the server has no slot free for it."""

@@ -480,6 +480,27 @@ def test_a_quiet_table_on_a_busy_database_does_not_hold_back_the_servers_wal(lpg
     assert rows.column("id").to_pylist() == [1], "the quiet stretch skipped nothing of the publication"
 
 
+def test_a_transaction_larger_than_a_fetch_batch_streams_in_batches_and_a_stopped_read_lets_go(lpg, monkeypatch):
+    t = new_table(lpg.url, "large_txn", "id int PRIMARY KEY, v text")
+    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_large_txn")
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} SELECT g, md5(g::text) || md5(g::text) FROM generate_series(1, 300000) g")
+    arrays = []
+    streamed = _changes.RangeFetch.arrays
+    monkeypatch.setattr(_changes.RangeFetch, "arrays", lambda self: (arrays.append(a) or a for a in streamed(self)))
+    end, rows = batch(reader, start)
+    assert rows.column("id").to_pylist() == list(range(1, 300001))
+    assert len(arrays) > 1, "one transaction of ~30 MB of messages arrives in several batches, never whole"
+
+    # A read Spark stops early (a task killed) closes its session with the rest unread; the batch reads again whole.
+    (part,) = reader.partitions(start, end)
+    read = reader.read(part)
+    next(read)
+    read.close()
+    again = pa.Table.from_batches(list(reader.read(part)))
+    assert again.column("id").to_pylist() == list(range(1, 300001))
+
+
 def test_bad_options_fail_before_anything_is_created(lpg):
     with pytest.raises(OptionError, match="Did you mean 'max-changes-per-trigger'"):
         PostgresChangesDataSource({"url": lpg.url, "table": "x", "max-changes-per-trigger2": "1"}).schema()
