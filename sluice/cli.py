@@ -65,6 +65,7 @@ def _add_postgres(sub: Any) -> None:
     drop = cmds.add_parser("drop-slot", help="drop a slot and the publication sluice created with its name")
     drop.add_argument("name")
     drop.add_argument("--keep-publication", action="store_true")
+    drop.add_argument("--force", action="store_true", help="drop it even while a running query holds it")
     drop.set_defaults(run=_postgres_drop)
 
 
@@ -85,7 +86,7 @@ def _postgres_slots(args: argparse.Namespace) -> int:
     from sluice.connectors.postgres._changes import list_slots
 
     for slot in list_slots(_pg_connection(args), args.prefix):
-        print(f"{slot.name}  database={slot.database}  active={slot.active}  confirmed={slot.confirmed}  "
+        print(f"{slot.name}  database={slot.database}  query={slot.query or 'none'}  confirmed={slot.confirmed}  "
               f"retained_wal_bytes={slot.retained_bytes}  wal_status={slot.wal_status}")
     return 0
 
@@ -93,7 +94,7 @@ def _postgres_slots(args: argparse.Namespace) -> int:
 def _postgres_drop(args: argparse.Namespace) -> int:
     from sluice.connectors.postgres._changes import drop_slot
 
-    drop_slot(_pg_connection(args), args.name, publication=not args.keep_publication)
+    drop_slot(_pg_connection(args), args.name, publication=not args.keep_publication, force=args.force)
     print(f"dropped slot {args.name}" + ("" if args.keep_publication else " (and its publication, if sluice's)"))
     return 0
 

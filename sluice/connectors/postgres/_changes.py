@@ -297,6 +297,21 @@ def holder_of(pg: Any, slot: str) -> tuple[str, str] | None:
 SLOT_GUARD_WAIT_S = 15  # a query restarted at once may find its last run's session still closing
 
 
+def guard_name(slot: str) -> str:
+    """The application_name of the session holding `slot` for a running query (visible in pg_stat_activity)."""
+    return f"sluice slot guard {slot}"[:63]
+
+
+def slot_holder(pg: Any, slot: str) -> str | None:
+    """Which running query holds `slot` (its guard session), if any is visible to this user."""
+    row = pg.execute("SELECT pid, host(client_addr), backend_start FROM pg_stat_activity "
+                     "WHERE application_name = %s AND pid <> pg_backend_pid() LIMIT 1", (guard_name(slot),)).fetchone()
+    if row is None:
+        return None
+    pid, addr, since = row
+    return f"server process {pid}, client {addr or 'local socket'}, since {since:%Y-%m-%d %H:%M:%S %Z}"
+
+
 class SlotGuard:
     """One query per slot. Two queries on one slot (the default slot name is the same for the same tables) would each
     advance it past the other's position, and the other's changes would be gone. The driver holds an advisory lock
@@ -308,7 +323,7 @@ class SlotGuard:
         self.conn, self.slot = conn, slot
         self.key = int.from_bytes(hashlib.blake2b(f"sluice slot {slot}".encode(), digest_size=8).digest(), "big",
                                   signed=True)
-        self.name = f"sluice slot guard {slot}"[:63]  # application_name, for the error and for DBAs
+        self.name = guard_name(slot)
         self._pg: Any = None
 
     def hold(self) -> Any:
@@ -356,22 +371,24 @@ class SlotGuard:
         import psycopg
 
         try:
-            row = pg.execute("SELECT pid, client_addr::text, backend_start FROM pg_stat_activity "
-                             "WHERE application_name = %s AND pid <> pg_backend_pid() LIMIT 1", (self.name,)).fetchone()
+            holder = slot_holder(pg, self.slot)
         except psycopg.Error:
-            row = None
-        if row is None:
-            return "its session is not visible to this user"
-        pid, addr, since = row
-        return f"server process {pid}, client {addr or 'local socket'}, since {since:%Y-%m-%d %H:%M:%S %Z}"
+            holder = None
+        return holder or "its session is not visible to this user"
 
     def release(self) -> None:
+        import psycopg
+
         if self._pg is not None:
             pg, self._pg = self._pg, None
             try:
+                # Let go before closing: a session's end is noticed by the server a moment later, and a query
+                # restarted at once (or `sluice postgres slots`) should find the slot free.
+                pg.execute("SELECT pg_advisory_unlock_all(), set_config('application_name', '', false)")
                 pg.close()
-            except OSError as e:  # the server drops the lock with the session either way
+            except (OSError, psycopg.Error) as e:  # the server drops the lock with the session either way
                 log.debug("closing the session holding slot %s: %s", self.slot, e)
+                pg.close()
 
 
 def _busy_retry(action: Any, what: str, conn: Connection, deadline_s: float = 30.0) -> Any:
@@ -854,6 +871,7 @@ class SlotInfo:
     confirmed: str | None
     retained_bytes: int
     wal_status: str | None
+    query: str | None = None  # the running query holding it (slot_holder), if any
 
 
 def list_slots(conn: Connection, prefix: str = "sluice_") -> list[SlotInfo]:
@@ -864,15 +882,20 @@ def list_slots(conn: Connection, prefix: str = "sluice_") -> list[SlotInfo]:
                           "FROM pg_replication_slots WHERE slot_type = 'logical' AND NOT temporary "
                           "AND starts_with(slot_name, %s) "
                           "ORDER BY 1", (prefix,)).fetchall()
-    return [SlotInfo(*row) for row in rows]
+        return [SlotInfo(*row, query=slot_holder(pg, row[0])) for row in rows]
 
 
-def drop_slot(conn: Connection, slot: str, *, publication: bool = True) -> None:
-    """Drop a slot (the server keeps WAL for it until then) and the publication sluice created under its name."""
+def drop_slot(conn: Connection, slot: str, *, publication: bool = True, force: bool = False) -> None:
+    """Drop a slot (the server keeps WAL for it until then) and the publication sluice created under its name; a
+    slot a running query holds only with `force`."""
     with conn.connect_psycopg() as pg:
         if pg.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is None:
             raise OptionError(f"there is no replication slot '{slot}' on {conn.describe()} (sluice postgres slots "
                               "lists them)")
+        holder = slot_holder(pg, slot)
+        if holder is not None and not force:
+            raise OptionError(f"replication slot '{slot}' is in use by a running query ({holder}): dropping it is "
+                              "data loss for that query. Stop the query first, or force it (--force)")
         _busy_retry(lambda: pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,)), f"dropping slot '{slot}'",
                     conn)
         if publication:

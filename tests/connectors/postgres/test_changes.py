@@ -374,10 +374,13 @@ def test_a_dropped_slot_is_data_loss_and_the_cli_lists_and_drops_slots(lpg, caps
     os.environ["PGPASSWORD"] = lpg.password
     try:
         assert main(["postgres", "--url", url, "slots"]) == 0
-        assert slot in capsys.readouterr().out
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith(slot)]
+        assert "query=server process" in line, "the running query holding it"
         assert main(["postgres", "--url", lpg.url, "slots"]) != 0  # refused: ps would show the password
         assert lpg.password not in capsys.readouterr().err
-        assert main(["postgres", "--url", url, "drop-slot", slot]) == 0
+        assert main(["postgres", "--url", url, "drop-slot", slot]) != 0
+        assert f"'{slot}' is in use by a running query (server process" in capsys.readouterr().err
+        assert main(["postgres", "--url", url, "drop-slot", slot, "--force"]) == 0
     finally:
         del os.environ["PGPASSWORD"]
     assert slot not in [s.name for s in list_slots(reader.stream.conn)]
@@ -387,6 +390,8 @@ def test_a_dropped_slot_is_data_loss_and_the_cli_lists_and_drops_slots(lpg, caps
     lenient = stream(lpg.url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
     lenient.latestOffset(start, lenient.getDefaultReadLimit())
     assert slot in [s.name for s in list_slots(reader.stream.conn)], "re-created"
+    lenient.stop()
+    assert [s.query for s in list_slots(reader.stream.conn) if s.name == slot] == [None], "let go"
     drop_slot(reader.stream.conn, slot)
 
 
