@@ -757,7 +757,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for i, (low, high) in enumerate(ranges):
                 fetch = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
-                decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, set(s.tables))
+                decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high,
+                                        {t: [c for c, _ in s.table_columns[t]] for t in s.tables}, self._gone_columns)
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.
@@ -795,6 +796,16 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cur.close()
             conn.close()
             raise
+
+    def _gone_columns(self, table: str, names: list[str]) -> list[str]:
+        """Which of `names` `table` no longer has (asked only when a change carries a column the schema lacks)."""
+        schema, name = table.split(".", 1)  # exact names, as resolve() joined them
+        with self.stream.conn.connect_psycopg() as pg:
+            present = {row[0] for row in pg.execute(
+                "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT "
+                "a.attisdropped", (schema, name)).fetchall()}
+        return [c for c in names if c not in present]
 
     def _copy_slot(self, cur: Any, low: int) -> str:
         """A temporary copy of the slot, at `low`; the slot itself when the server has no slot free for it."""

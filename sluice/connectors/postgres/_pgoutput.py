@@ -12,7 +12,8 @@ Message layout: https://www.postgresql.org/docs/current/protocol-logicalrep-mess
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from struct import Struct
 from typing import Any
@@ -22,6 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connectors.postgres._conn import PostgresError
+
+log = logging.getLogger("sluice.postgres")
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()  # (table, columns) warned about in this process: once each
 
 # Metadata columns every change row carries after the table's columns.
 OP, LSN, COMMIT_TIME, XID, TABLE = "_op", "_lsn", "_commit_time", "_xid", "_table"
@@ -57,6 +61,12 @@ class UnchangedToastError(PostgresError):
     pass
 
 
+def _warn_once(table: str, columns: list[str], message: str) -> None:
+    if (table, tuple(columns)) not in _WARNED:
+        _WARNED.add((table, tuple(columns)))
+        log.warning("%s", message)
+
+
 class ChangeDecoder:
     """Turns a stream of pgoutput messages into record batches of `schema` (table columns + METADATA_FIELDS).
 
@@ -69,11 +79,16 @@ class ChangeDecoder:
     """
 
     def __init__(self, schema: pa.Schema, column_types: dict[str, str], start: int, end: int,
-                 tables: set[str]) -> None:
+                 tables: Mapping[str, Sequence[str]],
+                 gone_columns: Callable[[str, list[str]], list[str]] | None = None) -> None:
+        """`tables`: each streamed table's columns in the stream's schema. `gone_columns(table, names)`: which of
+        `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new."""
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
         self._index = {name: i for i, name in enumerate(self.data_names)}
+        self._discard = len(self.data_names)  # where values of columns left out go
+        self.gone_columns = gone_columns
         self.start, self.end = start, end
         self.tables = tables
         self.relations: dict[int, Relation] = {}
@@ -133,8 +148,8 @@ class ChangeDecoder:
             return None
         relids = _be(data, starts[rows] + 1, 4)
         count = len(rows)
-        value_start = np.zeros((len(self.data_names), count), np.int64)
-        value_len = np.full((len(self.data_names), count), -1, np.int64)  # -1: null
+        value_start = np.zeros((len(self.data_names) + 1, count), np.int64)  # + the discarded columns' row
+        value_len = np.full((len(self.data_names) + 1, count), -1, np.int64)  # -1: null
         table_of = np.zeros(count, np.int32)  # index into `names`
         names: list[str] = []
         keep = np.zeros(count, bool)
@@ -214,13 +229,25 @@ class ChangeDecoder:
             pos = end + 1 + 8  # type oid, typmod
         self.relations[relid] = Relation(relid, name, columns)
         if name in self.tables:
-            new = [c for c in columns if c not in self._index]
+            unknown = [c for c in columns if c not in self._index]
+            gone = self.gone_columns(name, unknown) if unknown and self.gone_columns is not None else []
+            new = [c for c in unknown if c not in gone]
+            at = f"the transaction committed at LSN {format_lsn(self.txn[0])}"
             if new:
                 raise PostgresError(
-                    f"table {name} has column(s) {new} that the stream's schema does not (ALTER TABLE ... ADD COLUMN "
-                    f"in the transaction committed at LSN {format_lsn(self.txn[0])}); restart the query with the same "
-                    "checkpoint: it reads the new schema and goes on from where it stopped")
-            self._slots[relid] = [self._index[c] for c in columns]
+                    f"table {name} has column(s) {new} that the stream's schema does not (added or renamed by ALTER "
+                    f"TABLE, {at}); restart the query with the same checkpoint: it reads the new schema and goes on "
+                    "from where it stopped")
+            if gone:  # changes from before a DROP or RENAME COLUMN, read by a query restarted after it
+                _warn_once(name, gone, f"table {name}: changes up to {at} carry column(s) {gone}, which the table no "
+                           "longer has (dropped or renamed) and the stream's schema, read when the query started, "
+                           "does not: their values are left out (a renamed column's new name is null in them)")
+            missing = [c for c in self.tables[name] if c not in columns]
+            if missing:
+                _warn_once(name, missing, f"table {name}: its changes from {at} on no longer carry column(s) "
+                           f"{missing} (dropped or renamed by ALTER TABLE): they come as null; restart the query to "
+                           "stream the table's current columns")
+            self._slots[relid] = [self._index.get(c, self._discard) for c in columns]
 
     def _truncate(self, msg: bytes) -> None:
         count = _I32.unpack_from(msg, 1)[0]

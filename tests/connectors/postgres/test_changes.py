@@ -363,6 +363,43 @@ def test_truncate_fails_clearly_and_an_added_column_needs_a_restart_that_reads_i
         batch(restarted, end)
 
 
+def test_a_renamed_column_needs_a_restart_that_gets_past_it_and_a_dropped_one_comes_as_null(lpg, monkeypatch,
+                                                                                             caplog):
+    t = new_table(lpg.url, "renamed", "id int PRIMARY KEY, v text, extra int")
+    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a', 5)", f"ALTER TABLE {t} RENAME COLUMN extra TO extra2",
+        f"INSERT INTO {t} VALUES (2, 'b', 7)")
+    with pytest.raises(PostgresError, match=r"\['extra2'\].*added or renamed.*restart the query"):
+        batch(reader, start)
+    reader.stop()
+    # The restarted query's schema has extra2; the batch it replays still holds a change carrying 'extra'.
+    restarted = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        _, rows = batch(restarted, start)
+    assert [(r["id"], r["extra2"]) for r in rows.to_pylist()] == [(1, None), (2, 7)]
+    assert any("['extra'], which the table no longer has" in r.getMessage() for r in caplog.records)
+    # Negative control: taking every column the schema lacks as new, the restarted query fails on the old change
+    # again, at every restart.
+    restarted.stop()
+    monkeypatch.setattr(_changes.ChangeStreamReader, "_gone_columns", lambda self, table, names: [])
+    again = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
+    with pytest.raises(PostgresError, match=r"\['extra'\].*added or renamed"):
+        batch(again, start)
+    again.stop()
+
+    d = new_table(lpg.url, "dropped_col", "id int PRIMARY KEY, v text, extra int")
+    reader = stream(lpg.url, table=d, snapshot="false", slot="sluice_test_dropped_col")
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {d} VALUES (1, 'a', 5)", f"ALTER TABLE {d} DROP COLUMN extra",
+        f"INSERT INTO {d} VALUES (2, 'b')")
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        _, rows = batch(reader, start)
+    assert [(r["id"], r["extra"]) for r in rows.to_pylist()] == [(1, 5), (2, None)]
+    assert any("no longer carry column(s) ['extra']" in r.getMessage() and "restart the query" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_a_dropped_slot_is_data_loss_and_the_cli_lists_and_drops_slots(lpg, capsys):
     from sluice.cli import main
 
