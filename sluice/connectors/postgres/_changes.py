@@ -758,7 +758,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 fetch = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
                 decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high,
-                                        {t: [c for c, _ in s.table_columns[t]] for t in s.tables}, self._gone_columns)
+                                        {t: [c for c, _ in s.table_columns[t]] for t in s.tables}, self._gone_columns,
+                                        None if self.opts["table"] else s.publication)
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.

@@ -80,15 +80,19 @@ class ChangeDecoder:
 
     def __init__(self, schema: pa.Schema, column_types: dict[str, str], start: int, end: int,
                  tables: Mapping[str, Sequence[str]],
-                 gone_columns: Callable[[str, list[str]], list[str]] | None = None) -> None:
+                 gone_columns: Callable[[str, list[str]], list[str]] | None = None,
+                 whole_publication: str | None = None) -> None:
         """`tables`: each streamed table's columns in the stream's schema. `gone_columns(table, names)`: which of
-        `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new."""
+        `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new.
+        `whole_publication`: the publication, when the stream is all of its tables (a table of it that the stream
+        lacks joined it later); None when the stream is some of its tables (the others are left out)."""
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
         self._index = {name: i for i, name in enumerate(self.data_names)}
         self._discard = len(self.data_names)  # where values of columns left out go
         self.gone_columns = gone_columns
+        self.whole_publication = whole_publication
         self.start, self.end = start, end
         self.tables = tables
         self.relations: dict[int, Relation] = {}
@@ -248,6 +252,12 @@ class ChangeDecoder:
                            f"{missing} (dropped or renamed by ALTER TABLE): they come as null; restart the query to "
                            "stream the table's current columns")
             self._slots[relid] = [self._index.get(c, self._discard) for c in columns]
+        elif self.whole_publication is not None:
+            raise PostgresError(
+                f"table {name} joined publication '{self.whole_publication}' after the query started (its changes "
+                f"from the transaction committed at LSN {format_lsn(self.txn[0])} on would be left out); restart the "
+                "query with the same checkpoint to stream it too. Its rows from before it joined are not changes: "
+                "read them with format('postgres')")
 
     def _truncate(self, msg: bytes) -> None:
         count = _I32.unpack_from(msg, 1)[0]

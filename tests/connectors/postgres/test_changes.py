@@ -178,7 +178,7 @@ def test_retained_wal_past_the_threshold_is_a_warning_naming_the_slot(lpg, caplo
     assert "sluice_test_retained holds back" in warning and lpg.password not in warning
 
 
-def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_included(lpg):
+def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_included(lpg, monkeypatch):
     a = new_table(lpg.url, "pub_a", "id int PRIMARY KEY, name text")
     b = new_table(lpg.url, "pub_b", "id int PRIMARY KEY, qty bigint")
     sql(lpg.url, f"INSERT INTO {a} VALUES (1, 'one')", f"INSERT INTO {b} VALUES (1, 10)",
@@ -189,12 +189,37 @@ def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_include
     end, snapshot = batch(reader, start)
     reader.commit(end)
     sql(lpg.url, f"BEGIN; UPDATE {a} SET name = 'uno' WHERE id = 1; DELETE FROM {b} WHERE id = 1; COMMIT")
-    _, changes = batch(reader, end)
+    after, changes = batch(reader, end)
+    reader.commit(after)
     rows = [(r["_table"], r["_op"], r["id"], r["name"], r["qty"]) for r in snapshot.to_pylist() + changes.to_pylist()]
     assert sorted(rows[:2]) == [("public.pub_a", "insert", 1, "one", None), ("public.pub_b", "insert", 1, None, 10)]
     assert rows[2:] == [("public.pub_a", "update", 1, "uno", None), ("public.pub_b", "delete", 1, None, None)]
     with pytest.raises(OptionError, match=r"not in publication 'two_tables'"):
         stream(lpg.url, publication="two_tables", table="typed")
+
+    # A table joins the publication mid-stream: the batch fails naming it, and the restarted query streams it too.
+    start = after
+    c = new_table(lpg.url, "pub_c", "id int PRIMARY KEY, note text")
+    sql(lpg.url, f"ALTER PUBLICATION two_tables ADD TABLE {c}", f"INSERT INTO {c} VALUES (1, 'new')",
+        f"INSERT INTO {a} VALUES (2, 'two')")
+    with pytest.raises(PostgresError, match=r"table public\.pub_c joined publication 'two_tables' after the query "
+                                            r"started.*restart the query"):
+        batch(reader, start)
+    reader.stop()
+    restarted = stream(lpg.url, publication="two_tables", slot="sluice_test_two")
+    _, rows = batch(restarted, start)
+    assert [(r["_table"], r["id"], r["note"]) for r in rows.to_pylist()] == [("public.pub_c", 1, "new"),
+                                                                          ("public.pub_a", 2, None)]
+    restarted.stop()
+    # Negative control: decoding as if the stream were some of the publication's tables, the new table's change is
+    # left out without a word.
+    decoder = _changes.ChangeDecoder
+    monkeypatch.setattr(_changes, "ChangeDecoder", lambda *args: decoder(*args[:6]))
+    stale = stream(lpg.url, publication="two_tables", slot="sluice_test_two")
+    stale.stream = reader.stream  # resolved when the query started: two tables
+    stale.arrow_schema = reader.arrow_schema
+    _, rows = batch(stale, start)
+    assert [r["_table"] for r in rows.to_pylist()] == ["public.pub_a"]
 
 
 def test_max_changes_per_trigger_cuts_between_transactions_never_inside_one(lpg):
