@@ -48,7 +48,10 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         column = batch.column(field.name)
         if isinstance(column.type, pa.ExtensionType):
             column = column.storage
-        arrays.append(column if column.type == field.type else pc.cast(column, field.type))
+        try:
+            arrays.append(column if column.type == field.type else pc.cast(column, field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise type(e)(f"column '{field.name}' does not convert from {column.type} to {field.type}: {e}") from None
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

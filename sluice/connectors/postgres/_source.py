@@ -101,6 +101,45 @@ _SIMPLE: dict[str, DataType] = {pg: spark_cls() for spark_cls, pg in TYPE_MAP if
 _NUMERIC = re.compile(r"numeric(?:\((\d+),(\d+)\))?$")
 
 
+# PostgreSQL's date and timestamp +-infinity, as ADBC hands them over (the server's extreme values shifted from
+# 2000-01-01 to 1970-01-01, wrapping round), and the bounds Spark can hold, which they read as (Spark's own
+# JDBC reader does the same, SPARK-44280 / SPARK-47501).
+_DATE_INFINITY = {-2147472692: 2932896, -2147472691: -719162}  # +inf -> 9999-12-31, -inf -> 0001-01-01
+_TIMESTAMP_INFINITY = {-9222425352054775809: 253402300799999999, -9222425352054775808: -62135596800000000}
+
+
+def finite_times(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Date and timestamp columns (and arrays of them) with +-infinity read as Spark's last and first instant."""
+    columns = batch.columns
+    changed = False
+    for i, column in enumerate(columns):
+        fixed = _finite(column)
+        if fixed is not column:
+            columns[i], changed = fixed, True
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
+
+
+def _finite(array: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(array.type):
+        values = _finite(array.values)
+        if values is array.values:
+            return array
+        return pa.ListArray.from_arrays(array.offsets, values, type=array.type, mask=array.is_null())
+    if pa.types.is_date32(array.type):
+        storage, sentinels, width = array.cast(pa.int32()), _DATE_INFINITY, pa.int32()
+    elif pa.types.is_timestamp(array.type):
+        storage, sentinels, width = array.cast(pa.int64()), _TIMESTAMP_INFINITY, pa.int64()
+    else:
+        return array
+    if not pc.any(pc.less_equal(storage, max(sentinels))).as_py():  # no infinity in it: the common case
+        return array
+    for raw, bound in sentinels.items():
+        storage = pc.if_else(pc.equal(storage, pa.scalar(raw, width)), pa.scalar(bound, width), storage)
+    return storage.cast(array.type)
+
+
 def spark_type(pg: str) -> tuple[DataType, str]:
     """(Spark type, how to select it: 'as is' | 'text' | 'numeric(p,s)') for a format_type() string."""
     if pg.endswith("[]"):
@@ -449,6 +488,7 @@ class PostgresSplitReader(SplitReader):
             cur.execute(sql)
             for batch in cur.fetch_record_batch():
                 # ADBC hands over large batches; smaller ones let Spark convert while the next arrives.
+                batch = finite_times(batch)
                 for start in range(0, batch.num_rows, YIELD_ROWS):
                     yield conform(batch.slice(start, YIELD_ROWS), self.arrow_schema)
             if snapshot:

@@ -78,6 +78,45 @@ def test_changes_come_whole_in_commit_order_typed_with_their_metadata(lpg):
     assert batch(reader, end)[0] == end, "nothing new: no new offset, so Spark runs no empty micro-batch"
 
 
+def test_changes_are_typed_as_the_batch_reader_reads_the_same_rows_infinities_and_padding_included(lpg):
+    from sluice.connectors.postgres import PostgresDataSource
+
+    sql(lpg.url, "CREATE TYPE mood AS ENUM ('sad', 'happy')", "CREATE DOMAIN posint AS int CHECK (VALUE > 0)")
+    t = new_table(lpg.url, "many_types", "id int PRIMARY KEY, e mood, d posint, u uuid, j jsonb, day date, "
+                  "t time, iv interval, f8 float8, f4 real, i2 smallint, ba bigint[], ta text[], ch char(3), "
+                  "ip inet, n numeric(20,5), ts timestamp, tstz timestamptz, fa float8[], da date[], "
+                  "tsa timestamptz[], ua uuid[], boola bool[], nm name, i4r int4range")
+    reader = stream(lpg.url, table=t, snapshot="false")
+    start = reader.initialOffset()
+    sql(lpg.url, f"""INSERT INTO {t} VALUES (1, 'happy', 5, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{{"a": [1]}}',
+        '2026-01-02', '03:04:05.5', '1 day 02:03:04', 1.5e300, 1.25, -3, '{{1,NULL,3}}', '{{"a b","c,d",NULL}}',
+        'ab', '10.0.0.1/8', 1.5, '2026-01-02 03:04:05.123456', '2026-01-02 03:04:05+02', '{{1.5,NaN,-Infinity}}',
+        '{{2026-01-02,infinity}}', '{{infinity,-infinity,"2026-01-02 03:04:05+00"}}',
+        '{{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}}', '{{t,f,NULL}}', 'nm', '[1,5)'),
+        (2, NULL, NULL, NULL, NULL, 'infinity', NULL, NULL, 'NaN', '-Infinity', NULL, '{{}}', '{{}}', NULL, NULL,
+        NULL, '-infinity', 'infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+        (3, NULL, NULL, NULL, NULL, '-infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+        'infinity', '-infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL)""")
+    _, changes = batch(reader, start)
+    source = PostgresDataSource({"url": lpg.url, "table": t})
+    batch_reader = source.reader(source.schema())
+    read = pa.Table.from_batches([b for p in batch_reader.partitions() for b in batch_reader.read(p)])
+    assert changes.select(read.column_names).schema == read.schema
+    differ = [(name, changes.column(name).to_pylist(), read.column(name).to_pylist()) for name in read.column_names
+              if repr(changes.column(name).to_pylist()) != repr(read.column(name).to_pylist())]  # repr: NaN == NaN
+    assert differ == []
+    days = read.column("day").cast(pa.int32()).to_pylist()
+    assert days[1:] == [2932896, -719162], "+-infinity read as 9999-12-31 and 0001-01-01, as Spark's JDBC reader"
+    assert read.column("ch").to_pylist()[0] == "ab"
+
+    sql(lpg.url, f"INSERT INTO {t} (id, n) VALUES (4, 'NaN')")
+    with pytest.raises(PostgresError, match=r"column 'n' \(numeric\(20,5\)\).*NaN.*no Spark decimal"):
+        batch(reader, start)
+    batch_reader = source.reader(source.schema())
+    with pytest.raises(PostgresError, match=r"column 'n' does not convert .*NaN"):
+        [b for p in batch_reader.partitions() for b in batch_reader.read(p)]
+
+
 def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consuming_it_would_lose_it(lpg):
     t = new_table(lpg.url, "replay")
     slot = "sluice_test_replay"
