@@ -247,6 +247,7 @@ def _published_tables(pg: Any, publication: str) -> list[str] | None:
 def _create_publication(pg: Any, conn: Connection, publication: str, tables: list[str]) -> None:
     from sluice.connectors.postgres._conn import qualified
 
+    _check_replica_identity(pg, tables)
     rels = ", ".join(qualified(*t.split(".", 1)) for t in tables)
     try:
         pg.execute(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {rels}")
@@ -254,6 +255,27 @@ def _create_publication(pg: Any, conn: Connection, publication: str, tables: lis
         raise PostgresError(f"could not create publication '{publication}' for {tables} on {conn.describe()}: "
                             f"{conn.scrub(e)}; create it yourself and pass option 'publication'",
                             sqlstate_of(e)) from None
+
+
+def _check_replica_identity(pg: Any, tables: list[str]) -> None:
+    """A published table without a replica identity (no primary key under REPLICA IDENTITY DEFAULT, or NOTHING)
+    makes every UPDATE and DELETE on it fail in the database: refuse to publish one."""
+    from sluice.connectors.postgres._conn import qualified
+
+    for table in tables:
+        rel = qualified(*table.split(".", 1))
+        # the table itself, or for a partitioned one its partitions (whose replica identities count)
+        bare = [row[0] for row in pg.execute(
+            "WITH rels AS (SELECT relid FROM pg_partition_tree(to_regclass(%s)) UNION SELECT to_regclass(%s)) "
+            "SELECT c.oid::regclass::text FROM rels JOIN pg_class c ON c.oid = rels.relid WHERE c.relkind = 'r' "
+            "AND (c.relreplident = 'n' OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i "
+            "WHERE i.indrelid = c.oid AND i.indisprimary)))", (rel, rel)).fetchall()]
+        if bare:
+            raise OptionError(
+                f"table {table} has no replica identity ({', '.join(bare)}: no primary key, or REPLICA IDENTITY "
+                "NOTHING): once published, every UPDATE and DELETE on it would fail in the database. Give it a "
+                f"primary key, or run ALTER TABLE {rel} REPLICA IDENTITY FULL (or USING INDEX a unique index), then "
+                "start again (option 'table')")
 
 
 def spark_schema(stream: ChangeStream) -> StructType:

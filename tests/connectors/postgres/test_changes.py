@@ -607,6 +607,29 @@ def test_a_transaction_larger_than_a_fetch_batch_streams_in_batches_and_a_stoppe
     assert again.column("id").to_pylist() == list(range(1, 300001))
 
 
+def test_a_table_without_a_replica_identity_is_refused_before_publishing_it_breaks_its_updates(lpg, monkeypatch):
+    t = new_table(lpg.url, "keyless", "id int, v text")
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a')")
+    with pytest.raises(OptionError, match=r"table public\.keyless has no replica identity.*every UPDATE and DELETE "
+                                          r"on it would fail.*REPLICA IDENTITY FULL"):
+        PostgresChangesDataSource({"url": lpg.url, "table": t, "slot": "sluice_test_keyless"}).schema()
+    sql(lpg.url, f"UPDATE {t} SET v = 'b'")  # still writable: nothing was published
+    sql(lpg.url, f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_keyless")
+    start = reader.initialOffset()
+    sql(lpg.url, f"UPDATE {t} SET v = 'c'")
+    assert [(r["_op"], r["v"]) for r in batch(reader, start)[1].to_pylist()] == [("update", "c")]
+
+    # Negative control: published without the check, the table's updates fail in the database itself.
+    other = new_table(lpg.url, "keyless_published", "id int, v text")
+    sql(lpg.url, f"INSERT INTO {other} VALUES (1, 'a')")
+    monkeypatch.setattr(_changes, "_check_replica_identity", lambda pg, tables: None)
+    PostgresChangesDataSource({"url": lpg.url, "table": other, "slot": "sluice_test_keyless_published"}).schema()
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="does not have a replica identity"):
+        sql(lpg.url, f"UPDATE {other} SET v = 'b'")
+    sql(lpg.url, "DROP PUBLICATION sluice_test_keyless_published")
+
+
 def test_bad_options_fail_before_anything_is_created(lpg):
     with pytest.raises(OptionError, match="Did you mean 'max-changes-per-trigger'"):
         PostgresChangesDataSource({"url": lpg.url, "table": "x", "max-changes-per-trigger2": "1"}).schema()
