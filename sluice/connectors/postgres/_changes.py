@@ -176,6 +176,10 @@ def resolve(opts: Options) -> ChangeStream:
     with conn.connect_psycopg() as pg:
         _check_server(pg, conn)
         published = _published_tables(pg, publication)
+        column_lists: dict[str, list[str]] = {}
+        if published is not None:
+            _warn_unpublished_operations(pg, publication)
+            column_lists = _column_lists(pg, publication)
         if published is None:
             if opts["publication"]:
                 raise OptionError(f"publication '{publication}' does not exist on {conn.describe()} "
@@ -190,15 +194,22 @@ def resolve(opts: Options) -> ChangeStream:
             raise OptionError(f"table(s) {missing} are not in publication '{publication}' (its tables: {published}); "
                               f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...")
     table_options = {t: _table_opts(opts, t) for t in tables}
-    return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options), table_options)
+    return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options, column_lists),
+                        table_options)
 
 
-def _describe(conn: Connection, table_options: dict[str, Options]) -> tuple[dict[str, str], dict, dict]:
-    """(column -> PostgreSQL type over all tables, each table's columns, each table's primary key)."""
+def _describe(conn: Connection, table_options: dict[str, Options],
+              column_lists: dict[str, list[str]] | None = None) -> tuple[dict[str, str], dict, dict]:
+    """(column -> PostgreSQL type over all tables, each table's columns, each table's primary key). A table the
+    publication lists some columns of (PostgreSQL 15+) has those only: the changes carry no others, and the
+    snapshot reads the same."""
     columns: dict[str, str] = {}
     table_columns, keys = {}, {}
     for table, read_opts in table_options.items():
         _, cols, pk = infer_schema(conn, read_opts)
+        listed = (column_lists or {}).get(table)
+        if listed is not None:
+            cols = [(name, pg_type) for name, pg_type in cols if name in listed]
         table_columns[table] = tuple(cols)
         keys[table] = tuple(pk)
         for name, pg_type in cols:
@@ -242,6 +253,28 @@ def _published_tables(pg: Any, publication: str) -> list[str] | None:
     rows = pg.execute("SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables "
                       "WHERE pubname = %s ORDER BY 1", (publication,)).fetchall()
     return [r[0] for r in rows]
+
+
+def _warn_unpublished_operations(pg: Any, publication: str) -> None:
+    """A publication may leave operations out (publish = 'insert', ...): the stream then never carries them."""
+    flags = pg.execute("SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = %s",
+                       (publication,)).fetchone()
+    left_out = [op for op, published in zip(("insert", "update", "delete"), flags, strict=True) if not published]
+    if left_out:
+        log.warning("publication %s does not publish %s: the stream carries no such changes, and what it feeds "
+                    "will not see them (ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate') "
+                    "if that is not meant)", publication, ", ".join(left_out), quote_ident(publication))
+
+
+def _column_lists(pg: Any, publication: str) -> dict[str, list[str]]:
+    """The tables the publication publishes some columns of (PostgreSQL 15+ column lists), with those columns."""
+    if pg.execute("SELECT current_setting('server_version_num')::int").fetchone()[0] < 150000:
+        return {}
+    rows = pg.execute(
+        "SELECT schemaname::text || '.' || tablename::text, attnames::text[], (SELECT count(*) FROM pg_attribute a "
+        "WHERE a.attrelid = format('%%I.%%I', schemaname, tablename)::regclass AND a.attnum > 0 AND NOT "
+        "a.attisdropped) FROM pg_publication_tables WHERE pubname = %s", (publication,)).fetchall()
+    return {table: list(names) for table, names, every in rows if names is not None and len(names) < every}
 
 
 def _create_publication(pg: Any, conn: Connection, publication: str, tables: list[str]) -> None:

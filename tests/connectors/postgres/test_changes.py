@@ -630,6 +630,38 @@ def test_a_table_without_a_replica_identity_is_refused_before_publishing_it_brea
     sql(lpg.url, "DROP PUBLICATION sluice_test_keyless_published")
 
 
+def test_a_publications_column_list_shapes_the_schema_and_left_out_operations_are_a_warning(lpg, monkeypatch,
+                                                                                            caplog):
+    t = new_table(lpg.url, "listed", "id int PRIMARY KEY, v text, secret text")
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a', 'hidden')",
+        f"CREATE PUBLICATION listed_cols FOR TABLE {t} (id, v)")
+    reader = stream(lpg.url, publication="listed_cols", slot="sluice_test_listed")
+    assert "secret" not in reader.schema.fieldNames()
+    start = reader.initialOffset()
+    end, snapshot = batch(reader, start)
+    reader.commit(end)
+    sql(lpg.url, f"INSERT INTO {t} VALUES (2, 'b', 'hidden too')")
+    _, changes = batch(reader, end)
+    assert [(r["id"], r["v"]) for r in snapshot.to_pylist() + changes.to_pylist()] == [(1, "a"), (2, "b")]
+    reader.stop()
+    # Negative control: the table's own columns instead of the publication's: the snapshot carries a column the
+    # changes never do (null in every change).
+    monkeypatch.setattr(_changes, "_column_lists", lambda pg, publication: {})
+    whole = stream(lpg.url, publication="listed_cols", slot="sluice_test_listed_whole")
+    start = whole.initialOffset()
+    end, snapshot = batch(whole, start)
+    whole.commit(end)
+    sql(lpg.url, f"INSERT INTO {t} VALUES (3, 'c', 'hidden as well')")
+    _, changes = batch(whole, end)
+    assert [r["secret"] for r in snapshot.to_pylist() + changes.to_pylist()] == ["hidden", "hidden too", None]
+    whole.stop()
+
+    sql(lpg.url, f"CREATE PUBLICATION inserts_only FOR TABLE {t} WITH (publish = 'insert')")
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        stream(lpg.url, publication="inserts_only", slot="sluice_test_inserts_only")
+    assert any("publication inserts_only does not publish update, delete" in r.getMessage() for r in caplog.records)
+
+
 def test_bad_options_fail_before_anything_is_created(lpg):
     with pytest.raises(OptionError, match="Did you mean 'max-changes-per-trigger'"):
         PostgresChangesDataSource({"url": lpg.url, "table": "x", "max-changes-per-trigger2": "1"}).schema()
