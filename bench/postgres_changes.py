@@ -15,7 +15,9 @@ all created before the changes, so every contender reads exactly the same change
   yielded over and over) by a minimal Python streaming source into `sluice_null`, in micro-batches: what Spark's
   hand-over from a Python source to a Python sink costs with no fetch and no decoding, the bound on any source;
 - spark and its floor once more into Spark's own `noop` sink (JVM, no Python writer; `fetch-ranges` 2): the
-  source's part apart from the hand-over to a Python sink.
+  source's part apart from the hand-over to a Python sink;
+- spark with `max-changes-per-trigger` 100000 (ten micro-batches): what planning each batch's end costs (it
+  peeks at the changes to cut between transactions).
 decode and spark run once with `fetch-ranges` 1 (one fetch of the whole batch) and once with the default, 2 (the
 second half fetched from a copy of the slot while the first is decoded), alternating within each round.
 Each figure is the best of --rounds.
@@ -42,8 +44,9 @@ PUBLICATION = "bench_pub"
 PHASES: list = []  # Spark's durationMs of each micro-batch of each round
 RANGES = (1, 2)  # fetch-ranges: one fetch of the whole batch; the default
 # the Spark contenders: label, fetch-ranges, sink (Spark's own JVM `noop` sink splits the source's part from the
-# hand-over to a Python sink)
-SPARK_RUNS = (("r1", 1, "sluice_null"), ("r2", 2, "sluice_null"), ("noop_r2", 2, "noop"))
+# hand-over to a Python sink), more source options (a budget per micro-batch: planning peeks at the changes too)
+SPARK_RUNS = (("r1", 1, "sluice_null", {}), ("r2", 2, "sluice_null", {}), ("noop_r2", 2, "noop", {}),
+              ("budget_100k_r2", 2, "sluice_null", {"max-changes-per-trigger": "100000"}))
 CPU_SECONDS: dict[str, list[float]] = {}  # contender -> busy core-seconds of the whole machine, every round
 
 
@@ -90,14 +93,20 @@ class CpuSampler:
 
 
 def generate(url: str, changes: int) -> None:
+    """`changes` changes in transactions of 1,000 rows, with a running-transactions record in the WAL every 100
+    transactions (a CHECKPOINT writes one): a busy server writes one every 15 s, and only at those can a slot's
+    restart point move, so without them every peek would decode again from the first change."""
     rows = changes // 2
     with psycopg.connect(url, autocommit=True) as conn:
-        for lo in range(0, rows, 1000):
-            conn.execute("INSERT INTO narrow SELECT g, g * 2, md5(g::text)::char(8) "
-                         "FROM generate_series(%s::bigint, %s::bigint) g", (lo, min(lo + 999, rows - 1)))
-        for lo in range(0, rows, 1000):
-            conn.execute("UPDATE narrow SET v = v + 1 WHERE id BETWEEN %s::bigint AND %s::bigint",
-                         (lo, min(lo + 999, rows - 1)))
+        statements = [("INSERT INTO narrow SELECT g, g * 2, md5(g::text)::char(8) "
+                       "FROM generate_series(%s::bigint, %s::bigint) g", (lo, min(lo + 999, rows - 1)))
+                      for lo in range(0, rows, 1000)]
+        statements += [("UPDATE narrow SET v = v + 1 WHERE id BETWEEN %s::bigint AND %s::bigint",
+                        (lo, min(lo + 999, rows - 1))) for lo in range(0, rows, 1000)]
+        for i, (statement, params) in enumerate(statements, 1):
+            conn.execute(statement, params)
+            if i % 100 == 0:
+                conn.execute("CHECKPOINT")
         conn.execute("SET synchronous_commit = on")
         conn.execute("CREATE TEMP TABLE flush_marker (x int)")  # a synchronous commit flushes everything before it
 
@@ -139,11 +148,11 @@ def decode(url: str, slot: str, ranges: int) -> tuple[float, int]:
     return time.perf_counter() - start, rows
 
 
-def spark_run(spark, cpu: CpuSampler, url: str, slot: str, ranges: int, sink: str,
-              label: str) -> tuple[float, float, int]:
+def spark_run(spark, cpu: CpuSampler, url: str, slot: str, ranges: int, sink: str, label: str,
+              extra: dict[str, str]) -> tuple[float, float, int]:
     df = (spark.readStream.format("postgres_changes")
           .options(url=url, table="narrow", slot=slot, publication=PUBLICATION, snapshot="false",
-                   **{"fetch-ranges": str(ranges)}).load())
+                   **{"fetch-ranges": str(ranges)}, **extra).load())
     with tempfile.TemporaryDirectory() as ck:
         start = time.perf_counter()
         q = df.writeStream.format(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
@@ -251,9 +260,9 @@ def main() -> None:
             real_schema.simpleString()
         cpu = CpuSampler()
         for i in range(args.rounds):
-            for j, (label, ranges, sink) in enumerate(SPARK_RUNS):
+            for j, (label, ranges, sink, extra) in enumerate(SPARK_RUNS):
                 slot = slots[1 + len(SPARK_RUNS) * i + j]
-                seconds, in_batches, n = spark_run(spark, cpu, pg.url, slot, ranges, sink, label)
+                seconds, in_batches, n = spark_run(spark, cpu, pg.url, slot, ranges, sink, label, extra)
                 results.setdefault(f"spark_{label}", []).append(round(seconds, 3))
                 results.setdefault(f"spark_in_micro_batches_{label}", []).append(round(in_batches, 3))
                 counts[f"spark_{label}"] = n
