@@ -814,7 +814,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
                 decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high,
                                         {t: [c for c, _ in s.table_columns[t]] for t in s.tables}, self._gone_columns,
-                                        None if self.opts["table"] else s.publication)
+                                        None if self.opts["table"] else s.publication, s.primary_keys)
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.

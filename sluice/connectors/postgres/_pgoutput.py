@@ -79,11 +79,12 @@ class ChangeDecoder:
     def __init__(self, schema: pa.Schema, column_types: dict[str, str], start: int, end: int,
                  tables: Mapping[str, Sequence[str]],
                  gone_columns: Callable[[str, list[str]], list[str]] | None = None,
-                 whole_publication: str | None = None) -> None:
+                 whole_publication: str | None = None, keys: Mapping[str, Sequence[str]] | None = None) -> None:
         """`tables`: each streamed table's columns in the stream's schema. `gone_columns(table, names)`: which of
         `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new.
         `whole_publication`: the publication, when the stream is all of its tables (a table of it that the stream
-        lacks joined it later); None when the stream is some of its tables (the others are left out)."""
+        lacks joined it later); None when the stream is some of its tables (the others are left out). `keys`: each
+        table's primary key, which tells an update that changed it under REPLICA IDENTITY FULL."""
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
@@ -91,6 +92,7 @@ class ChangeDecoder:
         self._discard = len(self.data_names)  # where values of columns left out go
         self.gone_columns = gone_columns
         self.whole_publication = whole_publication
+        self.keys = keys or {}
         self.start, self.end = start, end
         self.tables = tables
         self.relations: dict[int, Relation] = {}
@@ -155,6 +157,10 @@ class ChangeDecoder:
         table_of = np.zeros(count, np.int32)  # index into `names`
         names: list[str] = []
         keep = np.zeros(count, bool)
+        # Updates that changed the key: a delete of the old key goes before each (old values per schema column).
+        rekeyed = np.zeros(count, bool)
+        old_value_start = np.zeros_like(value_start)
+        old_value_len = np.full_like(value_len, -1)
         for relid in np.unique(relids).tolist():
             slots = self._slots.get(relid)
             if slots is None:
@@ -164,28 +170,41 @@ class ChangeDecoder:
             table_of[mine] = len(names)
             names.append(self.relations[relid].name)
             self._parse_rows(data, starts[rows[mine]], kinds[rows[mine]], slots, relid, mine, value_start, value_len,
-                             lsn[rows[mine]])
+                             lsn[rows[mine]], rekeyed, old_value_start, old_value_len)
         if not keep.all():
-            rows, value_start, value_len, table_of = rows[keep], value_start[:, keep], value_len[:, keep], \
-                table_of[keep]
+            rows, value_start, value_len, table_of, rekeyed = rows[keep], value_start[:, keep], value_len[:, keep], \
+                table_of[keep], rekeyed[keep]
+            old_value_start, old_value_len = old_value_start[:, keep], old_value_len[:, keep]
             count = len(rows)
             if not count:
                 return None
+        op_kinds = kinds[rows]
+        op_of = np.where(op_kinds == 0x49, 0, np.where(op_kinds == 0x55, 1, 2)).astype(np.int32)
+        if rekeyed.any():
+            # Each such update becomes a delete of the old key then an insert of the new row, in that order: an
+            # upsert of the new key alone would leave the old one behind in any keyed replica.
+            order = np.repeat(np.arange(count), np.where(rekeyed, 2, 1))
+            is_delete = np.zeros(len(order), bool)
+            is_delete[np.flatnonzero(rekeyed) + np.arange(int(rekeyed.sum()))] = True  # the first of each pair
+            value_start = np.where(is_delete, old_value_start[:, order], value_start[:, order])
+            value_len = np.where(is_delete, old_value_len[:, order], value_len[:, order])
+            op_of = np.where(is_delete, 2, np.where(rekeyed[order], 0, op_of[order])).astype(np.int32)
+            rows, table_of = rows[order], table_of[order]
         by_name: dict[str, pa.Array] = {}
         for i, name in enumerate(self.data_names):
             texts = _gather(data, value_start[i], value_len[i])
             by_name[name] = text_to_arrow(texts, self.column_types.get(name, "text"), self.schema.field(name).type,
                                           name)
-        op_kinds = kinds[rows]
-        op_of = np.where(op_kinds == 0x49, 0, np.where(op_kinds == 0x55, 1, 2)).astype(np.int32)
         by_name |= {OP: _OPS.take(op_of), LSN: pa.array(lsn[rows], pa.int64()),
                     COMMIT_TIME: pa.array(ts[rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
                     XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(names, pa.string()).take(table_of)}
         return pa.RecordBatch.from_arrays([by_name[f.name] for f in self.schema], schema=self.schema)
 
     def _parse_rows(self, data: np.ndarray, starts: np.ndarray, kinds: np.ndarray, slots: list[int], relid: int,
-                    out_rows: np.ndarray, value_start: np.ndarray, value_len: np.ndarray, lsns: np.ndarray) -> None:
-        """Fill value_start/value_len (schema column x row) for the change messages of one relation."""
+                    out_rows: np.ndarray, value_start: np.ndarray, value_len: np.ndarray, lsns: np.ndarray,
+                    rekeyed: np.ndarray, old_value_start: np.ndarray, old_value_len: np.ndarray) -> None:
+        """Fill value_start/value_len (schema column x row) for the change messages of one relation; for updates
+        that changed the key, mark them in `rekeyed` and fill old_value_start/old_value_len with the old tuple."""
         marker = data[starts + 5]  # N (new tuple), or K / O (old key / old row) in updates and deletes
         has_old = (marker == 0x4B) | (marker == 0x4F)
         pos = starts + 6
@@ -214,6 +233,28 @@ class ChangeDecoder:
         for i, slot in enumerate(slots):
             value_start[slot, out_rows] = v_start[i]
             value_len[slot, out_rows] = v_len[i]
+        if updates_with_old.any():
+            assert old_start is not None and old_len is not None
+            changed = self._key_changed(data, self.relations[relid], marker, updates_with_old, old_start, old_len,
+                                        v_start, v_len)
+            if changed.any():
+                rekeyed[out_rows[changed]] = True
+                for i, slot in enumerate(slots):
+                    old_value_start[slot, out_rows[changed]] = old_start[i][changed]
+                    old_value_len[slot, out_rows[changed]] = old_len[i][changed]
+
+    def _key_changed(self, data: np.ndarray, rel: Relation, marker: np.ndarray, updates_with_old: np.ndarray,
+                     old_start: np.ndarray, old_len: np.ndarray, v_start: np.ndarray, v_len: np.ndarray) -> np.ndarray:
+        """Which updates changed the row's key. An old key (K) comes only when the update changed it; an old row
+        (O, REPLICA IDENTITY FULL) always: then the key changed if a primary key column's value differs."""
+        changed = updates_with_old & (marker == 0x4B)
+        full = updates_with_old & (marker == 0x4F)
+        if full.any():
+            for col in [rel.columns.index(c) for c in self.keys.get(rel.name, ()) if c in rel.columns]:
+                old = pc.fill_null(_gather(data, old_start[col], old_len[col]), "\0null")
+                new = pc.fill_null(_gather(data, v_start[col], v_len[col]), "\0null")
+                changed |= full & ~pc.equal(old, new).to_numpy(zero_copy_only=False)
+        return changed
 
     def _relation(self, msg: bytes) -> None:
         relid = _I32.unpack_from(msg, 1)[0]

@@ -117,6 +117,40 @@ def test_changes_are_typed_as_the_batch_reader_reads_the_same_rows_infinities_an
         [b for p in batch_reader.partitions() for b in batch_reader.read(p)]
 
 
+@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
+def test_an_update_of_the_key_deletes_the_old_key_so_a_keyed_replica_keeps_no_ghost(lpg, monkeypatch, identity):
+    t = new_table(lpg.url, f"rekeyed_{identity.lower()}")
+    sql(lpg.url, f"ALTER TABLE {t} REPLICA IDENTITY {identity}", f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+
+    def replica_after_changes(slot):
+        """Apply a batch of changes to {id: v} as an upsert sink keyed by id does."""
+        reader = stream(lpg.url, table=t, snapshot="false", slot=slot)
+        start = reader.initialOffset()
+        sql(lpg.url, f"UPDATE {t} SET id = 10 WHERE id = 1", f"UPDATE {t} SET v = 'a2' WHERE id = 10",
+            f"UPDATE {t} SET id = id + 100", f"UPDATE {t} SET id = id - 100, v = v || '!'")
+        _, rows = batch(reader, start)
+        reader.stop()
+        replica = {1: "a", 2: "b"}
+        for r in rows.to_pylist():
+            if r["_op"] == "delete":
+                replica.pop(r["id"], None)
+            else:
+                replica[r["id"]] = r["v"]
+        return rows, replica
+
+    rows, replica = replica_after_changes(f"sluice_test_rekeyed_{identity.lower()}")
+    assert [(r["_op"], r["id"]) for r in rows.to_pylist()][:3] == [("delete", 1), ("insert", 10), ("update", 10)]
+    assert replica == dict(sql(lpg.url, f"SELECT id, v FROM {t}")) == {10: "a2!", 2: "b!"}
+
+    # Negative control: an update that moved the key taken as a plain update leaves the old keys behind.
+    monkeypatch.setattr(_changes.ChangeDecoder, "_key_changed", lambda self, data, rel, marker, updates, *rest:
+                        updates & False)
+    sql(lpg.url, f"DELETE FROM {t}", f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    _, replica = replica_after_changes(f"sluice_test_rekeyed_{identity.lower()}_off")
+    assert replica != dict(sql(lpg.url, f"SELECT id, v FROM {t}"))
+    assert 1 in replica and 102 in replica, "ghosts of keys the source no longer has"
+
+
 def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consuming_it_would_lose_it(lpg):
     t = new_table(lpg.url, "replay")
     slot = "sluice_test_replay"
