@@ -176,10 +176,8 @@ def resolve(opts: Options) -> ChangeStream:
     with conn.connect_psycopg() as pg:
         _check_server(pg, conn)
         published = _published_tables(pg, publication)
-        column_lists: dict[str, list[str]] = {}
         if published is not None:
             _warn_unpublished_operations(pg, publication)
-            column_lists = _column_lists(pg, publication)
         if published is None:
             if opts["publication"]:
                 raise OptionError(f"publication '{publication}' does not exist on {conn.describe()} "
@@ -193,6 +191,7 @@ def resolve(opts: Options) -> ChangeStream:
         if missing:
             raise OptionError(f"table(s) {missing} are not in publication '{publication}' (its tables: {published}); "
                               f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...")
+        column_lists = _sent_columns(pg, publication, tables)
     table_options = {t: _table_opts(opts, t) for t in tables}
     return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options, column_lists),
                         table_options)
@@ -200,9 +199,8 @@ def resolve(opts: Options) -> ChangeStream:
 
 def _describe(conn: Connection, table_options: dict[str, Options],
               column_lists: dict[str, list[str]] | None = None) -> tuple[dict[str, str], dict, dict]:
-    """(column -> PostgreSQL type over all tables, each table's columns, each table's primary key). A table the
-    publication lists some columns of (PostgreSQL 15+) has those only: the changes carry no others, and the
-    snapshot reads the same."""
+    """(column -> PostgreSQL type over all tables, each table's columns, each table's primary key). A table whose
+    changes carry only some columns (`column_lists`, _sent_columns) has those only, and the snapshot reads the same."""
     columns: dict[str, str] = {}
     table_columns, keys = {}, {}
     for table, read_opts in table_options.items():
@@ -231,7 +229,8 @@ def _table_opts(opts: Options, table: str, partitions: int | None = None) -> Opt
     from sluice.connectors.postgres._source import READ_SPEC
 
     raw = {k: str(v) for k, v in _conn_options(opts).items()}
-    raw.update({"table": table, "num-partitions": str(opts["num-partitions"] if partitions is None else partitions),
+    raw.update({"table": qualified(*table.split(".", 1)),  # quoted: the exact names, as resolve() joined them
+                "num-partitions": str(opts["num-partitions"] if partitions is None else partitions),
                 "snapshot.timeout-s": str(opts["snapshot.timeout-s"])})
     return READ_SPEC.parse(raw)
 
@@ -266,15 +265,31 @@ def _warn_unpublished_operations(pg: Any, publication: str) -> None:
                     "if that is not meant)", publication, ", ".join(left_out), quote_ident(publication))
 
 
-def _column_lists(pg: Any, publication: str) -> dict[str, list[str]]:
-    """The tables the publication publishes some columns of (PostgreSQL 15+ column lists), with those columns."""
-    if pg.execute("SELECT current_setting('server_version_num')::int").fetchone()[0] < 150000:
-        return {}
-    rows = pg.execute(
-        "SELECT schemaname::text || '.' || tablename::text, attnames::text[], (SELECT count(*) FROM pg_attribute a "
-        "WHERE a.attrelid = format('%%I.%%I', schemaname, tablename)::regclass AND a.attnum > 0 AND NOT "
-        "a.attisdropped) FROM pg_publication_tables WHERE pubname = %s", (publication,)).fetchall()
-    return {table: list(names) for table, names, every in rows if names is not None and len(names) < every}
+def _sent_columns(pg: Any, publication: str, tables: Sequence[str]) -> dict[str, list[str]]:
+    """The tables whose changes carry only some of their columns, with those: a publication's column list
+    (PostgreSQL 15+), and never generated columns unless the publication publishes them (PostgreSQL 18+)."""
+    from sluice.connectors.postgres._conn import qualified
+
+    version = pg.execute("SELECT current_setting('server_version_num')::int").fetchone()[0]
+    generated_sent = pg.execute(  # publish_generated_columns = stored (PostgreSQL 18+; absent before)
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_publication'::regclass "
+        "AND attname = 'pubgencols')").fetchone()[0] and pg.execute(
+        "SELECT pubgencols::text IN ('s', 'true') FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()[0]
+    listed: dict[str, list[str]] = {}
+    if version >= 150000:
+        listed = dict(pg.execute("SELECT schemaname::text || '.' || tablename::text, attnames::text[] "
+                                 "FROM pg_publication_tables WHERE pubname = %s", (publication,)).fetchall())
+    out = {}
+    for table in tables:
+        columns = pg.execute("SELECT attname::text, attgenerated <> '' FROM pg_attribute WHERE attrelid = "
+                             "to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                             (qualified(*table.split(".", 1)),)).fetchall()
+        names = listed.get(table)
+        sent = [name for name, generated in columns
+                if (generated_sent or not generated) and (names is None or name in names)]
+        if len(sent) < len(columns):
+            out[table] = sent
+    return out
 
 
 def _create_publication(pg: Any, conn: Connection, publication: str, tables: list[str]) -> None:

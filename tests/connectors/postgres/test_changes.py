@@ -680,7 +680,7 @@ def test_a_publications_column_list_shapes_the_schema_and_left_out_operations_ar
     reader.stop()
     # Negative control: the table's own columns instead of the publication's: the snapshot carries a column the
     # changes never do (null in every change).
-    monkeypatch.setattr(_changes, "_column_lists", lambda pg, publication: {})
+    monkeypatch.setattr(_changes, "_sent_columns", lambda pg, publication, tables: {})
     whole = stream(lpg.url, publication="listed_cols", slot="sluice_test_listed_whole")
     start = whole.initialOffset()
     end, snapshot = batch(whole, start)
@@ -694,6 +694,30 @@ def test_a_publications_column_list_shapes_the_schema_and_left_out_operations_ar
     with caplog.at_level("WARNING", logger="sluice.postgres"):
         stream(lpg.url, publication="inserts_only", slot="sluice_test_inserts_only")
     assert any("publication inserts_only does not publish update, delete" in r.getMessage() for r in caplog.records)
+
+
+def test_quoted_names_stream_and_generated_columns_are_left_out_as_pgoutput_leaves_them(lpg, monkeypatch):
+    sql(lpg.url, 'CREATE TABLE "Orders" ("Id" int PRIMARY KEY, "Qty" int, '
+                 '"Twice" int GENERATED ALWAYS AS ("Qty" * 2) STORED)',
+        'INSERT INTO "Orders" ("Id", "Qty") VALUES (1, 5)')
+
+    def snapshot_then_a_change(slot):
+        reader = stream(lpg.url, table='public."Orders"', slot=slot)
+        start = reader.initialOffset()
+        end, snapshot = batch(reader, start)
+        reader.commit(end)
+        sql(lpg.url, f'INSERT INTO "Orders" ("Id", "Qty") VALUES ({len(slot)}, 7)')
+        _, changes = batch(reader, end)
+        reader.stop()
+        return reader.schema.fieldNames(), snapshot.to_pylist() + changes.to_pylist()
+
+    names, rows = snapshot_then_a_change("sluice_test_quoted")
+    assert names[:2] == ["Id", "Qty"] and "Twice" not in names, "pgoutput does not send generated columns"
+    assert [(r["_table"], r["Id"], r["Qty"]) for r in rows] == [("public.Orders", 1, 5), ("public.Orders", 18, 7)]
+    # Negative control: with the generated column in the schema, the snapshot has its values and no change does.
+    monkeypatch.setattr(_changes, "_sent_columns", lambda pg, publication, tables: {})
+    _, rows = snapshot_then_a_change("sluice_test_quoted_all")
+    assert [r["Twice"] for r in rows] == [10, 14, None]  # two snapshot rows, then the change
 
 
 def test_bad_options_fail_before_anything_is_created(lpg):
