@@ -189,8 +189,14 @@ def resolve(opts: Options) -> ChangeStream:
         tables = wanted or published
         missing = [t for t in tables if t not in published]
         if missing:
+            partitioned = [t for t in missing if pg.execute(
+                "SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)",
+                (qualified(*t.split(".", 1)),)).fetchone() == (True,)]
+            hint = (f"; {partitioned} are partitioned: the publication sends their partitions' changes unless "
+                    f"ALTER PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true)"
+                    if partitioned else "")
             raise OptionError(f"table(s) {missing} are not in publication '{publication}' (its tables: {published}); "
-                              f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...")
+                              f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...{hint}")
         column_lists = _sent_columns(pg, publication, tables)
     table_options = {t: _table_opts(opts, t) for t in tables}
     return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options, column_lists),
@@ -297,8 +303,10 @@ def _create_publication(pg: Any, conn: Connection, publication: str, tables: lis
 
     _check_replica_identity(pg, tables)
     rels = ", ".join(qualified(*t.split(".", 1)) for t in tables)
+    # A partitioned table's changes then come under its own name, not its partitions' (PostgreSQL 13+).
+    via_root = " WITH (publish_via_partition_root = true)" if pg.info.server_version >= 130000 else ""
     try:
-        pg.execute(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {rels}")
+        pg.execute(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {rels}{via_root}")
     except Exception as e:
         raise PostgresError(f"could not create publication '{publication}' for {tables} on {conn.describe()}: "
                             f"{conn.scrub(e)}; create it yourself and pass option 'publication'",

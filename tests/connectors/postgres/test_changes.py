@@ -720,6 +720,29 @@ def test_quoted_names_stream_and_generated_columns_are_left_out_as_pgoutput_leav
     assert [r["Twice"] for r in rows] == [10, 14, None]  # two snapshot rows, then the change
 
 
+def test_a_partitioned_table_streams_under_its_own_name_rows_moving_between_partitions_included(lpg):
+    sql(lpg.url, "CREATE TABLE events (id int, day date, v text, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)",
+        "CREATE TABLE events_h1 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2026-07-01')",
+        "CREATE TABLE events_h2 PARTITION OF events FOR VALUES FROM ('2026-07-01') TO ('2027-01-01')",
+        "INSERT INTO events VALUES (1, '2026-02-01', 'a'), (2, '2026-08-01', 'b')")
+    reader = stream(lpg.url, table="events", slot="sluice_test_partitioned")
+    start = reader.initialOffset()
+    end, snapshot = batch(reader, start)
+    reader.commit(end)
+    sql(lpg.url, "INSERT INTO events VALUES (3, '2026-03-01', 'c')",
+        "UPDATE events SET day = '2026-10-01' WHERE id = 1")  # moves the row to the other partition
+    _, changes = batch(reader, end)
+    reader.stop()
+    assert {r["_table"] for r in snapshot.to_pylist() + changes.to_pylist()} == {"public.events"}
+    assert sorted(r["id"] for r in snapshot.to_pylist()) == [1, 2]
+    assert [(r["_op"], r["id"], str(r["day"])) for r in changes.to_pylist()] == [
+        ("insert", 3, "2026-03-01"), ("delete", 1, "2026-02-01"), ("insert", 1, "2026-10-01")]
+    # A publication of one's own that sends the partitions' changes under their names is refused with the fix.
+    sql(lpg.url, "CREATE PUBLICATION events_leaves FOR TABLE events")
+    with pytest.raises(OptionError, match=r"partitioned.*publish_via_partition_root = true"):
+        stream(lpg.url, table="events", publication="events_leaves", slot="sluice_test_partition_leaves")
+
+
 def test_bad_options_fail_before_anything_is_created(lpg):
     with pytest.raises(OptionError, match="Did you mean 'max-changes-per-trigger'"):
         PostgresChangesDataSource({"url": lpg.url, "table": "x", "max-changes-per-trigger2": "1"}).schema()
