@@ -561,6 +561,22 @@ def test_a_second_query_on_a_slot_in_use_fails_at_start_and_the_first_one_loses_
         first.latestOffset(end, first.getDefaultReadLimit())
 
 
+def test_a_guard_session_the_server_ends_is_taken_again_and_the_stream_goes_on(lpg, caplog):
+    t = new_table(lpg.url, "guard_lost")
+    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_guard_lost")
+    start = reader.initialOffset()
+    guard = "application_name = 'sluice slot guard sluice_test_guard_lost'"
+    assert sql(lpg.url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {guard}") == [(True,)]
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a')")
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        end, rows = batch(reader, start)
+    reader.commit(end)
+    assert rows.column("id").to_pylist() == [1]
+    assert any("was closed; taking it again" in r.getMessage() for r in caplog.records)
+    assert sql(lpg.url, f"SELECT count(*) FROM pg_stat_activity WHERE {guard}") == [(1,)], "held again"
+    reader.stop()
+
+
 def test_a_slot_moved_by_someone_else_while_a_batch_is_read_fails_the_batch_before_any_row(lpg, monkeypatch, caplog):
     t = new_table(lpg.url, "moved")
     slot = "sluice_test_moved"
