@@ -75,7 +75,12 @@ from sluice.connectors.postgres._pgoutput import (
 )
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._snapshot_holder import holder_name
-from sluice.connectors.postgres._source import PostgresEnumerator, PostgresSplitReader, infer_schema
+from sluice.connectors.postgres._source import (
+    PostgresEnumerator,
+    PostgresSplitReader,
+    describe_columns,
+    infer_schema,
+)
 
 log = logging.getLogger("sluice.postgres")
 
@@ -191,7 +196,7 @@ def resolve(opts: Options) -> ChangeStream:
         if missing:
             partitioned = [t for t in missing if pg.execute(
                 "SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)",
-                (qualified(*t.split(".", 1)),)).fetchone() == (True,)]
+                (_quoted(t),)).fetchone() == (True,)]
             hint = (f"; {partitioned} are partitioned: the publication sends their partitions' changes unless "
                     f"ALTER PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true)"
                     if partitioned else "")
@@ -235,10 +240,15 @@ def _table_opts(opts: Options, table: str, partitions: int | None = None) -> Opt
     from sluice.connectors.postgres._source import READ_SPEC
 
     raw = {k: str(v) for k, v in _conn_options(opts).items()}
-    raw.update({"table": qualified(*table.split(".", 1)),  # quoted: the exact names, as resolve() joined them
+    raw.update({"table": _quoted(table),
                 "num-partitions": str(opts["num-partitions"] if partitions is None else partitions),
                 "snapshot.timeout-s": str(opts["snapshot.timeout-s"])})
     return READ_SPEC.parse(raw)
+
+
+def _quoted(table: str) -> str:
+    """A table as resolve() names it (schema.name, exact) quoted for SQL."""
+    return qualified(*table.split(".", 1))
 
 
 def _check_server(pg: Any, conn: Connection) -> None:
@@ -274,8 +284,6 @@ def _warn_unpublished_operations(pg: Any, publication: str) -> None:
 def _sent_columns(pg: Any, publication: str, tables: Sequence[str]) -> dict[str, list[str]]:
     """The tables whose changes carry only some of their columns, with those: a publication's column list
     (PostgreSQL 15+), and never generated columns unless the publication publishes them (PostgreSQL 18+)."""
-    from sluice.connectors.postgres._conn import qualified
-
     version = pg.execute("SELECT current_setting('server_version_num')::int").fetchone()[0]
     generated_sent = pg.execute(  # publish_generated_columns = stored (PostgreSQL 18+; absent before)
         "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_publication'::regclass "
@@ -289,7 +297,7 @@ def _sent_columns(pg: Any, publication: str, tables: Sequence[str]) -> dict[str,
     for table in tables:
         columns = pg.execute("SELECT attname::text, attgenerated <> '' FROM pg_attribute WHERE attrelid = "
                              "to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-                             (qualified(*table.split(".", 1)),)).fetchall()
+                             (_quoted(table),)).fetchall()
         names = listed.get(table)
         sent = [name for name, generated in columns
                 if (generated_sent or not generated) and (names is None or name in names)]
@@ -299,10 +307,8 @@ def _sent_columns(pg: Any, publication: str, tables: Sequence[str]) -> dict[str,
 
 
 def _create_publication(pg: Any, conn: Connection, publication: str, tables: list[str]) -> None:
-    from sluice.connectors.postgres._conn import qualified
-
     _check_replica_identity(pg, tables)
-    rels = ", ".join(qualified(*t.split(".", 1)) for t in tables)
+    rels = ", ".join(_quoted(t) for t in tables)
     # A partitioned table's changes then come under its own name, not its partitions' (PostgreSQL 13+).
     via_root = " WITH (publish_via_partition_root = true)" if pg.info.server_version >= 130000 else ""
     try:
@@ -316,10 +322,8 @@ def _create_publication(pg: Any, conn: Connection, publication: str, tables: lis
 def _check_replica_identity(pg: Any, tables: list[str]) -> None:
     """A published table without a replica identity (no primary key under REPLICA IDENTITY DEFAULT, or NOTHING)
     makes every UPDATE and DELETE on it fail in the database: refuse to publish one."""
-    from sluice.connectors.postgres._conn import qualified
-
     for table in tables:
-        rel = qualified(*table.split(".", 1))
+        rel = _quoted(table)
         # the table itself, or for a partitioned one its partitions (whose replica identities count)
         bare = [row[0] for row in pg.execute(
             "WITH rels AS (SELECT relid FROM pg_partition_tree(to_regclass(%s)) UNION SELECT to_regclass(%s)) "
@@ -829,15 +833,16 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         those, and its slot copy, advanced to the range's start, skips the ones before on the server."""
         s = self.stream
         ranges = wal_ranges(part.start, part.end, self.opts["fetch-ranges"])
+        table_columns = {t: [c for c, _ in s.table_columns[t]] for t in s.tables}
+        whole_publication = None if self.opts["table"] else s.publication
         pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-fetch")
         ahead: Future[RangeFetch] | None = None
         try:
             for i, (low, high) in enumerate(ranges):
                 fetch = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
-                decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high,
-                                        {t: [c for c, _ in s.table_columns[t]] for t in s.tables}, self._gone_columns,
-                                        None if self.opts["table"] else s.publication, s.primary_keys)
+                decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, table_columns, self._gone_columns,
+                                        whole_publication, s.primary_keys)
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.
@@ -878,12 +883,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _gone_columns(self, table: str, names: list[str]) -> list[str]:
         """Which of `names` `table` no longer has (asked only when a change carries a column the schema lacks)."""
-        schema, name = table.split(".", 1)  # exact names, as resolve() joined them
         with self.stream.conn.connect_psycopg() as pg:
-            present = {row[0] for row in pg.execute(
-                "SELECT a.attname::text FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n "
-                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT "
-                "a.attisdropped", (schema, name)).fetchall()}
+            present = {name for name, _ in describe_columns(pg.cursor(), self.stream.table_options[table])}
         return [c for c in names if c not in present]
 
     def _copy_slot(self, cur: Any, low: int) -> str:

@@ -157,10 +157,7 @@ class ChangeDecoder:
         table_of = np.zeros(count, np.int32)  # index into `names`
         names: list[str] = []
         keep = np.zeros(count, bool)
-        # Updates that changed the key: a delete of the old key goes before each (old values per schema column).
-        rekeyed = np.zeros(count, bool)
-        old_value_start = np.zeros_like(value_start)
-        old_value_len = np.full_like(value_len, -1)
+        rekeys = []  # per relation with updates that changed the key: (their rows, old tuple per schema column)
         for relid in np.unique(relids).tolist():
             slots = self._slots.get(relid)
             if slots is None:
@@ -169,18 +166,27 @@ class ChangeDecoder:
             keep[mine] = True
             table_of[mine] = len(names)
             names.append(self.relations[relid].name)
-            self._parse_rows(data, starts[rows[mine]], kinds[rows[mine]], slots, relid, mine, value_start, value_len,
-                             lsn[rows[mine]], rekeyed, old_value_start, old_value_len)
+            rekey = self._parse_rows(data, starts[rows[mine]], kinds[rows[mine]], slots, relid, mine, value_start,
+                                     value_len, lsn[rows[mine]])
+            if rekey is not None:
+                rekeys.append(rekey)
+        rekeyed = np.zeros(count, bool)
+        if rekeys:  # rare: only now the old tuples' arrays
+            old_value_start, old_value_len = np.zeros_like(value_start), np.full_like(value_len, -1)
+            for changed_rows, old_start, old_len in rekeys:
+                rekeyed[changed_rows] = True
+                old_value_start[:, changed_rows], old_value_len[:, changed_rows] = old_start, old_len
         if not keep.all():
             rows, value_start, value_len, table_of, rekeyed = rows[keep], value_start[:, keep], value_len[:, keep], \
                 table_of[keep], rekeyed[keep]
-            old_value_start, old_value_len = old_value_start[:, keep], old_value_len[:, keep]
+            if rekeys:
+                old_value_start, old_value_len = old_value_start[:, keep], old_value_len[:, keep]
             count = len(rows)
             if not count:
                 return None
         op_kinds = kinds[rows]
         op_of = np.where(op_kinds == 0x49, 0, np.where(op_kinds == 0x55, 1, 2)).astype(np.int32)
-        if rekeyed.any():
+        if rekeys:
             # Each such update becomes a delete of the old key then an insert of the new row, in that order: an
             # upsert of the new key alone would leave the old one behind in any keyed replica.
             order = np.repeat(np.arange(count), np.where(rekeyed, 2, 1))
@@ -201,10 +207,10 @@ class ChangeDecoder:
         return pa.RecordBatch.from_arrays([by_name[f.name] for f in self.schema], schema=self.schema)
 
     def _parse_rows(self, data: np.ndarray, starts: np.ndarray, kinds: np.ndarray, slots: list[int], relid: int,
-                    out_rows: np.ndarray, value_start: np.ndarray, value_len: np.ndarray, lsns: np.ndarray,
-                    rekeyed: np.ndarray, old_value_start: np.ndarray, old_value_len: np.ndarray) -> None:
-        """Fill value_start/value_len (schema column x row) for the change messages of one relation; for updates
-        that changed the key, mark them in `rekeyed` and fill old_value_start/old_value_len with the old tuple."""
+                    out_rows: np.ndarray, value_start: np.ndarray, value_len: np.ndarray,
+                    lsns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Fill value_start/value_len (schema column x row) for the change messages of one relation. Returns the
+        updates that changed the key, if any: their rows and their old tuples' (start, length) per schema column."""
         marker = data[starts + 5]  # N (new tuple), or K / O (old key / old row) in updates and deletes
         has_old = (marker == 0x4B) | (marker == 0x4F)
         pos = starts + 6
@@ -238,10 +244,12 @@ class ChangeDecoder:
             changed = self._key_changed(data, self.relations[relid], marker, updates_with_old, old_start, old_len,
                                         v_start, v_len)
             if changed.any():
-                rekeyed[out_rows[changed]] = True
+                old_value_start = np.zeros((value_start.shape[0], int(changed.sum())), np.int64)
+                old_value_len = np.full_like(old_value_start, -1)
                 for i, slot in enumerate(slots):
-                    old_value_start[slot, out_rows[changed]] = old_start[i][changed]
-                    old_value_len[slot, out_rows[changed]] = old_len[i][changed]
+                    old_value_start[slot], old_value_len[slot] = old_start[i][changed], old_len[i][changed]
+                return out_rows[changed], old_value_start, old_value_len
+        return None
 
     def _key_changed(self, data: np.ndarray, rel: Relation, marker: np.ndarray, updates_with_old: np.ndarray,
                      old_start: np.ndarray, old_len: np.ndarray, v_start: np.ndarray, v_len: np.ndarray) -> np.ndarray:

@@ -110,13 +110,11 @@ _TIMESTAMP_INFINITY = {-9222425352054775809: 253402300799999999, -92224253520547
 
 def finite_times(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Date and timestamp columns (and arrays of them) with +-infinity read as Spark's last and first instant."""
-    columns = batch.columns
-    changed = False
-    for i, column in enumerate(columns):
-        fixed = _finite(column)
-        if fixed is not column:
-            columns[i], changed = fixed, True
-    return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
+    originals = batch.columns
+    columns = [_finite(column) for column in originals]
+    if all(fixed is column for fixed, column in zip(columns, originals, strict=True)):
+        return batch
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
 
 def _finite(array: pa.Array) -> pa.Array:
