@@ -637,22 +637,40 @@ def test_a_quiet_table_on_a_busy_database_does_not_hold_back_the_servers_wal(lpg
 
 
 def test_a_transaction_larger_than_a_fetch_batch_streams_in_batches_and_a_stopped_read_lets_go(lpg, monkeypatch):
+    import adbc_driver_manager.dbapi as adbc_dbapi
+
     t = new_table(lpg.url, "large_txn", "id int PRIMARY KEY, v text")
-    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_large_txn")
+    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_large_txn", **{"fetch-ranges": "1"})
     start = reader.initialOffset()
     sql(lpg.url, f"INSERT INTO {t} SELECT g, md5(g::text) || md5(g::text) FROM generate_series(1, 300000) g")
-    arrays = []
-    streamed = _changes.RangeFetch.arrays
-    monkeypatch.setattr(_changes.RangeFetch, "arrays", lambda self: (arrays.append(a) or a for a in streamed(self)))
-    end, rows = batch(reader, start)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    (part,) = reader.partitions(start, end)
+    pulled = []  # the record batches read off the server so far
+    fetch_record_batch = adbc_dbapi.Cursor.fetch_record_batch
+
+    def counted(cursor):
+        for record_batch in fetch_record_batch(cursor):
+            pulled.append(record_batch.num_rows)
+            yield record_batch
+
+    monkeypatch.setattr(adbc_dbapi.Cursor, "fetch_record_batch", counted)
+    read = reader.read(part)
+    first = [next(read)]
+    pulled_before_first_rows = len(pulled)
+    rows = pa.Table.from_batches(first + list(read))
     assert rows.column("id").to_pylist() == list(range(1, 300001))
-    assert len(arrays) > 1, "one transaction of ~30 MB of messages arrives in several batches, never whole"
+    assert pulled_before_first_rows < len(pulled), \
+        "one transaction of ~30 MB of messages: rows leave before it is all read off the server, never whole"
 
     # A read Spark stops early (a task killed) closes its session with the rest unread; the batch reads again whole.
-    (part,) = reader.partitions(start, end)
+    closed = []
+    close = _changes.RangeFetch.close
+    monkeypatch.setattr(_changes.RangeFetch, "close", lambda self: closed.append(self) or close(self))
     read = reader.read(part)
     next(read)
+    assert closed == []
     read.close()
+    assert len(closed) == 1, "the fetch's ADBC session is closed when the read stops"
     again = pa.Table.from_batches(list(reader.read(part)))
     assert again.column("id").to_pylist() == list(range(1, 300001))
 
