@@ -104,11 +104,10 @@ def main() -> int:
             return result
 
         # The limit: the same rows as the same Native blocks (100,000 rows each), encoded before the clock starts.
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         from sluice.connectors.clickhouse._client import Connection
         from sluice.connectors.clickhouse._native import ColumnType, native_block
         from sluice.connectors.clickhouse._sink import WRITE_SPEC
+        from sluice.spark._compat import to_arrow_schema
 
         arrow = df.toArrow().cast(to_arrow_schema(df.schema))
         types = {n: ColumnType.parse(n, t) for n, t in zip(arrow.column_names, ["Int64", "Int32", "Float64",

@@ -15,8 +15,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from sluice.spark._compat import (
+    AdmissionControlledReader,
     ReadAllAvailable,
     ReadLimit,
     ReadMaxBytes,
@@ -122,8 +124,10 @@ class SplitBatchReader(DataSourceReader):
             yield from self.reader.read(partition.split, partition.start, partition.end)
 
 
-class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
     """Streaming read with discovery, admission control (rows or bytes per trigger) and AvailableNow."""
+
+    cap_options = ("max-records-per-trigger", "max-bytes-per-trigger")
 
     def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None,
                  max_records: int | None, max_bytes: int | None) -> None:
@@ -153,7 +157,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.enumerator.end_positions(list(self._known().values()))
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         positions = dict(start.get("splits", {}))
         splits = self._known() if self._target is None else {k: self._splits[k] for k in self._target}
         ends = {}
@@ -200,7 +204,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     break
         return {sid: positions[sid] + take[sid] for sid in ends}
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def plan_partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = start.get("splits", {})
         out: list[InputPartition] = []
         for sid, stop in sorted(end.get("splits", {}).items()):

@@ -1,5 +1,7 @@
 """Spark glue: Data Source base classes, session helper, registration, one-call writes."""
 
+# _compat first: a missing or too old pyspark fails there, saying what to do.
+from sluice.spark import _compat  # noqa: F401
 from sluice.spark._datasource import (
     EngineArrowWriter,
     EngineDataSource,

@@ -18,12 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from sluice._errors import OptionError
@@ -43,6 +38,7 @@ from sluice.engine import (
     WriteContext,
     WriteStats,
 )
+from sluice.spark._compat import StreamArrowWriterBase
 from sluice.spark._encoding import check_writable, partition_buckets, partition_keys
 from sluice.spark._plan import WritePlan
 from sluice.spark._summary import log_summary, save_summary
@@ -285,7 +281,7 @@ class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):
         self._abort(messages, None)
 
 
-class EngineStreamArrowWriter(_EngineWriterMixin, DataSourceStreamArrowWriter):
+class EngineStreamArrowWriter(_EngineWriterMixin, StreamArrowWriterBase):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         return self._write(iterator)
 

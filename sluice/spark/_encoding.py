@@ -163,7 +163,9 @@ def unwritable_columns(schema: Any) -> list[str]:
     """
     from pyspark.sql import types as T
 
-    refused = (T.DayTimeIntervalType, T.YearMonthIntervalType, T.CalendarIntervalType, T.VariantType, T.SpatialType)
+    # SpatialType (geometry/geography) exists from Spark 4.1 on.
+    names = ("DayTimeIntervalType", "YearMonthIntervalType", "CalendarIntervalType", "VariantType", "SpatialType")
+    refused = tuple(getattr(T, name) for name in names if hasattr(T, name))
     found: list[str] = []
 
     def walk(path: str, dtype: Any) -> None:

@@ -44,14 +44,14 @@ class TableStoreDataSource(EngineDataSource):
     # ------------------------------------------------------------------ writing
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig,
                    overwrite: bool) -> TableStoreWritePlan:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from sluice.spark._compat import to_arrow_schema
 
         table = _table(opts)
         op = opts["upsert.op-column"]
         check_key_columns(schema.fieldNames(), opts["primary-key"], op)
         if op and not opts["primary-key"] and not (table.exists() and table.primary_key()):
             raise OptionError("upsert.op-column needs a primary key (option primary-key)")
-        arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]), timezone="UTC")
+        arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]))
         if table.exists():
             table.check_schema(arrow)
             if opts.is_set("primary-key") and tuple(opts["primary-key"]) != table.primary_key():
@@ -78,7 +78,7 @@ class TableStoreDataSource(EngineDataSource):
 
     # ------------------------------------------------------------------ reading
     def schema(self) -> StructType:
-        from pyspark.sql.pandas.types import from_arrow_schema
+        from sluice.spark._compat import from_arrow_schema
 
         opts = READ_SPEC.parse(self.options)
         schema = pa.schema(_table(opts).delta().schema().to_arrow())

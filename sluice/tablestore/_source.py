@@ -29,11 +29,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from sluice.connector import conform, task_context
 from sluice.meta import MetaService
+from sluice.spark._compat import AdmissionControlledReader
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import StoreTable, TableStoreError
@@ -78,10 +79,10 @@ class TableStoreReader(DataSourceReader):
     """The chosen version's data files, grouped into partitions of about `max-partition-bytes`."""
 
     def __init__(self, table: StoreTable, version: int | None, schema: StructType, target_bytes: int) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from sluice.spark._compat import to_arrow_schema
 
         self.table, self.version, self.target_bytes = table, version, target_bytes
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.arrow_schema = to_arrow_schema(schema)
 
     def partitions(self) -> list[InputPartition]:
         dt = self.table.delta(self.version)
@@ -119,7 +120,7 @@ class VersionRange(InputPartition):
         self.table, self.first, self.last, self.barrier, self.handoff = table, first, last, barrier, handoff
 
 
-class TableStoreStreamReader(DataSourceStreamReader):
+class TableStoreStreamReader(AdmissionControlledReader):
     """Streaming read barrier by barrier: a micro-batch holds exactly the changes of the barriers it covers.
 
     Offsets are {"barrier": B, "version": V}: V is the Delta version that completed B (from the MetaService).
@@ -133,29 +134,29 @@ class TableStoreStreamReader(DataSourceStreamReader):
 
     def __init__(self, table: StoreTable, meta: str | None, schema: StructType,
                  aligned_with: tuple[str, ...] = ()) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from sluice.spark._compat import to_arrow_schema
 
         self.table, self.meta, self.aligned_with = table, meta, aligned_with
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.arrow_schema = to_arrow_schema(schema)
 
     def initialOffset(self) -> dict:
         return {"barrier": 0, "version": 0}
 
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+    def latest_offset(self, start: dict, limit: Any) -> dict:
         # Asked every trigger: read the newest barrier only, not the table's whole (growing) barrier history.
         meta = MetaService(self.meta)
         last = meta.last_barrier(self.table.name)
         if last is None:
-            return start or self.initialOffset()
+            return start
         if not self.aligned_with:
             return {"barrier": last[0], "version": last[1]}
-        begin = int((start or self.initialOffset())["barrier"])
+        begin = int(start["barrier"])
         barrier = meta.aligned_barrier([self.table.name, *self.aligned_with], begin)
         if barrier == begin:
-            return start or self.initialOffset()
+            return start
         return {"barrier": barrier, "version": meta.barrier_version(self.table.name, barrier)}
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def plan_partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return [VersionRange(self.table, int(start["version"]), int(end["version"]), int(end["barrier"]),
                              BarrierHandoff(self.meta))]
 

@@ -1,8 +1,7 @@
 """The split framework without Spark: cutting, fair row budgets, AvailableNow and discovery."""
 
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-
 from sluice.source import Split, SplitEnumerator, SplitReader, SplitStreamReader, cut
+from sluice.spark._compat import ReadAllAvailable, ReadMaxRows
 
 
 class ListEnumerator(SplitEnumerator):

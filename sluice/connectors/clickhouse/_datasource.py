@@ -120,7 +120,7 @@ class ClickHouseDataSource(EngineDataSource):
         return opts, conn, describe(conn)
 
     def schema(self) -> StructType:
-        from pyspark.sql.pandas.types import from_arrow_schema
+        from sluice.spark._compat import from_arrow_schema
 
         _, _, info = self._read_parts()
         return from_arrow_schema(read_schema(info)[1])

@@ -47,8 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from sluice.connector import DataLossError, EngineDataSource, Option, OptionError, Options, OptionSpec, Split
@@ -80,6 +79,13 @@ from sluice.connectors.postgres._source import (
     PostgresSplitReader,
     describe_columns,
     infer_schema,
+)
+from sluice.spark._compat import (
+    AdmissionControlledReader,
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
 )
 
 log = logging.getLogger("sluice.postgres")
@@ -547,16 +553,18 @@ class ChangesPartition(InputPartition):
         self.start, self.end = start, end
 
 
-class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
     """Driver and executor side of the change stream (see the module docstring)."""
 
+    cap_options = ("max-changes-per-trigger",)
+
     def __init__(self, stream: ChangeStream, opts: Options, schema: StructType) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from sluice.spark._compat import to_arrow_schema
 
         self.stream = stream
         self.opts = opts
         self.schema = schema
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.arrow_schema = to_arrow_schema(schema)
         self._holder: SnapshotHolder | None = None
         self._target: int | None = None  # AvailableNow: never read past this
         self._reported: dict[str, Any] | None = None
@@ -614,7 +622,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.stream.conn.connect_psycopg() as pg:
             self._target = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         pg = self._guard.hold()
         if "snapshot" in start:  # the snapshot alone, then changes from its LSN
             return self._snapshot_end(start, limit.max_rows if isinstance(limit, ReadMaxRows) else None)
@@ -760,7 +768,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self._reported
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def plan_partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, stop = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if "snapshot" in start and ("splits" in start or "splits" in end):  # planned splits, some of them
             planned = start.get("splits") or end["splits"]

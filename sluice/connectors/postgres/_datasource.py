@@ -16,6 +16,7 @@ from sluice.connectors.postgres._source import (
     infer_schema,
 )
 from sluice.connectors.postgres._table import prepare_target
+from sluice.spark._compat import require
 
 
 class PostgresDataSource(EngineDataSource):
@@ -37,17 +38,19 @@ class PostgresDataSource(EngineDataSource):
         return self.option_spec().parse(raw)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> PostgresWritePlan:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from sluice.spark._compat import to_arrow_schema
 
         conn_info = Connection.from_options(opts)
         staged = config.transactional or overwrite  # overwrite is always staged and committed by the driver
-        table = prepare_target(conn_info, opts, schema, to_arrow_schema(schema, timezone="UTC"),
+        table = prepare_target(conn_info, opts, schema, to_arrow_schema(schema),
                                overwrite=overwrite, staged=staged)
         return PostgresWritePlan(self.format_name, opts, schema, config, conn_info, table, overwrite)
 
     # ------------------------------------------------------------------ reading
     def _read_options(self) -> tuple[Options, Connection]:
         opts = READ_SPEC.parse(self.options)
+        if opts["pushdown"]:
+            require("filter pushdown", "pushdown", "Remove it (Spark then filters the rows after reading them),")
         return opts, Connection.from_options(opts)
 
     def schema(self) -> StructType:

@@ -26,23 +26,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    EqualNullSafe,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    IsNotNull,
-    IsNull,
-    LessThan,
-    LessThanOrEqual,
-    Not,
-    StringContains,
-    StringEndsWith,
-    StringStartsWith,
-)
 from pyspark.sql.types import ArrayType, ByteType, DataType, DecimalType, StringType, StructField, StructType
+
+from sluice.spark._compat import HAS_FILTER_PUSHDOWN, Filter
+
+if HAS_FILTER_PUSHDOWN:  # Spark 4.1+; on 4.0 option pushdown is refused and filter_sql never runs
+    from pyspark.sql.datasource import (
+        EqualNullSafe,
+        EqualTo,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        IsNotNull,
+        IsNull,
+        LessThan,
+        LessThanOrEqual,
+        Not,
+        StringContains,
+        StringEndsWith,
+        StringStartsWith,
+    )
 
 from sluice.connector import (
     Option,
@@ -440,13 +443,13 @@ class PostgresSplitReader(SplitReader):
 
     def __init__(self, conn_info: Connection, opts: Options, columns: list[tuple[str, str]],
                  schema: StructType) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from sluice.spark._compat import to_arrow_schema
 
         self.conn_info = conn_info
         self.opts = opts
         self.columns = columns
         self.schema = schema
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.arrow_schema = to_arrow_schema(schema)
         self.where: list[str] = []
 
     def select_list(self) -> str:

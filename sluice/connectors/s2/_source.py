@@ -245,14 +245,14 @@ class S2Reader(SplitReader):
     """Reads seq nums [start, end) of a stream with one read session; yields Arrow batches of the schema."""
 
     def __init__(self, conn: Connection, schema: Any, opts: Options, kind: str = "append") -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from sluice.spark._compat import to_arrow_schema
 
         self.conn = conn
         self.kind = kind
         self.fail_on_data_loss = opts["failOnDataLoss"]
         self.json = opts["format"] == "json" or kind.startswith("upsert")
         self.failfast = opts["mode"] == "FAILFAST"
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.arrow_schema = to_arrow_schema(schema)
         self.key_columns = tuple(opts["primary-key"]) if kind.startswith("upsert") else ()
         names = self.arrow_schema.names
         if self.json:

@@ -25,6 +25,7 @@ def eo_options(pg, table):
                              "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50"})
 
 
+@pytest.mark.pg_versions
 def test_exactly_once_across_a_killed_python_worker(spark, pg, small_arrow_batches):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (seq bigserial, id bigint, pad text)')
@@ -54,6 +55,7 @@ def test_exactly_once_across_a_killed_python_worker(spark, pg, small_arrow_batch
     assert staged_rows(pg) == 0, "the killed attempt's staged rows were discarded"
 
 
+@pytest.mark.pg_versions
 def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, pg, tmp_path, small_arrow_batches):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (seq bigserial, id bigint, pad text)')
@@ -93,7 +95,7 @@ def test_a_replayed_epoch_is_a_no_op(spark, pg):
     opts = WRITE_SPEC.parse(pg.opts(table, **{"create-table": "true", "sink.mode": "global-ordered",
                                               "sink.transactional": "true"}))
     conn = Connection.from_options(opts)
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from sluice.spark._compat import to_arrow_schema
 
     plan = prepare_target(conn, opts, df.schema, to_arrow_schema(df.schema), overwrite=False, staged=True)
     stage = plan.stage_table

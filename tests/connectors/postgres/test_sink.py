@@ -15,14 +15,13 @@ pytestmark = pytest.mark.spark
 
 
 def plan_of(df, options):
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from sluice.connectors.postgres._conn import Connection
     from sluice.connectors.postgres._sink import WRITE_SPEC
     from sluice.connectors.postgres._table import prepare_target
+    from sluice.spark._compat import to_arrow_schema
 
     opts = WRITE_SPEC.parse(options)
-    return prepare_target(Connection.from_options(opts), opts, df.schema, to_arrow_schema(df.schema, timezone="UTC"),
+    return prepare_target(Connection.from_options(opts), opts, df.schema, to_arrow_schema(df.schema),
                           overwrite=False, staged=False)
 
 
@@ -30,6 +29,7 @@ def ids(pg, table, order="id"):
     return [r[0] for r in pg.sql(f'SELECT id FROM "{table}" ORDER BY {order}')]
 
 
+@pytest.mark.pg_versions
 def test_unordered_append_copies_every_row_into_a_created_table(spark, pg):
     table = pg.table()
     df = spark.range(0, 5000, 1, 3).selectExpr("id", "concat('n', id) AS name", "id / 2 AS amount")
@@ -55,6 +55,7 @@ def test_append_into_narrower_types_goes_through_the_server_casts(spark, pg):
     assert not plan.direct and not plan.csv, "bigint into integer goes through the server's casts"
 
 
+@pytest.mark.pg_versions
 def test_partition_ordered_upserts_keep_the_last_change_of_every_key(spark, pg):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, version bigint, status text)')
@@ -71,6 +72,7 @@ def test_partition_ordered_upserts_keep_the_last_change_of_every_key(spark, pg):
     assert summary["records"] == 6000 and summary["batches"] > 100
 
 
+@pytest.mark.pg_versions
 def test_upsert_deletes_when_the_last_change_is_a_delete(spark, pg):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, v text)')
@@ -81,6 +83,7 @@ def test_upsert_deletes_when_the_last_change_is_a_delete(spark, pg):
     assert pg.sql(f'SELECT id, v FROM "{table}" ORDER BY id') == [(2, "b"), (3, "again")]
 
 
+@pytest.mark.pg_versions
 def test_global_ordered_transactional_commits_once_in_task_then_row_order(spark, pg):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (seq bigserial, id bigint, part int)')
@@ -106,6 +109,7 @@ def test_transactional_upsert_applies_the_last_change_per_key(spark, pg):
     assert rows == {k: 990 + k for k in range(10) if k != 3}
 
 
+@pytest.mark.pg_versions
 def test_overwrite_replaces_the_table_and_a_concurrent_reader_never_sees_it_empty(spark, pg):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (id bigint, pad text)')
