@@ -74,3 +74,37 @@ def s3():
 
     with LocalS3() as server:
         yield server
+
+
+# ------------------------------------------------------------------ the capability table of docs/deploy.md
+# A test that shows a capability on the running Spark line calls `capability(name, how)`; what passing tests noted
+# is written to $SLUICE_TEST_RESULTS, and tests/lines_table.py renders the feature x line table from those files.
+_NOTED: dict[str, set[str]] = {}
+
+
+@pytest.fixture
+def capability(request):
+    def note(name: str, how: str) -> None:
+        request.node.user_properties.append(("capability", (name, how)))
+
+    return note
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed:
+        for key, value in report.user_properties:
+            if key == "capability":
+                _NOTED.setdefault(value[0], set()).add(value[1])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("SLUICE_TEST_RESULTS")
+    if not path:
+        return
+    import json
+
+    import pyspark
+
+    with open(path, "w") as out:
+        json.dump({"pyspark": pyspark.__version__, "exit": int(exitstatus),
+                   "capabilities": {name: sorted(how) for name, how in sorted(_NOTED.items())}}, out, indent=1)

@@ -134,6 +134,7 @@ def run(spark, cfg: dict) -> dict:
     where = udf(lambda _: __import__("importlib.util").util.find_spec("sluice").origin, "string")
     out["tasks_sluice"] = spark.range(1).select(where("id")).collect()[0][0]
     out["sluice_imported"] = "sluice" in sys.modules
+    out["pyspark"] = __import__("pyspark").__version__
     return out
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.deploy.conftest import SPARK_HOME, Process, free_port, run_every_format, spark_env
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.lines]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def cluster(tmp_path_factory):
             process.stop()
 
 
-def test_every_format_on_a_standalone_cluster_with_the_clusters_own_python(cluster, stores, tmp_path):
+def test_every_format_on_a_standalone_cluster_with_the_clusters_own_python(cluster, stores, tmp_path, capability):
     # The cluster's interpreter (as a cluster's spark-env.sh sets it): a wrapper that labels its tasks.
     # sluice.session() must leave it alone on a non-local master (it used to pin the driver's interpreter).
     cluster_python = tmp_path / "cluster-python"
@@ -54,3 +54,4 @@ def test_every_format_on_a_standalone_cluster_with_the_clusters_own_python(clust
     assert result["sluice_null"] == 100 and result["s2_summary"] == 100
     stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore")
     assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result
+    capability("standalone cluster", "yes")

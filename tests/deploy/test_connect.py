@@ -5,7 +5,7 @@ import pytest
 
 from tests.deploy.conftest import SPARK_HOME, Process, free_port, run_every_format, spark_env
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.lines]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,8 @@ def connect_server(tmp_path_factory):
         server.stop()
 
 
-def test_every_format_from_a_spark_connect_client_with_its_write_summaries(connect_server, stores, tmp_path):
+def test_every_format_from_a_spark_connect_client_with_its_write_summaries(connect_server, stores, tmp_path,
+                                                                           capability):
     client = tmp_path / "client"
     result = run_every_format(spark_env(client)["PYSPARK_PYTHON"],
                               {"session": "connect", "remote": connect_server["url"], **stores}, spark_env(client))
@@ -36,3 +37,4 @@ def test_every_format_from_a_spark_connect_client_with_its_write_summaries(conne
     assert 1 <= result["one_call_tasks"] <= 4, result  # adaptive execution sized the shuffle, not 200 tasks
     stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore")
     assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result
+    capability("spark connect", "yes")

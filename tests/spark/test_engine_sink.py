@@ -9,6 +9,7 @@ import pytest
 from pyspark.errors import AnalysisException
 
 import sluice
+from sluice.spark import _compat
 from sluice.testing import read_file_store
 
 pytestmark = pytest.mark.spark
@@ -78,7 +79,8 @@ def test_at_least_once_mode_duplicates_what_a_crashed_attempt_already_wrote(spar
     assert set(values) == set(range(3000)) and len(values) > 3000
 
 
-def test_streaming_transactional_write_commits_each_micro_batch_once_across_a_restart(spark, tmp_path):
+@pytest.mark.lines
+def test_streaming_transactional_write_commits_each_micro_batch_once_across_a_restart(spark, tmp_path, capability):
     src = tmp_path / "in"
     out = tmp_path / "out"
     checkpoint = tmp_path / "checkpoint"
@@ -105,6 +107,9 @@ def test_streaming_transactional_write_commits_each_micro_batch_once_across_a_re
     assert epochs == ["0.txt", "1.txt", "2.txt"]
     summary = sluice.last_write_summary("sluice_test")
     assert summary["batch_id"] == 2 and summary["records"] == 500
+    capability("streaming exactly-once across a restart", "yes")
+    capability("streaming arrow writer", "Spark's DataSourceStreamArrowWriter" if _compat.HAS_ARROW_STREAM_WRITER
+               else "sluice: DataSourceArrowWriter, which Spark 4.0 feeds Arrow")
 
 
 def test_replaying_a_committed_epoch_is_a_no_op(tmp_path):

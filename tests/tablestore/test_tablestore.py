@@ -236,7 +236,8 @@ def test_a_replayed_ingest_micro_batch_keeps_its_barrier_and_commits_nothing_twi
     assert StoreTable("ingest", store["warehouse"]).delta().version() == 2
 
 
-def test_a_job_with_two_inputs_advances_both_to_the_same_barrier(spark, store, tmp_path):
+@pytest.mark.lines
+def test_a_job_with_two_inputs_advances_both_to_the_same_barrier(spark, store, tmp_path, capability):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -277,6 +278,7 @@ def test_a_job_with_two_inputs_advances_both_to_the_same_barrier(spark, store, t
     run()
     assert [b for b, _ in meta.barriers("joined")] == [2000, 3000]
     assert read(spark, store, "joined", barrier=3000).count() == 14
+    capability("aligned table-store inputs", "yes")
 
 
 def test_a_delta_checkpoint_is_written_every_checkpoint_interval_versions(spark, store):

@@ -5,10 +5,14 @@ import threading
 from decimal import Decimal
 
 import pytest
-from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, LessThan, Not, StringStartsWith
+from pyspark.errors import AnalysisException
 
 import sluice
 from sluice.connectors.postgres._source import column_exprs, filter_sql
+from sluice.spark import _compat
+
+if _compat.HAS_FILTER_PUSHDOWN:  # Spark 4.1+
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, LessThan, Not, StringStartsWith
 
 pytestmark = pytest.mark.spark
 
@@ -20,6 +24,7 @@ def read(spark, pg, **opts):
     return reader.load()
 
 
+@pytest.mark.pg_versions
 def test_a_keyed_table_is_read_in_key_ranges(spark, pg):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, name text)')
@@ -67,6 +72,7 @@ def test_a_table_without_a_key_is_read_in_page_ranges_and_a_query_by_partition_c
     assert sorted(r.x for r in q.collect()) == list(range(2, 50001, 2))
 
 
+@pytest.mark.pg_versions
 def test_types_round_trip_through_write_and_read(spark, pg):
     table = pg.table()
     schema = ("id long, price decimal(12,3), at timestamp, day date, tags array<string>, nums array<int>, "
@@ -88,12 +94,20 @@ def test_types_round_trip_through_write_and_read(spark, pg):
     assert stored == expected_utc, "timestamps are stored as the same instant (timestamptz)"
 
 
-def test_pushed_filters_become_sql_and_give_the_same_rows(spark, pg):
+@pytest.mark.lines
+def test_pushed_filters_become_sql_and_give_the_same_rows(spark, pg, capability):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (id int PRIMARY KEY, name text, code varchar(5), amount numeric(6,2), '
            "day date, u uuid)")
     pg.sql(f"INSERT INTO \"{table}\" SELECT g, CASE WHEN g % 10 = 0 THEN NULL ELSE 'n''' || g END, "
            "'c' || (g % 3), g / 4.0, date '2026-01-01' + g, md5(g::text)::uuid FROM generate_series(1, 300) g")
+    if not _compat.HAS_FILTER_PUSHDOWN:  # Spark 4.0 never calls pushFilters: the option is refused, not ignored
+        with pytest.raises(AnalysisException, match=r"option 'pushdown' needs filter pushdown .* Spark 4\.1 added; "
+                                                    r"this Spark is 4\.0\.\d+\. Remove it"):
+            read(spark, pg, table=table, pushdown="true").collect()
+        assert read(spark, pg, table=table).filter("id < 3").count() == 2  # without it Spark filters the rows
+        capability("filter pushdown", "refused, naming Spark 4.1")
+        return
     exprs = column_exprs([("id", "integer"), ("name", "text"), ("u", "uuid")])
     assert filter_sql(EqualTo(("name",), "n'5"), exprs) == "q.\"name\" COLLATE \"C\" = 'n''5'"
     assert filter_sql(Not(In(("id",), (1, 2))), exprs) == "NOT (q.\"id\" IN (1, 2))"
@@ -121,6 +135,7 @@ def test_pushed_filters_become_sql_and_give_the_same_rows(spark, pg):
 
     assert " Filter " not in plan("id < 3 AND name = 'x'")
     assert " Filter " in plan("u IS NOT NULL AND day > current_date() - 5000 AND id % 2 = 0")
+    capability("filter pushdown", "yes")
 
 
 def test_without_pushdown_a_reused_dataframe_stays_right_and_the_spark_defect_is_why(spark, pg):
@@ -136,6 +151,7 @@ def test_without_pushdown_a_reused_dataframe_stays_right_and_the_spark_defect_is
     assert reused.count() == 4, "Spark no longer reuses the pushed-down read: pushdown can default to on"
 
 
+@pytest.mark.pg_versions
 def test_every_split_reads_one_snapshot_while_a_writer_commits(spark, pg):
     """Transfers move money between account 1 and account 8 while a parallel read runs, one split per
     account, each split slowed down: every read must see the same total; without the shared snapshot the
