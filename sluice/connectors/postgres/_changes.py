@@ -100,6 +100,10 @@ CHANGES_OPTIONS = (
            "The logical replication slot (pgoutput), created if missing. Default: sluice_<12 hex digits of the "
            "database and tables>. Two queries over the same tables need different slots: a second query on a slot in "
            "use fails at start."),
+    Option("slot.failover", "bool", False,
+           "Create the slot as a failover slot (PostgreSQL 17+): a physical standby with sync_replication_slots = on "
+           "keeps a synchronized copy, so after a failover the stream goes on from the promoted standby (point 'url' "
+           "at it; docs/postgres.md). Applies when sluice creates the slot; refused on servers before 17."),
     Option("snapshot", "bool", True,
            "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
            "(every row as an insert), then stream changes from exactly there. false: changes only."),
@@ -185,7 +189,11 @@ def resolve(opts: Options) -> ChangeStream:
                           "digits and _, at most 63)")
     publication = opts["publication"] or slot
     with conn.connect_psycopg() as pg:
-        _check_server(pg, conn)
+        version = _check_server(pg, conn)
+        if opts["slot.failover"] and version < 170000:
+            raise OptionError(f"option 'slot.failover' needs PostgreSQL 17 or later (failover slots); "
+                              f"{conn.describe()} runs {version // 10000}.{version % 100}. Remove the option, or "
+                              "upgrade the server")
         published = _published_tables(pg, publication)
         if published is not None:
             _warn_unpublished_operations(pg, publication)
@@ -257,7 +265,8 @@ def _quoted(table: str) -> str:
     return qualified(*table.split(".", 1))
 
 
-def _check_server(pg: Any, conn: Connection) -> None:
+def _check_server(pg: Any, conn: Connection) -> int:
+    """Refuse a server change capture cannot use; its server_version_num."""
     level, version = pg.execute("SELECT current_setting('wal_level'), current_setting('server_version_num')::int"
                                 ).fetchone()
     if version < 120000:
@@ -266,6 +275,7 @@ def _check_server(pg: Any, conn: Connection) -> None:
         raise PostgresError(f"{conn.describe()} has wal_level={level}; change capture needs wal_level=logical "
                             "(ALTER SYSTEM SET wal_level = logical, then restart the server; managed services "
                             "call it logical replication / logical decoding)")
+    return version
 
 
 def _published_tables(pg: Any, publication: str) -> list[str] | None:
@@ -360,15 +370,37 @@ class SlotState:
     restart: int
     wal_status: str | None
     retained_bytes: int
+    invalidation_reason: str | None = None  # PostgreSQL 17+ says why a slot was invalidated
+
+    @property
+    def invalidated(self) -> bool:
+        return self.wal_status == "lost" or self.invalidation_reason is not None
+
+    def why_invalidated(self) -> str:
+        return INVALIDATION_REASONS.get(self.invalidation_reason or "wal_removed",
+                                        f"the server invalidated it ({self.invalidation_reason})")
+
+
+# pg_replication_slots.invalidation_reason (PostgreSQL 17; idle_timeout since 18) in words; before 17 a lost slot
+# has wal_status 'lost' only, which then always means removed WAL.
+INVALIDATION_REASONS = {
+    "wal_removed": "the server removed WAL it still needed (max_slot_wal_keep_size)",
+    "idle_timeout": "it was unused for longer than the server's idle_replication_slot_timeout",
+    "rows_removed": "rows it needed were vacuumed away (on a standby: hot_standby_feedback off)",
+    "wal_level_insufficient": "the server's wal_level was lowered below logical",
+}
 
 
 def slot_state(pg: Any, slot: str) -> SlotState | None:
+    # to_jsonb(s): invalidation_reason exists from PostgreSQL 17 on; older servers give null.
     row = pg.execute("SELECT confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
-                     "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots "
+                     "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+                     "to_jsonb(s) ->> 'invalidation_reason' FROM pg_replication_slots s "
                      "WHERE slot_name = %s AND database = current_database()", (slot,)).fetchone()
     if row is None:
         return None
-    return SlotState(parse_lsn(row[0]) if row[0] else 0, parse_lsn(row[1]) if row[1] else 0, row[2], row[3] or 0)
+    return SlotState(parse_lsn(row[0]) if row[0] else 0, parse_lsn(row[1]) if row[1] else 0, row[2], row[3] or 0,
+                     row[4])
 
 
 def holder_of(pg: Any, slot: str) -> tuple[str, str] | None:
@@ -598,7 +630,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                 return {"lsn": format_lsn(state.confirmed), "snapshot": held[0], "channel": held[1]}
             if not self.opts["snapshot"]:
                 return {"lsn": self._create_slot(pg)}
-        holder = SnapshotHolder(s.conn, self.opts["snapshot.timeout-s"], slot=s.slot)
+        holder = SnapshotHolder(s.conn, self.opts["snapshot.timeout-s"], slot=s.slot,
+                                failover=self.opts["slot.failover"])
         holder.release_pipes()
         self._holder = holder
         shared = holder.shared
@@ -606,7 +639,9 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
 
     def _create_slot(self, pg: Any) -> str:
         try:
-            lsn = pg.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+            # (name, plugin, temporary, two-phase, failover): the fifth argument exists from PostgreSQL 17 on.
+            failover = ", false, false, true" if self.opts["slot.failover"] else ""
+            lsn = pg.execute(f"SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput'{failover})",
                              (self.stream.slot,)).fetchone()[0]
         except Exception as e:
             raise PostgresError(f"could not create replication slot '{self.stream.slot}' on "
@@ -701,8 +736,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         lost = None
         if state is None:
             lost = f"replication slot '{s.slot}' does not exist any more"
-        elif state.wal_status == "lost":
-            lost = f"replication slot '{s.slot}' was invalidated (the server removed WAL it needed)"
+        elif state.invalidated:
+            lost = f"replication slot '{s.slot}' was invalidated: {state.why_invalidated()}"
         elif state.confirmed > begin:
             lost = (f"replication slot '{s.slot}' is at {format_lsn(state.confirmed)}, past this query's position "
                     f"{format_lsn(begin)} (another consumer used it)")
@@ -713,7 +748,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                                     "position (re-created if needed), or start over: drop the slot and the checkpoint "
                                     "and start with snapshot=true")
             log.warning("%s; going on from the slot's position (failOnDataLoss=false)", what)
-            if state is None or state.wal_status == "lost":
+            if state is None or state.invalidated:
                 if state is not None:
                     pg.execute("SELECT pg_drop_replication_slot(%s)", (s.slot,))
                 return parse_lsn(self._create_slot(pg))

@@ -35,12 +35,12 @@ class SharedSnapshot:
 class SnapshotHolder:
     """Driver side: start the holder process and get the snapshot id (with `slot`: from creating that slot)."""
 
-    def __init__(self, conn_info: Connection, timeout_s: int, slot: str | None = None) -> None:
+    def __init__(self, conn_info: Connection, timeout_s: int, slot: str | None = None, failover: bool = False) -> None:
         self.channel = "sluice_snap_" + uuid.uuid4().hex[:16]
         env = {**os.environ, "SLUICE_PG_URI": conn_info.uri()}
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("_snapshot_holder.py")), self.channel, str(timeout_s),
-             str(_driver_pid()), *([slot] if slot else [])],  # slot: a validated [a-z0-9_] name
+             str(_driver_pid()), *([slot, "failover" if failover else "plain"] if slot else [])],  # slot: [a-z0-9_]
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
             start_new_session=True,
         )

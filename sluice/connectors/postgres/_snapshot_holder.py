@@ -34,16 +34,18 @@ def holder_name(slot: str, snapshot: str, channel: str) -> str:
     return f"sluice/{hashlib.sha1(slot.encode()).hexdigest()[:8]}/{snapshot}/{channel.rsplit('_', 1)[-1]}"
 
 
-def _create_slot(holder: object, slot: str) -> str:
-    """CREATE_REPLICATION_SLOT over the replication protocol (simple query; names are quoted by the caller)."""
-    result = holder.pgconn.exec_(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')".encode())
+def _create_slot(holder: object, slot: str, failover: bool) -> str:
+    """CREATE_REPLICATION_SLOT over the replication protocol (simple query; names are quoted by the caller).
+    FAILOVER: PostgreSQL 17+ (the driver refuses the option on older servers)."""
+    options = "SNAPSHOT 'export', FAILOVER" if failover else "SNAPSHOT 'export'"
+    result = holder.pgconn.exec_(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput ({options})".encode())
     if result.status != 2:  # PGRES_TUPLES_OK
         raise RuntimeError((result.error_message or b"CREATE_REPLICATION_SLOT failed").decode(errors="replace"))
     lsn, snapshot = result.get_value(0, 1), result.get_value(0, 2)
     return f"{snapshot.decode()} {lsn.decode()}"
 
 
-def _serve(channel: str, idle_timeout_s: float, watch_pid: int, slot: str | None) -> int:
+def _serve(channel: str, idle_timeout_s: float, watch_pid: int, slot: str | None, failover: bool) -> int:
     import psycopg
 
     uri = os.environ.pop("SLUICE_PG_URI")
@@ -53,7 +55,7 @@ def _serve(channel: str, idle_timeout_s: float, watch_pid: int, slot: str | None
             psycopg.connect(uri, autocommit=True) as listener:
         listener.execute(f'LISTEN "{channel}"')
         if slot:
-            exported = _create_slot(holder, slot)
+            exported = _create_slot(holder, slot, failover)
             # Findable by a restarted query that has to replay micro-batch 0 (see _changes.py, holder_of); not on
             # the replication connection: any command there would end the exported snapshot.
             listener.execute("SELECT set_config('application_name', %s, false)",
@@ -72,4 +74,6 @@ def _serve(channel: str, idle_timeout_s: float, watch_pid: int, slot: str | None
 
 
 if __name__ == "__main__":
-    sys.exit(_serve(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None))
+    slot_args = sys.argv[4:6]
+    sys.exit(_serve(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), slot_args[0] if slot_args else None,
+                    slot_args[1:] == ["failover"]))

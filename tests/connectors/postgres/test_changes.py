@@ -16,16 +16,6 @@ from sluice.testing import LocalPostgres
 from tests.faults import die_while
 
 
-@pytest.fixture(scope="module")
-def lpg():
-    # synchronous_commit=on: a commit is flushed when it returns, so the stream sees it at once (change capture
-    # reads up to the flushed WAL position).
-    # Every test leaves its slot behind: room for more than the default 10.
-    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on",
-                                 "max_replication_slots": "40"}) as server:
-        yield server
-
-
 def sql(url, *statements):
     with psycopg.connect(url, autocommit=True) as conn:
         out = None
@@ -55,6 +45,7 @@ def new_table(url, name, ddl="id int PRIMARY KEY, v text"):
     return name
 
 
+@pytest.mark.pg_versions
 def test_changes_come_whole_in_commit_order_typed_with_their_metadata(lpg):
     t = new_table(lpg.url, "typed", "id int PRIMARY KEY, v text, amount numeric(10,2), ok boolean, at timestamptz, "
                   "tags int[], raw bytea")
@@ -78,6 +69,7 @@ def test_changes_come_whole_in_commit_order_typed_with_their_metadata(lpg):
     assert batch(reader, end)[0] == end, "nothing new: no new offset, so Spark runs no empty micro-batch"
 
 
+@pytest.mark.pg_versions
 def test_changes_are_typed_as_the_batch_reader_reads_the_same_rows_infinities_and_padding_included(lpg):
     from sluice.connectors.postgres import PostgresDataSource
 
@@ -117,6 +109,7 @@ def test_changes_are_typed_as_the_batch_reader_reads_the_same_rows_infinities_an
         [b for p in batch_reader.partitions() for b in batch_reader.read(p)]
 
 
+@pytest.mark.pg_versions
 @pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
 def test_an_update_of_the_key_deletes_the_old_key_so_a_keyed_replica_keeps_no_ghost(lpg, monkeypatch, identity):
     t = new_table(lpg.url, f"rekeyed_{identity.lower()}")
@@ -151,6 +144,7 @@ def test_an_update_of_the_key_deletes_the_old_key_so_a_keyed_replica_keeps_no_gh
     assert 1 in replica and 102 in replica, "ghosts of keys the source no longer has"
 
 
+@pytest.mark.pg_versions
 def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consuming_it_would_lose_it(lpg):
     t = new_table(lpg.url, "replay")
     slot = "sluice_test_replay"
@@ -179,6 +173,7 @@ def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consu
     assert [b for p in lenient.partitions(start, skipped_to) for b in lenient.read(p)] == [], "the batch is lost"
 
 
+@pytest.mark.pg_versions
 def test_the_snapshot_hands_over_to_the_changes_with_no_gap_and_no_overlap_under_concurrent_inserts(lpg):
     """Rows keep being inserted while the slot is created: each id comes exactly once, from the snapshot or from
     the changes. Negative control: the same snapshot read in a fresh snapshot instead of the slot's exported one
@@ -295,6 +290,7 @@ def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_include
     assert [r["_table"] for r in rows.to_pylist()] == ["public.pub_a"]
 
 
+@pytest.mark.lines
 def test_max_changes_per_trigger_cuts_between_transactions_never_inside_one(lpg):
     t = new_table(lpg.url, "limited")
     reader = stream(lpg.url, table=t, snapshot="false", **{"max-changes-per-trigger": "4"})
@@ -314,6 +310,7 @@ def test_max_changes_per_trigger_cuts_between_transactions_never_inside_one(lpg)
     assert all(len(x) == 1 for x in xids) and len(set.union(*xids)) == 5
 
 
+@pytest.mark.lines
 def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro_batches(lpg):
     """A 1,000-row table with a budget of 300: four snapshot batches of one ~250-row split each (planned once and
     carried in the offsets, so a replayed batch reads the same rows), then the changes; every row exactly once."""
@@ -441,6 +438,7 @@ def test_toasted_values_left_out_of_an_update_fail_clearly_or_are_carried_with_r
     assert [(r["_op"], r["n"], r["doc"] == big) for r in rows.to_pylist()] == [("update", 3, True)]
 
 
+@pytest.mark.pg_versions
 def test_truncate_fails_clearly_and_an_added_column_needs_a_restart_that_reads_it(lpg):
     t = new_table(lpg.url, "ddl")
     slot = "sluice_test_ddl"
@@ -461,6 +459,7 @@ def test_truncate_fails_clearly_and_an_added_column_needs_a_restart_that_reads_i
         batch(restarted, end)
 
 
+@pytest.mark.pg_versions
 def test_a_renamed_column_needs_a_restart_that_gets_past_it_and_a_dropped_one_comes_as_null(lpg, monkeypatch,
                                                                                              caplog):
     t = new_table(lpg.url, "renamed", "id int PRIMARY KEY, v text, extra int")
@@ -636,6 +635,7 @@ def test_a_quiet_table_on_a_busy_database_does_not_hold_back_the_servers_wal(lpg
     assert rows.column("id").to_pylist() == [1], "the quiet stretch skipped nothing of the publication"
 
 
+@pytest.mark.pg_versions
 def test_a_transaction_larger_than_a_fetch_batch_streams_in_batches_and_a_stopped_read_lets_go(lpg, monkeypatch):
     import adbc_driver_manager.dbapi as adbc_dbapi
 

@@ -1,0 +1,104 @@
+"""What differs by PostgreSQL version, on the server the run asked for ($SLUICE_TEST_PG_VERSION: `make
+test-postgres-16` and friends; unset: Debian's PostgreSQL 15)."""
+
+import os
+import re
+
+import psycopg
+import pytest
+
+from sluice import DataLossError, OptionError
+from sluice.connectors.postgres._changes import INVALIDATION_REASONS, drop_slot, list_slots
+from sluice.testing import LocalPostgres
+from tests.connectors.postgres.test_changes import batch, new_table, sql, stream
+
+pytestmark = pytest.mark.pg_versions
+
+
+def server_major(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        return int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
+
+
+def test_the_server_is_the_version_the_run_asked_for(pg):
+    wanted = os.environ.get("SLUICE_TEST_PG_VERSION")
+    if wanted:
+        assert server_major(pg.url) == int(wanted)
+    else:
+        assert server_major(pg.url) >= 15
+
+
+@pytest.fixture(scope="module")
+def small_wal_budget():
+    # max_slot_wal_keep_size: a slot that falls more than 1 MB behind is invalidated at the next checkpoint.
+    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on", "wal_keep_size": "0",
+                                 "max_slot_wal_keep_size": "1MB"}) as server:
+        yield server
+
+
+def test_a_slot_the_server_invalidated_is_data_loss_saying_why_and_how_to_go_on(small_wal_budget):
+    url = small_wal_budget.url
+    t = new_table(url, "invalidated")
+    slot = "sluice_test_invalidated"
+    reader = stream(url, table=t, snapshot="false", slot=slot)
+    start = reader.initialOffset()
+    sql(url, f"INSERT INTO {t} VALUES (1, 'lost with the WAL')")
+    for _ in range(3):  # whole WAL segments past the 1 MB budget, then the checkpoint that enforces it
+        sql(url, "CREATE TABLE IF NOT EXISTS filler (v text)", "INSERT INTO filler VALUES (repeat('x', 1000))",
+            "SELECT pg_switch_wal()")
+    sql(url, "CHECKPOINT")
+    (state,) = sql(url, f"SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{slot}'")
+    assert state == ("lost",), "the server invalidated the slot"
+    reason = INVALIDATION_REASONS["wal_removed"]
+    with pytest.raises(DataLossError, match=re.escape(f"'{slot}' was invalidated: {reason}")
+                       + r".*failOnDataLoss.*start over: drop the slot and the checkpoint"):
+        reader.latestOffset(start, reader.getDefaultReadLimit())
+    reader.stop()
+    if server_major(url) >= 17:  # the server says why itself
+        (why,) = sql(url, f"SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = '{slot}'")
+        assert why == ("wal_removed",)
+    # failOnDataLoss=false: a new slot, and the stream goes on from its position
+    lenient = stream(url, table=t, snapshot="false", slot=slot, failOnDataLoss="false")
+    resumed = lenient.latestOffset(start, lenient.getDefaultReadLimit())
+    assert resumed["lsn"] != start["lsn"]
+    assert [s.name for s in list_slots(lenient.stream.conn) if s.name == slot] == [slot], "re-created"
+    lenient.stop()
+    drop_slot(lenient.stream.conn, slot)
+
+
+def test_a_failover_slot_from_postgresql_17_on_and_a_clear_refusal_before(lpg):
+    url = lpg.url
+    t = new_table(url, "failover")
+    major = server_major(url)
+    if major < 17:
+        with pytest.raises(OptionError, match=rf"option 'slot.failover' needs PostgreSQL 17 .* runs {major}\."):
+            stream(url, table=t, slot="sluice_test_failover", **{"slot.failover": "true"})
+        return
+    # Both ways sluice creates a slot: with the snapshot (replication protocol) and without (SQL); and the default.
+    for snapshot, failover in (("true", "true"), ("false", "true"), ("false", "false")):
+        slot = f"sluice_test_failover_{snapshot}_{failover}"
+        reader = stream(url, table=t, slot=slot, snapshot=snapshot, **{"slot.failover": failover})
+        start = reader.initialOffset()
+        end, _ = batch(reader, start)
+        reader.commit(end)
+        reader.stop()
+        assert sql(url, f"SELECT failover FROM pg_replication_slots WHERE slot_name = '{slot}'") == \
+            [(failover == "true",)], (snapshot, failover)
+        drop_slot(reader.stream.conn, slot)
+
+
+def test_virtual_generated_columns_of_postgresql_18_are_left_out_like_stored_ones(lpg):
+    url = lpg.url
+    virtual = "VIRTUAL" if server_major(url) >= 18 else "STORED"  # 18 adds VIRTUAL (and makes it the default)
+    sql(url, f"CREATE TABLE gen_{virtual.lower()} (id int PRIMARY KEY, qty int, "
+             f"twice int GENERATED ALWAYS AS (qty * 2) {virtual})",
+        f"INSERT INTO gen_{virtual.lower()} (id, qty) VALUES (1, 5)")
+    reader = stream(url, table=f"gen_{virtual.lower()}", slot=f"sluice_test_gen_{virtual.lower()}")
+    start = reader.initialOffset()
+    end, snapshot = batch(reader, start)
+    reader.commit(end)
+    sql(url, f"INSERT INTO gen_{virtual.lower()} (id, qty) VALUES (2, 7)")
+    _, changes = batch(reader, end)
+    reader.stop()
+    assert "twice" not in reader.schema.fieldNames(), "pgoutput sends no generated column"
+    assert [(r["id"], r["qty"]) for r in snapshot.to_pylist() + changes.to_pylist()] == [(1, 5), (2, 7)]
