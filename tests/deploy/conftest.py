@@ -96,8 +96,8 @@ def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
     """An S2 server, a ClickHouse server and the suite's PostgreSQL, as every_format.py takes them (tablestore meta
     on PostgreSQL)."""
     from sluice.s2local import LocalS2
-    from sluice.testing import LocalClickHouse
+    from tests.clickhouse_chdb import clickhouse_server
 
-    with LocalS2() as s2, LocalClickHouse() as ch:
+    with LocalS2() as s2, clickhouse_server() as ch:
         yield {"s2": s2.url, "pg": pg.url, "meta": pg.url, "ch": {"url": ch.url, "password": ch.password},
                "warehouse": str(tmp_path_factory.mktemp("warehouse"))}

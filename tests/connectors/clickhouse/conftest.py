@@ -3,12 +3,13 @@ import uuid
 import pytest
 
 from sluice.testing import LocalClickHouse
+from tests.clickhouse_chdb import ChdbClickHouse, clickhouse_server
 
 
 class CH:
     """The server under test, SQL helpers and unique table names."""
 
-    def __init__(self, server: LocalClickHouse) -> None:
+    def __init__(self, server: LocalClickHouse | ChdbClickHouse) -> None:
         self.server = server
         self.url = server.url
         self.password = server.password
@@ -30,5 +31,6 @@ class CH:
 
 @pytest.fixture(scope="session")
 def ch():
-    with LocalClickHouse() as server:
+    """Debian's clickhouse-server, or the chdb stand-in (ClickHouse 26) with SLUICE_TEST_CLICKHOUSE=chdb."""
+    with clickhouse_server() as server:
         yield CH(server)
