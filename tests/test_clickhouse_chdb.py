@@ -1,4 +1,4 @@
-"""The chdb stand-in for ClickHouse's HTTP interface (tests/clickhouse_chdb.py) answers as ClickHouse does."""
+"""The chdb stand-in for ClickHouse's HTTP interface (tests/clickhouse_chdb/) answers as ClickHouse does."""
 
 import base64
 import struct
