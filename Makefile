@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: test test-main test-spark-lines test-postgres-versions test-clickhouse-26 demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
@@ -58,7 +58,7 @@ check-postgres-versions: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-test: test-main test-postgres-versions test-spark-lines
+test: test-main test-postgres-versions test-clickhouse-26 test-spark-lines
 
 test-main: $(STAMP) check-java check-postgres check-clickhouse lint
 	mkdir -p build/lines
@@ -74,6 +74,11 @@ test-postgres-18: $(STAMP) check-java check-postgres-versions
 
 test-postgres-%: $(STAMP) check-java check-postgres-versions
 	SLUICE_TEST_PG_VERSION=$* $(PY) -m pytest -p no:cacheprovider -m pg_versions tests/connectors/postgres
+
+# The ClickHouse connector's tests on ClickHouse 26's engine (chdb-core, behind the HTTP stand-in in
+# tests/clickhouse_chdb/); the main suite runs them on Debian's clickhouse-server 18.16.
+test-clickhouse-26: $(STAMP) check-java
+	SLUICE_TEST_CLICKHOUSE=chdb $(PY) -m pytest -p no:cacheprovider tests/connectors/clickhouse
 
 # One virtualenv per older line: that pyspark from PyPI, everything else at the pinned versions.
 .venv-spark-%/.installed: pyproject.toml $(CONSTRAINTS)
