@@ -52,8 +52,8 @@ def find_server() -> str:
     raise RuntimeError(f"the ClickHouse server binary (clickhouse-server) was not found; {INSTALL_HINT}")
 
 
-class LocalClickHouse:
-    """Context manager: a fresh ClickHouse server; `.url` is its HTTP endpoint, `.password` the default user's."""
+class ClickHouseHTTP:
+    """A test server on a loopback port with a password for `default`, and SQL over its HTTP interface."""
 
     def __init__(self, *, password: str = "sluice-test-pw") -> None:
         self.password = password
@@ -65,27 +65,21 @@ class LocalClickHouse:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> LocalClickHouse:
-        binary = find_server()
-        self._dir = Path(tempfile.mkdtemp(prefix="sluice-ch-"))
-        self.port = free_port()
-        config = self._dir / "config.xml"
-        config.write_text(CONFIG.format(dir=self._dir, port=self.port, password=escape(self.password)))
-        args = [binary] if binary.endswith("server") else [binary, "server"]
-        self._proc = subprocess.Popen([*args, f"--config-file={config}"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
+    def _wait_ready(self, log: Path, what: str, timeout: float = 60) -> None:
+        """Until GET /ping answers Ok.; if the process ends or the time runs out, stop it and raise with its log."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 with urllib.request.urlopen(f"{self.url}/ping", timeout=1) as response:
                     if response.read().strip() == b"Ok.":
-                        return self
+                        return
             except OSError:
                 pass
             if self._proc.poll() is not None or time.monotonic() > deadline:
-                log = (self._dir / "error.log").read_text()[-2000:] if (self._dir / "error.log").exists() else ""
+                output = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 self.__exit__(None, None, None)
-                raise RuntimeError(f"clickhouse-server did not start: {log}")
+                raise RuntimeError(f"{what} did not start: {output}")
             time.sleep(0.05)
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
@@ -97,7 +91,7 @@ class LocalClickHouse:
     def sql(self, query: str, body: bytes | None = None) -> str:
         """Run one statement as the default user; returns the response text (errors raise with the server's)."""
         request = urllib.request.Request(f"{self.url}/?query={urllib.request.quote(query)}" if body is not None
-                                         else self.url, data=body if body is not None else query.encode(),
+                                         else f"{self.url}/", data=body if body is not None else query.encode(),
                                          method="POST")
         token = base64.b64encode(f"default:{self.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
@@ -111,3 +105,20 @@ class LocalClickHouse:
         """Tab-separated result rows as lists of strings."""
         text = self.sql(query + " FORMAT TabSeparated")
         return [line.split("\t") for line in text.splitlines()]
+
+
+class LocalClickHouse(ClickHouseHTTP):
+    """Context manager: a fresh ClickHouse server; `.url` is its HTTP endpoint, `.password` the default user's."""
+
+    def __enter__(self) -> LocalClickHouse:
+        binary = find_server()
+        self._dir = Path(tempfile.mkdtemp(prefix="sluice-ch-"))
+        self.port = free_port()
+        config = self._dir / "config.xml"
+        config.write_text(CONFIG.format(dir=self._dir, port=self.port, password=escape(self.password)))
+        args = [binary] if binary.endswith("server") else [binary, "server"]
+        self._proc = subprocess.Popen([*args, f"--config-file={config}"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        self._wait_ready(self._dir / "error.log", "clickhouse-server", 60)
+        return self
+
