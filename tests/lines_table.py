@@ -55,7 +55,7 @@ def render(runs: dict[str, dict]) -> str:
     head = "| feature | " + " | ".join(f"Spark {line} (pyspark {run['pyspark']})" for line, run in runs.items()) + " |"
     rows = [head, "|" + " --- |" * (len(runs) + 1)]
     for name, label in FEATURES.items():
-        cells = [", ".join(run["capabilities"].get(name, [])) or "not tested" for run in runs.values()]
+        cells = [", ".join(run["capabilities"].get(name, [])) or "not run by make test" for run in runs.values()]
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
