@@ -143,8 +143,8 @@ class Handler(BaseHTTPRequestHandler):
             for start in range(0, len(data), CHUNK):
                 insert.append(bytes(data[start:start + CHUNK]))
             insert.finish()
-        except BaseException:
-            with contextlib.suppress(Exception):  # a failed insert may have nothing left to cancel
+        except Exception:
+            with contextlib.suppress(Exception):  # a failed insert may have nothing left to cancel; its error wins
                 insert.cancel()
             raise
         return b""

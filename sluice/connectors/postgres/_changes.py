@@ -32,6 +32,10 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
   fetched). failOnDataLoss=true (default) fails; false warns, re-creates the slot and goes on from its new position.
 - **One query per slot** (SlotGuard): the driver holds an advisory lock named after the slot for the query's life,
   so a second query on it fails at start instead of advancing the slot past the first one's changes.
+
+Kept in one module for now (past 400 lines): its concerns (options, publication and slot, offsets, fetch, the
+reader) move into a package of their own as one step, since splitting them one by one would cross import cycles
+between the reader, the snapshot holder and format("postgres")'s reader.
 """
 
 from __future__ import annotations

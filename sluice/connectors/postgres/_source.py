@@ -14,6 +14,9 @@ Pushdown is off by default because of a Spark 4.3 defect: the read planned with 
 kept on the DataFrame's relation and reused by a later query on the same DataFrame that pushes nothing, which
 then silently returns the earlier query's rows only (the plan is scoped per scan in Spark's main branch, not in
 any release). With pushdown=true, load a new DataFrame for every query.
+
+Kept in one module (past 400 lines): the type mapping, filter-to-SQL translation and split planning all serve
+this one reader and change together with it; the change stream's snapshot reads through the same planner.
 """
 
 from __future__ import annotations
