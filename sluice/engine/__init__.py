@@ -5,6 +5,7 @@ A store plugs in by implementing `Store.submit(batch) -> Future` and `Store.clas
 """
 
 from sluice.engine._batch import (
+    AlignedBatchCreator,
     Batch,
     BatchCreator,
     PartitionKeyBatchCreator,
@@ -34,6 +35,7 @@ __all__ = [
     "SINK_SPEC",
     "UNORDERED",
     "AIMDRateLimiter",
+    "AlignedBatchCreator",
     "AsyncSinkWriter",
     "Batch",
     "BatchCreator",

@@ -30,6 +30,7 @@ class RequestInfo:
     max_batch_bytes: int
     now: float
     busy_keys: frozenset[Hashable] = frozenset()
+    draining: bool = False  # a checkpoint waits: everything up to the end of the input is buffered
 
 
 class BatchCreator(ABC):
@@ -47,6 +48,35 @@ class SimpleBatchCreator(BatchCreator):
 
     def create_next_batch(self, request_info: RequestInfo, buffer: RequestBuffer) -> Batch | None:
         taken = buffer.take(request_info.batch_size, request_info.max_batch_bytes, request_info.now)
+        if taken is None:
+            return None
+        return Batch(taken.entries, taken.size_bytes, len(taken.entries), None, taken.attempt, taken.sizes)
+
+    def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
+        return buffer.head_ready_at() if isinstance(buffer, DequeRequestBuffer) else 0.0
+
+
+class AlignedBatchCreator(BatchCreator):
+    """Batches at fixed positions of a task's input: batch k holds entries [k * size, (k + 1) * size).
+
+    The entries must be the task's running row numbers (`ArrowRows`). Whatever the timing, the rate limiter or
+    the retries, a replayed task cuts the same batches from the same input, which is what a store's
+    per-batch idempotency token needs (ClickHouse's insert_deduplication_token). The last, shorter batch is cut
+    only when the writer drains at a checkpoint, where the input ends.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def create_next_batch(self, request_info: RequestInfo, buffer: RequestBuffer) -> Batch | None:
+        head = buffer.peek()
+        if head is None:
+            return None
+        first = head[0]
+        wanted = (first // self.size + 1) * self.size - first  # up to the next boundary
+        if buffer.size() < wanted and not request_info.draining:
+            return None
+        taken = buffer.take(wanted, 1 << 62, request_info.now)
         if taken is None:
             return None
         return Batch(taken.entries, taken.size_bytes, len(taken.entries), None, taken.attempt, taken.sizes)

@@ -99,6 +99,12 @@ class DequeRequestBuffer(RequestBuffer):
     def head_ready_at(self) -> float:
         return self._chunks[0].ready_at if self._chunks else 0.0
 
+    def peek(self) -> tuple[Any, int] | None:
+        if not self._chunks:
+            return None
+        head = self._chunks[0]
+        return head.entries[head.start], head.sizes[head.start]
+
     def take(self, max_records: int, max_bytes: int, now: float, key: Hashable = None) -> Taken | None:
         if not self._chunks or self._chunks[0].ready_at > now:
             return None

@@ -270,7 +270,7 @@ class AsyncSinkWriter:
     def _request_info(self, now: float) -> RequestInfo:
         return RequestInfo(
             self._limiter.batch_size_limit(self.config.max_batch_records),
-            self.config.max_batch_bytes, now, frozenset(self._busy_keys),
+            self.config.max_batch_bytes, now, frozenset(self._busy_keys), bool(self._checkpoints),
         )
 
     def _flush_reason(self, limit: int) -> str | None:
