@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-main test-spark-lines test-postgres-versions test-clickhouse-26 demo lint bench docs lock clean check-java check-postgres \
+.PHONY: test test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
@@ -38,7 +38,8 @@ check-postgres:
 	  fi; \
 	fi
 
-# The ClickHouse tests start a real server from Debian's clickhouse-server package (18.16 on bookworm).
+# The ClickHouse suite runs on ClickHouse 26's engine (chdb-core, a dev dependency) behind the HTTP stand-in in
+# tests/clickhouse_chdb/; Debian's clickhouse-server (18.16 on bookworm) is the old server sluice must refuse.
 check-clickhouse:
 	@if ! test -x /usr/sbin/clickhouse-server && ! command -v clickhouse-server >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -58,7 +59,7 @@ check-postgres-versions: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-test: test-main test-postgres-versions test-clickhouse-26 test-spark-lines
+test: test-main test-postgres-versions test-spark-lines
 
 test-main: $(STAMP) check-java check-postgres check-clickhouse lint
 	mkdir -p build/lines
@@ -75,11 +76,6 @@ test-postgres-18: $(STAMP) check-java check-postgres-versions
 test-postgres-%: $(STAMP) check-java check-postgres-versions
 	SLUICE_TEST_PG_VERSION=$* $(PY) -m pytest -p no:cacheprovider -m pg_versions tests/connectors/postgres
 
-# The ClickHouse connector's tests on ClickHouse 26's engine (chdb-core, behind the HTTP stand-in in
-# tests/clickhouse_chdb/); the main suite runs them on Debian's clickhouse-server 18.16.
-test-clickhouse-26: $(STAMP) check-java
-	SLUICE_TEST_CLICKHOUSE=chdb $(PY) -m pytest -p no:cacheprovider tests/connectors/clickhouse
-
 # One virtualenv per older line: that pyspark from PyPI, sluice's dependencies and the test runner at the pinned
 # versions (the tests marked `lines` need nothing else; LINES_TESTS keeps pytest from importing the other modules).
 # The standalone cluster runs on the oldest line (and in the main suite): its code is the same as local mode's
@@ -94,7 +90,7 @@ LINES_SKIP_4.2 := tests/deploy/test_cluster.py
 	$(PYTHON) -m venv .venv-spark-$*
 	{ grep -iv '^pyspark==' $(CONSTRAINTS); echo 'pyspark==$(PYSPARK_$*)'; } > .venv-spark-$*/constraints.txt
 	PIP_CONSTRAINT=$(abspath .venv-spark-$*/constraints.txt) .venv-spark-$*/bin/pip install -q \
-	  '.[spark]' 'pyspark[connect,pipelines]' pytest pytest-timeout setuptools
+	  '.[spark]' 'pyspark[connect,pipelines]' pytest pytest-timeout setuptools chdb-core
 	touch $@
 
 # The tests marked `lines` against the built wheel installed next to pyspark $(PYSPARK_<line>), run from a copy of

@@ -1,16 +1,20 @@
-"""ClickHouse benchmark: sluice's append vs the store's limit vs a naive per-row insert, one run, one server.
+"""ClickHouse benchmark: sluice's append and read, before and after the move to Arrow, against ClickHouse's own
+client and the store's limit, one run, one server.
 
-Run: `.venv/bin/python bench/clickhouse.py` (starts a throwaway ClickHouse with LocalClickHouse).
-Data: N narrow rows (id Int64, k Int32, v Float64, s String of ~16 bytes) in a cached DataFrame of 2 partitions.
-- sluice: `sluice.write(df, "clickhouse", ...)` (unordered, Native-encoded INSERTs of 100,000 rows), end to end;
-- limit: one Python process POSTs the same rows, pre-encoded as the same Native blocks, one INSERT after another
-  (no Spark, no encoding in the timed part): what the server takes from one client; limit_rowbinary: the same
-  with RowBinary blocks (and both encodings' speed in one process), which decided Native over RowBinary;
-- floor: the same DataFrame into format("sluice_null") (the engine with a store that drops everything): what
-  Spark's hand-over of rows to Python workers allows any Python connector on 2 cores;
-- naive: a foreachPartition that sends one `INSERT ... VALUES` per row over HTTP (what a user writes without a
-  connector), on --naive-rows rows (each INSERT is a part on disk; the full N would take hours).
-Each figure is rows per second, the best of --rounds runs; with the CPU seconds of each component.
+Run: `.venv/bin/python bench/clickhouse.py [--rows 2000000] [--rounds 2] [--before 6cec1cf]`. The server is
+ClickHouse 26.9's engine (chdb-core) behind the tests' HTTP stand-in (tests/clickhouse_chdb/), started once for
+every contender. Data: N narrow rows (id Int64, k Int32, v Float64, s String of ~12 bytes) into `MergeTree ORDER
+BY id`; the DataFrame is cached in 2 partitions.
+- sluice: `sluice.write(df, "clickhouse", ...)` end to end (ArrowStream INSERTs of 100,000 rows), and
+  `spark.read.format("clickhouse")` (4 splits) into Spark's `noop` sink;
+- sluice before: the same two, with the connector of commit --before (Native-encoded INSERTs, CSV reads), run from
+  a git worktree in a child process against the same server;
+- clickhouse-connect: ClickHouse's Python client in one process, `insert_arrow` of the same Arrow rows in slices
+  of 100,000 and `query_arrow` of the table (compress=False and uncompressed Arrow output: loopback, as sluice);
+- limit: one process POSTing the same rows as pre-built ArrowStream bodies (no Spark, no encoding in the timed
+  part), and reading `FORMAT ArrowStream` through sluice's client: what the server takes and gives one client;
+- floor: the same DataFrame into `sluice_null` (Spark's hand-over of rows to Python workers, no store).
+Each figure is rows per second, the best of --rounds; with the CPU seconds of each component.
 """
 
 from __future__ import annotations
@@ -19,149 +23,151 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import uuid
 from datetime import date
+from pathlib import Path
 
 from _cpu import clocked
 
-import sluice
-from sluice.testing import LocalClickHouse
-
+ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = "id Int64, k Int32, v Float64, s String"
+BATCH = 100_000
 
 
-def rowbinary_block(table, types) -> bytes:
-    """The same rows in RowBinary (row-major), vectorized as far as it goes: each column is encoded as for Native,
-    then its per-row pieces are scattered into their rows. Non-Nullable columns only (the benchmark's)."""
+def sluice_runs(url: str, password: str, rows: int, rounds: int, fresh) -> dict[str, list]:
+    """sluice's write and read with whichever sluice this process imports (the checkout, or --before's)."""
+    import sluice
+
+    spark = sluice.session("sluice-bench-clickhouse")
+    df = spark.range(0, rows, 1, 2).selectExpr("id", "CAST(id % 1000 AS INT) AS k", "CAST(id AS DOUBLE) * 0.25 AS v",
+                                               "concat('name-', CAST(id AS STRING)) AS s").cache()
+    df.count()
+    runs: dict[str, list] = {"write": [], "read": [], "floor": []}
+    for _ in range(rounds):
+        table = fresh()
+        opts = {"url": url, "password": password, "table": table}
+        runs["write"].append(clocked(lambda o=opts: sluice.write(df, "clickhouse", o)))
+        read = spark.read.format("clickhouse").options(**opts).load()
+        runs["read"].append(clocked(lambda r=read: r.write.format("noop").mode("overwrite").save()))
+        runs["floor"].append(clocked(lambda: sluice.write(df, "sluice_null", {})))
+    spark.stop()
+    return runs
+
+
+def client_runs(url: str, password: str, rows: int, rounds: int, fresh, count) -> dict[str, list]:
+    """One process, no Spark: ClickHouse's own client, and sluice's client with pre-built bodies (the limit)."""
+    import clickhouse_connect
     import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    from sluice.connectors.clickhouse._native import _varints, encode_column
+    from sluice.connectors.clickhouse._client import Connection
+    from sluice.connectors.clickhouse._sink import WRITE_SPEC
 
-    n = table.num_rows
-    columns, widths = [], []
-    for name in table.column_names:
-        data = np.frombuffer(encode_column(table.column(name), types[name], name, str), dtype=np.uint8)
-        if types[name].base == "String":
-            lengths = pc.binary_length(table.column(name).combine_chunks()).to_numpy().astype(np.int64)
-            width = _varints(lengths)[0] + lengths
-        else:
-            width = np.full(n, len(data) // n, dtype=np.int64)
-        columns.append(data)
-        widths.append(width)
-    row_width = np.sum(widths, axis=0)
-    row_start = np.concatenate(([0], np.cumsum(row_width)[:-1]))
-    out = np.empty(int(row_width.sum()), dtype=np.uint8)
-    before = np.zeros(n, dtype=np.int64)
-    for data, width in zip(columns, widths, strict=True):
-        source_start = np.concatenate(([0], np.cumsum(width)[:-1]))
-        out[np.repeat(row_start + before - source_start, width) + np.arange(len(data))] = data
-        before += width
-    return out.tobytes()
+    ids = np.arange(rows, dtype=np.int64)
+    arrow = pa.table({"id": ids, "k": (ids % 1000).astype(np.int32), "v": ids * 0.25,
+                      "s": pc.binary_join_element_wise("name-", pa.array(ids).cast(pa.string()), "")})
+    slices = [arrow.slice(i, BATCH) for i in range(0, rows, BATCH)]
+    bodies = []
+    for piece in slices:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, piece.schema) as writer:
+            writer.write_table(piece)
+        bodies.append(sink.getvalue().to_pybytes())
+    host, port = url.removeprefix("http://").split(":")
+    client = clickhouse_connect.get_client(host=host, port=int(port), username="default", password=password,
+                                           autogenerate_session_id=False, compress=False)
+    uncompressed = {"output_format_arrow_compression_method": "none"}
+    runs: dict[str, list] = {"cc_insert": [], "cc_query": [], "limit_insert": [], "limit_read": []}
+    for _ in range(rounds):
+        table = fresh()
+        runs["cc_insert"].append(clocked(lambda t=table: [client.insert_arrow(t, piece) for piece in slices]))
+        count(table)
+        select = f"SELECT * FROM {table}"
+        runs["cc_query"].append(clocked(lambda q=select: client.query_arrow(q, settings=uncompressed)))
+        table = fresh()
+        conn = Connection.from_options(WRITE_SPEC.parse({"url": url, "password": password, "table": table}))
+        insert = f"INSERT INTO {table} FORMAT ArrowStream"
+        runs["limit_insert"].append(clocked(lambda c=conn, i=insert: [c.request(i, body=b) for b in bodies]))
+        count(table)
+        select = f"SELECT * FROM {table}"
+        runs["limit_read"].append(clocked(lambda c=conn, q=select: sum(b.num_rows for b in c.arrow_batches(q))))
+    client.close()
+    return runs
 
 
-def naive_rows(url: str, password: str, table: str):
-    def insert(rows) -> None:
-        import base64
-        import urllib.error
-        import urllib.request
-
-        auth = "Basic " + base64.b64encode(f"default:{password}".encode()).decode()
-        for row in rows:
-            sql = f"INSERT INTO {table} VALUES ({row.id}, {row.k}, {row.v!r}, '{row.s}')"
-            request = urllib.request.Request(url, data=sql.encode(), method="POST", headers={"Authorization": auth})
-            try:
-                urllib.request.urlopen(request).read()
-            except urllib.error.HTTPError as e:
-                raise RuntimeError(f"{sql}: {e.read().decode()[:500]}") from None
-
-    return insert
+def before_runs(rev: str, url: str, password: str, rows: int, rounds: int) -> dict[str, list]:
+    """sluice at `rev`, from a git worktree, in a child process (its Spark workers import that sluice too)."""
+    tree = Path(tempfile.mkdtemp(prefix="sluice-before-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        out = subprocess.run([sys.executable, __file__, "--child", url, "--password", password, "--rows", str(rows),
+                              "--rounds", str(rounds)], env=env, cwd=tree, check=True, capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=4_000_000)
-    parser.add_argument("--naive-rows", type=int, default=4_000)
+    parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--before", default="6cec1cf", help="the commit whose connector is 'sluice before'")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)  # run sluice's contenders only
+    parser.add_argument("--password", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    spark = sluice.session("sluice-bench-clickhouse")
-    df = spark.range(0, args.rows, 1, 2).selectExpr("id", "CAST(id % 1000 AS INT) AS k",
-                                                    "CAST(id AS DOUBLE) * 0.25 AS v",
-                                                    "concat('name-', CAST(id AS STRING)) AS s").cache()
-    df.count()
-    results: dict[str, dict] = {}
-    with LocalClickHouse() as ch:
-        def fresh() -> str:
-            name = f"b_{uuid.uuid4().hex[:8]}"
-            ch.sql(f"CREATE TABLE {name} ({COLUMNS}) ENGINE = MergeTree() ORDER BY id")
-            return name
+    if args.child:
+        from sluice.testing._clickhouse import ClickHouseHTTP
 
-        def run_sluice():
-            table = fresh()
-            result = clocked(lambda: sluice.write(df, "clickhouse", {"url": ch.url, "password": ch.password,
-                                                                      "table": table}))
+        server = ClickHouseHTTP(password=args.password)
+        server.port = int(args.child.rsplit(":", 1)[1])
+        print(json.dumps(sluice_runs(args.child, args.password, args.rows, args.rounds, fresh_table(server))))
+        return 0
+
+    sys.path.insert(0, str(ROOT))
+    from tests.clickhouse_chdb import ChdbClickHouse
+
+    with ChdbClickHouse() as ch:
+        fresh = fresh_table(ch)
+
+        def count(table: str) -> None:
             assert ch.rows(f"SELECT count() FROM {table}") == [[str(args.rows)]]
-            return result
 
-        # The limit: the same rows as the same Native blocks (100,000 rows each), encoded before the clock starts.
-        from sluice.connectors.clickhouse._client import Connection
-        from sluice.connectors.clickhouse._native import ColumnType, native_block
-        from sluice.connectors.clickhouse._sink import WRITE_SPEC
-        from sluice.spark._compat import to_arrow_schema
-
-        arrow = df.toArrow().cast(to_arrow_schema(df.schema))
-        types = {n: ColumnType.parse(n, t) for n, t in zip(arrow.column_names, ["Int64", "Int32", "Float64",
-                                                                                  "String"], strict=True)}
-        blocks = [native_block(arrow.slice(i, 100_000), types, str) for i in range(0, args.rows, 100_000)]
-        encode_s, _ = clocked(lambda: [native_block(arrow.slice(i, 100_000), types, str)
-                                       for i in range(0, args.rows, 100_000)])
-        # RowBinary, the row-major alternative: encoded the same way, inserted the same way, for the choice.
-        row_blocks = [rowbinary_block(arrow.slice(i, 100_000), types) for i in range(0, args.rows, 100_000)]
-        row_encode_s, _ = clocked(lambda: [rowbinary_block(arrow.slice(i, 100_000), types)
-                                           for i in range(0, args.rows, 100_000)])
-
-        def run_blocks(fmt: str, encoded: list[bytes]):
-            """One process POSTing pre-encoded blocks, one INSERT after another: what the server takes."""
-            table = fresh()
-            conn = Connection.from_options(WRITE_SPEC.parse({"url": ch.url, "password": ch.password, "table": table}))
-            result = clocked(lambda: [conn.request(f"INSERT INTO {table} FORMAT {fmt}", body=b) for b in encoded])
-            assert ch.rows(f"SELECT count() FROM {table}") == [[str(args.rows)]]
-            return result
-
-        naive_df = df.limit(args.naive_rows).repartition(2).cache()
-        naive_df.count()
-
-        def run_naive():
-            table = fresh()
-            result = clocked(lambda: naive_df.foreachPartition(naive_rows(ch.url, ch.password, table)))
-            assert ch.rows(f"SELECT count() FROM {table}") == [[str(args.naive_rows)]]
-            return result
-
-        runs: dict[str, list] = {"sluice": [], "limit": [], "limit_rowbinary": [], "floor": [], "naive": []}
-        for _ in range(args.rounds):
-            runs["sluice"].append(run_sluice())
-            runs["limit"].append(run_blocks("Native", blocks))
-            runs["limit_rowbinary"].append(run_blocks("RowBinary", row_blocks))
-            runs["floor"].append(clocked(lambda: sluice.write(df, "sluice_null", {})))
-            runs["naive"].append(run_naive())
-        rows = {"sluice": args.rows, "limit": args.rows, "limit_rowbinary": args.rows, "floor": args.rows,
-                "naive": args.naive_rows}
-        for name, measured in runs.items():
-            seconds, cpu = min(measured, key=lambda r: r[0])
-            results[name] = {"rows": rows[name], "seconds": round(seconds, 3),
-                             "rows_per_s": round(rows[name] / seconds), "cpu_s": cpu}
-    spark.stop()
-    sluice_rate = results["sluice"]["rows_per_s"]
+        runs = {f"sluice_{k}": v for k, v in sluice_runs(ch.url, ch.password, args.rows, args.rounds, fresh).items()}
+        runs.update({f"before_{k}": v for k, v in before_runs(args.before, ch.url, ch.password, args.rows,
+                                                               args.rounds).items() if k != "floor"})
+        runs.update(client_runs(ch.url, ch.password, args.rows, args.rounds, fresh, count))
+        version = ch.rows("SELECT version()")[0][0]
+    results = {}
+    for name, measured in runs.items():
+        seconds, cpu = min(measured, key=lambda r: r[0])
+        results[name] = {"seconds": round(seconds, 3), "rows_per_s": round(args.rows / seconds), "cpu_s": cpu}
+    rate = {name: r["rows_per_s"] for name, r in results.items()}
     print(json.dumps({
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "clickhouse": "18.16 (Debian bookworm clickhouse-server)", "results": results,
-        "encoding_rows_per_s_one_process": {"native": round(args.rows / encode_s),
-                                            "rowbinary": round(args.rows / row_encode_s)},
-        "ratios": {"sluice_vs_limit": round(sluice_rate / results["limit"]["rows_per_s"], 2),
-                   "sluice_vs_floor": round(sluice_rate / results["floor"]["rows_per_s"], 2),
-                   "sluice_vs_naive": round(sluice_rate / results["naive"]["rows_per_s"], 1)},
+        "clickhouse": f"{version} (chdb-core behind tests/clickhouse_chdb)", "rows": args.rows, "results": results,
+        "ratios": {"write_after_vs_before": round(rate["sluice_write"] / rate["before_write"], 2),
+                   "read_after_vs_before": round(rate["sluice_read"] / rate["before_read"], 2),
+                   "write_vs_clickhouse_connect": round(rate["sluice_write"] / rate["cc_insert"], 2),
+                   "read_vs_clickhouse_connect": round(rate["sluice_read"] / rate["cc_query"], 2),
+                   "write_vs_limit": round(rate["sluice_write"] / rate["limit_insert"], 2),
+                   "read_vs_limit": round(rate["sluice_read"] / rate["limit_read"], 2),
+                   "write_vs_floor": round(rate["sluice_write"] / rate["sluice_floor"], 2)},
     }, indent=2))
     return 0
+
+
+def fresh_table(server):
+    def fresh() -> str:
+        name = f"b_{uuid.uuid4().hex[:8]}"
+        server.sql(f"CREATE TABLE {name} ({COLUMNS}) ENGINE = MergeTree() ORDER BY id")
+        return name
+
+    return fresh
 
 
 if __name__ == "__main__":

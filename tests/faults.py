@@ -136,3 +136,28 @@ def die_while(marker: str):
             yield batch
 
     return fn
+
+
+def dies_once_when_stored(row: int, marker: str, stored) -> callable:
+    """As dies_once_at, but the worker first waits (up to 60 s) until `stored()` is true: e.g. until the sink has
+    written some of this task's rows, so the retried task certainly repeats rows already in the store."""
+
+    def fn(batches):
+        import os as _os
+        import threading as _threading
+        import time as _time
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, 100):
+                part = batch.slice(start, 100)
+                if part.column(0)[0].as_py() >= row and _os.path.exists(marker):
+                    deadline = _time.monotonic() + 60
+                    while not stored():
+                        if _time.monotonic() > deadline:
+                            raise AssertionError("the sink stored none of the task's rows within 60 s")
+                        _threading.Event().wait(0.05)
+                    _os.remove(marker)
+                    _os._exit(1)
+                yield part
+
+    return fn

@@ -2,7 +2,9 @@
 
 `LocalClickHouse()` writes a minimal config into a temporary folder and starts `clickhouse-server` with its HTTP
 interface on a free loopback port and a password for the `default` user, then stops it and deletes the folder on
-exit. The binary comes from Debian's `clickhouse-server` package (18.16 on bookworm) or from PATH.
+exit. The binary comes from Debian's `clickhouse-server` package or from PATH (`clickhouse-server`, or the single
+`clickhouse` binary of ClickHouse's own packages). sluice's connector needs 23.3 or newer: Debian bookworm's package
+is 18.16, which the connector refuses; install a current ClickHouse for a server it writes to.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A test-only stand-in for ClickHouse's HTTP interface, running statements on ClickHouse's own engine (chdb-core).
 
-The connector's tests run on Debian's clickhouse-server, which is 18.16; this lets the same tests run on a modern
-engine (26.9, embedded by PyPI's chdb-core) without a server binary:
+sluice needs ClickHouse 23.3 or newer, and the only server binary the registries offer is Debian's 18.16; this
+serves ClickHouse 26.9's engine (embedded by PyPI's chdb-core) over HTTP, and the connector's tests run on it:
 
-    SLUICE_TEST_CLICKHOUSE=chdb python -m pytest tests/connectors/clickhouse
+    python -m pytest tests/connectors/clickhouse          # SLUICE_TEST_CLICKHOUSE=server: a clickhouse on PATH
 
 `python -m tests.clickhouse_chdb --port P --data DIR --password PW` serves it; `ChdbClickHouse()` starts that as a
 subprocess on a free loopback port (the same surface as `sluice.testing.LocalClickHouse`), and `clickhouse_server()`

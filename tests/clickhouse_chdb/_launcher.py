@@ -34,13 +34,14 @@ class ChdbClickHouse(ClickHouseHTTP):
 
 
 def clickhouse_server() -> Any:
-    """The ClickHouse the tests run on: Debian's clickhouse-server (default), or this stand-in on ClickHouse 26's
-    engine with SLUICE_TEST_CLICKHOUSE=chdb."""
-    choice = os.environ.get("SLUICE_TEST_CLICKHOUSE", "server")
+    """The ClickHouse the tests run on: this stand-in on ClickHouse 26's engine (default), or with
+    SLUICE_TEST_CLICKHOUSE=server the clickhouse-server binary sluice.testing.LocalClickHouse finds (23.3 or newer:
+    older servers are refused by the connector)."""
+    choice = os.environ.get("SLUICE_TEST_CLICKHOUSE", "chdb")
     if choice == "chdb":
         return ChdbClickHouse()
     if choice == "server":
         from sluice.testing import LocalClickHouse
 
         return LocalClickHouse()
-    raise ValueError(f"SLUICE_TEST_CLICKHOUSE={choice!r}: use 'server' (clickhouse-server, the default) or 'chdb'")
+    raise ValueError(f"SLUICE_TEST_CLICKHOUSE={choice!r}: use 'chdb' (the stand-in, the default) or 'server'")

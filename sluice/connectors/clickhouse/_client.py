@@ -7,10 +7,13 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from sluice.connector import Option, OptionError, Options, RetryableError, SinkError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CONNECTION_OPTIONS = (
     Option("url", "str", None, "ClickHouse's HTTP endpoint, e.g. http://host:8123 (https:// for TLS).", required=True),
@@ -42,10 +45,15 @@ def quote_literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-# ClickHouse error codes that mean "try again" (TOO_MANY_SIMULTANEOUS_QUERIES, TIMEOUT_EXCEEDED, NETWORK_ERROR,
-# SOCKET_TIMEOUT, TOO_MANY_PARTS, ...): the request did nothing that a retry would repeat wrongly.
-RETRYABLE_CODES = frozenset({159, 160, 164, 202, 203, 209, 210, 252, 425})
+# ClickHouse error codes that mean "try again": the request did nothing that a retry would repeat wrongly, and the
+# cause passes (TIMEOUT_EXCEEDED, TOO_SLOW, TOO_MANY_SIMULTANEOUS_QUERIES, NO_FREE_CONNECTION, SOCKET_TIMEOUT,
+# NETWORK_ERROR, MEMORY_LIMIT_EXCEEDED, TABLE_IS_READ_ONLY (a replica that lost Keeper), TOO_MANY_PARTS,
+# UNKNOWN_STATUS_OF_INSERT, SYSTEM_ERROR, KEEPER_EXCEPTION). READONLY (164) is a user's setting, not a passing state.
+RETRYABLE_CODES = frozenset({159, 160, 202, 203, 209, 210, 241, 242, 252, 319, 425, 999})
 AUTH_CODES = frozenset({192, 193, 194, 516})  # UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, AUTHENTICATION_FAILED
+# Arrow as Spark takes it: strings as strings (not binary), LowCardinality as plain values, no compression.
+ARROW_OUTPUT = {"output_format_arrow_compression_method": "none", "output_format_arrow_string_as_string": 1,
+                "output_format_arrow_low_cardinality_as_dictionary": 0}
 _CODE = re.compile(r"Code: (\d+)")
 
 
@@ -104,7 +112,8 @@ class Connection:
                 errors="replace")).strip()
             match = _CODE.search(text)
             code = int(match.group(1)) if match else None
-            if (response.status >= 500 and (code is None or code in RETRYABLE_CODES)) or response.status == 503:
+            # The code decides, whatever the status it came with (TIMEOUT_EXCEEDED is answered with 408).
+            if code in RETRYABLE_CODES or (code is None and response.status >= 500) or response.status == 503:
                 raise ClickHouseRetryableError(f"ClickHouse at {self.url} answered {response.status}: {text[:500]}")
             if code in AUTH_CODES:
                 raise ClickHouseError(f"ClickHouse at {self.url} refused user '{self.user}': wrong user or password. "
@@ -122,10 +131,22 @@ class Connection:
         text = self.query(sql + " FORMAT TabSeparated")
         return [[_unescape(v) for v in line.split("\t")] for line in text.splitlines()]
 
-    def stream(self, sql: str, **settings: Any) -> Iterator[bytes]:
-        response = self.request(sql, stream=True, **settings)
+    def arrow_batches(self, sql: str) -> Iterator[pa.RecordBatch]:
+        """A query's result as Arrow record batches, streamed (`FORMAT ArrowStream`, uncompressed on loopback-fast
+        networks and decoded by pyarrow's C++ reader; strings as Arrow strings, never dictionaries)."""
+        import pyarrow as pa
+
+        response = self.request(f"{sql} FORMAT ArrowStream", stream=True, **ARROW_OUTPUT)
         try:
-            yield from response.stream(1 << 20)
+            try:
+                yield from pa.ipc.open_stream(response)
+            except pa.ArrowInvalid as e:
+                # The server had started answering (200) when the query failed: its error ends the body.
+                tail = self.scrub(response.read(1 << 16).decode(errors="replace"))
+                found = _CODE.search(tail)
+                said = tail[found.start():].strip()[:1000] if found else f"{e} (the connection broke off?)"
+                raise ClickHouseError(f"a read of {self.database}.{self.table} failed mid-answer: {said}",
+                                      int(found.group(1)) if found else None) from None
         finally:
             response.release_conn()
 

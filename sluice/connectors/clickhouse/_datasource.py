@@ -16,7 +16,7 @@ from sluice.connector import (
     SplitBatchReader,
 )
 from sluice.connectors.clickhouse._client import Connection
-from sluice.connectors.clickhouse._sink import WRITE_SPEC, ClickHouseWritePlan, InsertPlan
+from sluice.connectors.clickhouse._sink import WRITE_SPEC, ClickHouseWritePlan, Deletes, InsertPlan
 from sluice.connectors.clickhouse._source import (
     READ_SPEC,
     ClickHouseEnumerator,
@@ -25,31 +25,22 @@ from sluice.connectors.clickhouse._source import (
     read_schema,
 )
 from sluice.connectors.clickhouse._table import TableInfo, describe
+from sluice.connectors.clickhouse._types import CHType, write_problem
 
 NO_TRANSACTIONS = (
-    "sink.transactional=true: ClickHouse has no commit sluice can make exactly-once. Its atomic step (ATTACH "
-    "PARTITION ... FROM a staging table) is atomic per partition only and cannot be tied to a commit record, so a "
-    "driver that died between the two would apply a micro-batch twice on replay. For results without duplicates, "
-    "write into a ReplacingMergeTree table: a replayed or retried row replaces itself (docs/clickhouse.md). "
-    "Remove sink.transactional."
+    "sink.transactional=true: ClickHouse has no transaction sluice could commit a write or micro-batch in. For "
+    "exactly-once results use insert.deduplicate=true (each batch carries an insert_deduplication_token, so a "
+    "retried or replayed batch is applied once), or write into a ReplacingMergeTree table, where a replayed row "
+    "replaces itself (docs/clickhouse.md). Remove sink.transactional."
 )
 
 
-# Spark type names (DataType.typeName()) each ClickHouse base type takes.
-NUMBERS = {"byte", "short", "integer", "long", "float", "double", "decimal", "boolean"}
-ACCEPTS = {"String": {"string", "binary"}, "Date": {"date"}, "DateTime": {"timestamp", "timestamp_ntz"},
-           "Decimal": NUMBERS - {"boolean"}}
-
-
-def check_compatible(schema: StructType, types: dict, table: str) -> None:
+def check_compatible(schema: StructType, types: dict[str, CHType], table: str) -> None:
     """On the driver: every DataFrame column's Spark type must be one its ClickHouse column can take."""
     for field in schema.fields:
-        kind = types[field.name]
-        accepted = ACCEPTS.get(kind.base, NUMBERS)
-        spark_type = field.dataType.typeName()
-        if spark_type not in accepted:
-            raise OptionError(f"column '{field.name}' is {field.dataType.simpleString()} in the DataFrame but "
-                              f"{kind.name} in {table}; cast it first (it takes {', '.join(sorted(accepted))}).")
+        problem = write_problem(types[field.name], field.dataType, f"column '{field.name}'")
+        if problem:
+            raise OptionError(f"{problem} ({table}).")
 
 
 class ClickHouseDataSource(EngineDataSource):
@@ -97,20 +88,29 @@ class ClickHouseDataSource(EngineDataSource):
             raise OptionError("format 'clickhouse' cannot overwrite atomically; TRUNCATE TABLE first (or write into "
                               "a new table and EXCHANGE/RENAME it), then use mode('append').")
         conn, info = self._table(opts)
-        columns = schema.fieldNames()
+        table = f"{conn.database}.{conn.table}"
+        deletes = _deletes(opts, schema, info, table)
+        columns = [c for c in schema.fieldNames() if deletes is None or c != deletes.op_column]
         for name in columns:
-            if name not in info.types:
-                close = [c for c in info.types if c.lower() == name.lower()]
+            if name not in info.spelled:
+                close = [c for c in info.spelled if c.lower() == name.lower()]
                 hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
-                raise OptionError(f"column '{name}' of the DataFrame is not in table {conn.database}.{conn.table}"
-                                  f"{hint}; table columns: {list(info.types)}. Drop or rename it.")
-        for name in info.types:
+                raise OptionError(f"column '{name}' of the DataFrame is not in table {table}{hint}; table columns: "
+                                  f"{list(info.spelled)}. Drop or rename it.")
+        for name in info.spelled:
             if name not in columns and name not in info.defaults and name in info.sorting_key:
-                raise OptionError(f"column '{name}' is in the sorting key of {conn.database}.{conn.table} and has "
-                                  "no default; the DataFrame must have it.")
+                raise OptionError(f"column '{name}' is in the sorting key of {table} and has no default; the "
+                                  "DataFrame must have it.")
         types = info.column_types(columns)
-        check_compatible(schema, types, f"{conn.database}.{conn.table}")
-        insert = InsertPlan(conn, tuple(columns), types, tuple(c for c in info.sorting_key if c in columns))
+        check_compatible(StructType([schema[c] for c in columns]), types, table)
+        if deletes is not None:
+            columns.append(deletes.is_deleted_column)
+        _check_deduplication(opts, config, info, table)
+        settings: dict[str, str | int] = {"input_format_null_as_default": 1 if deletes else 0}
+        if opts["insert.async"]:
+            settings.update(async_insert=1, wait_for_async_insert=1)
+        insert = InsertPlan(conn, tuple(columns), types, tuple(c for c in info.sorting_key if c in columns), deletes,
+                            opts["insert.deduplicate"], settings)
         return ClickHouseWritePlan(self.format_name, opts, schema, config, insert)
 
     # ------------------------------------------------------------------ reading
@@ -136,3 +136,45 @@ class ClickHouseDataSource(EngineDataSource):
 
         reader = ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, opts["final"]))
         return SplitBatchReader(ClickHouseEnumerator(conn, info, types, opts["partitions"]), reader, None)
+
+
+def _deletes(opts: Options, schema: StructType, info: TableInfo, table: str) -> Deletes | None:
+    """upsert.op-column: only into ReplacingMergeTree(ver, is_deleted), with the key and version in the DataFrame."""
+    op = opts["upsert.op-column"]
+    if op is None:
+        return None
+    if op not in schema.fieldNames():
+        raise OptionError(f"upsert.op-column '{op}' is not a DataFrame column (columns: {schema.fieldNames()}).")
+    if info.is_deleted_column is None:
+        raise OptionError(f"upsert.op-column needs a table whose engine marks deletes, ReplacingMergeTree(ver, "
+                          f"is_deleted); {table} is {info.engine} without an is_deleted column. Create it as "
+                          "ENGINE = ReplacingMergeTree(ver, is_deleted) (is_deleted UInt8), or remove the option.")
+    if info.is_deleted_column in schema.fieldNames():
+        raise OptionError(f"column '{info.is_deleted_column}' is {table}'s is_deleted column, which upsert.op-column "
+                          f"'{op}' sets: drop one of the two.")
+    required = frozenset((*info.sorting_key, info.version_column or ""))
+    missing = sorted(c for c in required if c and c not in schema.fieldNames())
+    if missing:
+        raise OptionError(f"upsert.op-column: a delete must carry the sorting key and the version of {table}, but "
+                          f"the DataFrame has no column {missing}.")
+    return Deletes(op, info.is_deleted_column, required - {""})
+
+
+def _check_deduplication(opts: Options, config: SinkConfig, info: TableInfo, table: str) -> None:
+    if not opts["insert.deduplicate"]:
+        return
+    if not info.deduplicates:
+        raise OptionError(f"insert.deduplicate=true: {table} ({info.engine}) does not deduplicate inserts, so a "
+                          "replayed batch would be inserted again. Enable it: ALTER TABLE ... MODIFY SETTING "
+                          "non_replicated_deduplication_window = 1000 (Replicated and Shared engines always do), "
+                          "or remove the option.")
+    if opts["insert.async"]:
+        raise OptionError("insert.deduplicate=true with insert.async=true: an asynchronous insert is merged with "
+                          "others before it is written, so its token cannot decide alone. Use one of the two.")
+    if config.mode != UNORDERED:
+        raise OptionError(f"insert.deduplicate=true cuts batches at fixed row positions, which sink.mode={config.mode}"
+                          " does not allow; use sink.mode=unordered (into a ReplacingMergeTree table without a "
+                          "version column, replays already replace themselves: remove insert.deduplicate).")
+    if opts.is_set("sink.batch-creator"):
+        raise OptionError("insert.deduplicate=true brings its own batch creator (batches at fixed row positions); "
+                          "remove sink.batch-creator.")

@@ -1,43 +1,57 @@
-"""`format("clickhouse")` writes: Native-encoded INSERTs over HTTP, one per engine batch.
+"""`format("clickhouse")` writes: Arrow INSERTs over HTTP (`FORMAT ArrowStream`), one per engine batch.
 
-- unordered (plain MergeTree and others): at-least-once appends; a retried task inserts its rows again.
+Spark hands the task Arrow record batches; they stay Arrow until a batch is sent as an Arrow IPC stream, and
+ClickHouse converts each column to its type (no per-row work in Python).
+- unordered (plain MergeTree and others): at-least-once appends; a retried task inserts its rows again, unless
+  `insert.deduplicate`: each batch then carries an insert_deduplication_token (the write, the micro-batch, the
+  Spark partition, the batch's first row, a hash of its bytes) and batches are cut at fixed row positions, so
+  ClickHouse applies a retried or replayed batch once.
 - ReplacingMergeTree tables are upsert tables: rows of one sorting key collapse to the last one (or the highest
   version). Without a version column the last *inserted* row wins, so the default mode is partition-ordered by
-  the sorting key (one batch of a key in flight at a time); with a version column any mode is safe. Replayed
-  rows replace themselves, so retries and re-runs leave one row per key once ClickHouse has merged (read with
-  FINAL, as format("clickhouse") reads do for these tables).
-- sink.transactional is refused: see docs/clickhouse.md for why ClickHouse (as of the versions tested) offers
-  no atomic, idempotent commit that sluice could make exactly-once.
+  the sorting key; with a version column any mode is safe. `upsert.op-column` turns rows into deletes through
+  ReplacingMergeTree(ver, is_deleted).
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import (
+    DELETE_OPS,
     SINK_SPEC,
+    AlignedBatchCreator,
     ArrowRows,
     Batch,
+    BatchCreator,
     BlockingStore,
     Encoded,
     Option,
-    OptionError,
     TaskWriter,
     WriteContext,
     WritePlan,
 )
+from sluice.connectors.clickhouse._checks import check_chunk
 from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection, quote_ident
-from sluice.connectors.clickhouse._native import INTS, ColumnType, native_block
+from sluice.connectors.clickhouse._types import CHType
 
 MiB = 1024 * 1024
 
 WRITE_OPTIONS = (
     Option("connections-per-task", "int", 2, "Concurrent INSERTs per Spark task.", minimum=1, maximum=32),
+    Option("insert.deduplicate", "bool", False,
+           "Exactly-once for retried tasks and replayed micro-batches through insert_deduplication_token: batches "
+           "are cut at fixed row positions and each carries a token ClickHouse applies once. The table must "
+           "deduplicate inserts (Replicated*/Shared* engines, or non_replicated_deduplication_window > 0)."),
+    Option("insert.async", "bool", False,
+           "ClickHouse's asynchronous inserts (async_insert=1, wait_for_async_insert=1): the server gathers many "
+           "small inserts into one part, and acknowledges each once it is written. For many small batches."),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the row's key; a ReplacingMergeTree(ver, is_deleted) "
+           "table only. Not written."),
 )
 # ClickHouse wants few, large inserts (each one is a part on disk that merges later): large batches by default.
 WRITE_SPEC = SINK_SPEC.extend(
@@ -45,67 +59,66 @@ WRITE_SPEC = SINK_SPEC.extend(
     sink_batch_max_size=100_000, sink_requests_max_buffered=400_000, sink_flush_buffer_size=64 * MiB,
 ).renamed("clickhouse")
 
-_BOUNDS = {name: (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)) for name, dtype in INTS.items()}
-_BOUNDS["Date"] = (0, 65535)  # days since 1970-01-01
-_BOUNDS["DateTime"] = (0, 2**32 - 1)  # seconds since 1970-01-01 UTC
+
+@dataclass(frozen=True)
+class Deletes:
+    """upsert.op-column: which DataFrame column says "delete", and the table's is_deleted column it becomes."""
+
+    op_column: str
+    is_deleted_column: str
+    required: frozenset[str]  # columns a delete row must still carry: the sorting key and the version
 
 
 @dataclass(frozen=True)
 class InsertPlan:
-    """The INSERT every batch runs, and the checks each chunk passes before any of it is buffered."""
+    """The INSERT every batch runs, its settings, and the checks each chunk passes before any of it is buffered."""
 
     conn: Connection
-    columns: tuple[str, ...]
-    types: dict[str, ColumnType]
+    columns: tuple[str, ...]  # the table columns written, in the DataFrame's order
+    types: dict[str, CHType]
     row_key_columns: tuple[str, ...]
+    deletes: Deletes | None = None
+    deduplicate: bool = False
+    settings: dict[str, str | int] = field(default_factory=dict)
 
     @property
     def statement(self) -> str:
-        return f"INSERT INTO {self.conn.target} ({', '.join(quote_ident(c) for c in self.columns)}) FORMAT Native"
+        return (f"INSERT INTO {self.conn.target} ({', '.join(quote_ident(c) for c in self.columns)}) "
+                "FORMAT ArrowStream")
 
     def row_key(self, batch: pa.RecordBatch | pa.Table, row: int) -> str:
         keys = {k: batch.column(k)[row].as_py() for k in self.row_key_columns if k in batch.schema.names}
         return f"the row with sorting key {keys}" if keys else f"row {row} of a chunk of {batch.num_rows}"
 
-    def check_chunk(self, batch: pa.RecordBatch) -> None:
-        """Refuse a chunk ClickHouse would refuse mid-insert: NULL into a non-Nullable column, an integer, date or
-        time outside its column's range (vectorized min/max; the encoder checks decimals)."""
-        for name in self.columns:
-            kind, column = self.types[name], batch.column(name)
-            if column.null_count and not kind.nullable:
-                row = pc.index(pc.is_null(column), True).as_py()
-                raise OptionError(f"column '{name}' is not Nullable in {self.conn.database}.{self.conn.table} "
-                                  f"({kind.name}), but {column.null_count} row(s) have no value for it "
-                                  f"({self.row_key(batch, row)}). Nothing of this chunk was sent: fill or filter "
-                                  "them, or make the column Nullable.")
-            bounds = _BOUNDS.get(kind.base)
-            if bounds is None or column.null_count == len(column):
-                continue
-            values = _as_int(column, kind.base)
-            low, high = pc.min_max(values).values()
-            if low.as_py() < bounds[0] or high.as_py() > bounds[1]:
-                approx = values.cast(pa.float64())  # only to point at a row: uint64 bounds do not fit int64
-                outside = pc.or_(pc.less(approx, float(bounds[0])), pc.greater(approx, float(bounds[1])))
-                row = max(0, pc.index(outside, True).as_py())
-                raise OptionError(f"value {column[row].as_py()} of column '{name}' is outside the range of its "
-                                  f"ClickHouse type {kind.name} ({self.row_key(batch, row)}). Nothing of this chunk "
-                                  "was sent: fix or filter those rows, or widen the column.")
+    def prepare(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Check a chunk, then give it the table's columns: the op column becomes is_deleted (1 for deletes)."""
+        table = f"{self.conn.database}.{self.conn.table}"
+        if self.deletes is None:
+            check_chunk(batch, self.types, table, lambda row: self.row_key(batch, row))
+            return batch
+        op = self.deletes.op_column
+        deletes = pc.fill_null(pc.is_in(batch.column(op), pa.array(DELETE_OPS)), False)
+        optional = frozenset(self.types) - self.deletes.required
+        check_chunk(batch, self.types, table, lambda row: self.row_key(batch, row), optional, deletes)
+        batch = batch.drop_columns([op])
+        return batch.append_column(self.deletes.is_deleted_column, deletes.cast(pa.uint8()))
 
+    def body(self, rows: pa.Table) -> bytes:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        return sink.getvalue().to_pybytes()
 
-def _as_int(column: pa.Array, base: str) -> pa.Array:
-    if base == "Date":
-        return column.cast(pa.date32()).cast(pa.int32()).cast(pa.int64())
-    if base == "DateTime" and pa.types.is_timestamp(column.type):
-        return pc.divide(column.cast(pa.timestamp("us", "UTC")).cast(pa.int64()), 1_000_000)
-    if pa.types.is_decimal(column.type):
-        return column  # min/max compare exactly; a fraction is refused by the encoder's safe cast
-    if pa.types.is_floating(column.type):
-        return pc.floor(column)
-    return column.cast(pa.int64()) if not pa.types.is_unsigned_integer(column.type) else column
+    def token(self, context: WriteContext, first_row: int, body: bytes) -> str:
+        """The batch's insert_deduplication_token: the same rows of the same write, micro-batch and partition give
+        the same token; the hash of the bytes makes a replay that differs (a non-deterministic source) insert
+        again rather than be taken for the first attempt."""
+        digest = hashlib.blake2b(body, digest_size=12).hexdigest()
+        return f"sluice:{context.write_id}:{context.epoch}:{context.partition_id}:{first_row}:{digest}"
 
 
 class ClickHouseStore(BlockingStore):
-    """One task's writer: every engine batch is one INSERT ... FORMAT Native of its rows."""
+    """One task's writer: every engine batch is one INSERT ... FORMAT ArrowStream of its rows."""
 
     name = "clickhouse"
 
@@ -114,16 +127,21 @@ class ClickHouseStore(BlockingStore):
         self.plan = plan
         self.rows = rows
         self.io_threads = connections
-        self._lock = threading.Lock()
+        self.context = WriteContext()
 
     @property
     def target(self) -> str:
         return self.plan.conn.display
 
+    def open(self, context: WriteContext) -> None:
+        self.context = context
+
     def write_batch(self, batch: Batch) -> None:
-        table = self.rows.table(batch.entries)
-        body = native_block(table, self.plan.types, lambda row: self.plan.row_key(table, row))
-        self.plan.conn.request(self.plan.statement, body=body)
+        body = self.plan.body(self.rows.table(batch.entries))
+        settings = dict(self.plan.settings)
+        if self.plan.deduplicate:
+            settings["insert_deduplication_token"] = self.plan.token(self.context, batch.entries[0], body)
+        self.plan.conn.request(self.plan.statement, body=body, **settings)
         self.rows.release(batch.entries)
 
 
@@ -135,8 +153,9 @@ class ClickHouseWritePlan(WritePlan):
         rows, insert = ArrowRows(), self.insert
 
         def encode(batch: pa.RecordBatch) -> Encoded:
-            insert.check_chunk(batch)
-            return Encoded(*rows.add(batch))
+            return Encoded(*rows.add(insert.prepare(batch)))
 
         return TaskWriter(encode, ClickHouseStore(insert, rows, self.options["connections-per-task"]))
 
+    def batch_creator(self) -> BatchCreator | None:
+        return AlignedBatchCreator(self.config.max_batch_records) if self.insert.deduplicate else None
