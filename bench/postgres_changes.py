@@ -1,9 +1,13 @@
 """Change capture benchmark: changes/s of format("postgres_changes") end to end vs the bare fetch of the same changes.
 
-Run: `.venv/bin/python bench/postgres_changes.py [--changes 1000000] [--rounds 3]` (starts a throwaway PostgreSQL
-with wal_level=logical). Narrow rows (id bigint primary key, v bigint, s text of 8 characters), inserted in
-transactions of 1,000 rows, then updated the same way (half the changes are updates). One slot per Spark round,
-all created before the changes, so every contender reads exactly the same changes:
+Run: `.venv/bin/python bench/postgres_changes.py [--changes 1000000] [--rounds 3] [--pg-versions 15,18]` (starts a
+throwaway PostgreSQL with wal_level=logical). `--pg-versions`, a comma list of major versions, runs the whole
+benchmark once per version with the same parameters, each in its own process (a fresh JVM and server), one after
+the other, and prints every run's figures with the key ones side by side, each version's over the first's; left
+out (or one version), one run's figures, the server being `LocalPostgres`'s default ($SLUICE_TEST_PG_VERSION, else
+Debian's). Narrow rows (id bigint primary key, v bigint, s text of 8 characters), inserted in transactions of 1,000
+rows, then updated the same way (half the changes are updates). One slot per Spark round, all created before the
+changes, so every contender reads exactly the same changes:
 - fetch: one Python process, `SELECT data FROM pg_logical_slot_peek_binary_changes(...)` over ADBC into one
   Arrow binary column: the server decoding the WAL and sending pgoutput messages, nothing else (the limit);
 - decode: the same fetch plus sluice's decoding into typed Arrow rows, one process, no Spark;
@@ -33,6 +37,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -48,6 +54,8 @@ RANGES = (1, 2)  # fetch-ranges: one fetch of the whole batch; the default
 SPARK_RUNS = (("r1", 1, "sluice_null", {}), ("r2", 2, "sluice_null", {}), ("noop_r2", 2, "noop", {}),
               ("budget_100k_r2", 2, "sluice_null", {"max-changes-per-trigger": "100000"}))
 CPU_SECONDS: dict[str, list[float]] = {}  # contender -> busy core-seconds of the whole machine, every round
+# --pg-versions: the figures set side by side (the floor does not touch PostgreSQL: its ratio is the machine's noise)
+KEY_FIGURES = ("fetch", "decode_r2", "spark_in_micro_batches_r2", "spark_r2", "spark_floor_in_micro_batches")
 
 
 def busy_cpu() -> float:
@@ -227,17 +235,39 @@ def floor_run(spark, cpu: CpuSampler, sink: str, label: str) -> tuple[float, int
     return sum(p["durationMs"]["triggerExecution"] for p in done) / 1000, sum(p["numInputRows"] for p in done)
 
 
+def side_by_side(args: argparse.Namespace, versions: list[str]) -> dict:
+    """The whole benchmark once per PostgreSQL version, each in a child process; its key figures side by side."""
+    load_start, start = os.getloadavg(), time.perf_counter()
+    runs = {v: json.loads(subprocess.run([sys.executable, __file__, "--pg-versions", v, "--changes", str(args.changes),
+                                          "--rounds", str(args.rounds)], stdout=subprocess.PIPE, text=True,
+                                         check=True).stdout) for v in versions}
+    figures = {name: {v: runs[v]["changes_per_s"][name] for v in versions} for name in KEY_FIGURES}
+    for row in figures.values():
+        row.update({f"{v}/{versions[0]}": round(row[v] / row[versions[0]], 2) for v in versions[1:]})
+    return {"date": str(date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()},
+            "wall_s": round(time.perf_counter() - start), "changes": args.changes, "rounds": args.rounds,
+            "changes_per_s": figures,
+            "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pg-versions", default="", help="comma list of PostgreSQL major versions, e.g. 15,18")
     args = ap.parse_args()
+    versions = [v.strip() for v in args.pg_versions.split(",") if v.strip()]
+    if len(versions) > 1:
+        print(json.dumps(side_by_side(args, versions), indent=2))
+        return
     import sluice
     from sluice.testing import LocalPostgres
 
-    with LocalPostgres(settings={"wal_level": "logical", "max_replication_slots": "20",
-                                 "max_wal_size": "4GB"}) as pg:
+    with LocalPostgres(settings={"wal_level": "logical", "max_replication_slots": "20", "max_wal_size": "4GB"},
+                       version=versions[0] if versions else None) as pg:
         with psycopg.connect(pg.url, autocommit=True) as conn:
+            server = conn.execute("SHOW server_version").fetchone()[0]
             conn.execute("CREATE TABLE narrow (id bigint PRIMARY KEY, v bigint, s text)")
             conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE narrow")
             slots = [f"bench_{i}" for i in range(len(SPARK_RUNS) * args.rounds + 1)]
@@ -279,7 +309,7 @@ def main() -> None:
                   for r in RANGES}
     out = {
         "date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-        "changes": args.changes, "rows_read": counts, "seconds_every_round": results,
+        "postgres": server, "changes": args.changes, "rows_read": counts, "seconds_every_round": results,
         "changes_per_s": {name: round(args.changes / s) for name, s in best.items()},
         "vs_fetch": {name: round(best["fetch"] / s, 2) for name, s in best.items() if name != "fetch"},
         "cpu_core_seconds_every_round": CPU_SECONDS, "cpu_core_seconds_of_best_round": cpu_best,
