@@ -13,7 +13,8 @@ BY id`; the DataFrame is cached in 2 partitions.
   of 100,000 and `query_arrow` of the table (compress=False and uncompressed Arrow output: loopback, as sluice);
 - limit: one process POSTing the same rows as pre-built ArrowStream bodies (no Spark, no encoding in the timed
   part), and reading `FORMAT ArrowStream` through sluice's client: what the server takes and gives one client;
-- floor: the same DataFrame into `sluice_null` (Spark's hand-over of rows to Python workers, no store).
+- floor: the same DataFrame into `sluice_null` (Spark's hand-over of rows to Python workers, no store), in each
+  Spark session (the checkout's and --before's), so each write is also seen against its own session's floor.
 Each figure is rows per second, the best of --rounds; with the CPU seconds of each component.
 """
 
@@ -138,9 +139,10 @@ def main() -> int:
             assert ch.rows(f"SELECT count() FROM {table}") == [[str(args.rows)]]
 
         runs = {f"sluice_{k}": v for k, v in sluice_runs(ch.url, ch.password, args.rows, args.rounds, fresh).items()}
-        runs.update({f"before_{k}": v for k, v in before_runs(args.before, ch.url, ch.password, args.rows,
-                                                               args.rounds).items() if k != "floor"})
         runs.update(client_runs(ch.url, ch.password, args.rows, args.rounds, fresh, count))
+        # Last: a finished child's CPU shows up in the counters of the processes that waited for it.
+        runs.update({f"before_{k}": v for k, v in before_runs(args.before, ch.url, ch.password, args.rows,
+                                                               args.rounds).items()})
         version = ch.rows("SELECT version()")[0][0]
     results = {}
     for name, measured in runs.items():
@@ -156,7 +158,8 @@ def main() -> int:
                    "read_vs_clickhouse_connect": round(rate["sluice_read"] / rate["cc_query"], 2),
                    "write_vs_limit": round(rate["sluice_write"] / rate["limit_insert"], 2),
                    "read_vs_limit": round(rate["sluice_read"] / rate["limit_read"], 2),
-                   "write_vs_floor": round(rate["sluice_write"] / rate["sluice_floor"], 2)},
+                   "write_vs_floor": round(rate["sluice_write"] / rate["sluice_floor"], 2),
+                   "before_write_vs_its_floor": round(rate["before_write"] / rate["before_floor"], 2)},
     }, indent=2))
     return 0
 

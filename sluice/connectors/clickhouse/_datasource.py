@@ -52,8 +52,12 @@ class ClickHouseDataSource(EngineDataSource):
     read_spec = READ_SPEC
 
     def _table(self, opts: Options) -> tuple[Connection, TableInfo]:
+        """The server and table, described once per planned write (Spark makes a DataSource per write)."""
         conn = Connection.from_options(opts)
-        return conn, describe(conn)
+        described: dict[Connection, TableInfo] = self.__dict__.setdefault("_described", {})
+        if conn not in described:
+            described[conn] = describe(conn)
+        return conn, described[conn]
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         """A ReplacingMergeTree table's sorting key: the default partition key of partition-ordered writes."""
