@@ -209,3 +209,32 @@ def test_timeouts_are_retried_and_readonly_is_not(ch):
     with pytest.raises(ClickHouseError, match=r"Code: 164\.") as refused:  # READONLY: a setting, not a passing state
         conn.query(f"INSERT INTO {table} VALUES (1)", readonly=1)
     assert not isinstance(refused.value, ClickHouseRetryableError)
+
+
+def test_a_replayed_micro_batch_is_applied_once(spark, ch, tmp_path):
+    """A streaming query whose last micro-batch reached ClickHouse but not the checkpoint's commit log replays it
+    on restart (same query id, batch id and input): with insert.deduplicate its batches are dropped as duplicates;
+    into a table that does not deduplicate, its rows are stored twice (the negative control)."""
+    src = tmp_path / "src"
+    for start in (0, 3000, 6000):
+        spark.range(start, start + 3000, 1, 1).write.mode("append").parquet(str(src))
+
+    def run(table: str, checkpoint: str, **extra: str) -> None:
+        query = (spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).parquet(str(src))
+                 .writeStream.format("clickhouse").options(**ch.opts(table, **{"sink.batch.max-size": "1000"}, **extra))
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    def replayed(engine: str, **extra: str) -> list[list[str]]:
+        table, checkpoint = ch.table("id Int64", engine), tmp_path / f"checkpoint-{len(extra)}"
+        run(table, str(checkpoint), **extra)
+        last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+        for name in (str(last), f".{last}.crc"):  # the driver died after the sink, before the commit log
+            (checkpoint / "commits" / name).unlink(missing_ok=True)
+        run(table, str(checkpoint), **extra)
+        return ch.rows(f"SELECT count(), uniqExact(id) FROM {table}")
+
+    assert replayed(DEDUP, **{"insert.deduplicate": "true"}) == [["9000", "9000"]]
+    total, distinct = replayed("MergeTree ORDER BY id")[0]  # a table that does not deduplicate: the replay shows
+    assert distinct == "9000" and int(total) > 9000
