@@ -15,7 +15,16 @@ from urllib.parse import parse_qs, unquote
 
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
-from sluice.s2local._core import MIB, U64_MAX, Core, Session, Stream, check_uint
+from sluice.s2local._core import (
+    MIB,
+    U64_MAX,
+    Core,
+    Session,
+    Stream,
+    basin_config_view,
+    check_uint,
+    effective_stream_config,
+)
 from sluice.s2local._crypto import RecordCipher
 from sluice.s2local._errors import S2Error
 from sluice.s2local._tokens import Caller, TokenRegistry
@@ -329,7 +338,7 @@ class S2App:
         if op:
             req.caller.authorize(op, basin=basin, stream=name)
         if method == "GET":
-            return await req.json(200, self.core.stream(basin, name).config)
+            return await req.json(200, effective_stream_config(self.core.stream(basin, name).config))
         if method == "PUT":
             stream, result = await self.core.ensure_stream(basin, name, await req.json_body())
             status = 201 if result == "created" else 200
@@ -339,7 +348,7 @@ class S2App:
             if not isinstance(body, dict):
                 raise S2Error("invalid", "a stream reconfiguration is a JSON object of the fields to change")
             stream = await self.core.reconfigure_stream(basin, name, body)
-            return await req.json(200, stream.config)
+            return await req.json(200, effective_stream_config(stream.config))
         if method == "DELETE":
             await self.core.delete_stream(basin, name)
             return await req.respond(202, b"")
@@ -673,8 +682,3 @@ class S2App:
         finally:
             watcher.cancel()
 
-
-def basin_config_view(config: dict[str, Any]) -> dict[str, Any]:
-    """A basin's configuration as S2 answers it: the create-on-append/read flags are always there (false by default,
-    per the API's BasinConfig), not only once set."""
-    return {"create_stream_on_append": False, "create_stream_on_read": False, **config}

@@ -1,0 +1,67 @@
+"""Behaviour pinned to S2's published API (specs/s2/openapi.json, by operationId) and the official s2-sdk.
+
+Each test is named after the operation (and parameter or schema) it follows.
+"""
+
+import json
+
+import s2_sdk
+from s2_sdk import (
+    BasinConfig,
+    StreamConfig,
+    Timestamping,
+    TimestampingMode,
+)
+
+from tests.s2local.conftest import client_for, create_stream, run
+from tests.s2local.raw import h2_request
+
+# What S2 reports for a stream config field nobody set (openapi.json StreamConfig / TimestampingConfig /
+# DeleteOnEmptyConfig descriptions; storage class: s2-lite's default).
+S2_STREAM_DEFAULTS = {
+    "storage_class": "express",
+    "retention_policy": {"age": 7 * 24 * 3600},
+    "timestamping": {"mode": "client-prefer", "uncapped": False},
+    "delete_on_empty": {"min_age_secs": 0},
+}
+
+
+def _no_retry(server):
+    return client_for(server, retry=s2_sdk.Retry(max_attempts=1))
+
+
+# ---------------------------------------------------------------- get_stream_config / get_basin_config (GET)
+def test_get_stream_config_reports_s2_defaults_for_unset_fields(s2_server, basin_name):
+    """GET /streams/{stream} answers a StreamConfig with every field filled: the stream's own setting, else its
+    basin's default_stream_config, else S2's default (retention 7 days, client-prefer, uncapped false, ...)."""
+    create_stream(s2_server, basin_name, "plain")
+    status, _, body = h2_request(s2_server.port, "GET", "/v1/streams/plain", {"s2-basin": basin_name})
+    assert status == 200 and json.loads(body) == S2_STREAM_DEFAULTS
+
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            basin = s2.basin(basin_name)
+            await s2.reconfigure_basin(basin_name, config=BasinConfig(default_stream_config=StreamConfig(
+                retention_policy=3600, timestamping=Timestamping(mode=TimestampingMode.ARRIVAL))))
+            await basin.create_stream("from-basin-defaults")
+            await basin.create_stream("own", config=StreamConfig(storage_class="standard"))
+            got = await basin.get_stream_config("from-basin-defaults")
+            assert got.retention_policy == 3600 and got.timestamping.mode == TimestampingMode.ARRIVAL
+            assert got.timestamping.uncapped is False and got.delete_on_empty_min_age == 0
+            assert got.storage_class == "express"
+            own = await basin.get_stream_config("own")
+            assert own.storage_class == "standard" and own.retention_policy == 3600
+
+    run(scenario())
+    status, _, body = h2_request(s2_server.port, "GET", "/v1/streams/own", {"s2-basin": basin_name})
+    assert json.loads(body) == {**S2_STREAM_DEFAULTS, "storage_class": "standard", "retention_policy": {"age": 3600},
+                                "timestamping": {"mode": "arrival", "uncapped": False}}
+
+
+def test_get_basin_config_reports_every_field(s2_server, basin_name):
+    """GET /basins/{basin} answers a BasinConfig with all four fields; unset optional ones are null."""
+    create_stream(s2_server, basin_name)
+    status, _, body = h2_request(s2_server.port, "GET", f"/v1/basins/{basin_name}", {})
+    assert status == 200 and json.loads(body) == {"default_stream_config": None, "stream_cipher": None,
+                                                  "create_stream_on_append": False, "create_stream_on_read": False}
+
