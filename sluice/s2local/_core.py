@@ -320,7 +320,9 @@ class Core:
                 if existing is None:
                     raise
         new = self._basin_config(config, existing.config)
-        if new == existing.config:
+        # ensure_basin answers "noop" when the effective configuration is unchanged (s2-provision-result), however
+        # the request spells it: defaults written out (create_stream_on_append=false) change nothing.
+        if basin_config_view(new) == basin_config_view(existing.config):
             return existing, "noop"
         await self._write(self.storage.update_basin, name, json.dumps(new))
         existing.config = new
@@ -393,7 +395,8 @@ class Core:
                 if existing is None:
                     raise
         new = normalize_stream_config(config, existing.config)
-        if new == existing.config:
+        # As for basins: "noop" when the effective configuration (S2's defaults filled in) is unchanged.
+        if effective_stream_config(new) == effective_stream_config(existing.config):
             return existing, "noop"
         await self._write(self.storage.update_stream, existing.id, json.dumps(new))
         existing.config = new

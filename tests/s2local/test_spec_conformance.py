@@ -8,6 +8,7 @@ import json
 import s2_sdk
 from s2_sdk import (
     BasinConfig,
+    EnsureStatus,
     StreamConfig,
     Timestamping,
     TimestampingMode,
@@ -28,6 +29,53 @@ S2_STREAM_DEFAULTS = {
 
 def _no_retry(server):
     return client_for(server, retry=s2_sdk.Retry(max_attempts=1))
+
+
+# ---------------------------------------------------------------- ensure_basin / ensure_stream (PUT)
+def test_ensure_basin_with_the_current_config_is_noop(s2_server, basin_name):
+    """PUT /basins/{basin}: an existing basin whose effective config would not change answers 200 with
+    s2-provision-result: noop (the SDK's CONFIG_UNCHANGED), also when the request writes defaults out."""
+
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            await s2.create_basin(basin_name)
+            current = await s2.get_basin_config(basin_name)
+            assert (await s2.ensure_basin(basin_name, config=current)).status == EnsureStatus.CONFIG_UNCHANGED
+            spelled_out = BasinConfig(create_stream_on_append=False, create_stream_on_read=False)
+            assert (await s2.ensure_basin(basin_name, config=spelled_out)).status == EnsureStatus.CONFIG_UNCHANGED
+            changed = BasinConfig(create_stream_on_read=True)
+            assert (await s2.ensure_basin(basin_name, config=changed)).status == EnsureStatus.CONFIG_UPDATED
+            current = await s2.get_basin_config(basin_name)
+            assert (await s2.ensure_basin(basin_name, config=current)).status == EnsureStatus.CONFIG_UNCHANGED
+
+    run(scenario())
+    # The current config restated in full (the flag it sets, the others at their defaults): nothing changes.
+    body = json.dumps({"config": {"create_stream_on_read": True, "create_stream_on_append": False}}).encode()
+    status, headers, _ = h2_request(s2_server.port, "PUT", f"/v1/basins/{basin_name}",
+                                    {"content-type": "application/json"}, body)
+    assert status == 200 and headers["s2-provision-result"] == "noop"
+
+
+def test_ensure_stream_with_the_current_config_is_noop(s2_server, basin_name):
+    """PUT /streams/{stream}: a stream created without a config has S2's defaults, so ensuring it with those
+    defaults written out, or with what get_stream_config answers, is a noop."""
+
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            await s2.create_basin(basin_name)
+            basin = s2.basin(basin_name)
+            await basin.create_stream("s")
+            defaults = StreamConfig(storage_class="express", retention_policy=7 * 24 * 3600,
+                                    timestamping=Timestamping(mode=TimestampingMode.CLIENT_PREFER, uncapped=False),
+                                    delete_on_empty_min_age=0)
+            assert (await basin.ensure_stream("s", config=defaults)).status == EnsureStatus.CONFIG_UNCHANGED
+            current = await basin.get_stream_config("s")
+            assert (await basin.ensure_stream("s", config=current)).status == EnsureStatus.CONFIG_UNCHANGED
+            changed = StreamConfig(retention_policy=3600)
+            assert (await basin.ensure_stream("s", config=changed)).status == EnsureStatus.CONFIG_UPDATED
+            assert (await basin.ensure_stream("s", config=changed)).status == EnsureStatus.CONFIG_UNCHANGED
+
+    run(scenario())
 
 
 # ---------------------------------------------------------------- get_stream_config / get_basin_config (GET)
