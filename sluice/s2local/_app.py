@@ -318,7 +318,7 @@ class S2App:
         if method == "GET":
             req.caller.authorize("list-streams", basin=basin)
             streams, more = self.core.list_streams(basin, *_page_params(req))
-            seen = [s.info() for s in streams if req.caller.may_see("streams", s.name)]
+            seen = [self.core.stream_info(s) for s in streams if req.caller.may_see("streams", s.name)]
             return await req.json(200, {"streams": seen, "has_more": more})
         if method == "POST":
             body = await req.json_body()
@@ -327,7 +327,7 @@ class S2App:
             req.caller.authorize("create-stream", basin=basin, stream=body["stream"])
             stream, created = await self.core.create_stream(basin, body["stream"], body.get("config"),
                                                             req.header("s2-request-token"))
-            return await req.json(201 if created else 200, stream.info())
+            return await req.json(201 if created else 200, self.core.stream_info(stream))
         raise S2Error("bad_path", f"{method} is not allowed on /v1/streams", 405)
 
     async def _stream_item(self, req: Request, method: str, name: str) -> None:
@@ -342,7 +342,7 @@ class S2App:
         if method == "PUT":
             stream, result = await self.core.ensure_stream(basin, name, await req.json_body())
             status = 201 if result == "created" else 200
-            return await req.json(status, stream.info(), [("s2-provision-result", result)])
+            return await req.json(status, self.core.stream_info(stream), [("s2-provision-result", result)])
         if method == "PATCH":
             body = await req.json_body()
             if not isinstance(body, dict):

@@ -177,8 +177,9 @@ class Stream:
     # Since the server started (metrics): append/read ops, records and metered bytes.
     usage: Counter[str] = field(default_factory=Counter, repr=False)
 
-    def info(self) -> dict[str, Any]:
-        return {"name": self.name, "created_at": self.created_at, "deleted_at": None}
+    def info(self, cipher: str | None) -> dict[str, Any]:
+        """StreamInfo; `cipher` is "Encryption algorithm for this stream, if encryption is enabled" (null if not)."""
+        return {"name": self.name, "created_at": self.created_at, "deleted_at": None, "cipher": cipher}
 
     @property
     def tail(self) -> tuple[int, int]:
@@ -343,6 +344,10 @@ class Core:
             self.streams.pop(key).publish()
 
     # ------------------------------------------------------------------ streams
+    def stream_info(self, stream: Stream) -> dict[str, Any]:
+        # The server encrypts a stream with its basin's current stream_cipher (S2App._cipher), so that is its cipher.
+        return stream.info(self.basin(stream.basin).config.get("stream_cipher"))
+
     def stream(self, basin: str, name: str) -> Stream:
         self.basin(basin)
         stream = self.streams.get((basin, name))

@@ -8,6 +8,7 @@ import json
 import s2_sdk
 from s2_sdk import (
     BasinConfig,
+    Encryption,
     EnsureStatus,
     StreamConfig,
     Timestamping,
@@ -112,4 +113,27 @@ def test_get_basin_config_reports_every_field(s2_server, basin_name):
     status, _, body = h2_request(s2_server.port, "GET", f"/v1/basins/{basin_name}", {})
     assert status == 200 and json.loads(body) == {"default_stream_config": None, "stream_cipher": None,
                                                   "create_stream_on_append": False, "create_stream_on_read": False}
+
+
+# ---------------------------------------------------------------- StreamInfo.cipher
+def test_stream_info_reports_the_cipher_of_an_encrypted_basin(s2_server, basin_name):
+    """StreamInfo.cipher: "Encryption algorithm for this stream, if encryption is enabled" (create_stream,
+    ensure_stream and list_streams answer it); a plain stream's is null."""
+
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            await s2.create_basin(basin_name, config=BasinConfig(stream_cipher=Encryption.AES_256_GCM))
+            basin = s2.basin(basin_name)
+            assert (await basin.create_stream("a")).cipher == Encryption.AES_256_GCM
+            assert (await basin.ensure_stream("b")).stream.cipher == Encryption.AES_256_GCM
+            assert (await basin.ensure_stream("a")).stream.cipher == Encryption.AES_256_GCM
+            assert [s.cipher for s in (await basin.list_streams()).items] == [Encryption.AES_256_GCM] * 2
+            plain = f"{basin_name}-p"
+            await s2.create_basin(plain)
+            assert (await s2.basin(plain).create_stream("a")).cipher is None
+            await s2.delete_basin(plain)
+
+    run(scenario())
+    status, _, body = h2_request(s2_server.port, "GET", "/v1/streams", {"s2-basin": basin_name})
+    assert status == 200 and {s["cipher"] for s in json.loads(body)["streams"]} == {"aes-256-gcm"}
 
