@@ -4,12 +4,17 @@ Each test is named after the operation (and parameter or schema) it follows.
 """
 
 import json
+import os
 
+import pytest
 import s2_sdk
 from s2_sdk import (
+    AppendInput,
     BasinConfig,
     Encryption,
     EnsureStatus,
+    Record,
+    SeqNum,
     StreamConfig,
     Timestamping,
     TimestampingMode,
@@ -136,4 +141,31 @@ def test_stream_info_reports_the_cipher_of_an_encrypted_basin(s2_server, basin_n
     run(scenario())
     status, _, body = h2_request(s2_server.port, "GET", "/v1/streams", {"s2-basin": basin_name})
     assert status == 200 and {s["cipher"] for s in json.loads(body)["streams"]} == {"aes-256-gcm"}
+
+
+# ---------------------------------------------------------------- append / read with s2-encryption-key
+def test_append_and_read_s2_encryption_key_errors(s2_server, basin_name):
+    """The s2-encryption-key header of append and read: a missing or malformed key for an encrypted stream is
+    400 bad_header; a key that does not open the records is 400 decryption_failed (S2's ErrorCode)."""
+    key, wrong = os.urandom(32), os.urandom(32)
+
+    async def scenario():
+        async with _no_retry(s2_server) as s2:
+            await s2.create_basin(basin_name, config=BasinConfig(stream_cipher=Encryption.AEGIS_256))
+            basin = s2.basin(basin_name)
+            await basin.create_stream("s")
+            await basin.stream("s", encryption_key=key).append(AppendInput(records=[Record(body=b"secret")]))
+            for stream in (basin.stream("s"), basin.stream("s", encryption_key=b"short")):
+                with pytest.raises(s2_sdk.S2ServerError) as no_key:
+                    await stream.append(AppendInput(records=[Record(body=b"x")]))
+                assert (no_key.value.status_code, no_key.value.code) == (400, "bad_header")
+                with pytest.raises(s2_sdk.S2ServerError) as no_key_read:
+                    await stream.read(start=SeqNum(0))
+                assert (no_key_read.value.status_code, no_key_read.value.code) == (400, "bad_header")
+            with pytest.raises(s2_sdk.S2ServerError) as bad_key:
+                await basin.stream("s", encryption_key=wrong).read(start=SeqNum(0))
+            assert (bad_key.value.status_code, bad_key.value.code) == (400, "decryption_failed")
+            assert (await basin.stream("s", encryption_key=key).read(start=SeqNum(0))).records[0].body == b"secret"
+
+    run(scenario())
 
