@@ -37,6 +37,9 @@ HEARTBEAT_S = float(os.environ.get("SLUICE_S2_HEARTBEAT_S", "5"))
 MAX_CONTROL_BODY = 64 * 1024
 # S2 caps a unary read's wait at 60 s; tests that fire many requests (the API fuzz test) lower it.
 MAX_UNARY_WAIT_S = int(os.environ.get("SLUICE_S2_MAX_UNARY_WAIT_S", "60"))
+# Query parameters openapi.json types {"type": "integer", "format": "int32", "minimum": 0} (read's `wait`, the
+# metrics' `start` and `end`): past this S2 cannot parse them and answers 400 bad_query.
+INT32_MAX = 2**31 - 1
 MAX_UNARY_APPEND_BODY = 4 * MIB  # 1 MiB of metered bytes, as JSON with base64 at worst
 MAX_UNACKED_BATCHES = 1000
 MAX_DRAIN = 16 * MIB  # past this, an oversize request's connection is simply closed
@@ -384,7 +387,7 @@ class S2App:
         if interval not in INTERVALS:
             raise S2Error("bad_query", f"interval must be one of {', '.join(INTERVALS)}")
         for name in ("start", "end"):
-            _int_param(req, name, 2**31 - 1)
+            _int_param(req, name, INT32_MAX)
         now = int(time.time())
         if level == "account":
             if metric_set == "active-basins":
@@ -518,7 +521,7 @@ class S2App:
                      ) -> tuple[int, int | None, int | None, int | None, int | None]:
         clamp = (req.query.get("clamp") or "").lower() == "true"
         count, max_bytes = _int_param(req, "count"), _int_param(req, "bytes")
-        until, wait = _int_param(req, "until"), _int_param(req, "wait")
+        until, wait = _int_param(req, "until"), _int_param(req, "wait", INT32_MAX)
         if unary and wait is not None:
             wait = min(wait, MAX_UNARY_WAIT_S)  # S2 clamps a unary read's wait, it does not refuse it
         # Unary reads are always bounded (1000 records / 1 MiB); sessions follow the tail when unbounded.

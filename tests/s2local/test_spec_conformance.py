@@ -169,3 +169,23 @@ def test_append_and_read_s2_encryption_key_errors(s2_server, basin_name):
 
     run(scenario())
 
+
+# ---------------------------------------------------------------- read: the `wait` query parameter
+@pytest.mark.parametrize("session", [False, True], ids=["unary", "s2s-session"])
+def test_read_wait_past_its_published_range_is_bad_query(s2_server, basin_name, session):
+    """read's `wait` is {"type": "integer", "format": "int32", "minimum": 0}: a value past that range is refused
+    with 400 bad_query (how S2 answers a query parameter it cannot parse) rather than waited out."""
+    create_stream(s2_server, basin_name)
+    headers = {"s2-basin": basin_name, **({"content-type": "s2s/proto"} if session else {})}
+    for wait in (2**31, 2**32, 2**64 - 1):
+        try:
+            status, _, body = h2_request(s2_server.port, "GET", f"/v1/streams/s/records?seq_num=0&wait={wait}",
+                                         headers, timeout=5)
+        except TimeoutError:
+            pytest.fail(f"wait={wait}: the server waited instead of refusing the parameter")
+        assert status == 400 and json.loads(body)["code"] == "bad_query", (wait, status, body)
+    # In range, a unary read's wait is capped at 60 s ("up to 60 seconds"), not refused.
+    status, _, _ = h2_request(s2_server.port, "GET", f"/v1/streams/s/records?seq_num=0&wait={2**31 - 1}&count=0",
+                              {"s2-basin": basin_name}, timeout=5)
+    assert status == 200
+
