@@ -386,8 +386,10 @@ class S2App:
         interval = req.query.get("interval") or "minute"
         if interval not in INTERVALS:
             raise S2Error("bad_query", f"interval must be one of {', '.join(INTERVALS)}")
-        for name in ("start", "end"):
-            _int_param(req, name, INT32_MAX)
+        start, end = _int_param(req, "start", INT32_MAX), _int_param(req, "end", INT32_MAX)
+        if start is not None and end is not None and start > end:
+            # A range that ends before it starts: the metrics operations list 400 (ErrorInfo) for bad requests.
+            raise S2Error("bad_query", f"start ({start}) must not be after end ({end})")
         now = int(time.time())
         if level == "account":
             if metric_set == "active-basins":

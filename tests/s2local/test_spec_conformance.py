@@ -189,3 +189,25 @@ def test_read_wait_past_its_published_range_is_bad_query(s2_server, basin_name, 
                               {"s2-basin": basin_name}, timeout=5)
     assert status == 200
 
+
+# ---------------------------------------------------------------- account/basin/stream metrics: start and end
+def test_metrics_start_after_end_is_bad_query(s2_server, basin_name):
+    """The metrics operations' `start`/`end` bound a time range: a range that ends before it starts is refused
+    with 400 and an ErrorInfo (the only error statuses the spec lists for them are 400, 403 and 408)."""
+    create_stream(s2_server, basin_name)
+
+    async def scenario():
+        async with _no_retry(s2_server) as s2:
+            calls = [
+                lambda **kw: s2.account_metrics(set=s2_sdk.AccountMetricSet.ACCOUNT_OPS, **kw),
+                lambda **kw: s2.basin_metrics(basin_name, set=s2_sdk.BasinMetricSet.APPEND_OPS, **kw),
+                lambda **kw: s2.stream_metrics(basin_name, "s", set=s2_sdk.StreamMetricSet.STORAGE, **kw),
+            ]
+            for call in calls:
+                with pytest.raises(s2_sdk.S2ServerError) as backwards:
+                    await call(start=2000, end=1000)
+                assert (backwards.value.status_code, backwards.value.code) == (400, "bad_query")
+                await call(start=1000, end=1000)
+                await call(start=1000, end=2000)
+
+    run(scenario())
