@@ -15,7 +15,16 @@ from urllib.parse import parse_qs, unquote
 
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
 
-from sluice.s2local._core import MIB, U64_MAX, Core, Session, Stream, check_uint
+from sluice.s2local._core import (
+    MIB,
+    U64_MAX,
+    Core,
+    Session,
+    Stream,
+    basin_config_view,
+    check_uint,
+    effective_stream_config,
+)
 from sluice.s2local._crypto import RecordCipher
 from sluice.s2local._errors import S2Error
 from sluice.s2local._tokens import Caller, TokenRegistry
@@ -28,6 +37,9 @@ HEARTBEAT_S = float(os.environ.get("SLUICE_S2_HEARTBEAT_S", "5"))
 MAX_CONTROL_BODY = 64 * 1024
 # S2 caps a unary read's wait at 60 s; tests that fire many requests (the API fuzz test) lower it.
 MAX_UNARY_WAIT_S = int(os.environ.get("SLUICE_S2_MAX_UNARY_WAIT_S", "60"))
+# Query parameters openapi.json types {"type": "integer", "format": "int32", "minimum": 0} (read's `wait`, the
+# metrics' `start` and `end`): past this S2 cannot parse them and answers 400 bad_query.
+INT32_MAX = 2**31 - 1
 MAX_UNARY_APPEND_BODY = 4 * MIB  # 1 MiB of metered bytes, as JSON with base64 at worst
 MAX_UNACKED_BATCHES = 1000
 MAX_DRAIN = 16 * MIB  # past this, an oversize request's connection is simply closed
@@ -309,7 +321,7 @@ class S2App:
         if method == "GET":
             req.caller.authorize("list-streams", basin=basin)
             streams, more = self.core.list_streams(basin, *_page_params(req))
-            seen = [s.info() for s in streams if req.caller.may_see("streams", s.name)]
+            seen = [self.core.stream_info(s) for s in streams if req.caller.may_see("streams", s.name)]
             return await req.json(200, {"streams": seen, "has_more": more})
         if method == "POST":
             body = await req.json_body()
@@ -318,7 +330,7 @@ class S2App:
             req.caller.authorize("create-stream", basin=basin, stream=body["stream"])
             stream, created = await self.core.create_stream(basin, body["stream"], body.get("config"),
                                                             req.header("s2-request-token"))
-            return await req.json(201 if created else 200, stream.info())
+            return await req.json(201 if created else 200, self.core.stream_info(stream))
         raise S2Error("bad_path", f"{method} is not allowed on /v1/streams", 405)
 
     async def _stream_item(self, req: Request, method: str, name: str) -> None:
@@ -329,17 +341,17 @@ class S2App:
         if op:
             req.caller.authorize(op, basin=basin, stream=name)
         if method == "GET":
-            return await req.json(200, self.core.stream(basin, name).config)
+            return await req.json(200, effective_stream_config(self.core.stream(basin, name).config))
         if method == "PUT":
             stream, result = await self.core.ensure_stream(basin, name, await req.json_body())
             status = 201 if result == "created" else 200
-            return await req.json(status, stream.info(), [("s2-provision-result", result)])
+            return await req.json(status, self.core.stream_info(stream), [("s2-provision-result", result)])
         if method == "PATCH":
             body = await req.json_body()
             if not isinstance(body, dict):
                 raise S2Error("invalid", "a stream reconfiguration is a JSON object of the fields to change")
             stream = await self.core.reconfigure_stream(basin, name, body)
-            return await req.json(200, stream.config)
+            return await req.json(200, effective_stream_config(stream.config))
         if method == "DELETE":
             await self.core.delete_stream(basin, name)
             return await req.respond(202, b"")
@@ -374,8 +386,10 @@ class S2App:
         interval = req.query.get("interval") or "minute"
         if interval not in INTERVALS:
             raise S2Error("bad_query", f"interval must be one of {', '.join(INTERVALS)}")
-        for name in ("start", "end"):
-            _int_param(req, name, 2**31 - 1)
+        start, end = _int_param(req, "start", INT32_MAX), _int_param(req, "end", INT32_MAX)
+        if start is not None and end is not None and start > end:
+            # A range that ends before it starts: the metrics operations list 400 (ErrorInfo) for bad requests.
+            raise S2Error("bad_query", f"start ({start}) must not be after end ({end})")
         now = int(time.time())
         if level == "account":
             if metric_set == "active-basins":
@@ -509,7 +523,7 @@ class S2App:
                      ) -> tuple[int, int | None, int | None, int | None, int | None]:
         clamp = (req.query.get("clamp") or "").lower() == "true"
         count, max_bytes = _int_param(req, "count"), _int_param(req, "bytes")
-        until, wait = _int_param(req, "until"), _int_param(req, "wait")
+        until, wait = _int_param(req, "until"), _int_param(req, "wait", INT32_MAX)
         if unary and wait is not None:
             wait = min(wait, MAX_UNARY_WAIT_S)  # S2 clamps a unary read's wait, it does not refuse it
         # Unary reads are always bounded (1000 records / 1 MiB); sessions follow the tail when unbounded.
@@ -673,8 +687,3 @@ class S2App:
         finally:
             watcher.cancel()
 
-
-def basin_config_view(config: dict[str, Any]) -> dict[str, Any]:
-    """A basin's configuration as S2 answers it: the create-on-append/read flags are always there (false by default,
-    per the API's BasinConfig), not only once set."""
-    return {"create_stream_on_append": False, "create_stream_on_read": False, **config}

@@ -86,6 +86,42 @@ def _retention(value: Any) -> dict[str, Any]:
     return {"infinite": {}}
 
 
+# What S2 reports (and applies) for a stream config field that neither the stream nor its basin's
+# default_stream_config sets (openapi.json StreamConfig.retention_policy: "If unspecified, the default is to retain
+# records for 7 days"; TimestampingConfig.uncapped: "false or not set"; DeleteOnEmptyConfig.min_age_secs: "0
+# (default)"; the SDK's Timestamping.mode: "Defaults to CLIENT_PREFER"). The spec leaves the storage class to the
+# basin's location; express is s2-lite's default (common/src/config.rs StorageClass).
+STREAM_DEFAULTS: dict[str, Any] = {
+    "storage_class": "express",
+    "retention_policy": {"age": 7 * 24 * 3600},
+    "timestamping": {"mode": "client-prefer", "uncapped": False},
+    "delete_on_empty": {"min_age_secs": 0},
+}
+
+
+def effective_stream_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A stream's config as S2 answers get_stream_config: every field present, S2's default where unset."""
+    out = json.loads(json.dumps(STREAM_DEFAULTS))
+    for key, value in config.items():
+        if key == "timestamping":
+            out[key].update({k: v for k, v in (value or {}).items() if v is not None})
+        elif value is not None:
+            out[key] = value
+    return out
+
+
+def basin_config_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A basin's config as S2 answers get_basin_config (openapi.json BasinConfig): every field present, the
+    create-on-append/read flags false by default; default_stream_config holds only the fields the basin sets
+    (null when none), since streams fill the rest from S2's defaults when they are created."""
+    default = dict(config.get("default_stream_config") or {})
+    if not any(v is not None for v in (default.get("timestamping") or {}).values()):
+        default.pop("timestamping", None)
+    return {"default_stream_config": default or None, "stream_cipher": config.get("stream_cipher"),
+            "create_stream_on_append": bool(config.get("create_stream_on_append")),
+            "create_stream_on_read": bool(config.get("create_stream_on_read"))}
+
+
 def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate a StreamConfig JSON object as S2 does, filling unset fields from `base`."""
     out = dict(base or {})
@@ -141,8 +177,9 @@ class Stream:
     # Since the server started (metrics): append/read ops, records and metered bytes.
     usage: Counter[str] = field(default_factory=Counter, repr=False)
 
-    def info(self) -> dict[str, Any]:
-        return {"name": self.name, "created_at": self.created_at, "deleted_at": None}
+    def info(self, cipher: str | None) -> dict[str, Any]:
+        """StreamInfo; `cipher` is "Encryption algorithm for this stream, if encryption is enabled" (null if not)."""
+        return {"name": self.name, "created_at": self.created_at, "deleted_at": None, "cipher": cipher}
 
     @property
     def tail(self) -> tuple[int, int]:
@@ -284,7 +321,9 @@ class Core:
                 if existing is None:
                     raise
         new = self._basin_config(config, existing.config)
-        if new == existing.config:
+        # ensure_basin answers "noop" when the effective configuration is unchanged (s2-provision-result), however
+        # the request spells it: defaults written out (create_stream_on_append=false) change nothing.
+        if basin_config_view(new) == basin_config_view(existing.config):
             return existing, "noop"
         await self._write(self.storage.update_basin, name, json.dumps(new))
         existing.config = new
@@ -305,6 +344,10 @@ class Core:
             self.streams.pop(key).publish()
 
     # ------------------------------------------------------------------ streams
+    def stream_info(self, stream: Stream) -> dict[str, Any]:
+        # The server encrypts a stream with its basin's current stream_cipher (S2App._cipher), so that is its cipher.
+        return stream.info(self.basin(stream.basin).config.get("stream_cipher"))
+
     def stream(self, basin: str, name: str) -> Stream:
         self.basin(basin)
         stream = self.streams.get((basin, name))
@@ -357,7 +400,8 @@ class Core:
                 if existing is None:
                     raise
         new = normalize_stream_config(config, existing.config)
-        if new == existing.config:
+        # As for basins: "noop" when the effective configuration (S2's defaults filled in) is unchanged.
+        if effective_stream_config(new) == effective_stream_config(existing.config):
             return existing, "noop"
         await self._write(self.storage.update_stream, existing.id, json.dumps(new))
         existing.config = new

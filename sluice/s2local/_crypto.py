@@ -41,15 +41,17 @@ def _aegis() -> Any:
 
 class RecordCipher:
     def __init__(self, cipher: str, header: str | None, basin: str, stream: str) -> None:
+        # A missing, non-base64 or wrong-length s2-encryption-key is S2's bad_header (400), on append and read alike
+        # (s2-lite: EncryptionSpecResolutionError -> ErrorCode::BadHeader).
         if not header:
-            raise S2Error("invalid", f"stream {stream!r} of basin {basin!r} is encrypted ({cipher}): send its key "
-                                     "in the s2-encryption-key header (base64 of 32 bytes)")
+            raise S2Error("bad_header", f"stream {stream!r} of basin {basin!r} is encrypted ({cipher}): send its "
+                                        "key in the s2-encryption-key header (base64 of 32 bytes)")
         try:
             key = base64.b64decode(header, validate=True)
         except ValueError:
             key = b""
         if len(key) != KEY_BYTES:
-            raise S2Error("invalid", f"s2-encryption-key must be base64 of {KEY_BYTES} bytes")
+            raise S2Error("bad_header", f"s2-encryption-key must be base64 of {KEY_BYTES} bytes")
         self.cipher = cipher
         self.aad = f"{basin}/{stream}".encode()
         if cipher == "aes-256-gcm":
@@ -86,14 +88,20 @@ class RecordCipher:
             record = batch.records[0]
             if not is_command_record(record):
                 blob = record.body
+                # S2: a record that does not authenticate under the key is decryption_failed (400); one stored
+                # with another algorithm, or malformed, is a storage error (500).
                 if not blob or blob[0] != _ID[self.cipher]:
-                    raise S2Error("invalid", f"record {record.seq_num} was not written with {self.cipher}")
+                    raise S2Error("storage", f"record {record.seq_num} was not written with {self.cipher}")
                 nonce, sealed = blob[1:1 + self._nonce_bytes], blob[1 + self._nonce_bytes:]
                 try:
-                    plain = pb.AppendRecord.FromString(self._open(nonce, sealed))
+                    opened = self._open(nonce, sealed)
                 except Exception:
-                    raise S2Error("invalid", "decryption failed: the s2-encryption-key is not this stream's key"
-                                  ) from None
+                    raise S2Error("decryption_failed", "record decryption failed: the s2-encryption-key is not "
+                                                       "this stream's key") from None
+                try:
+                    plain = pb.AppendRecord.FromString(opened)
+                except Exception:
+                    raise S2Error("storage", f"record {record.seq_num} is malformed once decrypted") from None
                 del record.headers[:]
                 record.headers.extend(plain.headers)
                 record.body = plain.body

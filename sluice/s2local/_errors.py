@@ -8,6 +8,7 @@ from typing import Any
 # Status per code, as in S2's API (api/src/v1/error.rs).
 STATUS = {
     "bad_frame": 400, "bad_header": 400, "bad_json": 400, "bad_path": 400, "bad_proto": 400, "bad_query": 400,
+    "decryption_failed": 400,
     "invalid": 422, "basin_not_found": 404, "stream_not_found": 404, "access_token_not_found": 404,
     "resource_already_exists": 409, "basin_deletion_pending": 409, "stream_deletion_pending": 409,
     "transaction_conflict": 409, "permission_denied": 403, "rate_limited": 429, "unavailable": 503,

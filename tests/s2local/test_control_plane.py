@@ -171,6 +171,9 @@ def test_concurrent_creates_of_one_stream_race_cleanly_on_a_durable_server(tmp_p
 def test_streams_inherit_the_basins_default_config_on_every_creation_path(s2_server, basin_name):
     default = StreamConfig(storage_class="express", retention_policy=3600,
                            timestamping=Timestamping(mode=TimestampingMode.ARRIVAL), delete_on_empty_min_age=60)
+    # What the streams report: the basin's defaults, and S2's default for the field it leaves unset.
+    effective = StreamConfig(storage_class="express", retention_policy=3600, delete_on_empty_min_age=60,
+                             timestamping=Timestamping(mode=TimestampingMode.ARRIVAL, uncapped=False))
 
     async def scenario():
         async with client_for(s2_server) as s2:
@@ -184,7 +187,7 @@ def test_streams_inherit_the_basins_default_config_on_every_creation_path(s2_ser
             await basin.stream("on-append").append(s2_sdk.AppendInput(records=[s2_sdk.Record(body=b"x")]))
             await basin.stream("on-read").check_tail()
             for name in ("created", "ensured", "on-append", "on-read"):
-                assert await basin.get_stream_config(name) == default, name
+                assert await basin.get_stream_config(name) == effective, name
             partly = await basin.get_stream_config("partly")
             assert partly.retention_policy == "infinite" and partly.storage_class == "express"
 
