@@ -127,6 +127,10 @@ class S2Enumerator(SplitEnumerator):
         self.end = parse_position(opts["s2.end"], "s2.end") if batch else ("latest", None)
         if self.end[0] == "earliest":
             raise OptionError("s2.end=earliest would read nothing; use latest, a seq num or a timestamp")
+        if self.start[0] == self.end[0] and self.start[0] in ("seq", "timestamp") and self.start[1] > self.end[1]:
+            # Refused as given, before positions are clamped to a stream's tail (which could hide it).
+            raise OptionError(f"s2.start={opts['s2.start']} is after s2.end={opts['s2.end']}: the read would return "
+                              "nothing. Swap them, or check which one you meant.")
         self._listed: list[Split] = []
         self._listed_at = float("-inf")
 

@@ -89,10 +89,18 @@ def test_start_and_end_by_seq_num_and_timestamp(spark, s2_local, read_opts):
     assert [r.seq_num for r in base().option("s2.start", "40").option("s2.end", "45").load().collect()] == \
         list(range(40, 45))
     assert base().option("s2.start", "latest").load().count() == 0
-    with pytest.raises(Exception, match=r"s2.start is after s2.end on stream\(s\) pos \(50 > 10\)"):
+    with pytest.raises(Exception, match=r"s2.start=50 is after s2.end=10: the read would return nothing"):
         base().option("s2.start", "50").option("s2.end", "10").load().collect()
+    # Positions clamped to the tail: 10 and 2 on a stream of one record both resolve to 1. Refused all the same.
+    append(s2_local, basin, "short", rows(1))
+    with pytest.raises(Exception, match=r"s2.start=10 is after s2.end=2: the read would return nothing"):
+        base().option("s2.streams", "short").option("s2.start", "10").option("s2.end", "2").load().collect()
+    with pytest.raises(Exception, match=r"s2.start=timestamp:2000 is after s2.end=timestamp:1000"):
+        base().option("s2.start", "timestamp:2000").option("s2.end", "timestamp:1000").load().collect()
     future = int(time.time() * 1000) + 3_600_000
     assert base().option("s2.start", f"timestamp:{future}").load().count() == 0
+    with pytest.raises(Exception, match=r"s2.start is after s2.end on stream\(s\) pos \(100 > 10\)"):  # resolved
+        base().option("s2.start", f"timestamp:{future}").option("s2.end", "10").load().collect()
     assert base().option("s2.start", "2000-01-01T00:00:00Z").load().count() == 100
 
 
