@@ -255,6 +255,8 @@ class S2App:
         if kind == "access-tokens" and len(seg) <= 3:
             return await self._access_tokens(req, method, seg[2] if len(seg) == 3 else None)
         if kind == "metrics" and len(seg) <= 4 and method == "GET":
+            if len(seg) == 4:  # a stream name argument: in the caller's namespace (auto_prefix_streams)
+                seg = [*seg[:3], req.caller.stream_name(seg[3])]
             return await self._metrics(req, *seg[2:])
         if kind == "basins" and len(seg) == 2:
             return await self._basins(req, method)
@@ -262,6 +264,9 @@ class S2App:
             return await self._basin_item(req, method, seg[2])
         if kind == "streams" and len(seg) == 2:
             return await self._streams(req, method)
+        if kind == "streams" and len(seg) >= 3:
+            # Stream name arguments are in the caller's namespace (AccessTokenInfo.auto_prefix_streams).
+            seg = [*seg[:2], req.caller.stream_name(seg[2]), *seg[3:]]
         if kind == "streams" and len(seg) == 3:
             return await self._stream_item(req, method, seg[2])
         if kind == "streams" and len(seg) == 4 and seg[3] == "records":
@@ -276,6 +281,12 @@ class S2App:
         raise S2Error("bad_path", f"no such endpoint: {method} {req.scope.get('path')}", 404)
 
     # ------------------------------------------------------------------ control plane
+    def _stream_info(self, req: Request, stream: Stream) -> dict[str, Any]:
+        """StreamInfo as the caller is shown it: the name without its namespace (auto_prefix_streams)."""
+        info = self.core.stream_info(stream)
+        info["name"] = req.caller.visible_name(info["name"])
+        return info
+
     async def _basins(self, req: Request, method: str) -> None:
         if method == "GET":
             req.caller.authorize("list-basins")
@@ -320,17 +331,21 @@ class S2App:
         basin = self._basin(req)
         if method == "GET":
             req.caller.authorize("list-streams", basin=basin)
-            streams, more = self.core.list_streams(basin, *_page_params(req))
-            seen = [self.core.stream_info(s) for s in streams if req.caller.may_see("streams", s.name)]
+            prefix, start_after, limit = _page_params(req)
+            # `prefix` and `start_after` are relative to a namespaced caller's namespace, as are the names it gets.
+            namespace = req.caller.namespace
+            streams, more = self.core.list_streams(basin, namespace + prefix, namespace + start_after, limit)
+            seen = [self._stream_info(req, s) for s in streams if req.caller.may_see("streams", s.name)]
             return await req.json(200, {"streams": seen, "has_more": more})
         if method == "POST":
             body = await req.json_body()
             if not isinstance(body, dict) or not isinstance(body.get("stream"), str):
                 raise S2Error("invalid", "body must be {\"stream\": NAME, \"config\": {...}}")
-            req.caller.authorize("create-stream", basin=basin, stream=body["stream"])
-            stream, created = await self.core.create_stream(basin, body["stream"], body.get("config"),
+            name = req.caller.stream_name(body["stream"])
+            req.caller.authorize("create-stream", basin=basin, stream=name)
+            stream, created = await self.core.create_stream(basin, name, body.get("config"),
                                                             req.header("s2-request-token"))
-            return await req.json(201 if created else 200, self.core.stream_info(stream))
+            return await req.json(201 if created else 200, self._stream_info(req, stream))
         raise S2Error("bad_path", f"{method} is not allowed on /v1/streams", 405)
 
     async def _stream_item(self, req: Request, method: str, name: str) -> None:
@@ -345,7 +360,7 @@ class S2App:
         if method == "PUT":
             stream, result = await self.core.ensure_stream(basin, name, await req.json_body())
             status = 201 if result == "created" else 200
-            return await req.json(status, self.core.stream_info(stream), [("s2-provision-result", result)])
+            return await req.json(status, self._stream_info(req, stream), [("s2-provision-result", result)])
         if method == "PATCH":
             body = await req.json_body()
             if not isinstance(body, dict):
@@ -362,7 +377,8 @@ class S2App:
         if token_id is None and method == "GET":
             req.caller.authorize("list-access-tokens")
             tokens, more = self.tokens.page(req.caller, *_page_params(req))
-            return await req.json(200, {"access_tokens": [t.info() for t in tokens], "has_more": more})
+            return await req.json(200, {"access_tokens": [t.info(req.caller.namespace) for t in tokens],
+                                        "has_more": more})
         if token_id is None and method == "POST":
             token, secret = self.tokens.issue(await req.json_body(), req.caller)
             await self.core.save_token(token.id, token.to_json())
@@ -372,7 +388,7 @@ class S2App:
             req.caller.authorize("revoke-access-token", token_id=token_id)
             token = self.tokens.remove(token_id)
             await self.core.drop_token(token.id)
-            return await req.json(200, token.info())
+            return await req.json(200, token.info(req.caller.namespace))
         raise S2Error("bad_path", f"{method} is not allowed on {req.scope.get('path')}", 405)
 
     async def _metrics(self, req: Request, basin: str | None = None, stream: str | None = None) -> None:

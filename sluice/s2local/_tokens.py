@@ -3,6 +3,10 @@ by name or by group (account/basin/stream x read/write), and an expiry.
 
 The token given at start-up is the admin token: everything, forever. Issued tokens are random strings; only
 their SHA-256 is kept (in memory and in the server's database), so the data files never hold a usable token.
+
+A token issued with `auto_prefix_streams` (openapi.json AccessTokenInfo.auto_prefix_streams) lives in a namespace:
+its stream scope, which must be a prefix, is put in front of every stream name it sends and taken off every stream
+name it is sent (`Caller.stream_name` / `Caller.visible_name`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sluice.s2local._core import check_stream_name
 from sluice.s2local._errors import S2Error
 
 # Operation -> (group, read or write). Groups as S2 documents them: account-level operations act on the
@@ -66,22 +71,38 @@ def _parse_time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _strip(resource_set: dict[str, str] | None, namespace: str) -> dict[str, str] | None:
+    """A stream resource set as a namespaced token sees it: relative to its namespace where it lies inside."""
+    if not namespace or resource_set is None:
+        return resource_set
+    (kind, value), = resource_set.items()
+    if value.startswith(namespace) and (kind == "prefix" or len(value) > len(namespace)):
+        return {kind: value[len(namespace):]}
+    return resource_set
+
+
 @dataclass
 class IssuedToken:
     id: str
     scope: dict[str, Any]
     expires_at: datetime | None
     digest: str
+    auto_prefix_streams: bool = False
 
     @classmethod
-    def from_request(cls, body: Any, digest: str, ceiling: datetime | None) -> IssuedToken:
+    def from_request(cls, body: Any, digest: str, ceiling: datetime | None, namespace: str = "") -> IssuedToken:
+        """The token an AccessTokenInfo asks for. `namespace` is the issuer's own (auto_prefix_streams). The spec
+        prefixes a namespaced token's "stream name arguments"; sluice reads the stream names in the scope of a
+        token it issues as such arguments too, and gives a request without a stream scope the whole namespace,
+        so that a namespaced token cannot issue one that reaches outside its namespace."""
         if not isinstance(body, dict):
             raise S2Error("invalid", "an access token request is a JSON object (AccessTokenInfo)")
         token_id = body.get("id")
         if not isinstance(token_id, str) or not 1 <= len(token_id.encode()) <= MAX_ID_BYTES or "\x00" in token_id:
             raise S2Error("invalid", f"access token id must be 1-{MAX_ID_BYTES} bytes with no NUL")
-        if body.get("auto_prefix_streams"):
-            raise S2Error("invalid", "auto_prefix_streams is not supported by sluice's local S2 server")
+        auto_prefix = body.get("auto_prefix_streams")
+        if auto_prefix is not None and not isinstance(auto_prefix, bool):
+            raise S2Error("invalid", "auto_prefix_streams must be true or false")
         raw = body.get("scope")
         if not isinstance(raw, dict):
             raise S2Error("invalid", "scope must be an object")
@@ -89,6 +110,15 @@ class IssuedToken:
         if unknown:
             raise S2Error("invalid", f"unknown scope field(s): {sorted(unknown)}")
         scope: dict[str, Any] = {k: _resource_set(raw.get(k), k) for k in ("basins", "streams", "access_tokens")}
+        if auto_prefix and (scope["streams"] is None or "prefix" not in scope["streams"]):
+            # S2 answers 422 invalid with this message (s2-sdk-rust tests/account_ops.rs,
+            # issue_access_token_with_auto_prefix_streams_but_without_prefix_errors).
+            raise S2Error("invalid", "Auto prefixing is only allowed for streams with prefix matching")
+        if namespace:
+            streams = scope["streams"] or {"prefix": ""}
+            (kind, value), = streams.items()
+            # An empty exact name matches nothing (ResourceSet.exact) and stays so.
+            scope["streams"] = streams if kind == "exact" and not value else {kind: namespace + value}
         ops = raw.get("ops") or []
         if not isinstance(ops, list) or any(not isinstance(op, str) or op not in OPERATIONS for op in ops):
             raise S2Error("invalid", f"scope.ops must be a list of: {', '.join(OPERATIONS)}")
@@ -104,7 +134,7 @@ class IssuedToken:
                 raise S2Error("invalid", f"scope.op_groups.{name} is {{\"read\": bool, \"write\": bool}}")
             clean_groups[name] = {"read": perms.get("read", False), "write": perms.get("write", False)}
         scope.update(ops=sorted(set(ops)), op_groups=clean_groups)
-        token = cls(token_id, scope, _parse_time(body.get("expires_at")), digest)
+        token = cls(token_id, scope, _parse_time(body.get("expires_at")), digest, bool(auto_prefix))
         if not token.operations():
             raise S2Error("invalid", "the token's scope permits no operation (set ops or op_groups)")
         if ceiling is not None:  # a token issues tokens that expire no later than itself (S2's rule)
@@ -121,9 +151,16 @@ class IssuedToken:
                 allowed.add(op)
         return allowed
 
-    def info(self) -> dict[str, Any]:
+    @property
+    def namespace(self) -> str:
+        return self.scope["streams"]["prefix"] if self.auto_prefix_streams else ""
+
+    def info(self, namespace: str = "") -> dict[str, Any]:
+        """AccessTokenInfo, its stream scope relative to `namespace` (the namespace of the token asking)."""
         scope = {k: v for k, v in self.scope.items() if v not in (None, [], {})}
-        return {"id": self.id, "scope": scope, "auto_prefix_streams": False,
+        if "streams" in scope:
+            scope["streams"] = _strip(scope["streams"], namespace)
+        return {"id": self.id, "scope": scope, "auto_prefix_streams": self.auto_prefix_streams,
                 "expires_at": self.expires_at.isoformat().replace("+00:00", "Z") if self.expires_at else None}
 
     def to_json(self) -> str:
@@ -133,7 +170,8 @@ class IssuedToken:
     def from_json(cls, text: str) -> IssuedToken:
         data = json.loads(text)
         return cls(data["id"], {"basins": None, "streams": None, "access_tokens": None, "ops": [],
-                                "op_groups": {}, **data["scope"]}, _parse_time(data["expires_at"]), data["digest"])
+                                "op_groups": {}, **data["scope"]}, _parse_time(data["expires_at"]), data["digest"],
+                   bool(data.get("auto_prefix_streams")))
 
 
 @dataclass(frozen=True)
@@ -145,6 +183,24 @@ class Caller:
     @property
     def expires_at(self) -> datetime | None:
         return self.token.expires_at if self.token else None
+
+    @property
+    def namespace(self) -> str:
+        """The stream-name prefix of an auto_prefix_streams token ("" for any other caller)."""
+        return self.token.namespace if self.token else ""
+
+    def stream_name(self, name: str) -> str:
+        """The stream a name argument of this caller means: in its namespace, if it has one."""
+        namespace = self.namespace
+        if not namespace:
+            return name
+        check_stream_name(name)  # the argument itself is a StreamNameStr, before any prefixing
+        return namespace + name
+
+    def visible_name(self, name: str) -> str:
+        """A stream name as this caller is shown it: without its namespace."""
+        namespace = self.namespace
+        return name[len(namespace):] if namespace and name.startswith(namespace) else name
 
     def authorize(self, op: str, *, basin: str | None = None, stream: str | None = None,
                   token_id: str | None = None) -> None:
@@ -197,7 +253,7 @@ class TokenRegistry:
 
     def issue(self, body: Any, caller: Caller) -> tuple[IssuedToken, str]:
         secret = "s2l_" + secrets.token_urlsafe(32)
-        token = IssuedToken.from_request(body, _digest(secret), caller.expires_at)
+        token = IssuedToken.from_request(body, _digest(secret), caller.expires_at, caller.namespace)
         caller.authorize("issue-access-token", token_id=token.id)
         if token.id in self.tokens:
             raise S2Error("resource_already_exists", f"access token {token.id!r} already exists")

@@ -1,5 +1,6 @@
 """Access tokens (issue, list, revoke, scopes, expiry) and metrics, through the official s2-sdk."""
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from s2_sdk import (
 
 from sluice.s2local import LocalS2
 from tests.s2local.conftest import run
+from tests.s2local.raw import h2_request
 
 ADMIN = "admin-token-for-tests"
 
@@ -159,3 +161,144 @@ def test_metrics_report_what_was_appended_read_and_stored(secured):
             await denied(s2.stream_metrics("metrics-basin", "m", set=StreamMetricSet.STORAGE))
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- AccessTokenInfo.auto_prefix_streams
+# openapi.json AccessTokenInfo.auto_prefix_streams: "Namespace streams based on the configured stream-level scope,
+# which must be a prefix. Stream name arguments will be automatically prefixed, and the prefix will be stripped when
+# listing streams."
+STREAM_RW = OperationGroupPermissions(basin=Permission.READ_WRITE, stream=Permission.READ_WRITE)
+
+
+async def _namespaced(admin, token_id, namespace="tenant-a/", **scope):
+    return await admin.issue_access_token(token_id, auto_prefix_streams=True, scope=AccessTokenScope(
+        streams=PrefixMatch(namespace), **{"op_groups": STREAM_RW, **scope}))
+
+
+def test_issue_access_token_auto_prefix_streams_needs_a_stream_prefix_scope(secured):
+    """S2 refuses auto_prefix_streams without a `prefix` stream scope with 422 invalid, this message
+    (s2-sdk-rust tests/account_ops.rs, issue_access_token_with_auto_prefix_streams_but_without_prefix_errors)."""
+
+    async def scenario():
+        async with client(secured, ADMIN) as admin:
+            for streams in (None, ExactMatch("tenant-a/s")):
+                message = await denied(admin.issue_access_token(
+                    "bad-prefix", auto_prefix_streams=True,
+                    scope=AccessTokenScope(streams=streams, op_groups=STREAM_RW)), 422)
+                assert "Auto prefixing is only allowed for streams with prefix matching" in message
+            assert await _namespaced(admin, "good-prefix")
+            assert "bad-prefix" not in {t.id for t in (await admin.list_access_tokens()).items}
+
+    run(scenario())
+    body = json.dumps({"id": "not-a-bool", "auto_prefix_streams": "yes", "scope": {
+        "streams": {"prefix": "p/"}, "op_groups": {"stream": {"read": True}}}}).encode()
+    status, _, data = h2_request(secured.port, "POST", "/v1/access-tokens",
+                                 {"content-type": "application/json", "authorization": f"Bearer {ADMIN}"}, body)
+    assert status == 422 and json.loads(data)["code"] == "invalid"
+
+
+def test_auto_prefix_streams_prefixes_every_stream_name_argument(secured):
+    """Create (body), ensure, get/reconfigure config, append, read, sessions, tail, metrics, delete: the token's
+    names are in its namespace; the streams it gets back (StreamInfo) are named without it."""
+
+    async def scenario():
+        async with client(secured, ADMIN) as admin:
+            await admin.create_basin("prefix-args-basin")
+            await admin.basin("prefix-args-basin").create_stream("orders")  # outside the namespace
+            token = await _namespaced(admin, "ns-args", ops=[s2_sdk.Operation.STREAM_METRICS])
+        async with client(secured, token) as s2:
+            basin = s2.basin("prefix-args-basin")
+            assert (await basin.create_stream("orders")).name == "orders"
+            assert (await basin.ensure_stream("ensured")).status == s2_sdk.EnsureStatus.CREATED
+            await basin.reconfigure_stream("orders", config=s2_sdk.StreamConfig(retention_policy=3600))
+            assert (await basin.get_stream_config("orders")).retention_policy == 3600
+            stream = basin.stream("orders")
+            await stream.append(AppendInput(records=[Record(body=b"unary")]))
+            async with stream.append_session() as session:
+                await (await session.submit(AppendInput(records=[Record(body=b"session")])))
+            assert (await stream.check_tail()).seq_num == 2
+            assert [r.body for r in (await stream.read(start=SeqNum(0))).records] == [b"unary", b"session"]
+            read = [r.body async for batch in stream.read_session(start=SeqNum(0), limit=s2_sdk.ReadLimit(count=2))
+                    for r in batch.records]
+            assert read == [b"unary", b"session"]
+            (storage,) = await s2.stream_metrics("prefix-args-basin", "orders", set=StreamMetricSet.STORAGE)
+            assert storage.values[-1][1] > 0
+            await basin.delete_stream("ensured")
+        async with client(secured, ADMIN) as admin:
+            basin = admin.basin("prefix-args-basin")
+            assert [s.name for s in (await basin.list_streams()).items] == ["orders", "tenant-a/orders"]
+            assert (await basin.stream("orders").check_tail()).seq_num == 0  # the token never wrote here
+            assert [r.body for r in (await basin.stream("tenant-a/orders").read(start=SeqNum(0))).records] == \
+                [b"unary", b"session"]
+            assert (await basin.get_stream_config("tenant-a/orders")).retention_policy == 3600
+
+    run(scenario())
+
+
+def test_auto_prefix_streams_list_streams_is_relative_to_the_namespace(secured):
+    """list_streams: names come back without the namespace; `prefix` and `start_after` are relative to it."""
+
+    async def scenario():
+        async with client(secured, ADMIN) as admin:
+            await admin.create_basin("prefix-list-basin")
+            basin = admin.basin("prefix-list-basin")
+            for name in ("a", "tenant-a", "tenant-a/x/1", "tenant-a/x/2", "tenant-a/y", "tenant-b/x/1"):
+                await basin.create_stream(name)
+            token = await _namespaced(admin, "ns-list")
+        async with client(secured, token) as s2:
+            basin = s2.basin("prefix-list-basin")
+            assert [s.name for s in (await basin.list_streams()).items] == ["x/1", "x/2", "y"]
+            assert [s.name for s in (await basin.list_streams(prefix="x/")).items] == ["x/1", "x/2"]
+            assert [s.name for s in (await basin.list_streams(start_after="x/1")).items] == ["x/2", "y"]
+            page = await basin.list_streams(prefix="x/", start_after="x/1", limit=1)
+            assert [s.name for s in page.items] == ["x/2"] and not page.has_more
+
+    run(scenario())
+
+
+def test_list_access_tokens_reports_auto_prefix_streams(secured):
+    """AccessTokenInfo.auto_prefix_streams comes back as issued (the admin sees the scope as stored); a namespaced
+    token that issues tokens names streams in its namespace, and a token it issues without a stream scope gets
+    the namespace, not every stream; it is shown stream scopes relative to its namespace."""
+
+    async def scenario():
+        async with client(secured, ADMIN) as admin:
+            issuer = await _namespaced(admin, "ns-issuer", namespace="team-x/",
+                                       access_tokens=PrefixMatch("ns-"),
+                                       op_groups=OperationGroupPermissions(account=Permission.READ_WRITE))
+        async with client(secured, issuer) as s2:
+            await s2.issue_access_token("ns-child", auto_prefix_streams=True, scope=AccessTokenScope(
+                streams=PrefixMatch("sub/"), op_groups=STREAM_RW))
+            await s2.issue_access_token("ns-whole", scope=AccessTokenScope(op_groups=STREAM_RW))
+            seen = {t.id: t for t in (await s2.list_access_tokens(prefix="ns-")).items}
+            assert seen["ns-child"].scope.streams == PrefixMatch("sub/") and seen["ns-child"].auto_prefix_streams
+            assert seen["ns-whole"].scope.streams == PrefixMatch("")
+            assert seen["ns-issuer"].scope.streams == PrefixMatch("")
+        async with client(secured, ADMIN) as admin:
+            listed = {t.id: t for t in (await admin.list_access_tokens(prefix="ns-")).items}
+            assert listed["ns-issuer"].auto_prefix_streams and listed["ns-child"].auto_prefix_streams
+            assert not listed["ns-whole"].auto_prefix_streams
+            assert listed["ns-issuer"].scope.streams == PrefixMatch("team-x/")
+            assert listed["ns-child"].scope.streams == PrefixMatch("team-x/sub/")
+            assert listed["ns-whole"].scope.streams == PrefixMatch("team-x/")
+
+    run(scenario())
+
+
+def test_auto_prefix_streams_survives_a_restart(tmp_path):
+    data = tmp_path / "s2"
+    with LocalS2(data, token=ADMIN) as server:
+        async def issue():
+            async with client(server, ADMIN) as admin:
+                await admin.create_basin("prefix-restart")
+                return await _namespaced(admin, "ns-durable")
+        secret = run(issue())
+    with LocalS2(data, token=ADMIN) as server:
+        async def use():
+            async with client(server, secret) as s2:
+                await s2.basin("prefix-restart").create_stream("s")
+            async with client(server, ADMIN) as admin:
+                assert [s.name for s in (await admin.basin("prefix-restart").list_streams()).items] == ["tenant-a/s"]
+                (info,) = (await admin.list_access_tokens(prefix="ns-durable")).items
+                assert info.auto_prefix_streams
+        run(use())
