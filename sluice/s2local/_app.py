@@ -45,7 +45,9 @@ MAX_UNACKED_BATCHES = 1000
 MAX_DRAIN = 16 * MIB  # past this, an oversize request's connection is simply closed
 S2S = "s2s/proto"
 PROTO = ("application/x-protobuf", "application/protobuf")
-UNSUPPORTED = {"locations": "locations"}
+# The one location this server is (s2-sdk's LocationInfo; basins report it as their location).
+LOCATION = {"name": "local", "is_private": True, "storage_classes": ["express", "standard"],
+            "default_storage_class": "express"}
 METRIC_SETS = {
     "account": ("active-basins", "account-ops", "estimated-billable-usage"),
     "basin": ("storage", "append-ops", "read-ops", "read-throughput", "append-throughput", "basin-ops"),
@@ -250,8 +252,8 @@ class S2App:
         if len(seg) < 2 or seg[0] != "v1":
             raise S2Error("bad_path", f"no such endpoint: {req.scope.get('path')}", 404)
         kind = seg[1]
-        if kind in UNSUPPORTED:
-            raise S2Error("not_implemented", f"{UNSUPPORTED[kind]} are not implemented by sluice's local S2 server")
+        if kind == "locations" and len(seg) <= 3:
+            return await self._locations(req, method, seg[2] if len(seg) == 3 else None)
         if kind == "access-tokens" and len(seg) <= 3:
             return await self._access_tokens(req, method, seg[2] if len(seg) == 3 else None)
         if kind == "metrics" and len(seg) <= 4 and method == "GET":
@@ -281,6 +283,24 @@ class S2App:
         raise S2Error("bad_path", f"no such endpoint: {method} {req.scope.get('path')}", 404)
 
     # ------------------------------------------------------------------ control plane
+    async def _locations(self, req: Request, method: str, item: str | None) -> None:
+        """s2-sdk's list_locations, get_default_location and set_default_location: this server is one location,
+        so it is the list and the default, and setting the default to it is all that can succeed."""
+        if item is None and method == "GET":
+            req.caller.authorize("list-locations")
+            return await req.json(200, [LOCATION])
+        if item == "default" and method == "GET":
+            req.caller.authorize("get-default-location")
+            return await req.json(200, LOCATION)
+        if item == "default" and method == "PUT":
+            req.caller.authorize("set-default-location")
+            name = await req.json_body()
+            if name != LOCATION["name"]:
+                raise S2Error("invalid", f"location {name!r} is not available; this server has one location, "
+                                         f"{LOCATION['name']!r}")
+            return await req.json(200, LOCATION)
+        raise S2Error("bad_path", f"no such endpoint: {method} {req.scope.get('path')}", 404)
+
     def _stream_info(self, req: Request, stream: Stream) -> dict[str, Any]:
         """StreamInfo as the caller is shown it: the name without its namespace (auto_prefix_streams)."""
         info = self.core.stream_info(stream)

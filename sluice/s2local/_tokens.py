@@ -28,6 +28,8 @@ OPERATIONS: dict[str, tuple[str, str]] = {
     "list-basins": ("account", "read"), "create-basin": ("account", "write"), "delete-basin": ("account", "write"),
     "list-access-tokens": ("account", "read"), "issue-access-token": ("account", "write"),
     "revoke-access-token": ("account", "write"), "account-metrics": ("account", "read"),
+    "list-locations": ("account", "read"), "get-default-location": ("account", "read"),
+    "set-default-location": ("account", "write"),
     "get-basin-config": ("basin", "read"), "reconfigure-basin": ("basin", "write"),
     "list-streams": ("basin", "read"), "create-stream": ("basin", "write"), "delete-stream": ("basin", "write"),
     "basin-metrics": ("basin", "read"),

@@ -211,3 +211,24 @@ def test_metrics_start_after_end_is_bad_query(s2_server, basin_name):
                 await call(start=1000, end=2000)
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- list_locations / get/set_default_location (SDK)
+def test_locations_are_the_one_location_basins_report(s2_server, basin_name):
+    """s2-sdk's location operations (GET /v1/locations, GET and PUT /v1/locations/default; not in the published
+    openapi.json): the server is one location, `local`, which every basin reports as its location."""
+    create_stream(s2_server, basin_name)
+
+    async def scenario():
+        async with _no_retry(s2_server) as s2:
+            listed = await s2.list_locations()
+            assert [(loc.name, loc.is_private) for loc in listed] == [("local", True)]
+            assert (await s2.get_default_location()).name == "local"
+            assert (await s2.set_default_location("local")).name == "local"
+            with pytest.raises(s2_sdk.S2ServerError) as unknown:
+                await s2.set_default_location("aws:us-east-1")
+            assert (unknown.value.status_code, unknown.value.code) == (422, "invalid")
+            basins = (await s2.list_basins()).items
+            assert {b.location for b in basins if b.name == basin_name} == {"local"}
+
+    run(scenario())
