@@ -303,7 +303,7 @@ class S2App:
 
     def _stream_info(self, req: Request, stream: Stream) -> dict[str, Any]:
         """StreamInfo as the caller is shown it: the name without its namespace (auto_prefix_streams)."""
-        info = self.core.stream_info(stream)
+        info = stream.info()
         info["name"] = req.caller.visible_name(info["name"])
         return info
 
@@ -524,8 +524,8 @@ class S2App:
         return inp
 
     def _cipher(self, req: Request, stream: Stream) -> RecordCipher | None:
-        """The record cipher of an encrypted basin's stream (the key is required); None for a plain one."""
-        name = self.core.basin(stream.basin).config.get("stream_cipher")
+        """The record cipher of an encrypted stream (the key is required); None for a plain one."""
+        name = stream.cipher
         return RecordCipher(name, req.header("s2-encryption-key"), stream.basin, stream.name) if name else None
 
     async def _unary_append(self, req: Request, stream: Stream, cipher: RecordCipher | None) -> None:

@@ -173,13 +173,16 @@ class Stream:
     last_ts: int = 0
     fencing_token: str = ""
     trim_point: int = 0
+    # The basin's stream_cipher when the stream was created (BasinConfig.stream_cipher: "Encryption algorithm to
+    # apply to newly created streams in the basin"): a later change of the basin's cipher leaves it as it is.
+    cipher: str | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     # Since the server started (metrics): append/read ops, records and metered bytes.
     usage: Counter[str] = field(default_factory=Counter, repr=False)
 
-    def info(self, cipher: str | None) -> dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         """StreamInfo; `cipher` is "Encryption algorithm for this stream, if encryption is enabled" (null if not)."""
-        return {"name": self.name, "created_at": self.created_at, "deleted_at": None, "cipher": cipher}
+        return {"name": self.name, "created_at": self.created_at, "deleted_at": None, "cipher": self.cipher}
 
     @property
     def tail(self) -> tuple[int, int]:
@@ -227,9 +230,9 @@ class Core:
         for name, config, created_at, token in basins:
             self.basins[name] = Basin(name, json.loads(config), created_at, token)
         for row in streams:
-            sid, basin, name, config, created_at, token, next_seq, last_ts, fence, trim = row
+            sid, basin, name, config, created_at, token, next_seq, last_ts, fence, trim, cipher = row
             self.streams[(basin, name)] = Stream(sid, basin, name, json.loads(config), created_at, token,
-                                                 next_seq, last_ts, fence, trim)
+                                                 next_seq, last_ts, fence, trim, cipher)
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -299,10 +302,8 @@ class Core:
             elif key in ("create_stream_on_append", "create_stream_on_read") and not isinstance(value, bool):
                 raise S2Error("invalid", f"{key} must be true or false")
             if key == "stream_cipher":
+                # May change at any time: it applies to streams created afterwards, each keeps its own (Stream.cipher).
                 value = check_cipher(value)
-                if out.get("stream_cipher") not in (None, value):
-                    raise S2Error("invalid", "a basin's stream_cipher cannot be changed: its streams were written "
-                                             f"with {out['stream_cipher']}")
             out[key] = value
         return out
 
@@ -344,10 +345,6 @@ class Core:
             self.streams.pop(key).publish()
 
     # ------------------------------------------------------------------ streams
-    def stream_info(self, stream: Stream) -> dict[str, Any]:
-        # The server encrypts a stream with its basin's current stream_cipher (S2App._cipher), so that is its cipher.
-        return stream.info(self.basin(stream.basin).config.get("stream_cipher"))
-
     def stream(self, basin: str, name: str) -> Stream:
         self.basin(basin)
         stream = self.streams.get((basin, name))
@@ -376,13 +373,14 @@ class Core:
             raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}")
         cfg = normalize_stream_config(config, b.config.get("default_stream_config"))
         created = rfc3339_now()
+        cipher = b.config.get("stream_cipher")  # fixed for the stream's life, as S2 does
         try:
-            sid = await self._write(self.storage.insert_stream, basin, name, json.dumps(cfg), created, token)
+            sid = await self._write(self.storage.insert_stream, basin, name, json.dumps(cfg), created, token, cipher)
         except sqlite3.IntegrityError:  # created concurrently by another request: its insert won
             raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}") from None
         if (basin, name) in self.streams:  # created concurrently while we were writing
             raise S2Error("resource_already_exists", f"stream {name!r} already exists in basin {basin!r}")
-        stream = Stream(sid, basin, name, cfg, created, token)
+        stream = Stream(sid, basin, name, cfg, created, token, cipher=cipher)
         self.streams[(basin, name)] = stream
         return stream, True
 

@@ -17,7 +17,7 @@ CREATE TABLE IF NOT EXISTS streams (
     id INTEGER PRIMARY KEY, basin TEXT NOT NULL, name TEXT NOT NULL, config TEXT NOT NULL,
     created_at TEXT NOT NULL, request_token TEXT,
     next_seq INTEGER NOT NULL DEFAULT 0, last_ts INTEGER NOT NULL DEFAULT 0,
-    fencing_token TEXT NOT NULL DEFAULT '', trim_point INTEGER NOT NULL DEFAULT 0,
+    fencing_token TEXT NOT NULL DEFAULT '', trim_point INTEGER NOT NULL DEFAULT 0, cipher TEXT,
     UNIQUE (basin, name));
 CREATE TABLE IF NOT EXISTS access_tokens (id TEXT PRIMARY KEY, info TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS records (
@@ -39,10 +39,22 @@ class Storage:
             self.writer.execute("PRAGMA journal_mode=WAL")
             self.writer.execute("PRAGMA synchronous=FULL")  # fsync at every commit: acks are durable
             self.writer.executescript(SCHEMA)
+            self._migrate()
             self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.reader.execute("PRAGMA query_only=1")
         if self.in_memory:
             self.writer.executescript(SCHEMA)
+
+    def _migrate(self) -> None:
+        """Bring a data directory written by an earlier version up to SCHEMA."""
+        columns = {row[1] for row in self.writer.execute("PRAGMA table_info(streams)")}
+        if "cipher" not in columns:
+            # Streams now keep the cipher they were created with. Earlier versions sealed a stream's records with
+            # its basin's current stream_cipher, which could not change once set: that is the best record of the
+            # cipher such a stream was written with.
+            self._tx([("ALTER TABLE streams ADD COLUMN cipher TEXT", ()),
+                      ("UPDATE streams SET cipher = (SELECT json_extract(basins.config, '$.stream_cipher') "
+                       "FROM basins WHERE basins.name = streams.basin)", ())])
 
     def close(self) -> None:
         self.writer.close()
@@ -54,7 +66,7 @@ class Storage:
         basins = self.reader.execute("SELECT name, config, created_at, request_token FROM basins").fetchall()
         streams = self.reader.execute(
             "SELECT id, basin, name, config, created_at, request_token, next_seq, last_ts, fencing_token, "
-            "trim_point FROM streams").fetchall()
+            "trim_point, cipher FROM streams").fetchall()
         return basins, streams
 
     def load_tokens(self) -> list[str]:
@@ -91,12 +103,13 @@ class Storage:
     def delete_token(self, token_id: str) -> None:
         self._tx([("DELETE FROM access_tokens WHERE id=?", (token_id,))])
 
-    def insert_stream(self, basin: str, name: str, config: str, created_at: str, token: str | None) -> int:
+    def insert_stream(self, basin: str, name: str, config: str, created_at: str, token: str | None,
+                      cipher: str | None) -> int:
         cur = self.writer.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
-            cur.execute("INSERT INTO streams (basin, name, config, created_at, request_token) VALUES (?, ?, ?, ?, ?)",
-                        (basin, name, config, created_at, token))
+            cur.execute("INSERT INTO streams (basin, name, config, created_at, request_token, cipher) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", (basin, name, config, created_at, token, cipher))
             stream_id = cur.lastrowid
             cur.execute("COMMIT")
         except BaseException:
