@@ -66,6 +66,78 @@ def test_a_slot_the_server_invalidated_is_data_loss_saying_why_and_how_to_go_on(
     drop_slot(lenient.stream.conn, slot)
 
 
+# PostgreSQL 18's idle_replication_slot_timeout is in seconds (pg_settings.unit 's'); 0, the default, disables it,
+# so 1 s is the shortest timeout there is: the test waits about that long.
+IDLE_TIMEOUT_S = 1
+
+
+@pytest.fixture(scope="module")
+def idle_timeout_server(lpg):
+    """On 18 and later, a server of its own that invalidates a slot left unused for IDLE_TIMEOUT_S (at a checkpoint);
+    None before 18, whose servers refuse the setting at start."""
+    if server_major(lpg.url) < 18:
+        yield None
+        return
+    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on",
+                                 "idle_replication_slot_timeout": f"{IDLE_TIMEOUT_S}s"}) as server:
+        yield server
+
+
+def test_a_slot_left_idle_past_idle_replication_slot_timeout_is_data_loss_on_18_and_kept_without_it(
+        lpg, idle_timeout_server):
+    if idle_timeout_server is None:  # before 18 nothing invalidates a slot for being unused
+        assert sql(lpg.url, "SELECT count(*) FROM pg_settings WHERE name = 'idle_replication_slot_timeout'") == [(0,)]
+        return
+    # The same query on two servers, stopped with a row committed after its last batch: one server with the
+    # timeout, and the negative control, a server without it (lpg: the default, 0), whose slot stays idle as long.
+    servers = {"timeout": idle_timeout_server.url, "control": lpg.url}
+    restarts = {}
+    for name, url in servers.items():
+        t = new_table(url, f"idle_{name}")
+        slot = f"sluice_test_idle_{name}"
+        reader = stream(url, table=t, snapshot="false", slot=slot)
+        start = reader.initialOffset()
+        sql(url, f"INSERT INTO {t} VALUES (1, 'read before the stop')")
+        end, rows = batch(reader, start)
+        assert rows.column("id").to_pylist() == [1]
+        reader.commit(end)  # the slot's last use: the server counts its idle time from here (inactive_since)
+        reader.stop()
+        sql(url, f"INSERT INTO {t} VALUES (2, 'committed while the query was stopped')")
+        restarts[name] = (url, t, slot, end)
+    for url, _, slot, _ in restarts.values():
+        # The server invalidates a slot at a checkpoint whose clock is IDLE_TIMEOUT_S past the slot's last use: wait
+        # for exactly that instant on the server's own clock (not for a guessed time), then force the checkpoint.
+        of_slot = f"FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        assert sql(url, f"SELECT pg_sleep_until(inactive_since + make_interval(secs => {IDLE_TIMEOUT_S})) {of_slot}",
+                   f"SELECT clock_timestamp() - inactive_since >= make_interval(secs => {IDLE_TIMEOUT_S}) {of_slot}",
+                   ) == [(True,)], f"{slot} has been idle for {IDLE_TIMEOUT_S} s"
+        sql(url, "CHECKPOINT")
+    (why,) = sql(servers["timeout"], "SELECT invalidation_reason FROM pg_replication_slots "
+                                     f"WHERE slot_name = '{restarts['timeout'][2]}'")
+    assert why == ("idle_timeout",), "the server invalidated the idle slot"
+    assert sql(servers["control"], "SELECT invalidation_reason, wal_status FROM pg_replication_slots "
+                                   f"WHERE slot_name = '{restarts['control'][2]}'") == [(None, "reserved")]
+
+    # The query restarted from its checkpoint: on the server with the timeout, the user is told which slot, why,
+    # and how to go on, before any row is read; without the timeout it reads the row committed while it was stopped.
+    url, t, slot, committed = restarts["timeout"]
+    reader = stream(url, table=t, snapshot="false", slot=slot)
+    reason = INVALIDATION_REASONS["idle_timeout"]
+    assert "idle_replication_slot_timeout" in reason
+    with pytest.raises(DataLossError, match=re.escape(f"replication slot '{slot}' was invalidated: {reason}: the "
+                                                      f"changes from {committed['lsn']} on cannot be read")
+                       + r".*failOnDataLoss.*start over: drop the slot and the checkpoint"):
+        reader.latestOffset(committed, reader.getDefaultReadLimit())
+    reader.stop()
+    drop_slot(reader.stream.conn, slot)
+    url, t, slot, committed = restarts["control"]
+    reader = stream(url, table=t, snapshot="false", slot=slot)
+    _, rows = batch(reader, committed)
+    reader.stop()
+    drop_slot(reader.stream.conn, slot)
+    assert rows.column("id").to_pylist() == [2]
+
+
 def test_a_failover_slot_from_postgresql_17_on_and_a_clear_refusal_before(lpg):
     url = lpg.url
     t = new_table(url, "failover")
