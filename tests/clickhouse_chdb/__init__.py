@@ -5,7 +5,8 @@ serves ClickHouse 26.9's engine (embedded by PyPI's chdb-core) over HTTP, and th
 
     python -m pytest tests/connectors/clickhouse          # SLUICE_TEST_CLICKHOUSE=server: a clickhouse on PATH
 
-`python -m tests.clickhouse_chdb --port P --data DIR --password PW` serves it; `ChdbClickHouse()` starts that as a
+`SLUICE_CHDB_PASSWORD=PW python -m tests.clickhouse_chdb --port P --data DIR` serves it (the password through the
+environment: command lines are visible to every user); `ChdbClickHouse()` starts that as a
 subprocess on a free loopback port (the same surface as `sluice.testing.LocalClickHouse`), and `clickhouse_server()`
 picks one of the two for a fixture. chdb opens one data folder per process and no other process can open it, so
 each server is its own process with its own folder. One connection stays open for the process's lifetime (it keeps

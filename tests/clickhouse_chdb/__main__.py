@@ -1,4 +1,5 @@
-"""`python -m tests.clickhouse_chdb --port P --data DIR --password PW`: serve the stand-in (tests/clickhouse_chdb/)."""
+"""`SLUICE_CHDB_PASSWORD=PW python -m tests.clickhouse_chdb --port P --data DIR`: serve the stand-in
+(tests/clickhouse_chdb/)."""
 
 from tests.clickhouse_chdb._http import main
 

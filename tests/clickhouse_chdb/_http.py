@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import os
 import re
 import signal
 import threading
@@ -21,6 +22,9 @@ from tests.clickhouse_chdb._statements import Statement, parse
 IGNORED_PARAMS = frozenset({"query_id", "quota_key", "buffer_size", "wait_end_of_query", "stacktrace"})
 REFUSED_PARAMS = frozenset({"session_id", "session_timeout", "session_check", "compress", "decompress", "role"})
 CHUNK = 4 << 20
+# The default user's password comes from the environment, never the command line: `ps` shows command lines to
+# every user of the machine.
+PASSWORD_VARIABLE = "SLUICE_CHDB_PASSWORD"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -170,9 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--data", required=True, help="the engine's data folder (one server per folder)")
-    parser.add_argument("--password", default="", help="the password of the user default")
+    parser.epilog = f"The password of the user default is ${PASSWORD_VARIABLE} (empty when unset)."
     args = parser.parse_args(argv)
-    engine = Engine(str(Path(args.data).resolve()), args.password)
+    engine = Engine(str(Path(args.data).resolve()), os.environ.get(PASSWORD_VARIABLE, ""))
     server = Server((args.host, args.port), engine)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"chdb stand-in for ClickHouse {engine.version} on http://{args.host}:{args.port}", flush=True)

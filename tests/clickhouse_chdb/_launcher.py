@@ -11,6 +11,7 @@ from typing import Any
 
 from sluice.testing._clickhouse import ClickHouseHTTP
 from sluice.testing._postgres import free_port
+from tests.clickhouse_chdb._http import PASSWORD_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,9 +27,10 @@ class ChdbClickHouse(ClickHouseHTTP):
         with log.open("wb") as out:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.clickhouse_chdb", "--port", str(self.port), "--data",
-                 str(self._dir / "data"), "--password", self.password],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
-                    "PYTHONPATH")]))}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                 str(self._dir / "data")],
+                cwd=ROOT, env={**os.environ, PASSWORD_VARIABLE: self.password, "PYTHONPATH": os.pathsep.join(filter(
+                    None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(log, "the chdb stand-in")
         return self
 
