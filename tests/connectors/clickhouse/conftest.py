@@ -31,6 +31,7 @@ class CH:
 
 @pytest.fixture(scope="session")
 def ch():
-    """Debian's clickhouse-server, or the chdb stand-in (ClickHouse 26) with SLUICE_TEST_CLICKHOUSE=chdb."""
+    """The chdb stand-in on ClickHouse 26's engine (the default), or with SLUICE_TEST_CLICKHOUSE=server the
+    clickhouse-server binary on the machine (23.3 or newer: sluice refuses older ones, e.g. Debian's 18.16)."""
     with clickhouse_server() as server:
         yield CH(server)

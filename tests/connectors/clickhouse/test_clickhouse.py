@@ -17,7 +17,9 @@ ALL_TYPES = ("id Int64, i8 Int8, u16 UInt16, u64 UInt64, f32 Float32, f64 Float6
 
 def test_the_classic_types_round_trip_through_arrow_writes_and_split_reads(spark, ch):
     table = ch.table(ALL_TYPES)
-    long = "é" * 70 + "x" * 20_000  # varint lengths of 1, 2 and 3 bytes below
+    # Multi-byte UTF-8 in a 20,070-character value, and below, the characters a text format would have to escape
+    # (tab, line break, quotes) and `\N`, NULL in ClickHouse's text formats: Arrow carries each as it is, both ways.
+    long = "é" * 70 + "x" * 20_000
     strings = ["", "a\tb\n\"c\"", long, "\\N"]
     rows = [(i, (i % 256) - 128, i % 65536, Decimal(2**64 - 1 - i), i / 4, i / 3, strings[i % 4],
              None if i % 5 == 0 else f"n{i}", dt.date(1970, 1, 1) + dt.timedelta(days=i * 7),

@@ -1,20 +1,42 @@
 """ClickHouse versions: servers older than 23.3 are refused by name; types are parsed as every version spells them."""
 
+import re
+import subprocess
+
 import pytest
 
 import sluice
+from sluice.connectors.clickhouse._table import MINIMUM_VERSION
 from sluice.connectors.clickhouse._types import parse_type, read_type
 from sluice.testing import LocalClickHouse
+from sluice.testing._clickhouse import find_server
 
 pytestmark = pytest.mark.spark
 
 
+def needs_an_old_server(binary: str, version: str | None) -> None:
+    """Fail, saying what the test needs, unless `version` is older than the oldest sluice supports (None: unknown
+    yet). The test refuses a server only when the machine's binary is an old one; with a newer binary it would
+    show nothing, so it must not pass."""
+    oldest = ".".join(map(str, MINIMUM_VERSION))
+    if version is not None and tuple(int(part) for part in version.split(".")[:2]) >= MINIMUM_VERSION:
+        pytest.fail(f"this test needs a ClickHouse server older than {oldest} (Debian bookworm's clickhouse-server "
+                    f"18.16: apt-get install -y clickhouse-server); {binary} is {version}, which sluice supports")
+
+
 def test_a_server_older_than_23_3_is_refused_naming_its_version(spark):
-    with LocalClickHouse() as old:  # Debian bookworm's clickhouse-server: 18.16, from 2018
+    binary = find_server()  # the binary LocalClickHouse runs
+    # Current binaries say their version; 18.16's has no --version ("Unknown option specified"): its server says it.
+    said = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    stated = re.search(r"version (\d+\.\d+[.\d]*)", said.stdout + said.stderr)
+    needs_an_old_server(binary, stated.group(1).rstrip(".") if stated else None)
+    with LocalClickHouse() as old:
+        version = old.rows("SELECT version()")[0][0]
+        needs_an_old_server(binary, version)
         old.sql("CREATE TABLE t (id Int64) ENGINE = MergeTree() ORDER BY id")
         opts = {"url": old.url, "table": "t", "password": old.password}
-        refused = (r"ClickHouse 18\.16\.\d+ at http://127\.0\.0\.1:\d+ is older than 23\.3, the oldest version sluice "
-                   r"supports .* Upgrade the server")
+        refused = (rf"ClickHouse {re.escape(version)} at http://127\.0\.0\.1:\d+ is older than 23\.3, the oldest "
+                   r"version sluice supports .* Upgrade the server")
         with pytest.raises(Exception, match=refused):
             sluice.write(spark.range(3), "clickhouse", opts)
         with pytest.raises(Exception, match=refused):
