@@ -110,7 +110,9 @@ class ClickHouseDataSource(EngineDataSource):
         if deletes is not None:
             columns.append(deletes.is_deleted_column)
         _check_deduplication(opts, config, info, table)
-        settings: dict[str, str | int] = {"input_format_null_as_default": 1 if deletes else 0}
+        # async_insert=0 said, not left to the server: from 26.2/26.3 on its default is 1, which would put every
+        # batch through the async queue, where deduplication follows other rules (async_insert_deduplicate).
+        settings: dict[str, str | int] = {"input_format_null_as_default": 1 if deletes else 0, "async_insert": 0}
         if opts["insert.async"]:
             settings.update(async_insert=1, wait_for_async_insert=1)
         insert = InsertPlan(conn, tuple(columns), types, tuple(c for c in info.sorting_key if c in columns), deletes,

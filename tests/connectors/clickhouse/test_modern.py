@@ -190,6 +190,22 @@ def test_insert_deduplicate_is_refused_where_it_cannot_work(spark, ch):
     assert ch.rows(f"SELECT count() FROM {table}") == [["0"]]
 
 
+def test_a_batch_is_a_synchronous_insert_unless_insert_async_whatever_the_servers_default(ch):
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sluice.connectors.clickhouse._datasource import ClickHouseDataSource
+
+    # ClickHouse 26.9 (26.3 on, backported to 26.2) turns async_insert on by default, and insert.deduplicate
+    # relies on the synchronous path: the plan must say which one. The stand-in's embedded engine runs every insert
+    # synchronously whatever the setting, so what is checked is what each INSERT asks for.
+    table = ch.table("id Int64")
+    schema = StructType([StructField("id", LongType())])
+    for extra, wanted in (({}, {"async_insert": 0}), ({"insert.async": "true"}, {"async_insert": 1,
+                                                                                  "wait_for_async_insert": 1})):
+        plan = ClickHouseDataSource(ch.opts(table, **extra))._plan(schema, overwrite=False, streaming=False)
+        assert {k: plan.insert.settings.get(k) for k in wanted} == wanted, extra
+
+
 def test_async_inserts_arrive(spark, ch):
     table = ch.table("id Int64")
     sluice.write(spark.range(0, 5_000, 1, 4), "clickhouse", ch.opts(table, **{"insert.async": "true",
