@@ -115,7 +115,7 @@ demo: $(STAMP) check-java check-postgres
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
-bench: $(STAMP) check-java check-postgres check-clickhouse
+bench: $(STAMP) check-java check-postgres check-clickhouse check-postgres-versions
 	$(PY) bench/engine_throughput.py
 	$(PY) bench/s2_server.py
 	$(PY) bench/s2_sink.py
@@ -124,6 +124,8 @@ bench: $(STAMP) check-java check-postgres check-clickhouse
 	$(PY) bench/faults.py
 	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/postgres.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
 	$(PY) bench/postgres.py
+	$(PY) bench/postgres_changes.py --pg-versions 15,18 --changes 300000 --rounds 2
+	$(PY) bench/clickhouse.py --rows 2000000 --rounds 3
 	$(PY) bench/tablestore.py
 
 # Re-resolve the pinned set from pyproject.toml (a maintainer's step, not a user's).
