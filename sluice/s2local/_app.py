@@ -193,6 +193,15 @@ def _int_param(req: Request, name: str, maximum: int | None = None) -> int | Non
     return value
 
 
+def _check_location(body: Any) -> None:
+    """create_basin/ensure_basin's `location` (s2-sdk: "Use list_locations or get_default_location to discover valid
+    values"): this server is one location, so any other name is refused, as set_default_location refuses it."""
+    location = body.get("location") if isinstance(body, dict) else None
+    if location is not None and location != LOCATION["name"]:
+        raise S2Error("invalid", f"location {location!r} is not available; this server has one location, "
+                                 f"{LOCATION['name']!r}")
+
+
 def _page_params(req: Request) -> tuple[str, str, int]:
     limit = _int_param(req, "limit")
     return req.query.get("prefix", ""), req.query.get("start_after", ""), 1000 if limit is None else min(limit, 1000)
@@ -318,6 +327,7 @@ class S2App:
             if not isinstance(body, dict) or not isinstance(body.get("basin"), str):
                 raise S2Error("invalid", "body must be {\"basin\": NAME, \"config\": {...}}")
             req.caller.authorize("create-basin", basin=body["basin"])
+            _check_location(body)
             basin, created = await self.core.create_basin(body["basin"], body.get("config"),
                                                           req.header("s2-request-token"))
             return await req.json(201 if created else 200, basin.info())
@@ -333,6 +343,7 @@ class S2App:
             return await req.json(200, basin_config_view(self.core.basin(name).config))
         if method == "PUT":
             body = await req.json_body() or {}
+            _check_location(body)
             basin, result = await self.core.ensure_basin(name, body.get("config") if isinstance(body, dict) else None)
             status = 201 if result == "created" else 200
             return await req.json(status, basin.info(), [("s2-provision-result", result)])
@@ -681,6 +692,7 @@ class S2App:
 
         watcher = asyncio.create_task(watch_disconnect())
         position, last_data = start, time.monotonic()
+        following = False  # waiting at the tail for new records, rather than catching up from storage
         try:
             while not req.disconnected.is_set():
                 if self.core.streams.get((stream.basin, stream.name)) is not stream:
@@ -703,16 +715,24 @@ class S2App:
                     if count == 0 or max_bytes == 0 or hit_until:
                         break
                     if not caught_up:
+                        following = False
                         continue
                 if hit_until or (count is not None and take == 0):
                     break
                 if position < stream.next_seq:
                     if not records and cap > 0:
                         break  # the next record is larger than what the byte limit allows
+                    following = False
                     continue
                 remaining = None if wait is None else wait - (time.monotonic() - last_data)
                 if remaining is not None and remaining <= 0:
                     break
+                if not following:
+                    # s2.proto ReadBatch: "A heartbeat will be sent whenever a switch to following in real-time
+                    # happens, and then at a randomized gap between 5 and 15 seconds": the tail, at once, is how a
+                    # reader learns it has caught up (the SDK's ReadSession.caught_up) on a stream with nothing new.
+                    await req.chunk(frame(read_batch([], stream.tail)))
+                    following = True
                 timeout = HEARTBEAT_S if remaining is None else min(HEARTBEAT_S, remaining)
                 try:
                     await asyncio.wait_for(changed.wait(), timeout)
