@@ -5,6 +5,9 @@ Each test is named after the operation (and parameter or schema) it follows.
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import s2_sdk
@@ -184,10 +187,31 @@ def test_read_wait_past_its_published_range_is_bad_query(s2_server, basin_name, 
         except TimeoutError:
             pytest.fail(f"wait={wait}: the server waited instead of refusing the parameter")
         assert status == 400 and json.loads(body)["code"] == "bad_query", (wait, status, body)
-    # In range, a unary read's wait is capped at 60 s ("up to 60 seconds"), not refused.
-    status, _, _ = h2_request(s2_server.port, "GET", f"/v1/streams/s/records?seq_num=0&wait={2**31 - 1}&count=0",
-                              {"s2-basin": basin_name}, timeout=5)
-    assert status == 200
+
+
+def test_read_wait_of_a_unary_read_is_capped_not_refused(tmp_path, monkeypatch):
+    """read's `wait`: "you can achieve long poll semantics by specifying a non-zero duration up to 60 seconds". A
+    unary read asking for longer, within int32, is not refused: it waits for the cap (s2-lite's
+    MAX_UNARY_READ_WAIT, 60 s) and answers 200 with an empty batch and the tail. The server's cap is lowered to
+    2 s here (SLUICE_S2_MAX_UNARY_WAIT_S) so that the clamp shows without waiting a minute."""
+    from sluice.s2local import LocalS2
+
+    monkeypatch.delenv("SLUICE_S2_MAX_UNARY_WAIT_S", raising=False)
+    default = subprocess.run([sys.executable, "-c", "from sluice.s2local._app import MAX_UNARY_WAIT_S as cap; "
+                              "print(cap)"], capture_output=True, text=True, check=True, timeout=60)
+    assert default.stdout.strip() == "60"  # unless told otherwise, the server's cap is S2's
+    monkeypatch.setenv("SLUICE_S2_MAX_UNARY_WAIT_S", "2")
+    with LocalS2() as server:
+        create_stream(server, "wait-cap-basin")
+        started = time.monotonic()
+        try:
+            status, _, body = h2_request(server.port, "GET", f"/v1/streams/s/records?seq_num=0&wait={2**31 - 1}",
+                                         {"s2-basin": "wait-cap-basin", "accept": "application/json"}, timeout=30)
+        except TimeoutError:
+            pytest.fail("the unary read waited past the cap")
+        waited = time.monotonic() - started
+    assert (status, json.loads(body)) == (200, {"records": [], "tail": {"seq_num": 0, "timestamp": 0}})
+    assert 2 <= waited < 30, waited  # it did wait, for the cap and not for what was asked
 
 
 # ---------------------------------------------------------------- account/basin/stream metrics: start and end
