@@ -122,16 +122,30 @@ def basin_config_view(config: dict[str, Any]) -> dict[str, Any]:
             "create_stream_on_read": bool(config.get("create_stream_on_read"))}
 
 
-def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Validate a StreamConfig JSON object as S2 does, filling unset fields from `base`."""
+def _cleared(config: Any, known: set[str]) -> set[str]:
+    """The fields a reconfiguration sets to null. StreamReconfiguration, TimestampingReconfiguration,
+    DeleteOnEmptyReconfiguration and BasinReconfiguration make their fields nullable: null resets a field to its
+    default, absent leaves it as it is (s2-lite's `Maybe`: "`Specified(None)` clears it to the default")."""
+    return {key for key, value in config.items() if value is None and key in known} if isinstance(config, dict) \
+        else set()
+
+
+def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] | None = None, *,
+                            reconfigure: bool = False) -> dict[str, Any]:
+    """Validate a StreamConfig JSON object as S2 does, filling unset fields from `base`; as a StreamReconfiguration
+    (`reconfigure`) a null field is reset to its default."""
     out = dict(base or {})
     if config is None:
         return out
-    fields = _set_fields(config, "stream config", {"storage_class", "retention_policy", "timestamping",
-                                                   "delete_on_empty"})
+    known = {"storage_class", "retention_policy", "timestamping", "delete_on_empty"}
+    fields = _set_fields(config, "stream config", known)
+    for key in _cleared(config, known) if reconfigure else ():
+        out.pop(key, None)
     for key, value in fields.items():
         if key == "timestamping":
             merged = dict(out.get("timestamping") or {})
+            for sub in _cleared(value, {"mode", "uncapped"}) if reconfigure else ():
+                merged.pop(sub, None)
             merged.update(_set_fields(value, "timestamping", {"mode", "uncapped"}))
             if merged.get("mode") is not None and merged["mode"] not in TIMESTAMPING_MODES:
                 raise S2Error("invalid", f"timestamping.mode must be one of {', '.join(TIMESTAMPING_MODES)}")
@@ -146,6 +160,10 @@ def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] 
             out[key] = _retention(value)
         else:  # delete_on_empty
             doe = _set_fields(value, "delete_on_empty", {"min_age_secs"})
+            if reconfigure and "min_age_secs" not in doe:
+                if _cleared(value, {"min_age_secs"}):
+                    out.pop(key, None)
+                continue  # {} changes nothing
             out[key] = {"min_age_secs": check_uint(doe.get("min_age_secs", 0), "delete_on_empty.min_age_secs")}
     return out
 
@@ -290,15 +308,18 @@ class Core:
         self.basins[name] = basin
         return basin, True
 
-    def _basin_config(self, config: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _basin_config(self, config: dict[str, Any] | None, base: dict[str, Any] | None = None, *,
+                      reconfigure: bool = False) -> dict[str, Any]:
         out = dict(base or {})
         if config is None:
             return out
         fields = _set_fields(config, "basin config", {"default_stream_config", "create_stream_on_append",
                                                       "create_stream_on_read", "stream_cipher"})
+        for key in _cleared(config, {"default_stream_config", "stream_cipher"}) if reconfigure else ():
+            out.pop(key, None)
         for key, value in fields.items():
             if key == "default_stream_config":
-                value = normalize_stream_config(value, out.get("default_stream_config"))
+                value = normalize_stream_config(value, out.get("default_stream_config"), reconfigure=reconfigure)
             elif key in ("create_stream_on_append", "create_stream_on_read") and not isinstance(value, bool):
                 raise S2Error("invalid", f"{key} must be true or false")
             if key == "stream_cipher":
@@ -332,7 +353,7 @@ class Core:
 
     async def reconfigure_basin(self, name: str, config: dict[str, Any] | None) -> Basin:
         basin = self.basin(name)
-        new = self._basin_config(config, basin.config)
+        new = self._basin_config(config, basin.config, reconfigure=True)
         await self._write(self.storage.update_basin, name, json.dumps(new))
         basin.config = new
         return basin
@@ -407,7 +428,7 @@ class Core:
 
     async def reconfigure_stream(self, basin: str, name: str, config: dict[str, Any] | None) -> Stream:
         stream = self.stream(basin, name)
-        new = normalize_stream_config(config, stream.config)
+        new = normalize_stream_config(config, stream.config, reconfigure=True)
         await self._write(self.storage.update_stream, stream.id, json.dumps(new))
         stream.config = new
         return stream

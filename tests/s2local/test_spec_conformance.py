@@ -256,3 +256,42 @@ def test_locations_are_the_one_location_basins_report(s2_server, basin_name):
             assert {b.location for b in basins if b.name == basin_name} == {"local"}
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- reconfigure_basin / reconfigure_stream (PATCH)
+def test_reconfigure_with_null_resets_a_field_to_its_default(s2_server, basin_name):
+    """PATCH /streams/{stream} and /basins/{basin}: StreamReconfiguration, TimestampingReconfiguration,
+    DeleteOnEmptyReconfiguration and BasinReconfiguration make every field nullable. A field sent as null is reset to
+    its default, a field left out keeps its value, an empty nested object changes nothing (s2-lite: `Maybe`,
+    "`Specified(None)` clears it to the default")."""
+    stream_headers = {"s2-basin": basin_name, "content-type": "application/json"}
+
+    def patch(path, headers, body):
+        status, _, answer = h2_request(s2_server.port, "PATCH", path, headers, json.dumps(body).encode())
+        assert status == 200, answer
+        return json.loads(answer)
+
+    basin_config = {"stream_cipher": "aes-256-gcm", "create_stream_on_append": True,
+                    "default_stream_config": {"storage_class": "standard", "retention_policy": {"age": 60}}}
+    status, _, _ = h2_request(s2_server.port, "POST", "/v1/basins", {"content-type": "application/json"},
+                              json.dumps({"basin": basin_name, "config": basin_config}).encode())
+    assert status == 201
+    stream_config = {"storage_class": "standard", "retention_policy": {"age": 3600},
+                     "timestamping": {"mode": "arrival", "uncapped": True}, "delete_on_empty": {"min_age_secs": 60}}
+    status, _, _ = h2_request(s2_server.port, "POST", "/v1/streams", stream_headers,
+                              json.dumps({"stream": "s", "config": stream_config}).encode())
+    assert status == 201
+    assert patch("/v1/streams/s", stream_headers, {"delete_on_empty": {}}) == stream_config
+    got = patch("/v1/streams/s", stream_headers, {"storage_class": None, "timestamping": {"mode": None}})
+    assert got == {**stream_config, "storage_class": "express", "timestamping": {"mode": "client-prefer",
+                                                                                  "uncapped": True}}
+    got = patch("/v1/streams/s", stream_headers, {"retention_policy": None, "timestamping": None,
+                                                  "delete_on_empty": {"min_age_secs": None}})
+    assert got == {**S2_STREAM_DEFAULTS, "storage_class": "express"}
+    basin_path = f"/v1/basins/{basin_name}"
+    json_headers = {"content-type": "application/json"}
+    got = patch(basin_path, json_headers, {"default_stream_config": {"storage_class": None}})
+    assert got["default_stream_config"] == {"retention_policy": {"age": 60}}
+    got = patch(basin_path, json_headers, {"stream_cipher": None, "default_stream_config": None})
+    assert got == {"default_stream_config": None, "stream_cipher": None, "create_stream_on_append": True,
+                   "create_stream_on_read": False}
