@@ -11,8 +11,9 @@ BY id`; the DataFrame is cached in 2 partitions.
   a git worktree in a child process against the same server;
 - clickhouse-connect: ClickHouse's Python client in one process, `insert_arrow` of the same Arrow rows in slices
   of 100,000 and `query_arrow` of the table (compress=False and uncompressed Arrow output: loopback, as sluice);
-- limit: one process POSTing the same rows as pre-built ArrowStream bodies (no Spark, no encoding in the timed
-  part), and reading `FORMAT ArrowStream` through sluice's client: what the server takes and gives one client;
+- limit: one process encoding the same Arrow slices as ArrowStream bodies (as the sink does) and POSTing them
+  through sluice's client, and reading `FORMAT ArrowStream` through it: what the server takes and gives one client
+  without Spark. The encoding is timed, as `insert_arrow`'s is, so the two clients are compared on the same work;
 - floor: the same DataFrame into `sluice_null` (Spark's hand-over of rows to Python workers, no store), in each
   Spark session (the checkout's and --before's), so each write is also seen against its own session's floor.
 Each figure is rows per second, the best of --rounds; with the CPU seconds of each component.
@@ -36,6 +37,7 @@ from _cpu import clocked
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = "id Int64, k Int32, v Float64, s String"
 BATCH = 100_000
+CHILD_PASSWORD = "SLUICE_BENCH_CLICKHOUSE_PASSWORD"  # the server's password, handed to the --before child
 
 
 def sluice_runs(url: str, password: str, rows: int, rounds: int, fresh) -> dict[str, list]:
@@ -59,7 +61,8 @@ def sluice_runs(url: str, password: str, rows: int, rounds: int, fresh) -> dict[
 
 
 def client_runs(url: str, password: str, rows: int, rounds: int, fresh, count) -> dict[str, list]:
-    """One process, no Spark: ClickHouse's own client, and sluice's client with pre-built bodies (the limit)."""
+    """One process, no Spark: ClickHouse's own client, and sluice's client (the limit), each encoding the same Arrow
+    slices inside its timed part."""
     import clickhouse_connect
     import numpy as np
     import pyarrow as pa
@@ -72,12 +75,14 @@ def client_runs(url: str, password: str, rows: int, rounds: int, fresh, count) -
     arrow = pa.table({"id": ids, "k": (ids % 1000).astype(np.int32), "v": ids * 0.25,
                       "s": pc.binary_join_element_wise("name-", pa.array(ids).cast(pa.string()), "")})
     slices = [arrow.slice(i, BATCH) for i in range(0, rows, BATCH)]
-    bodies = []
-    for piece in slices:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, piece.schema) as writer:
-            writer.write_table(piece)
-        bodies.append(sink.getvalue().to_pybytes())
+
+    def post_all(conn, insert: str) -> None:
+        for piece in slices:  # each body encoded as the sink's InsertPlan.body does, then POSTed
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, piece.schema) as writer:
+                writer.write_table(piece)
+            conn.request(insert, body=sink.getvalue().to_pybytes())
+
     host, port = url.removeprefix("http://").split(":")
     client = clickhouse_connect.get_client(host=host, port=int(port), username="default", password=password,
                                            autogenerate_session_id=False, compress=False)
@@ -92,7 +97,7 @@ def client_runs(url: str, password: str, rows: int, rounds: int, fresh, count) -
         table = fresh()
         conn = Connection.from_options(WRITE_SPEC.parse({"url": url, "password": password, "table": table}))
         insert = f"INSERT INTO {table} FORMAT ArrowStream"
-        runs["limit_insert"].append(clocked(lambda c=conn, i=insert: [c.request(i, body=b) for b in bodies]))
+        runs["limit_insert"].append(clocked(lambda c=conn, i=insert: post_all(c, i)))
         count(table)
         select = f"SELECT * FROM {table}"
         runs["limit_read"].append(clocked(lambda c=conn, q=select: sum(b.num_rows for b in c.arrow_batches(q))))
@@ -104,10 +109,20 @@ def before_runs(rev: str, url: str, password: str, rows: int, rounds: int) -> di
     """sluice at `rev`, from a git worktree, in a child process (its Spark workers import that sluice too)."""
     tree = Path(tempfile.mkdtemp(prefix="sluice-before-"))
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+    # Spark's Python workers import every top-level pyspark_* module on their path to find data sources, and one
+    # failed import fails them all. The checkout stays on that path (the editable install), and its modules for
+    # connectors `rev` lacks would import them from `rev`'s sluice: an empty module of the same name in the tree,
+    # which comes first on the path, is found instead.
+    for module in ROOT.glob("pyspark_*.py"):
+        if not (tree / module.name).exists():
+            (tree / module.name).write_text(f"# {module.stem} does not exist at {rev}: this stands in for the "
+                                            "checkout's module.\n")
     try:
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        out = subprocess.run([sys.executable, __file__, "--child", url, "--password", password, "--rows", str(rows),
-                              "--rounds", str(rounds)], env=env, cwd=tree, check=True, capture_output=True, text=True)
+        env = {**os.environ, "PYTHONPATH": str(tree), CHILD_PASSWORD: password}  # never on a command line (`ps`)
+        out = subprocess.run([sys.executable, __file__, "--child", url, "--rows", str(rows), "--rounds", str(rounds)],
+                             env=env, cwd=tree, capture_output=True, text=True)
+        if out.returncode != 0:  # its output was captured: show why it failed
+            raise RuntimeError(f"the --before {rev} run exited with {out.returncode}:\n{out.stderr[-4000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
@@ -119,14 +134,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--before", default="6cec1cf", help="the commit whose connector is 'sluice before'")
     parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)  # run sluice's contenders only
-    parser.add_argument("--password", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         from sluice.testing._clickhouse import ClickHouseHTTP
 
-        server = ClickHouseHTTP(password=args.password)
+        password = os.environ[CHILD_PASSWORD]
+        server = ClickHouseHTTP(password=password)
         server.port = int(args.child.rsplit(":", 1)[1])
-        print(json.dumps(sluice_runs(args.child, args.password, args.rows, args.rounds, fresh_table(server))))
+        print(json.dumps(sluice_runs(args.child, password, args.rows, args.rounds, fresh_table(server))))
         return 0
 
     sys.path.insert(0, str(ROOT))
