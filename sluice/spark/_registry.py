@@ -21,6 +21,7 @@ BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
     "postgres": "sluice.connectors.postgres:PostgresDataSource",
     "postgres_changes": "sluice.connectors.postgres:PostgresChangesDataSource",
     "clickhouse": "sluice.connectors.clickhouse:ClickHouseDataSource",
+    "cassandra": "sluice.connectors.cassandra:CassandraDataSource",
     "tablestore": "sluice.tablestore:TableStoreDataSource",
 })
 # What register() and sluice.write() know: the built-ins plus any added with add_format (e.g. test formats).
@@ -46,7 +47,7 @@ def data_source_class(format_name: str) -> type[EngineDataSource]:
 DISCOVERY_MODULES: Mapping[str, str] = MappingProxyType({
     "sluice_null": "pyspark_sluice_null", "s2": "pyspark_sluice_s2", "s2_upsert": "pyspark_sluice_s2_upsert",
     "postgres": "pyspark_sluice_postgres", "postgres_changes": "pyspark_sluice_postgres_changes",
-    "clickhouse": "pyspark_sluice_clickhouse",
+    "clickhouse": "pyspark_sluice_clickhouse", "cassandra": "pyspark_sluice_cassandra",
     "tablestore": "pyspark_sluice_tablestore",
     "sluice_summary": "pyspark_sluice_summary",
 })

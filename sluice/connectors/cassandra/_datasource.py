@@ -1,0 +1,149 @@
+"""`format("cassandra")`: the Spark data source; writes in _sink.py, reads in _source.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pyspark.sql.types import StructType
+
+from sluice.connector import (
+    PARTITION_ORDERED,
+    UNORDERED,
+    EngineDataSource,
+    OptionError,
+    Options,
+    SinkConfig,
+    SplitBatchReader,
+)
+from sluice.connectors.cassandra._session import Connection
+from sluice.connectors.cassandra._sink import WRITE_SPEC, CassandraWritePlan, RowPlan
+from sluice.connectors.cassandra._source import READ_SPEC, CassandraEnumerator, CassandraReader, check_columns
+from sluice.connectors.cassandra._table import TableInfo, describe
+from sluice.connectors.cassandra._types import spark_type, write_problem
+
+NO_TRANSACTIONS = (
+    "sink.transactional=true: Cassandra has no transactions sluice could commit a write or micro-batch in. Every "
+    "row already carries its write timestamp, so a retried or replayed batch rewrites the same cells and changes "
+    "nothing (write.timestamp=micro-batch or write.timestamp-column make replays exact; docs/cassandra.md). Remove "
+    "sink.transactional."
+)
+
+
+class CassandraDataSource(EngineDataSource):
+    """`format("cassandra")`: see the package docstring for usage."""
+
+    format_name = "cassandra"
+
+    write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
+
+    def _table(self, opts: Options) -> tuple[Connection, TableInfo]:
+        """The cluster and table, described once per planned write (Spark makes a DataSource per write)."""
+        conn = Connection.from_options(opts)
+        described: dict[Connection, TableInfo] = self.__dict__.setdefault("_described", {})
+        if conn not in described:
+            described[conn] = describe(conn)
+        return conn, described[conn]
+
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        """The table's partition key: rows of one partition share a task and, with batch.grouping=partition,
+        a batch."""
+        return self._table(opts)[1].partition_key
+
+    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
+        if opts["sink.transactional"]:
+            raise OptionError(NO_TRANSACTIONS)
+        config = super().sink_config(opts, schema)
+        if opts["batch.grouping"] != "partition":
+            # Every row carries its write timestamp, so batches of any rows may go in any order: unordered, unless
+            # the write asked for a mode or a partition-ordered setting itself.
+            ordered = ("sink.mode", "sink.partition-key", "sink.parallelism", "sink.flush-on-checkpoint",
+                       "sink.batch-by")
+            return config if any(opts.is_set(o) for o in ordered) else replace(config, mode=UNORDERED,
+                                                                              partition_key=())
+        partition_key = self._table(opts)[1].partition_key
+        if config.mode != PARTITION_ORDERED or config.partition_key != partition_key:
+            raise OptionError(f"batch.grouping=partition batches rows by the table's partition key "
+                              f"{list(partition_key)}, which needs sink.mode=partition-ordered by exactly that key "
+                              f"(got sink.mode={config.mode}, sink.partition-key={list(config.partition_key)}). "
+                              "Remove sink.mode and sink.partition-key, or use batch.grouping=mixed or none.")
+        if opts.is_set("sink.batch-by") and config.batch_by != "key":
+            raise OptionError("batch.grouping=partition makes every batch one partition key (sink.batch-by=key); "
+                              "remove sink.batch-by.")
+        return replace(config, batch_by="key")
+
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig,
+                   overwrite: bool) -> CassandraWritePlan:
+        if overwrite:
+            raise OptionError("format 'cassandra' cannot overwrite atomically; TRUNCATE the table first, then use "
+                              "mode('append').")
+        conn, info = self._table(opts)
+        table = conn.target
+        names = schema.fieldNames()
+        special = {"upsert.op-column": opts["upsert.op-column"],
+                   "write.timestamp-column": opts["write.timestamp-column"],
+                   "write.ttl-column": opts["write.ttl-column"]}
+        for option, column in special.items():
+            if column is not None and column not in names:
+                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
+        if opts["write.timestamp-column"] and opts.is_set("write.timestamp"):
+            raise OptionError("write.timestamp and write.timestamp-column both say where timestamps come from; "
+                              "keep one.")
+        if opts["write.ttl-column"] and opts["write.ttl"]:
+            raise OptionError("write.ttl and write.ttl-column both set the TTL; keep one.")
+        columns = [c for c in names if c not in special.values()]
+        for name in columns:
+            if name not in info.columns:
+                close = [c for c in info.columns if c.lower() == name.lower()]
+                hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
+                raise OptionError(f"column '{name}' of the DataFrame is not in table {table}{hint}; table columns: "
+                                  f"{list(info.columns)}. Drop or rename it.")
+        missing = [c for c in info.primary_key if c not in columns]
+        if missing:
+            raise OptionError(f"the DataFrame has no column {missing} of {table}'s primary key "
+                              f"({info.key_description()}); every row needs its whole primary key.")
+        for name in columns:
+            problem = write_problem(info.columns[name], schema[name].dataType, f"column '{name}'")
+            if problem:
+                raise OptionError(f"{problem} ({table}).")
+        _check_special_types(schema, opts)
+        timestamp = "column" if opts["write.timestamp-column"] else opts["write.timestamp"]
+        rows = RowPlan(tuple(columns), {c: info.columns[c] for c in columns}, info.primary_key,
+                       opts["upsert.op-column"], timestamp, opts["write.timestamp-column"], opts["write.ttl"],
+                       opts["write.ttl-column"], opts["write.ignore-nulls"])
+        return CassandraWritePlan(self.format_name, opts, schema, config, conn, rows)
+
+    # ------------------------------------------------------------------ reading
+    def _read_parts(self) -> tuple[Options, Connection, TableInfo]:
+        opts = READ_SPEC.parse(self.options)
+        conn = Connection.from_options(opts)
+        return opts, conn, describe(conn)
+
+    def schema(self) -> StructType:
+        from pyspark.sql.types import StructField
+
+        _, _, info = self._read_parts()
+        return StructType([StructField(name, spark_type(kind, name)) for name, kind in info.columns.items()])
+
+    def reader(self, schema: StructType) -> SplitBatchReader:
+        from sluice.spark._compat import to_arrow_schema
+
+        opts, conn, info = self._read_parts()
+        check_columns(info, schema.fieldNames(), conn)
+        reader = CassandraReader(conn, info, to_arrow_schema(schema), opts["read.fetch-size"],
+                                 opts["read.consistency"])
+        enumerator = CassandraEnumerator(conn, opts["partitions"], opts["read.split-size-mb"] * 1024 * 1024)
+        return SplitBatchReader(enumerator, reader, None)
+
+
+def _check_special_types(schema: StructType, opts: Options) -> None:
+    from pyspark.sql import types as T
+
+    stamp = opts["write.timestamp-column"]
+    if stamp and not isinstance(schema[stamp].dataType, T.LongType | T.TimestampType):
+        raise OptionError(f"write.timestamp-column '{stamp}' is {schema[stamp].dataType.simpleString()}; it must be "
+                          "a long (microseconds since the epoch) or a timestamp.")
+    ttl = opts["write.ttl-column"]
+    if ttl and not isinstance(schema[ttl].dataType, T.IntegerType | T.LongType | T.ShortType):
+        raise OptionError(f"write.ttl-column '{ttl}' is {schema[ttl].dataType.simpleString()}; it must be an "
+                          "integer number of seconds.")

@@ -1,0 +1,183 @@
+"""Cassandra connection options, one driver session per Python process and server, and the driver's errors
+sorted into retry, slow down and fail.
+
+The client is the Apache Cassandra Python driver (`cassandra-driver`): the project's own driver, token-aware by
+default (a statement with a routing key goes to a replica of its partition), with a compiled serializer and
+asynchronous execution; `scylla-driver` is its fork with the same API, `acsylla` wraps the C++ driver with a
+smaller API and no metadata for token ranges. A `Cluster` costs a control connection and a metadata fetch, so
+tasks in one Python worker share one session per server and credentials (`session_for`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, ThrottledError
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+CONSISTENCY_LEVELS = ("ANY", "ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE")
+
+CONNECTION_OPTIONS = (
+    Option("host", "list", (), "Contact points: host names or addresses of Cassandra nodes (the driver finds the "
+           "others).", required=True),
+    Option("port", "int", 9042, "The nodes' native (CQL) port.", minimum=1, maximum=65535),
+    Option("keyspace", "str", None, "Keyspace of the table.", required=True),
+    Option("table", "str", None, "Table name (as created; quoted for you).", required=True),
+    Option("username", "str", None, "User for PasswordAuthenticator."),
+    Option("password", "str", None, "Password (else CASSANDRA_PASSWORD on the driver). Never logged.", secret=True),
+    Option("ssl", "bool", False, "TLS to the nodes, verified against the system's trusted CAs (or ssl.ca-pem)."),
+    Option("ssl.ca-pem", "str", None, "PEM text of the CA that signed the nodes' certificates (text, not a path: "
+           "executors are other machines). Implies ssl=true."),
+    Option("local-dc", "str", None, "The data center whose nodes take requests (DCAwareRoundRobinPolicy); "
+           "default: the driver's choice from the contact points."),
+    Option("request.timeout-ms", "int", 12_000, "Client-side timeout of one request.", minimum=100),
+)
+
+
+class CassandraError(SinkError):
+    """A request Cassandra refused, or that failed for good; the message never holds the password."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Resolved on the driver (password from the option or the driver's CASSANDRA_PASSWORD), pickled to tasks."""
+
+    hosts: tuple[str, ...]
+    port: int
+    keyspace: str
+    table: str
+    username: str | None
+    timeout_s: float
+    ssl: bool = False
+    ca_pem: str | None = field(default=None, repr=False)
+    local_dc: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_options(cls, opts: Options) -> Connection:
+        if not opts["host"]:
+            raise OptionError("host must name at least one Cassandra node, e.g. .option('host', '10.0.0.1,10.0.0.2')")
+        password = opts["password"] if opts["password"] is not None else os.environ.get("CASSANDRA_PASSWORD")
+        if password is not None and not opts["username"]:
+            raise OptionError("password is set but username is not: set .option('username', ...) too.")
+        return cls(tuple(opts["host"]), opts["port"], opts["keyspace"], opts["table"], opts["username"],
+                   opts["request.timeout-ms"] / 1000, opts["ssl"] or opts["ssl.ca-pem"] is not None,
+                   opts["ssl.ca-pem"], opts["local-dc"], password)
+
+    @property
+    def target(self) -> str:
+        return f"{quote_ident(self.keyspace)}.{quote_ident(self.table)}"
+
+    @property
+    def display(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        return f"cassandra://{user}{','.join(self.hosts)}:{self.port}/{self.keyspace}.{self.table}"
+
+    def session(self) -> Session:
+        return session_for(self)
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+TUPLES = "sluice-tuples"  # the execution profile whose rows are plain tuples (reads build Arrow columns from them)
+_SESSIONS: dict[tuple[Any, ...], Session] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def session_for(conn: Connection) -> Session:
+    """This process's session to `conn`'s cluster as `conn`'s user (one per server, user and TLS setting)."""
+    key = (conn.hosts, conn.port, conn.username, conn.password, conn.ssl, conn.ca_pem, conn.local_dc)
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(key)
+        if session is None or session.is_shutdown:
+            session = _SESSIONS[key] = _connect(conn)
+        return session
+
+
+def forget_session(conn: Connection) -> None:
+    """Close this process's session to `conn`'s cluster, so the next session_for() connects anew (after a restart
+    of the cluster, before the old session's reconnection finds it)."""
+    key = (conn.hosts, conn.port, conn.username, conn.password, conn.ssl, conn.ca_pem, conn.local_dc)
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.pop(key, None)
+    if session is not None:
+        session.cluster.shutdown()
+
+
+def _connect(conn: Connection) -> Session:
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+    from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+    from cassandra.query import tuple_factory
+
+    ssl_context = None
+    if conn.ssl:
+        import ssl
+
+        ssl_context = ssl.create_default_context(cadata=conn.ca_pem) if conn.ca_pem else ssl.create_default_context()
+    auth = PlainTextAuthProvider(conn.username, conn.password or "") if conn.username else None
+    policy = TokenAwarePolicy(DCAwareRoundRobinPolicy(conn.local_dc))
+    profiles = {EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=policy, request_timeout=conn.timeout_s),
+                TUPLES: ExecutionProfile(load_balancing_policy=policy, request_timeout=conn.timeout_s,
+                                         row_factory=tuple_factory)}
+    cluster = Cluster(list(conn.hosts), port=conn.port, auth_provider=auth, ssl_context=ssl_context,
+                      execution_profiles=profiles, protocol_version=5,
+                      # A restarted node is found again within seconds (the driver's default waits up to 10 min).
+                      reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
+                      connect_timeout=max(5.0, conn.timeout_s / 2))
+    try:
+        return cluster.connect()
+    except NoHostAvailable as e:
+        cluster.shutdown()
+        raise CassandraError(f"cannot connect to Cassandra at {conn.display}: {_describe_no_host(e)}",
+                             store="cassandra", target=conn.display) from None
+
+
+def _describe_no_host(error: Any) -> str:
+    from cassandra import AuthenticationFailed
+
+    causes = list(getattr(error, "errors", {}).values())
+    if any(isinstance(c, AuthenticationFailed) for c in causes):
+        return ("authentication failed: check username and password (or CASSANDRA_PASSWORD), and that the user "
+                "exists")
+    return "; ".join(f"{type(c).__name__}: {c}" for c in causes) or str(error)
+
+
+def classify(error: BaseException, conn: Connection, rows: int | None = None) -> BaseException:
+    """A driver error as sluice's: RetryableError for what passes (timeouts, unavailable replicas, lost
+    connections), ThrottledError for an overloaded node (the engine slows down), CassandraError otherwise."""
+    from cassandra import (
+        CoordinationFailure,
+        InvalidRequest,
+        OperationTimedOut,
+        RequestExecutionException,
+        Unavailable,
+    )
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.connection import ConnectionException
+    from cassandra.protocol import IsBootstrappingErrorMessage, OverloadedErrorMessage
+
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, OverloadedErrorMessage | IsBootstrappingErrorMessage):
+        return ThrottledError(text)
+    if isinstance(error, NoHostAvailable) and any(
+            isinstance(c, OverloadedErrorMessage) for c in getattr(error, "errors", {}).values()):
+        return ThrottledError(text)
+    if isinstance(error, OperationTimedOut | Unavailable | NoHostAvailable | ConnectionException |
+                  CoordinationFailure) or (isinstance(error, RequestExecutionException)
+                                           and "timeout" in type(error).__name__.lower()):
+        return RetryableError(text)
+    if isinstance(error, InvalidRequest) and "Batch too large" in str(error):
+        return CassandraError(f"a batch of {rows} statements into {conn.target} is over the server's "
+                              f"batch_size_fail_threshold ({error}). Lower sink.flush-buffer.size (the bytes of one "
+                              "batch) or sink.batch.max-size, or raise the threshold in cassandra.yaml.",
+                              store="cassandra", target=conn.display, batch_records=rows)
+    return CassandraError(f"Cassandra refused a request into {conn.target}: {text}", store="cassandra",
+                          target=conn.display, batch_records=rows, cause=error)

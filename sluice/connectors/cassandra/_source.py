@@ -1,0 +1,98 @@
+"""`format("cassandra")` reads: splits by ranges of the partitioner's token ring (FLIP-27's split enumerator and
+split reader), each read with a paged `SELECT ... WHERE token(key) > lo AND token(key) <= hi`.
+
+The number of splits comes from the table's size estimates (`system.size_estimates`, refreshed by each node every
+few minutes) divided by `read.split-size-mb`, or is set with `partitions`. Cassandra has no snapshots: splits read
+at slightly different moments, so a read concurrent with writes may see some of them (docs/cassandra.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from sluice.connector import Option, OptionError, OptionSpec, Split, SplitEnumerator, SplitReader
+from sluice.connectors.cassandra._session import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, TUPLES, Connection, quote_ident
+from sluice.connectors.cassandra._table import TableInfo
+from sluice.connectors.cassandra._types import CQLType, arrow_column
+
+MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1  # Murmur3Partitioner's ring (it never produces MIN_TOKEN itself)
+
+READ_OPTIONS = (
+    Option("partitions", "int", None, "Splits (Spark partitions) of a read, as equal ranges of the token ring; "
+           "default: the table's estimated size / read.split-size-mb.", minimum=1, maximum=100_000),
+    Option("read.split-size-mb", "int", 64, "Estimated megabytes per split when partitions is not set.", minimum=1),
+    Option("read.fetch-size", "int", 5000, "Rows per page of a split's SELECT.", minimum=1, maximum=1_000_000),
+    Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads.", choices=CONSISTENCY_LEVELS),
+)
+READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+
+def estimated_bytes(conn: Connection) -> int:
+    """The table's size as the contacted node estimates it (0 before its first estimate)."""
+    rows = conn.session().execute(
+        "SELECT mean_partition_size, partitions_count FROM system.size_estimates "
+        "WHERE keyspace_name = %s AND table_name = %s", (conn.keyspace, conn.table))
+    return sum(r.mean_partition_size * r.partitions_count for r in rows)
+
+
+class CassandraEnumerator(SplitEnumerator):
+    """A batch read's splits: token ranges (lo, hi], each read once (positions 0..1)."""
+
+    def __init__(self, conn: Connection, partitions: int | None, split_bytes: int) -> None:
+        self.conn, self.partitions, self.split_bytes = conn, partitions, split_bytes
+
+    def discover(self) -> list[Split]:
+        count = self.partitions or max(1, math.ceil(estimated_bytes(self.conn) / self.split_bytes))
+        step = (MAX_TOKEN - MIN_TOKEN) // count
+        bounds = [MIN_TOKEN + i * step for i in range(count)] + [MAX_TOKEN]
+        return [Split(f"tokens:{lo}", {"lo": lo, "hi": hi}) for lo, hi in itertools.pairwise(bounds)]
+
+    def start_position(self, split: Split) -> int:
+        return 0
+
+    def end_position(self, split: Split) -> int:
+        return 1
+
+
+class CassandraReader(SplitReader):
+    def __init__(self, conn: Connection, info: TableInfo, schema: pa.Schema, fetch_size: int,
+                 consistency: str) -> None:
+        self.conn, self.info, self.schema = conn, info, schema
+        self.fetch_size, self.consistency = fetch_size, consistency
+
+    def select(self) -> str:
+        columns = ", ".join(quote_ident(n) for n in self.schema.names) or "COUNT(*)"
+        token = f"token({', '.join(quote_ident(c) for c in self.info.partition_key)})"
+        return f"SELECT {columns} FROM {self.conn.target} WHERE {token} > ? AND {token} <= ?"
+
+    def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
+        from cassandra import ConsistencyLevel
+
+        session = self.conn.session()
+        statement = session.prepare(self.select())
+        statement.consistency_level = ConsistencyLevel.name_to_value[self.consistency]
+        statement.fetch_size = self.fetch_size
+        kinds: list[CQLType] = [self.info.columns[n] for n in self.schema.names]
+        result = session.execute(statement.bind((split.info["lo"], split.info["hi"])), execution_profile=TUPLES)
+        while True:
+            page = result.current_rows
+            if page:
+                columns = list(zip(*page, strict=True))
+                arrays = [arrow_column(list(values), kind, field.type)
+                          for values, kind, field in zip(columns, kinds, self.schema, strict=True)]
+                yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+            if not result.has_more_pages:
+                return
+            result.fetch_next_page()
+
+
+def check_columns(info: TableInfo, names: list[str], conn: Connection) -> None:
+    missing = [n for n in names if n not in info.columns]
+    if missing:
+        raise OptionError(f"column(s) {missing} of the given schema are not in {conn.target}; table columns: "
+                          f"{list(info.columns)}")

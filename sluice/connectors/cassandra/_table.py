@@ -1,0 +1,73 @@
+"""What the driver learns about the target table once per write or read: columns and their CQL types, the
+partition key and clustering columns, from the driver's schema metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.connector import OptionError
+from sluice.connectors.cassandra._session import Connection, forget_session
+from sluice.connectors.cassandra._types import CQLType, parse
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    columns: dict[str, CQLType]  # every column in table order
+    partition_key: tuple[str, ...]
+    clustering: tuple[str, ...]
+    replication: str  # for messages: the keyspace's replication strategy
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        return self.partition_key + self.clustering
+
+    def key_description(self) -> str:
+        clustering = f", clustering columns {list(self.clustering)}" if self.clustering else ""
+        return f"partition key {list(self.partition_key)}{clustering}"
+
+
+def _close(name: str, known: list[str]) -> str:
+    same = [k for k in known if k.lower() == name.lower()]
+    return f" (did you mean '{same[0]}'? names are case-sensitive)" if same else ""
+
+
+def _refreshed(conn: Connection) -> Any:
+    cluster = conn.session().cluster
+    metadata = cluster.metadata
+    if conn.keyspace in metadata.keyspaces:
+        cluster.refresh_table_metadata(conn.keyspace, conn.table)
+    if conn.keyspace not in metadata.keyspaces or conn.table not in metadata.keyspaces[conn.keyspace].tables:
+        cluster.refresh_schema_metadata()
+    return metadata
+
+
+def describe(conn: Connection) -> TableInfo:
+    """The table as the cluster knows it now: the process's driver session is shared and long-lived, so its
+    schema metadata is refreshed first (it may predate the table, or a column added since)."""
+    from cassandra import DriverException
+
+    try:
+        metadata = _refreshed(conn)
+    except DriverException:  # the cached session lost its control connection (a restarted node): connect anew
+        forget_session(conn)
+        metadata = _refreshed(conn)
+    keyspace = metadata.keyspaces.get(conn.keyspace)
+    if keyspace is None:
+        known = sorted(metadata.keyspaces)
+        raise OptionError(f"keyspace '{conn.keyspace}' does not exist at {conn.display}{_close(conn.keyspace, known)}"
+                          f"; keyspaces: {known}. Create it (CREATE KEYSPACE ...) or fix the option keyspace.")
+    table = keyspace.tables.get(conn.table)
+    if table is None:
+        known = sorted(keyspace.tables)
+        raise OptionError(f"table '{conn.table}' does not exist in keyspace '{conn.keyspace}'"
+                          f"{_close(conn.table, known)}; tables: {known}. Create it (CREATE TABLE ...) or fix the "
+                          "option table.")
+
+    def user_type(name: str) -> list[tuple[str, str]] | None:
+        found = keyspace.user_types.get(name.strip('"'))
+        return None if found is None else list(zip(found.field_names, found.field_types, strict=True))
+
+    columns = {name: parse(column.cql_type, user_type) for name, column in table.columns.items()}
+    return TableInfo(columns, tuple(c.name for c in table.partition_key), tuple(c.name for c in table.clustering_key),
+                     str(keyspace.replication_strategy.export_for_schema()))

@@ -1,0 +1,55 @@
+import contextlib
+import os
+import uuid
+
+import pytest
+
+from sluice.testing import LocalCassandra
+
+
+class Cass:
+    """The server under test, CQL helpers and unique table names (keyspace `sluice`, replication factor 1)."""
+
+    keyspace = "sluice"
+
+    def __init__(self, server: LocalCassandra) -> None:
+        self.server = server
+        self.cluster = server.cluster()
+        self.session = self.cluster.connect()
+        self.session.execute("CREATE KEYSPACE IF NOT EXISTS sluice WITH replication = "
+                             "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+
+    def cql(self, query: str, params=None) -> list:
+        return list(self.session.execute(query, params))
+
+    def table(self, columns: str) -> str:
+        name = f"t_{uuid.uuid4().hex[:10]}"
+        self.cql(f"CREATE TABLE sluice.{name} ({columns})")
+        return name
+
+    def opts(self, table: str, **more: str) -> dict[str, str]:
+        return {"host": self.server.host, "port": str(self.server.port), "keyspace": self.keyspace, "table": table,
+                **more}
+
+
+class RunningServer:
+    """A server started elsewhere (SLUICE_TEST_CASSANDRA=host:port), for quick runs of this folder by hand."""
+
+    def __init__(self, address: str) -> None:
+        self.host, _, port = address.rpartition(":")
+        self.port = int(port)
+
+    def cluster(self):
+        from cassandra.cluster import Cluster
+
+        return Cluster([self.host], port=self.port, protocol_version=5)
+
+
+@pytest.fixture(scope="session")
+def cass():
+    """A fresh Cassandra for the session, or the running one SLUICE_TEST_CASSANDRA names."""
+    address = os.environ.get("SLUICE_TEST_CASSANDRA")
+    with contextlib.nullcontext(RunningServer(address)) if address else LocalCassandra() as server:
+        c = Cass(server)
+        yield c
+        c.cluster.shutdown()

@@ -1,0 +1,217 @@
+"""format("cassandra") on a real Cassandra 5.0: upserts in one-partition batches, every CQL type with a Spark
+counterpart both ways, deletes, write timestamps and TTLs, replays, token-range reads, and refused input."""
+
+import datetime as dt
+import shutil
+import uuid
+from decimal import Decimal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import sluice
+
+pytestmark = pytest.mark.spark
+
+KEYED = "pk int, ck int, v text, amount double, PRIMARY KEY ((pk), ck)"
+
+
+def keyed_rows(spark, partitions: int, per_partition: int):
+    rows = [(p, c, f"v{p}-{c}", p * 1.5 + c) for p in range(partitions) for c in range(per_partition)]
+    return spark.createDataFrame(rows, "pk int, ck int, v string, amount double"), rows
+
+
+def stored(cass, table: str, columns: str = "pk, ck, v, amount") -> set[tuple]:
+    return {tuple(r) for r in cass.cql(f"SELECT {columns} FROM sluice.{table}")}
+
+
+def test_partition_grouping_sends_one_batch_per_partition_and_reads_back_in_token_ranges(spark, cass):
+    table = cass.table(KEYED)
+    df, rows = keyed_rows(spark, partitions=40, per_partition=5)
+    sluice.write(df, "cassandra", cass.opts(table))
+    summary = sluice.last_write_summary("cassandra")
+    assert stored(cass, table) == set(rows)
+    # Each partition's 5 small rows fit one batch, and no batch holds two partitions: 40 batches for 40 partitions.
+    assert summary["records"] == 200 and summary["batches"] == 40, summary
+    back = spark.read.format("cassandra").options(**cass.opts(table, partitions="4")).load()
+    assert back.rdd.getNumPartitions() == 4
+    assert back.schema.simpleString() == "struct<pk:int,ck:int,amount:double,v:string>"
+    assert sorted((r.pk, r.ck, r.v, r.amount) for r in back.collect()) == sorted(rows)
+
+
+def test_mixed_and_single_statement_groupings_write_the_same_rows_in_other_requests(spark, cass):
+    df, rows = keyed_rows(spark, partitions=40, per_partition=5)
+    batches = {}
+    for grouping in ("mixed", "none"):
+        table = cass.table(KEYED)
+        sluice.write(df.coalesce(1), "cassandra", cass.opts(table, **{"batch.grouping": grouping}))
+        assert stored(cass, table) == set(rows)
+        batches[grouping] = sluice.last_write_summary("cassandra")["batches"]
+    # Mixed batches fill up to sink.batch.max-size rows across partitions: far fewer requests than partitions.
+    assert batches["mixed"] < 40, batches
+
+
+TYPES = ("id int PRIMARY KEY, ti tinyint, si smallint, bi bigint, vi varint, de decimal, fl float, db double, "
+         "bo boolean, bl blob, tx text, asci ascii, ts timestamp, da date, tm time, u uuid, tu timeuuid, ip inet, "
+         "li list<int>, se set<text>, ma map<text, bigint>, tu2 tuple<int, text>, ad frozen<address>, "
+         "fl2 frozen<list<int>>, nested map<text, frozen<list<text>>>")
+SPARK = ("id int, ti byte, si short, bi long, vi decimal(38,0), de decimal(38,18), fl float, db double, bo boolean, "
+         "bl binary, tx string, asci string, ts timestamp, da date, tm long, u string, tu string, ip string, "
+         "li array<int>, se array<string>, ma map<string,bigint>, tu2 struct<_1:int,_2:string>, "
+         "ad struct<street:string,zip:int>, fl2 array<int>, nested map<string,array<string>>")
+
+
+def typed_rows(n: int) -> list[tuple]:
+    return [(i, i % 100 - 50, i * 300 - 20000, -(2**62) + i, Decimal(10**30 + i), Decimal(f"{i}.{i:018d}"),
+             float(i) / 4, i / 3, i % 2 == 0, bytes([i % 256, 7]), f"text ü {i}", f"ascii {i}",
+             dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i, milliseconds=i),
+             dt.date(1950, 1, 1) + dt.timedelta(days=i * 97), i * 1_000_000_007 % 86_400_000_000_000,
+             str(uuid.UUID(int=i * 7919 + 1)), str(uuid.uuid1(node=i + 1, clock_seq=i)), f"10.0.{i // 256}.{i % 256}",
+             list(range(i % 4)), sorted({f"s{i % 3}", "a"}), {f"k{i % 2}": i}, (i, f"t{i}"),
+             {"street": f"street {i}", "zip": 10000 + i}, [i, i + 1], {"x": [f"n{i}"]})
+            for i in range(50)]
+
+
+def test_every_cql_type_with_a_spark_counterpart_round_trips(spark, cass):
+    cass.cql("CREATE TYPE IF NOT EXISTS sluice.address (street text, zip int)")
+    table = cass.table(TYPES)
+    df = spark.createDataFrame(typed_rows(50), SPARK)
+    sluice.write(df, "cassandra", cass.opts(table))
+    # Stored as Cassandra itself reads it, not only as sluice reads it back.
+    row = cass.cql(f"SELECT vi, de, ts, da, tm, u, ip, se, tu2, ad FROM sluice.{table} WHERE id = 7")[0]
+    assert row.vi == 10**30 + 7 and row.de == Decimal("7.000000000000000007")
+    assert row.ts == dt.datetime(2026, 1, 1, 0, 0, 7, 7000)
+    assert str(row.da) == "1951-11-11" and row.tm.nanosecond_time == 7 * 1_000_000_007 % 86_400_000_000_000
+    assert row.u == uuid.UUID(int=7 * 7919 + 1) and row.ip == "10.0.0.7" and set(row.se) == {"a", "s1"}
+    assert row.tu2 == (7, "t7") and (row.ad.street, row.ad.zip) == ("street 7", 10007)
+    back = spark.read.format("cassandra").options(**cass.opts(table)).load().select(*df.columns)
+    assert back.schema.simpleString() == df.schema.simpleString().replace("bigint", "bigint")
+    got = {r.id: r.asDict(recursive=True) for r in back.collect()}
+    for want in df.collect():
+        expected = want.asDict(recursive=True)
+        expected["li"] = expected["li"] or None  # an empty non-frozen collection is no cells: Cassandra reads null
+        assert got[want.id] == expected, {k: (got[want.id][k], v) for k, v in expected.items()
+                                          if got[want.id][k] != v}
+
+
+def test_deletes_ttls_timestamps_and_ignored_nulls(spark, cass):
+    table = cass.table(KEYED)
+    df, _ = keyed_rows(spark, partitions=3, per_partition=3)
+    sluice.write(df, "cassandra", cass.opts(table))
+    changes = spark.createDataFrame([(0, 0, None, None, "d"), (1, 1, None, 9.0, "u"), (2, 2, "new", None, "u")],
+                                    "pk int, ck int, v string, amount double, op string")
+    sluice.write(changes, "cassandra", cass.opts(table, **{"upsert.op-column": "op", "write.ignore-nulls": "true"}))
+    got = {(r[0], r[1]): (r[2], r[3]) for r in stored(cass, table)}
+    assert (0, 0) not in got and len(got) == 8
+    assert got[(1, 1)] == ("v1-1", 9.0)  # the null v left the stored value alone
+    assert got[(2, 2)] == ("new", 5.0)
+    # A null without write.ignore-nulls deletes the cell, as CQL's INSERT of null does.
+    nulls = spark.createDataFrame([(1, 2, None, 1.0)], "pk int, ck int, v string, amount double")
+    sluice.write(nulls, "cassandra", cass.opts(table))
+    assert cass.cql(f"SELECT v FROM sluice.{table} WHERE pk = 1 AND ck = 2")[0].v is None
+
+    timed = spark.createDataFrame([(5, 0, "t", 1.0, 1_700_000_000_000_123, 3600)],
+                                  "pk int, ck int, v string, amount double, at long, ttl int")
+    sluice.write(timed, "cassandra", cass.opts(table, **{"write.timestamp-column": "at", "write.ttl-column": "ttl"}))
+    row = cass.cql(f"SELECT WRITETIME(v) AS w, TTL(v) AS t FROM sluice.{table} WHERE pk = 5 AND ck = 0")[0]
+    assert row.w == 1_700_000_000_000_123 and 3500 < row.t <= 3600
+    # An older timestamp than the stored cell's loses: the data's own timestamps decide, not arrival order.
+    older = spark.createDataFrame([(5, 0, "older", 1.0, 1_700_000_000_000_000)],
+                                  "pk int, ck int, v string, amount double, at long")
+    sluice.write(older, "cassandra", cass.opts(table, **{"write.timestamp-column": "at"}))
+    assert cass.cql(f"SELECT v FROM sluice.{table} WHERE pk = 5 AND ck = 0")[0].v == "t"
+
+
+def test_a_replayed_micro_batch_never_overwrites_a_later_one(spark, cass, tmp_path):
+    """A micro-batch whose write reached Cassandra but not the checkpoint's commit log (the driver was killed) is
+    replayed from a copy of that checkpoint after a later batch changed the same rows. With
+    write.timestamp=micro-batch the replay's cells carry batch 0's timestamps and lose to batch 1's; with the
+    executor's clock (the negative control) the replay is newer and overwrites batch 1."""
+
+    def replay(timestamps: str) -> set[tuple]:
+        table, src = cass.table(KEYED), tmp_path / f"src-{timestamps}"
+        checkpoint, backup = tmp_path / f"cp-{timestamps}", tmp_path / f"backup-{timestamps}"
+        opts = cass.opts(table, **{"write.timestamp": timestamps})
+        src.mkdir()
+
+        def put(batch: int) -> None:
+            pq.write_table(pa.table({"pk": pa.array([1] * 5, pa.int32()), "ck": pa.array(range(5), pa.int32()),
+                                     "v": [f"batch {batch}"] * 5, "amount": [float(batch)] * 5}),
+                           src / f"{batch}.parquet")
+
+        def run(checkpoint_dir) -> None:
+            query = (spark.readStream.schema("pk int, ck int, v string, amount double").option("maxFilesPerTrigger", 1)
+                     .parquet(str(src)).writeStream.format("cassandra").options(**opts)
+                     .option("checkpointLocation", str(checkpoint_dir)).trigger(availableNow=True).start())
+            query.awaitTermination(120)
+            assert query.exception() is None
+
+        put(0)
+        run(checkpoint)
+        shutil.copytree(checkpoint, backup)
+        for name in ("0", ".0.crc"):  # the backup: batch 0 written, its commit not recorded
+            (backup / "commits" / name).unlink(missing_ok=True)
+        put(1)
+        run(checkpoint)
+        assert {r[2] for r in stored(cass, table)} == {"batch 1"}
+        (src / "1.parquet").unlink()  # the backup's source log knows only batch 0's file
+        run(backup)  # replays batch 0
+        return {r[2] for r in stored(cass, table)}
+
+    assert replay("micro-batch") == {"batch 1"}
+    assert replay("client") == {"batch 0"}
+
+
+def test_bad_input_is_refused_naming_what_to_change(spark, cass):
+    table = cass.table(KEYED)
+    opts = cass.opts(table)
+    df, _ = keyed_rows(spark, partitions=2, per_partition=2)
+    with pytest.raises(Exception, match=r"unknown option 'batch\.grouppig'.*batch\.grouping"):
+        sluice.write(df, "cassandra", {**opts, "batch.grouppig": "none"})
+    with pytest.raises(Exception, match=r"table 't_nope' does not exist in keyspace 'sluice'"):
+        sluice.write(df, "cassandra", cass.opts("t_nope"))
+    with pytest.raises(Exception, match=r"keyspace 'Sluice' does not exist.*did you mean 'sluice'"):
+        sluice.write(df, "cassandra", {**opts, "keyspace": "Sluice"})
+    with pytest.raises(Exception, match=r"column 'amount' is CQL double and cannot take Spark string"):
+        sluice.write(df.selectExpr("pk", "ck", "v", "'x' AS amount"), "cassandra", opts)
+    with pytest.raises(Exception, match=r"no column \['ck'\] of .*primary key"):
+        sluice.write(df.drop("ck"), "cassandra", opts)
+    nulls = spark.createDataFrame([(1, None, "x", 1.0)], "pk int, ck int, v string, amount double")
+    with pytest.raises(Exception, match=r"primary key column 'ck' is null .*'pk': 1"):
+        sluice.write(nulls, "cassandra", opts)
+    counters = cass.table("id int PRIMARY KEY, hits counter")
+    with pytest.raises(Exception, match=r"column 'hits' is CQL counter"):
+        sluice.write(spark.createDataFrame([(1, 2)], "id int, hits long"), "cassandra", cass.opts(counters))
+    with pytest.raises(Exception, match=r"batch\.grouping=partition .* sink\.mode=partition-ordered"):
+        sluice.write(df, "cassandra", {**opts, "sink.mode": "unordered"})
+    assert stored(cass, table) == set()
+
+
+def test_a_mixed_batch_over_the_servers_fail_threshold_is_an_error_naming_the_options(spark, cass):
+    """Cassandra refuses a batch over 50 KiB (batch_size_fail_threshold) when it spans partitions; a batch of one
+    partition is one mutation, which the threshold does not limit (CASSANDRA-10876)."""
+    table = cass.table(KEYED)
+    big = spark.createDataFrame([(p, 0, "x" * 2000, 0.0) for p in range(40)], "pk int, ck int, v string, amount double")
+    large = {"sink.flush-buffer.size": "1000000", "sink.flush-buffer.timeout": "60000"}
+    with pytest.raises(Exception, match=r"batch_size_fail_threshold.*Lower sink\.flush-buffer\.size"):
+        sluice.write(big.coalesce(1), "cassandra", cass.opts(table, **{"batch.grouping": "mixed"}, **large))
+    sluice.write(big, "cassandra", cass.opts(table, **large))  # the same bytes, as one-partition batches
+    assert len(stored(cass, table)) == 40
+    one_partition = spark.createDataFrame([(100, c, "x" * 2000, 0.0) for c in range(40)],
+                                          "pk int, ck int, v string, amount double")
+    sluice.write(one_partition, "cassandra", cass.opts(table, **large))
+    assert sluice.last_write_summary("cassandra")["batches"] == 1  # one 80 KB batch, taken as one mutation
+    assert len(stored(cass, table)) == 80
+
+
+def test_the_password_stays_out_of_errors_and_plans(spark, cass):
+    opts = cass.opts("t_nope", username="sluice", password="s3cret-never-shown")
+    df, _ = keyed_rows(spark, partitions=1, per_partition=1)
+    with pytest.raises(Exception) as refused:
+        sluice.write(df, "cassandra", opts)
+    assert "s3cret-never-shown" not in str(refused.value)
+    reader = spark.read.format("cassandra").options(**opts)
+    with pytest.raises(Exception) as on_read:
+        reader.load().explain()
+    assert "s3cret-never-shown" not in str(on_read.value)
