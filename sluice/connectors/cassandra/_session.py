@@ -3,8 +3,8 @@ sorted into retry, slow down and fail.
 
 The client is the Apache Cassandra Python driver (`cassandra-driver`): the project's own driver, token-aware by
 default (a statement with a routing key goes to a replica of its partition), with a compiled serializer and
-asynchronous execution; `scylla-driver` is its fork with the same API, `acsylla` wraps the C++ driver with a
-smaller API and no metadata for token ranges. A `Cluster` costs a control connection and a metadata fetch, so
+asynchronous execution; `scylla-driver` is its fork with the same API, `acsylla` wraps the C++ driver for asyncio
+(sluice's engine is thread-based). A `Cluster` costs a control connection and a metadata fetch, so
 tasks in one Python worker share one session per server and credentials (`session_for`).
 """
 
