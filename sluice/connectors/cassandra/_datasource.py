@@ -13,11 +13,16 @@ from sluice.connector import (
     OptionError,
     Options,
     SinkConfig,
-    SplitBatchReader,
 )
 from sluice.connectors.cassandra._session import Connection
 from sluice.connectors.cassandra._sink import WRITE_SPEC, CassandraWritePlan, RowPlan
-from sluice.connectors.cassandra._source import READ_SPEC, CassandraEnumerator, CassandraReader, check_columns
+from sluice.connectors.cassandra._source import (
+    READ_SPEC,
+    CassandraBatchReader,
+    CassandraEnumerator,
+    CassandraReader,
+    check_columns,
+)
 from sluice.connectors.cassandra._table import TableInfo, describe
 from sluice.connectors.cassandra._types import spark_type, write_problem
 
@@ -125,7 +130,7 @@ class CassandraDataSource(EngineDataSource):
         _, _, info = self._read_parts()
         return StructType([StructField(name, spark_type(kind, name)) for name, kind in info.columns.items()])
 
-    def reader(self, schema: StructType) -> SplitBatchReader:
+    def reader(self, schema: StructType) -> CassandraBatchReader:
         from sluice.spark._compat import to_arrow_schema
 
         opts, conn, info = self._read_parts()
@@ -133,7 +138,7 @@ class CassandraDataSource(EngineDataSource):
         reader = CassandraReader(conn, info, to_arrow_schema(schema), opts["read.fetch-size"],
                                  opts["read.consistency"])
         enumerator = CassandraEnumerator(conn, opts["partitions"], opts["read.split-size-mb"] * 1024 * 1024)
-        return SplitBatchReader(enumerator, reader, None)
+        return CassandraBatchReader(enumerator, reader, None)
 
 
 def _check_special_types(schema: StructType, opts: Options) -> None:

@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
 
-from sluice.connector import Option, OptionError, OptionSpec, Split, SplitEnumerator, SplitReader
+from sluice.connector import (
+    Option,
+    OptionError,
+    OptionSpec,
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitPartition,
+    SplitReader,
+)
 from sluice.connectors.cassandra._session import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, TUPLES, Connection, quote_ident
 from sluice.connectors.cassandra._table import TableInfo
-from sluice.connectors.cassandra._types import CQLType, arrow_column
+from sluice.connectors.cassandra._types import CQLType, arrow_column, scalar_converter
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1  # Murmur3Partitioner's ring (it never produces MIN_TOKEN itself)
 
@@ -59,16 +70,70 @@ class CassandraEnumerator(SplitEnumerator):
         return 1
 
 
+@dataclass(frozen=True)
+class Restriction:
+    """A filter Cassandra applies itself: `column op ?`, bound to `value` (a list for IN)."""
+
+    column: str
+    op: str  # =, IN, >, >=, <, <=
+    value: Any
+
+
+_RANGE_OPS = {"EqualTo": "=", "GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<",
+              "LessThanOrEqual": "<="}
+
+
+def restrictions(filters: list[Any], info: TableInfo) -> list[tuple[Any, Restriction]]:
+    """The filters CQL can apply, as (filter, restriction): equality or IN on every partition-key column (then a
+    read asks for those partitions only, no token ranges), and equality or ranges on the first clustering column
+    (a slice of each partition). Others stay with Spark."""
+    by_column: dict[str, list[tuple[Any, Restriction]]] = {}
+    for f in filters:
+        kind = type(f).__name__
+        if len(getattr(f, "attribute", ())) != 1:
+            continue
+        column = f.attribute[0]
+        if column not in info.columns or info.columns[column].args or info.columns[column].fields:
+            continue  # not a column, or a collection or user type: Spark compares those
+        convert = scalar_converter(info.columns[column])
+        if kind == "In" and column in info.partition_key:
+            by_column.setdefault(column, []).append((f, Restriction(column, "IN", [convert(v) for v in f.value])))
+        elif kind in _RANGE_OPS and f.value is not None and (
+                (column in info.partition_key and kind == "EqualTo")
+                or (info.clustering and column == info.clustering[0])):
+            by_column.setdefault(column, []).append((f, Restriction(column, _RANGE_OPS[kind], convert(f.value))))
+    keyed = all(len(by_column.get(c, ())) == 1 for c in info.partition_key)
+    out = [pair for c in info.partition_key for pair in by_column.get(c, ())] if keyed else []
+    if info.clustering:
+        out += by_column.get(info.clustering[0], [])
+    return out
+
+
 class CassandraReader(SplitReader):
     def __init__(self, conn: Connection, info: TableInfo, schema: pa.Schema, fetch_size: int,
                  consistency: str) -> None:
         self.conn, self.info, self.schema = conn, info, schema
         self.fetch_size, self.consistency = fetch_size, consistency
+        self.where: list[Restriction] = []  # pushed filters
+
+    @property
+    def keyed(self) -> bool:
+        """Whether pushed filters name the partitions to read (no token ranges then)."""
+        return any(r.column in self.info.partition_key for r in self.where)
 
     def select(self) -> str:
         columns = ", ".join(quote_ident(n) for n in self.schema.names) or "COUNT(*)"
-        token = f"token({', '.join(quote_ident(c) for c in self.info.partition_key)})"
-        return f"SELECT {columns} FROM {self.conn.target} WHERE {token} > ? AND {token} <= ?"
+        clauses = [f"{quote_ident(r.column)} {r.op} ?" for r in self.where]
+        if not self.keyed:
+            token = f"token({', '.join(quote_ident(c) for c in self.info.partition_key)})"
+            clauses[:0] = [f"{token} > ?", f"{token} <= ?"]
+        # A clustering slice over token ranges filters inside each partition: Cassandra wants it said.
+        allow = " ALLOW FILTERING" if self.where and not self.keyed else ""
+        return f"SELECT {columns} FROM {self.conn.target} WHERE {' AND '.join(clauses)}{allow}"
+
+    def bound_values(self, split: Split) -> tuple[Any, ...]:
+        tokens = () if self.keyed else (split.info["lo"], split.info["hi"])
+        return (*tokens, *(r.value for r in self.where))
 
     def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
         from cassandra import ConsistencyLevel
@@ -78,7 +143,7 @@ class CassandraReader(SplitReader):
         statement.consistency_level = ConsistencyLevel.name_to_value[self.consistency]
         statement.fetch_size = self.fetch_size
         kinds: list[CQLType] = [self.info.columns[n] for n in self.schema.names]
-        result = session.execute(statement.bind((split.info["lo"], split.info["hi"])), execution_profile=TUPLES)
+        result = session.execute(statement.bind(self.bound_values(split)), execution_profile=TUPLES)
         while True:
             page = result.current_rows
             if page:
@@ -89,6 +154,25 @@ class CassandraReader(SplitReader):
             if not result.has_more_pages:
                 return
             result.fetch_next_page()
+
+
+class CassandraBatchReader(SplitBatchReader):
+    """The batch read, with Spark's filters on the partition key and first clustering column pushed into CQL
+    (Spark 4.1+ hands Python readers their filters)."""
+
+    enumerator: CassandraEnumerator
+    reader: CassandraReader
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        taken = restrictions(list(filters), self.reader.info)
+        pushed = {id(f) for f, _ in taken}
+        self.reader.where = [r for _, r in taken]
+        yield from (f for f in filters if id(f) not in pushed)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        if self.reader.keyed:
+            return [SplitPartition(Split("partitions"), 0, 1)]
+        return super().partitions()
 
 
 def check_columns(info: TableInfo, names: list[str], conn: Connection) -> None:

@@ -180,6 +180,11 @@ def _converter(kind: CQLType) -> Callable[[Any], Any] | None:
     return None
 
 
+def scalar_converter(kind: CQLType) -> Callable[[Any], Any]:
+    """One Spark value (e.g. a pushed filter's) as the driver binds it to a `kind` column."""
+    return _converter(kind) or (lambda v: v)
+
+
 def python_values(column: pa.Array, kind: CQLType) -> list[Any]:
     """A whole Arrow column as the Python values the driver binds to a `kind` column (None stays None)."""
     values = column.to_pylist()

@@ -40,6 +40,25 @@ def test_partition_grouping_sends_one_batch_per_partition_and_reads_back_in_toke
     assert sorted((r.pk, r.ck, r.v, r.amount) for r in back.collect()) == sorted(rows)
 
 
+def test_filters_on_the_partition_key_and_first_clustering_column_are_read_by_cassandra(spark, cass):
+    table = cass.table(KEYED)
+    df, rows = keyed_rows(spark, partitions=20, per_partition=6)
+    sluice.write(df, "cassandra", cass.opts(table))
+    read = spark.read.format("cassandra").options(**cass.opts(table, partitions="4")).load()
+
+    def check(where: str, want) -> int:
+        got = read.where(where)
+        assert sorted((r.pk, r.ck, r.v, r.amount) for r in got.collect()) == sorted(filter(want, rows)), where
+        return got.rdd.getNumPartitions()
+
+    # The partition key fully given: the named partitions are read directly, one Spark partition, no token scan.
+    assert check("pk = 3", lambda r: r[0] == 3) == 1
+    assert check("pk IN (1, 7) AND ck >= 2 AND ck < 5", lambda r: r[0] in (1, 7) and 2 <= r[1] < 5) == 1
+    # A clustering slice alone filters inside every token range; a filter on another column stays with Spark.
+    assert check("ck > 3", lambda r: r[1] > 3) == 4
+    assert check("v = 'v2-2'", lambda r: r[2] == "v2-2") == 4
+
+
 def test_mixed_and_single_statement_groupings_write_the_same_rows_in_other_requests(spark, cass):
     df, rows = keyed_rows(spark, partitions=40, per_partition=5)
     batches = {}
