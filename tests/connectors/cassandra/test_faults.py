@@ -1,7 +1,11 @@
-"""format("cassandra") when the node dies: killed (SIGKILL) mid-write and started again on its data, the write
+"""format("cassandra") when the node fails: killed (SIGKILL) mid-write and started again on its data, the write
 retries through the outage and the table ends up equal to the input; without retries the same outage fails the
-write loudly (the negative control), and a re-run converges to the same table."""
+write loudly (the negative control), and a re-run converges to the same table. A node that stalls (SIGSTOP) times
+requests out; they are retried and each key still ends at its last change. The node asks for a password
+(PasswordAuthenticator): a wrong one is refused clearly and never shown."""
 
+import os
+import signal
 import threading
 import time
 
@@ -18,11 +22,16 @@ ROWS = 3000
 
 @pytest.fixture(scope="module")
 def node():
-    with LocalCassandra(commitlog_sync="batch") as server, server.cluster() as cluster:
+    with LocalCassandra(commitlog_sync="batch", auth=True) as server, server.cluster() as cluster:
         session = cluster.connect()
         session.execute("CREATE KEYSPACE faults WITH replication = {'class': 'SimpleStrategy', "
                         "'replication_factor': 1}")
         yield server, session
+
+
+def options(server, table: str, **more: str) -> dict[str, str]:
+    return {"host": server.host, "port": str(server.port), "keyspace": "faults", "table": table,
+            "username": server.username, "password": server.password, **more}
 
 
 def kill_when_stored(node, session, table: str, rows: int, restart: bool) -> threading.Thread:
@@ -49,8 +58,8 @@ def test_a_node_killed_and_restarted_mid_write_loses_nothing(spark, node):
     session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, pad text)")
     df = (spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 200) AS pad")
           .mapInArrow(slow(50, 0.02), "id long, pad string"))
-    opts = {"host": server.host, "port": str(server.port), "keyspace": "faults", "table": table,
-            "sink.max-retries": "30", "sink.retry-delay-ms": "200", "request.timeout-ms": "2000"}
+    opts = options(server, table, **{"sink.max-retries": "30", "sink.retry-delay-ms": "200",
+                                     "request.timeout-ms": "2000"})
     striker = kill_when_stored(node, session, table, 500, restart=True)
     sluice.write(df, "cassandra", opts)
     striker.join(180)
@@ -70,8 +79,7 @@ def test_without_retries_the_same_outage_fails_the_write_and_a_rerun_converges(s
     session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, pad text)")
     df = (spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 200) AS pad")
           .mapInArrow(slow(50, 0.02), "id long, pad string"))
-    opts = {"host": server.host, "port": str(server.port), "keyspace": "faults", "table": table,
-            "sink.max-retries": "0", "request.timeout-ms": "2000"}
+    opts = options(server, table, **{"sink.max-retries": "0", "request.timeout-ms": "2000"})
     striker = kill_when_stored(node, session, table, 500, restart=False)
     with pytest.raises(Exception, match=r"cassandra"):
         sluice.write(df, "cassandra", opts)
@@ -79,3 +87,48 @@ def test_without_retries_the_same_outage_fails_the_write_and_a_rerun_converges(s
     server.start()
     sluice.write(df, "cassandra", opts)  # the re-run: the same rows again, upserted by key
     assert stored_ids(server, table) == set(range(ROWS))
+
+
+def test_a_stalled_node_times_requests_out_and_every_key_ends_at_its_last_change(spark, node):
+    """SIGSTOP for 4 s with a 1 s request timeout: requests in flight time out (and may still be applied when the
+    node resumes), the engine retries them; since each row's timestamp was fixed when it was encoded, a late
+    original and its retry write the same cells, and a key's later change always wins."""
+    server, session = node
+    table = "stalled"
+    session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, version int)")
+    # Every id three times, versions 0, 1, 2 in that order within its task.
+    df = (spark.range(0, 3 * ROWS, 1, 2).selectExpr("id % 3000 AS id", "CAST(id DIV 3000 AS INT) AS version")
+          .repartition(2, "id").sortWithinPartitions("version")
+          .mapInArrow(slow(100, 0.02), "id long, version int"))
+    opts = options(server, table, **{"sink.max-retries": "30", "sink.retry-delay-ms": "200",
+                                     "request.timeout-ms": "1000", "batch.grouping": "none"})
+
+    def stall() -> None:
+        deadline = time.monotonic() + 120
+        while session.execute(f"SELECT COUNT(*) FROM faults.{table}").one()[0] < 500:
+            assert time.monotonic() < deadline, "the write never stored 500 rows"
+            time.sleep(0.05)
+        os.kill(server.pid, signal.SIGSTOP)
+        stalled.set()
+        time.sleep(4)  # the fault's length: the node is frozen, not an event to wait for
+        os.kill(server.pid, signal.SIGCONT)
+
+    stalled = threading.Event()
+    striker = threading.Thread(target=stall, daemon=True)
+    striker.start()
+    sluice.write(df, "cassandra", opts)
+    striker.join(60)
+    assert stalled.is_set()
+    assert sluice.last_write_summary("cassandra")["retries"] > 0
+    with server.cluster() as cluster:
+        got = {r.id: r.version for r in cluster.connect().execute(f"SELECT id, version FROM faults.{table}")}
+    assert got == dict.fromkeys(range(ROWS), 2)
+
+
+def test_a_wrong_password_is_refused_clearly_and_never_shown(spark, node):
+    server, _ = node
+    df = spark.range(3).selectExpr("id", "'x' AS pad")
+    with pytest.raises(Exception) as refused:
+        sluice.write(df, "cassandra", {**options(server, "killed"), "password": "wrong-s3cret"})
+    assert "authentication failed: check username and password" in str(refused.value)
+    assert "wrong-s3cret" not in str(refused.value)
