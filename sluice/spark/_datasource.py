@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
@@ -42,6 +42,8 @@ from sluice.spark._compat import StreamArrowWriterBase
 from sluice.spark._encoding import check_writable, partition_buckets, partition_keys
 from sluice.spark._plan import WritePlan
 from sluice.spark._summary import log_summary, save_summary
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -86,6 +88,14 @@ class EngineDataSource(DataSource):
 
     def parsed(self) -> Options:
         return self.option_spec().parse(self.options)
+
+    def learn_once(self, key: Hashable, learn: Callable[[], T]) -> T:
+        """What the driver learns about the target (a table's columns and keys), asked of the store once per planned
+        write: Spark makes a DataSource per write and calls several hooks (primary_key, sink_config, plan_write)."""
+        learned: dict[Hashable, Any] = self.__dict__.setdefault("_learned", {})
+        if key not in learned:
+            learned[key] = learn()
+        return learned[key]
 
     # ---- connector hooks
     def primary_key(self, opts: Options) -> tuple[str, ...]:

@@ -43,12 +43,9 @@ class CassandraDataSource(EngineDataSource):
     read_spec = READ_SPEC
 
     def _table(self, opts: Options) -> tuple[Connection, TableInfo]:
-        """The cluster and table, described once per planned write (Spark makes a DataSource per write)."""
+        """The cluster and table, described once per planned write."""
         conn = Connection.from_options(opts)
-        described: dict[Connection, TableInfo] = self.__dict__.setdefault("_described", {})
-        if conn not in described:
-            described[conn] = describe(conn)
-        return conn, described[conn]
+        return conn, self.learn_once(conn, lambda: describe(conn))
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         """The table's partition key: rows of one partition share a task and, with batch.grouping=partition,

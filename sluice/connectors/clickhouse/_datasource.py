@@ -52,12 +52,9 @@ class ClickHouseDataSource(EngineDataSource):
     read_spec = READ_SPEC
 
     def _table(self, opts: Options) -> tuple[Connection, TableInfo]:
-        """The server and table, described once per planned write (Spark makes a DataSource per write)."""
+        """The server and table, described once per planned write."""
         conn = Connection.from_options(opts)
-        described: dict[Connection, TableInfo] = self.__dict__.setdefault("_described", {})
-        if conn not in described:
-            described[conn] = describe(conn)
-        return conn, described[conn]
+        return conn, self.learn_once(conn, lambda: describe(conn))
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         """A ReplacingMergeTree table's sorting key: the default partition key of partition-ordered writes."""
