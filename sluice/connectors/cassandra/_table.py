@@ -65,7 +65,10 @@ def describe(conn: Connection) -> TableInfo:
                           "option table.")
 
     def user_type(name: str) -> list[tuple[str, str]] | None:
-        found = keyspace.user_types.get(name.strip('"'))
+        name = name.strip('"')
+        if name not in keyspace.user_types:  # made after this process's session learned the keyspace
+            conn.session().cluster.refresh_user_type_metadata(conn.keyspace, name)
+        found = metadata.keyspaces[conn.keyspace].user_types.get(name)
         return None if found is None else list(zip(found.field_names, found.field_types, strict=True))
 
     columns = {name: parse(column.cql_type, user_type) for name, column in table.columns.items()}

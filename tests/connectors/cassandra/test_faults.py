@@ -21,12 +21,19 @@ ROWS = 3000
 
 
 @pytest.fixture(scope="module")
-def node():
+def server():
     with LocalCassandra(commitlog_sync="batch", auth=True) as server, server.cluster() as cluster:
-        session = cluster.connect()
-        session.execute("CREATE KEYSPACE faults WITH replication = {'class': 'SimpleStrategy', "
-                        "'replication_factor': 1}")
-        yield server, session
+        cluster.connect().execute("CREATE KEYSPACE faults WITH replication = {'class': 'SimpleStrategy', "
+                                  "'replication_factor': 1}")
+        yield server
+
+
+@pytest.fixture
+def node(server):
+    """The server and a session of this test's own: a test that restarts the node leaves the next one a session
+    that has not found it again yet."""
+    with server.cluster() as cluster:
+        yield server, cluster.connect()
 
 
 def options(server, table: str, **more: str) -> dict[str, str]:
@@ -57,7 +64,7 @@ def test_a_node_killed_and_restarted_mid_write_loses_nothing(spark, node):
     table = "killed"
     session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, pad text)")
     df = (spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 200) AS pad")
-          .mapInArrow(slow(50, 0.02), "id long, pad string"))
+          .mapInArrow(slow(50, 0.1), "id long, pad string"))
     opts = options(server, table, **{"sink.max-retries": "30", "sink.retry-delay-ms": "200",
                                      "request.timeout-ms": "2000"})
     striker = kill_when_stored(node, session, table, 500, restart=True)
@@ -78,7 +85,7 @@ def test_without_retries_the_same_outage_fails_the_write_and_a_rerun_converges(s
     table = "failed"
     session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, pad text)")
     df = (spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 200) AS pad")
-          .mapInArrow(slow(50, 0.02), "id long, pad string"))
+          .mapInArrow(slow(50, 0.1), "id long, pad string"))
     opts = options(server, table, **{"sink.max-retries": "0", "request.timeout-ms": "2000"})
     striker = kill_when_stored(node, session, table, 500, restart=False)
     with pytest.raises(Exception, match=r"cassandra"):
@@ -99,7 +106,7 @@ def test_a_stalled_node_times_requests_out_and_every_key_ends_at_its_last_change
     # Every id three times, versions 0, 1, 2 in that order within its task.
     df = (spark.range(0, 3 * ROWS, 1, 2).selectExpr("id % 3000 AS id", "CAST(id DIV 3000 AS INT) AS version")
           .repartition(2, "id").sortWithinPartitions("version")
-          .mapInArrow(slow(100, 0.02), "id long, version int"))
+          .mapInArrow(slow(100, 0.1), "id long, version int"))
     opts = options(server, table, **{"sink.max-retries": "30", "sink.retry-delay-ms": "200",
                                      "request.timeout-ms": "1000", "batch.grouping": "none"})
 
