@@ -17,6 +17,11 @@ PostgreSQL's `fsync=off`: a write acknowledged under `commitlog_sync="batch"` st
 killed (`kill()`, SIGKILL), as it is in the page cache, but not the machine losing power (under the default
 "periodic" sync Cassandra promises it for none of the writes of the last 10 s).
 
+A cluster of several nodes: one per loopback address (127.0.0.1, 127.0.0.2, ...), each later one started with
+`seeds=[first.storage_endpoint]` ("host:storage_port"; since Cassandra 4.0 every node may have its own storage
+port), one after the other (a node joining while another joins fails), each followed by `wait_for_peers()` on it
+and on the nodes before it. They join without bootstrapping (`auto_bootstrap: false`), right for an empty cluster.
+
 `auth=True` turns on password authentication: after start a superuser `sluice` (`.username`, `.password`) is made,
 and `cluster()` signs in with it. `kill()` and `start()` kill the server and start it again on the same folder and
 ports, for tests of a node that dies mid-write.
@@ -99,13 +104,16 @@ file_cache_size: 32MiB
 networking_cache_size: 16MiB
 """
 
-# Cassandra's own log, warnings and errors only, to a file in the server's folder (read back when it fails).
+# Cassandra's own log, warnings and errors only (and gossip's news of peers), to a file in the server's folder (read
+# back when it fails).
 LOGBACK = """\
 <configuration>
   <appender name="FILE" class="ch.qos.logback.core.FileAppender">
     <file>{dir}/system.log</file>
     <encoder><pattern>%-5level [%thread] %date{{ISO8601}} %F:%L - %msg%n</pattern></encoder>
   </appender>
+  <!-- Gossip at INFO too: in a cluster of several nodes, when a peer was marked DOWN and UP again. -->
+  <logger name="org.apache.cassandra.gms" level="INFO"/>
   <root level="WARN"><appender-ref ref="FILE"/></root>
 </configuration>
 """
@@ -137,6 +145,15 @@ def find_java() -> str:
     raise RuntimeError("Cassandra needs Java 17, which was not found: apt-get install -y openjdk-17-jre-headless")
 
 
+def _free_port(host: str) -> int:
+    """A TCP port free on `host` (a loopback address: each node of a local cluster has its own)."""
+    if host == "127.0.0.1":
+        return free_port()
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 class LocalCassandra:
     """Context manager: a fresh one-node Cassandra cluster; `.host`/`.port` are its CQL endpoint, `cluster()` a
     driver `Cluster` reaching it (signed in when `auth=True`)."""
@@ -145,7 +162,8 @@ class LocalCassandra:
                  username: str = "sluice", password: str = "sluice-test-pw", cluster_name: str = "sluice-test",
                  commitlog_sync: str = "periodic", fsync: bool = False, heap: str = "512m", num_tokens: int = 16,
                  batch_size_warn_threshold_kib: int = 5, batch_size_fail_threshold_kib: int = 50,
-                 full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 180) -> None:
+                 full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 180,
+                 port: int = 0, storage_port: int = 0) -> None:
         if commitlog_sync not in COMMITLOG_SYNC:
             raise ValueError(f"commitlog_sync must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog_sync!r}")
         self.host, self.auth, self.cluster_name = host, auth, cluster_name
@@ -160,6 +178,8 @@ class LocalCassandra:
         self.full_jit = full_jit
         self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above
         self.start_timeout = start_timeout
+        # The ports asked for (0: a free one on `host`, picked at the first start).
+        self._ports_wanted = (port, storage_port)
         self.port = 0  # native transport (CQL)
         self.storage_port = 0  # node to node
         self.start_seconds = 0.0  # how long the last start() took, until CQL answered
@@ -188,9 +208,11 @@ class LocalCassandra:
 
     def _write_config(self) -> None:
         assert self._dir is not None
-        self.port, self.storage_port = free_port(), free_port()
+        port, storage_port = self._ports_wanted
+        self.port = port or _free_port(self.host)
+        self.storage_port = storage_port or _free_port(self.host)
         while self.storage_port == self.port:
-            self.storage_port = free_port()
+            self.storage_port = _free_port(self.host)
         config = CONFIG.format(
             cluster_name=self.cluster_name, num_tokens=self.num_tokens, host=self.host, port=self.port,
             storage_port=self.storage_port, seeds=",".join(self.seeds or [self.storage_endpoint]), dir=self._dir,
@@ -332,6 +354,31 @@ class LocalCassandra:
                                                           for v in e.errors.values()):
                     raise
                 time.sleep(0.2)
+
+    def wait_for_peers(self, count: int, timeout: float = 120) -> list[Any]:
+        """Until this node knows `count` other nodes, all in the ring (gossip status NORMAL) and listed in its
+        system.peers_v2 with their host id, tokens and CQL address: the check that a cluster has formed, after
+        each node's start. Returns those peers_v2 rows (RuntimeError with what is missing when the time runs out)."""
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile
+        from cassandra.policies import WhiteListRoundRobinPolicy
+
+        deadline = time.monotonic() + timeout
+        # Queries of this node's own view: to this node only, not routed to the others the driver finds.
+        only_this = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy([self.host]), request_timeout=30)
+        with self.cluster(execution_profiles={EXEC_PROFILE_DEFAULT: only_this}) as cluster:
+            session = cluster.connect()
+            while True:
+                peers = [p for p in session.execute("SELECT peer, peer_port, host_id, tokens, native_address, "
+                                                    "native_port FROM system.peers_v2")
+                         if p.host_id is not None and p.tokens and p.native_port]
+                status = {(g.address, g.port): (g.status_with_port or "").split(",")[0] for g in
+                          session.execute("SELECT address, port, status_with_port FROM system_views.gossip_info")}
+                if len(peers) == count and len(status) == count + 1 and set(status.values()) == {"NORMAL"}:
+                    return peers
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"node {self.storage_endpoint} sees {len(peers)} of {count} peers within "
+                                       f"{timeout:.0f} s; gossip: {status}")
+                time.sleep(0.5)
 
     def cluster(self, *, username: str | None = None, password: str | None = None, **kwargs: Any) -> Any:
         """A driver `cassandra.cluster.Cluster` for this node (a context manager; `.connect()` gives a session),
