@@ -155,29 +155,45 @@ def write_problem(kind: CQLType, given: T.DataType, where: str) -> str | None:
     return f"{where} is CQL {kind} and cannot take Spark {given.simpleString()}{hint.get(kind.name, '')}"
 
 
+def _in_collections(kind: CQLType, leaf: Callable[[CQLType], Callable[[Any], Any] | None], *, reading: bool
+                    ) -> Callable[[Any], Any] | None:
+    """`leaf(kind)` applied inside lists, sets, maps, tuples and user types; None = every value as it is.
+
+    Reading, a map becomes Arrow's (key, value) pairs and a tuple or user type a struct dict; writing, the reverse:
+    a dict, and a sequence in field order (the driver binds a user type from one)."""
+    if kind.name in ("list", "set", "vector"):
+        inner = _in_collections(kind.args[0], leaf, reading=reading)
+        if inner is None:
+            return list if reading else None
+        return lambda v: [None if x is None else inner(x) for x in v]
+    if kind.name == "map":
+        k = _in_collections(kind.args[0], leaf, reading=reading) or (lambda x: x)
+        v = _in_collections(kind.args[1], leaf, reading=reading) or (lambda x: x)
+        if reading:
+            return lambda m: [(k(a), None if b is None else v(b)) for a, b in m.items()]
+        return lambda pairs: {k(a): None if b is None else v(b) for a, b in pairs}
+    if kind.name == "tuple" or kind.fields:
+        names = [f"_{i + 1}" for i in range(len(kind.args))] if kind.name == "tuple" else [n for n, _ in kind.fields]
+        parts = [_in_collections(t, leaf, reading=reading)
+                 for t in (kind.args if kind.name == "tuple" else [t for _, t in kind.fields])]
+        if reading:  # the driver reads both as tuples in field order (user type fields possibly renamed)
+            return lambda t: {n: None if x is None else (f(x) if f else x)
+                              for n, f, x in zip(names, parts, tuple(t), strict=True)}
+        if kind.name == "tuple":
+            return lambda d: tuple(None if x is None else (f(x) if f else x)
+                                   for x, f in zip(d.values(), parts, strict=True))
+        return lambda d: tuple(None if d.get(n) is None else (f(d[n]) if f else d[n])
+                               for n, f in zip(names, parts, strict=True))
+    return leaf(kind)
+
+
+def _write_leaf(kind: CQLType) -> Callable[[Any], Any] | None:
+    return {"uuid": uuid.UUID, "timeuuid": uuid.UUID, "varint": int}.get(kind.name)
+
+
 def _converter(kind: CQLType) -> Callable[[Any], Any] | None:
     """What one Python value (as pyarrow's to_pylist gives it) must become for the driver; None = as it is."""
-    if kind.name in ("uuid", "timeuuid"):
-        return uuid.UUID
-    if kind.name == "varint":
-        return int
-    if kind.name in ("list", "set", "vector"):
-        inner = _converter(kind.args[0])
-        return None if inner is None else (lambda v: [None if x is None else inner(x) for x in v])
-    if kind.name == "map":
-        key, value = _converter(kind.args[0]), _converter(kind.args[1])
-        k = key or (lambda x: x)
-        v = value or (lambda x: x)
-        return lambda pairs: {k(a): None if b is None else v(b) for a, b in pairs}
-    if kind.name == "tuple":
-        parts = [_converter(a) for a in kind.args]
-        return lambda d: tuple(None if x is None else (f(x) if f else x)
-                               for x, f in zip(d.values(), parts, strict=True))
-    if kind.fields:
-        fields = [(name, _converter(t)) for name, t in kind.fields]
-        # The driver binds a user type from a sequence in field order (or an object with the field attributes).
-        return lambda d: tuple(None if d.get(name) is None else (f(d[name]) if f else d[name]) for name, f in fields)
-    return None
+    return _in_collections(kind, _write_leaf, reading=False)
 
 
 def scalar_converter(kind: CQLType) -> Callable[[Any], Any]:
@@ -194,8 +210,7 @@ def python_values(column: pa.Array, kind: CQLType) -> list[Any]:
     return [None if v is None else convert(v) for v in values]
 
 
-def _reader(kind: CQLType) -> Callable[[Any], Any] | None:
-    """What one value the driver read must become for Arrow in `kind`'s Spark type; None = as it is."""
+def _read_leaf(kind: CQLType) -> Callable[[Any], Any] | None:
     from decimal import Decimal
 
     if kind.name in ("uuid", "timeuuid", "inet"):
@@ -209,29 +224,12 @@ def _reader(kind: CQLType) -> Callable[[Any], Any] | None:
         return lambda v: v.date()  # cassandra.util.Date
     if kind.name == "time":
         return lambda v: v.nanosecond_time  # cassandra.util.Time
-    if kind.name in ("list", "set", "vector"):
-        inner = _reader(kind.args[0])
-        return list if inner is None else (lambda v: [None if x is None else inner(x) for x in v])
-    if kind.name == "map":
-        key, value = _reader(kind.args[0]), _reader(kind.args[1])
-        k = key or (lambda x: x)
-        v = value or (lambda x: x)
-        return lambda m: [(k(a), None if b is None else v(b)) for a, b in m.items()]
-    if kind.name == "tuple":
-        parts = [_reader(a) for a in kind.args]
-        return lambda t: {f"_{i + 1}": None if x is None else (f(x) if f else x)
-                          for i, (x, f) in enumerate(zip(t, parts, strict=True))}
-    if kind.fields:
-        fields = [(name, _reader(t)) for name, t in kind.fields]
-
-        def user_value(value: Any) -> dict[str, Any]:
-            # The driver reads a user type as a named tuple in field order (field names may be renamed when they
-            # are not Python identifiers), so take the values by position.
-            return {name: None if x is None else (f(x) if f else x)
-                    for (name, f), x in zip(fields, tuple(value), strict=True)}
-
-        return user_value
     return None
+
+
+def _reader(kind: CQLType) -> Callable[[Any], Any] | None:
+    """What one value the driver read must become for Arrow in `kind`'s Spark type; None = as it is."""
+    return _in_collections(kind, _read_leaf, reading=True)
 
 
 def arrow_column(values: list[Any], kind: CQLType, arrow_type: pa.DataType) -> pa.Array:

@@ -49,7 +49,7 @@ def kill_when_stored(node, session, table: str, rows: int, restart: bool) -> thr
         deadline = time.monotonic() + 120
         while session.execute(f"SELECT COUNT(*) FROM faults.{table}").one()[0] < rows:
             assert time.monotonic() < deadline, f"the write never stored {rows} rows"
-            time.sleep(0.05)  # polling the store for the event: the rows are there
+            threading.Event().wait(0.05)  # polling the store for the event: the rows are there
         server.kill()
         if restart:
             server.start()
@@ -59,12 +59,17 @@ def kill_when_stored(node, session, table: str, rows: int, restart: bool) -> thr
     return thread
 
 
+def paced_input(spark, session, table: str):
+    """`table` created, and ROWS rows in two tasks paced slowly enough that a fault strikes mid-write."""
+    session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, pad text)")
+    return (spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 200) AS pad")
+            .mapInArrow(slow(50, 0.1), "id long, pad string"))
+
+
 def test_a_node_killed_and_restarted_mid_write_loses_nothing(spark, node):
     server, session = node
     table = "killed"
-    session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, pad text)")
-    df = (spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 200) AS pad")
-          .mapInArrow(slow(50, 0.1), "id long, pad string"))
+    df = paced_input(spark, session, table)
     opts = options(server, table, **{"sink.max-retries": "30", "sink.retry-delay-ms": "200",
                                      "request.timeout-ms": "2000"})
     striker = kill_when_stored(node, session, table, 500, restart=True)
@@ -83,9 +88,7 @@ def stored_ids(server, table: str) -> set[int]:
 def test_without_retries_the_same_outage_fails_the_write_and_a_rerun_converges(spark, node):
     server, session = node
     table = "failed"
-    session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, pad text)")
-    df = (spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 200) AS pad")
-          .mapInArrow(slow(50, 0.1), "id long, pad string"))
+    df = paced_input(spark, session, table)
     opts = options(server, table, **{"sink.max-retries": "0", "request.timeout-ms": "2000"})
     striker = kill_when_stored(node, session, table, 500, restart=False)
     with pytest.raises(Exception, match=r"cassandra"):
@@ -114,7 +117,7 @@ def test_a_stalled_node_times_requests_out_and_every_key_ends_at_its_last_change
         deadline = time.monotonic() + 120
         while session.execute(f"SELECT COUNT(*) FROM faults.{table}").one()[0] < 500:
             assert time.monotonic() < deadline, "the write never stored 500 rows"
-            time.sleep(0.05)
+            threading.Event().wait(0.05)
         os.kill(server.pid, signal.SIGSTOP)
         stalled.set()
         time.sleep(4)  # the fault's length: the node is frozen, not an event to wait for
