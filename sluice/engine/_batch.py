@@ -31,6 +31,9 @@ class RequestInfo:
     now: float
     busy_keys: frozenset[Hashable] = frozenset()
     draining: bool = False  # a checkpoint waits: everything up to the end of the input is buffered
+    # False when only a size trigger fired: a creator that groups entries (by partition key) then returns a batch
+    # only if it is full, so that a key's entries linger until they fill one (or another trigger fires).
+    partial: bool = True
 
 
 class BatchCreator(ABC):
@@ -89,24 +92,23 @@ class PartitionKeyBatchCreator(BatchCreator):
     """A batch never mixes partition keys, and a key with a batch in flight is skipped.
 
     Seed 003's Cassandra case: batches within one partition key. Skipping busy keys is what keeps
-    per-key order while batches of different keys are in flight concurrently.
+    per-key order while batches of different keys are in flight concurrently. The fullest sendable key goes
+    first, so per-key batches stay as large as the buffer allows; when only a size trigger fired
+    (`RequestInfo.partial` false) it must hold a full batch (records or bytes), else nothing is cut yet.
     """
 
     def create_next_batch(self, request_info: RequestInfo, buffer: RequestBuffer) -> Batch | None:
         if not isinstance(buffer, KeyedRequestBuffer):
             raise TypeError("PartitionKeyBatchCreator needs a KeyedRequestBuffer")
-        # The fullest sendable key goes first: per-key batches stay as large as the buffer allows
-        # (ties go to the key buffered longest, so no key starves).
-        best, best_size = None, 0
-        for key in buffer.partition_keys():
-            if key in request_info.busy_keys or buffer.key_ready_at(key) > request_info.now:
-                continue
-            size = buffer.key_size(key)
-            if size > best_size:
-                best, best_size = key, size
-                if size >= request_info.batch_size:
-                    break
+        best = None
+        for key in buffer.fullest_keys():
+            if key not in request_info.busy_keys and buffer.key_ready_at(key) <= request_info.now:
+                best = key
+                break
         if best is None:
+            return None
+        if not request_info.partial and buffer.key_size(best) < request_info.batch_size \
+                and buffer.key_size_bytes(best) < request_info.max_batch_bytes:
             return None
         taken = buffer.take(request_info.batch_size, request_info.max_batch_bytes, request_info.now, best)
         if taken is None:
@@ -115,5 +117,5 @@ class PartitionKeyBatchCreator(BatchCreator):
 
     def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
         assert isinstance(buffer, KeyedRequestBuffer)
-        times = [buffer.key_ready_at(k) for k in buffer.partition_keys() if k not in request_info.busy_keys]
+        times = [buffer.key_ready_at(k) for k in buffer.delayed_keys() if k not in request_info.busy_keys]
         return min(times, default=0.0)

@@ -267,27 +267,37 @@ class AsyncSinkWriter:
                 times.append(ready)
         return max(0.0, min(times) - self._clock()) if times else None
 
-    def _request_info(self, now: float) -> RequestInfo:
+    def _request_info(self, now: float, partial: bool = True) -> RequestInfo:
         return RequestInfo(
             self._limiter.batch_size_limit(self.config.max_batch_records),
-            self.config.max_batch_bytes, now, frozenset(self._busy_keys), bool(self._checkpoints),
+            self.config.max_batch_bytes, now, frozenset(self._busy_keys), bool(self._checkpoints), partial,
         )
 
-    def _flush_reason(self, limit: int) -> str | None:
+    def _flush_reason(self, limit: int) -> tuple[str, bool] | None:
+        """Why a batch may be cut now, and whether it may be partial (see `RequestInfo.partial`).
+
+        Partition-ordered writes count a size trigger only for a full batch of one key: with thousands of keys
+        buffered, cutting as soon as the buffer held `limit` entries in all sent batches of one or two entries.
+        Their keys wait instead for more entries, the buffer filling up, the timeout or the checkpoint."""
         size = self._buffer.size()
         if self._retry_pending:
-            return "retry"
+            return "retry", True
+        if self._keyed and not self._hold and (other := self._partial_reason()):
+            return other  # it cuts the fullest key too, full or not
         if not self._hold:
             if size >= limit:
-                return "batch-size"
+                return "batch-size", not self._keyed
             if self._buffer.total_size_bytes() >= self.config.max_batch_bytes:
-                return "batch-bytes"
+                return "batch-bytes", not self._keyed
+        return self._partial_reason()
+
+    def _partial_reason(self) -> tuple[str, bool] | None:
         if self._checkpoints:
-            return "checkpoint"
-        if self._hold and size >= self.config.max_buffered:
-            return "buffer-full"
+            return "checkpoint", True
+        if (self._hold or self._keyed) and self._buffer.size() >= self.config.max_buffered:
+            return "buffer-full", True
         if self._timeout_flush:
-            return "timeout"
+            return "timeout", True
         return None
 
     def _pump(self) -> None:
@@ -300,10 +310,11 @@ class AsyncSinkWriter:
             info = self._request_info(now)
             if self._limiter.should_block(min(info.batch_size, self._buffer.size())):
                 break
-            reason = self._flush_reason(info.batch_size)
-            if reason is None:
+            trigger = self._flush_reason(info.batch_size)
+            if trigger is None:
                 break
-            batch = self._creator.create_next_batch(info, self._buffer)
+            reason, partial = trigger
+            batch = self._creator.create_next_batch(info if partial else self._request_info(now, False), self._buffer)
             if batch is None:
                 break
             if batch.attempt:

@@ -54,7 +54,9 @@ class RecordingStore(Store):
 
     def __init__(self) -> None:
         self.batches: list[Batch] = []
+        self.first_submit = threading.Event()
 
     def submit(self, batch: Batch) -> Future[None]:
         self.batches.append(batch)
+        self.first_submit.set()
         return completed_future()

@@ -76,3 +76,51 @@ def test_keyed_buffer_accounting_and_state():
     buf.add("w", 2, key=1, prioritize=True)
     assert buf.size() == 3 and buf.total_size_bytes() == 9
     assert buf.buffered_state() == [("w", 2), ("x", 3), ("y", 4)]
+
+
+def test_keyed_buffer_finds_the_fullest_key_through_its_index_after_any_adds_and_takes():
+    import random
+
+    rng = random.Random(7)
+    buf = KeyedRequestBuffer()
+    model: dict[int, int] = {}
+    for step in range(3000):
+        key = rng.randrange(40)
+        if rng.random() < 0.6:
+            n = rng.randrange(1, 5)
+            buf.add_chunk(Chunk([(key, step)] * n, [1] * n, key=key), prioritize=rng.random() < 0.1)
+            model[key] = model.get(key, 0) + n
+        elif model.get(key):
+            taken = buf.take(rng.randrange(1, 6), 1 << 30, 0.0, key)
+            model[key] -= len(taken.entries)
+            if not model[key]:
+                del model[key]
+        order = list(buf.fullest_keys())
+        assert sorted(order) == sorted(model), "the index lost or kept a key"
+        sizes = [model[k] for k in order]
+        assert sizes == sorted(sizes, reverse=True), "fullest_keys is not ordered by entries held"
+        assert buf.size() == sum(model.values())
+
+
+def test_partition_key_creator_cuts_only_full_batches_when_partial_is_not_allowed():
+    buf = KeyedRequestBuffer()
+    buf.add_chunk(Chunk(["a1", "a2"], [1, 1], key="a"))
+    buf.add_chunk(Chunk(["b1"], [300], key="b"))
+    creator = PartitionKeyBatchCreator()
+    held = RequestInfo(3, 300, 0.0, partial=False)
+    assert creator.create_next_batch(held, buf) is None  # "a" holds 2 of 3 records, 2 of 300 bytes
+    buf.add_chunk(Chunk(["a3"], [1], key="a"))
+    assert creator.create_next_batch(held, buf).entries == ["a1", "a2", "a3"]
+    assert creator.create_next_batch(held, buf).entries == ["b1"]  # full by bytes
+
+
+def test_retry_backoff_is_found_among_delayed_keys_only():
+    buf = KeyedRequestBuffer()
+    buf.add_chunk(Chunk(["x"], [1], key="fresh"))
+    buf.add_chunk(Chunk(["r"], [1], key="retried", attempt=1, ready_at=9.0), prioritize=True)
+    creator = PartitionKeyBatchCreator()
+    assert buf.delayed_keys() == ["retried"]
+    assert creator.next_ready_at(info(now=1.0), buf) == 9.0
+    assert creator.create_next_batch(info(now=1.0), buf).entries == ["x"]
+    assert creator.create_next_batch(info(now=9.0), buf).entries == ["r"]
+    assert buf.delayed_keys() == [] and buf.size() == 0

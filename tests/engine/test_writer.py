@@ -1,10 +1,11 @@
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from sluice import RecordTooLargeError, RetryableError, SinkError, ThrottledError
-from sluice.engine import AIMDRateLimiter, AsyncSinkWriter, SinkConfig
+from sluice.engine import AIMDRateLimiter, AsyncSinkWriter, PartitionKeyBatchCreator, SinkConfig
 from tests.engine.helpers import ManualStore, RecordingStore
 
 FAST = dict(retry_delay_ms=1, flush_timeout_ms=60_000)
@@ -240,6 +241,35 @@ def test_partition_ordered_runs_different_keys_concurrently_but_never_one_key_tw
             time.sleep(0.01)
         w.flush()
     assert w.stats.peak_inflight == 2
+
+
+class _PartialAlways(PartitionKeyBatchCreator):
+    """The negative control: a creator that cuts whatever a key holds whenever any trigger fires."""
+
+    def create_next_batch(self, request_info, buffer):
+        return super().create_next_batch(replace(request_info, partial=True), buffer)
+
+
+@pytest.mark.parametrize("creator", [None, _PartialAlways()], ids=["lingering", "control-partial-cuts"])
+def test_partition_ordered_keys_linger_until_they_fill_a_batch(creator):
+    """With many keys buffered, a size trigger cuts only full batches of one key: the 300 entries that arrive
+    first (3 for each of 100 keys) wait for each key's fourth. Cutting on the buffer's total instead (the
+    control) sends 100 batches of 3 and 100 of 1."""
+    store = RecordingStore()
+    cfg = SinkConfig(**FAST, mode="partition-ordered", max_batch_records=4, max_buffered=1000, max_inflight=500)
+    with AsyncSinkWriter(store, cfg, batch_creator=creator) as w:
+        keys = [k for k in range(100) for _ in range(3)]
+        w.write_keyed([f"{k}-first" for k in keys], [1] * 300, keys)
+        if creator is not None:
+            assert store.first_submit.wait(5), "the control never cut a batch"  # before the fourth entries
+        w.write_keyed([f"{k}-last" for k in range(100)], [1] * 100, list(range(100)))
+        w.flush()
+    assert w.stats.records == 400
+    sizes = sorted(b.record_count for b in store.batches)
+    if creator is None:
+        assert sizes == [4] * 100, f"keys did not linger until full: batch sizes {sizes}"
+    else:
+        assert sizes[0] < 4, sizes
 
 
 def test_flush_on_checkpoint_holds_data_until_the_checkpoint():
