@@ -95,6 +95,7 @@ class AsyncSinkWriter:
         self._busy_keys: set[Hashable] = set()
         self._deadline: float | None = None
         self._timeout_flush = False
+        self._timeout_left = 0  # entries a timeout flush still sends: as many as were buffered when it fired
         self._pumped_at = clock()  # when the last pump looked at what is sendable
         self._retry_pending = 0
         self._checkpoints: list[_Checkpoint] = []
@@ -304,8 +305,10 @@ class AsyncSinkWriter:
         if self._failure is not None:
             return
         now = self._pumped_at = self._clock()
-        if self._deadline is not None and now >= self._deadline:
-            self._timeout_flush = True
+        if self._deadline is not None and now >= self._deadline and not self._timeout_flush:
+            # Flush what is buffered now, then start the clock again: with entries arriving all the time the buffer
+            # never empties, and flushing until it did would end the waiting of partition-ordered keys for good.
+            self._timeout_flush, self._timeout_left = True, self._buffer.size()
         while self._buffer.size():
             info = self._request_info(now)
             if self._limiter.should_block(min(info.batch_size, self._buffer.size())):
@@ -321,6 +324,11 @@ class AsyncSinkWriter:
                 reason = "retry"
                 self._retry_pending -= batch.record_count
             self._submit(batch, reason)
+            if self._timeout_flush:
+                self._timeout_left -= batch.record_count
+                if self._timeout_left <= 0:
+                    self._timeout_flush = False
+                    self._deadline = now + self.config.flush_timeout_ms / 1000.0
         if not self._buffer.size():
             self._deadline = None
             self._timeout_flush = False

@@ -272,6 +272,37 @@ def test_partition_ordered_keys_linger_until_they_fill_a_batch(creator):
         assert sizes[0] < 4, sizes
 
 
+def test_a_timeout_flushes_what_was_buffered_then_keys_wait_again_though_the_buffer_never_emptied():
+    """Partition-ordered, on a clock the test moves: key k has a batch in flight and one entry waiting, so the
+    buffer never empties. The timeout at t=2 sends the two entries buffered then (k's waits behind its busy key, so
+    b, arriving during the flush, goes in its place); c, arriving after, waits for a full batch or the checkpoint.
+    Flushing until the buffer emptied sent c at once (and k's entry) as timeouts."""
+    now = [0.0]
+    store = ManualStore()
+    cfg = SinkConfig(**{**FAST, "flush_timeout_ms": 1000}, mode="partition-ordered", max_batch_records=4,
+                     max_buffered=100, max_inflight=10)
+    with AsyncSinkWriter(store, cfg, clock=lambda: now[0]) as w:
+        w.write_keyed(["w"] * 4, [1] * 4, ["w"] * 4)  # one acknowledged batch opens the AIMD window to 14 entries
+        store.wait_submits(1)
+        store.complete_all()
+        # k: a full batch, sent and left in flight, and a fifth entry that waits behind its busy key (the buffer is
+        # not empty from here on, and its deadline is t=1)
+        w.write_keyed(["k"] * 5, [1] * 5, ["k"] * 5)
+        store.wait_submits(1)
+        now[0] = 2.0  # past the deadline
+        w.write_keyed(["a"], [1], ["a"])
+        assert [b.entries for b in store.wait_submits(1)][-1] == ["a"]
+        w.write_keyed(["b"], [1], ["b"])
+        assert [b.entries for b in store.wait_submits(1)][-1] == ["b"]  # the flush's second entry
+        w.write_keyed(["c"], [1], ["c"])
+        done = threading.Thread(target=w.flush)
+        done.start()
+        while done.is_alive():
+            store.complete_all()
+            done.join(0.01)
+    assert dict(w.stats.flush_reasons) == {"batch-size": 2, "timeout": 2, "checkpoint": 2}, w.stats.flush_reasons
+
+
 def test_flush_on_checkpoint_holds_data_until_the_checkpoint():
     store = RecordingStore()
     cfg = SinkConfig(mode="partition-ordered", flush_on_checkpoint=True, max_batch_records=2, max_buffered=100,
