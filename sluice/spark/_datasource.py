@@ -110,6 +110,11 @@ class EngineDataSource(DataSource):
         config = self.sink_config(opts, schema)
         return config.partition_key if config.mode == PARTITION_ORDERED else None
 
+    def write_order(self, opts: Options, schema: StructType) -> tuple[str, ...]:
+        """Columns `sluice.write` sorts each task's rows by after partitioning, so that a batch creator grouping
+        rows by them finds each group's rows together rather than scattered over the task; () = input order."""
+        return ()
+
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> WritePlan:
         """On the driver, once per write: validate the schema, options and mode against the store, then return
         the plan every task opens its writer from. Refuse what cannot be written here, before any task starts."""

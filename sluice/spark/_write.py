@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.spark._registry import data_source_class
 
+_POSITION = "__sluice_input_position"
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -16,8 +18,11 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partiti
     partition-ordered: repartitioned by the partition key. A store may ask for more (S2 exactly-once:
     by the columns of the stream template, or a single task for a single stream). Spark's hash
     repartition keeps the relative order of one input partition's rows, so each key's rows stay in order
-    per source task.
+    per source task. A store that groups rows into batches by some columns (Cassandra's partition key) has
+    each task's rows sorted by them (batch writes; a streaming DataFrame keeps its order).
     """
+    from pyspark.sql.functions import monotonically_increasing_id
+
     source = data_source_class(format)(options={k: str(v) for k, v in options.items()})
     opts = source.parsed()
     columns = source.partitioning(opts, df.schema)
@@ -26,11 +31,16 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partiti
     if not columns:
         return df.coalesce(1)
     count = num_partitions or _own_partition_count(df)
-    if count is None:
-        # Spark Connect has no partition count to ask for: hash-repartition without one, so adaptive
-        # execution sizes the shuffle by the data (a small write becomes one task, not 200).
-        return df.repartition(*columns)
-    return df.repartition(count, *columns)
+    order = () if df.isStreaming else source.write_order(opts, df.schema)
+    if order:
+        # Spark's sort is not stable: the input position breaks ties, so one key's rows keep their order.
+        df = df.withColumn(_POSITION, monotonically_increasing_id())
+    # Spark Connect has no partition count to ask for: hash-repartition without one, so adaptive execution
+    # sizes the shuffle by the data (a small write becomes one task, not 200).
+    df = df.repartition(*columns) if count is None else df.repartition(count, *columns)
+    if order:
+        df = df.sortWithinPartitions(*order, _POSITION).drop(_POSITION)
+    return df
 
 
 def _own_partition_count(df: DataFrame) -> int | None:

@@ -52,6 +52,11 @@ class CassandraDataSource(EngineDataSource):
         a batch."""
         return self._table(opts)[1].partition_key
 
+    def write_order(self, opts: Options, schema: StructType) -> tuple[str, ...]:
+        """One partition's rows side by side in its task: each UNLOGGED batch then holds up to a whole partition,
+        not the few of its rows that happened to be buffered together."""
+        return self._table(opts)[1].partition_key if opts["batch.grouping"] == "partition" else ()
+
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
         if opts["sink.transactional"]:
             raise OptionError(NO_TRANSACTIONS)

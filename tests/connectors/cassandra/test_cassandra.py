@@ -40,6 +40,29 @@ def test_partition_grouping_sends_one_batch_per_partition_and_reads_back_in_toke
     assert sorted((r.pk, r.ck, r.v, r.amount) for r in back.collect()) == sorted(rows)
 
 
+def test_sluice_write_sorts_each_task_by_partition_so_scattered_rows_still_fill_one_batch_per_partition(spark, cass):
+    """150 partitions' rows interleaved (every partition's first row, then every second row...), reaching the
+    writer 16 rows per Arrow batch with room for 20 buffered and batches of 4 rows: only a partition's rows side by
+    side in its task fill one batch each. The control writes the same repartitioned rows without the sort."""
+    rows = [(p, c, f"v{p}-{c}", p * 1.5 + c) for c in range(4) for p in range(150)]
+    df = spark.createDataFrame(rows, "pk int, ck int, v string, amount double")
+    opts = {"sink.requests.max-buffered": "20", "sink.batch.max-size": "4"}
+    previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
+    try:
+        sorted_table, control_table = cass.table(KEYED), cass.table(KEYED)
+        sluice.write(df, "cassandra", cass.opts(sorted_table, **opts))
+        batches = sluice.last_write_summary("cassandra")["batches"]
+        control_write = df.repartition(2, "pk").write.format("cassandra").mode("append")
+        control_write.options(**cass.opts(control_table, **opts)).save()
+        control = sluice.last_write_summary("cassandra")["batches"]
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
+    assert stored(cass, sorted_table) == stored(cass, control_table) == set(rows)
+    assert batches == 150, f"{batches} batches for 150 partitions"
+    assert control > 300, f"the unsorted control sent {control} batches: it no longer shows the sort's effect"
+
+
 def test_filters_on_the_partition_key_and_first_clustering_column_are_read_by_cassandra(spark, cass):
     table = cass.table(KEYED)
     df, rows = keyed_rows(spark, partitions=20, per_partition=6)
