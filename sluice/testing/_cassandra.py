@@ -102,6 +102,18 @@ concurrent_counter_writes: 8
 concurrent_compactors: 1
 file_cache_size: 32MiB
 networking_cache_size: 16MiB
+{client_encryption}"""
+
+# TLS only (optional: false): a client without TLS is refused. The keystore holds a self-signed certificate for the
+# node's address, which is its own CA (LocalCassandra.ca_pem).
+CLIENT_ENCRYPTION = """\
+client_encryption_options:
+  enabled: true
+  optional: false
+  keystore: {keystore}
+  keystore_password: {password}
+  store_type: PKCS12
+  require_client_auth: false
 """
 
 # Cassandra's own log, warnings and errors only (and gossip's news of peers), to a file in the server's folder (read
@@ -145,6 +157,20 @@ def find_java() -> str:
     raise RuntimeError("Cassandra needs Java 17, which was not found: apt-get install -y openjdk-17-jre-headless")
 
 
+def self_signed_certificate(folder: Path, host: str, password: str, name: str = "node") -> str:
+    """A PKCS12 keystore `folder`/`name`.p12 with a new self-signed certificate for `host` (its IP address as
+    subject alternative name, so clients verify the hostname), made by the JDK's keytool; returns its PEM text."""
+    keytool = str(Path(find_java()).resolve().parent / "keytool")
+    store = folder / f"{name}.p12"
+    common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password, "-alias", name]
+    # keytool takes the store password on its command line; it is a throwaway test server's own.
+    subprocess.run([keytool, "-genkeypair", *common, "-keypass", password, "-keyalg", "EC", "-groupname",
+                    "secp256r1", "-validity", "30", "-dname", f"CN=sluice test {name}", "-ext", f"SAN=ip:{host}"],
+                   check=True, capture_output=True)
+    pem = subprocess.run([keytool, "-exportcert", "-rfc", *common], check=True, capture_output=True, text=True)
+    return pem.stdout
+
+
 def _free_port(host: str) -> int:
     """A TCP port free on `host` (a loopback address: each node of a local cluster has its own)."""
     if host == "127.0.0.1":
@@ -163,7 +189,7 @@ class LocalCassandra:
                  commitlog_sync: str = "periodic", fsync: bool = False, heap: str = "512m", num_tokens: int = 16,
                  batch_size_warn_threshold_kib: int = 5, batch_size_fail_threshold_kib: int = 50,
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 180,
-                 port: int = 0, storage_port: int = 0) -> None:
+                 port: int = 0, storage_port: int = 0, tls: bool = False) -> None:
         if commitlog_sync not in COMMITLOG_SYNC:
             raise ValueError(f"commitlog_sync must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog_sync!r}")
         self.host, self.auth, self.cluster_name = host, auth, cluster_name
@@ -178,6 +204,10 @@ class LocalCassandra:
         self.full_jit = full_jit
         self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above
         self.start_timeout = start_timeout
+        # tls: clients must use TLS; the node's certificate is self-signed, `ca_pem` (set at the first start) is
+        # what a client verifies it against (sluice's ssl.ca-pem).
+        self.tls = tls
+        self.ca_pem: str | None = None
         # The ports asked for (0: a free one on `host`, picked at the first start).
         self._ports_wanted = (port, storage_port)
         self.port = 0  # native transport (CQL)
@@ -220,10 +250,19 @@ class LocalCassandra:
             authorizer="CassandraAuthorizer" if self.auth else "AllowAllAuthorizer",
             commitlog_sync=self.commitlog_sync, commitlog_sync_setting=COMMITLOG_SYNC[self.commitlog_sync],
             batch_size_warn_threshold_kib=self.batch_size_warn_threshold_kib,
-            batch_size_fail_threshold_kib=self.batch_size_fail_threshold_kib)
+            batch_size_fail_threshold_kib=self.batch_size_fail_threshold_kib,
+            client_encryption=self._client_encryption())
         (self._dir / "cassandra.yaml").write_text(config)
         (self._dir / "logback.xml").write_text(LOGBACK.format(dir=self._dir))
         (self._dir / "triggers").mkdir()
+
+    def _client_encryption(self) -> str:
+        if not self.tls:
+            return ""
+        assert self._dir is not None
+        password = "sluice-test-keystore"
+        self.ca_pem = self_signed_certificate(self._dir, self.host, password)
+        return CLIENT_ENCRYPTION.format(keystore=self._dir / "node.p12", password=password)
 
     def _class_data_sharing(self, java: str, classpath: str) -> list[str]:
         """Class data sharing: the classes a start loads, archived by the first server that stops cleanly next to
@@ -394,6 +433,10 @@ class LocalCassandra:
                                    request_timeout=kwargs.pop("request_timeout", 30))
         kwargs.setdefault("execution_profiles", {EXEC_PROFILE_DEFAULT: profile})
         kwargs.setdefault("protocol_version", 5)
+        if self.tls:
+            import ssl
+
+            kwargs.setdefault("ssl_context", ssl.create_default_context(cadata=self.ca_pem))
         return Cluster(contact_points=self.contact_points, **kwargs)
 
     def kill(self) -> None:

@@ -136,18 +136,29 @@ def _connect(conn: Connection) -> Session:
         return cluster.connect()
     except NoHostAvailable as e:
         cluster.shutdown()
-        raise CassandraError(f"cannot connect to Cassandra at {conn.display}: {_describe_no_host(e)}",
+        raise CassandraError(f"cannot connect to Cassandra at {conn.display}: {_describe_no_host(e, conn)}",
                              store="cassandra", target=conn.display) from None
 
 
-def _describe_no_host(error: Any) -> str:
+def _describe_no_host(error: Any, conn: Connection) -> str:
+    import ssl
+
     from cassandra import AuthenticationFailed
 
     causes = list(getattr(error, "errors", {}).values())
     if any(isinstance(c, AuthenticationFailed) for c in causes):
         return ("authentication failed: check username and password (or CASSANDRA_PASSWORD), and that the user "
                 "exists")
-    return "; ".join(f"{type(c).__name__}: {c}" for c in causes) or str(error)
+    detail = "; ".join(f"{type(c).__name__}: {c}" for c in causes) or str(error)
+    # The driver reports a failed handshake as an OSError whose text carries the ssl module's ("[SSL: ...]").
+    if any(isinstance(c, ssl.SSLError) or "[SSL" in str(c) for c in causes):
+        trusted = "the CA in ssl.ca-pem" if conn.ca_pem else "the system's trusted CAs (ssl.ca-pem not set)"
+        return (f"TLS failed ({detail}): the node's certificate must be signed by {trusted} and name the host "
+                "connected to. Set ssl.ca-pem to the PEM text of the CA that signed the nodes' certificates.")
+    if not conn.ssl:
+        return (f"{detail}. If the nodes take TLS clients only (client_encryption_options), set ssl=true and "
+                "ssl.ca-pem.")
+    return detail
 
 
 def classify(error: BaseException, conn: Connection, rows: int | None = None) -> BaseException:

@@ -2,7 +2,8 @@
 retries through the outage and the table ends up equal to the input; without retries the same outage fails the
 write loudly (the negative control), and a re-run converges to the same table. A node that stalls (SIGSTOP) times
 requests out; they are retried and each key still ends at its last change. The node asks for a password
-(PasswordAuthenticator): a wrong one is refused clearly and never shown."""
+(PasswordAuthenticator) over TLS only (client_encryption_options, a self-signed certificate): a wrong password, a
+client without TLS and a certificate from another CA are each refused clearly, and no secret is shown."""
 
 import os
 import signal
@@ -13,6 +14,7 @@ import pytest
 
 import sluice
 from sluice.testing import LocalCassandra
+from sluice.testing._cassandra import self_signed_certificate
 from tests.faults import slow
 
 pytestmark = pytest.mark.spark
@@ -22,7 +24,7 @@ ROWS = 3000
 
 @pytest.fixture(scope="module")
 def server():
-    with LocalCassandra(commitlog_sync="batch", auth=True) as server, server.cluster() as cluster:
+    with LocalCassandra(commitlog_sync="batch", auth=True, tls=True) as server, server.cluster() as cluster:
         cluster.connect().execute("CREATE KEYSPACE faults WITH replication = {'class': 'SimpleStrategy', "
                                   "'replication_factor': 1}")
         yield server
@@ -38,7 +40,7 @@ def node(server):
 
 def options(server, table: str, **more: str) -> dict[str, str]:
     return {"host": server.host, "port": str(server.port), "keyspace": "faults", "table": table,
-            "username": server.username, "password": server.password, **more}
+            "username": server.username, "password": server.password, "ssl.ca-pem": server.ca_pem, **more}
 
 
 def kill_when_stored(node, session, table: str, rows: int, restart: bool) -> threading.Thread:
@@ -142,3 +144,22 @@ def test_a_wrong_password_is_refused_clearly_and_never_shown(spark, node):
         sluice.write(df, "cassandra", {**options(server, "killed"), "password": "wrong-s3cret"})
     assert "authentication failed: check username and password" in str(refused.value)
     assert "wrong-s3cret" not in str(refused.value)
+
+
+def test_tls_is_required_and_the_nodes_certificate_is_checked_against_ssl_ca_pem(spark, node, tmp_path):
+    server, session = node
+    session.execute("CREATE TABLE faults.tls (id bigint PRIMARY KEY, pad text)")
+    df = spark.range(0, 100, 1, 2).selectExpr("id", "'x' AS pad")
+    sluice.write(df, "cassandra", options(server, "tls"))  # every test here writes over TLS; this one checks it
+    assert stored_ids(server, "tls") == set(range(100))
+    plain = {k: v for k, v in options(server, "tls").items() if k != "ssl.ca-pem"}
+    with pytest.raises(Exception) as refused:  # the negative control: the node takes no client without TLS
+        sluice.write(df, "cassandra", plain)
+    assert "ssl=true" in str(refused.value), refused.value
+    other_ca = self_signed_certificate(tmp_path, server.host, "another-ca-pw", "other")
+    with pytest.raises(Exception) as unverified:
+        sluice.write(df, "cassandra", {**plain, "ssl.ca-pem": other_ca})
+    message = str(unverified.value)
+    assert "ssl.ca-pem" in message and "certificate" in message, message
+    for secret in (server.password, other_ca.splitlines()[1], server.ca_pem.splitlines()[1]):
+        assert secret not in message
