@@ -260,6 +260,7 @@ def main() -> int:
             warm.write.format("org.apache.spark.sql.cassandra").options(keyspace="bench", table=fresh()).mode(
                 "append").save()
         runs: dict[str, list] = {}
+        per_batch: dict[str, float] = {}  # rows per engine batch of sluice's writes (last round; none: sent row by row)
         for _ in range(args.rounds):
             # The connector's table made first: its driver session, cached from the last write, learns of tables
             # made by others from schema events (after a 1 s debounce), and a write into a table it has not seen
@@ -270,6 +271,8 @@ def main() -> int:
                 opts = {**base, "table": table, "batch.grouping": grouping}
                 runs.setdefault(f"sluice_{grouping}", []).append(
                     timed(lambda o=opts: sluice.write(df, "cassandra", o)))
+                summary = sluice.last_write_summary("cassandra")
+                per_batch[f"sluice_{grouping}"] = round(summary["records"] / summary["batches"], 1)
                 count(table)
             runs.setdefault("floor", []).append(timed(lambda: sluice.write(df, "sluice_null", {})))
 
@@ -313,7 +316,8 @@ def main() -> int:
     results = {}
     for name, measured in runs.items():
         seconds, cpu = min(measured, key=lambda r: r[0])
-        results[name] = {"seconds": round(seconds, 3), "rows_per_s": round(args.rows / seconds), "cpu_s": cpu}
+        results[name] = {"seconds": round(seconds, 3), "rows_per_s": round(args.rows / seconds), "cpu_s": cpu,
+                         **({"rows_per_batch": per_batch[name]} if name in per_batch else {})}
     rate = {name: r["rows_per_s"] for name, r in results.items()}
     print(json.dumps({
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",

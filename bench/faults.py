@@ -9,6 +9,8 @@ the end of the output, and in docs/reliability.md):
   has one (transactional modes), as a user re-runs a failed job.
 - s2-restart: the local S2 server (durable) is SIGKILLed mid-write and restarted on the same port.
 - pg-terminate: every PostgreSQL backend of the write is terminated (pg_terminate_backend) mid-write.
+- cassandra: format("cassandra") (batches of one partition) under a worker death, a re-run after a failure, and
+  its node SIGKILLed mid-write and started again on its data (a LocalCassandra; about a minute to start).
 - driver-kill: a streaming query (one input file per micro-batch, bench/stream_driver.py) has its driver's whole
   process group SIGKILLed after a few micro-batches and is started again on the same checkpoint.
 """
@@ -37,7 +39,7 @@ import psycopg
 import s2_sdk
 
 import sluice
-from sluice.testing import LocalPostgres
+from sluice.testing import LocalCassandra, LocalPostgres
 
 
 def write(base, fmt: str, opts: dict, fault) -> None:
@@ -140,7 +142,7 @@ def landed(struck: list[float], ended: float) -> str:
     return "struck mid-write" if struck[0] < ended else "strike came after the write (not a valid run)"
 
 
-FAULTS = ("worker", "rerun", "tablestore", "s2-restart", "pg-terminate", "driver-kill")
+FAULTS = ("worker", "rerun", "tablestore", "s2-restart", "pg-terminate", "cassandra", "driver-kill")
 STREAM_FILES = 10  # micro-batches of the streaming scenario
 KILL_AFTER_BATCHES = 3
 DRIVER = Path(__file__).with_name("stream_driver.py")
@@ -340,6 +342,50 @@ def main() -> int:
                 striker.join()
                 record("pg-terminate", name, pg_ids(table),
                        landed(struck, ended))
+        if want("cassandra"):
+            # ---- cassandra: upserts by primary key, so a replay rewrites rows in place (never duplicates them)
+            with LocalCassandra(commitlog_sync="batch") as node, node.cluster() as cluster:
+                session = cluster.connect()
+                session.execute("CREATE KEYSPACE faults WITH replication = {'class': 'SimpleStrategy', "
+                                "'replication_factor': 1}")
+                cass = {"host": node.host, "port": str(node.port), "keyspace": "faults", "sink.max-retries": "30",
+                        "sink.retry-delay-ms": "200", "request.timeout-ms": "2000"}
+
+                def cass_table() -> str:
+                    table = f"f_{uuid.uuid4().hex[:10]}"
+                    session.execute(f"CREATE TABLE faults.{table} (id bigint PRIMARY KEY, k bigint, pad text)")
+                    return table
+
+                def cass_ids(table: str) -> list[int]:
+                    return [r[0] for r in session.execute(f"SELECT id FROM faults.{table}")]
+
+                table, marker = cass_table(), work / f"die-{uuid.uuid4().hex[:6]}"
+                marker.touch()
+                write(base, "cassandra", {**cass, "table": table}, strike_at(n * 3 // 4, str(marker), die=True))
+                record("worker", "cassandra", cass_ids(table))
+                table, marker = cass_table(), work / f"fail-{uuid.uuid4().hex[:6]}"
+                marker.touch()
+                opts = {**cass, "table": table, "sink.max-retries": "0"}
+                fault = strike_at(n * 3 // 4, str(marker), die=False)
+                expect_failure(lambda opts=opts, fault=fault: write(base, "cassandra", opts, fault))
+                marker.unlink()
+                write(base, "cassandra", opts, fault)
+                record("rerun", "cassandra", cass_ids(table), "upserts: the re-run rewrites the rows it repeats")
+                table, struck = cass_table(), []
+
+                def restart(struck: list[float] = struck) -> None:
+                    time.sleep(1.0)  # a bench, not a test: strike once the write is under way
+                    node.kill()
+                    struck.append(time.monotonic())
+                    node.start()
+
+                striker = threading.Thread(target=restart)
+                striker.start()
+                write(base, "cassandra", {**cass, "table": table}, paced(PAUSE))
+                ended = time.monotonic()
+                striker.join()
+                record("cassandra-restart", "cassandra", cass_ids(table), landed(struck, ended))
+
         if want("driver-kill"):
             # ---- driver-kill: a streaming driver is SIGKILLed mid-stream and restarted from its checkpoint
             inputs = work / "stream-input"
