@@ -28,10 +28,13 @@ Contenders, each into a fresh table:
   Spark 4 no longer has). Its jars are resolved by Spark's Ivy from Maven Central only (a settings file of ours,
   into ~/.cache/sluice/spark-cassandra-connector) when the bench's session starts; `--no-scc` leaves it out;
 - floor: the same DataFrame into `sluice_null` (Spark's hand-over of rows to Python workers, no store).
-Each figure is rows per second, the best of --rounds, with the CPU seconds of each component of this process's own
-tree only ("cassandra": the server JVMs, counted apart from spark_jvm, which _cpu.py would lump them in with, both
-being `java`). Before the rounds, one untimed write of 1,000 rows each through sluice and the connector starts
-Spark's Python workers and loads the connector, which the first contender would otherwise pay for.
+Each figure is rows per second, the best of --rounds, with latencies of the last round (sluice's: the engine's
+per-request p50/p99, submit to acknowledgement; every contender's: the coordinators' p50/p99 for its table from
+Cassandra's system_views.coordinator_write_latency, the worst node's, and the requests they counted) and the CPU
+seconds of each component of this process's own tree only ("cassandra": the server JVMs, counted apart from
+spark_jvm, which _cpu.py would lump them in with, both being `java`). Before the rounds, one untimed write of
+1,000 rows each through sluice and the connector starts Spark's Python workers and loads the connector, which the
+first contender would otherwise pay for.
 """
 
 from __future__ import annotations
@@ -246,6 +249,16 @@ def main() -> int:
                     time.sleep(2)
             assert got == args.rows, (table, got)
 
+        def server_latency(table: str) -> dict[str, float]:
+            """Coordinator-side write latency of `table` (Cassandra's system_views.coordinator_write_latency, each
+            node's own: its recent requests), the worst node's p50/p99 and the requests of all."""
+            query = ("SELECT count, p50th_ms, p99th_ms FROM system_views.coordinator_write_latency "
+                     f"WHERE keyspace_name = 'bench' AND table_name = '{table}'")
+            rows = [row for host in cluster.metadata.all_hosts() for row in session.execute(query, host=host)]
+            return {"server_requests": sum(r.count for r in rows),
+                    "server_p50_ms": round(max((r.p50th_ms for r in rows), default=0.0), 2),
+                    "server_p99_ms": round(max((r.p99th_ms for r in rows), default=0.0), 2)}
+
         with stdout_to_stderr():
             spark = sluice.session("sluice-bench-cassandra", **({} if args.no_scc else scc_conf(servers)))
         df = spark.createDataFrame(data, "pk int, ck int, v string, amount double").repartition(2).cache()
@@ -260,6 +273,7 @@ def main() -> int:
             warm.write.format("org.apache.spark.sql.cassandra").options(keyspace="bench", table=fresh()).mode(
                 "append").save()
         runs: dict[str, list] = {}
+        latency: dict[str, dict] = {}  # of each contender's last round: the engine's (sluice) and the server's
         per_batch: dict[str, float] = {}  # rows per engine batch of sluice's writes (last round; none: sent row by row)
         for _ in range(args.rounds):
             # The connector's table made first: its driver session, cached from the last write, learns of tables
@@ -273,6 +287,9 @@ def main() -> int:
                     timed(lambda o=opts: sluice.write(df, "cassandra", o)))
                 summary = sluice.last_write_summary("cassandra")
                 per_batch[f"sluice_{grouping}"] = round(summary["records"] / summary["batches"], 1)
+                latency[f"sluice_{grouping}"] = {"client_p50_ms": summary["submit_latency_p50_ms"],
+                                                 "client_p99_ms": summary["submit_latency_p99_ms"],
+                                                 **server_latency(table)}
                 count(table)
             runs.setdefault("floor", []).append(timed(lambda: sluice.write(df, "sluice_null", {})))
 
@@ -280,6 +297,7 @@ def main() -> int:
                 writer = (df.write.format("org.apache.spark.sql.cassandra")
                           .options(keyspace="bench", table=scc_table).mode("append"))
                 runs.setdefault("scc", []).append(timed(writer.save))
+                latency["scc"] = server_latency(scc_table)
                 count(scc_table)
 
             table = fresh()
@@ -287,6 +305,7 @@ def main() -> int:
             runs.setdefault("driver_concurrent", []).append(timed(
                 lambda s=insert: execute_concurrent_with_args(session, s, data, concurrency=100,
                                                               raise_on_first_error=True)))
+            latency["driver_concurrent"] = server_latency(table)
             count(table)
 
             table = fresh()
@@ -302,6 +321,7 @@ def main() -> int:
                 execute_concurrent(session, [(b, None) for b in batches], concurrency=100, raise_on_first_error=True)
 
             runs.setdefault("driver_partition_batches", []).append(timed(partition_batches))
+            latency["driver_partition_batches"] = server_latency(table)
             count(table)
         if not args.no_scc:
             # Its cached driver sessions outlive spark.stop() (the JVM stays up until this process ends) and would
@@ -317,7 +337,8 @@ def main() -> int:
     for name, measured in runs.items():
         seconds, cpu = min(measured, key=lambda r: r[0])
         results[name] = {"seconds": round(seconds, 3), "rows_per_s": round(args.rows / seconds), "cpu_s": cpu,
-                         **({"rows_per_batch": per_batch[name]} if name in per_batch else {})}
+                         **({"rows_per_batch": per_batch[name]} if name in per_batch else {}),
+                         **latency.get(name, {})}
     rate = {name: r["rows_per_s"] for name, r in results.items()}
     print(json.dumps({
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
