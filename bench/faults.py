@@ -35,11 +35,15 @@ from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
-import psycopg
-import s2_sdk
+# This script's folder comes first on sys.path, where bench/cassandra.py would shadow the driver's `cassandra`
+# package (which LocalCassandra and format("cassandra") import).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-import sluice
-from sluice.testing import LocalCassandra, LocalPostgres
+import psycopg  # noqa: E402
+import s2_sdk  # noqa: E402
+
+import sluice  # noqa: E402
+from sluice.testing import LocalCassandra, LocalPostgres  # noqa: E402
 
 
 def write(base, fmt: str, opts: dict, fault) -> None:
@@ -146,6 +150,25 @@ FAULTS = ("worker", "rerun", "tablestore", "s2-restart", "pg-terminate", "cassan
 STREAM_FILES = 10  # micro-batches of the streaming scenario
 KILL_AFTER_BATCHES = 3
 DRIVER = Path(__file__).with_name("stream_driver.py")
+
+
+def restarted_mid_write(server, write_it: Callable[[], None]) -> str:
+    """Run `write_it` while, a second in, `server` (kill() and start(): the S2 server, a LocalCassandra) is killed
+    and started again on its data; says whether the strike landed mid-write."""
+    struck: list[float] = []
+
+    def strike() -> None:
+        time.sleep(1.0)  # a bench, not a test: strike once the write is under way
+        server.kill()
+        struck.append(time.monotonic())
+        server.start()
+
+    striker = threading.Thread(target=strike)
+    striker.start()
+    write_it()
+    ended = time.monotonic()
+    striker.join()
+    return landed(struck, ended)
 
 
 def run_driver(fmt: str, opts: dict, inputs: Path, checkpoint: Path, **popen) -> subprocess.Popen:
@@ -297,20 +320,9 @@ def main() -> int:
             # ---- s2-restart: the S2 server is killed mid-write and started again on the same port and data
             for name, (fmt, extra) in s2_modes.items():
                 basin = f"faults-{uuid.uuid4().hex[:10]}"
-                struck: list[float] = []
-
-                def strike(struck: list[float] = struck) -> None:
-                    time.sleep(1.0)  # a bench, not a test: strike once the write is under way
-                    s2.kill()
-                    struck.append(time.monotonic())
-                    s2.start()
-
-                striker = threading.Thread(target=strike)
-                striker.start()
-                write(base, fmt, {**s2_common, **extra, "s2.basin": basin, "s2.stream": "s"}, paced(PAUSE))
-                ended = time.monotonic()
-                striker.join()
-                record("s2-restart", name, s2_ids(basin, fmt), landed(struck, ended))
+                note = restarted_mid_write(s2, lambda fmt=fmt, extra=extra, basin=basin: write(
+                    base, fmt, {**s2_common, **extra, "s2.basin": basin, "s2.stream": "s"}, paced(PAUSE)))
+                record("s2-restart", name, s2_ids(basin, fmt), note)
 
         if want("pg-terminate"):
             # ---- pg-terminate: every backend of the write is terminated mid-write
@@ -371,20 +383,10 @@ def main() -> int:
                 marker.unlink()
                 write(base, "cassandra", opts, fault)
                 record("rerun", "cassandra", cass_ids(table), "upserts: the re-run rewrites the rows it repeats")
-                table, struck = cass_table(), []
-
-                def restart(struck: list[float] = struck) -> None:
-                    time.sleep(1.0)  # a bench, not a test: strike once the write is under way
-                    node.kill()
-                    struck.append(time.monotonic())
-                    node.start()
-
-                striker = threading.Thread(target=restart)
-                striker.start()
-                write(base, "cassandra", {**cass, "table": table}, paced(PAUSE))
-                ended = time.monotonic()
-                striker.join()
-                record("cassandra-restart", "cassandra", cass_ids(table), landed(struck, ended))
+                table = cass_table()
+                note = restarted_mid_write(node, lambda table=table: write(
+                    base, "cassandra", {**cass, "table": table}, paced(PAUSE)))
+                record("cassandra-restart", "cassandra", cass_ids(table), note)
 
         if want("driver-kill"):
             # ---- driver-kill: a streaming driver is SIGKILLed mid-stream and restarted from its checkpoint
