@@ -94,11 +94,12 @@ test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra l
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest
 
 .PRECIOUS: .venv-spark-%/.installed
-# The PostgreSQL connector's tests on other server versions (the main suite runs Debian's PostgreSQL 15): 18 in
-# full, 16 and 17 the tests marked `pg_versions` (every mode and change capture). `make test-postgres-17` runs one.
+# The PostgreSQL connector's tests on other server versions (the main suite runs Debian's PostgreSQL 15): the tests
+# marked `pg_versions` (every mode, change capture, each version's own paths). `make test-postgres-17` runs one;
+# `make test-postgres-18-full` runs every PostgreSQL test on 18 (outside make test's time budget).
 test-postgres-versions: test-postgres-18 test-postgres-16 test-postgres-17
 
-test-postgres-18: $(STAMP) check-java check-postgres-versions
+test-postgres-18-full: $(STAMP) check-java check-postgres-versions
 	SLUICE_TEST_PG_VERSION=18 $(PY) -m pytest -p no:cacheprovider tests/connectors/postgres
 
 test-postgres-%: $(STAMP) check-java check-postgres-versions
