@@ -1,5 +1,8 @@
 """A throwaway Apache Cassandra server for tests and benchmarks: the real server (a JVM), on loopback.
 
+One module past ~400 lines on purpose: its parts (configuration, JVM command line, class-data sharing, start and
+readiness, TLS keystore, peers of a cluster) all serve one object's life cycle and share its folder and ports.
+
 `LocalCassandra()` writes a minimal cassandra.yaml into a temporary folder and starts one Cassandra node there with
 its native (CQL) port and its storage port on free loopback ports, a small heap and no JMX, then stops it and
 deletes the folder on exit. The server is the `cassandra-all` jar and its runtime dependencies from Maven Central
