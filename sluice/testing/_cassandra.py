@@ -192,7 +192,8 @@ class LocalCassandra:
                  commitlog_sync: str = "periodic", fsync: bool = False, heap: str = "512m", num_tokens: int = 16,
                  batch_size_warn_threshold_kib: int = 5, batch_size_fail_threshold_kib: int = 50,
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 180,
-                 port: int = 0, storage_port: int = 0, tls: bool = False) -> None:
+                 port: int = 0, storage_port: int = 0, tls: bool = False,
+                 settings: dict[str, str | int | bool] | None = None) -> None:
         if commitlog_sync not in COMMITLOG_SYNC:
             raise ValueError(f"commitlog_sync must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog_sync!r}")
         self.host, self.auth, self.cluster_name = host, auth, cluster_name
@@ -206,6 +207,8 @@ class LocalCassandra:
         # for benchmarks, where the optimizing compiler (C2) gives the server its full speed.
         self.full_jit = full_jit
         self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above
+        # More cassandra.yaml settings, appended to the ones above (for example the native transport's rate limiter).
+        self.settings = dict(settings or {})
         self.start_timeout = start_timeout
         # tls: clients must use TLS; the node's certificate is self-signed, `ca_pem` (set at the first start) is
         # what a client verifies it against (sluice's ssl.ca-pem).
@@ -255,6 +258,8 @@ class LocalCassandra:
             batch_size_warn_threshold_kib=self.batch_size_warn_threshold_kib,
             batch_size_fail_threshold_kib=self.batch_size_fail_threshold_kib,
             client_encryption=self._client_encryption())
+        config += "".join(f"{key}: {str(value).lower() if isinstance(value, bool) else value}\n"
+                          for key, value in self.settings.items())
         (self._dir / "cassandra.yaml").write_text(config)
         (self._dir / "logback.xml").write_text(LOGBACK.format(dir=self._dir))
         (self._dir / "triggers").mkdir()

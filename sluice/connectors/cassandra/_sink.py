@@ -33,8 +33,10 @@ from sluice.connector import (
     Encoded,
     Option,
     OptionError,
+    SinkError,
     Store,
     TaskWriter,
+    ThrottledError,
     WriteContext,
     WritePlan,
 )
@@ -218,6 +220,14 @@ class CassandraStore(Store):
     @property
     def target(self) -> str:
         return self.conn.display
+
+    def explain(self, error: SinkError) -> SinkError:
+        if not isinstance(error.cause, ThrottledError):
+            return error
+        return SinkError(f"{error} The node refused requests as overloaded (its native-transport rate limit or "
+                         "in-flight byte limit): let the write ride it out with a higher sink.max-retries and "
+                         "sink.retry-delay-ms, or lower sink.requests.max-inflight.", store=error.store,
+                         target=error.target, batch_records=error.batch_records, cause=error.cause)
 
     def _execute(self, statement: Any, rows: int) -> Future[None]:
         done: Future[None] = Future()

@@ -1,0 +1,55 @@
+"""format("cassandra") against an overloaded node: Cassandra's native-transport rate limiter
+(native_transport_rate_limiting_enabled, a few hundred requests per second) with native_transport_throw_on_overload,
+so requests over the limit are refused with OverloadedException ("Coordinator node overloaded") instead of being
+held back on the socket. The write counts them as throttles, the AIMD window shrinks, the refused requests are
+retried and every row is stored; without retries (the negative control) the same write fails, naming the overload
+and sink.max-retries. (A node without throw_on_overload holds requests back until they time out on the client:
+test_faults.py's stalled node covers that path.)"""
+
+import pytest
+
+import sluice
+from sluice.testing import LocalCassandra
+
+pytestmark = pytest.mark.spark
+
+ROWS = 1500
+REQUESTS_PER_SECOND = 300
+
+
+@pytest.fixture(scope="module")
+def server():
+    settings = {"native_transport_rate_limiting_enabled": True,
+                "native_transport_max_requests_per_second": REQUESTS_PER_SECOND,
+                "native_transport_throw_on_overload": True}
+    with LocalCassandra(settings=settings) as server, server.cluster() as cluster:
+        cluster.connect().execute("CREATE KEYSPACE overload WITH replication = {'class': 'SimpleStrategy', "
+                                  "'replication_factor': 1}")
+        yield server
+
+
+def write(spark, server, table: str, **more: str) -> None:
+    with server.cluster() as cluster:
+        cluster.connect().execute(f"CREATE TABLE overload.{table} (id bigint PRIMARY KEY, pad text)")
+    df = spark.range(0, ROWS, 1, 2).selectExpr("id", "repeat('x', 100) AS pad")
+    # One statement per row, up to 32 requests of 100 rows in flight per task: far over the node's limit.
+    sluice.write(df, "cassandra", {"host": server.host, "port": str(server.port), "keyspace": "overload",
+                                   "table": table, "batch.grouping": "none", **more})
+
+
+def stored(server, table: str) -> set[int]:
+    with server.cluster() as cluster:
+        return {r.id for r in cluster.connect().execute(f"SELECT id FROM overload.{table}")}
+
+
+def test_an_overloaded_node_slows_the_write_down_and_every_row_is_stored(spark, server):
+    write(spark, server, "retried", **{"sink.max-retries": "50", "sink.retry-delay-ms": "100"})
+    summary = sluice.last_write_summary("cassandra")
+    assert summary["throttles"] > 0, summary  # the node did refuse requests
+    assert summary["records"] == ROWS
+    assert stored(server, "retried") == set(range(ROWS))
+
+
+def test_without_retries_the_overload_fails_the_write_and_says_so(spark, server):
+    with pytest.raises(Exception, match=r"(?s)sink\.max-retries=0.*overloaded.*lower sink\.requests\.max-inflight"):
+        write(spark, server, "refused", **{"sink.max-retries": "0"})
