@@ -45,5 +45,16 @@ class ThrottledError(RetryableError):
     """The store asked us to slow down (rate limited); retried and counted as a throttle."""
 
 
+class RetryEntries(RetryableError):
+    """Some entries of a batch failed for a passing reason and only they go again (Flink's
+    `ResultHandler.retryForEntries`): the others were stored. `positions` index the batch's entries, in order;
+    `cause` (a RetryableError or ThrottledError) says how the engine counts the failure."""
+
+    def __init__(self, message: str, positions: list[int], cause: RetryableError) -> None:
+        super().__init__(message)
+        self.positions = positions
+        self.cause = cause
+
+
 class DataLossError(SluiceError):
     """Data a streaming query needed is gone from the store (trimmed, deleted, or a replication slot lost)."""

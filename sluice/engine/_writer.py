@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from sluice._errors import OptionError, RecordTooLargeError, SinkError
+from sluice._errors import OptionError, RecordTooLargeError, RetryEntries, SinkError
 from sluice.engine._batch import (
     Batch,
     BatchCreator,
@@ -364,6 +364,14 @@ class AsyncSinkWriter:
             return
         if self._failure is not None:
             return
+        entries, sizes = batch.entries, batch.sizes
+        if isinstance(error, RetryEntries):  # the rest of the batch was stored
+            entries = [batch.entries[i] for i in error.positions]
+            sizes = [batch.sizes[i] for i in error.positions] if batch.sizes else []
+            stored = batch.record_count - len(entries)
+            self.stats.records += stored
+            self.stats.bytes += batch.size_bytes - sum(sizes)
+            error = error.cause
         kind = self.store.classify(error)
         noun = "record" if batch.record_count == 1 else "records"
         where = f"batch of {batch.record_count} {noun} ({batch.size_bytes} bytes) to {self.store.target}"
@@ -384,9 +392,9 @@ class AsyncSinkWriter:
         self.stats.retries += 1
         delay = min(_MAX_BACKOFF_S, self.config.retry_delay_ms / 1000.0 * 2**batch.attempt)
         delay *= self._rng.uniform(0.5, 1.0)  # jitter spreads out retries of parallel tasks
-        retry = Chunk(batch.entries, batch.sizes, batch.partition_key, batch.attempt + 1, self._clock() + delay)
+        retry = Chunk(entries, sizes, batch.partition_key, batch.attempt + 1, self._clock() + delay)
         self._buffer.add_chunk(retry, prioritize=True)
-        self._retry_pending += batch.record_count
+        self._retry_pending += len(entries)
         log.debug("%s: retrying %s in %.3fs: %s", self.store.name, where, delay, error)
 
     def _finish_checkpoints(self) -> None:

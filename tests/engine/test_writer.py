@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from sluice import RecordTooLargeError, RetryableError, SinkError, ThrottledError
+from sluice.connector import RetryEntries
 from sluice.engine import AIMDRateLimiter, AsyncSinkWriter, PartitionKeyBatchCreator, SinkConfig
 from tests.engine.helpers import ManualStore, RecordingStore
 
@@ -138,6 +139,23 @@ def test_retryable_failure_resends_the_same_entries_first_and_counts_it():
             time.sleep(0.01)
         w.flush()
     assert w.stats.retries == 1
+
+
+def test_a_partly_refused_batch_resends_only_the_refused_entries_in_their_order():
+    """Flink's retryForEntries: a bulk store (Elasticsearch) reports per entry; the stored ones are not sent again."""
+    store = ManualStore()
+    with writer(store, max_batch_records=5, max_inflight=1) as w:
+        w.write_chunk(["a", "b", "c", "d", "e"], [1, 2, 3, 4, 5])
+        flusher = threading.Thread(target=w.flush)
+        flusher.start()
+        store.wait_submits(1)
+        store.complete_all(RetryEntries("2 of 5 refused", [1, 3], ThrottledError("429")))
+        retried = store.wait_submits(1)[0]
+        assert retried.entries == ["b", "d"] and retried.sizes == [2, 4] and retried.attempt == 1
+        assert w.stats.records == 3 and w.stats.bytes == 9  # a, c and e were stored by the first request
+        store.complete_all()
+        flusher.join(5)
+    assert (w.stats.records, w.stats.bytes, w.stats.retries, w.stats.throttles) == (5, 15, 1, 1)
 
 
 def test_throttles_are_retried_and_counted():
