@@ -8,7 +8,7 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: test test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
-	check-clickhouse check-postgres-versions check-cassandra
+	check-clickhouse check-postgres-versions check-cassandra check-opensearch
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -84,12 +84,48 @@ check-cassandra: check-java
 	} || { rm -rf "$$pom"; echo "fetching Apache Cassandra $(CASSANDRA_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
+# OpenSearch for the tests (sluice/testing/_opensearch.py): the server jar and its runtime dependencies (with the
+# plugin class loader and log4j-core, which the server's pom leaves out or marks optional) into lib/, the HTTP and
+# transport module (transport-netty4-client and Netty) into modules/transport-netty4/, and the security plugin's zip
+# (for auth=True) unpacked into plugins/opensearch-security/, all from Maven Central, into a cache folder outside the
+# checkout. The versions are pinned in one place, _opensearch.py's OPENSEARCH_VERSION and SECURITY_PLUGIN_VERSION;
+# SLUICE_OPENSEARCH_HOME moves the folder (the tests read the same variable). The stamp file is written last.
+OPENSEARCH_VERSION := $(shell sed -n 's/^OPENSEARCH_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_opensearch.py)
+OPENSEARCH_SECURITY_VERSION := $(shell sed -n 's/^SECURITY_PLUGIN_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_opensearch.py)
+SLUICE_OPENSEARCH_HOME ?= $(HOME)/.cache/sluice/opensearch-$(OPENSEARCH_VERSION)
+OPENSEARCH_POM = printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
+	'<groupId>sluice.testing</groupId><artifactId>opensearch-$(1)</artifactId><version>0</version>' \
+	'<packaging>pom</packaging><dependencies>$(2)</dependencies></project>'
+opensearch_dep = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(OPENSEARCH_VERSION)</version></dependency>
+
+check-opensearch: check-java
+	@test -n "$(OPENSEARCH_VERSION)" || { echo "no OPENSEARCH_VERSION in sluice/testing/_opensearch.py" >&2; exit 1; }
+	@test -f "$(SLUICE_OPENSEARCH_HOME)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching OpenSearch needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching OpenSearch $(OPENSEARCH_VERSION) and its dependencies from Maven Central into $(SLUICE_OPENSEARCH_HOME)"; \
+	  home="$(SLUICE_OPENSEARCH_HOME)" && pom=$$(mktemp -d) && rm -rf "$$home/lib" "$$home/modules" "$$home/plugins" && \
+	  $(call OPENSEARCH_POM,server,$(call opensearch_dep,org.opensearch,opensearch)$(call opensearch_dep,org.opensearch,opensearch-plugin-classloader)) > $$pom/server.xml && \
+	  $(call OPENSEARCH_POM,netty4,$(call opensearch_dep,org.opensearch.plugin,transport-netty4-client)) > $$pom/netty4.xml && \
+	  mvn -q -B -f $$pom/server.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$$home/lib" && \
+	  log4j=$$(ls "$$home/lib" | sed -n 's/^log4j-api-\(.*\)\.jar$$/\1/p') && test -n "$$log4j" && \
+	  mvn -q -B -f $$pom/server.xml dependency:copy -Dartifact=org.apache.logging.log4j:log4j-core:$$log4j \
+	    -DoutputDirectory="$$home/lib" && \
+	  mvn -q -B -f $$pom/netty4.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory="$$home/modules/transport-netty4" && \
+	  mvn -q -B -f $$pom/server.xml dependency:unpack \
+	    -Dartifact=org.opensearch.plugin:opensearch-security:$(OPENSEARCH_SECURITY_VERSION):zip \
+	    -DoutputDirectory="$$home/plugins/opensearch-security" && rm -rf $$pom && \
+	  test -f "$$home/lib/opensearch-$(OPENSEARCH_VERSION).jar" && test -f "$$home/plugins/opensearch-security/plugin-descriptor.properties" && \
+	  touch "$$home/.complete"; \
+	} || { rm -rf "$$pom"; echo "fetching OpenSearch $(OPENSEARCH_VERSION) from Maven Central failed (see above)" >&2; \
+	  exit 1; }
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
 test: test-main test-postgres-versions test-spark-lines
 
-test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra lint
+test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest
 

@@ -7,6 +7,8 @@
 - `LocalClickHouse`: a real, throwaway ClickHouse server (Debian's clickhouse-server) for tests and benchmarks.
 - `LocalCassandra`: a real, throwaway Apache Cassandra 5.0 node (the server jars from Maven Central, fetched by
   `make check-cassandra`) on loopback, for tests and benchmarks; it can be killed and restarted on the same data.
+- `LocalOpenSearch`: a real, throwaway OpenSearch 2.19 node (the server jars from Maven Central, fetched by
+  `make check-opensearch`) on loopback, optionally with the security plugin's password authentication.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
 """
 
@@ -14,8 +16,10 @@ from sluice.testing._cassandra import LocalCassandra
 from sluice.testing._clickhouse import LocalClickHouse
 from sluice.testing._filestore import FileStoreDataSource, read_file_store, register
 from sluice.testing._flaky import FlakyStore
+from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._s3 import LocalS3
 
-__all__ = ["FileStoreDataSource", "FlakyStore", "LocalCassandra", "LocalClickHouse", "LocalPostgres", "LocalS3",
+__all__ = ["FileStoreDataSource", "FlakyStore", "LocalCassandra", "LocalClickHouse", "LocalOpenSearch",
+           "LocalPostgres", "LocalS3",
            "read_file_store", "register"]

@@ -1,0 +1,173 @@
+"""Elasticsearch's and OpenSearch's REST API over urllib3: connection options, one pooled client per process, errors
+classified (429 throttles, 5xx and lost connections pass, the rest is the server's reason) and scrubbed of secrets.
+
+One HTTP client for both engines: the official Python clients check the product they talk to (elasticsearch-py 8
+refuses OpenSearch), and the bulk, mapping and search endpoints sluice uses are the same in both.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, ThrottledError
+
+CONNECTION_OPTIONS = (
+    Option("nodes", "list", (), "HTTP endpoints of the cluster, e.g. http://es1:9200,http://es2:9200 (https:// for "
+           "TLS); requests go to them in turn.", required=True),
+    Option("index", "str", None, "The index (or alias, or data stream) written or read.", required=True),
+    Option("username", "str", None, "User for HTTP basic authentication."),
+    Option("password", "str", None, "Password (else ELASTICSEARCH_PASSWORD on the driver). Never logged.", secret=True),
+    Option("api-key", "str", None, "An API key, sent as 'Authorization: ApiKey <key>' (else ELASTICSEARCH_API_KEY). "
+           "Never logged.", secret=True),
+    Option("ssl.ca-pem", "str", None, "PEM text of the CA that signed the nodes' certificates (text, not a path: "
+           "executors are other machines). Default: the system's trusted CAs."),
+    Option("http.timeout-ms", "int", 60_000, "Timeout of one HTTP request.", minimum=100),
+)
+
+
+class ElasticsearchError(SinkError):
+    """A request the cluster refused, or a document it could not take; never holds a secret."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message, store="elasticsearch")
+        self.status = status
+
+
+def reason(body: Any) -> str:
+    """The server's reason out of an error body: `type: reason` of the root cause, else the body itself."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        text = f"{error.get('type')}: {error.get('reason')}"
+        caused = error.get("caused_by")
+        if isinstance(caused, dict) and caused.get("reason"):
+            text += f" (caused by {caused.get('type')}: {caused.get('reason')})"
+        return text
+    return str(error if error is not None else body)[:500]
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Resolved on the driver (secrets from options or the driver's environment), pickled to tasks."""
+
+    nodes: tuple[str, ...]
+    index: str
+    timeout_s: float
+    username: str | None = None
+    ca_pem: str | None = None
+    password: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_options(cls, opts: Options) -> Connection:
+        nodes = tuple(n.rstrip("/") for n in opts["nodes"])
+        if not nodes:
+            raise OptionError("nodes is empty: give the cluster's HTTP endpoints, e.g. http://localhost:9200.")
+        for node in nodes:
+            parts = urlsplit(node)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise OptionError(f"nodes: {node!r} is not an HTTP endpoint; write http://host:9200 or https://...")
+            if parts.username or parts.password or parts.query:
+                raise OptionError("nodes must not carry a user, password or query string: use the options "
+                                  "username and password (or ELASTICSEARCH_PASSWORD), or api-key.")
+        password = opts["password"] if opts["password"] is not None else os.environ.get("ELASTICSEARCH_PASSWORD")
+        api_key = opts["api-key"] if opts["api-key"] is not None else os.environ.get("ELASTICSEARCH_API_KEY")
+        if api_key and opts["username"]:
+            raise OptionError("api-key and username both authenticate; keep one.")
+        return cls(nodes, opts["index"], opts["http.timeout-ms"] / 1000, opts["username"], opts["ssl.ca-pem"],
+                   password, api_key)
+
+    @property
+    def display(self) -> str:
+        return f"{self.nodes[0]}/{self.index}"
+
+    def scrub(self, text: str) -> str:
+        for secret in (self.password, self.api_key):
+            if secret:
+                text = text.replace(secret, "<redacted>")
+        return text
+
+    def _headers(self, ndjson: bool) -> dict[str, str]:
+        headers = {"Content-Type": "application/x-ndjson" if ndjson else "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"ApiKey {self.api_key}"
+        elif self.username is not None:
+            token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        return headers
+
+    def request(self, method: str, path: str, body: Any = None, *, ndjson: bool = False, ok: tuple[int, ...] = (),
+                node: int = 0, **params: Any) -> tuple[int, Any]:
+        """One request to `nodes[node % len]`; returns (status, parsed JSON body). Raises ThrottledError on 429,
+        RetryableError when the node is unreachable or answers 502-504, ElasticsearchError for any other status
+        not below 300 and not in `ok`."""
+        base = self.nodes[node % len(self.nodes)]
+        query = "&".join(f"{k}={quote(str(v))}" for k, v in params.items() if v is not None)
+        url = f"{base}{path}" + (f"?{query}" if query else "")
+        data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
+        try:
+            response = _pool(self.ca_pem).request(method, url, body=data, headers=self._headers(ndjson),
+                                                  timeout=self.timeout_s, retries=False)
+        except Exception as e:  # urllib3's connection and timeout errors: the node is down, restarting or slow
+            raise RetryableError(f"{base} is unreachable or did not answer in time: {self.scrub(str(e))}") from None
+        text = response.data
+        try:
+            parsed = json.loads(text) if text else None
+        except ValueError:
+            parsed = text.decode(errors="replace")
+        status = response.status
+        if status < 300 or status in ok:
+            return status, parsed
+        said = self.scrub(reason(parsed))
+        if status == 429:
+            raise ThrottledError(f"{base} is overloaded (429): {said}")
+        if status in (502, 503, 504):
+            raise RetryableError(f"{base} answered {status}: {said}")
+        if status == 401:
+            who = "the api-key" if self.api_key else (f"user '{self.username}'" if self.username else
+                                                      "a request without credentials")
+            raise ElasticsearchError(f"{base} refused {who} (401): set username and password (or "
+                                     "ELASTICSEARCH_PASSWORD), or api-key, to credentials the cluster accepts.",
+                                     status)
+        if status == 403:
+            raise ElasticsearchError(f"{base}: {method} {path} is forbidden to this user (403): {said}. Grant the "
+                                     f"user the privileges it needs on index '{self.index}'.", status)
+        if status == 413:
+            raise ElasticsearchError(f"{base} refused a request of {len(data or b'')} bytes as too large (413, the "
+                                     "node's http.max_content_length): lower sink.flush-buffer.size.", status)
+        raise ElasticsearchError(f"{base}: {method} {path} failed ({status}): {said}", status)
+
+
+_POOLS: dict[str | None, Any] = {}
+
+
+def _pool(ca_pem: str | None) -> Any:
+    """One connection pool per process and CA (the tasks of one Python worker share it); thread-safe."""
+    pool = _POOLS.get(ca_pem)
+    if pool is None:
+        import urllib3
+
+        context = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
+        pool = _POOLS[ca_pem] = urllib3.PoolManager(maxsize=32, block=False, ssl_context=context)
+    return pool
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What GET / says: the engine (elasticsearch or opensearch) and its version."""
+
+    engine: str
+    version: tuple[int, ...]
+
+    @classmethod
+    def of(cls, conn: Connection) -> Cluster:
+        _, body = conn.request("GET", "/")
+        version = body.get("version", {}) if isinstance(body, dict) else {}
+        engine = "opensearch" if version.get("distribution") == "opensearch" else "elasticsearch"
+        number = tuple(int(p) for p in str(version.get("number", "0")).split("-")[0].split(".") if p.isdigit())
+        return cls(engine, number)

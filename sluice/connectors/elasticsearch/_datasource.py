@@ -1,0 +1,152 @@
+"""`format("elasticsearch")`: the Spark data source (Elasticsearch and OpenSearch alike); writes in _sink.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pyspark.sql import types as T
+from pyspark.sql.types import StructType
+
+from sluice.connector import UNORDERED, EngineDataSource, OptionError, Options, SinkConfig
+from sluice.connectors.elasticsearch._client import Cluster, Connection
+from sluice.connectors.elasticsearch._sink import WRITE_SPEC, DocPlan, ElasticsearchWritePlan
+from sluice.connectors.elasticsearch._source import (
+    READ_SPEC,
+    PitBatchReader,
+    PitEnumerator,
+    SliceReader,
+    parse_query,
+    spark_schema,
+)
+from sluice.connectors.elasticsearch._types import mapping
+
+NO_TRANSACTIONS = (
+    "sink.transactional=true: Elasticsearch and OpenSearch have no transactions across documents. Give documents "
+    "ids (mapping.id) and versions (mapping.version or write.version=micro-batch): a retried or replayed write then "
+    "changes nothing (docs/elasticsearch.md). Remove sink.transactional."
+)
+ORDER_OPTIONS = ("sink.mode", "sink.partition-key", "sink.parallelism", "sink.flush-on-checkpoint", "sink.batch-by")
+
+
+class ElasticsearchDataSource(EngineDataSource):
+    """`format("elasticsearch")`: see the package docstring for usage."""
+
+    format_name = "elasticsearch"
+    write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
+
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        """The id columns: one id's changes share a task and keep their order."""
+        return tuple(opts["mapping.id"])
+
+    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
+        if opts["sink.transactional"]:
+            raise OptionError(NO_TRANSACTIONS)
+        if not opts["mapping.id"] and not any(opts.is_set(o) for o in ORDER_OPTIONS):
+            # Generated ids: no document has a later change to keep in order.
+            return replace(SinkConfig.from_options(opts), mode=UNORDERED, partition_key=())
+        return super().sink_config(opts, schema)
+
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig,
+                   overwrite: bool) -> ElasticsearchWritePlan:
+        if overwrite:
+            raise OptionError("format 'elasticsearch' cannot overwrite an index atomically; delete the index (or "
+                              "write into a new one and move an alias), then use mode('append').")
+        conn = Connection.from_options(opts)
+        docs = _doc_plan(opts, schema)
+        Cluster.of(conn)  # reachable, and the credentials are accepted, before any task starts
+        _ensure_index(conn, opts, StructType([schema[c] for c in docs.source_columns]))
+        return ElasticsearchWritePlan(self.format_name, opts, schema, config, conn, docs)
+
+
+    # ------------------------------------------------------------------ reading
+    def _read_parts(self) -> tuple[Options, Connection, StructType, dict[str, str]]:
+        """The read's options, connection, and the index's fields as a Spark schema (with each field's mapping
+        type): the union of the mappings of every index the name covers (an alias or pattern may name several)."""
+        opts = READ_SPEC.parse(self.options)
+        conn = Connection.from_options(opts)
+        _, answer = conn.request("GET", f"/{conn.index}/_mapping")
+        properties: dict = {}
+        for definition in (answer or {}).values():
+            properties.update(definition.get("mappings", {}).get("properties", {}))
+        schema, kinds = spark_schema(properties, frozenset(opts["read.array-columns"]))
+        if opts["read.metadata"]:
+            schema = StructType([T.StructField("_id", T.StringType(), False), *schema.fields])
+        return opts, conn, schema, kinds
+
+    def schema(self) -> StructType:
+        return self._read_parts()[2]
+
+    def reader(self, schema: StructType) -> PitBatchReader:
+        opts, conn, known, kinds = self._read_parts()
+        missing = [n for n in schema.fieldNames() if n not in known.fieldNames()]
+        if missing:
+            raise OptionError(f"column(s) {missing} of the given schema are not fields of index '{conn.index}'; its "
+                              f"fields: {known.fieldNames()}.")
+        reader = SliceReader(conn, schema, opts["read.page-size"], opts["read.keep-alive"],
+                             parse_query(opts["read.query"]), opts["read.metadata"])
+        return PitBatchReader(PitEnumerator(conn, opts["partitions"], opts["read.keep-alive"]), reader, kinds)
+
+
+def _doc_plan(opts: Options, schema: StructType) -> DocPlan:
+    names = schema.fieldNames()
+    ids = tuple(opts["mapping.id"])
+    single = {"mapping.routing": opts["mapping.routing"], "mapping.version": opts["mapping.version"],
+              "upsert.op-column": opts["upsert.op-column"]}
+    listed = {"mapping.id": ids, "mapping.exclude": tuple(opts["mapping.exclude"]),
+              "mapping.text-columns": tuple(opts["mapping.text-columns"])}
+    for option, columns in [*((o, (c,)) for o, c in single.items() if c is not None), *listed.items()]:
+        for column in columns:
+            if column not in names:
+                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
+    operation = opts["write.operation"]
+    if not ids and (operation in ("update", "upsert") or opts["upsert.op-column"]):
+        what = f"write.operation={operation}" if operation in ("update", "upsert") else "upsert.op-column"
+        raise OptionError(f"{what} changes documents by id: set mapping.id to the column(s) that make the id.")
+    versioned = opts["mapping.version"] is not None or opts["write.version"] == "micro-batch"
+    if opts["mapping.version"] is not None and opts.is_set("write.version"):
+        raise OptionError("mapping.version and write.version both say where versions come from; keep one.")
+    if versioned and not ids:
+        raise OptionError("external versions (mapping.version, write.version=micro-batch) belong to documents "
+                          "with ids: set mapping.id.")
+    if versioned and operation in ("update", "upsert"):
+        raise OptionError(f"write.operation={operation} cannot carry external versions (the update API takes "
+                          "none): use write.operation=index with whole documents, or drop the versions.")
+    version = opts["mapping.version"]
+    if version is not None and not isinstance(schema[version].dataType, T.LongType | T.IntegerType | T.ShortType):
+        raise OptionError(f"mapping.version '{version}' is {schema[version].dataType.simpleString()}; it must be a "
+                          "long (or int) >= 0.")
+    for column in opts["mapping.text-columns"]:
+        if not isinstance(schema[column].dataType, T.StringType):
+            raise OptionError(f"mapping.text-columns '{column}' is {schema[column].dataType.simpleString()}; only "
+                              "string columns can be mapped as text.")
+    hidden = {*opts["mapping.exclude"], *(c for c in single.values() if c is not None)}
+    source = tuple(c for c in names if c not in hidden)
+    return DocPlan(opts["index"], operation, source, ids, opts["mapping.routing"], version,
+                   opts["write.version"] == "micro-batch", opts["upsert.op-column"])
+
+
+def _ensure_index(conn: Connection, opts: Options, source: StructType) -> None:
+    """The index exists (created from the schema with index.create=schema), and takes the DataFrame's fields."""
+    index = conn.index
+    status, _ = conn.request("HEAD", f"/{index}", ok=(404,))
+    if status == 404:
+        how = opts["index.create"]
+        if how == "never":
+            raise OptionError(f"index '{index}' does not exist (index.create=never). Create it, or set "
+                              "index.create=schema (a mapping from the DataFrame) or server (templates and dynamic "
+                              "mapping).")
+        if how == "schema":
+            body = {"mappings": mapping(source, frozenset(opts["mapping.text-columns"]))}
+            status, answer = conn.request("PUT", f"/{index}", body, ok=(400,))
+            if status == 400 and "resource_already_exists" not in str(answer):  # another writer made it first
+                raise OptionError(f"index '{index}' could not be created from the DataFrame's schema: {answer}")
+        return
+    _, answer = conn.request("GET", f"/{index}/_mapping")
+    for name, definition in (answer or {}).items():
+        found = definition.get("mappings", {})
+        if str(found.get("dynamic", "true")) == "strict":
+            missing = [c for c in source.fieldNames() if c not in found.get("properties", {})]
+            if missing:
+                raise OptionError(f"index '{name}' has a strict mapping without field(s) {missing} of the "
+                                  "DataFrame: add them to the mapping, or leave them out (mapping.exclude).")

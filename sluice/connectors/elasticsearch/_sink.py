@@ -1,0 +1,325 @@
+"""`format("elasticsearch")` writes: the bulk API, one engine batch per bulk request, each document one entry.
+
+- Order: with `mapping.id`, the sink runs partition-ordered by the id columns (rows of one id share a task and a
+  bucket, one bulk of a bucket in flight at a time): one id's changes reach the index in order, different ids go
+  concurrently. Without ids the engine generates them and the write is unordered (a retry may index twice).
+- Replays: with `mapping.version` or `write.version=micro-batch`, every action carries an external version; the
+  engine applies a write only if its version is higher than the stored one, so a replayed or late write never wins
+  over a newer one (its version conflict is expected and counted as stale, not an error).
+- Per-item results: 429s and other passing failures are retried alone (RetryEntries, Flink's retryForEntries),
+  together with the later changes of the same ids; anything else fails the write naming each document's id and
+  the server's reason, or, with `write.error-index`, goes to that index and the write continues.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.connector import (
+    DELETE_OPS,
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    Batch,
+    BlockingStore,
+    Committer,
+    Encoded,
+    Option,
+    OptionError,
+    RetryableError,
+    RetryEntries,
+    TaskWriter,
+    ThrottledError,
+    WriteContext,
+    WritePlan,
+)
+from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Connection, ElasticsearchError
+from sluice.connectors.elasticsearch._types import json_rows
+
+log = logging.getLogger("sluice.elasticsearch")
+
+MiB = 1024 * 1024
+OPERATIONS = ("index", "create", "update", "upsert")
+MICRO_BATCH_ROWS = 1 << 32  # rows one task may write in one micro-batch under write.version=micro-batch
+
+WRITE_OPTIONS = (
+    Option("write.operation", "choice", "index",
+           "index: the row replaces the document; create: only new documents (an existing id is an error); update: "
+           "the row's fields are merged into an existing document; upsert: merged, or created when missing "
+           "(es.write.operation).", choices=OPERATIONS),
+    Option("mapping.id", "list", (),
+           "Columns whose values make the document id (es.mapping.id): one column's text, or several as a JSON "
+           "array, e.g. [\"eu\",42]. Without it the engine generates ids (index and create only).",),
+    Option("mapping.routing", "str", None, "Column whose value routes each document to its shard "
+           "(es.mapping.routing). Not written into the document."),
+    Option("mapping.version", "str", None,
+           "Column (long, >= 0) holding each document's external version (es.mapping.version): the engine keeps "
+           "the highest, so a replayed or late write never overwrites a newer one. Not written."),
+    Option("mapping.exclude", "list", (), "Columns not written into the document (es.mapping.exclude)."),
+    Option("mapping.text-columns", "list", (),
+           "String columns mapped as full-text `text` when sluice creates the index (others: `keyword`)."),
+    Option("write.version", "choice", "none",
+           "micro-batch (streaming): each row's external version is its micro-batch id and position, so a replayed "
+           "micro-batch never overwrites a later one. none: the engine's own versions (the last write wins).",
+           choices=("none", "micro-batch")),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the document (by its id). Not written."),
+    Option("write.refresh", "choice", "false",
+           "true: refresh the index at Spark's commit of each write or micro-batch, so searches see it; wait_for: "
+           "every bulk request waits until its documents are searchable; false: the index's refresh_interval.",
+           choices=("false", "true", "wait_for")),
+    Option("write.error-index", "str", None,
+           "An index where documents the cluster refuses (mapping errors, conflicts) are written, with the "
+           "reason, instead of failing the write."),
+    Option("index.create", "choice", "schema",
+           "When the index is missing: schema creates it with a mapping derived from the DataFrame's schema; server "
+           "lets the cluster create it on the first write (index templates and dynamic mapping apply); never "
+           "fails the write.", choices=("schema", "server", "never")),
+    Option("connections-per-task", "int", 2, "Concurrent bulk requests per Spark task.", minimum=1, maximum=32),
+)
+# Bulk requests of 1,000 documents or 5 MiB (the size Elastic's tuning guide starts from). Partition-ordered by the
+# id columns by default (unordered when documents have no ids: the data source decides).
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
+    sink_batch_max_size=1000, sink_flush_buffer_size=5 * MiB, sink_requests_max_buffered=10_000,
+    sink_mode=PARTITION_ORDERED,
+).renamed("elasticsearch")
+
+
+@dataclass(frozen=True)
+class DocPlan:
+    """How a DataFrame row becomes a bulk action, decided on the driver."""
+
+    index: str
+    operation: str
+    source_columns: tuple[str, ...]  # written into the document
+    id_columns: tuple[str, ...]
+    routing_column: str | None
+    version_column: str | None
+    micro_batch_versions: bool
+    op_column: str | None
+
+    @property
+    def versioned(self) -> bool:
+        return self.version_column is not None or self.micro_batch_versions
+
+
+def _ids(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[str]:
+    if len(columns) == 1:
+        return batch.column(columns[0]).cast(pa.string()).to_pylist()
+    parts = json_rows(batch, list(columns))
+    return [json.dumps([row[c] for c in columns], separators=(",", ":"), ensure_ascii=False) for row in parts]
+
+
+def _null_row(column: pa.Array) -> int:
+    return int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+
+
+class DocEncoder:
+    """One task's encoder: Arrow chunk -> bulk entries (an action line, and a source line unless it deletes)."""
+
+    def __init__(self, plan: DocPlan, context: WriteContext) -> None:
+        self.plan, self.context = plan, context
+        self.rows_seen = 0
+
+    def _versions(self, batch: pa.RecordBatch, ids: list[str] | None) -> list[int] | None:
+        plan, n = self.plan, batch.num_rows
+        if plan.version_column is not None:
+            column = batch.column(plan.version_column)
+            if column.null_count or (n and pc.min(column).as_py() < 0):
+                row = _null_row(column) if column.null_count else int(np.argmin(column.to_numpy()))
+                raise OptionError(f"mapping.version '{plan.version_column}' is null or negative for document "
+                                  f"{ids[row] if ids else row!r}; every document needs a version >= 0.")
+            return column.cast(pa.int64()).to_pylist()
+        if plan.micro_batch_versions:
+            if self.context.epoch is None:
+                raise OptionError("write.version=micro-batch numbers documents by their micro-batch: it needs a "
+                                  "streaming query. Use mapping.version, or write.version=none, here.")
+            if self.rows_seen + n > MICRO_BATCH_ROWS:
+                raise OptionError(f"write.version=micro-batch numbers at most {MICRO_BATCH_ROWS} rows per task and "
+                                  "micro-batch; use more partitions or a smaller maxOffsetsPerTrigger.")
+            start = self.context.epoch * MICRO_BATCH_ROWS + self.rows_seen
+            return list(range(start, start + n))
+        return None
+
+    def __call__(self, batch: pa.RecordBatch) -> Encoded:
+        plan, n = self.plan, batch.num_rows
+        for name in plan.id_columns:
+            if batch.column(name).null_count:
+                row = self.rows_seen + _null_row(batch.column(name))
+                raise OptionError(f"mapping.id column '{name}' is null in row {row} "
+                                  f"of this task writing into index '{plan.index}': every document needs an id. "
+                                  "Filter such rows out or fill them in.")
+        ids = _ids(batch, plan.id_columns) if plan.id_columns else None
+        versions = self._versions(batch, ids)
+        routing = batch.column(plan.routing_column).cast(pa.string()).to_pylist() if plan.routing_column else None
+        deletes = np.zeros(n, dtype=bool)
+        if plan.op_column:
+            deletes = pc.fill_null(pc.is_in(batch.column(plan.op_column), pa.array(DELETE_OPS)), False).to_numpy(
+                zero_copy_only=False)
+        sources = json_rows(batch, list(plan.source_columns))
+        action = plan.operation
+        entries, sizes = [], []
+        for i in range(n):
+            meta: dict = {"_index": plan.index}
+            if ids is not None:
+                meta["_id"] = ids[i]
+            if routing is not None and routing[i] is not None:
+                meta["routing"] = routing[i]
+            if versions is not None:
+                meta["version"], meta["version_type"] = versions[i], "external"
+            try:
+                if deletes[i]:
+                    text = json.dumps({"delete": meta}, separators=(",", ":")) + "\n"
+                elif plan.operation in ("update", "upsert"):
+                    body = {"doc": sources[i], "doc_as_upsert": True} if plan.operation == "upsert" else {
+                        "doc": sources[i]}
+                    text = (json.dumps({"update": meta}, separators=(",", ":")) + "\n"
+                            + json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n")
+                else:
+                    text = (json.dumps({action: meta}, separators=(",", ":")) + "\n"
+                            + json.dumps(sources[i], separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+                            + "\n")
+            except ValueError as e:  # NaN or infinity: JSON has no such numbers
+                bad = [c for c, v in sources[i].items() if isinstance(v, float) and not np.isfinite(v)]
+                what = f"document {ids[i]!r}" if ids is not None else f"row {self.rows_seen + i}"
+                raise OptionError(f"{what} has {bad or 'a value'} that JSON cannot carry ({e}); replace NaN and "
+                                  "infinities (e.g. with null) before writing.") from None
+            entry = text.encode()
+            entries.append(entry)
+            sizes.append(len(entry))
+        self.rows_seen += n
+        return Encoded(entries, sizes)
+
+
+@dataclass(frozen=True)
+class ItemFailure:
+    position: int
+    doc_id: str | None
+    status: int
+    kind: str
+    reason: str
+
+    def describe(self, index: str) -> str:
+        where = f"document '{self.doc_id}'" if self.doc_id is not None else f"a document (entry {self.position})"
+        return f"{where} of index '{index}': {self.status} {self.kind}: {self.reason}"
+
+
+class BulkStore(BlockingStore):
+    """One task's writer: every engine batch is one POST /_bulk; per-item results decide what goes again."""
+
+    name = "elasticsearch"
+
+    def __init__(self, conn: Connection, plan: DocPlan, refresh: str, error_index: str | None,
+                 connections: int) -> None:
+        super().__init__()
+        self.conn, self.plan, self.refresh, self.error_index = conn, plan, refresh, error_index
+        self.io_threads = connections
+        self._lock = threading.Lock()
+        self._requests = 0
+        self.stale = 0  # versioned writes the index already had at the same or a newer version
+
+    @property
+    def target(self) -> str:
+        return self.conn.display
+
+    def _node(self) -> int:
+        with self._lock:
+            self._requests += 1
+            return self._requests
+
+    def write_batch(self, batch: Batch) -> None:
+        body = b"".join(batch.entries)
+        _, answer = self.conn.request(
+            "POST", "/_bulk", body, ndjson=True, node=self._node(),
+            refresh="wait_for" if self.refresh == "wait_for" else None,
+            filter_path="errors,items.*.status,items.*.error,items.*._id")
+        if not answer.get("errors"):
+            return
+        retry, throttled, failed = [], False, []
+        retried_ids: set[str] = set()
+        for position, item in enumerate(answer["items"]):
+            (op, result), = item.items()
+            status, doc_id, error = result.get("status", 500), result.get("_id"), result.get("error")
+            if doc_id in retried_ids:  # a later change of an id that goes again: it must follow, not precede
+                retry.append(position)
+            elif status < 300 or (op == "delete" and status == 404):
+                continue
+            elif status == 409 and self.plan.versioned and error and error.get("type") == (
+                    "version_conflict_engine_exception"):
+                self.stale += 1
+            elif status == 429 or status >= 500:
+                throttled |= status == 429
+                retry.append(position)
+                if doc_id is not None:
+                    retried_ids.add(doc_id)
+            else:
+                failed.append(ItemFailure(position, doc_id, status, (error or {}).get("type", "error"),
+                                          self.conn.scrub(str((error or {}).get("reason")))))
+        if failed:
+            self._refused(batch, failed)
+        if retry:
+            cause = (ThrottledError if throttled else RetryableError)(
+                f"{len(retry)} of {len(batch.entries)} documents refused for now (429 or unavailable shards)")
+            raise RetryEntries(str(cause), retry, cause)
+
+    def _refused(self, batch: Batch, failed: list[ItemFailure]) -> None:
+        if self.error_index is None:
+            shown = "; ".join(f.describe(self.plan.index) for f in failed[:5])
+            more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+            raise ElasticsearchError(f"the cluster refused {len(failed)} of {len(batch.entries)} documents of a bulk "
+                                     f"request: {shown}{more}. Fix the data or the mapping, or set "
+                                     "write.error-index to collect refused documents and go on.", failed[0].status)
+        lines = []
+        for f in failed:
+            action, _, source = batch.entries[f.position].decode().partition("\n")
+            record = {"index": self.plan.index, "id": f.doc_id, "status": f.status, "error_type": f.kind,
+                      "reason": f.reason, "action": action, "document": source.rstrip("\n")}
+            lines.append(json.dumps({"index": {"_index": self.error_index}}) + "\n" + json.dumps(record) + "\n")
+        _, answer = self.conn.request("POST", "/_bulk", "".join(lines).encode(), ndjson=True, node=self._node(),
+                                      filter_path="errors,items.*.error")
+        if answer.get("errors"):
+            raise ElasticsearchError(f"{len(failed)} refused documents could not be written to write.error-index "
+                                     f"'{self.error_index}' either: {answer['items'][0]}")
+        log.warning("elasticsearch: %d documents refused by index '%s' went to '%s'", len(failed), self.plan.index,
+                    self.error_index)
+
+    def close(self) -> None:
+        if self.stale:
+            log.info("elasticsearch: %d writes were older than the documents' stored versions and were skipped",
+                     self.stale)
+        super().close()
+
+
+class Refresher(Committer):
+    """write.refresh=true: at Spark's commit, the index is refreshed so that searches see the write."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def commit(self, messages: list, context: WriteContext) -> None:
+        self.conn.request("POST", f"/{self.conn.index}/_refresh")
+
+
+@dataclass(frozen=True)
+class ElasticsearchWritePlan(WritePlan):
+    conn: Connection
+    docs: DocPlan
+
+    @property
+    def commits_on_driver(self) -> bool:
+        return self.options["write.refresh"] == "true"
+
+    def committer(self) -> Committer | None:
+        return Refresher(self.conn)
+
+    def open_task(self, context: WriteContext) -> TaskWriter:
+        store = BulkStore(self.conn, self.docs, self.options["write.refresh"], self.options["write.error-index"],
+                          self.options["connections-per-task"])
+        return TaskWriter(DocEncoder(self.docs, context), store)

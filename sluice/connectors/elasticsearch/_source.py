@@ -1,0 +1,246 @@
+"""`format("elasticsearch")` reads: a sliced point-in-time search (FLIP-27's split enumerator and split reader).
+
+The enumerator opens one point in time (PIT) over the index: every split sees the index as it was at that moment,
+whatever is written meanwhile. Each split is one slice of it (`slice: {id, max}`), read page by page with
+`search_after` on the engine's tiebreaker (`_shard_doc`; `_doc` in slices of one shard on OpenSearch 2). Columns
+are pruned through `_source`, Spark's filters on keyword, numeric, date and boolean fields become query-DSL
+filters, and `read.query` adds a query of the user's.
+The PIT is closed by its keep-alive (`read.keep-alive`): Spark tells a batch reader's driver side nothing when the
+last split is read.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from sluice.connector import (
+    Option,
+    OptionError,
+    OptionSpec,
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitReader,
+)
+from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Cluster, Connection
+
+READ_OPTIONS = (
+    Option("partitions", "int", None, "Splits (Spark partitions) of a read: slices of one point-in-time search; "
+           "default: the index's primary shards.", minimum=1, maximum=1024),
+    Option("read.page-size", "int", 2000, "Documents per search request of a split.", minimum=1, maximum=10_000),
+    Option("read.keep-alive", "str", "5m", "How long the point in time outlives each request (e.g. 5m, 1h)."),
+    Option("read.query", "str", None, "A query in the query DSL, as JSON ({\"match\": {\"title\": \"spark\"}}), "
+           "that documents must match too."),
+    Option("read.metadata", "bool", False, "Add a column _id with each document's id."),
+    Option("read.array-columns", "list", (),
+           "Fields read as arrays (a search-engine field may hold one value or several; the mapping does not say "
+           "which; es.read.field.as.array.include)."),
+)
+READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+SCALARS = {"keyword": T.StringType(), "text": T.StringType(), "match_only_text": T.StringType(),
+           "constant_keyword": T.StringType(), "wildcard": T.StringType(), "ip": T.StringType(),
+           "version": T.StringType(), "long": T.LongType(), "integer": T.IntegerType(), "short": T.ShortType(),
+           "byte": T.ByteType(), "unsigned_long": T.DecimalType(20, 0), "double": T.DoubleType(),
+           "float": T.FloatType(), "half_float": T.FloatType(), "scaled_float": T.DoubleType(),
+           "boolean": T.BooleanType(), "date": T.TimestampType(), "date_nanos": T.TimestampType(),
+           "binary": T.BinaryType()}
+# Fields whose stored value a term or range query matches as written (text is analyzed: Spark compares it).
+FILTERABLE = {"keyword", "constant_keyword", "long", "integer", "short", "byte", "double", "float", "half_float",
+              "scaled_float", "boolean", "date", "date_nanos", "ip"}
+
+
+def spark_schema(properties: dict, arrays: frozenset[str], prefix: str = "") -> tuple[T.StructType, dict[str, str]]:
+    """The Spark schema of a mapping's properties, and each top-level-or-nested field's mapping type by path."""
+    fields, kinds = [], {}
+    for name, definition in properties.items():
+        path = f"{prefix}{name}"
+        kind = definition.get("type", "object" if "properties" in definition else None)
+        if kind in ("object", "nested"):
+            inner, inner_kinds = spark_schema(definition.get("properties", {}), arrays, f"{path}.")
+            kinds.update(inner_kinds)
+            data_type: T.DataType = T.ArrayType(inner) if kind == "nested" else inner
+        elif kind in SCALARS:
+            data_type = SCALARS[kind]
+        else:
+            data_type = T.StringType()  # geo points, ranges and other structured fields: their JSON text
+        kinds[path] = kind or "object"
+        if path in arrays and not isinstance(data_type, T.ArrayType):
+            data_type = T.ArrayType(data_type)
+        fields.append(T.StructField(name, data_type))
+    return T.StructType(fields), kinds
+
+
+def _timestamp(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float):  # epoch_millis
+        return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
+    parsed = dt.datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def python_value(value: Any, data_type: T.DataType, path: str) -> Any:
+    """A _source value as the Python value pyarrow builds `data_type` from."""
+    if value is None:
+        return None
+    if isinstance(data_type, T.ArrayType):
+        values = value if isinstance(value, list) else [value]
+        return [python_value(v, data_type.elementType, path) for v in values]
+    if isinstance(value, list):
+        raise OptionError(f"field '{path}' holds several values in a document; read it as an array with "
+                          f"read.array-columns={path}.")
+    if isinstance(data_type, T.StructType):
+        return {f.name: python_value(value.get(f.name), f.dataType, f"{path}.{f.name}") for f in data_type.fields}
+    if isinstance(data_type, T.TimestampType):
+        return _timestamp(value)
+    if isinstance(data_type, T.BinaryType):
+        return base64.b64decode(value)
+    if isinstance(data_type, T.StringType):
+        return value if isinstance(value, str) else json.dumps(value)
+    if isinstance(data_type, T.IntegralType):
+        return int(value)
+    if isinstance(data_type, T.FractionalType) and not isinstance(data_type, T.DecimalType):
+        return float(value)
+    return value
+
+
+_RANGES = {"GreaterThan": "gt", "GreaterThanOrEqual": "gte", "LessThan": "lt", "LessThanOrEqual": "lte"}
+
+
+def filter_clause(f: Any, kinds: dict[str, str]) -> dict | None:
+    """A Spark filter as a query-DSL clause, or None when the engine cannot apply it exactly."""
+    kind = type(f).__name__
+    attribute = getattr(f, "attribute", None)
+    if attribute is None or kinds.get(".".join(attribute)) not in FILTERABLE:
+        return None
+    field = ".".join(attribute)
+    value = getattr(f, "value", None)
+    if isinstance(value, dt.datetime | dt.date):
+        value = value.isoformat()
+    if kind == "EqualTo" and value is not None:
+        return {"term": {field: value}}
+    if kind == "In" and None not in value:
+        return {"terms": {field: [v.isoformat() if isinstance(v, dt.date) else v for v in value]}}
+    if kind in _RANGES and value is not None:
+        return {"range": {field: {_RANGES[kind]: value}}}
+    if kind == "IsNotNull":
+        return {"exists": {"field": field}}
+    if kind == "IsNull":
+        return {"bool": {"must_not": {"exists": {"field": field}}}}
+    if kind == "StringStartsWith":
+        return {"prefix": {field: value}}
+    return None
+
+
+class PitEnumerator(SplitEnumerator):
+    """One point in time over the index, cut into `partitions` slices (default: the primary shards)."""
+
+    def __init__(self, conn: Connection, partitions: int | None, keep_alive: str) -> None:
+        self.conn, self.partitions, self.keep_alive = conn, partitions, keep_alive
+
+    def discover(self) -> list[Split]:
+        opensearch = Cluster.of(self.conn).engine == "opensearch"
+        _, settings = self.conn.request("GET", f"/{self.conn.index}/_settings",
+                                        filter_path="*.settings.index.number_of_shards")
+        shards = sum(int(s["settings"]["index"]["number_of_shards"]) for s in settings.values())
+        count = self.partitions or shards
+        sort: list[dict] = [{"_shard_doc": "asc"}]
+        if opensearch:
+            # OpenSearch 2 has no _shard_doc: _doc, unique within a shard, and slices of one shard each (a slice
+            # count of at least the shard count cuts by shard first); over several indices _id breaks the ties.
+            count = max(count, shards)
+            sort = [{"_doc": "asc"}] + ([{"_id": "asc"}] if len(settings) > 1 else [])
+        path = "_search/point_in_time" if opensearch else "_pit"
+        _, answer = self.conn.request("POST", f"/{self.conn.index}/{path}", keep_alive=self.keep_alive)
+        pit = answer.get("pit_id") or answer.get("id")
+        return [Split(f"slice:{i}", {"pit": pit, "slice": i, "max": count, "sort": sort}) for i in range(count)]
+
+    def start_position(self, split: Split) -> int:
+        return 0
+
+    def end_position(self, split: Split) -> int:
+        return 1
+
+
+class SliceReader(SplitReader):
+    """Reads one slice of the point in time, page by page with search_after, into Arrow batches."""
+
+    def __init__(self, conn: Connection, schema: T.StructType, page_size: int, keep_alive: str,
+                 query: dict | None, metadata: bool) -> None:
+        self.conn, self.schema, self.page_size, self.keep_alive = conn, schema, page_size, keep_alive
+        self.query, self.metadata = query, metadata
+        self.filters: list[dict] = []  # pushed by Spark
+
+    def body(self, split: Split) -> dict:
+        source = [f.name for f in self.schema.fields if not (self.metadata and f.name == "_id")]
+        clauses = [*self.filters, *([self.query] if self.query else [])]
+        body: dict[str, Any] = {
+            "size": self.page_size, "_source": source or False,
+            "pit": {"id": split.info["pit"], "keep_alive": self.keep_alive},
+            "sort": split.info["sort"], "track_total_hits": False,
+            "query": {"bool": {"filter": clauses}} if clauses else {"match_all": {}}}
+        if split.info["max"] > 1:
+            body["slice"] = {"id": split.info["slice"], "max": split.info["max"]}
+        return body
+
+    def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        from sluice.spark._compat import to_arrow_schema
+
+        arrow = to_arrow_schema(self.schema)
+        body = self.body(split)
+        while True:
+            _, answer = self.conn.request("POST", "/_search", body)
+            hits = answer["hits"]["hits"]
+            if not hits:
+                return
+            columns = {f.name: [] for f in self.schema.fields}
+            for hit in hits:
+                source = hit.get("_source", {})
+                for f in self.schema.fields:
+                    value = hit["_id"] if self.metadata and f.name == "_id" else source.get(f.name)
+                    columns[f.name].append(python_value(value, f.dataType, f.name))
+            yield pa.RecordBatch.from_arrays([pa.array(columns[f.name], arrow.field(f.name).type)
+                                              for f in self.schema.fields], schema=arrow)
+            body["search_after"] = hits[-1]["sort"]
+            body["pit"]["id"] = answer.get("pit_id", body["pit"]["id"])
+
+
+class PitBatchReader(SplitBatchReader):
+    """The batch read, with Spark's filters on exact-valued fields pushed into the query (Spark 4.1+ hands Python
+    readers their filters)."""
+
+    enumerator: PitEnumerator
+    reader: SliceReader
+
+    def __init__(self, enumerator: PitEnumerator, reader: SliceReader, kinds: dict[str, str]) -> None:
+        super().__init__(enumerator, reader, None)
+        self.kinds = kinds  # each field's mapping type, by dotted path
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        for f in filters:
+            clause = filter_clause(f, self.kinds)
+            if clause is None:
+                yield f
+            else:
+                self.reader.filters.append(clause)
+
+
+def parse_query(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        query = json.loads(text)
+    except ValueError as e:
+        raise OptionError(f"read.query is not JSON ({e}); give a query-DSL object, e.g. "
+                          "{\"match\": {\"title\": \"spark\"}}.") from None
+    if not isinstance(query, dict):
+        raise OptionError("read.query must be a JSON object (a query-DSL query).")
+    return query

@@ -1,0 +1,385 @@
+"""A throwaway OpenSearch server for tests and benchmarks: the real server (a JVM), one node on loopback.
+
+`LocalOpenSearch()` lays out a server folder in a temporary folder (config, data, logs, and the modules a node
+loads), starts one OpenSearch node there with its HTTP and transport ports on free loopback ports and a small heap,
+then stops it and deletes the folder on exit. The server is the `org.opensearch:opensearch` jar and its runtime
+dependencies from Maven Central (the release tarball is on no package registry), and the HTTP/transport module
+`transport-netty4-client` with Netty: `make check-opensearch` puts them into ~/.cache/sluice/opensearch-<version>
+(lib/, modules/transport-netty4/), or into $SLUICE_OPENSEARCH_HOME when that is set. Java 17 runs it (`java` on
+PATH, or $JAVA_HOME/bin/java; OpenSearch 2.x needs the security manager, which Java 24 removed).
+
+Started without OpenSearch's launch scripts, so the JVM flags its launcher adds (SystemJvmOptions of 2.19) are
+given here. The Maven jar of a module carries no plugin descriptor or security policy (the distribution's build
+writes them): both are written into the server's folder here, and the module's jars linked next to them. JNA's
+native library is not loaded (OpenSearch then skips its native checks: it would refuse to run as root, and it can
+neither lock memory nor install its system call filter, none of which a test server on loopback needs). The bootstrap
+checks only warn, as the node binds to loopback alone. Only the netty4 module is loaded: no painless scripts, no
+analysis-common analyzers (the standard analyzer is in the server), no reindex.
+
+`auth=True` adds the security plugin (`org.opensearch.plugin:opensearch-security`, a plugin zip on Maven Central,
+which make check-opensearch unpacks into plugins/opensearch-security): HTTP basic authentication against its internal
+user database, where `.username` (`sluice`, role all_access) has `.password`; plain HTTP (no TLS on the REST layer),
+while the transport layer, which the plugin requires to be TLS, gets a self-signed certificate. The plugin's newest
+2.19 release on Maven Central is older than the server: its descriptor is given the range ~<its version> of
+compatible servers (which OpenSearch 2.x reads), in place of its exact version. `settings` are more opensearch.yml
+settings (for example `{"thread_pool.write.queue_size": 2}` for 429s). `kill()` and `start()` kill the server and
+start it again on the same folder and ports.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sluice.testing._cassandra import self_signed_certificate
+from sluice.testing._postgres import free_port, stop
+
+# The one place the versions are pinned: the Makefile's check-opensearch reads these lines.
+OPENSEARCH_VERSION = "2.19.6"
+SECURITY_PLUGIN_VERSION = "2.19.4.0"
+INSTALL_HINT = "fetch it from Maven Central with: make check-opensearch"
+
+# The flags OpenSearch's launcher gives every node (SystemJvmOptions, 2.19), as the distribution's jvm.options
+# would add them; no -XX:+AlwaysPreTouch (it would make the whole heap resident at start).
+SYSTEM_FLAGS = [
+    "-Dopensearch.networkaddress.cache.ttl=60", "-Dopensearch.networkaddress.cache.negative.ttl=10",
+    "-Djava.awt.headless=true", "-Dfile.encoding=UTF-8", "-XX:-OmitStackTraceInFastThrow",
+    "-Dio.netty.noUnsafe=true", "-Dio.netty.noKeySetOptimization=true", "-Dio.netty.recycler.maxCapacityPerThread=0",
+    "-Dio.netty.allocator.numDirectArenas=0", "-Dlog4j.shutdownHookEnabled=false", "-Dlog4j2.disable.jmx=true",
+    "-Djava.locale.providers=SPI,COMPAT", "-Djava.security.manager=allow",
+    # JNA without its native library (not from the system, not unpacked from its jar): OpenSearch's natives off.
+    "-Djna.nosys=true", "-Djna.nounpack=true", "-Djna.boot.library.path=/nonexistent",
+    "-Dopensearch.distribution.type=tar", "-Dopensearch.bundled_jdk=false",
+]
+
+CONFIG = """\
+cluster.name: {cluster_name}
+node.name: node-1
+discovery.type: single-node
+network.host: {host}
+http.port: {http_port}
+transport.port: {transport_port}
+path.data: {dir}/data
+path.logs: {dir}/logs
+bootstrap.memory_lock: false
+cluster.routing.allocation.disk.threshold_enabled: false
+"""
+
+SECURITY_CONFIG = """\
+plugins.security.ssl.http.enabled: false
+plugins.security.ssl.transport.keystore_type: PKCS12
+plugins.security.ssl.transport.keystore_filepath: node.p12
+plugins.security.ssl.transport.keystore_password: {password}
+plugins.security.ssl.transport.truststore_type: PKCS12
+plugins.security.ssl.transport.truststore_filepath: trust.p12
+plugins.security.ssl.transport.truststore_password: {password}
+plugins.security.ssl.transport.enforce_hostname_verification: false
+plugins.security.nodes_dn: ["CN=sluice test node"]
+plugins.security.authcz.admin_dn: ["CN=sluice test admin"]
+plugins.security.allow_default_init_securityindex: true
+plugins.security.audit.type: noop
+"""
+
+INTERNAL_USERS = """\
+_meta:
+  type: "internalusers"
+  config_version: 2
+{username}:
+  hash: "{hash}"
+  reserved: false
+  backend_roles: ["admin"]
+"""
+
+# The server's own log, warnings and errors (and deprecations) only, to a file read back when it fails.
+LOG4J2 = """\
+status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = ${sys:opensearch.logs.base_path}/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d{ISO8601}][%-5p][%-25c{1.}] %marker%m%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+logger.node.name = org.opensearch.node
+logger.node.level = info
+"""
+
+NETTY4_DESCRIPTOR = f"""\
+description=Netty 4 based transport implementation
+version={OPENSEARCH_VERSION}
+name=transport-netty4
+classname=org.opensearch.transport.Netty4Plugin
+java.version=11
+opensearch.version={OPENSEARCH_VERSION}
+custom.foldername=
+extended.plugins=
+has.native.controller=false
+"""
+
+# modules/transport-netty4/src/main/plugin-metadata/plugin-security.policy of OpenSearch 2.19.
+NETTY4_POLICY = """\
+grant {
+  permission java.io.FilePermission "/proc/sys/net/core/somaxconn", "read";
+  permission java.net.SocketPermission "*", "accept,connect";
+  permission java.lang.RuntimePermission "*", "setContextClassLoader";
+  permission java.lang.RuntimePermission "getClassLoader";
+  permission java.util.PropertyPermission "sun.nio.ch.bugLevel", "write";
+};
+"""
+
+
+def opensearch_home() -> Path:
+    """The folder `make check-opensearch` fills: $SLUICE_OPENSEARCH_HOME, else ~/.cache/sluice/opensearch-<version>."""
+    home = os.environ.get("SLUICE_OPENSEARCH_HOME")
+    return Path(home) if home else Path.home() / ".cache" / "sluice" / f"opensearch-{OPENSEARCH_VERSION}"
+
+
+def find_classpath() -> str:
+    """The server's classpath: the jars of lib/ `make check-opensearch` fetched (RuntimeError saying how, when it
+    has not)."""
+    home = opensearch_home()
+    jars = sorted((home / "lib").glob("*.jar"))
+    if not (home / ".complete").is_file() or not (home / "lib" / f"opensearch-{OPENSEARCH_VERSION}.jar").is_file():
+        raise RuntimeError(f"OpenSearch {OPENSEARCH_VERSION} was not found in {home}; {INSTALL_HINT}")
+    return os.pathsep.join(str(j) for j in jars)
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    for candidate in (java_home and str(Path(java_home) / "bin" / "java"), shutil.which("java")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise RuntimeError("OpenSearch needs Java 17, which was not found: apt-get install -y openjdk-17-jre-headless")
+
+
+def _link_plugin(source: Path, target: Path, descriptor: str, policy: str | None = None) -> None:
+    """A plugin folder `target`: the jars of `source` hard-linked in (copied across file systems), and its
+    descriptor and security policy. Not symbolic links: the security manager lets the server read the jars under
+    its modules/ and plugins/ folders only, by their real paths."""
+    target.mkdir(parents=True)
+    for jar in source.glob("*.jar"):
+        try:
+            os.link(jar, target / jar.name)
+        except OSError:
+            shutil.copyfile(jar, target / jar.name)
+    (target / "plugin-descriptor.properties").write_text(descriptor)
+    if policy is not None:
+        (target / "plugin-security.policy").write_text(policy)
+
+
+class LocalOpenSearch:
+    """Context manager: a fresh one-node OpenSearch cluster; `.url` is its HTTP endpoint, `request()` a small client
+    (signed in when `auth=True`)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", auth: bool = False, username: str = "sluice",
+                 password: str = "sluice-test-pw", cluster_name: str = "sluice-test", heap: str = "512m",
+                 full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 120,
+                 http_port: int = 0, transport_port: int = 0,
+                 settings: dict[str, Any] | None = None) -> None:
+        self.host, self.auth, self.cluster_name, self.heap = host, auth, cluster_name, heap
+        self.username, self.password = (username, password) if auth else (None, None)
+        # False: the JVM's quick compiler only (C1), a quicker start and less CPU next to Spark; True for benchmarks.
+        self.full_jit = full_jit
+        self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above
+        # More opensearch.yml settings (values written as JSON, which YAML reads: lists, numbers, true/false).
+        self.settings = dict(settings or {})
+        self.start_timeout = start_timeout
+        self._ports_wanted = (http_port, transport_port)  # 0: a free one, picked at the first start
+        self.http_port = 0
+        self.transport_port = 0
+        self.start_seconds = 0.0  # how long the last start() took, until the cluster was yellow
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def folder(self) -> Path | None:
+        """The server's folder: config/, data/, logs/server.log (warnings and errors), output.log, modules/."""
+        return self._dir
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def _write_config(self) -> None:
+        assert self._dir is not None
+        http_port, transport_port = self._ports_wanted
+        self.http_port = http_port or free_port()
+        self.transport_port = transport_port or free_port()
+        while self.transport_port == self.http_port:
+            self.transport_port = free_port()
+        home, conf = opensearch_home(), self._dir / "config"
+        for sub in ("config", "data", "logs", "tmp", "plugins"):
+            (self._dir / sub).mkdir()
+        config = CONFIG.format(cluster_name=self.cluster_name, host=self.host, http_port=self.http_port,
+                               transport_port=self.transport_port, dir=self._dir)
+        _link_plugin(home / "modules" / "transport-netty4", self._dir / "modules" / "transport-netty4",
+                     NETTY4_DESCRIPTOR, NETTY4_POLICY)
+        if self.auth:
+            config += self._security(home / "plugins" / "opensearch-security", conf)
+        config += "".join(f"{key}: {json.dumps(value)}\n" for key, value in self.settings.items())
+        (conf / "opensearch.yml").write_text(config)
+        (conf / "log4j2.properties").write_text(LOG4J2)
+        # The security plugin warns of configuration others can read.
+        for path in conf.rglob("*"):
+            path.chmod(0o700 if path.is_dir() else 0o600)
+        conf.chmod(0o700)
+
+    def _security(self, plugin: Path, conf: Path) -> str:
+        """The security plugin's folder, its configuration (users, TLS for the transport layer) and settings."""
+        assert self._dir is not None and self.username is not None and self.password is not None
+        if not (plugin / "plugin-descriptor.properties").is_file():
+            raise RuntimeError(f"the OpenSearch security plugin was not found in {plugin}; {INSTALL_HINT}")
+        descriptor = "".join(
+            f'dependencies={{"opensearch":"~{line.split("=", 1)[1].strip()}"}}\n'
+            if line.startswith("opensearch.version=") else line
+            for line in (plugin / "plugin-descriptor.properties").read_text().splitlines(keepends=True))
+        _link_plugin(plugin, self._dir / "plugins" / "opensearch-security", descriptor,
+                     (plugin / "plugin-security.policy").read_text())
+        (conf / "opensearch-security").mkdir()
+        for yml in (plugin / "config").glob("*.yml"):
+            if yml.name != "internal_users.yml":
+                shutil.copy(yml, conf / "opensearch-security" / yml.name)
+        hasher = subprocess.run(
+            [find_java(), "-cp", os.pathsep.join([find_classpath(), str(plugin / "*")]),
+             "org.opensearch.security.tools.Hasher", "-env", "SLUICE_OPENSEARCH_PASSWORD", "-r", "4"],
+            env={**os.environ, "SLUICE_OPENSEARCH_PASSWORD": self.password},
+            check=True, capture_output=True, text=True)
+        (conf / "opensearch-security" / "internal_users.yml").write_text(
+            INTERNAL_USERS.format(username=self.username, hash=hasher.stdout.strip().splitlines()[-1]))
+        # The node's certificate (CN=sluice test node, SECURITY_CONFIG's nodes_dn), self-signed, is also the one it
+        # trusts (the transport layer checks its peers). Cheap password hashes (bcrypt rounds 4), as for Cassandra.
+        store_password = "sluice-test-keystore"
+        pem = self_signed_certificate(conf, self.host, store_password)
+        (conf / "node.pem").write_text(pem)
+        keytool = str(Path(find_java()).resolve().parent / "keytool")
+        subprocess.run([keytool, "-importcert", "-noprompt", "-keystore", str(conf / "trust.p12"), "-storetype",
+                        "PKCS12", "-storepass", store_password, "-alias", "ca", "-file", str(conf / "node.pem")],
+                       check=True, capture_output=True)
+        return SECURITY_CONFIG.format(password=store_password)
+
+    def _command(self) -> list[str]:
+        assert self._dir is not None
+        return [
+            # A small heap that grows as needed and the serial collector, as for the test Cassandra: one GC thread
+            # next to Spark on a small machine. OpenSearch warns of both (bootstrap checks, warnings on loopback).
+            find_java(), "-Xms128m", f"-Xmx{self.heap}", "-Xss1m", "-XX:+UseSerialGC",
+            "-XX:+ExitOnOutOfMemoryError", *([] if self.full_jit else ["-XX:TieredStopAtLevel=1"]),
+            "-XX:+PerfDisableSharedMem", *SYSTEM_FLAGS, f"-Djava.io.tmpdir={self._dir}/tmp",
+            f"-Dopensearch.path.home={self._dir}", f"-Dopensearch.path.conf={self._dir}/config",
+            *self.jvm_options,
+            "-cp", find_classpath(), "org.opensearch.bootstrap.OpenSearch",
+        ]
+
+    def start(self) -> LocalOpenSearch:
+        """Start the server: in a new folder on new ports the first time, on the same ones after kill()/stop()."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError("this OpenSearch server is running already")
+        find_classpath()  # the install hint, before a folder is made
+        find_java()
+        began = time.monotonic()
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="sluice-opensearch-"))
+            try:
+                self._write_config()
+            except BaseException:
+                self.stop()
+                raise
+        with (self._dir / "output.log").open("ab") as output:
+            self._proc = subprocess.Popen(self._command(), stdout=output, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, cwd=self._dir, start_new_session=True)
+        try:
+            self._wait_ready(self.start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 60,
+                content_type: str = "application/json") -> tuple[int, Any]:
+        """One HTTP request to the node (signed in when auth is on): (status, JSON answer or text). `body`: JSON
+        (a dict or list), or str/bytes sent as they are (e.g. a _bulk body with content_type application/x-ndjson)."""
+        data = body if body is None or isinstance(body, bytes) else (
+            body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        if self.auth:
+            token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as answer:
+                status, text = answer.status, answer.read()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read()
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text.decode(errors="replace")
+
+    def _log_tail(self) -> str:
+        assert self._dir is not None
+        parts = []
+        for path in (self._dir / "output.log", self._dir / "logs" / "server.log"):
+            if path.exists():
+                parts.append(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Until GET /_cluster/health?wait_for_status=yellow answers 200 (with auth: once the security plugin made
+        its index and signs users in); if the process ends or the time runs out, raise with the end of its logs."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"OpenSearch exited with {self._proc.returncode} while starting:\n"
+                                   f"{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"OpenSearch did not answer on {self.url} within {timeout:.0f} s "
+                                   f"(last answer: {last!r}):\n{self._log_tail()}")
+            try:
+                status, answer = self.request("GET", "/_cluster/health?wait_for_status=yellow&timeout=1s", timeout=5)
+                if status == 200:
+                    return
+                last = (status, answer)
+            except OSError as e:  # not listening yet
+                last = e
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (its folder stays: start() brings it back on the same data)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
+
+    def stop(self, *, keep_data: bool = False) -> None:
+        """End the server (SIGTERM, then SIGKILL after 30 s) and delete its folder, unless `keep_data` (then
+        start() brings it back on the same data and ports)."""
+        stop(self._proc)
+        self._proc = None
+        if not keep_data and self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> LocalOpenSearch:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()

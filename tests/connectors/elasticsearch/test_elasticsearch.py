@@ -1,0 +1,202 @@
+"""format("elasticsearch") on a real OpenSearch node: documents by id from the DataFrame's columns, the index
+created with a mapping from the schema, deletes from a changelog column, partial updates, external versions that
+make a replay of older data change nothing (and, as the negative control, the same replay without versions
+overwrites newer data), per-document refusals named with the id and the server's reason or collected in an error
+index, and bad options refused before any write."""
+
+import datetime as dt
+import decimal
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import sluice
+
+pytestmark = pytest.mark.spark
+
+
+def test_documents_by_id_with_a_mapping_from_the_schema(spark, search):
+    index = search.index_name()
+    df = spark.createDataFrame(
+        [(1, "eu", 9.5, decimal.Decimal("12.34"), dt.datetime(2026, 1, 2, 3, 4, 5, 123456), dt.date(2026, 1, 2),
+          ["a", "b"], (7, "x")),
+         (2, "us", None, None, None, None, [], None)],
+        "id long, region string, amount double, price decimal(10,2), at timestamp, day date, tags array<string>, "
+        "inner struct<n:int, s:string>")
+    sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
+    properties = search.call("GET", f"/{index}/_mapping")[index]["mappings"]["properties"]
+    assert {k: v["type"] for k, v in properties.items() if "type" in v} == {
+        "id": "long", "region": "keyword", "amount": "double", "price": "double", "at": "date_nanos",
+        "day": "date", "tags": "keyword"}
+    assert properties["inner"]["properties"] == {"n": {"type": "integer"}, "s": {"type": "keyword"}}
+    got = search.docs(index)
+    assert got["1"] == {"id": 1, "region": "eu", "amount": 9.5, "price": 12.34, "at": "2026-01-02T03:04:05.123456Z",
+                        "day": "2026-01-02", "tags": ["a", "b"], "inner": {"n": 7, "s": "x"}}
+    assert got["2"]["region"] == "us" and set(got) == {"1", "2"}
+    assert sluice.last_write_summary("elasticsearch")["records"] == 2
+
+
+def test_composite_ids_routing_and_excluded_columns(spark, search):
+    index = search.index_name()
+    df = spark.createDataFrame([("eu", 1, "r1", "secret", "a"), ("eu", 2, "r2", "secret", "b")],
+                               "region string, n int, shard string, internal string, v string")
+    sluice.write(df, "elasticsearch", search.opts(index, **{
+        "mapping.id": "region,n", "mapping.routing": "shard", "mapping.exclude": "internal"}))
+    got = search.call("GET", f"/{index}/_doc/%5B%22eu%22,1%5D", routing="r1")
+    assert got["_source"] == {"region": "eu", "n": 1, "v": "a"} and got["_routing"] == "r1"
+
+
+def test_many_changes_of_one_id_end_at_the_last_and_deletes_remove(spark, search):
+    index = search.index_name()
+    # 200 ids, each changed five times in order (version 0..4); ids divisible by 10 are deleted at the end.
+    rows = [(i, v, None) for v in range(5) for i in range(200)] + [(i, 5, "d") for i in range(0, 200, 10)]
+    df = spark.createDataFrame(rows, "id int, version int, op string").coalesce(1)
+    sluice.write(df, "elasticsearch", search.opts(index, **{
+        "mapping.id": "id", "upsert.op-column": "op", "sink.batch.max-size": "37"}))
+    got = search.docs(index)
+    assert {int(k): d["version"] for k, d in got.items()} == {i: 4 for i in range(200) if i % 10}
+
+
+def test_update_merges_fields_and_upsert_creates_missing_documents(spark, search):
+    index = search.index_name()
+    sluice.write(spark.createDataFrame([(1, "a", 10)], "id int, name string, qty int"), "elasticsearch",
+                 search.opts(index, **{"mapping.id": "id"}))
+    sluice.write(spark.createDataFrame([(1, 11), (2, 20)], "id int, qty int"), "elasticsearch",
+                 search.opts(index, **{"mapping.id": "id", "write.operation": "upsert"}))
+    assert search.docs(index) == {"1": {"id": 1, "name": "a", "qty": 11}, "2": {"id": 2, "qty": 20}}
+    with pytest.raises(Exception, match=r"document '3' of index .*document_missing_exception"):
+        sluice.write(spark.createDataFrame([(3, 30)], "id int, qty int"), "elasticsearch",
+                     search.opts(index, **{"mapping.id": "id", "write.operation": "update"}))
+
+
+def test_a_replay_of_older_versions_changes_nothing_and_without_versions_it_overwrites(spark, search):
+    newer = spark.createDataFrame([(i, 2, "new") for i in range(100)], "id int, v long, state string")
+    older = spark.createDataFrame([(i, 1, "old") for i in range(100)], "id int, v long, state string")
+    versioned, unversioned = search.index_name(), search.index_name()
+    for df in (newer, older):  # the older write arrives late: a replay
+        sluice.write(df, "elasticsearch", search.opts(versioned, **{"mapping.id": "id", "mapping.version": "v"}))
+    assert {d["state"] for d in search.docs(versioned).values()} == {"new"}
+    assert search.call("GET", f"/{versioned}/_doc/7")["_version"] == 2
+    # The negative control: the same replay without external versions overwrites the newer documents.
+    for df in (newer, older):
+        sluice.write(df, "elasticsearch", search.opts(unversioned, **{"mapping.id": "id"}))
+    assert {d["state"] for d in search.docs(unversioned).values()} == {"old"}
+
+
+def test_a_replayed_micro_batch_never_overwrites_a_later_one(spark, search, tmp_path):
+    """A micro-batch whose write reached the index but not the checkpoint's commit log (the driver was killed) is
+    replayed from a copy of that checkpoint after a later batch changed the same documents. With
+    write.version=micro-batch the replay carries batch 0's versions and loses to batch 1's; without versions (the
+    negative control) the replay overwrites batch 1."""
+
+    def replay(versions: str) -> set[str]:
+        index, src = search.index_name(), tmp_path / f"src-{versions}"
+        checkpoint, backup = tmp_path / f"cp-{versions}", tmp_path / f"backup-{versions}"
+        opts = search.opts(index, **{"mapping.id": "id", "write.version": versions})
+        src.mkdir()
+
+        def put(batch: int) -> None:
+            pq.write_table(pa.table({"id": pa.array(range(5), pa.int32()), "v": [f"batch {batch}"] * 5}),
+                           src / f"{batch}.parquet")
+
+        def run(checkpoint_dir) -> None:
+            query = (spark.readStream.schema("id int, v string").option("maxFilesPerTrigger", 1)
+                     .parquet(str(src)).writeStream.format("elasticsearch").options(**opts)
+                     .option("checkpointLocation", str(checkpoint_dir)).trigger(availableNow=True).start())
+            query.awaitTermination(120)
+            assert query.exception() is None
+
+        put(0)
+        run(checkpoint)
+        shutil.copytree(checkpoint, backup)
+        for name in ("0", ".0.crc"):  # the backup: batch 0 written, its commit not recorded
+            (backup / "commits" / name).unlink(missing_ok=True)
+        put(1)
+        run(checkpoint)
+        assert {d["v"] for d in search.docs(index).values()} == {"batch 1"}
+        (src / "1.parquet").unlink()  # the backup's source log knows only batch 0's file
+        run(backup)  # replays batch 0
+        return {d["v"] for d in search.docs(index).values()}
+
+    assert replay("micro-batch") == {"batch 1"}
+    assert replay("none") == {"batch 0"}
+
+
+def test_write_refresh_true_makes_the_write_searchable_at_commit(spark, search):
+    index = search.index_name()
+    search.call("PUT", f"/{index}", {"settings": {"refresh_interval": -1}})  # the index never refreshes itself
+    df = spark.range(0, 50, 1, 2)
+    sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
+    assert search.call("GET", f"/{index}/_count")["count"] == 0  # the negative control: written, not searchable
+    sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id", "write.refresh": "true"}))
+    assert search.call("GET", f"/{index}/_count")["count"] == 50
+
+
+def test_refused_documents_are_named_or_collected_in_the_error_index(spark, search):
+    index = search.index_name()
+    search.call("PUT", f"/{index}", {"mappings": {"properties": {"qty": {"type": "integer"}}}})
+    df = spark.createDataFrame([(1, "5"), (2, "many"), (3, "7")], "id int, qty string").coalesce(1)
+    with pytest.raises(Exception, match=r"refused 1 of \d documents of a bulk request: document '2' of index '.*': "
+                                        r"400 mapper_parsing_exception: failed to parse field \[qty\]"):
+        sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
+    errors = search.index_name()
+    sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id", "write.error-index": errors}))
+    assert set(search.docs(index)) == {"1", "3"}
+    (refused,) = search.docs(errors).values()
+    assert refused["id"] == "2" and refused["status"] == 400 and '"qty":"many"' in refused["document"]
+
+
+def test_bad_input_is_refused_before_any_write(spark, search):
+    index = search.index_name()
+    df = spark.createDataFrame([(1, "a"), (None, "b")], "id int, v string")
+    with pytest.raises(Exception, match=r"mapping.id column 'id' is null in row \d+ of this task"):
+        sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
+    with pytest.raises(Exception, match=r"index '.*' does not exist \(index.create=never\)"):
+        sluice.write(df, "elasticsearch", search.opts(search.index_name(), **{"index.create": "never"}))
+    with pytest.raises(Exception, match=r"write.operation=update changes documents by id: set mapping.id"):
+        sluice.write(df, "elasticsearch", search.opts(index, **{"write.operation": "update"}))
+    with pytest.raises(Exception, match=r"cannot carry external versions"):
+        sluice.write(df, "elasticsearch", search.opts(index, **{
+            "mapping.id": "id", "write.operation": "upsert", "write.version": "micro-batch"}))
+    with pytest.raises(Exception, match=r"mapping\.idd.*Did you mean .mapping\.id."):
+        sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.idd": "id"}))
+    strict = search.index_name()
+    search.call("PUT", f"/{strict}", {"mappings": {"dynamic": "strict", "properties": {"id": {"type": "long"}}}})
+    with pytest.raises(Exception, match=r"strict mapping without field\(s\) \['v'\]"):
+        sluice.write(df, "elasticsearch", search.opts(strict, **{"mapping.id": "id"}))
+
+
+def test_reads_slice_a_point_in_time_prune_columns_and_push_exact_filters(spark, search):
+    index = search.index_name()
+    search.call("PUT", f"/{index}", {"settings": {"number_of_shards": 3, "number_of_replicas": 0}, "mappings": {
+        "properties": {"id": {"type": "long"}, "region": {"type": "keyword"}, "title": {"type": "text"},
+                       "at": {"type": "date_nanos"}, "tags": {"type": "keyword"},
+                       "inner": {"properties": {"n": {"type": "integer"}}}}}})
+    df = spark.range(0, 1000, 1, 2).selectExpr(
+        "id", "IF(id % 4 = 0, 'eu', 'us') AS region", "concat('spark and search ', id) AS title",
+        "timestamp_micros(1767225600000000 + id) AS at", "array('a', cast(id % 3 AS string)) AS tags",
+        "named_struct('n', CAST(id AS INT)) AS inner")
+    sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
+    search.call("POST", f"/{index}/_refresh")
+    read = spark.read.format("elasticsearch").options(**search.opts(index, **{
+        "read.array-columns": "tags", "read.page-size": "97", "read.metadata": "true"})).load()
+    assert read.rdd.getNumPartitions() == 3  # one slice per primary shard
+    want = {r.id: r.asDict(recursive=True) for r in df.selectExpr("CAST(id AS STRING) AS _id", "*").collect()}
+    assert {r.id: r.asDict(recursive=True) for r in read.collect()} == want
+
+    def plan_filters(frame) -> str:
+        """The Filter nodes of the physical plan: the predicates Spark evaluates itself."""
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+        return "\n".join(line for line in plan.splitlines() if " Filter " in f" {line.strip(' +-*():0123456789')} ")
+
+    eu = read.where("region = 'eu' AND id >= 500").select("id")
+    assert sorted(r.id for r in eu.collect()) == [i for i in range(500, 1000) if i % 4 == 0]
+    assert "Filter" not in plan_filters(eu)  # the engine filtered: keyword and long fields are exact
+    titled = read.where("title = 'spark and search 7'").select("id")
+    assert [r.id for r in titled.collect()] == [7]
+    assert "Filter" in plan_filters(titled)  # text is analyzed: Spark compares it
+    queried = spark.read.format("elasticsearch").options(**search.opts(index, **{
+        "read.query": '{"match": {"title": "17"}}', "read.array-columns": "tags"})).load().select("id")
+    assert [r.id for r in queried.collect()] == [17]

@@ -1,0 +1,99 @@
+"""format("elasticsearch") when the node pushes back or fails: a node whose write queue holds one request (a storm
+of 429 es_rejected_execution_exception) slows the write down and only the refused documents go again, every
+document ends up stored; without retries the same storm fails the write naming the 429 (the negative control).
+A node SIGKILLed mid-write and started again on its data: the write retries through the outage and the index
+equals the input; a re-run converges. The node asks for a password (OpenSearch's security plugin): a wrong one is
+refused clearly and never shown."""
+
+import threading
+import time
+
+import pytest
+
+import sluice
+from sluice.testing import LocalOpenSearch
+from tests.connectors.elasticsearch.conftest import Search
+from tests.faults import slow
+
+pytestmark = pytest.mark.spark
+
+DOCS = 4000
+
+
+@pytest.fixture(scope="module")
+def search():
+    # One write thread with a queue of one: concurrent shard bulks beyond that are rejected with 429.
+    settings = {"thread_pool.write.size": 1, "thread_pool.write.queue_size": 1}
+    with LocalOpenSearch(settings=settings) as server:
+        yield Search(server)
+
+
+def docs_df(spark, partitions: int = 2):
+    return spark.range(0, DOCS, 1, partitions).selectExpr("id", "repeat('x', 100) AS pad")
+
+
+def storm_opts(search: Search, index: str, **more: str) -> dict[str, str]:
+    # Three shards, small bulks, many in flight: more shard-level bulks at once than the write queue takes.
+    search.call("PUT", f"/{index}", {"settings": {"number_of_shards": 3, "number_of_replicas": 0}})
+    return search.opts(index, **{"mapping.id": "id", "sink.batch.max-size": "50", "connections-per-task": "8",
+                                 "sink.parallelism": "32", **more})
+
+
+def test_a_storm_of_429s_is_ridden_out_resending_only_the_refused_documents(spark, search):
+    index = search.index_name()
+    sluice.write(docs_df(spark), "elasticsearch", storm_opts(search, index, **{
+        "sink.max-retries": "30", "sink.retry-delay-ms": "50"}))
+    summary = sluice.last_write_summary("elasticsearch")
+    assert summary["throttles"] > 0, summary  # the node did refuse
+    assert summary["records"] == DOCS
+    assert set(search.docs(index)) == {str(i) for i in range(DOCS)}
+    # Each document was indexed once: a bulk's stored documents were not sent again with its refused ones.
+    indexed = search.call("GET", f"/{index}/_stats/indexing")["_all"]["primaries"]["indexing"]["index_total"]
+    assert indexed == DOCS
+
+
+def test_without_retries_the_storm_fails_the_write_and_says_429(spark, search):
+    index = search.index_name()
+    with pytest.raises(Exception, match=r"(?s)sink\.max-retries=0.*429"):
+        sluice.write(docs_df(spark), "elasticsearch", storm_opts(search, index, **{"sink.max-retries": "0"}))
+
+
+def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converges(spark, search):
+    index = search.index_name()
+    search.call("PUT", f"/{index}", {"settings": {"number_of_replicas": 0, "translog.durability": "request"}})
+    df = docs_df(spark).mapInArrow(slow(100, 0.1), "id long, pad string")
+    opts = search.opts(index, **{"mapping.id": "id", "sink.batch.max-size": "100", "sink.max-retries": "30",
+                                 "sink.retry-delay-ms": "200", "http.timeout-ms": "5000"})
+    server = search.server
+
+    def strike() -> None:
+        deadline = time.monotonic() + 120
+        while search.count(index) < 500:
+            assert time.monotonic() < deadline, "the write never stored 500 documents"
+            threading.Event().wait(0.05)  # polling the index for the event: the documents are there
+        server.kill()
+        struck.set()
+        server.start()
+
+    struck = threading.Event()
+    striker = threading.Thread(target=strike, daemon=True)
+    striker.start()
+    sluice.write(df, "elasticsearch", opts)
+    striker.join(180)
+    assert struck.is_set()
+    assert sluice.last_write_summary("elasticsearch")["retries"] > 0
+    assert set(search.docs(index)) == {str(i) for i in range(DOCS)}
+    sluice.write(df, "elasticsearch", opts)  # a re-run: the same ids, indexed again in place
+    assert len(search.docs(index)) == DOCS
+
+
+def test_a_wrong_password_is_refused_clearly_and_never_shown(spark):
+    with LocalOpenSearch(auth=True) as server:
+        df = spark.range(3)
+        opts = {"nodes": server.url, "index": "secured", "username": server.username, "mapping.id": "id"}
+        sluice.write(df, "elasticsearch", {**opts, "password": server.password, "write.refresh": "true"})
+        status, answer = server.request("GET", "/secured/_count")
+        assert status == 200 and answer["count"] == 3
+        with pytest.raises(Exception, match=r"refused user 'sluice' \(401\)") as raised:
+            sluice.write(df, "elasticsearch", {**opts, "password": "not-the-password-xyz"})
+        assert "not-the-password-xyz" not in str(raised.value)
