@@ -109,9 +109,10 @@ def _doc_plan(opts: Options, schema: StructType) -> DocPlan:
     if versioned and not ids:
         raise OptionError("external versions (mapping.version, write.version=micro-batch) belong to documents "
                           "with ids: set mapping.id.")
-    if versioned and operation in ("update", "upsert"):
-        raise OptionError(f"write.operation={operation} cannot carry external versions (the update API takes "
-                          "none): use write.operation=index with whole documents, or drop the versions.")
+    if versioned and operation != "index":
+        why = "the update API takes none" if operation != "create" else "create only succeeds once anyway"
+        raise OptionError(f"write.operation={operation} cannot carry external versions ({why}): use "
+                          "write.operation=index with whole documents, or drop the versions.")
     version = opts["mapping.version"]
     if version is not None and not isinstance(schema[version].dataType, T.LongType | T.IntegerType | T.ShortType):
         raise OptionError(f"mapping.version '{version}' is {schema[version].dataType.simpleString()}; it must be a "

@@ -236,10 +236,22 @@ class BulkStore(BlockingStore):
 
     def write_batch(self, batch: Batch) -> None:
         body = b"".join(batch.entries)
-        _, answer = self.conn.request(
-            "POST", "/_bulk", body, ndjson=True, node=self._node(),
-            refresh="wait_for" if self.refresh == "wait_for" else None,
-            filter_path="errors,items.*.status,items.*.error,items.*._id")
+        try:
+            _, answer = self.conn.request(
+                "POST", "/_bulk", body, ndjson=True, node=self._node(),
+                refresh="wait_for" if self.refresh == "wait_for" else None,
+                filter_path="errors,items.*.status,items.*.error,items.*._id")
+        except ElasticsearchError as e:
+            if e.status != 413:
+                raise
+            if len(batch.entries) > 1:
+                raise ElasticsearchError(f"a bulk request of {len(body)} bytes ({len(batch.entries)} documents) is "
+                                         "over the node's http.max_content_length (413): lower sink.flush-buffer.size "
+                                         "below it.", 413) from None
+            action = batch.entries[0].split(b"\n", 1)[0].decode(errors="replace")
+            raise ElasticsearchError(f"one document of {len(body)} bytes is over the node's http.max_content_length "
+                                     f"(413), alone in its bulk request ({action}): shrink the document or raise "
+                                     "the limit.", 413) from None
         if not answer.get("errors"):
             return
         retry, throttled, failed = [], False, []

@@ -22,8 +22,9 @@ DOCS = 4000
 
 @pytest.fixture(scope="module")
 def search():
-    # One write thread with a queue of one: concurrent shard bulks beyond that are rejected with 429.
-    settings = {"thread_pool.write.size": 1, "thread_pool.write.queue_size": 1}
+    # One write thread with a queue of one: concurrent shard bulks beyond that are rejected with 429. Requests of
+    # at most 64 KiB.
+    settings = {"thread_pool.write.size": 1, "thread_pool.write.queue_size": 1, "http.max_content_length": "64kb"}
     with LocalOpenSearch(settings=settings) as server:
         yield Search(server)
 
@@ -56,6 +57,21 @@ def test_without_retries_the_storm_fails_the_write_and_says_429(spark, search):
     index = search.index_name()
     with pytest.raises(Exception, match=r"(?s)sink\.max-retries=0.*429"):
         sluice.write(docs_df(spark), "elasticsearch", storm_opts(search, index, **{"sink.max-retries": "0"}))
+
+
+def test_a_bulk_or_a_document_over_the_nodes_content_length_limit_is_an_error_naming_what_to_change(spark, search):
+    index = search.index_name()
+    df = spark.range(0, 200, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad")  # 100 KiB a task, in one bulk
+    with pytest.raises(Exception, match=r"bulk request of \d+ bytes \(\d+ documents\) is over the node's "
+                                        r"http.max_content_length \(413\): lower sink.flush-buffer.size"):
+        sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id", "sink.parallelism": "1"}))
+    sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id", "sink.parallelism": "1",
+                                                            "sink.flush-buffer.size": "32768"}))
+    assert len(search.docs(index)) == 200  # the write within the limit
+    big = spark.range(1).selectExpr("id", "repeat('x', 100000) AS pad")
+    with pytest.raises(Exception, match=r"one document of \d+ bytes is over the node's http.max_content_length "
+                                        r"\(413\), alone in its bulk request \(.*\"_id\":\"0\""):
+        sluice.write(big, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
 
 
 def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converges(spark, search):
