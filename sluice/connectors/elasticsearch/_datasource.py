@@ -84,7 +84,7 @@ class ElasticsearchDataSource(EngineDataSource):
             raise OptionError(f"column(s) {missing} of the given schema are not fields of index '{conn.index}'; its "
                               f"fields: {known.fieldNames()}.")
         reader = SliceReader(conn, schema, opts["read.page-size"], opts["read.keep-alive"],
-                             parse_query(opts["read.query"]), opts["read.metadata"])
+                             parse_query(opts["read.query"]), opts["read.metadata"], kinds)
         return PitBatchReader(PitEnumerator(conn, opts["partitions"], opts["read.keep-alive"]), reader, kinds)
 
 

@@ -174,13 +174,16 @@ class SliceReader(SplitReader):
     """Reads one slice of the point in time, page by page with search_after, into Arrow batches."""
 
     def __init__(self, conn: Connection, schema: T.StructType, page_size: int, keep_alive: str,
-                 query: dict | None, metadata: bool) -> None:
+                 query: dict | None, metadata: bool, kinds: dict[str, str]) -> None:
         self.conn, self.schema, self.page_size, self.keep_alive = conn, schema, page_size, keep_alive
         self.query, self.metadata = query, metadata
         self.filters: list[dict] = []  # pushed by Spark
+        # Top-level date fields come from doc values in one ISO format, whatever format the documents used.
+        self.dates = [f.name for f in schema.fields if kinds.get(f.name) in ("date", "date_nanos")]
 
     def body(self, split: Split) -> dict:
-        source = [f.name for f in self.schema.fields if not (self.metadata and f.name == "_id")]
+        source = [f.name for f in self.schema.fields
+                  if not (self.metadata and f.name == "_id") and f.name not in self.dates]
         clauses = [*self.filters, *([self.query] if self.query else [])]
         body: dict[str, Any] = {
             "size": self.page_size, "_source": source or False,
@@ -189,7 +192,19 @@ class SliceReader(SplitReader):
             "query": {"bool": {"filter": clauses}} if clauses else {"match_all": {}}}
         if split.info["max"] > 1:
             body["slice"] = {"id": split.info["slice"], "max": split.info["max"]}
+        if self.dates:
+            body["docvalue_fields"] = [{"field": f, "format": "strict_date_optional_time_nanos"} for f in self.dates]
         return body
+
+    def value(self, hit: dict, field: T.StructField) -> Any:
+        if self.metadata and field.name == "_id":
+            return hit["_id"]
+        if field.name in self.dates:
+            values = hit.get("fields", {}).get(field.name)
+            if values is None:
+                return None
+            return values if isinstance(field.dataType, T.ArrayType) or len(values) > 1 else values[0]
+        return hit.get("_source", {}).get(field.name)
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
         from sluice.spark._compat import to_arrow_schema
@@ -203,10 +218,8 @@ class SliceReader(SplitReader):
                 return
             columns = {f.name: [] for f in self.schema.fields}
             for hit in hits:
-                source = hit.get("_source", {})
                 for f in self.schema.fields:
-                    value = hit["_id"] if self.metadata and f.name == "_id" else source.get(f.name)
-                    columns[f.name].append(python_value(value, f.dataType, f.name))
+                    columns[f.name].append(python_value(self.value(hit, f), f.dataType, f.name))
             yield pa.RecordBatch.from_arrays([pa.array(columns[f.name], arrow.field(f.name).type)
                                               for f in self.schema.fields], schema=arrow)
             body["search_after"] = hits[-1]["sort"]
