@@ -1,9 +1,15 @@
 """Fault injection for Spark-level tests: slow pass-through stages, dying workers, small Arrow batches."""
 
 import os
+import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 
 def slow(rows_per_batch: int, pause: float):
@@ -161,3 +167,32 @@ def dies_once_when_stored(row: int, marker: str, stored) -> callable:
                 yield part
 
     return fn
+
+
+def replay_first_micro_batch(spark, workdir: Path, schema: str, batch: Callable[[int], pa.Table], format: str,
+                             options: dict[str, str], stored: Callable[[], Any]) -> tuple[Any, Any]:
+    """A micro-batch whose write reached the store but not the checkpoint's commit log (the driver was killed),
+    replayed after a later batch changed the same rows: batch 0 is written from a parquet file, a copy of the
+    checkpoint loses batch 0's commit, batch 1 is written, then the copy runs and replays batch 0. Returns what
+    `stored()` said after batch 1 and after the replay."""
+    src, checkpoint, backup = workdir / "src", workdir / "checkpoint", workdir / "backup"
+    src.mkdir(parents=True)
+
+    def run(checkpoint_dir: Path) -> None:
+        query = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+                 .writeStream.format(format).options(**options).option("checkpointLocation", str(checkpoint_dir))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    pq.write_table(batch(0), src / "0.parquet")
+    run(checkpoint)
+    shutil.copytree(checkpoint, backup)
+    for name in ("0", ".0.crc"):  # the backup: batch 0 written, its commit not recorded
+        (backup / "commits" / name).unlink(missing_ok=True)
+    pq.write_table(batch(1), src / "1.parquet")
+    run(checkpoint)
+    after_batch_1 = stored()
+    (src / "1.parquet").unlink()  # the backup's source log knows only batch 0's file
+    run(backup)  # replays batch 0
+    return after_batch_1, stored()

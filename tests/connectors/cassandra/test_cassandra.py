@@ -2,15 +2,14 @@
 counterpart both ways, deletes, write timestamps and TTLs, replays, token-range reads, and refused input."""
 
 import datetime as dt
-import shutil
 import uuid
 from decimal import Decimal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import sluice
+from tests.faults import replay_first_micro_batch
 
 pytestmark = pytest.mark.spark
 
@@ -171,35 +170,18 @@ def test_a_replayed_micro_batch_never_overwrites_a_later_one(spark, cass, tmp_pa
     write.timestamp=micro-batch the replay's cells carry batch 0's timestamps and lose to batch 1's; with the
     executor's clock (the negative control) the replay is newer and overwrites batch 1."""
 
-    def replay(timestamps: str) -> set[tuple]:
-        table, src = cass.table(KEYED), tmp_path / f"src-{timestamps}"
-        checkpoint, backup = tmp_path / f"cp-{timestamps}", tmp_path / f"backup-{timestamps}"
-        opts = cass.opts(table, **{"write.timestamp": timestamps})
-        src.mkdir()
+    def replay(timestamps: str) -> set[str]:
+        table = cass.table(KEYED)
 
-        def put(batch: int) -> None:
-            pq.write_table(pa.table({"pk": pa.array([1] * 5, pa.int32()), "ck": pa.array(range(5), pa.int32()),
-                                     "v": [f"batch {batch}"] * 5, "amount": [float(batch)] * 5}),
-                           src / f"{batch}.parquet")
+        def batch(n: int) -> pa.Table:
+            return pa.table({"pk": pa.array([1] * 5, pa.int32()), "ck": pa.array(range(5), pa.int32()),
+                             "v": [f"batch {n}"] * 5, "amount": [float(n)] * 5})
 
-        def run(checkpoint_dir) -> None:
-            query = (spark.readStream.schema("pk int, ck int, v string, amount double").option("maxFilesPerTrigger", 1)
-                     .parquet(str(src)).writeStream.format("cassandra").options(**opts)
-                     .option("checkpointLocation", str(checkpoint_dir)).trigger(availableNow=True).start())
-            query.awaitTermination(120)
-            assert query.exception() is None
-
-        put(0)
-        run(checkpoint)
-        shutil.copytree(checkpoint, backup)
-        for name in ("0", ".0.crc"):  # the backup: batch 0 written, its commit not recorded
-            (backup / "commits" / name).unlink(missing_ok=True)
-        put(1)
-        run(checkpoint)
-        assert {r[2] for r in stored(cass, table)} == {"batch 1"}
-        (src / "1.parquet").unlink()  # the backup's source log knows only batch 0's file
-        run(backup)  # replays batch 0
-        return {r[2] for r in stored(cass, table)}
+        after_batch_1, replayed = replay_first_micro_batch(
+            spark, tmp_path / timestamps, "pk int, ck int, v string, amount double", batch, "cassandra",
+            cass.opts(table, **{"write.timestamp": timestamps}), lambda: {r[2] for r in stored(cass, table)})
+        assert after_batch_1 == {"batch 1"}
+        return replayed
 
     assert replay("micro-batch") == {"batch 1"}
     assert replay("client") == {"batch 0"}

@@ -6,13 +6,12 @@ index, and bad options refused before any write."""
 
 import datetime as dt
 import decimal
-import shutil
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import sluice
+from tests.faults import replay_first_micro_batch
 
 pytestmark = pytest.mark.spark
 
@@ -92,33 +91,17 @@ def test_a_replayed_micro_batch_never_overwrites_a_later_one(spark, search, tmp_
     negative control) the replay overwrites batch 1."""
 
     def replay(versions: str) -> set[str]:
-        index, src = search.index_name(), tmp_path / f"src-{versions}"
-        checkpoint, backup = tmp_path / f"cp-{versions}", tmp_path / f"backup-{versions}"
-        opts = search.opts(index, **{"mapping.id": "id", "write.version": versions})
-        src.mkdir()
+        index = search.index_name()
 
-        def put(batch: int) -> None:
-            pq.write_table(pa.table({"id": pa.array(range(5), pa.int32()), "v": [f"batch {batch}"] * 5}),
-                           src / f"{batch}.parquet")
+        def batch(n: int) -> pa.Table:
+            return pa.table({"id": pa.array(range(5), pa.int32()), "v": [f"batch {n}"] * 5})
 
-        def run(checkpoint_dir) -> None:
-            query = (spark.readStream.schema("id int, v string").option("maxFilesPerTrigger", 1)
-                     .parquet(str(src)).writeStream.format("elasticsearch").options(**opts)
-                     .option("checkpointLocation", str(checkpoint_dir)).trigger(availableNow=True).start())
-            query.awaitTermination(120)
-            assert query.exception() is None
-
-        put(0)
-        run(checkpoint)
-        shutil.copytree(checkpoint, backup)
-        for name in ("0", ".0.crc"):  # the backup: batch 0 written, its commit not recorded
-            (backup / "commits" / name).unlink(missing_ok=True)
-        put(1)
-        run(checkpoint)
-        assert {d["v"] for d in search.docs(index).values()} == {"batch 1"}
-        (src / "1.parquet").unlink()  # the backup's source log knows only batch 0's file
-        run(backup)  # replays batch 0
-        return {d["v"] for d in search.docs(index).values()}
+        after_batch_1, replayed = replay_first_micro_batch(
+            spark, tmp_path / versions, "id int, v string", batch, "elasticsearch",
+            search.opts(index, **{"mapping.id": "id", "write.version": versions}),
+            lambda: {d["v"] for d in search.docs(index).values()})
+        assert after_batch_1 == {"batch 1"}
+        return replayed
 
     assert replay("micro-batch") == {"batch 1"}
     assert replay("none") == {"batch 0"}
