@@ -1,7 +1,8 @@
 """A throwaway Apache Cassandra server for tests and benchmarks: the real server (a JVM), on loopback.
 
-One module past ~400 lines on purpose: its parts (configuration, JVM command line, class-data sharing, start and
-readiness, TLS keystore, peers of a cluster) all serve one object's life cycle and share its folder and ports.
+One module just past ~400 lines on purpose: its parts (configuration, JVM command line, class-data sharing,
+readiness, TLS keystore, peers of a cluster) all serve one object's life cycle and share its folder and ports; the
+process's life cycle itself (start, kill, stop) is _jvm.py's, shared with LocalOpenSearch.
 
 `LocalCassandra()` writes a minimal cassandra.yaml into a temporary folder and starts one Cassandra node there with
 its native (CQL) port and its storage port on free loopback ports, a small heap and no JMX, then stops it and
@@ -34,17 +35,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from sluice.testing._postgres import free_port, stop
+from sluice.testing._jvm import JvmServer
+from sluice.testing._jvm import find_java as jvm_java
+from sluice.testing._postgres import free_port
 
 # The one place the version is pinned: the Makefile's check-cassandra reads this line.
 CASSANDRA_VERSION = "5.0.9"
@@ -153,11 +152,7 @@ def find_classpath() -> str:
 
 
 def find_java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    for candidate in (java_home and str(Path(java_home) / "bin" / "java"), shutil.which("java")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    raise RuntimeError("Cassandra needs Java 17, which was not found: apt-get install -y openjdk-17-jre-headless")
+    return jvm_java("Cassandra")
 
 
 def self_signed_certificate(folder: Path, host: str, password: str, name: str = "node") -> str:
@@ -183,9 +178,13 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-class LocalCassandra:
+class LocalCassandra(JvmServer):
     """Context manager: a fresh one-node Cassandra cluster; `.host`/`.port` are its CQL endpoint, `cluster()` a
-    driver `Cluster` reaching it (signed in when `auth=True`)."""
+    driver `Cluster` reaching it (signed in when `auth=True`). Its folder: cassandra.yaml, data, commit log,
+    system.log (warnings and errors), output.log."""
+
+    server = "Cassandra"
+    logs = ("system.log",)
 
     def __init__(self, *, host: str = "127.0.0.1", seeds: list[str] | None = None, auth: bool = False,
                  username: str = "sluice", password: str = "sluice-test-pw", cluster_name: str = "sluice-test",
@@ -209,7 +208,7 @@ class LocalCassandra:
         self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above
         # More cassandra.yaml settings, appended to the ones above (for example the native transport's rate limiter).
         self.settings = dict(settings or {})
-        self.start_timeout = start_timeout
+        super().__init__(start_timeout)
         # tls: clients must use TLS; the node's certificate is self-signed, `ca_pem` (set at the first start) is
         # what a client verifies it against (sluice's ssl.ca-pem).
         self.tls = tls
@@ -218,9 +217,6 @@ class LocalCassandra:
         self._ports_wanted = (port, storage_port)
         self.port = 0  # native transport (CQL)
         self.storage_port = 0  # node to node
-        self.start_seconds = 0.0  # how long the last start() took, until CQL answered
-        self._dir: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
         self._cds_dump: tuple[Path, Path] | None = None  # (the archive the server writes at exit, its final name)
 
     @property
@@ -232,15 +228,6 @@ class LocalCassandra:
     def storage_endpoint(self) -> str:
         """"host:storage_port", as another node's `seeds` names this one."""
         return f"{self.host}:{self.storage_port}"
-
-    @property
-    def folder(self) -> Path | None:
-        """The server's folder: cassandra.yaml, data, commit log, system.log (warnings and errors), output.log."""
-        return self._dir
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _write_config(self) -> None:
         assert self._dir is not None
@@ -329,37 +316,13 @@ class LocalCassandra:
             "-cp", classpath, "org.apache.cassandra.service.CassandraDaemon",
         ]
 
-    def start(self) -> LocalCassandra:
-        """Start the server: in a new folder on new ports the first time, on the same ones after kill()/stop()."""
-        if self._proc is not None and self._proc.poll() is None:
-            raise RuntimeError("this Cassandra server is running already")
-        find_classpath()  # the install hint, before a folder is made
+    def _check_installed(self) -> None:
+        find_classpath()
         find_java()
-        began = time.monotonic()
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="sluice-cassandra-"))
-            self._write_config()
-        with (self._dir / "output.log").open("ab") as output:
-            self._proc = subprocess.Popen(self._command(), stdout=output, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, cwd=self._dir, start_new_session=True)
-        try:
-            self._wait_ready(self.start_timeout)
-            if self.auth:
-                self._create_user()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
-        return self
 
-    def _log_tail(self) -> str:
-        assert self._dir is not None
-        parts = []
-        for name in ("output.log", "system.log"):
-            path = self._dir / name
-            if path.exists():
-                parts.append(f"--- {name}:\n{path.read_text(errors='replace')[-3000:]}")
-        return "\n".join(parts)
+    def _after_ready(self) -> None:
+        if self.auth:
+            self._create_user()
 
     def _wait_ready(self, timeout: float) -> None:
         """Until `SELECT release_version FROM system.local` answers over CQL; if the process ends or the time runs
@@ -447,26 +410,5 @@ class LocalCassandra:
             kwargs.setdefault("ssl_context", ssl.create_default_context(cadata=self.ca_pem))
         return Cluster(contact_points=self.contact_points, **kwargs)
 
-    def kill(self) -> None:
-        """SIGKILL the server, as a crash would (its folder stays: start() brings it back on the same data)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGKILL)
-            self._proc.wait()
-        self._keep_class_archive(None)
-
-    def stop(self, *, keep_data: bool = False) -> None:
-        """End the server (SIGTERM, then SIGKILL after 30 s) and delete its folder, unless `keep_data` (then
-        start() brings it back on the same data and ports)."""
-        stop(self._proc)
-        self._keep_class_archive(self._proc.returncode if self._proc is not None else None)
-        self._proc = None
-        if not keep_data and self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-
-    def __enter__(self) -> LocalCassandra:
-        return self.start()
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.stop()
+    def _exited(self, returncode: int | None) -> None:
+        self._keep_class_archive(returncode)

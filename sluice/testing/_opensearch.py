@@ -32,18 +32,17 @@ import base64
 import json
 import os
 import shutil
-import signal
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from sluice.testing._cassandra import self_signed_certificate
-from sluice.testing._postgres import free_port, stop
+from sluice.testing._jvm import JvmServer
+from sluice.testing._jvm import find_java as jvm_java
+from sluice.testing._postgres import free_port
 
 # The one place the versions are pinned: the Makefile's check-opensearch reads these lines.
 OPENSEARCH_VERSION = "2.19.6"
@@ -156,11 +155,7 @@ def find_classpath() -> str:
 
 
 def find_java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    for candidate in (java_home and str(Path(java_home) / "bin" / "java"), shutil.which("java")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    raise RuntimeError("OpenSearch needs Java 17, which was not found: apt-get install -y openjdk-17-jre-headless")
+    return jvm_java("OpenSearch")
 
 
 def _link_plugin(source: Path, target: Path, descriptor: str, policy: str | None = None) -> None:
@@ -178,9 +173,13 @@ def _link_plugin(source: Path, target: Path, descriptor: str, policy: str | None
         (target / "plugin-security.policy").write_text(policy)
 
 
-class LocalOpenSearch:
+class LocalOpenSearch(JvmServer):
     """Context manager: a fresh one-node OpenSearch cluster; `.url` is its HTTP endpoint, `request()` a small client
-    (signed in when `auth=True`)."""
+    (signed in when `auth=True`). Its folder: config/, data/, logs/server.log (warnings and errors), output.log,
+    modules/."""
+
+    server = "OpenSearch"
+    logs = ("logs/server.log",)
 
     def __init__(self, *, host: str = "127.0.0.1", auth: bool = False, username: str = "sluice",
                  password: str = "sluice-test-pw", cluster_name: str = "sluice-test", heap: str = "512m",
@@ -194,26 +193,14 @@ class LocalOpenSearch:
         self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above
         # More opensearch.yml settings (values written as JSON, which YAML reads: lists, numbers, true/false).
         self.settings = dict(settings or {})
-        self.start_timeout = start_timeout
+        super().__init__(start_timeout)
         self._ports_wanted = (http_port, transport_port)  # 0: a free one, picked at the first start
         self.http_port = 0
         self.transport_port = 0
-        self.start_seconds = 0.0  # how long the last start() took, until the cluster was yellow
-        self._dir: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.http_port}"
-
-    @property
-    def folder(self) -> Path | None:
-        """The server's folder: config/, data/, logs/server.log (warnings and errors), output.log, modules/."""
-        return self._dir
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _write_config(self) -> None:
         assert self._dir is not None
@@ -285,30 +272,9 @@ class LocalOpenSearch:
             "-cp", find_classpath(), "org.opensearch.bootstrap.OpenSearch",
         ]
 
-    def start(self) -> LocalOpenSearch:
-        """Start the server: in a new folder on new ports the first time, on the same ones after kill()/stop()."""
-        if self._proc is not None and self._proc.poll() is None:
-            raise RuntimeError("this OpenSearch server is running already")
-        find_classpath()  # the install hint, before a folder is made
+    def _check_installed(self) -> None:
+        find_classpath()
         find_java()
-        began = time.monotonic()
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="sluice-opensearch-"))
-            try:
-                self._write_config()
-            except BaseException:
-                self.stop()
-                raise
-        with (self._dir / "output.log").open("ab") as output:
-            self._proc = subprocess.Popen(self._command(), stdout=output, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, cwd=self._dir, start_new_session=True)
-        try:
-            self._wait_ready(self.start_timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
-        return self
 
     def request(self, method: str, path: str, body: Any = None, *, timeout: float = 60,
                 content_type: str = "application/json") -> tuple[int, Any]:
@@ -332,14 +298,6 @@ class LocalOpenSearch:
         except ValueError:
             return status, text.decode(errors="replace")
 
-    def _log_tail(self) -> str:
-        assert self._dir is not None
-        parts = []
-        for path in (self._dir / "output.log", self._dir / "logs" / "server.log"):
-            if path.exists():
-                parts.append(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}")
-        return "\n".join(parts)
-
     def _wait_ready(self, timeout: float) -> None:
         """Until GET /_cluster/health?wait_for_status=yellow answers 200 (with auth: once the security plugin made
         its index and signs users in); if the process ends or the time runs out, raise with the end of its logs."""
@@ -361,25 +319,3 @@ class LocalOpenSearch:
             except OSError as e:  # not listening yet
                 last = e
             time.sleep(0.2)
-
-    def kill(self) -> None:
-        """SIGKILL the server, as a crash would (its folder stays: start() brings it back on the same data)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGKILL)
-            self._proc.wait()
-
-    def stop(self, *, keep_data: bool = False) -> None:
-        """End the server (SIGTERM, then SIGKILL after 30 s) and delete its folder, unless `keep_data` (then
-        start() brings it back on the same data and ports)."""
-        stop(self._proc)
-        self._proc = None
-        if not keep_data and self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-
-    def __enter__(self) -> LocalOpenSearch:
-        return self.start()
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.stop()
