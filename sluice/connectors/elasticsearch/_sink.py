@@ -47,6 +47,7 @@ log = logging.getLogger("sluice.elasticsearch")
 MiB = 1024 * 1024
 OPERATIONS = ("index", "create", "update", "upsert")
 MICRO_BATCH_ROWS = 1 << 32  # rows one task may write in one micro-batch under write.version=micro-batch
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # one, reused: cheaper
 
 WRITE_OPTIONS = (
     Option("write.operation", "choice", "index",
@@ -87,7 +88,7 @@ WRITE_OPTIONS = (
 # id columns by default (unordered when documents have no ids: the data source decides).
 WRITE_SPEC = SINK_SPEC.extend(
     (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
-    sink_batch_max_size=1000, sink_flush_buffer_size=5 * MiB, sink_requests_max_buffered=10_000,
+    sink_batch_max_size=1000, sink_flush_buffer_size=5 * MiB, sink_requests_max_buffered=32_000,
     sink_mode=PARTITION_ORDERED,
 ).renamed("elasticsearch")
 
@@ -164,33 +165,34 @@ class DocEncoder:
             deletes = pc.fill_null(pc.is_in(batch.column(plan.op_column), pa.array(DELETE_OPS)), False).to_numpy(
                 zero_copy_only=False)
         sources = json_rows(batch, list(plan.source_columns))
-        action = plan.operation
+        encode = _JSON.encode
+        # Action lines are built as text: a dict and a json.dumps per row cost more than the document itself.
+        write_head = f'{{"{"update" if plan.operation == "upsert" else plan.operation}":{{"_index":{encode(plan.index)}'
+        delete_head = f'{{"delete":{{"_index":{encode(plan.index)}'
         entries, sizes = [], []
         for i in range(n):
-            meta: dict = {"_index": plan.index}
+            meta = ""
             if ids is not None:
-                meta["_id"] = ids[i]
+                meta += f',"_id":{encode(ids[i])}'
             if routing is not None and routing[i] is not None:
-                meta["routing"] = routing[i]
+                meta += f',"routing":{encode(routing[i])}'
             if versions is not None:
-                meta["version"], meta["version_type"] = versions[i], "external"
-            try:
-                if deletes[i]:
-                    text = json.dumps({"delete": meta}, separators=(",", ":")) + "\n"
-                elif plan.operation in ("update", "upsert"):
-                    body = {"doc": sources[i], "doc_as_upsert": True} if plan.operation == "upsert" else {
-                        "doc": sources[i]}
-                    text = (json.dumps({"update": meta}, separators=(",", ":")) + "\n"
-                            + json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n")
-                else:
-                    text = (json.dumps({action: meta}, separators=(",", ":")) + "\n"
-                            + json.dumps(sources[i], separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-                            + "\n")
-            except ValueError as e:  # NaN or infinity: JSON has no such numbers
-                bad = [c for c, v in sources[i].items() if isinstance(v, float) and not np.isfinite(v)]
-                what = f"document {ids[i]!r}" if ids is not None else f"row {self.rows_seen + i}"
-                raise OptionError(f"{what} has {bad or 'a value'} that JSON cannot carry ({e}); replace NaN and "
-                                  "infinities (e.g. with null) before writing.") from None
+                meta += f',"version":{versions[i]},"version_type":"external"'
+            if deletes[i]:
+                text = f"{delete_head}{meta}}}}}\n"
+            else:
+                source = sources[i]
+                if plan.operation == "update":
+                    source = {"doc": source}
+                elif plan.operation == "upsert":
+                    source = {"doc": source, "doc_as_upsert": True}
+                try:
+                    text = f"{write_head}{meta}}}}}\n{encode(source)}\n"
+                except ValueError as e:  # NaN or infinity: JSON has no such numbers
+                    bad = [c for c, v in sources[i].items() if isinstance(v, float) and not np.isfinite(v)]
+                    what = f"document {ids[i]!r}" if ids is not None else f"row {self.rows_seen + i}"
+                    raise OptionError(f"{what} has {bad or 'a value'} that JSON cannot carry ({e}); replace NaN "
+                                      "and infinities (e.g. with null) before writing.") from None
             entry = text.encode()
             entries.append(entry)
             sizes.append(len(entry))
