@@ -1,7 +1,7 @@
 """Elasticsearch/OpenSearch benchmark: sluice's `format("elasticsearch")` bulk sink against the official Python
 client's own fastest path, one run, the same server.
 
-Run: `.venv/bin/python bench/elasticsearch.py [--rows 200000] [--rounds 2] [--warmup-rows 20000]`.
+Run: `.venv/bin/python bench/elasticsearch.py [--rows 200000] [--rounds 2] [--warmup-rows ROWS]`.
 The server is one OpenSearch 2.19 node (`sluice.testing.LocalOpenSearch`, `make check-opensearch` fetches it) with a
 1 GiB heap and its optimizing compiler on (full_jit: the test harness runs it on C1 alone). Data: rows (id long,
 region string of 10 values, title text of ~60 bytes, amount double, at timestamp) in a DataFrame cached in 2
@@ -29,13 +29,16 @@ org.elasticsearch:elasticsearch-spark-30_2.13:9.3.2 (Spark 3.4.3), load on pyspa
 fails before it sends anything, with java.lang.NoSuchMethodError 'org.apache.spark.sql.SQLContext
 org.apache.spark.sql.Dataset.sqlContext()' (Spark 4 moved Dataset's implementation to org.apache.spark.sql.classic);
 neither org.opensearch.client:opensearch-spark-40_2.13 nor org.elasticsearch:elasticsearch-spark-40_2.13 exists.
-Each figure is rows per second, the best of --rounds; sluice's with the engine's per-request latency of that round
-(p50/p99, submit to acknowledgement), its requests and what closed them (flush_reasons); every contender's with the
-CPU seconds of each component of this process's own tree ("opensearch": the server's JVM, counted apart from
+Each round runs every contender once, starting one contender later than the round before (so none always comes
+first). Each figure is rows per second, the best of --rounds; sluice's with the engine's per-request latency of that
+round (p50/p99, submit to acknowledgement), its requests and what closed them (flush_reasons); every contender's with
+the CPU seconds of each component of this process's own tree ("opensearch": the server's JVM, counted apart from
 spark_jvm, which _cpu.py would lump it in with, both being `java`; bench_process: this process, where the Python
 client runs). Before the rounds, untimed, --warmup-rows rows go through sluice and through the Python client (each
 into an index deleted afterwards): Spark's Python workers started, the client's modules imported, and the server's
-hot code compiled, which the first contender would otherwise pay for.
+hot code compiled, which the first contender would otherwise pay for. By default that is all --rows rows through each:
+the server's optimizing compiler keeps speeding it up over the first few hundred thousand documents (with 20,000
+warm-up rows a side, the first round of 200,000 rows ran at 40-60% of the second's).
 """
 
 from __future__ import annotations
@@ -114,8 +117,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--warmup-rows", type=int, default=20_000)
+    parser.add_argument("--warmup-rows", type=int, default=None, help="rows of the untimed warm-up (default: --rows)")
     args = parser.parse_args()
+    if args.warmup_rows is None:
+        args.warmup_rows = args.rows
     # SIGTERM unwinds like an exception, so that the server is stopped and its folder deleted (it runs in a session
     # of its own and would outlive this process).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -199,37 +204,49 @@ def main() -> int:
         base = {"nodes": server.url}
         # Warm-up, untimed (see the docstring).
         warm = fresh()
-        sluice.write(df.limit(args.warmup_rows), "elasticsearch", {**base, "index": warm, "mapping.id": "id"})
+        warm_df = df if args.warmup_rows >= args.rows else df.limit(args.warmup_rows)  # a limit is one task
+        sluice.write(warm_df, "elasticsearch", {**base, "index": warm, "mapping.id": "id"})
         finish(warm, min(args.warmup_rows, args.rows))
         warm = fresh()
         python_parallel_bulk(warm, docs[:args.warmup_rows])
         finish(warm, min(args.warmup_rows, args.rows))
 
-        sluice_runs = {"sluice": {"mapping.id": "id"}, "sluice_no_ids": {},
-                       **{f"sluice_batch_{n}": {"mapping.id": "id", "sink.batch.max-size": str(n)}
-                          for n in BATCH_SIZES}}
-        runs: dict[str, list] = {}
-        details: dict[str, list[dict]] = {}  # per round, in the order of runs
-        for _ in range(args.rounds):
-            for name, extra in sluice_runs.items():
-                index = fresh()
-                opts = {**base, "index": index, **extra}
-                runs.setdefault(name, []).append(timed(lambda o=opts: sluice.write(df, "elasticsearch", o)))
-                s = sluice.last_write_summary("elasticsearch")
-                assert s["status"] != "failed" and s["records"] == args.rows, s
-                details.setdefault(name, []).append({
-                    "client_p50_ms": s["submit_latency_p50_ms"], "client_p99_ms": s["submit_latency_p99_ms"],
-                    "requests": s["batches"], "rows_per_request": round(s["records"] / s["batches"], 1),
-                    "request_kib": round(s["bytes"] / s["batches"] / 1024, 1), "tasks": s["tasks"],
-                    "retries": s["retries"], "throttles": s["throttles"], "flush_reasons": s["flush_reasons"],
-                    "refresh_s": finish(index, args.rows)})
-
+        def run_sluice(name: str, extra: dict[str, str]) -> None:
             index = fresh()
-            runs.setdefault("python_parallel_bulk", []).append(timed(lambda i=index: python_parallel_bulk(i, docs)))
-            details.setdefault("python_parallel_bulk", []).append({"refresh_s": finish(index, args.rows)})
+            opts = {**base, "index": index, **extra}
+            runs[name].append(timed(lambda: sluice.write(df, "elasticsearch", opts)))
+            s = sluice.last_write_summary("elasticsearch")
+            assert s["status"] != "failed" and s["records"] == args.rows, s
+            details[name].append({
+                "client_p50_ms": s["submit_latency_p50_ms"], "client_p99_ms": s["submit_latency_p99_ms"],
+                "requests": s["batches"], "rows_per_request": round(s["records"] / s["batches"], 1),
+                "request_kib": round(s["bytes"] / s["batches"] / 1024, 1), "peak_inflight": s["peak_inflight"],
+                "tasks": s["tasks"], "retries": s["retries"], "throttles": s["throttles"],
+                "flush_reasons": s["flush_reasons"], "refresh_s": finish(index, args.rows)})
 
-            runs.setdefault("floor", []).append(timed(lambda: sluice.write(df, "sluice_null", {})))
-            details.setdefault("floor", []).append({})
+        def run_python() -> None:
+            index = fresh()
+            runs["python_parallel_bulk"].append(timed(lambda: python_parallel_bulk(index, docs)))
+            details["python_parallel_bulk"].append({"refresh_s": finish(index, args.rows)})
+
+        def run_floor() -> None:
+            runs["floor"].append(timed(lambda: sluice.write(df, "sluice_null", {})))
+            details["floor"].append({})
+
+        contenders = {"sluice": lambda: run_sluice("sluice", {"mapping.id": "id"}),
+                      "sluice_no_ids": lambda: run_sluice("sluice_no_ids", {}),
+                      **{f"sluice_batch_{n}": lambda n=n: run_sluice(f"sluice_batch_{n}", {
+                          "mapping.id": "id", "sink.batch.max-size": str(n)}) for n in BATCH_SIZES},
+                      "python_parallel_bulk": run_python, "floor": run_floor}
+        runs: dict[str, list] = {name: [] for name in contenders}
+        details: dict[str, list[dict]] = {name: [] for name in contenders}  # per round, as runs
+        names = list(contenders)
+        for round_ in range(args.rounds):
+            # Each round starts one contender later, so that no contender always comes first (or after the same
+            # one): the server's garbage collections and merges fall on different contenders in each round.
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                contenders[name]()
         spark.stop()
         version = call("GET", "/")["version"]["number"]
         server_rss = rss_mib(server.pid)
