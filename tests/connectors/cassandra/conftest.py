@@ -45,9 +45,10 @@ class RunningServer:
         return Cluster([self.host], port=self.port, protocol_version=5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cass():
-    """A fresh Cassandra for the session, or the running one SLUICE_TEST_CASSANDRA names."""
+    """A fresh Cassandra for the module (its JVM stops with it, not idling through the rest of the suite), or the
+    running one SLUICE_TEST_CASSANDRA names."""
     address = os.environ.get("SLUICE_TEST_CASSANDRA")
     with contextlib.nullcontext(RunningServer(address)) if address else LocalCassandra() as server:
         c = Cass(server)

@@ -44,7 +44,8 @@ class Search:
         return {"nodes": self.server.url, "index": index, **more}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def search():
+    """A fresh OpenSearch node for the module (its JVM stops with it, not idling through the rest of the suite)."""
     with LocalOpenSearch() as server:
         yield Search(server)

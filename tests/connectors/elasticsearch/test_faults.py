@@ -17,7 +17,7 @@ from tests.faults import slow
 
 pytestmark = pytest.mark.spark
 
-DOCS = 4000
+DOCS = 2000
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_a_bulk_or_a_document_over_the_nodes_content_length_limit_is_an_error_na
 def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converges(spark, search):
     index = search.index_name()
     search.call("PUT", f"/{index}", {"settings": {"number_of_replicas": 0, "translog.durability": "request"}})
-    df = docs_df(spark).mapInArrow(slow(100, 0.1), "id long, pad string")
+    df = docs_df(spark).mapInArrow(slow(50, 0.1), "id long, pad string")
     opts = search.opts(index, **{"mapping.id": "id", "sink.batch.max-size": "100", "sink.max-retries": "30",
                                  "sink.retry-delay-ms": "200", "http.timeout-ms": "5000"})
     server = search.server
