@@ -1,4 +1,5 @@
-"""CPU seconds by component (Spark JVM, Python workers, PostgreSQL, ...) from /proc, for the benchmarks.
+"""CPU seconds by component (Spark JVM, Python workers, PostgreSQL, ...) from /proc, for the benchmarks; a
+benchmark's own process tree, a process's resident memory, and stdout kept for a benchmark's JSON.
 
 A snapshot sums user+system time of every live process plus what its finished children used (PostgreSQL
 backends and Python workers exit into their parents' counters), grouped by what the process is.
@@ -7,7 +8,10 @@ backends and Python workers exit into their parents' counters), grouped by what 
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -66,3 +70,45 @@ def clocked(action) -> tuple[float, dict[str, float]]:
     start = time.perf_counter()
     action()
     return time.perf_counter() - start, used(before, snapshot())
+
+
+def rss_mib(pid: int | None) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, TypeError):
+        return None
+
+
+def own_processes() -> set[int]:
+    """This process and its descendants (Spark's JVM, its Python workers, the servers it started)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 pointed at stderr meanwhile: the JVM started then (Ivy prints ":: loading settings ::"
+    there) writes to stderr, and stdout keeps only the JSON."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

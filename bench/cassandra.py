@@ -47,12 +47,11 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from datetime import date
 from pathlib import Path
 
-from _cpu import snapshot, used
+from _cpu import own_processes, rss_mib, snapshot, stdout_to_stderr, used
 
 ROOT = Path(__file__).resolve().parents[1]
 # This script's own folder comes first on sys.path, where its name would shadow the driver's `cassandra` package.
@@ -78,33 +77,6 @@ IVY_SETTINGS = """\
 
 def rows_of(n: int, per_partition: int) -> list[tuple[int, int, str, float]]:
     return [(i // per_partition, i % per_partition, f"value-{i:014d}", i * 0.25) for i in range(n)]
-
-
-def rss_mib(pid: int | None) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration, TypeError):
-        return None
-
-
-def own_processes() -> set[int]:
-    """This process and its descendants (Spark's JVM, its Python workers, the Cassandra servers)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        found.add(pid)
-        todo.extend(children.get(pid, ()))
-    return found
 
 
 def tokens(node: int, nodes: int, per_node: int = 16) -> str:
@@ -159,21 +131,6 @@ def scc_conf(servers: list) -> dict[str, str]:
             "spark.jars.ivy": str(SCC_HOME / "ivy"),
             "spark.cassandra.connection.host": servers[0].host,
             "spark.cassandra.connection.port": str(servers[0].port)}
-
-
-@contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """File descriptor 1 pointed at stderr meanwhile: the JVM started then (Ivy prints ":: loading settings ::"
-    there) writes to stderr, and stdout keeps only the JSON."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def main() -> int:

@@ -51,12 +51,11 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from datetime import date
 from pathlib import Path
 
-from _cpu import snapshot, used
+from _cpu import own_processes, rss_mib, snapshot, stdout_to_stderr, used
 
 ROOT = Path(__file__).resolve().parents[1]
 # This script's own folder comes first on sys.path, where its name would shadow an `elasticsearch` package.
@@ -69,48 +68,6 @@ MAPPING = {"properties": {"id": {"type": "long"}, "region": {"type": "keyword"},
 SHARDS = 1  # see the docstring
 BATCH_SIZES = (200, 1000, 5000)
 THREADS, CHUNK = 4, 1000  # parallel_bulk's
-
-
-def own_processes() -> set[int]:
-    """This process and its descendants (Spark's JVM, its Python workers, the OpenSearch server)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        found.add(pid)
-        todo.extend(children.get(pid, ()))
-    return found
-
-
-def rss_mib(pid: int | None) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration, TypeError):
-        return None
-
-
-@contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """File descriptor 1 pointed at stderr meanwhile: the JVM started then writes to stderr, and stdout keeps only
-    the JSON."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def main() -> int:
