@@ -185,15 +185,22 @@ def test_reads_slice_a_point_in_time_prune_columns_and_push_exact_filters(spark,
     assert [r.id for r in queried.collect()] == [17]
 
 
-def test_dates_in_any_format_read_back_as_timestamps_and_several_values_need_array_columns(spark, search):
+def test_dates_in_any_format_objects_and_nested_read_back_and_several_values_need_array_columns(spark, search):
     index = search.index_name()
     search.call("PUT", f"/{index}", {"mappings": {"properties": {
-        "day": {"type": "date", "format": "yyyy/MM/dd HH:mm||epoch_millis"}, "n": {"type": "long"}}}})
-    search.call("PUT", f"/{index}/_doc/1", {"day": "2026/01/02 03:04", "n": 1})
-    search.call("PUT", f"/{index}/_doc/2", {"day": 1767225600000, "n": [2, 3]}, refresh="true")
+        "day": {"type": "date", "format": "yyyy/MM/dd HH:mm||epoch_millis"}, "n": {"type": "long"},
+        "owner": {"properties": {"name": {"type": "keyword"}}},
+        "items": {"type": "nested", "properties": {"sku": {"type": "keyword"}, "qty": {"type": "integer"}}}}}})
+    search.call("PUT", f"/{index}/_doc/1", {"day": "2026/01/02 03:04", "n": 1, "owner": {"name": "ann"},
+                                            "items": [{"sku": "a", "qty": 2}, {"sku": "b", "qty": 1}]})
+    search.call("PUT", f"/{index}/_doc/2", {"day": 1767225600000, "n": [2, 3], "items": {"sku": "c", "qty": 5}},
+                refresh="true")
     read = spark.read.format("elasticsearch").options(**search.opts(index, **{"read.array-columns": "n"})).load()
-    got = {r.n[0]: r.day.astimezone(dt.UTC) for r in read.collect()}
-    assert got == {1: dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.UTC), 2: dt.datetime(2026, 1, 1, tzinfo=dt.UTC)}
+    assert read.schema["items"].dataType.simpleString() == "array<struct<qty:int,sku:string>>"
+    got = {r.n[0]: (r.day.astimezone(dt.UTC), r.owner and r.owner.name, [(i.sku, i.qty) for i in r.items])
+           for r in read.collect()}
+    assert got == {1: (dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.UTC), "ann", [("a", 2), ("b", 1)]),
+                   2: (dt.datetime(2026, 1, 1, tzinfo=dt.UTC), None, [("c", 5)])}
     with pytest.raises(Exception, match=r"field 'n' holds several values in a document; read it as an array with "
                                         r"read.array-columns=n"):
         spark.read.format("elasticsearch").options(**search.opts(index)).load().collect()
