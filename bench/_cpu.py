@@ -72,6 +72,24 @@ def clocked(action) -> tuple[float, dict[str, float]]:
     return time.perf_counter() - start, used(before, snapshot())
 
 
+def clocked_tree(action, servers: dict[int, str]) -> tuple[float, dict[str, float]]:
+    """clocked(), counting only this process and its descendants (not whatever else runs on the machine: other
+    Spark jobs' workers and JVMs), and the server processes in `servers` (pid -> name) under their own names rather
+    than as spark_jvm (they are all `java`)."""
+    import time
+
+    before = snapshot()
+    start = time.perf_counter()
+    action()
+    seconds = time.perf_counter() - start
+    after, mine = snapshot(), own_processes()
+
+    def ours(shot: dict[int, tuple[str, float]]) -> dict[int, tuple[str, float]]:
+        return {pid: (servers.get(pid, kind), cpu) for pid, (kind, cpu) in shot.items() if pid in mine}
+
+    return seconds, used(ours(before), ours(after))
+
+
 def rss_mib(pid: int | None) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:

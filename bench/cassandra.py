@@ -51,7 +51,7 @@ from contextlib import ExitStack
 from datetime import date
 from pathlib import Path
 
-from _cpu import own_processes, rss_mib, snapshot, stdout_to_stderr, used
+from _cpu import clocked_tree, rss_mib, stdout_to_stderr
 
 ROOT = Path(__file__).resolve().parents[1]
 # This script's own folder comes first on sys.path, where its name would shadow the driver's `cassandra` package.
@@ -172,20 +172,7 @@ def main() -> int:
         server_pids = {s.pid for s in servers}
 
         def timed(action) -> tuple[float, dict[str, float]]:
-            """_cpu.clocked(), counting only this process and its descendants (not whatever else runs on the
-            machine: other Spark jobs' workers and JVMs), and the servers as "cassandra" rather than as spark_jvm
-            (both are `java`)."""
-            before = snapshot()
-            start = time.perf_counter()
-            action()
-            seconds = time.perf_counter() - start
-            after, mine = snapshot(), own_processes()
-
-            def ours(shot: dict[int, tuple[str, float]]) -> dict[int, tuple[str, float]]:
-                return {pid: ("cassandra" if pid in server_pids else kind, cpu) for pid, (kind, cpu) in shot.items()
-                        if pid in mine}
-
-            return seconds, used(ours(before), ours(after))
+            return clocked_tree(action, dict.fromkeys(server_pids, "cassandra"))
 
         session.execute("CREATE KEYSPACE IF NOT EXISTS bench WITH replication = "
                         "{'class': 'SimpleStrategy', 'replication_factor': 1}")

@@ -55,7 +55,7 @@ from contextlib import ExitStack
 from datetime import date
 from pathlib import Path
 
-from _cpu import own_processes, rss_mib, snapshot, stdout_to_stderr, used
+from _cpu import clocked_tree, rss_mib, stdout_to_stderr
 
 ROOT = Path(__file__).resolve().parents[1]
 # This script's own folder comes first on sys.path, where its name would shadow an `elasticsearch` package.
@@ -101,19 +101,7 @@ def main() -> int:
         stack.push(on_failure)
 
         def timed(action) -> tuple[float, dict[str, float]]:
-            """_cpu.clocked(), counting only this process and its descendants, and the server as "opensearch"
-            rather than as spark_jvm (both are `java`)."""
-            before = snapshot()
-            start = time.perf_counter()
-            action()
-            seconds = time.perf_counter() - start
-            after, mine = snapshot(), own_processes()
-
-            def ours(shot: dict[int, tuple[str, float]]) -> dict[int, tuple[str, float]]:
-                return {pid: ("opensearch" if pid == server.pid else kind, cpu) for pid, (kind, cpu) in shot.items()
-                        if pid in mine}
-
-            return seconds, used(ours(before), ours(after))
+            return clocked_tree(action, {server.pid: "opensearch"})
 
         def call(method: str, path: str, body=None) -> dict:
             status, answer = server.request(method, path, body, timeout=300)
