@@ -65,7 +65,7 @@ class ElasticsearchDataSource(EngineDataSource):
         type): the union of the mappings of every index the name covers (an alias or pattern may name several)."""
         opts = READ_SPEC.parse(self.options)
         conn = Connection.from_options(opts)
-        _, answer = conn.request("GET", f"/{conn.index}/_mapping")
+        _, answer = self.learn_once(("mapping", conn), lambda: conn.request("GET", f"/{conn.index}/_mapping"))
         properties: dict = {}
         for definition in (answer or {}).values():
             properties.update(definition.get("mappings", {}).get("properties", {}))
