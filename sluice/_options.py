@@ -208,6 +208,20 @@ class OptionSpec:
         )
 
 
+def check_http_endpoint(option: str, url: str, example: str, credentials: str) -> str:
+    """`url` without a trailing slash, once it is an http(s) URL with a host and no user, password or query
+    string (secrets belong in options that are redacted); an OptionError naming `option` otherwise."""
+    from urllib.parse import urlsplit
+
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise OptionError(f"{option}: {url!r} is not an HTTP endpoint; write {example} or https://...")
+    if parts.username or parts.password or parts.query:
+        raise OptionError(f"{option} must not carry a user, password or query string: use {credentials}.")
+    return url
+
+
 def option_table(options: Sequence[Option]) -> str:
     """Markdown table of options, the form used in docs/options.md."""
     lines = ["| option | type | default | range | meaning |", "| --- | --- | --- | --- | --- |"]

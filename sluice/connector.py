@@ -21,8 +21,8 @@ from sluice._errors import (
     SluiceError,
     ThrottledError,
 )
-from sluice._options import Option, Options, OptionSpec
-from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns
+from sluice._options import Option, Options, OptionSpec, check_http_endpoint
+from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
 from sluice.engine import (
     GLOBAL_ORDERED,
     PARTITION_ORDERED,
@@ -100,10 +100,13 @@ __all__ = [
     "WritePlan",
     "binary_column",
     "body_column_name",
+    "check_http_endpoint",
     "check_key_columns",
     "check_writable",
     "completed_future",
     "conform",
+    "delete_mask",
+    "first_null",
     "register_format",
     "task_context",
 ]

@@ -26,6 +26,7 @@ from sluice.connector import (
     TaskWriter,
     WriteContext,
     WritePlan,
+    first_null,
 )
 from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
@@ -157,7 +158,7 @@ def check_key(table: StoreTable, key: tuple[str, ...], batch: pa.RecordBatch) ->
     for name in key:
         column = batch.column(name)
         if column.null_count:
-            first = column.is_null().index(True).as_py()
+            first = first_null(column)
             raise TableStoreError(
                 f"table '{table.name}': {column.null_count} row(s) have a null primary-key column '{name}' (the "
                 f"first at row {first} of a batch); every row needs its key {list(key)}. Nothing of this write is "

@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sluice.connector import (
-    DELETE_OPS,
     PARTITION_ORDERED,
     SINK_SPEC,
     Batch,
@@ -39,6 +37,8 @@ from sluice.connector import (
     ThrottledError,
     WriteContext,
     WritePlan,
+    delete_mask,
+    first_null,
 )
 from sluice.connectors.cassandra._session import (
     CONNECTION_OPTIONS,
@@ -139,7 +139,7 @@ class RowEncoder:
         if self.plan.timestamp == "column":
             column = batch.column(self.plan.timestamp_column)
             if column.null_count:
-                row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                row = first_null(column)
                 raise OptionError(f"write.timestamp-column '{self.plan.timestamp_column}' is null for "
                                   f"{_row_key(batch, self.plan.primary_key, row)}; every row needs a timestamp.")
             if pa.types.is_timestamp(column.type):
@@ -160,7 +160,7 @@ class RowEncoder:
         for name in self.plan.primary_key:
             column = batch.column(name)
             if column.null_count:
-                row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                row = first_null(column)
                 others = [k for k in self.plan.primary_key if k != name]
                 raise OptionError(f"primary key column '{name}' is null in row {self.rows_seen + row} of this task "
                                   f"({_row_key(batch, others, row) if others else 'no other key columns'}) writing "
@@ -180,8 +180,7 @@ class RowEncoder:
             ttls = [plan.ttl] * n
         deletes = np.zeros(n, dtype=bool)
         if plan.op_column:
-            deletes = pc.fill_null(pc.is_in(batch.column(plan.op_column), pa.array(DELETE_OPS)), False).to_numpy(
-                zero_copy_only=False)
+            deletes = delete_mask(batch.column(plan.op_column)).to_numpy(zero_copy_only=False)
         values = {c: python_values(batch.column(c), plan.types[c]) for c in plan.columns}
         if plan.ignore_nulls:
             for c in plan.columns:

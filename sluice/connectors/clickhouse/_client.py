@@ -8,9 +8,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-from sluice.connector import Option, OptionError, Options, RetryableError, SinkError
+from sluice.connector import Option, Options, RetryableError, SinkError, check_http_endpoint
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -70,13 +70,8 @@ class Connection:
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
-        url = opts["url"].rstrip("/")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise OptionError(f"url={url!r} must be ClickHouse's HTTP endpoint, http://host:8123 or https://...")
-        if parts.username or parts.password or parts.query:
-            raise OptionError("url must not carry a user, password or query string: use the options user and "
-                              "password (or CLICKHOUSE_PASSWORD).")
+        url = check_http_endpoint("url", opts["url"], "http://host:8123",
+                                  "the options user and password (or CLICKHOUSE_PASSWORD)")
         password = opts["password"] if opts["password"] is not None else os.environ.get("CLICKHOUSE_PASSWORD")
         return cls(url, opts["user"], opts["database"], opts["table"], opts["http.timeout-ms"] / 1000, password)
 

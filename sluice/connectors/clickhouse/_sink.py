@@ -18,10 +18,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sluice.connector import (
-    DELETE_OPS,
     SINK_SPEC,
     AlignedBatchCreator,
     ArrowRows,
@@ -33,6 +31,7 @@ from sluice.connector import (
     TaskWriter,
     WriteContext,
     WritePlan,
+    delete_mask,
 )
 from sluice.connectors.clickhouse._checks import check_chunk
 from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection, quote_ident
@@ -97,7 +96,7 @@ class InsertPlan:
             check_chunk(batch, self.types, table, lambda row: self.row_key(batch, row))
             return batch
         op = self.deletes.op_column
-        deletes = pc.fill_null(pc.is_in(batch.column(op), pa.array(DELETE_OPS)), False)
+        deletes = delete_mask(batch.column(op))
         optional = frozenset(self.types) - self.deletes.required
         check_chunk(batch, self.types, table, lambda row: self.row_key(batch, row), optional, deletes)
         batch = batch.drop_columns([op])

@@ -13,9 +13,17 @@ import os
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, ThrottledError
+from sluice.connector import (
+    Option,
+    OptionError,
+    Options,
+    RetryableError,
+    SinkError,
+    ThrottledError,
+    check_http_endpoint,
+)
 
 CONNECTION_OPTIONS = (
     Option("nodes", "list", (), "HTTP endpoints of the cluster, e.g. http://es1:9200,http://es2:9200 (https:// for "
@@ -65,16 +73,10 @@ class Connection:
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
-        nodes = tuple(n.rstrip("/") for n in opts["nodes"])
+        nodes = tuple(check_http_endpoint("nodes", n, "http://host:9200", "the options username and password (or "
+                                          "ELASTICSEARCH_PASSWORD), or api-key") for n in opts["nodes"])
         if not nodes:
             raise OptionError("nodes is empty: give the cluster's HTTP endpoints, e.g. http://localhost:9200.")
-        for node in nodes:
-            parts = urlsplit(node)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise OptionError(f"nodes: {node!r} is not an HTTP endpoint; write http://host:9200 or https://...")
-            if parts.username or parts.password or parts.query:
-                raise OptionError("nodes must not carry a user, password or query string: use the options "
-                                  "username and password (or ELASTICSEARCH_PASSWORD), or api-key.")
         password = opts["password"] if opts["password"] is not None else os.environ.get("ELASTICSEARCH_PASSWORD")
         api_key = opts["api-key"] if opts["api-key"] is not None else os.environ.get("ELASTICSEARCH_API_KEY")
         if api_key and opts["username"]:

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import (
-    DELETE_OPS,
     PARTITION_ORDERED,
     SINK_SPEC,
     Batch,
@@ -38,6 +37,8 @@ from sluice.connector import (
     ThrottledError,
     WriteContext,
     WritePlan,
+    delete_mask,
+    first_null,
 )
 from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Connection, ElasticsearchError
 from sluice.connectors.elasticsearch._types import json_rows
@@ -118,10 +119,6 @@ def _ids(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[str]:
     return [json.dumps([row[c] for c in columns], separators=(",", ":"), ensure_ascii=False) for row in parts]
 
 
-def _null_row(column: pa.Array) -> int:
-    return int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-
-
 class DocEncoder:
     """One task's encoder: Arrow chunk -> bulk entries (an action line, and a source line unless it deletes)."""
 
@@ -134,7 +131,7 @@ class DocEncoder:
         if plan.version_column is not None:
             column = batch.column(plan.version_column)
             if column.null_count or (n and pc.min(column).as_py() < 0):
-                row = _null_row(column) if column.null_count else int(np.argmin(column.to_numpy()))
+                row = first_null(column) if column.null_count else int(np.argmin(column.to_numpy()))
                 raise OptionError(f"mapping.version '{plan.version_column}' is null or negative for document "
                                   f"{ids[row] if ids else row!r}; every document needs a version >= 0.")
             return column.cast(pa.int64()).to_pylist()
@@ -153,7 +150,7 @@ class DocEncoder:
         plan, n = self.plan, batch.num_rows
         for name in plan.id_columns:
             if batch.column(name).null_count:
-                row = self.rows_seen + _null_row(batch.column(name))
+                row = self.rows_seen + first_null(batch.column(name))
                 raise OptionError(f"mapping.id column '{name}' is null in row {row} "
                                   f"of this task writing into index '{plan.index}': every document needs an id. "
                                   "Filter such rows out or fill them in.")
@@ -162,8 +159,7 @@ class DocEncoder:
         routing = batch.column(plan.routing_column).cast(pa.string()).to_pylist() if plan.routing_column else None
         deletes = np.zeros(n, dtype=bool)
         if plan.op_column:
-            deletes = pc.fill_null(pc.is_in(batch.column(plan.op_column), pa.array(DELETE_OPS)), False).to_numpy(
-                zero_copy_only=False)
+            deletes = delete_mask(batch.column(plan.op_column)).to_numpy(zero_copy_only=False)
         sources = json_rows(batch, list(plan.source_columns))
         encode = _JSON.encode
         # Action lines are built as text: a dict and a json.dumps per row cost more than the document itself.

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.connector import DELETE_OPS, Encoded, OptionError, WriteContext
+from sluice.connector import Encoded, OptionError, WriteContext, delete_mask
 from sluice.connectors.s2._options import template_columns
 
 HEADERS_COLUMN = "headers"
@@ -234,8 +234,7 @@ class S2Encoder:
                 batch = batch.take(kept)
         keys = json_bodies(batch, self.key_columns)
         if self.op_column:
-            op = batch.column(self.op_column).cast(pa.string())
-            deletes = pc.fill_null(pc.is_in(op, pa.array(DELETE_OPS)), False)
+            deletes = delete_mask(batch.column(self.op_column).cast(pa.string()))
         else:
             deletes = pa.array(np.zeros(batch.num_rows, dtype=bool))
         values = json_bodies(batch, self.value_columns)
