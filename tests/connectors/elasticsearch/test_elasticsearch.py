@@ -49,13 +49,15 @@ def test_composite_ids_routing_and_excluded_columns(spark, search):
 
 def test_many_changes_of_one_id_end_at_the_last_and_deletes_remove(spark, search):
     index = search.index_name()
-    # 200 ids, each changed five times in order (version 0..4); ids divisible by 10 are deleted at the end.
-    rows = [(i, v, None) for v in range(5) for i in range(200)] + [(i, 5, "d") for i in range(0, 200, 10)]
+    # 200 ids, each changed 20 times in order (version 0..19); ids divisible by 10 are deleted at the end. Small
+    # bulks, 8 at once per task: one id's changes would overtake each other if the sink did not keep them in order
+    # (with sink.mode=unordered this test fails).
+    rows = [(i, v, None) for v in range(20) for i in range(200)] + [(i, 20, "d") for i in range(0, 200, 10)]
     df = spark.createDataFrame(rows, "id int, version int, op string").coalesce(1)
     sluice.write(df, "elasticsearch", search.opts(index, **{
-        "mapping.id": "id", "upsert.op-column": "op", "sink.batch.max-size": "37"}))
+        "mapping.id": "id", "upsert.op-column": "op", "sink.batch.max-size": "10", "connections-per-task": "8"}))
     got = search.docs(index)
-    assert {int(k): d["version"] for k, d in got.items()} == {i: 4 for i in range(200) if i % 10}
+    assert {int(k): d["version"] for k, d in got.items()} == {i: 19 for i in range(200) if i % 10}
 
 
 def test_update_merges_fields_and_upsert_creates_missing_documents(spark, search):
