@@ -8,7 +8,7 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: test test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
-	check-clickhouse check-postgres-versions check-cassandra check-opensearch
+	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -93,8 +93,8 @@ check-cassandra: check-java
 OPENSEARCH_VERSION := $(shell sed -n 's/^OPENSEARCH_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_opensearch.py)
 OPENSEARCH_SECURITY_VERSION := $(shell sed -n 's/^SECURITY_PLUGIN_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_opensearch.py)
 SLUICE_OPENSEARCH_HOME ?= $(HOME)/.cache/sluice/opensearch-$(OPENSEARCH_VERSION)
-OPENSEARCH_POM = printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
-	'<groupId>sluice.testing</groupId><artifactId>opensearch-$(1)</artifactId><version>0</version>' \
+MAVEN_POM = printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
+	'<groupId>sluice.testing</groupId><artifactId>$(1)</artifactId><version>0</version>' \
 	'<packaging>pom</packaging><dependencies>$(2)</dependencies></project>'
 opensearch_dep = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(OPENSEARCH_VERSION)</version></dependency>
 
@@ -104,8 +104,8 @@ check-opensearch: check-java
 	  command -v mvn >/dev/null 2>&1 || { echo "fetching OpenSearch needs Maven: apt-get install -y maven" >&2; exit 1; }; \
 	  echo "fetching OpenSearch $(OPENSEARCH_VERSION) and its dependencies from Maven Central into $(SLUICE_OPENSEARCH_HOME)"; \
 	  home="$(SLUICE_OPENSEARCH_HOME)" && pom=$$(mktemp -d) && rm -rf "$$home/lib" "$$home/modules" "$$home/plugins" && \
-	  $(call OPENSEARCH_POM,server,$(call opensearch_dep,org.opensearch,opensearch)$(call opensearch_dep,org.opensearch,opensearch-plugin-classloader)) > $$pom/server.xml && \
-	  $(call OPENSEARCH_POM,netty4,$(call opensearch_dep,org.opensearch.plugin,transport-netty4-client)) > $$pom/netty4.xml && \
+	  $(call MAVEN_POM,opensearch-server,$(call opensearch_dep,org.opensearch,opensearch)$(call opensearch_dep,org.opensearch,opensearch-plugin-classloader)) > $$pom/server.xml && \
+	  $(call MAVEN_POM,opensearch-netty4,$(call opensearch_dep,org.opensearch.plugin,transport-netty4-client)) > $$pom/netty4.xml && \
 	  mvn -q -B -f $$pom/server.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$$home/lib" && \
 	  log4j=$$(ls "$$home/lib" | sed -n 's/^log4j-api-\(.*\)\.jar$$/\1/p') && test -n "$$log4j" && \
 	  mvn -q -B -f $$pom/server.xml dependency:copy -Dartifact=org.apache.logging.log4j:log4j-core:$$log4j \
@@ -120,12 +120,39 @@ check-opensearch: check-java
 	} || { rm -rf "$$pom"; echo "fetching OpenSearch $(OPENSEARCH_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
+# Elasticsearch's own server for the tests (sluice/testing/_elasticsearch.py), fetched as OpenSearch is: the server
+# jar, its runtime dependencies, the plugin class loader and log4j-core into lib/, transport-netty4-client and Netty
+# into modules/transport-netty4/. 7.17 is the newest line Maven Central has with the module as its own artifact
+# (8.x and 9.x are published for embedding, without it). Pinned in _elasticsearch.py's ELASTICSEARCH_VERSION;
+# SLUICE_ELASTICSEARCH_HOME moves the folder. The stamp file is written last.
+ELASTICSEARCH_VERSION := $(shell sed -n 's/^ELASTICSEARCH_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_elasticsearch.py)
+SLUICE_ELASTICSEARCH_HOME ?= $(HOME)/.cache/sluice/elasticsearch-$(ELASTICSEARCH_VERSION)
+elasticsearch_dep = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(ELASTICSEARCH_VERSION)</version></dependency>
+
+check-elasticsearch: check-java
+	@test -n "$(ELASTICSEARCH_VERSION)" || { echo "no ELASTICSEARCH_VERSION in sluice/testing/_elasticsearch.py" >&2; exit 1; }
+	@test -f "$(SLUICE_ELASTICSEARCH_HOME)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching Elasticsearch needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching Elasticsearch $(ELASTICSEARCH_VERSION) and its dependencies from Maven Central into $(SLUICE_ELASTICSEARCH_HOME)"; \
+	  home="$(SLUICE_ELASTICSEARCH_HOME)" && pom=$$(mktemp -d) && rm -rf "$$home/lib" "$$home/modules" && \
+	  $(call MAVEN_POM,elasticsearch-server,$(call elasticsearch_dep,org.elasticsearch,elasticsearch)$(call elasticsearch_dep,org.elasticsearch,elasticsearch-plugin-classloader)) > $$pom/server.xml && \
+	  $(call MAVEN_POM,elasticsearch-netty4,$(call elasticsearch_dep,org.elasticsearch.plugin,transport-netty4-client)) > $$pom/netty4.xml && \
+	  mvn -q -B -f $$pom/server.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$$home/lib" && \
+	  log4j=$$(ls "$$home/lib" | sed -n 's/^log4j-api-\(.*\)\.jar$$/\1/p') && test -n "$$log4j" && \
+	  mvn -q -B -f $$pom/server.xml dependency:copy -Dartifact=org.apache.logging.log4j:log4j-core:$$log4j \
+	    -DoutputDirectory="$$home/lib" && \
+	  mvn -q -B -f $$pom/netty4.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory="$$home/modules/transport-netty4" && rm -rf $$pom && \
+	  test -f "$$home/lib/elasticsearch-$(ELASTICSEARCH_VERSION).jar" && touch "$$home/.complete"; \
+	} || { rm -rf "$$pom"; echo "fetching Elasticsearch $(ELASTICSEARCH_VERSION) from Maven Central failed (see above)" >&2; \
+	  exit 1; }
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
 test: test-main test-postgres-versions test-spark-lines
 
-test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch lint
+test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest
 

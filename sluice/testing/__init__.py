@@ -9,17 +9,20 @@
   `make check-cassandra`) on loopback, for tests and benchmarks; it can be killed and restarted on the same data.
 - `LocalOpenSearch`: a real, throwaway OpenSearch 2.19 node (the server jars from Maven Central, fetched by
   `make check-opensearch`) on loopback, optionally with the security plugin's password authentication.
+- `LocalElasticsearch`: a real, throwaway Elasticsearch 7.17 node (the server jars from Maven Central, fetched by
+  `make check-elasticsearch`) on loopback, without authentication.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
 """
 
 from sluice.testing._cassandra import LocalCassandra
 from sluice.testing._clickhouse import LocalClickHouse
+from sluice.testing._elasticsearch import LocalElasticsearch
 from sluice.testing._filestore import FileStoreDataSource, read_file_store, register
 from sluice.testing._flaky import FlakyStore
 from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._s3 import LocalS3
 
-__all__ = ["FileStoreDataSource", "FlakyStore", "LocalCassandra", "LocalClickHouse", "LocalOpenSearch",
-           "LocalPostgres", "LocalS3",
+__all__ = ["FileStoreDataSource", "FlakyStore", "LocalCassandra", "LocalClickHouse", "LocalElasticsearch",
+           "LocalOpenSearch", "LocalPostgres", "LocalS3",
            "read_file_store", "register"]

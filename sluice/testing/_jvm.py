@@ -63,6 +63,10 @@ class JvmServer:
         """Return once the server answers; raise (with `_log_tail()`) if it exits or the time runs out."""
         raise NotImplementedError
 
+    def _environment(self) -> dict[str, str] | None:
+        """The server's environment variables (None: this process's)."""
+        return None
+
     def _after_ready(self) -> None:
         """After each start, once the server answers (e.g. make a user)."""
 
@@ -84,7 +88,8 @@ class JvmServer:
                 raise
         with (self._dir / "output.log").open("ab") as output:
             self._proc = subprocess.Popen(self._command(), stdout=output, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, cwd=self._dir, start_new_session=True)
+                                          stdin=subprocess.DEVNULL, cwd=self._dir, start_new_session=True,
+                                          env=self._environment())
         try:
             self._wait_ready(self.start_timeout)
             self._after_ready()

@@ -105,12 +105,12 @@ LOG4J2 = """\
 status = error
 appender.file.type = File
 appender.file.name = file
-appender.file.fileName = ${sys:opensearch.logs.base_path}/server.log
+appender.file.fileName = ${{sys:{prefix}.logs.base_path}}/server.log
 appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d{ISO8601}][%-5p][%-25c{1.}] %marker%m%n
+appender.file.layout.pattern = [%d{{ISO8601}}][%-5p][%-25c{{1.}}] %marker%m%n
 rootLogger.level = warn
 rootLogger.appenderRef.file.ref = file
-logger.node.name = org.opensearch.node
+logger.node.name = org.{prefix}.node
 logger.node.level = info
 """
 
@@ -180,6 +180,20 @@ class LocalOpenSearch(JvmServer):
 
     server = "OpenSearch"
     logs = ("logs/server.log",)
+    # What differs between OpenSearch and Elasticsearch (LocalElasticsearch): names, flags and the module's files.
+    config_file = "opensearch.yml"
+    main_class = "org.opensearch.bootstrap.OpenSearch"
+    property_prefix = "opensearch"  # -D<prefix>.path.home, ${sys:<prefix>.logs.base_path}
+    system_flags = SYSTEM_FLAGS
+    netty4_files = (NETTY4_DESCRIPTOR, NETTY4_POLICY)
+
+    @staticmethod
+    def _home() -> Path:
+        return opensearch_home()
+
+    @staticmethod
+    def _classpath() -> str:
+        return find_classpath()
 
     def __init__(self, *, host: str = "127.0.0.1", auth: bool = False, username: str = "sluice",
                  password: str = "sluice-test-pw", cluster_name: str = "sluice-test", heap: str = "512m",
@@ -209,18 +223,18 @@ class LocalOpenSearch(JvmServer):
         self.transport_port = transport_port or free_port()
         while self.transport_port == self.http_port:
             self.transport_port = free_port()
-        home, conf = opensearch_home(), self._dir / "config"
+        home, conf = self._home(), self._dir / "config"
         for sub in ("config", "data", "logs", "tmp", "plugins"):
             (self._dir / sub).mkdir()
         config = CONFIG.format(cluster_name=self.cluster_name, host=self.host, http_port=self.http_port,
                                transport_port=self.transport_port, dir=self._dir)
         _link_plugin(home / "modules" / "transport-netty4", self._dir / "modules" / "transport-netty4",
-                     NETTY4_DESCRIPTOR, NETTY4_POLICY)
+                     *self.netty4_files)
         if self.auth:
             config += self._security(home / "plugins" / "opensearch-security", conf)
         config += "".join(f"{key}: {json.dumps(value)}\n" for key, value in self.settings.items())
-        (conf / "opensearch.yml").write_text(config)
-        (conf / "log4j2.properties").write_text(LOG4J2)
+        (conf / self.config_file).write_text(config)
+        (conf / "log4j2.properties").write_text(LOG4J2.format(prefix=self.property_prefix))
         # The security plugin warns of configuration others can read.
         for path in conf.rglob("*"):
             path.chmod(0o700 if path.is_dir() else 0o600)
@@ -266,14 +280,14 @@ class LocalOpenSearch(JvmServer):
             # next to Spark on a small machine. OpenSearch warns of both (bootstrap checks, warnings on loopback).
             find_java(), "-Xms128m", f"-Xmx{self.heap}", "-Xss1m", "-XX:+UseSerialGC",
             "-XX:+ExitOnOutOfMemoryError", *([] if self.full_jit else ["-XX:TieredStopAtLevel=1"]),
-            "-XX:+PerfDisableSharedMem", *SYSTEM_FLAGS, f"-Djava.io.tmpdir={self._dir}/tmp",
-            f"-Dopensearch.path.home={self._dir}", f"-Dopensearch.path.conf={self._dir}/config",
+            "-XX:+PerfDisableSharedMem", *self.system_flags, f"-Djava.io.tmpdir={self._dir}/tmp",
+            f"-D{self.property_prefix}.path.home={self._dir}", f"-D{self.property_prefix}.path.conf={self._dir}/config",
             *self.jvm_options,
-            "-cp", find_classpath(), "org.opensearch.bootstrap.OpenSearch",
+            "-cp", self._classpath(), self.main_class,
         ]
 
     def _check_installed(self) -> None:
-        find_classpath()
+        self._classpath()
         find_java()
 
     def request(self, method: str, path: str, body: Any = None, *, timeout: float = 60,
@@ -306,10 +320,10 @@ class LocalOpenSearch(JvmServer):
         last: object = None
         while True:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"OpenSearch exited with {self._proc.returncode} while starting:\n"
+                raise RuntimeError(f"{self.server} exited with {self._proc.returncode} while starting:\n"
                                    f"{self._log_tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"OpenSearch did not answer on {self.url} within {timeout:.0f} s "
+                raise RuntimeError(f"{self.server} did not answer on {self.url} within {timeout:.0f} s "
                                    f"(last answer: {last!r}):\n{self._log_tail()}")
             try:
                 status, answer = self.request("GET", "/_cluster/health?wait_for_status=yellow&timeout=1s", timeout=5)

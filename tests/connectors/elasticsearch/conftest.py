@@ -4,7 +4,7 @@ import uuid
 import pytest
 import urllib3
 
-from sluice.testing import LocalOpenSearch
+from sluice.testing import LocalElasticsearch, LocalOpenSearch
 
 
 class Search:
@@ -44,8 +44,12 @@ class Search:
         return {"nodes": self.server.url, "index": index, **more}
 
 
-@pytest.fixture(scope="module")
-def search():
-    """A fresh OpenSearch node for the module (its JVM stops with it, not idling through the rest of the suite)."""
-    with LocalOpenSearch() as server:
+ENGINES = {"opensearch": LocalOpenSearch, "elasticsearch": LocalElasticsearch}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def search(request):
+    """A fresh node of each engine for the module, one after the other (its JVM stops with it, not idling through the
+    rest of the suite). The fault tests run on OpenSearch (its security plugin): their module has its own."""
+    with ENGINES[request.param]() as server:
         yield Search(server)

@@ -1,8 +1,8 @@
-"""format("elasticsearch") on a real OpenSearch node: documents by id from the DataFrame's columns, the index
-created with a mapping from the schema, deletes from a changelog column, partial updates, external versions that
-make a replay of older data change nothing (and, as the negative control, the same replay without versions
-overwrites newer data), per-document refusals named with the id and the server's reason or collected in an error
-index, and bad options refused before any write."""
+"""format("elasticsearch") on a real node of each engine (OpenSearch 2.19 and Elasticsearch 7.17): documents by id from
+the DataFrame's columns, the index created with a mapping from the schema, deletes from a changelog column, partial
+updates, external versions that make a replay of older data change nothing (and, as the negative control, the same
+replay without versions overwrites newer data), per-document refusals named with the id and the server's reason or
+collected in an error index, and bad options refused before any write."""
 
 import datetime as dt
 import decimal
