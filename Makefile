@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: test test-serial test-versions-then-lines test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
@@ -150,7 +150,27 @@ check-elasticsearch: check-java
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-test: test-main test-postgres-versions test-spark-lines
+# make test: the main suite in one job and, next to it, the other PostgreSQL versions then the older Spark lines in
+# another. The suites wait on servers and process starts for a quarter of their time: two jobs keep both cores busy
+# (all three one after the other took 51 min here; `make test-serial` runs them so). What both jobs need is
+# installed first, one at a time (apt-get and pip each take a lock). The capability table is checked last: it
+# reads the main run's results.
+TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
+	check-postgres-versions lint
+test: $(TEST_SETUP)
+	$(MAKE) -j2 test-main test-versions-then-lines
+	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
+
+# Its output goes to a file, shown whole when it ends (between the main suite's lines, which stream).
+VERSIONS_THEN_LINES_LOG := build/versions-then-lines.log
+test-versions-then-lines: $(TEST_SETUP)
+	@mkdir -p build && echo "the other PostgreSQL versions, then the older Spark lines, run next to the main suite;" \
+	  "their output is shown when they end ($(VERSIONS_THEN_LINES_LOG))"
+	@$(MAKE) -j1 test-postgres-versions $(addprefix test-spark-,$(MAKE_TEST_LINES)) > $(VERSIONS_THEN_LINES_LOG) 2>&1; \
+	  rc=$$?; echo "===== the other PostgreSQL versions and the older Spark lines: exit $$rc ====="; \
+	  cat $(VERSIONS_THEN_LINES_LOG); echo "===== end of $(VERSIONS_THEN_LINES_LOG) ====="; exit $$rc
+
+test-serial: test-main test-postgres-versions test-spark-lines
 
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
 	mkdir -p build/lines
