@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-serial test-versions-then-lines test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: test test-serial test-lines-then-versions test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
@@ -150,25 +150,26 @@ check-elasticsearch: check-java
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-# make test: the main suite in one job and, next to it, the other PostgreSQL versions then the older Spark lines in
+# make test: the main suite in one job and, next to it, the older Spark lines then the other PostgreSQL versions in
 # another. The suites wait on servers and process starts for a quarter of their time: two jobs keep both cores busy
-# (all three one after the other took 51 min here; `make test-serial` runs them so). What both jobs need is
-# installed first, one at a time (apt-get and pip each take a lock). The capability table is checked last: it
-# reads the main run's results.
+# (all three one after the other took 51 min here, side by side 38; `make test-serial` runs them one after the
+# other). The main suite runs its deployment tests last (tests/conftest.py), after the lines' own: the heaviest
+# tests of the two jobs do not run at the same time. What both jobs need is installed first, one at a time (apt-get
+# and pip each take a lock). The capability table is checked last: it reads the main run's results.
 TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
 	check-postgres-versions lint
 test: $(TEST_SETUP)
-	$(MAKE) -j2 test-main test-versions-then-lines
+	$(MAKE) -j2 test-main test-lines-then-versions
 	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
 
 # Its output goes to a file, shown whole when it ends (between the main suite's lines, which stream).
-VERSIONS_THEN_LINES_LOG := build/versions-then-lines.log
-test-versions-then-lines: $(TEST_SETUP)
-	@mkdir -p build && echo "the other PostgreSQL versions, then the older Spark lines, run next to the main suite;" \
-	  "their output is shown when they end ($(VERSIONS_THEN_LINES_LOG))"
-	@$(MAKE) -j1 test-postgres-versions $(addprefix test-spark-,$(MAKE_TEST_LINES)) > $(VERSIONS_THEN_LINES_LOG) 2>&1; \
-	  rc=$$?; echo "===== the other PostgreSQL versions and the older Spark lines: exit $$rc ====="; \
-	  cat $(VERSIONS_THEN_LINES_LOG); echo "===== end of $(VERSIONS_THEN_LINES_LOG) ====="; exit $$rc
+LINES_THEN_VERSIONS_LOG := build/lines-then-versions.log
+test-lines-then-versions: $(TEST_SETUP)
+	@mkdir -p build && echo "the older Spark lines, then the other PostgreSQL versions, run next to the main suite;" \
+	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
+	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
+	  rc=$$?; echo "===== the older Spark lines and the other PostgreSQL versions: exit $$rc ====="; \
+	  cat $(LINES_THEN_VERSIONS_LOG); echo "===== end of $(LINES_THEN_VERSIONS_LOG) ====="; exit $$rc
 
 test-serial: test-main test-postgres-versions test-spark-lines
 

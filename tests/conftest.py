@@ -90,6 +90,13 @@ def capability(request):
     return note
 
 
+def pytest_collection_modifyitems(items):
+    """The deployment tests (tests/deploy) last, in their order: each starts Spark processes of its own (a cluster, a
+    Connect server, a pipeline run), the heaviest minutes of the suite; `make test` runs the older Spark lines' own
+    deployment tests beside the main suite's first part, not beside these."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/deploy/"))
+
+
 def pytest_runtest_logreport(report):
     if report.when == "call" and report.passed:
         for key, value in report.user_properties:

@@ -50,6 +50,14 @@ class Process:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def explain(self, tail: int = 3000) -> str:
+        """For a failure message: the output's error lines (a stack trace's first lines and causes, which a
+        long trace pushes out of the tail), then its tail."""
+        errors = [line for line in self.lines if re.search(r"Error|Exception|Caused by|FAILED|failed", line)
+                  and not line.lstrip().startswith("at ")]
+        return ("error lines:\n" + "".join(errors[:40]) + f"\n... the output's last {tail} characters:\n"
+                + self.output[-tail:])
+
     def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
         regex = re.compile(pattern)
         with self._changed:
