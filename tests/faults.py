@@ -63,6 +63,26 @@ def kill_python_workers(store_port: int | None = None) -> int:
     return killed
 
 
+def held_at(row: int, marker: str, rows_per_batch: int, pause: float):
+    """Like slow(), but while `marker` exists the input stops before id `row` (until the file is removed): a strike
+    that waits for the write's progress lands while the write is still running, however loaded the machine. The
+    striker kills, then removes the marker, so the retried task runs through."""
+
+    def fn(batches):
+        import os as _os
+        import time as _time
+
+        for batch in batches:
+            for start in range(0, batch.num_rows, rows_per_batch):
+                part = batch.slice(start, rows_per_batch)
+                while _os.path.exists(marker) and part.column(0)[0].as_py() >= row:
+                    _time.sleep(0.05)  # polls a file in another process: no event to wait on
+                _time.sleep(pause)
+                yield part
+
+    return fn
+
+
 def dying_at(row: int, marker: str, rows_per_batch: int, pause: float):
     """Like slow(), but while `marker` exists the Python worker dies (os._exit) on reaching id `row`."""
 

@@ -10,7 +10,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import sluice
-from tests.faults import dying_stream, kill_python_workers, slow
+from tests.faults import dying_stream, held_at, kill_python_workers
 
 pytestmark = pytest.mark.spark
 
@@ -26,20 +26,25 @@ def eo_options(pg, table):
 
 
 @pytest.mark.pg_versions
-def test_exactly_once_across_a_killed_python_worker(spark, pg, small_arrow_batches):
+def test_exactly_once_across_a_killed_python_worker(spark, pg, small_arrow_batches, tmp_path):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (seq bigserial, id bigint, pad text)')
+    hold = tmp_path / "hold"  # the input stops at id 1500 until the worker is killed
+    hold.touch()
     df = spark.range(0, 3000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
-        .mapInArrow(slow(50, 0.05), "id long, pad string")
+        .mapInArrow(held_at(1500, str(hold), 50, 0.05), "id long, pad string")
     seen = {}
 
     def strike():
-        deadline = time.monotonic() + 60
-        while staged_rows(pg) < 300 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        seen["staged"] = staged_rows(pg)
-        seen["visible"] = pg.sql(f'SELECT count(*) FROM "{table}"')[0][0]
-        seen["workers"] = kill_python_workers(int(urlsplit(pg.url).port))
+        try:
+            deadline = time.monotonic() + 120
+            while staged_rows(pg) < 300 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen["staged"] = staged_rows(pg)
+            seen["visible"] = pg.sql(f'SELECT count(*) FROM "{table}"')[0][0]
+            seen["workers"] = kill_python_workers(int(urlsplit(pg.url).port))
+        finally:
+            hold.unlink()  # the retried task runs through (and a failed strike does not hang the write)
 
     striker = threading.Thread(target=strike)
     striker.start()

@@ -9,7 +9,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from tests.connectors.s2.conftest import read_stream
-from tests.faults import dying_stream, kill_python_workers, slow
+from tests.faults import dying_stream, held_at, kill_python_workers
 
 pytestmark = pytest.mark.spark
 
@@ -32,19 +32,25 @@ def eo_options(s2_opts, stream):
             "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50"}
 
 
-def test_exactly_once_across_a_killed_python_worker(spark, s2_local, s2_opts, small_arrow_batches):
+def test_exactly_once_across_a_killed_python_worker(spark, s2_local, s2_opts, small_arrow_batches, tmp_path):
     import threading
 
     basin = s2_opts["s2.basin"]
-    # ~3 s of input, reaching the writer as it is produced (padded rows: see small_arrow_batches)
+    # ~3 s of input, reaching the writer as it is produced (padded rows: see small_arrow_batches); it stops at id
+    # 1500 until the worker is killed
+    hold = tmp_path / "hold"
+    hold.touch()
     df = spark.range(0, 3000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
-        .mapInArrow(slow(50, 0.05), "id long, pad string")
+        .mapInArrow(held_at(1500, str(hold), 50, 0.05), "id long, pad string")
     killed = {}
 
     def strike():
-        killed["at"] = wait_for_records(s2_local, basin, "eo", 300)
-        killed["workers"] = kill_python_workers(s2_local.port)
-        killed["after"] = len(read_stream(s2_local, basin, "eo"))
+        try:
+            killed["at"] = wait_for_records(s2_local, basin, "eo", 300)
+            killed["workers"] = kill_python_workers(s2_local.port)
+            killed["after"] = len(read_stream(s2_local, basin, "eo"))
+        finally:
+            hold.unlink()  # the retried task runs through (and a failed strike does not hang the write)
 
     striker = threading.Thread(target=strike)
     striker.start()
