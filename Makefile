@@ -8,7 +8,7 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: test test-serial test-lines-then-versions test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
-	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch
+	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -147,6 +147,31 @@ check-elasticsearch: check-java
 	} || { rm -rf "$$pom"; echo "fetching Elasticsearch $(ELASTICSEARCH_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
+# Apache HBase for the tests (sluice/testing/_hbase.py): the server (HMaster in standalone mode runs the master, a
+# region server and ZooKeeper in one JVM) and the Thrift2 gateway, with their runtime dependencies, from Maven Central
+# into lib/ of a cache folder outside the checkout. The server is the -hadoop3 build (Hadoop 3.3, which runs on Java 17;
+# the default build's Hadoop 2.10 does not); hbase-thrift is published for the default build only, so it comes without
+# its HBase and Hadoop dependencies, which the server's build brings at the same HBase version. Pinned in _hbase.py's
+# HBASE_VERSION; SLUICE_HBASE_HOME moves the folder. The stamp file is written last.
+HBASE_VERSION := $(shell sed -n 's/^HBASE_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_hbase.py)
+HBASE_THRIFT_VERSION := $(patsubst %-hadoop3,%,$(HBASE_VERSION))
+SLUICE_HBASE_HOME ?= $(HOME)/.cache/sluice/hbase-$(HBASE_VERSION)
+hbase_dep = <dependency><groupId>org.apache.hbase</groupId><artifactId>$(1)</artifactId><version>$(2)</version>$(3)</dependency>
+hbase_exclude = <exclusion><groupId>$(1)</groupId><artifactId>*</artifactId></exclusion>
+
+check-hbase: check-java
+	@test -n "$(HBASE_VERSION)" || { echo "no HBASE_VERSION in sluice/testing/_hbase.py" >&2; exit 1; }
+	@test -f "$(SLUICE_HBASE_HOME)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching HBase needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching Apache HBase $(HBASE_VERSION) and its dependencies from Maven Central into $(SLUICE_HBASE_HOME)"; \
+	  home="$(SLUICE_HBASE_HOME)" && pom=$$(mktemp -d) && rm -rf "$$home/lib" && \
+	  $(call MAVEN_POM,hbase-server,$(call hbase_dep,hbase-server,$(HBASE_VERSION))$(call hbase_dep,hbase-thrift,$(HBASE_THRIFT_VERSION),<exclusions>$(call hbase_exclude,org.apache.hbase)$(call hbase_exclude,org.apache.hadoop)</exclusions>)) > $$pom/server.xml && \
+	  mvn -q -B -f $$pom/server.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$$home/lib" && \
+	  rm -rf $$pom && test -f "$$home/lib/hbase-server-$(HBASE_VERSION).jar" && \
+	  test -f "$$home/lib/hbase-thrift-$(HBASE_THRIFT_VERSION).jar" && touch "$$home/.complete"; \
+	} || { rm -rf "$$pom"; echo "fetching Apache HBase $(HBASE_VERSION) from Maven Central failed (see above)" >&2; \
+	  exit 1; }
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
@@ -156,7 +181,7 @@ lint: $(STAMP)
 # other). The main suite runs its deployment tests last (tests/conftest.py), after the lines' own: the heaviest
 # tests of the two jobs do not run at the same time. What both jobs need is installed first, one at a time (apt-get
 # and pip each take a lock). The capability table is checked last: it reads the main run's results.
-TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
+TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-postgres-versions lint
 test: $(TEST_SETUP)
 	$(MAKE) -j2 test-main test-lines-then-versions
@@ -173,7 +198,7 @@ test-lines-then-versions: $(TEST_SETUP)
 
 test-serial: test-main test-postgres-versions test-spark-lines
 
-test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
+test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest
 

@@ -11,6 +11,8 @@
   `make check-opensearch`) on loopback, optionally with the security plugin's password authentication.
 - `LocalElasticsearch`: a real, throwaway Elasticsearch 7.17 node (the server jars from Maven Central, fetched by
   `make check-elasticsearch`) on loopback, without authentication.
+- `LocalHBase`: a real, throwaway Apache HBase 2.6 server in standalone mode with its Thrift2 gateway (the jars from
+  Maven Central, fetched by `make check-hbase`) on loopback; the gateway can be killed and restarted mid-write.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
 """
 
@@ -19,10 +21,11 @@ from sluice.testing._clickhouse import LocalClickHouse
 from sluice.testing._elasticsearch import LocalElasticsearch
 from sluice.testing._filestore import FileStoreDataSource, read_file_store, register
 from sluice.testing._flaky import FlakyStore
+from sluice.testing._hbase import LocalHBase
 from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._s3 import LocalS3
 
 __all__ = ["FileStoreDataSource", "FlakyStore", "LocalCassandra", "LocalClickHouse", "LocalElasticsearch",
-           "LocalOpenSearch", "LocalPostgres", "LocalS3",
+           "LocalHBase", "LocalOpenSearch", "LocalPostgres", "LocalS3",
            "read_file_store", "register"]
