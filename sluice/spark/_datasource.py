@@ -238,11 +238,13 @@ class _EngineWriterMixin:
                 if not keyed:
                     writer.write_chunk(encoded.entries, encoded.sizes)
                     continue
-                if config.batch_by == "key":
+                if encoded.groups is not None:  # the store's own grouping (e.g. HBase's regions)
+                    codes, names = encoded.groups, None
+                elif config.batch_by == "key":
                     codes, names = partition_keys(batch, config.partition_key)
                 else:
                     codes, names = partition_buckets(batch, config.partition_key, config.parallelism), None
-                if encoded.rows is not None:  # the encoder kept only some rows (e.g. the last change per key)
+                if encoded.rows is not None and encoded.groups is None:  # the encoder kept only some rows
                     codes = np.asarray(codes)[np.asarray(encoded.rows, dtype=np.int64)]
                 writer.write_keyed(encoded.entries, encoded.sizes, codes, names)
             message = writer.finish()

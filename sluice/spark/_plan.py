@@ -26,12 +26,16 @@ class Encoded:
     """What an encoder makes of one Arrow RecordBatch: engine entries with their byte sizes.
 
     `rows` are the batch rows the entries came from, when the encoder dropped or merged rows (e.g. kept
-    only the last change per key); None means one entry per row, in order.
+    only the last change per key); None means one entry per row, in order. `groups` (partition-ordered writes
+    only) are the entries' integer partition codes when the store groups by something the columns do not show,
+    e.g. the region an HBase row key falls in: then each group's entries keep their order and one group's batch
+    is in flight at a time, in place of the hash buckets (or keys, sink.batch-by=key) of sink.partition-key.
     """
 
     entries: Sequence[Any]
     sizes: Sequence[int]
     rows: Sequence[int] | None = None
+    groups: Sequence[int] | None = None
 
 
 Encoder = Callable[["pa.RecordBatch"], Encoded]

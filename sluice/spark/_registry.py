@@ -23,6 +23,7 @@ BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
     "clickhouse": "sluice.connectors.clickhouse:ClickHouseDataSource",
     "cassandra": "sluice.connectors.cassandra:CassandraDataSource",
     "elasticsearch": "sluice.connectors.elasticsearch:ElasticsearchDataSource",
+    "hbase": "sluice.connectors.hbase:HBaseDataSource",
     "tablestore": "sluice.tablestore:TableStoreDataSource",
 })
 # What register() and sluice.write() know: the built-ins plus any added with add_format (e.g. test formats).
@@ -49,7 +50,7 @@ DISCOVERY_MODULES: Mapping[str, str] = MappingProxyType({
     "sluice_null": "pyspark_sluice_null", "s2": "pyspark_sluice_s2", "s2_upsert": "pyspark_sluice_s2_upsert",
     "postgres": "pyspark_sluice_postgres", "postgres_changes": "pyspark_sluice_postgres_changes",
     "clickhouse": "pyspark_sluice_clickhouse", "cassandra": "pyspark_sluice_cassandra",
-    "elasticsearch": "pyspark_sluice_elasticsearch",
+    "elasticsearch": "pyspark_sluice_elasticsearch", "hbase": "pyspark_sluice_hbase",
     "tablestore": "pyspark_sluice_tablestore",
     "sluice_summary": "pyspark_sluice_summary",
 })

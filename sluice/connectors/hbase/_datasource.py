@@ -1,0 +1,99 @@
+"""`format("hbase")`: the Spark data source; writes in _sink.py, reads in _source.py."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import StructType
+
+from sluice.connector import EngineDataSource, OptionError, Options, SinkConfig
+from sluice.connectors.hbase._catalog import Catalog
+from sluice.connectors.hbase._cells import encoder
+from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
+from sluice.connectors.hbase._keys import KeyCodec
+from sluice.connectors.hbase._sink import DURABILITY, WRITE_SPEC, HBaseWritePlan, RowPlan
+from sluice.connectors.hbase._source import READ_SPEC, HBaseBatchReader, HBaseReader, time_range
+
+NO_TRANSACTIONS = (
+    "sink.transactional=true: HBase has no transactions across rows sluice could commit a write or micro-batch "
+    "in. Every put and delete carries its cell timestamp, so a retried or replayed batch rewrites the same cells and "
+    "changes nothing (write.timestamp=micro-batch or write.timestamp-column make replays exact; docs/hbase.md). "
+    "Remove sink.transactional."
+)
+
+
+class HBaseDataSource(EngineDataSource):
+    """`format("hbase")`: see the package docstring for usage."""
+
+    format_name = "hbase"
+    write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
+
+    def _facts(self, conn: Connection, table: str) -> TableFacts:
+        return self.learn_once(("table", conn, table), lambda: describe(conn, table))
+
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        """The row key's columns: one key's changes share a task and keep their order."""
+        return tuple(opts["rowkey"])
+
+    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
+        if opts["sink.transactional"]:
+            raise OptionError(NO_TRANSACTIONS)
+        return super().sink_config(opts, schema)
+
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> HBaseWritePlan:
+        from sluice.spark._compat import to_arrow_schema
+
+        if overwrite:
+            raise OptionError("format 'hbase' cannot overwrite a table atomically; truncate it first (truncate "
+                              "'table' in the HBase shell), then use mode('append').")
+        names = schema.fieldNames()
+        special = {"upsert.op-column": opts["upsert.op-column"],
+                   "write.timestamp-column": opts["write.timestamp-column"]}
+        for option, column in special.items():
+            if column is not None and column not in names:
+                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
+            if column is not None and column in opts["rowkey"]:
+                raise OptionError(f"{option} '{column}' is a rowkey column; it must be a column of its own.")
+        if opts["write.timestamp-column"] and opts.is_set("write.timestamp"):
+            raise OptionError("write.timestamp and write.timestamp-column both say where timestamps come from; "
+                              "keep one.")
+        catalog = Catalog.from_options(opts, [n for n in names if n not in special.values()])
+        arrow = to_arrow_schema(schema)
+        key = KeyCodec.for_schema(catalog.key, arrow)
+        for column, _ in catalog.cells:  # refuses a type no cell holds
+            encoder(arrow.field(column).type, column, schema[column].dataType.simpleString())
+        stamp = opts["write.timestamp-column"]
+        if stamp and not (arrow.field(stamp).type == "int64" or str(arrow.field(stamp).type).startswith("timestamp")):
+            raise OptionError(f"write.timestamp-column '{stamp}' is {schema[stamp].dataType.simpleString()}; it must "
+                              "be a long (milliseconds since the epoch) or a timestamp.")
+        conn = Connection.from_options(opts)
+        facts = self._facts(conn, catalog.table)
+        catalog.check_families(facts.families)
+        timestamp = "column" if stamp else opts["write.timestamp"]
+        expiring = sorted(f.decode(errors="replace") for f in facts.ttl_families & catalog.families)
+        if timestamp == "micro-batch" and expiring:
+            raise OptionError(f"write.timestamp=micro-batch numbers cells by micro-batch, not by the clock, and "
+                              f"families {expiring} of {catalog.table} have a time to live: HBase would expire the "
+                              "cells at once. Use write.timestamp=client or a timestamp column.")
+        starts = tuple(r.start for r in regions(conn, catalog.table) if r.start)
+        rows = RowPlan(catalog, key, starts, opts["upsert.op-column"], timestamp, stamp,
+                       opts["write.null-cells"] == "delete", DURABILITY[opts["write.durability"]],
+                       opts["write.max-cell-bytes"])
+        return HBaseWritePlan(self.format_name, opts, schema, config, conn, rows)
+
+    # ------------------------------------------------------------------ reading
+    def schema(self) -> StructType:
+        raise OptionError("format 'hbase' needs the read's columns and types: HBase cells are bytes. Give them "
+                          "with .schema('id long, name string, ...'), naming the rowkey columns and the cells "
+                          "(family, columns options).")
+
+    def reader(self, schema: StructType) -> HBaseBatchReader:
+        from sluice.spark._compat import to_arrow_schema
+
+        opts = READ_SPEC.parse(self.options)
+        catalog = Catalog.from_options(opts, schema.fieldNames())
+        arrow = to_arrow_schema(schema)
+        key = KeyCodec.for_schema(catalog.key, arrow)
+        conn = Connection.from_options(opts)
+        catalog.check_families(describe(conn, catalog.table).families)
+        reader = HBaseReader(conn, catalog, key, arrow, opts["read.rows-per-fetch"], time_range(opts))
+        return HBaseBatchReader(reader, opts["read.splits-per-region"])

@@ -1,0 +1,240 @@
+"""`format("hbase")` writes: puts and deletes by row key, each with its cell timestamp, batched by region.
+
+- Order: the write is partition-ordered by the row key's columns (one key's rows share a task, in order), and
+  each task groups its rows by the region their key falls in (the region start keys, learned once per write):
+  one batch per region in flight, regions concurrently (seed 000's second mode; the design's batching by
+  partition). A region that splits during the write only makes the grouping coarser: the gateway routes every
+  put to the region that holds it now.
+- Timestamps: every put and delete carries its cell timestamp (milliseconds), fixed when the row is encoded, so
+  a retried batch or a replayed micro-batch writes the same cells again and changes nothing. `client`: the
+  executor's clock, one step further for each later change of the same key in the task; `micro-batch`: the batch
+  id and the row's position (a replay of batch n always loses to batch n+1); `write.timestamp-column`: the data.
+  HBase keeps the cell with the highest timestamp, and a delete masks cells at or below its own: so one key's
+  changes land right in any order, and a retry never undoes a later change.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from sluice.connector import (
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    Batch,
+    BlockingStore,
+    Encoded,
+    Option,
+    OptionError,
+    RecordTooLargeError,
+    SinkError,
+    TaskWriter,
+    ThrottledError,
+    WriteContext,
+    WritePlan,
+    delete_mask,
+    first_null,
+)
+from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
+from sluice.connectors.hbase._cells import encoder
+from sluice.connectors.hbase._client import CONNECTION_OPTIONS, Connection, thrift
+from sluice.connectors.hbase._keys import KeyCodec
+
+MICRO_BATCH_ROWS = 1 << 24  # rows one task may write in one micro-batch under write.timestamp=micro-batch
+MAX_ROW_KEY = 32_767  # HConstants.MAX_ROW_LENGTH
+DURABILITY = {"default": 0, "skip-wal": 1, "async-wal": 2, "sync-wal": 3, "fsync-wal": 4}  # TDurability
+
+WRITE_OPTIONS = (
+    Option("write.timestamp", "choice", "client",
+           "Where cell timestamps (ms) come from: client (the executor's clock when the row is encoded; a later "
+           "change of the same key in a task one step later) or micro-batch (streaming: the batch id and the "
+           "row's position, so a replayed batch never overwrites a later one's cells; not wall-clock times). "
+           "docs/hbase.md.", choices=("client", "micro-batch")),
+    Option("write.timestamp-column", "str", None,
+           "Column holding each row's cell timestamp (long milliseconds since the epoch, or a timestamp). Not "
+           "written."),
+    Option("write.null-cells", "choice", "skip",
+           "A null value: skip writes no cell (a stored one stays); delete deletes the stored cell (every version "
+           "at or below the row's timestamp), so the row holds what the DataFrame row holds.",
+           choices=("skip", "delete")),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the row (every cell at or below the row's timestamp). "
+           "Not written."),
+    Option("write.durability", "choice", "default", "The puts' and deletes' write-ahead-log durability (HBase's "
+           "Durability); default: the table's.", choices=tuple(DURABILITY)),
+    Option("write.max-cell-bytes", "int", 10_485_760,
+           "Largest cell value sent: a larger one fails the write naming its row key and column, before it is "
+           "sent (the server's hbase.server.keyvalue.maxsize, 10 MiB by default).", minimum=1),
+)
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *WRITE_OPTIONS),
+    sink_mode=PARTITION_ORDERED, sink_batch_max_size=1000, sink_flush_buffer_size=4 << 20,
+    sink_requests_max_inflight=16,
+).renamed("hbase")
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a DataFrame row becomes a put or a delete, decided on the driver."""
+
+    catalog: Catalog
+    key: KeyCodec
+    region_starts: tuple[bytes, ...]  # every region's start key but the first's (b""), in order
+    op_column: str | None
+    timestamp: str  # client | micro-batch | column
+    timestamp_column: str | None
+    delete_nulls: bool
+    durability: int
+    max_cell_bytes: int
+
+
+class RowEncoder:
+    """One task's encoder: Arrow chunk -> TPut/TDelete entries, each with its region's code."""
+
+    def __init__(self, plan: RowPlan, context: WriteContext, schema: pa.Schema) -> None:
+        self.plan, self.context = plan, context
+        self.cell_encoders = [(column, cell.family, cell.qualifier, encoder(schema.field(column).type, column))
+                              for column, cell in plan.catalog.cells]
+        self.rows_seen = 0
+        self.last_stamp = 0
+        self.module = thrift()
+
+    def _stamps(self, batch: pa.RecordBatch, keys: list[bytes]) -> list[int]:
+        n = batch.num_rows
+        plan = self.plan
+        if plan.timestamp == "column":
+            column = batch.column(plan.timestamp_column)
+            if column.null_count:
+                row = first_null(column)
+                raise OptionError(f"write.timestamp-column '{plan.timestamp_column}' is null for row key "
+                                  f"{keys[row]!r}; every row needs a timestamp.")
+            if pa.types.is_timestamp(column.type):
+                column = column.cast(pa.timestamp("ms", column.type.tz))
+            return column.cast(pa.int64()).to_pylist()
+        if plan.timestamp == "micro-batch":
+            if self.context.epoch is None:
+                raise OptionError("write.timestamp=micro-batch numbers rows by their micro-batch: it needs a "
+                                  "streaming query. Use write.timestamp=client or write.timestamp-column here.")
+            if self.rows_seen + n > MICRO_BATCH_ROWS:
+                raise OptionError(f"write.timestamp=micro-batch numbers at most {MICRO_BATCH_ROWS} rows per task "
+                                  "and micro-batch; use more partitions or a smaller maxOffsetsPerTrigger.")
+            base = (self.context.epoch + 1) * MICRO_BATCH_ROWS + self.rows_seen
+            return (base + np.arange(n, dtype=np.int64)).tolist()
+        # client: one stamp for the chunk, one step more for each repeat of a key within it.
+        base = max(time.time_ns() // 1_000_000, self.last_stamp + 1)
+        seen: dict[bytes, int] = {}
+        stamps = []
+        for key in keys:
+            repeat = seen.get(key, -1) + 1
+            seen[key] = repeat
+            stamps.append(base + repeat)
+        self.last_stamp = max(stamps) if stamps else self.last_stamp
+        return stamps
+
+    def __call__(self, batch: pa.RecordBatch) -> Encoded:
+        plan, module = self.plan, self.module
+        keys = plan.key.encode(batch)
+        long_key = next((k for k in keys if len(k) > MAX_ROW_KEY), None)
+        if long_key is not None:
+            raise OptionError(f"row key {long_key[:64]!r}... is {len(long_key)} bytes; HBase takes at most "
+                              f"{MAX_ROW_KEY} (shorten the rowkey columns' values).")
+        stamps = self._stamps(batch, keys)
+        n = batch.num_rows
+        deletes = (delete_mask(batch.column(plan.op_column)).to_numpy(zero_copy_only=False) if plan.op_column
+                   else np.zeros(n, dtype=bool))
+        cells = []
+        for column, family, qualifier, encode in self.cell_encoders:
+            values = encode(batch.column(column))
+            big = next((i for i, v in enumerate(values) if v is not None and len(v) > plan.max_cell_bytes), None)
+            if big is not None:
+                raise RecordTooLargeError(
+                    f"row key {keys[big]!r}: column '{column}' holds {len(values[big])} bytes, over "
+                    f"write.max-cell-bytes={plan.max_cell_bytes} (the server's hbase.server.keyvalue.maxsize); "
+                    "nothing of this chunk was sent. Store large values elsewhere, or raise both limits.",
+                    store="hbase", target=plan.catalog.table)
+            cells.append((family, qualifier, values))
+        starts = plan.region_starts
+        TPut, TColumnValue, TDelete, TColumn = (module.TPut, module.TColumnValue, module.TDelete, module.TColumn)
+        entries: list[Any] = []
+        sizes: list[int] = []
+        rows: list[int] = []
+        groups: list[int] = []
+        durability = plan.durability or None
+        for i in range(n):
+            key, stamp = keys[i], stamps[i]
+            region = bisect.bisect_right(starts, key)
+            if deletes[i]:
+                entries.append(TDelete(row=key, timestamp=stamp, durability=durability))
+                sizes.append(len(key) + 16)
+                rows.append(i)
+                groups.append(region)
+                continue
+            values = [TColumnValue(family=f, qualifier=q, value=v[i], timestamp=stamp)
+                      for f, q, v in cells if v[i] is not None]
+            if values:
+                entries.append(TPut(row=key, columnValues=values, timestamp=stamp, durability=durability))
+                sizes.append(len(key) + sum(len(c.value) + len(c.qualifier) + 24 for c in values))
+                rows.append(i)
+                groups.append(region)
+            if plan.delete_nulls and len(values) < len(cells):
+                gone = [TColumn(family=f, qualifier=q, timestamp=stamp) for f, q, v in cells if v[i] is None]
+                entries.append(TDelete(row=key, columns=gone, timestamp=stamp, deleteType=1, durability=durability))
+                sizes.append(len(key) + 16 * len(gone))
+                rows.append(i)
+                groups.append(region)
+        self.rows_seen += n
+        return Encoded(entries, sizes, rows, groups)
+
+
+class HBaseStore(BlockingStore):
+    """One task's writer: a batch (one region's puts and deletes) is one putMultiple and one deleteMultiple on
+    this thread's gateway client."""
+
+    name = "hbase"
+
+    def __init__(self, conn: Connection, table: str, threads: int, gateway: int) -> None:
+        super().__init__()
+        self.conn, self.table, self.gateway = conn, table, gateway
+        self.io_threads = threads
+        self.table_bytes = table.encode()
+        self.put_type = thrift().TPut
+
+    @property
+    def target(self) -> str:
+        return self.conn.display(self.table)
+
+    def explain(self, error: SinkError) -> SinkError:
+        if not isinstance(error.cause, ThrottledError):
+            return error
+        return SinkError(f"{error} The region servers kept refusing requests as busy: let the write ride it out "
+                         "with a higher sink.max-retries and sink.retry-delay-ms, or lower "
+                         "sink.requests.max-inflight.", store=error.store, target=error.target,
+                         batch_records=error.batch_records, cause=error.cause)
+
+    def write_batch(self, batch: Batch) -> None:
+        puts = [e for e in batch.entries if isinstance(e, self.put_type)]
+        deletes = [e for e in batch.entries if not isinstance(e, self.put_type)]
+        # Every entry carries its timestamp: puts and deletes of one key resolve by it, not by arrival.
+        if puts:
+            self.conn.call("putMultiple", self.table_bytes, puts, index=self.gateway, rows=len(puts))
+        if deletes:
+            self.conn.call("deleteMultiple", self.table_bytes, deletes, index=self.gateway, rows=len(deletes))
+
+
+@dataclass(frozen=True)
+class HBaseWritePlan(WritePlan):
+    conn: Connection
+    rows: RowPlan
+
+    def open_task(self, context: WriteContext) -> TaskWriter:
+        from sluice.spark._compat import to_arrow_schema
+
+        encode = RowEncoder(self.rows, context, to_arrow_schema(self.schema))
+        store = HBaseStore(self.conn, self.rows.catalog.table, self.config.max_inflight,
+                           context.partition_id)
+        return TaskWriter(encode, store)
