@@ -184,3 +184,21 @@ def test_bad_input_is_refused_naming_what_to_change(spark, hbase):
     expiring = hbase.table(ttl=3600)
     with pytest.raises(Exception, match=r"families \['d'\] .* have a time to live"):
         sluice.write(df, "hbase", hbase.opts(expiring, rowkey="id", family="d", **{"write.timestamp": "micro-batch"}))
+
+
+def test_a_time_range_reads_the_cells_written_in_it(spark, hbase):
+    table = hbase.table()
+    opts = hbase.opts(table, rowkey="id", family="d")
+    df = spark.createDataFrame([(1, "early", 1_000), (2, "late", 5_000)], "id int, v string, at long")
+    sluice.write(df, "hbase", {**opts, "write.timestamp-column": "at"})
+    sluice.write(spark.createDataFrame([(1, "now")], "id int, v string"), "hbase", opts)
+
+    def read_in(time_range: str) -> list[tuple]:
+        return sorted(tuple(r) for r in spark.read.format("hbase").options(**opts, **{"read.time-range": time_range})
+                      .schema("id int, v string").load().collect())
+
+    assert read_in("0,2000") == [(1, "early")]
+    assert read_in("0,9000") == [(1, "early"), (2, "late")]
+    assert read_in(f"0,{2**62}") == [(1, "now"), (2, "late")]
+    with pytest.raises(Exception, match=r"read\.time-range=9,3: need 0 <= min < max"):
+        read_in("9,3")
