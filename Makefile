@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-serial test-lines-then-versions test-main test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: test test-serial test-lines-then-versions test-main test-hbase test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
@@ -175,8 +175,8 @@ check-hbase: check-java
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-# make test: the main suite in one job and, next to it, the older Spark lines then the other PostgreSQL versions in
-# another. The suites wait on servers and process starts for a quarter of their time: two jobs keep both cores busy
+# make test: the main suite in one job and, next to it, the older Spark lines, the other PostgreSQL versions and
+# HBase in another. The suites wait on servers and process starts for a quarter of their time: two jobs keep both cores busy
 # (all three one after the other took 51 min here, side by side 38; `make test-serial` runs them one after the
 # other). The main suite runs its deployment tests last (tests/conftest.py), after the lines' own: the heaviest
 # tests of the two jobs do not run at the same time. What both jobs need is installed first, one at a time (apt-get
@@ -190,17 +190,23 @@ test: $(TEST_SETUP)
 # Its output goes to a file, shown whole when it ends (between the main suite's lines, which stream).
 LINES_THEN_VERSIONS_LOG := build/lines-then-versions.log
 test-lines-then-versions: $(TEST_SETUP)
-	@mkdir -p build && echo "the older Spark lines, then the other PostgreSQL versions, run next to the main suite;" \
-	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
-	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
-	  rc=$$?; echo "===== the older Spark lines and the other PostgreSQL versions: exit $$rc ====="; \
+	@mkdir -p build && echo "the older Spark lines, then the other PostgreSQL versions, then HBase run next to the" \
+	  "main suite; their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
+	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-hbase \
+	  > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
+	  rc=$$?; echo "===== the older Spark lines, the other PostgreSQL versions and HBase: exit $$rc ====="; \
 	  cat $(LINES_THEN_VERSIONS_LOG); echo "===== end of $(LINES_THEN_VERSIONS_LOG) ====="; exit $$rc
 
-test-serial: test-main test-postgres-versions test-spark-lines
+test-serial: test-main test-hbase test-postgres-versions test-spark-lines
 
-test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase lint
+# The HBase tests (a server of their own) run in the second job: the main suite is the longer one.
+HBASE_TESTS := tests/test_local_hbase.py tests/connectors/hbase
+test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
 	mkdir -p build/lines
-	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest
+	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest $(addprefix --ignore=,$(HBASE_TESTS))
+
+test-hbase: $(STAMP) check-java check-hbase
+	$(PY) -m pytest -p no:cacheprovider $(HBASE_TESTS)
 
 .PRECIOUS: .venv-spark-%/.installed
 # The PostgreSQL connector's tests on other server versions (the main suite runs Debian's PostgreSQL 15): the tests

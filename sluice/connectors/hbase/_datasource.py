@@ -10,7 +10,7 @@ from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
 from sluice.connectors.hbase._keys import KeyCodec
 from sluice.connectors.hbase._sink import DURABILITY, WRITE_SPEC, HBaseWritePlan, RowPlan
-from sluice.connectors.hbase._source import READ_SPEC, HBaseBatchReader, HBaseReader, time_range
+from sluice.connectors.hbase._source import READ_SPEC, HBaseBatchReader, HBaseReader, RegionEnumerator, time_range
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: HBase has no transactions across rows sluice could commit a write or micro-batch "
@@ -96,4 +96,5 @@ class HBaseDataSource(EngineDataSource):
         conn = Connection.from_options(opts)
         catalog.check_families(describe(conn, catalog.table).families)
         reader = HBaseReader(conn, catalog, key, arrow, opts["read.rows-per-fetch"], time_range(opts))
-        return HBaseBatchReader(reader, opts["read.splits-per-region"])
+        enumerator = RegionEnumerator(conn, catalog.table, opts["read.splits-per-region"])
+        return HBaseBatchReader(enumerator, reader, None)

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import InputPartition
 
-from sluice.connector import Option, OptionError, OptionSpec, Split, SplitBatchReader, SplitPartition, SplitReader
+from sluice.connector import Option, OptionError, OptionSpec, Split, SplitBatchReader, SplitEnumerator, SplitReader
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
 from sluice.connectors.hbase._cells import decoder
 from sluice.connectors.hbase._client import CONNECTION_OPTIONS, Connection, regions, thrift
@@ -160,35 +159,41 @@ class HBaseReader(SplitReader):
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
-class HBaseBatchReader(SplitBatchReader):
-    """The batch read: a split per region (or per piece of one), clipped to the pushed key range."""
+class RegionEnumerator(SplitEnumerator):
+    """A batch read's splits: each region's key range (or its pieces) inside the pushed range, read once."""
 
+    def __init__(self, conn: Connection, table: str, splits_per_region: int) -> None:
+        self.conn, self.table, self.splits_per_region = conn, table, splits_per_region
+        self.range: KeyRange | None = KeyRange()  # None: the filters allow no row key
+
+    def discover(self) -> list[Split]:
+        if self.range is None:
+            return []
+        splits: list[Split] = []
+        for region in regions(self.conn, self.table):
+            inside = KeyRange(region.start, region.end).clip(self.range)
+            for piece in _cut(inside, self.splits_per_region) if inside is not None else ():
+                splits.append(Split(f"keys:{piece.start.hex()}-{piece.stop.hex()}",
+                                    {"start": piece.start, "stop": piece.stop, "index": len(splits)}))
+        return splits
+
+    def start_position(self, split: Split) -> int:
+        return 0
+
+    def end_position(self, split: Split) -> int:
+        return 1
+
+
+class HBaseBatchReader(SplitBatchReader):
+    """The batch read, with Spark's filters on the row key's first column turned into the splits' key range."""
+
+    enumerator: RegionEnumerator
     reader: HBaseReader
 
-    def __init__(self, reader: HBaseReader, splits_per_region: int) -> None:
-        super().__init__(None, reader, None)  # type: ignore[arg-type]  # partitions() is its own
-        self.splits_per_region = splits_per_region
-        self.range: KeyRange | None = KeyRange()
-
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
-        self.range, taken = key_range(list(filters), self.reader.key, self.reader.schema)
+        self.enumerator.range, taken = key_range(list(filters), self.reader.key, self.reader.schema)
         pushed = {id(f) for f in taken}
         yield from (f for f in filters if id(f) not in pushed)
-
-    def partitions(self) -> Sequence[InputPartition]:
-        out: list[InputPartition] = []
-        if self.range is None:  # the filters allow no row key
-            return [SplitPartition(Split("__empty__"), 0, 0)]
-        for region in regions(self.reader.conn, self.reader.catalog.table):
-            inside = KeyRange(region.start, region.end).clip(self.range)
-            if inside is None:
-                continue
-            for piece in _cut(inside, self.splits_per_region):
-                index = len(out)
-                split = Split(f"keys:{piece.start.hex()}-{piece.stop.hex()}",
-                              {"start": piece.start, "stop": piece.stop, "index": index})
-                out.append(SplitPartition(split, 0, 1))
-        return out or [SplitPartition(Split("__empty__"), 0, 0)]
 
 
 def time_range(opts: Any) -> tuple[int, int] | None:
