@@ -38,32 +38,19 @@ _FIXED = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "date32": 4, "timestamp
 _SIGN = {1: np.uint8(0x80), 2: np.uint16(0x8000), 4: np.uint32(0x8000_0000), 8: np.uint64(0x8000_0000_0000_0000)}
 
 
+# Arrow type test -> key encoding, first match wins.
+_KINDS = ((pa.types.is_int8, "int8"), (pa.types.is_int16, "int16"), (pa.types.is_int32, "int32"),
+          (pa.types.is_int64, "int64"), (pa.types.is_date32, "date32"), (pa.types.is_timestamp, "timestamp"),
+          (pa.types.is_float32, "float"), (pa.types.is_float64, "double"), (pa.types.is_boolean, "bool"),
+          (pa.types.is_decimal, "decimal"), (pa.types.is_string, "string"), (pa.types.is_large_string, "string"),
+          (pa.types.is_binary, "binary"), (pa.types.is_large_binary, "binary"))
+
+
 def kind_of(dtype: pa.DataType, column: str) -> str:
     """The key encoding of an Arrow type (OptionError naming the column when a key cannot be of it)."""
-    if pa.types.is_int8(dtype):
-        return "int8"
-    if pa.types.is_int16(dtype):
-        return "int16"
-    if pa.types.is_int32(dtype):
-        return "int32"
-    if pa.types.is_int64(dtype):
-        return "int64"
-    if pa.types.is_date32(dtype):
-        return "date32"
-    if pa.types.is_timestamp(dtype):
-        return "timestamp"
-    if pa.types.is_float32(dtype):
-        return "float"
-    if pa.types.is_float64(dtype):
-        return "double"
-    if pa.types.is_boolean(dtype):
-        return "bool"
-    if pa.types.is_decimal(dtype):
-        return "decimal"
-    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
-        return "string"
-    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
-        return "binary"
+    for test, kind in _KINDS:
+        if test(dtype):
+            return kind
     raise OptionError(f"row key column '{column}' is {dtype}; a row key column must be a number, string, binary, "
                       "boolean, date, timestamp or decimal (docs/hbase.md, row keys).")
 
