@@ -11,6 +11,7 @@ region need). A Thrift client is one TCP connection serving one call at a time, 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -96,13 +97,17 @@ class Connection:
             client.close()
 
     def call(self, method: str, *args: Any, index: int = 0, rows: int = 0) -> Any:
-        """One call on this thread's client, failures sorted. A link the gateway closed (it drops connections idle
-        for hbase.thrift.server.socket.read.timeout, 60 s) or that broke is dropped, and the call tried once more
-        on a new one."""
+        """`method(*args)` on this thread's client of gateway `index`, as run() runs it."""
+        return self.run(lambda client: getattr(client, method)(*args), index=index, rows=rows)
+
+    def run(self, call: Callable[[Any], Any], *, index: int = 0, rows: int = 0) -> Any:
+        """`call(client)` on this thread's client of gateway `index`, failures sorted. A link the gateway closed (it
+        drops connections idle for hbase.thrift.server.socket.read.timeout, 60 s) or that broke is dropped, and the
+        call tried once more on a new one."""
         for attempt in (0, 1):
             reused = (self.host_for(index), self.port) in _local.__dict__.get("clients", {})
             try:
-                return getattr(self.client(index), method)(*args)
+                return call(self.client(index))
             except (RetryableError, SinkError):
                 raise
             except Exception as e:  # sorted by classify

@@ -11,6 +11,8 @@
   id and the row's position (a replay of batch n always loses to batch n+1); `write.timestamp-column`: the data.
   HBase keeps the cell with the highest timestamp, and a delete masks cells at or below its own: so one key's
   changes land right in any order, and a retry never undoes a later change.
+- Encoding: a write of puts only (no upsert.op-column, write.null-cells=skip) builds each put as Thrift bytes in
+  Arrow (_wire.py); deletes, and puts next to them, are thriftpy2 objects.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sluice.connector import (
     PARTITION_ORDERED,
@@ -44,6 +47,7 @@ from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import CONNECTION_OPTIONS, Connection, thrift
 from sluice.connectors.hbase._keys import KeyCodec
+from sluice.connectors.hbase._wire import put_multiple, thrift_puts
 
 MICRO_BATCH_ROWS = 1 << 24  # rows one task may write in one micro-batch under write.timestamp=micro-batch
 MAX_ROW_KEY = 32_767  # HConstants.MAX_ROW_LENGTH
@@ -136,6 +140,34 @@ class RowEncoder:
         self.last_stamp = max(stamps) if stamps else self.last_stamp
         return stamps
 
+    def _checked(self, column: str, values: list[bytes | None], keys: list[bytes]) -> pa.Array:
+        """A column's cell values as a binary array, none over write.max-cell-bytes."""
+        array = pa.array(values, pa.binary())
+        limit = self.plan.max_cell_bytes
+        lengths = pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+        if len(lengths) and lengths.max() > limit:
+            row = int(np.flatnonzero(lengths > limit)[0])
+            raise RecordTooLargeError(
+                f"row key {keys[row]!r}: column '{column}' holds {int(lengths[row])} bytes, over "
+                f"write.max-cell-bytes={limit} (the server's hbase.server.keyvalue.maxsize); nothing of this chunk "
+                "was sent. Store large values elsewhere, or raise both limits.",
+                store="hbase", target=self.plan.catalog.table)
+        return array
+
+    def _puts(self, keys: list[bytes], cells: list[tuple[bytes, bytes, pa.Array]], stamps: list[int]) -> Encoded:
+        """Every row a put, as Thrift bytes; a row without cells (all null) is none."""
+        puts, counts = thrift_puts(pa.array(keys, pa.binary()), cells, np.asarray(stamps, np.int64),
+                                   self.plan.durability or None)
+        starts = self.plan.region_starts
+        groups = [bisect.bisect_right(starts, k) for k in keys]
+        self.rows_seen += len(keys)
+        if counts.all():
+            return Encoded(puts.to_pylist(), pc.binary_length(puts).to_numpy().tolist(), None, groups)
+        kept = np.flatnonzero(counts)
+        puts = puts.take(pa.array(kept))
+        return Encoded(puts.to_pylist(), pc.binary_length(puts).to_numpy().tolist(), kept.tolist(),
+                       [groups[i] for i in kept.tolist()])
+
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
         plan, module = self.plan, self.module
         keys = plan.key.encode(batch)
@@ -145,19 +177,13 @@ class RowEncoder:
                               f"{MAX_ROW_KEY} (shorten the rowkey columns' values).")
         stamps = self._stamps(batch, keys)
         n = batch.num_rows
+        cells = [(family, qualifier, self._checked(column, encode(batch.column(column)), keys))
+                 for column, family, qualifier, encode in self.cell_encoders]
+        if not plan.op_column and not plan.delete_nulls:  # puts only: Thrift bytes built in Arrow (_wire.py)
+            return self._puts(keys, cells, stamps)
         deletes = (delete_mask(batch.column(plan.op_column)).to_numpy(zero_copy_only=False) if plan.op_column
                    else np.zeros(n, dtype=bool))
-        cells = []
-        for column, family, qualifier, encode in self.cell_encoders:
-            values = encode(batch.column(column))
-            big = next((i for i, v in enumerate(values) if v is not None and len(v) > plan.max_cell_bytes), None)
-            if big is not None:
-                raise RecordTooLargeError(
-                    f"row key {keys[big]!r}: column '{column}' holds {len(values[big])} bytes, over "
-                    f"write.max-cell-bytes={plan.max_cell_bytes} (the server's hbase.server.keyvalue.maxsize); "
-                    "nothing of this chunk was sent. Store large values elsewhere, or raise both limits.",
-                    store="hbase", target=plan.catalog.table)
-            cells.append((family, qualifier, values))
+        cells = [(family, qualifier, values.to_pylist()) for family, qualifier, values in cells]
         starts = plan.region_starts
         TPut, TColumnValue, TDelete, TColumn = (module.TPut, module.TColumnValue, module.TDelete, module.TColumn)
         entries: list[Any] = []
@@ -217,9 +243,13 @@ class HBaseStore(BlockingStore):
                          batch_records=error.batch_records, cause=error.cause)
 
     def write_batch(self, batch: Batch) -> None:
+        encoded = [e for e in batch.entries if isinstance(e, bytes)]  # puts as Thrift bytes (_wire.py)
         puts = [e for e in batch.entries if isinstance(e, self.put_type)]
-        deletes = [e for e in batch.entries if not isinstance(e, self.put_type)]
+        deletes = [e for e in batch.entries if not isinstance(e, bytes | self.put_type)]
         # Every entry carries its timestamp: puts and deletes of one key resolve by it, not by arrival.
+        if encoded:
+            self.conn.run(lambda client: put_multiple(client, self.table_bytes, encoded), index=self.gateway,
+                          rows=len(encoded))
         if puts:
             self.conn.call("putMultiple", self.table_bytes, puts, index=self.gateway, rows=len(puts))
         if deletes:

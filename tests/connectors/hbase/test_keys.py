@@ -133,3 +133,24 @@ def test_filters_on_the_first_key_column_become_the_scans_key_range():
     rng, _ = key_range([F("GreaterThan", "id", 5), F("LessThan", "id", 2)], one, schema)
     assert rng is None
     assert successor(b"a\xff\xff") == b"b" and successor(b"\xff") is None
+
+
+def test_puts_built_in_arrow_are_the_bytes_thrift_writes_for_the_same_tputs():
+    from thriftpy2.protocol import TBinaryProtocolFactory
+    from thriftpy2.utils import serialize
+
+    from sluice.connectors.hbase._client import thrift
+    from sluice.connectors.hbase._wire import put_row, thrift_puts
+
+    t = thrift()
+    keys = [b"a", b"\x00\xff", b"row-3"]
+    cells = [(b"d", b"v", pa.array([b"x", None, b""], pa.binary())), (b"m", b"big", pa.array([None, b"y" * 300, None]))]
+    stamps = [1, 2**40, 3]
+    puts, counts = thrift_puts(pa.array(keys, pa.binary()), cells, stamps, durability=1)
+    assert counts.tolist() == [1, 1, 1]
+    for i, key in enumerate(keys):
+        values = [t.TColumnValue(family=f, qualifier=q, value=v[i].as_py(), timestamp=stamps[i])
+                  for f, q, v in cells if v[i].is_valid]
+        want = serialize(t.TPut(row=key, columnValues=values, timestamp=stamps[i], durability=1),
+                         TBinaryProtocolFactory())
+        assert puts[i].as_py() == want and put_row(want) == key
