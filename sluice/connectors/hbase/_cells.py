@@ -22,25 +22,30 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sluice.connector import OptionError
 
 _INT_WIDTHS = {8: 1, 16: 2, 32: 4, 64: 8}
 
 
-def _fixed_cells(values: np.ndarray, width: int) -> list[bytes]:
+_NULL = pa.scalar(None, pa.binary())
+
+
+def _fixed_cells(values: np.ndarray, width: int) -> pa.Array:
     raw = pa.py_buffer(values.tobytes())
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(values), [None, raw]).to_pylist()
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(values), [None, raw]).cast(pa.binary())
 
 
-def encoder(dtype: pa.DataType, column: str, shown: str | None = None) -> Callable[[pa.Array], list[bytes | None]]:
-    """Column -> each row's cell bytes (None where null); `shown` is the column's type in errors (Spark's name)."""
-    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
-        return lambda a: a.cast(pa.binary()).to_pylist()
-    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
-        return lambda a: a.cast(pa.binary()).to_pylist()
+def encoder(dtype: pa.DataType, column: str, shown: str | None = None) -> Callable[[pa.Array], pa.Array]:
+    """Column -> each row's cell bytes, a binary array (null where null); `shown` is the column's type in errors
+    (Spark's name)."""
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_binary(dtype) \
+            or pa.types.is_large_binary(dtype):
+        return lambda a: a.cast(pa.binary())
     if pa.types.is_boolean(dtype):
-        return lambda a: [None if v is None else (b"\xff" if v else b"\x00") for v in a.to_pylist()]
+        true, false = pa.scalar(b"\xff", pa.binary()), pa.scalar(b"\x00", pa.binary())
+        return lambda a: pc.if_else(a, true, false)
     if pa.types.is_integer(dtype) or pa.types.is_date32(dtype) or pa.types.is_timestamp(dtype) \
             or pa.types.is_floating(dtype):
         if pa.types.is_date32(dtype):
@@ -52,19 +57,16 @@ def encoder(dtype: pa.DataType, column: str, shown: str | None = None) -> Callab
         else:
             width, big = _INT_WIDTHS[dtype.bit_width], f">i{_INT_WIDTHS[dtype.bit_width]}"
 
-        def fixed(a: pa.Array) -> list[bytes | None]:
+        def fixed(a: pa.Array) -> pa.Array:
             filled = a.cast(dtype).fill_null(0) if a.null_count else a.cast(dtype)
-            cells: list[bytes | None] = _fixed_cells(np.asarray(filled.to_numpy(zero_copy_only=False), big), width)
-            if a.null_count:
-                for i in np.flatnonzero(np.asarray(a.is_null().to_numpy(zero_copy_only=False))).tolist():
-                    cells[i] = None
-            return cells
+            cells = _fixed_cells(np.asarray(filled.to_numpy(zero_copy_only=False), big), width)
+            return pc.if_else(a.is_valid(), cells, _NULL) if a.null_count else cells
 
         return fixed
     if pa.types.is_decimal(dtype):
         scale = dtype.scale
 
-        def decimal(a: pa.Array) -> list[bytes | None]:
+        def decimal(a: pa.Array) -> pa.Array:
             out: list[bytes | None] = []
             for value in a.to_pylist():
                 if value is None:
@@ -73,7 +75,7 @@ def encoder(dtype: pa.DataType, column: str, shown: str | None = None) -> Callab
                 unscaled = int(value.scaleb(scale))
                 length = max(1, (unscaled.bit_length() + 8) // 8)
                 out.append(scale.to_bytes(4, "big", signed=True) + unscaled.to_bytes(length, "big", signed=True))
-            return out
+            return pa.array(out, pa.binary())
 
         return decimal
     raise OptionError(f"column '{column}' is {shown or dtype}; HBase cells take strings, binary, booleans, numbers, "

@@ -140,9 +140,8 @@ class RowEncoder:
         self.last_stamp = max(stamps) if stamps else self.last_stamp
         return stamps
 
-    def _checked(self, column: str, values: list[bytes | None], keys: list[bytes]) -> pa.Array:
-        """A column's cell values as a binary array, none over write.max-cell-bytes."""
-        array = pa.array(values, pa.binary())
+    def _checked(self, column: str, array: pa.Array, keys: list[bytes]) -> pa.Array:
+        """A column's cell values (a binary array), none over write.max-cell-bytes."""
         limit = self.plan.max_cell_bytes
         lengths = pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False)
         if len(lengths) and lengths.max() > limit:

@@ -83,7 +83,7 @@ def test_null_and_nul_keys_are_refused_naming_the_column():
 def test_cells_are_what_hbases_bytes_class_writes(dtype, value, cell):
     """Bytes.toBytes(-2L), toBytes(1), toBytes((short) 258), toBytes(1.5d), toBytes(true), UTF-8, and
     Bytes.toBytes(new BigDecimal("-1.50")) (scale 2, unscaled -150 = 0xff6a)."""
-    assert encoder(dtype, "c")(pa.array([value, None], dtype)) == [cell, None]
+    assert encoder(dtype, "c")(pa.array([value, None], dtype)).to_pylist() == [cell, None]
     assert decoder(dtype, "c")(cell) == value
 
 
