@@ -159,6 +159,7 @@ class TableFacts:
 
     families: frozenset[bytes]
     ttl_families: frozenset[bytes]  # families whose cells expire (a time to live)
+    max_versions: dict[bytes, int]  # versions of a cell each family keeps (VERSIONS)
 
 
 def describe(conn: Connection, table: str) -> TableFacts:
@@ -174,7 +175,8 @@ def describe(conn: Connection, table: str) -> TableFacts:
     forever = 2_147_483_647  # HConstants.FOREVER
     ttl = frozenset(bytes(c.name) for c in descriptor.columns or ()
                     if c.timeToLive is not None and 0 < c.timeToLive < forever)
-    return TableFacts(families, ttl)
+    kept = {bytes(c.name): c.maxVersions or 1 for c in descriptor.columns or ()}
+    return TableFacts(families, ttl, kept)
 
 
 @dataclass(frozen=True)

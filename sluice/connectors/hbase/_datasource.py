@@ -10,7 +10,15 @@ from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
 from sluice.connectors.hbase._keys import KeyCodec
 from sluice.connectors.hbase._sink import DURABILITY, WRITE_SPEC, HBaseWritePlan, RowPlan
-from sluice.connectors.hbase._source import READ_SPEC, HBaseBatchReader, HBaseReader, RegionEnumerator, time_range
+from sluice.connectors.hbase._source import (
+    READ_SPEC,
+    HBaseBatchReader,
+    HBaseReader,
+    RegionEnumerator,
+    check_versions,
+    stamp_column,
+    time_range,
+)
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: HBase has no transactions across rows sluice could commit a write or micro-batch "
@@ -90,11 +98,15 @@ class HBaseDataSource(EngineDataSource):
         from sluice.spark._compat import to_arrow_schema
 
         opts = READ_SPEC.parse(self.options)
-        catalog = Catalog.from_options(opts, schema.fieldNames())
         arrow = to_arrow_schema(schema)
+        stamp = stamp_column(opts, arrow)
+        catalog = Catalog.from_options(opts, [n for n in schema.fieldNames() if n != stamp])
         key = KeyCodec.for_schema(catalog.key, arrow)
         conn = Connection.from_options(opts)
-        catalog.check_families(describe(conn, catalog.table).families)
-        reader = HBaseReader(conn, catalog, key, arrow, opts["read.rows-per-fetch"], time_range(opts))
+        facts = describe(conn, catalog.table)
+        catalog.check_families(facts.families)
+        check_versions(opts["read.versions"], catalog, facts.max_versions)
+        reader = HBaseReader(conn, catalog, key, arrow, opts["read.rows-per-fetch"], time_range(opts),
+                             opts["read.versions"], stamp)
         enumerator = RegionEnumerator(conn, catalog.table, opts["read.splits-per-region"])
         return HBaseBatchReader(enumerator, reader, None)

@@ -4,6 +4,9 @@ region with read.splits-per-region, each a scan of its row-key range through the
 Spark 4.1+ hands Python readers their filters: comparisons and prefixes on the row key's first column become the
 scans' key range (regions outside it are not read). Only the schema's columns are asked for (their cells).
 HBase has no snapshots across regions: splits scan at slightly different moments (docs/hbase.md).
+
+Versions: a scan with maxVersions=N returns up to N cells per column; a row per distinct cell timestamp is the
+unit a writer made (sluice writes every cell of a put, and a delete, with one timestamp).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ READ_OPTIONS = (
            maximum=1_000_000),
     Option("read.time-range", "list", (), "min,max: only cells with min <= timestamp < max (milliseconds), e.g. "
            "'0,1767225600000' to read the table as of a moment."),
+    Option("read.versions", "int", 1, "Versions of each row to read, newest first: above 1, a row per cell "
+           "timestamp holding the cells written at it (needs read.timestamp-column; the families must keep that "
+           "many versions).", minimum=1, maximum=10_000),
+    Option("read.timestamp-column", "str", None, "A column of the read's schema (long: milliseconds, or "
+           "timestamp) that gets the row's cell timestamp: its newest cell's, or the version's."),
 )
 READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS))
 
@@ -109,16 +117,17 @@ class HBaseReader(SplitReader):
     """Scans one split's key range, its cells decoded into the schema's columns."""
 
     def __init__(self, conn: Connection, catalog: Catalog, key: KeyCodec, schema: pa.Schema, rows_per_fetch: int,
-                 time_range: tuple[int, int] | None) -> None:
+                 time_range: tuple[int, int] | None, versions: int = 1, stamp_column: str | None = None) -> None:
         self.conn, self.catalog, self.key, self.schema = conn, catalog, key, schema
         self.rows_per_fetch, self.time_range = rows_per_fetch, time_range
+        self.versions, self.stamp_column = versions, stamp_column
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
         module = thrift()
         cells = self.catalog.cells
         columns = [module.TColumn(family=c.family, qualifier=c.qualifier) for _, c in cells]
         scan = module.TScan(startRow=split.info["start"] or None, stopRow=split.info["stop"] or None,
-                            columns=columns or None, caching=self.rows_per_fetch, maxVersions=1,
+                            columns=columns or None, caching=self.rows_per_fetch, maxVersions=self.versions,
                             timeRange=module.TTimeRange(*self.time_range) if self.time_range else None)
         place = {(c.family, c.qualifier): i for i, (_, c) in enumerate(cells)}
         decode_key = self.key.decoder(self.schema)
@@ -134,29 +143,48 @@ class HBaseReader(SplitReader):
         finally:
             self.conn.call("closeScanner", scanner, index=index)
 
+    def _rows(self, results: list[Any], place: dict[tuple[bytes, bytes], int]
+              ) -> Iterator[tuple[bytes, int, dict[int, bytes]]]:
+        """(row key, timestamp, {cell's index: value}) per row read: a row key's newest cells, or with
+        read.versions > 1 its cells grouped by timestamp, newest first."""
+        for result in results:
+            key = bytes(result.row)
+            by_stamp: dict[int, dict[int, bytes]] = {}
+            for cell in result.columnValues:
+                i = place.get((bytes(cell.family), bytes(cell.qualifier)))
+                if i is not None:
+                    by_stamp.setdefault(cell.timestamp, {})[i] = bytes(cell.value)
+            if self.versions == 1:  # one cell per column: the newest of each
+                yield key, max(by_stamp, default=0), {i: v for cells in by_stamp.values() for i, v in cells.items()}
+            else:
+                # each column brings its N newest cells; the row's N newest timestamps are the versions
+                for stamp in sorted(by_stamp, reverse=True)[:self.versions]:
+                    yield key, stamp, by_stamp[stamp]
+
     def _batch(self, results: list[Any], place: dict[tuple[bytes, bytes], int], decode_key: Any,
                decoders: list[Any]) -> pa.RecordBatch:
         cells = self.catalog.cells
-        keys = [bytes(r.row) for r in results]
-        values: list[list[Any]] = [[None] * len(results) for _ in cells]
-        for row, result in enumerate(results):
-            for cell in result.columnValues:
-                i = place.get((bytes(cell.family), bytes(cell.qualifier)))
-                if i is None:
-                    continue
+        rows = list(self._rows(results, place))
+        keys = [key for key, _, _ in rows]
+        values: list[list[Any]] = [[None] * len(rows) for _ in cells]
+        for row, (_, _, found) in enumerate(rows):
+            for i, value in found.items():
                 try:
-                    values[i][row] = decoders[i](bytes(cell.value))
+                    values[i][row] = decoders[i](value)
                 except (ValueError, UnicodeDecodeError) as e:
                     raise OptionError(f"row key {keys[row]!r}, cell {cells[i][1]}: {e}") from None
         try:
-            key_arrays = dict(zip(self.key.columns, decode_key(keys), strict=True))
+            arrays = dict(zip(self.key.columns, decode_key(keys), strict=True))
         except (ValueError, IndexError) as e:
             raise OptionError(f"a row key of {self.catalog.table} does not decode as rowkey "
                               f"{list(self.key.columns)} ({e}): was it written with the same key columns and "
                               "types? (docs/hbase.md, row keys)") from None
-        cell_arrays = {name: pa.array(values[i], self.schema.field(name).type) for i, (name, _) in enumerate(cells)}
-        arrays = [key_arrays[n] if n in key_arrays else cell_arrays[n] for n in self.schema.names]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        arrays.update((name, pa.array(values[i], self.schema.field(name).type)) for i, (name, _) in enumerate(cells))
+        if self.stamp_column:
+            kind = self.schema.field(self.stamp_column).type
+            scale = 1 if kind == pa.int64() else 1000  # Spark's timestamps are microseconds
+            arrays[self.stamp_column] = pa.array([stamp * scale for _, stamp, _ in rows], kind)
+        return pa.RecordBatch.from_arrays([arrays[n] for n in self.schema.names], schema=self.schema)
 
 
 class RegionEnumerator(SplitEnumerator):
@@ -194,6 +222,38 @@ class HBaseBatchReader(SplitBatchReader):
         self.enumerator.range, taken = key_range(list(filters), self.reader.key, self.reader.schema)
         pushed = {id(f) for f in taken}
         yield from (f for f in filters if id(f) not in pushed)
+
+
+def stamp_column(opts: Any, schema: pa.Schema) -> str | None:
+    """read.timestamp-column, checked against the schema and read.versions."""
+    column, versions = opts["read.timestamp-column"], opts["read.versions"]
+    if column is None:
+        if versions > 1:
+            raise OptionError(f"read.versions={versions} gives a row per version, and the versions of a row differ "
+                              "in their timestamp: name a long or timestamp column of the schema that gets it with "
+                              "read.timestamp-column, e.g. 'written_at'.")
+        return None
+    if column not in schema.names:
+        raise OptionError(f"read.timestamp-column '{column}' is not a column of the read's schema (columns: "
+                          f"{schema.names}); add it, e.g. '{column} timestamp'.")
+    if column in opts["rowkey"]:
+        raise OptionError(f"read.timestamp-column '{column}' is a rowkey column; it must be a column of its own.")
+    kind = schema.field(column).type
+    if not (kind == pa.int64() or pa.types.is_timestamp(kind)):
+        raise OptionError(f"read.timestamp-column '{column}' is {kind}; it must be a long (milliseconds since the "
+                          "epoch) or a timestamp.")
+    return column
+
+
+def check_versions(versions: int, catalog: Catalog, kept: dict[bytes, int]) -> None:
+    """read.versions within what every read family keeps (HBase returns no more than a family's VERSIONS)."""
+    short = sorted(f.decode(errors="replace") for f in catalog.families if kept.get(f, 1) < versions)
+    if short:
+        family = short[0]
+        raise OptionError(f"read.versions={versions}, and families {short} of {catalog.table} keep only "
+                          f"{kept.get(family.encode(), 1)} version(s) of a cell: the older ones are gone. Lower "
+                          f"read.versions or keep more (alter '{catalog.table}', NAME => '{family}', "
+                          f"VERSIONS => {versions} in the HBase shell; it applies to cells written after).")
 
 
 def time_range(opts: Any) -> tuple[int, int] | None:

@@ -14,10 +14,12 @@ class HBase:
         self.conn = Connection((server.host,), server.port, 60.0)
         self.t = thrift()
 
-    def table(self, families=("d",), splits=(), ttl: int | None = None) -> str:
-        """A new table `default:t_<random>` with these families, pre-split at `splits` (row keys)."""
+    def table(self, families=("d",), splits=(), ttl: int | None = None, versions: int | None = None) -> str:
+        """A new table `default:t_<random>` with these families (keeping `versions` versions of a cell), pre-split at
+        `splits` (row keys)."""
         name = f"t_{uuid.uuid4().hex[:10]}"
-        columns = [self.t.TColumnFamilyDescriptor(name=f.encode(), timeToLive=ttl) for f in families]
+        columns = [self.t.TColumnFamilyDescriptor(name=f.encode(), timeToLive=ttl, maxVersions=versions)
+                   for f in families]
         descriptor = self.t.TTableDescriptor(tableName=self.t.TTableName(ns=b"default", qualifier=name.encode()),
                                              columns=columns)
         self.conn.call("createTable", descriptor, list(splits) or None)

@@ -203,3 +203,36 @@ def test_a_time_range_reads_the_cells_written_in_it(spark, hbase):
     assert read_in(f"0,{2**62}") == [(1, "now"), (2, "late")]
     with pytest.raises(Exception, match=r"read\.time-range=9,3: need 0 <= min < max"):
         read_in("9,3")
+
+
+def test_versions_read_as_a_row_per_cell_timestamp_newest_first(spark, hbase):
+    table = hbase.table(versions=3)
+    opts = hbase.opts(table, rowkey="id", family="d", **{"write.timestamp-column": "at"})
+    sluice.write(spark.createDataFrame([(1, "a", 1, 1_000), (2, "x", 5, 1_000)], "id int, v string, n int, at long"),
+                 "hbase", opts)
+    sluice.write(spark.createDataFrame([(1, "b", 2_000)], "id int, v string, at long"), "hbase", opts)  # v alone
+    sluice.write(spark.createDataFrame([(1, "c", 3, 3_000)], "id int, v string, n int, at long"), "hbase", opts)
+
+    def read_versions(versions: int, stamp: str = "at long") -> list[tuple]:
+        return [tuple(r) for r in spark.read.format("hbase").options(**hbase.opts(table, rowkey="id", family="d"))
+                .options(**{"read.versions": str(versions), "read.timestamp-column": "at"})
+                .schema(f"id int, v string, n int, {stamp}").load()
+                .selectExpr("id", "v", "n", "at" if stamp == "at long" else "unix_millis(at)").collect()]
+
+    assert read_versions(3) == [(1, "c", 3, 3_000), (1, "b", None, 2_000), (1, "a", 1, 1_000), (2, "x", 5, 1_000)]
+    assert read_versions(3, "at timestamp") == read_versions(3)
+    assert read_versions(2) == [(1, "c", 3, 3_000), (1, "b", None, 2_000), (2, "x", 5, 1_000)]
+    assert read_versions(1) == [(1, "c", 3, 3_000), (2, "x", 5, 1_000)]
+
+    one_version = hbase.table()  # HBase keeps one version of a cell unless told otherwise
+
+    def reader(**options: str):
+        return spark.read.format("hbase").options(**hbase.opts(one_version, rowkey="id", family="d"), **options)
+
+    with pytest.raises(Exception, match=r"read\.versions=3, and families \['d'\] .* keep only 1 version"):
+        reader(**{"read.versions": "3", "read.timestamp-column": "at"}).schema("id int, v string, at long").load() \
+            .collect()
+    with pytest.raises(Exception, match=r"read\.versions=2 gives a row per version.*read\.timestamp-column"):
+        reader(**{"read.versions": "2"}).schema("id int, v string").load().collect()
+    with pytest.raises(Exception, match=r"read\.timestamp-column 'at' is string; it must be a long"):
+        reader(**{"read.timestamp-column": "at"}).schema("id int, at string").load().collect()
