@@ -42,8 +42,9 @@ class HBase:
         return {"host": self.server.host, "port": str(self.server.port), "table": table, **more}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hbase():
-    """A fresh HBase (standalone, with its Thrift2 gateway) for the module: its JVMs stop with it."""
+    """One HBase (standalone, with its Thrift2 gateway) for the connector's tests, each on tables of its own (the
+    fault tests start the gateway again after killing it): its JVMs stop with the session."""
     with LocalHBase() as server:
         yield HBase(server)
