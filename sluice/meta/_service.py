@@ -87,18 +87,24 @@ class ConsistentVersion:
     versions: dict[str, int] = field(default_factory=dict)
 
 
+def check_url(url: str | None) -> str:
+    """The MetaService's database URL (default $SLUICE_META, then DEFAULT_PATH), refused when no backend serves it:
+    never a SQLite file named 'mysql:' in the working directory."""
+    url = url or os.environ.get("SLUICE_META") or str(DEFAULT_PATH)
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.lower() not in ("postgresql", "postgres", "sqlite"):
+        from sluice._errors import OptionError
+
+        raise OptionError(f"meta: the MetaService runs on SQLite (a path or sqlite:///path) or PostgreSQL "
+                          f"(postgresql://...), not on {scheme}://.")
+    return url
+
+
 class _Backend:
     """The differences between SQLite and PostgreSQL that the service needs."""
 
     def __init__(self, url: str | None) -> None:
-        url = url or os.environ.get("SLUICE_META") or str(DEFAULT_PATH)
-        scheme, sep, _ = url.partition("://")
-        if sep and scheme.lower() not in ("postgresql", "postgres", "sqlite"):
-            # Never a SQLite file named 'mysql:' in the working directory.
-            from sluice._errors import OptionError
-
-            raise OptionError(f"meta: the MetaService runs on SQLite (a path or sqlite:///path) or PostgreSQL "
-                              f"(postgresql://...), not on {scheme}://.")
+        url = check_url(url)
         self.is_pg = url.startswith(("postgresql://", "postgres://"))
         if self.is_pg:
             self.url, self.param = url, "%s"

@@ -15,6 +15,7 @@ from sluice.connector import (
     check_key_columns,
 )
 from sluice.meta import MetaService
+from sluice.meta._service import check_url
 from sluice.tablestore._options import READ_SPEC, WRITE_SPEC
 from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
 from sluice.tablestore._source import (
@@ -49,18 +50,20 @@ class TableStoreDataSource(EngineDataSource):
         table = _table(opts)
         op = opts["upsert.op-column"]
         check_key_columns(schema.fieldNames(), opts["primary-key"], op)
-        if op and not opts["primary-key"] and not (table.exists() and table.primary_key()):
+        created = not table.exists()
+        if op and not opts["primary-key"] and (created or not table.primary_key()):
             raise OptionError("upsert.op-column needs a primary key (option primary-key)")
         arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]))
-        if table.exists():
+        if created:
+            check_url(opts["meta"])  # the commit needs it: refused before a table is made
+            table.create(arrow, tuple(opts["primary-key"]))
+        else:
             table.check_schema(arrow)
             if opts.is_set("primary-key") and tuple(opts["primary-key"]) != table.primary_key():
                 raise OptionError(f"table '{table.name}' has primary key {list(table.primary_key())}; the write asks "
                                   f"for {list(opts['primary-key'])}")
-        else:
-            table.create(arrow, tuple(opts["primary-key"]))
         key = tuple(opts["primary-key"]) or table.primary_key()
-        return TableStoreWritePlan(self.format_name, opts, schema, config, table, key)
+        return TableStoreWritePlan(self.format_name, opts, schema, config, table, key, created)
 
     def _refuse_overwrite(self, overwrite: bool, streaming: bool) -> None:
         if overwrite and not (streaming and WRITE_SPEC.parse(self.options)["primary-key"]):

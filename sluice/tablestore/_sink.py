@@ -100,8 +100,8 @@ class TableStoreCommitter(Committer):
     """One Delta version per write or micro-batch, at its barrier; replays are detected by the table's app
     transaction (table.commit)."""
 
-    def __init__(self, table: StoreTable, opts: Any) -> None:
-        self.table, self.opts = table, opts
+    def __init__(self, table: StoreTable, opts: Any, created: bool) -> None:
+        self.table, self.opts, self.created = table, opts, created
 
     def commit(self, messages: list[Any], context: WriteContext) -> None:
         files = [StagedFile(**m) for m in messages if m]
@@ -133,12 +133,15 @@ class TableStoreCommitter(Committer):
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])
+        if self.created:  # made by this write's plan: a failed first write leaves no empty table
+            self.table.drop_if_unwritten()
 
 
 @dataclass(frozen=True)
 class TableStoreWritePlan(WritePlan):
     table: StoreTable
     key: tuple[str, ...]
+    created: bool = False  # the plan made the table (it did not exist)
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         rows, table, key = ArrowRows(), self.table, self.key
@@ -150,7 +153,7 @@ class TableStoreWritePlan(WritePlan):
         return TaskWriter(encode, ParquetStore(table, rows, context))
 
     def committer(self) -> Committer:
-        return TableStoreCommitter(self.table, self.options)
+        return TableStoreCommitter(self.table, self.options, self.created)
 
 
 def check_key(table: StoreTable, key: tuple[str, ...], batch: pa.RecordBatch) -> None:

@@ -156,6 +156,14 @@ class StoreTable:
                                        "delta.deletedFileRetentionDuration": TOMBSTONE_RETENTION},
                         storage_options=self.warehouse.storage_options())
 
+    def drop_if_unwritten(self) -> bool:
+        """Remove the table when it holds nothing but its creation (version 0): a write that created it and failed
+        before its first commit leaves nothing behind. True when removed."""
+        if not self.exists() or self.delta().version() != 0:
+            return False
+        self.warehouse.filesystem().delete_dir(self.warehouse.path(self.uri))
+        return True
+
     def check_schema(self, schema: pa.Schema) -> None:
         have = pa.schema(self.delta().schema().to_arrow())
         names = {f.name: f for f in have}

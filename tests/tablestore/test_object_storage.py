@@ -58,6 +58,11 @@ def test_executors_write_into_the_bucket_and_the_driver_commits(spark, s3, store
     assert read(spark, store, "events", barrier=barrier).count() == 1000
     assert sorted((r.id, r.k) for r in read(spark, store, "keyed").collect()) == [(0, 0), (1, 10), (3, 3), (5, 50)]
 
+    nulls = spark.createDataFrame([(1, 1), (None, 2)], "id long, k long")
+    with pytest.raises(Exception, match=r"null primary-key column 'id'"):
+        sluice.write(nulls, "tablestore", {"table": "failed", "primary-key": "id", **store})
+    assert not [k for k in s3.keys(prefix(store)) if k.split("/")[1] == "failed"], "a failed first write left objects"
+
 
 def test_storage_secrets_stay_out_of_plans_reprs_and_errors(spark, s3, store):
     secret = s3.secret_key

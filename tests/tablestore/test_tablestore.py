@@ -1,6 +1,8 @@
 """format("tablestore") on real Delta tables (deltalake) with a SQLite MetaService: appends, upserts, barriers,
 replayed commits, reads at a version / barrier / consistent version."""
 
+from pathlib import Path
+
 import pytest
 
 import sluice
@@ -160,6 +162,22 @@ def test_a_metaservice_url_it_cannot_use_is_refused(spark, store, tmp_path):
     with pytest.raises(Exception, match=r"MetaService runs on SQLite .* or PostgreSQL .*not on mysql://"):
         spark.range(0, 3).write.format("tablestore").option("table", "t").options(
             **{**store, "meta": "mysql://db/meta"}).mode("append").save()
+    assert not StoreTable("t", store["warehouse"]).exists(), "a refused write made the table"
+
+
+def test_a_first_write_that_fails_leaves_no_table_and_a_later_one_is_kept(spark, store):
+    bad = spark.createDataFrame([(7, 70), (None, 80)], "id long, v long").coalesce(1)
+    with pytest.raises(Exception, match=r"null primary-key column 'id'"):
+        bad.write.format("tablestore").option("table", "fresh").option("primary-key", "id").options(**store) \
+            .mode("append").save()
+    assert not StoreTable("fresh", store["warehouse"]).exists(), "the failed first write left an empty table"
+    assert not (Path(store["warehouse"]) / "fresh").exists()
+    good = bad.where("id IS NOT NULL")
+    good.write.format("tablestore").option("table", "fresh").option("primary-key", "id").options(**store) \
+        .mode("append").save()
+    with pytest.raises(Exception, match=r"null primary-key column 'id'"):
+        bad.write.format("tablestore").option("table", "fresh").options(**store).mode("append").save()
+    assert [tuple(r) for r in read(spark, store, "fresh").collect()] == [(7, 70)]  # a written table stays
 
 
 def test_a_warehouse_uri_the_store_cannot_honour_is_refused_never_made_a_local_folder(spark, store, tmp_path,
