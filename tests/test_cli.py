@@ -5,7 +5,8 @@ from pathlib import Path
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True)
+    """`python -m sluice ...`: what the `sluice` script runs."""
+    return subprocess.run([sys.executable, "-m", "sluice", *args], capture_output=True, text=True)
 
 
 def test_formats_and_options_commands():
