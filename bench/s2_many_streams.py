@@ -1,4 +1,4 @@
-"""Seed 000's split table at scale: the same rows routed by `s2.stream=st/{k}` into 1 .. 10,000 streams.
+"""The sink-modes design's split table at scale: the same rows routed by `s2.stream=st/{k}` into 1 .. 10,000 streams.
 
 Run: `.venv/bin/python bench/s2_many_streams.py` (in-memory local S2 server; 100,000 rows of ~100 bytes,
 2 Spark tasks, unordered, streams created by the sink). Every row is checked to be on the right stream.

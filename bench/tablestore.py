@@ -1,4 +1,4 @@
-"""Table store benchmark (seed 001): what a barrier commit costs, how a long-running table ages, and how
+"""Table store benchmark (FLIP-276): what a barrier commit costs, how a long-running table ages, and how
 consistent-read planning scales.
 
 Run: `.venv/bin/python bench/tablestore.py [--store local|s3] [--compaction on|off|both] [--compact-min-files N]`

@@ -3,9 +3,9 @@
 A sink is an `EngineDataSource` subclass with an `OptionSpec` and a `plan_write()` that returns a `WritePlan`;
 the plan's `open_task()` gives each Spark task an encoder (Arrow RecordBatch -> `Encoded`) and a `Store`
 (one `submit(batch)` per request; `BlockingStore` for blocking clients). Transactional sinks add a `Committer`.
-The engine does the buffering, batching (`BatchCreator`/`RequestBuffer`, seed 003), ordering, retries and
+The engine does the buffering, batching (`BatchCreator`/`RequestBuffer`, FLIP-509), ordering, retries and
 back-pressure. A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served to Spark by
-`SplitBatchReader` / `SplitStreamReader` (seed 002). `register_format` makes a format known to
+`SplitBatchReader` / `SplitStreamReader` (FLIP-27). `register_format` makes a format known to
 `sluice.write()` and `sluice.register()`.
 
 Built-in connectors (ClickHouse, ...) are written on these names only.

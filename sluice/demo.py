@@ -7,7 +7,7 @@
 4. The streams are read back with spark.read.format("s2") (record counts) and format("s2_upsert"), which
    materializes them: the latest row per key wins, deletes remove the key. The result is checked against
    what the generator meant to produce.
-5. Two-hop streaming ETL over the table store (seed 001): job A streams the S2 changelog into the Delta
+5. Two-hop streaming ETL over the table store (FLIP-276): job A streams the S2 changelog into the Delta
    table `orders` (upserts, one barrier per micro-batch); job B streams the change feed of `orders` into
    `region_totals` (an aggregation committed with A's barriers). A consistent read of both tables at one
    barrier shows the same money in both; the MetaService prints the lineage.

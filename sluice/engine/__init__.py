@@ -1,4 +1,5 @@
-"""The store-independent sink engine (seeds 000 and 003). Pure Python: importing it never imports pyspark.
+"""The store-independent sink engine (the sink-modes design and FLIP-509). Pure Python: importing it never imports
+pyspark.
 
 A store plugs in by implementing `Store.submit(batch) -> Future` and `Store.classify(error)`;
 `AsyncSinkWriter` does the buffering, batching, ordering, back-pressure, rate limiting and retries.

@@ -91,7 +91,7 @@ class AlignedBatchCreator(BatchCreator):
 class PartitionKeyBatchCreator(BatchCreator):
     """A batch never mixes partition keys, and a key with a batch in flight is skipped.
 
-    Seed 003's Cassandra case: batches within one partition key. Skipping busy keys is what keeps
+    FLIP-509's Cassandra case: batches within one partition key. Skipping busy keys is what keeps
     per-key order while batches of different keys are in flight concurrently. The fullest sendable key goes
     first, so per-key batches stay as large as the buffer allows; when only a size trigger fired
     (`RequestInfo.partial` false) it must hold a full batch (records or bytes), else nothing is cut yet.

@@ -158,7 +158,7 @@ class DequeRequestBuffer(RequestBuffer):
 
 
 class KeyedRequestBuffer(RequestBuffer):
-    """Partition key -> FIFO list, for partition-ordered sinks (seed 000, 3b).
+    """Partition key -> FIFO list, for partition-ordered sinks (the sink-modes design, 3b).
 
     Keys are indexed by how many entries they hold, so that the fullest key is found without looking at every
     buffered key: a write routed over 20,000 Cassandra partitions or S2 streams cuts each batch in time

@@ -43,7 +43,7 @@ SINK_OPTIONS: tuple[Option, ...] = (
     Option(
         "sink.batch-by", "choice", "bucket",
         "partition-ordered only: 'bucket' batches rows of one hash bucket (several keys may share a batch); 'key' "
-        "makes every batch hold exactly one partition-key value (seed 003's per-partition batches).",
+        "makes every batch hold exactly one partition-key value (FLIP-509's per-partition batches).",
         choices=("bucket", "key"),
     ),
     Option(

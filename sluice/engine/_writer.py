@@ -1,4 +1,4 @@
-"""AsyncSinkWriter: ring buffer -> buffer manager -> batches -> store, with the three modes of seed 000.
+"""AsyncSinkWriter: ring buffer -> buffer manager -> batches -> store, with the three modes of the sink-modes design.
 
 Threads: the caller's thread (a Spark task) pushes chunks of encoded entries into a small bounded ring
 (the seed's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all

@@ -1,4 +1,4 @@
-"""The MetaService of seed 001: job/table lineage and each table's completed barriers, in a real database.
+"""The MetaService of FLIP-276: job/table lineage and each table's completed barriers, in a real database.
 
     from sluice.meta import MetaService
     meta = MetaService()                                  # .sluice/meta.db, or MetaService("postgresql://...")

@@ -1,4 +1,4 @@
-"""MetaService (seed 001 / FLIP-276): jobs, their source and sink tables, and each table's completed barriers.
+"""MetaService (FLIP-276): jobs, their source and sink tables, and each table's completed barriers.
 
 Lives in a real database: a SQLite file by default (`.sluice/meta.db`), PostgreSQL when jobs run on several
 machines. Jobs coordinate only through database transactions: registration takes the database's write

@@ -1,4 +1,4 @@
-"""Split sources (seed 002): a driver-side SplitEnumerator and executor-side SplitReaders, mapped onto Spark."""
+"""Split sources (FLIP-27): a driver-side SplitEnumerator and executor-side SplitReaders, mapped onto Spark."""
 
 from sluice.source._framework import (
     Split,

@@ -1,4 +1,4 @@
-"""Split sources (seed 002 / FLIP-27) on Spark's Python Data Source API.
+"""Split sources (FLIP-27) on Spark's Python Data Source API.
 
 A `SplitEnumerator` runs on the driver: it finds splits (and, for streaming, new ones over time) and
 knows where each split's data starts and ends. A `SplitReader` runs on executors and reads one split

@@ -77,9 +77,9 @@ class WritePlan:
         return None
 
     def batch_creator(self) -> BatchCreator | None:
-        """The connector's default BatchCreator (seed 003); None = the engine's default for the mode."""
+        """The connector's default BatchCreator (FLIP-509); None = the engine's default for the mode."""
         return None
 
     def request_buffer(self) -> RequestBuffer | None:
-        """The connector's default RequestBuffer (seed 003); None = the engine's default for the mode."""
+        """The connector's default RequestBuffer (FLIP-509); None = the engine's default for the mode."""
         return None

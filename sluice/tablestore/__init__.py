@@ -1,4 +1,4 @@
-"""The table store of seed 001: Delta tables by name, committed per barrier, read at consistent versions.
+"""The table store of FLIP-276: Delta tables by name, committed per barrier, read at consistent versions.
 
 See `_source.py` for `format("tablestore")` reads and `read_consistent`, `_sink.py` for writes, `_table.py` for
 commits, `_barriers.py` for how a micro-batch's barrier passes from a table-store source to a table-store sink, and

@@ -1,5 +1,5 @@
 """docs/connectors.md is executed: its Python blocks are one module, which must build a working connector on the
-public SDK alone; the same connector shows seed 003's batching options working (and failing when switched off)."""
+public SDK alone; the same connector shows FLIP-509's batching options working (and failing when switched off)."""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""The acceptance scenario of seed 001: job A upserts generated orders into `orders`; job B aggregates the
+"""The acceptance scenario of FLIP-276: job A upserts generated orders into `orders`; job B aggregates the
 change feed of `orders` into `customer_totals`; both streaming. A checker reads both tables at their
 consistent version in a loop (the sums must agree every time) and at their latest versions (they are shown to
 disagree). Job B is killed mid-batch and restarted from its checkpoint: no barrier is committed twice, the

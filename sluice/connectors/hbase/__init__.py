@@ -1,5 +1,6 @@
 """Apache HBase from PySpark: `format("hbase")` puts and deletes by row key, every cell with its timestamp, in
-batches of one region each (seed 000's second mode), through HBase's Thrift2 gateway; reads one split per region.
+batches of one region each (the sink-modes design's second mode), through HBase's Thrift2 gateway; reads one split
+per region.
 
     import sluice
     spark = sluice.session()

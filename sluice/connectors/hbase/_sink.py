@@ -2,7 +2,7 @@
 
 - Order: the write is partition-ordered by the row key's columns (one key's rows share a task, in order), and
   each task groups its rows by the region their key falls in (the region start keys, learned once per write):
-  one batch per region in flight, regions concurrently (seed 000's second mode; the design's batching by
+  one batch per region in flight, regions concurrently (the sink-modes design's second mode; the design's batching by
   partition). A region that splits during the write only makes the grouping coarser: the gateway routes every
   put to the region that holds it now.
 - Timestamps: every put and delete carries its cell timestamp (milliseconds), fixed when the row is encoded, so

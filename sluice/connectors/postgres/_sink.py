@@ -1,4 +1,4 @@
-"""`format("postgres")` writes: the three sink modes of seed 000 on one transactional store.
+"""`format("postgres")` writes: the three modes of the sink-modes design on one transactional store.
 
 - unordered: each engine batch is one COPY BINARY (ADBC, Arrow in) straight into the table when the Arrow
   types are exactly the table's, else into a per-connection temporary table and INSERT ... SELECT.

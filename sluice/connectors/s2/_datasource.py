@@ -58,8 +58,8 @@ class _S2Base(EngineDataSource):
         columns = tuple(StreamRouter(opts["s2.stream"], schema.fieldNames()).columns)
         if not columns or config.mode != UNORDERED:
             return config
-        # Rows routed over a template (seed 000's split table): batch per target stream, as seed 003's per-key
-        # batches do, or every append would carry a row or two of each stream (1,000 streams: 57 s instead of
+        # Rows routed over a template (the sink-modes design's split table): batch per target stream, as FLIP-509's
+        # per-key batches do, or every append would carry a row or two of each stream (1,000 streams: 57 s instead of
         # 4 s for 100k rows, bench/s2_many_streams.py). Keyed batching also keeps each stream's order per task,
         # which only strengthens `unordered`. A larger buffer lets per-stream batches fill up.
         return replace(
