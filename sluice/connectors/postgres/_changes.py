@@ -108,6 +108,11 @@ CHANGES_OPTIONS = (
            "Create the slot as a failover slot (PostgreSQL 17+): a physical standby with sync_replication_slots = on "
            "keeps a synchronized copy, so after a failover the stream goes on from the promoted standby (point 'url' "
            "at it; docs/postgres.md). Applies when sluice creates the slot; refused on servers before 17."),
+    Option("slot.log-restart-point", "bool", True,
+           "PostgreSQL 16+: when planning a micro-batch, log a running-transactions record "
+           "(pg_log_standby_snapshot()), so the slot's restart_lsn follows the query and each batch's decoding "
+           "starts near its position, not up to 15 s of WAL back (the server logs one that often). Needs EXECUTE on "
+           "the function (superusers by default); without it, a warning and the server's own records."),
     Option("snapshot", "bool", True,
            "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
            "(every row as an insert), then stream changes from exactly there. false: changes only."),
@@ -606,6 +611,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         self._reported: dict[str, Any] | None = None
         self._initial: dict | None = None
         self._guard = SlotGuard(stream.conn, stream.slot)  # held from the first offset on, released by stop()
+        self._log_restart_points = opts["slot.log-restart-point"]  # off when the server cannot
+        self._nothing_before: int | None = None  # the WAL position up to which the last peek found no change
 
     # ------------------------------------------------------------------ driver
     def initialOffset(self) -> dict:
@@ -670,10 +677,14 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         begin = self._advance(pg, begin)  # Spark committed every batch before `start`: the slot may move
         flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
         upto = flush if self._target is None else min(flush, self._target)
-        if upto <= begin:
+        if upto <= begin or upto == self._nothing_before:  # no WAL since the last look found no change
             return self._same_or(start, {"lsn": format_lsn(begin)})
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = self._cut(pg, begin, upto, budget)
+        if end == begin:
+            self._nothing_before = upto  # Spark polls every few ms: peek again only once the WAL moved
+        elif self._log_restart_points:  # a batch with changes (never an idle poll: the record is WAL too)
+            self._log_restart_point(pg)
         quiet = end == begin and upto - begin >= self.opts["quiet-advance-wal-bytes"]
         if quiet:  # the peek saw no transaction of the publication before `upto`: nothing to read up to there
             log.info("slot %s: no change of the publication's tables in %d bytes of WAL; moving on to %s", s.slot,
@@ -682,6 +693,27 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         if self._reported is not None:
             self._reported["lsn"] = format_lsn(end)
         return {"lsn": format_lsn(end), "quiet": True} if quiet else self._same_or(start, {"lsn": format_lsn(end)})
+
+    def _log_restart_point(self, pg: Any) -> None:
+        """Log a running-transactions record: where the slot can restart decoding. Every peek decodes from the slot's
+        restart_lsn, which moves only past such records; the server logs one every 15 s, so without this a batch
+        re-decoded up to 15 s of WAL before reaching its own (measured: docs/postgres.md, freshness)."""
+        import psycopg
+
+        if pg.info.server_version < 160000:  # pg_log_standby_snapshot() is PostgreSQL 16's
+            self._log_restart_points = False
+            return
+        try:
+            lsn = pg.execute("SELECT pg_log_standby_snapshot()::text").fetchone()[0]
+        except psycopg.errors.InsufficientPrivilege:
+            self._log_restart_points = False
+            log.warning("slot %s: this role may not run pg_log_standby_snapshot(), so each micro-batch decodes from "
+                        "the last running-transactions record the server logged (up to 15 s of WAL back). GRANT "
+                        "EXECUTE ON FUNCTION pg_log_standby_snapshot() TO the role, or set "
+                        "slot.log-restart-point=false to silence this.", self.stream.slot)
+            return
+        if self._reported is not None:
+            self._reported["restart_point"] = lsn
 
     @staticmethod
     def _same_or(start: dict, end: dict) -> dict:

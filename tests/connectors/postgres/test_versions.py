@@ -174,3 +174,33 @@ def test_virtual_generated_columns_of_postgresql_18_are_left_out_like_stored_one
     reader.stop()
     assert "twice" not in reader.schema.fieldNames(), "pgoutput sends no generated column"
     assert [(r["id"], r["qty"]) for r in snapshot.to_pylist() + changes.to_pylist()] == [(1, 5), (2, 7)]
+
+
+def test_from_16_on_each_batch_logs_a_restart_point_the_slot_moves_to(lpg):
+    """Every peek decodes from the slot's restart_lsn, which moves only past a running-transactions record. From 16
+    on the reader logs one per planned batch (pg_log_standby_snapshot), so after two more batches the slot restarts
+    from it; switched off (and before 16) no record is logged and the server's own, every 15 s, are all there is."""
+    from sluice.connectors.postgres._pgoutput import parse_lsn
+
+    t = new_table(lpg.url, "restart_points")
+    major = server_major(lpg.url)
+    for on in (True, False):
+        slot = f"restart_points_{str(on).lower()}"
+        reader = stream(lpg.url, table=t, snapshot="false", slot=slot, **{"slot.log-restart-point": str(on).lower()})
+        position = reader.initialOffset()
+        logged = []
+        for i in range(3):
+            sql(lpg.url, f"INSERT INTO {t} VALUES ({i + 10 * on}, 'x')")
+            end, rows = batch(reader, position)
+            assert rows.num_rows == 1
+            reader.commit(end)
+            position = end
+            logged.append(reader.reportLatestOffset().get("restart_point"))
+        restart = parse_lsn(sql(lpg.url, f"SELECT restart_lsn::text FROM pg_replication_slots "
+                                         f"WHERE slot_name = '{slot}'")[0][0])
+        reader.stop()
+        if on and major >= 16:
+            assert all(logged), logged
+            assert restart >= parse_lsn(logged[0]), f"restart_lsn {restart:X} did not reach the first point {logged}"
+        else:
+            assert logged == [None] * 3, "no running-transactions record logged"
