@@ -1,7 +1,8 @@
 """Freshness benchmark: how long a committed change takes to reach its target, measured as a new user would.
 
-Run: `.venv/bin/python bench/latency.py [--rates 1000,10000,50000] [--seconds 30] [--warmup 10]` (starts a
-throwaway PostgreSQL with wal_level=logical; nothing else should run).
+Run: `.venv/bin/python bench/latency.py [--hops pg-pg,chain] [--rates 1000,10000,50000] [--chain-rates 1000,10000]
+[--seconds 30] [--warmup 10]` (starts a throwaway PostgreSQL with wal_level=logical and a local S2 server; nothing else
+should run).
 
 The hop: a writer thread commits transactions of 10, 100 or 500 rows, 100 a second (1k, 10k, 50k changes/s), into
 `src`; `spark.readStream.format("postgres_changes")` with the default trigger copies them into `dst`
@@ -14,6 +15,14 @@ that arrived over the measured seconds), and where the time went:
 - in batch: from the batch's start to the row's arrival;
 - Spark's phases of the batches (durationMs of the query's progress, medians): latestOffset (the source planning
   the batch end), queryPlanning, addBatch (the fetch and the write), walCommit and commitOffsets (checkpoint files).
+The chained hops (`--hops chain`), as a user chains them, all running at once: PostgreSQL `src` ->
+`postgres_changes` -> an S2 stream (local S2 server) -> `format("s2")` -> a table-store table -> its change feed ->
+PostgreSQL `dst_chain`. Each row carries the times it was stamped on the way (microseconds since the epoch, one
+clock): the source commit (`_commit_time`), its S2 record's arrival (the server's timestamp), the Delta commit of its
+table-store version (from the table's history), and its arrival in `dst_chain`; each hop's latency is the difference
+of two consecutive stamps.
+The anchor (unless --no-debezium): Debezium's embedded engine (bench/_debezium.py, from Maven Central) on the same
+table and load through a slot of its own, from commit to its consumer callback, measured in the same run.
 Spark's own floor on this machine, the same query shape with nothing to do: the median micro-batch cycle
 (triggerExecution) of a minimal Python streaming source into a Python sink, and of the JVM's `rate` source into
 `noop`. Spark's own figures come from `query.recentProgress`.
@@ -35,7 +44,8 @@ from datetime import date, datetime
 from pathlib import Path
 
 import psycopg
-import pyarrow as pa
+from _debezium import DEBEZIUM_VERSION, Debezium
+from _spark_floor import spark_floor
 
 # This script's own folder comes first on sys.path, where bench/cassandra.py would shadow the driver's package.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -93,7 +103,13 @@ def phase_medians(progress: list[dict]) -> dict[str, float]:
     return {name: statistics.median(ms) for name, ms in sorted(phases.items())}
 
 
-def measure_rate(spark, pg_url: str, rate: int, seconds: float, warmup: float, workdir: str) -> dict:
+def spread(ms: list[float]) -> dict[str, int]:
+    return {"p50_ms": round(percentile(ms, .5)), "p95_ms": round(percentile(ms, .95)),
+            "p99_ms": round(percentile(ms, .99)), "max_ms": round(max(ms))}
+
+
+def measure_rate(spark, pg_url: str, rate: int, seconds: float, warmup: float, workdir: str,
+                 anchor: bool = True, changes_options: dict[str, str] | None = None) -> dict:
     rows = rate // BATCHES_PER_SECOND
     tag = f"r{rate}"
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -104,17 +120,23 @@ def measure_rate(spark, pg_url: str, rate: int, seconds: float, warmup: float, w
         conn.execute(f"DROP PUBLICATION IF EXISTS {PUBLICATION}")
         conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE src")
     source = (spark.readStream.format("postgres_changes")
-              .options(url=pg_url, table="src", publication=PUBLICATION, slot=f"latency_{tag}").load())
+              .options(url=pg_url, table="src", publication=PUBLICATION, slot=f"latency_{tag}")
+              .options(**(changes_options or {})).load())
     query = (source.selectExpr("id", "n", "payload", "_commit_time AS commit_time").writeStream
              .format("postgres").options(url=pg_url, table=f"dst_{tag}")
              .option("checkpointLocation", os.path.join(workdir, f"checkpoint-{tag}")).start())
     writer = Writer(pg_url, rows)
+    # The anchor: Debezium's embedded engine on the same table and load, through a slot of its own.
+    debezium = Debezium(pg_url, f"latency_dbz_{tag}", PUBLICATION, "public.src") if anchor else None
+    pairs: list[tuple[int, int]] = []
     try:
         # Wait for the query's first (empty snapshot) batch before offering load: its start is not freshness.
         deadline = time.monotonic() + 120
         while not query.recentProgress and time.monotonic() < deadline:
             query.awaitTermination(0.2)
         assert query.recentProgress, f"the query made no progress in 120 s: {query.exception()}"
+        if debezium is not None:
+            debezium.wait_ready()
         writer.start()
         time.sleep(warmup)  # the load's pace, not an event to wait for
         with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -136,6 +158,8 @@ def measure_rate(spark, pg_url: str, rate: int, seconds: float, warmup: float, w
         if writer.is_alive():
             writer.stop()
         query.stop()
+        if debezium is not None:
+            pairs = debezium.stop()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         lat = conn.execute(
             f"SELECT extract(epoch FROM arrived_at - commit_time) * 1000, extract(epoch FROM commit_time), "
@@ -160,94 +184,128 @@ def measure_rate(spark, pg_url: str, rate: int, seconds: float, warmup: float, w
     return {
         "rate_offered": rate, "rows_per_transaction": rows, "changes_measured": len(latencies),
         "sustained_per_s": round(arrived / seconds), "writer_behind_max_s": round(writer.behind_max_s, 3),
-        "p50_ms": round(percentile(latencies, 0.50)), "p95_ms": round(percentile(latencies, 0.95)),
-        "p99_ms": round(percentile(latencies, 0.99)), "max_ms": round(max(latencies)),
+        **spread(latencies),
         "wait_p50_ms": round(percentile(waits, 0.5)) if waits else None,
         "in_batch_p50_ms": round(percentile(in_batch, 0.5)) if in_batch else None,
         "batches": len(batches), "rows_per_batch_median": statistics.median(p["numInputRows"] for p in batches),
         "phases_median_ms": phase_medians(progress),
+        **({"debezium": debezium_figures(pairs, measure_from.timestamp() * 1e6, measure_to.timestamp() * 1e6)}
+           if anchor else {}),
     }
+
+
+def debezium_figures(pairs: list[tuple[int, int]], low_us: float, high_us: float) -> dict:
+    """Commit to Debezium's consumer callback, for the changes committed in [low, high)."""
+    ms = [(arrival - commit) / 1000 for commit, arrival in pairs if low_us <= commit < high_us]
+    assert ms, f"Debezium delivered none of the measured changes ({len(pairs)} in all)"
+    return {"version": DEBEZIUM_VERSION, "changes_measured": len(ms), **spread(ms)}
+
+
+def _start_when(ready, what: str, timeout: float = 180) -> None:
+    """Wait until `ready()` (the chain's next hop needs what the previous one made); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s"
+        time.sleep(0.2)  # polling stores that offer no event to wait on
+
+
+def measure_chain(spark, pg_url: str, s2_url: str, rate: int, seconds: float, warmup: float, workdir: str) -> dict:
+    """PostgreSQL -> S2 -> table store -> PostgreSQL, three streaming queries at once; each hop's latency."""
+    from deltalake import DeltaTable
+
+    from sluice.tablestore import StoreTable
+
+    tag = f"c{rate}"
+    s2 = {"s2.basin": f"latency-{tag}", "s2.endpoints.account": s2_url, "s2.endpoints.basin": s2_url,
+          "s2.auth-token": "local"}
+    store = {"table": f"chain_{tag}", "warehouse": os.path.join(workdir, "warehouse"),
+             "meta": os.path.join(workdir, "meta.db")}
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS src, dst_{tag}")
+        conn.execute("CREATE TABLE src (id bigserial PRIMARY KEY, n int, payload text)")
+        conn.execute("INSERT INTO src (n, payload) VALUES (0, 'seed')")  # makes the S2 stream and the table
+        conn.execute(f"CREATE TABLE dst_{tag} (id bigint, n int, commit_us bigint, s2_us bigint, version bigint, "
+                     "arrived_at timestamptz DEFAULT clock_timestamp())")
+        conn.execute(f"DROP PUBLICATION IF EXISTS {PUBLICATION}")
+        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE src")
+
+    def checkpoint(name: str) -> str:
+        return os.path.join(workdir, f"checkpoint-{tag}-{name}")
+
+    to_s2 = (spark.readStream.format("postgres_changes")
+             .options(url=pg_url, table="src", publication=PUBLICATION, slot=f"latency_{tag}").load()
+             .selectExpr("id", "n", "payload", "unix_micros(_commit_time) AS commit_us").writeStream.format("s2")
+             .options(**s2, **{"s2.stream": "changes", "s2.create-basin": "true", "s2.create-streams": "true"})
+             .option("checkpointLocation", checkpoint("s2")).start())
+    queries = [to_s2]
+    writer = Writer(pg_url, rate // BATCHES_PER_SECOND)
+    try:
+        _start_when(lambda: any(p.numInputRows for p in to_s2.recentProgress), "change in S2")
+        to_store = (spark.readStream.format("s2").options(**s2, **{"s2.streams": "changes", "format": "json"})
+                    .schema("id long, n int, payload string, commit_us long, timestamp timestamp").load()
+                    .selectExpr("id", "n", "payload", "commit_us", "unix_micros(timestamp) AS s2_us").writeStream
+                    .format("tablestore").options(**store).option("checkpointLocation", checkpoint("store"))
+                    .option("log-retention-versions", "1000000").start())  # every version's commit time stays
+        queries.append(to_store)
+        table = StoreTable(store["table"], store["warehouse"])
+        _start_when(table.exists, "table-store table")
+        to_pg = (spark.readStream.format("tablestore").options(**store).option("changes", "true").load()
+                 .selectExpr("id", "n", "commit_us", "s2_us", "_commit_version AS version").writeStream
+                 .format("postgres").options(url=pg_url, table=f"dst_{tag}")
+                 .option("checkpointLocation", checkpoint("pg")).start())
+        queries.append(to_pg)
+
+        def arrived() -> int:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                return conn.execute(f"SELECT count(*) FROM dst_{tag}").fetchone()[0]
+
+        _start_when(lambda: arrived() > 0, "row through the whole chain")
+        writer.start()
+        time.sleep(warmup)  # the load's pace, not an event to wait for
+        measure_from = time.time() * 1e6
+        time.sleep(seconds)
+        measure_to = time.time() * 1e6
+        writer.stop()
+        total = writer.committed + 1  # and the seed row
+        _start_when(lambda: arrived() >= total, "catch-up of every committed change", 300)
+        progress = {name: [json.loads(p.json) for p in q.recentProgress]
+                    for name, q in zip(("to_s2", "to_store", "to_pg"), queries, strict=True)}
+    finally:
+        if writer.is_alive():
+            writer.stop()
+        for q in queries:
+            q.stop()
+    committed_at = {h["version"]: h["timestamp"] * 1000 for h in DeltaTable(table.uri).history()}  # ms -> us
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(f"SELECT commit_us, s2_us, version, extract(epoch FROM arrived_at) * 1e6 FROM dst_{tag} "
+                            "WHERE commit_us >= %s AND commit_us < %s", (measure_from, measure_to)).fetchall()
+        delivered = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM dst_{tag}").fetchone()
+        conn.execute(f"SELECT pg_drop_replication_slot('latency_{tag}')")
+    assert delivered[0] == delivered[1] == total, f"delivered {delivered} of {total} changes"
+    hops = {"postgres_to_s2": [(s2_us - commit) / 1000 for commit, s2_us, _, _ in rows],
+            "s2_to_tablestore": [(committed_at[v] - s2_us) / 1000 for _, s2_us, v, _ in rows],
+            "tablestore_to_postgres": [(float(at) - committed_at[v]) / 1000 for _, _, v, at in rows],
+            "end_to_end": [(float(at) - commit) / 1000 for commit, _, _, at in rows]}
+    return {"rate_offered": rate, "changes_measured": len(rows),
+            "sustained_per_s": round(len(rows) / seconds), "writer_behind_max_s": round(writer.behind_max_s, 3),
+            **{hop: spread(ms) for hop, ms in hops.items()},
+            "phases_median_ms": {name: phase_medians(p) for name, p in progress.items()}}
 
 
 def _epoch(timestamp: str) -> float:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
-def spark_floor(spark, workdir: str, batches: int = 20) -> dict[str, float]:
-    """Median micro-batch cycle with nothing to do: a minimal Python source into a Python sink, and the JVM's rate
-    source into noop, both with the default trigger."""
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceStreamReader,
-        DataSourceStreamWriter,
-        InputPartition,
-        WriterCommitMessage,
-    )
-
-    class TickReader(DataSourceStreamReader):
-        def __init__(self) -> None:
-            self.tick = 0
-
-        def initialOffset(self) -> dict:
-            return {"tick": 0}
-
-        def latestOffset(self) -> dict:
-            self.tick += 1  # one new row per batch: every batch has input
-            return {"tick": self.tick}
-
-        def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-            return [InputPartition(end["tick"])]
-
-        def read(self, partition):
-            yield pa.RecordBatch.from_pydict({"tick": [partition.value]})
-
-    class TickWriter(DataSourceStreamWriter):
-        def write(self, iterator):
-            for _ in iterator:
-                pass
-            return WriterCommitMessage()
-
-        def commit(self, messages, batch_id) -> None:
-            pass
-
-        def abort(self, messages, batch_id) -> None:
-            pass
-
-    class Tick(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "latency_tick"
-
-        def schema(self) -> str:
-            return "tick long"
-
-        def streamReader(self, schema):
-            return TickReader()
-
-        def streamWriter(self, schema, overwrite):
-            return TickWriter()
-
-    spark.dataSource.register(Tick)
-    out = {}
-    for label, reader, sink in (("python_source_into_python_sink", spark.readStream.format("latency_tick"),
-                                 "latency_tick"),
-                                ("jvm_rate_into_noop", spark.readStream.format("rate").option("rowsPerSecond", 1000),
-                                 "noop")):
-        query = (reader.load().writeStream.format(sink)
-                 .option("checkpointLocation", os.path.join(workdir, f"floor-{label}")).start())
-        try:
-            while len([p for p in query.recentProgress if p.numInputRows]) < batches + 5:
-                query.awaitTermination(0.5)
-            cycles = [p.durationMs["triggerExecution"] for p in query.recentProgress if p.numInputRows][5:]
-        finally:
-            query.stop()
-        out[f"{label}_cycle_p50_ms"] = statistics.median(cycles)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", default="1000,10000,50000", help="changes/s, comma-separated")
+    parser.add_argument("--hops", default="pg-pg,chain", help="pg-pg (PostgreSQL -> PostgreSQL) and/or chain "
+                        "(PostgreSQL -> S2 -> table store -> PostgreSQL)")
+    parser.add_argument("--rates", default="1000,10000,50000", help="changes/s of the pg-pg hop, comma-separated")
+    parser.add_argument("--chain-rates", default="1000,10000", help="changes/s of the chain, comma-separated")
+    parser.add_argument("--no-debezium", action="store_true", help="leave out the anchor: Debezium's embedded "
+                        f"engine {DEBEZIUM_VERSION} beside the pg-pg hop (fetched from Maven Central once)")
+    parser.add_argument("--changes-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the pg-pg hop's postgres_changes source, e.g. slot.log-restart-point=false")
     parser.add_argument("--seconds", type=float, default=30, help="measured seconds per rate")
     parser.add_argument("--warmup", type=float, default=10, help="seconds of load before measuring")
     args = parser.parse_args()
@@ -255,21 +313,31 @@ def main() -> None:
     import pyspark
 
     import sluice
+    from sluice.s2local import LocalS2
     from sluice.testing import LocalPostgres
 
+    hops = set(args.hops.split(","))
+    if hops - {"pg-pg", "chain"}:
+        parser.error(f"--hops: unknown {sorted(hops - {'pg-pg', 'chain'})}; choose pg-pg and/or chain")
     results: dict = {"date": date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {platform.machine()}",
-                     "pyspark": pyspark.__version__, "rates": []}
+                     "pyspark": pyspark.__version__, "rates": [], "chain": []}
     with tempfile.TemporaryDirectory(prefix="sluice-latency-") as workdir, \
-            LocalPostgres(settings={"wal_level": "logical", "max_replication_slots": "10"}) as pg:
+            LocalPostgres(settings={"wal_level": "logical", "max_replication_slots": "10"}) as pg, LocalS2() as s2:
         results["postgres"] = pg.version or "default"
+        results["changes_options"] = args.changes_option
         spark = sluice.session("bench-latency")
         try:
             results["spark_floor"] = spark_floor(spark, workdir)
             print(json.dumps(results["spark_floor"]), file=sys.stderr, flush=True)
-            for rate in (int(r) for r in args.rates.split(",")):
-                figures = measure_rate(spark, pg.url, rate, args.seconds, args.warmup, workdir)
+            for rate in (int(r) for r in args.rates.split(",")) if "pg-pg" in hops else ():
+                figures = measure_rate(spark, pg.url, rate, args.seconds, args.warmup, workdir, not args.no_debezium,
+                                       dict(o.split("=", 1) for o in args.changes_option))
                 print(json.dumps(figures), file=sys.stderr, flush=True)
                 results["rates"].append(figures)
+            for rate in (int(r) for r in args.chain_rates.split(",")) if "chain" in hops else ():
+                figures = measure_chain(spark, pg.url, s2.url, rate, args.seconds, args.warmup, workdir)
+                print(json.dumps(figures), file=sys.stderr, flush=True)
+                results["chain"].append(figures)
         finally:
             spark.stop()
     print(json.dumps(results, indent=2))
