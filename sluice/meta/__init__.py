@@ -22,7 +22,8 @@ from sluice.meta._service import (
     MetaService,
     NoConsistentVersionError,
     WriterConflictError,
+    check_url,
 )
 
 __all__ = ["FAILED", "FINISHED", "RELEASED", "RUNNING", "ConsistentVersion", "Job", "LineageCycleError", "MetaError",
-           "MetaService", "NoConsistentVersionError", "WriterConflictError"]
+           "MetaService", "NoConsistentVersionError", "WriterConflictError", "check_url"]

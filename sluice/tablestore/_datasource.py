@@ -14,8 +14,7 @@ from sluice.connector import (
     SinkConfig,
     check_key_columns,
 )
-from sluice.meta import MetaService
-from sluice.meta._service import check_url
+from sluice.meta import MetaService, check_url
 from sluice.tablestore._options import READ_SPEC, WRITE_SPEC
 from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
 from sluice.tablestore._source import (
