@@ -181,7 +181,7 @@ lint: $(STAMP)
 # `make test-serial` runs them one after the other). The main suite runs its deployment tests last
 # (tests/conftest.py), after the lines' own: the heaviest tests of the two jobs do not run at the same time. What
 # both jobs need is installed first, one at a time (apt-get and pip each take a lock). The capability table is
-# checked last: it reads the main run's results.
+# checked last: it reads the main run's results. Every test's seconds land in build/junit/ (the time budget's ledger).
 TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
 	check-postgres-versions lint
 test: $(TEST_SETUP)
@@ -208,7 +208,7 @@ test-serial: test-main test-two-hop test-hbase test-postgres-versions test-spark
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
 	mkdir -p build/lines
-	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest \
+	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
 	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(TWO_HOP_TESTS))
 
 # The table store's two-hop pipelines (3 tests, ~3.5 min) run in make test's second job, after the PostgreSQL
@@ -267,6 +267,7 @@ test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhous
 	cd build/lines/$* && SLUICE_TEST_RESULTS=$(abspath build/lines/$*.json) \
 	  SLUICE_TEST_WHEEL=$$(ls $(abspath build/lines/$*/wheel)/sluice-*.whl) \
 	  $(abspath .venv-spark-$*/bin/python) -m pytest -m lines -p no:cacheprovider \
+	  --junitxml=$(abspath build/junit/spark-$*.xml) \
 	  $(filter-out $(LINES_SKIP_$*),$(LINES_TESTS))
 
 # The older lines of make test, then the capability table of docs/deploy.md checked against what the lines' tests ran.

@@ -90,12 +90,20 @@ def spark_env(tmp: Path, **more: str) -> dict[str, str]:
     return env
 
 
-def run_every_format(python: str, cfg: dict, env: dict[str, str], timeout: float = 300) -> dict:
-    """Run tests/deploy/every_format.py with `python`; its RESULT line as a dict (fails with its output)."""
-    done = subprocess.run([python, str(EVERY_FORMAT), json.dumps(cfg)], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=env["TMPDIR"])
+def run_every_format(python: str, cfg: dict, env: dict[str, str], timeout: float = 270) -> dict:
+    """Run tests/deploy/every_format.py with `python`; its RESULT line as a dict (fails with its output, which
+    names the steps it finished and their seconds). The timeout is below pytest's (300 s) so that it is this
+    one that ends a stuck run, with that output."""
+    try:
+        done = subprocess.run([python, str(EVERY_FORMAT), json.dumps(cfg)], env=env, capture_output=True, text=True,
+                              timeout=timeout, cwd=env["TMPDIR"])
+    except subprocess.TimeoutExpired as e:
+        out, err = (text.decode() if isinstance(text, bytes) else text or "" for text in (e.stdout, e.stderr))
+        raise AssertionError(f"every_format.py ran over {timeout:.0f} s; its steps:\n{out[-3000:]}\n"
+                             f"{err[-6000:]}") from None
     found = re.search(r"^RESULT (.*)$", done.stdout, re.M)
     assert done.returncode == 0 and found, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    print(*re.findall(r"^STEP .*$", done.stdout, re.M), sep="\n")  # shown with -rA or on a later failure
     return json.loads(found.group(1))
 
 

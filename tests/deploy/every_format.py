@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import uuid
 
 
@@ -55,7 +56,21 @@ def ids(df, column: str = "id") -> list[int]:
     return sorted(int(r[0]) for r in df.select(column).collect())
 
 
+class Steps:
+    """Prints each step's seconds as it ends (`STEP name seconds`): a run cut off by a timeout shows how far it got,
+    and a slow run shows where its time went."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        print(f"STEP {name} {now - self.last:.1f}", flush=True)
+        self.last = now
+
+
 def run(spark, cfg: dict) -> dict:
+    step = Steps()
     tag = uuid.uuid4().hex[:8]
     expected = list(range(100))
     rows = spark.range(0, 100, 1, 4).selectExpr("id", "concat('n', id) AS name")
@@ -63,11 +78,13 @@ def run(spark, cfg: dict) -> dict:
 
     rows.write.format("sluice_null").mode("append").save()
     out["sluice_null"] = summary(spark, cfg, "sluice_null")["records"]
+    step.done("sluice_null")
     if cfg["session"] != "plain":  # the one-call path; it must not fan out to spark.sql.shuffle.partitions (200)
         import sluice
 
         sluice.write(rows, "sluice_null", {"sink.mode": "partition-ordered", "sink.partition-key": "id"})
         out["one_call_tasks"] = summary(spark, cfg, "sluice_null")["tasks"]
+        step.done("one_call")
 
     s2 = {"s2.basin": f"deploy-{tag}", "s2.endpoints.account": cfg["s2"], "s2.endpoints.basin": cfg["s2"],
           "s2.auth-token": "local"}
@@ -77,17 +94,20 @@ def run(spark, cfg: dict) -> dict:
         .schema("id long, name string").load()
     out["s2"] = ids(read) == expected
     out["s2_summary"] = summary(spark, cfg, "s2")["records"]
+    step.done("s2")
 
     rows.write.format("s2_upsert").options(**s2, **created).option("s2.stream", "changes") \
         .option("primary-key", "id").mode("append").save()
     state = spark.read.format("s2_upsert").options(**s2).option("s2.streams", "changes") \
         .option("primary-key", "id").schema("id long, name string").load()
     out["s2_upsert"] = ids(state) == expected
+    step.done("s2_upsert")
 
     pg = {"url": cfg["pg"], "table": f"deploy_{tag}", "create-table": "true"}
     rows.write.format("postgres").options(**pg).mode("append").save()
     out["postgres"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", pg["table"]).load()) \
         == expected
+    step.done("postgres")
 
     # Change capture: the table's snapshot (micro-batch 0), then one transaction after it, streamed into an upsert
     # table by two AvailableNow runs of one query (the second resumes from the checkpoint, on the driver's machine).
@@ -108,15 +128,18 @@ def run(spark, cfg: dict) -> dict:
     stream_changes()
     out["postgres_changes"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", target)
                                   .load()) == list(range(110))
+    step.done("postgres_changes")
 
     ch = {"url": cfg["ch"]["url"], "password": cfg["ch"]["password"], "table": f"deploy_{tag}"}
     clickhouse_sql(cfg["ch"], f"CREATE TABLE {ch['table']} (id Int64, name String) ENGINE = MergeTree() ORDER BY id")
     rows.write.format("clickhouse").options(**ch).mode("append").save()
     out["clickhouse"] = ids(spark.read.format("clickhouse").options(**ch).load()) == expected
+    step.done("clickhouse")
 
     store = {"table": f"deploy_{tag}", "warehouse": cfg["warehouse"], "meta": cfg["meta"]}
     rows.write.format("tablestore").options(**store).mode("append").save()
     out["tablestore"] = ids(spark.read.format("tablestore").options(**store).load()) == expected
+    step.done("tablestore")
 
     if cfg.get("sql"):
         quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**s2, **created, "s2.stream": "sql"}.items())
@@ -125,6 +148,7 @@ def run(spark, cfg: dict) -> dict:
         quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**s2, "s2.streams": "sql", "format": "json"}.items())
         spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW s2_in (id BIGINT, name STRING) USING s2 OPTIONS ({quoted})")
         out["sql"] = ids(spark.sql("SELECT id FROM s2_in")) == expected
+        step.done("sql")
 
     from pyspark.sql.functions import udf
 
@@ -133,6 +157,7 @@ def run(spark, cfg: dict) -> dict:
     out["tasks_python"] = spark.range(1).select(probe("id")).collect()[0][0]
     where = udf(lambda _: __import__("importlib.util").util.find_spec("sluice").origin, "string")
     out["tasks_sluice"] = spark.range(1).select(where("id")).collect()[0][0]
+    step.done("probes")
     out["sluice_imported"] = "sluice" in sys.modules
     out["pyspark"] = __import__("pyspark").__version__
     return out
@@ -140,7 +165,9 @@ def run(spark, cfg: dict) -> dict:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    started = time.monotonic()
     spark = make_session(cfg)
+    print(f"STEP session {time.monotonic() - started:.1f}", flush=True)
     try:
         print("RESULT " + json.dumps(run(spark, cfg)), flush=True)
     finally:
