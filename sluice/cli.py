@@ -74,7 +74,7 @@ def _pg_connection(args: argparse.Namespace) -> Any:
 
     from sluice import OptionError
     from sluice.connectors.postgres import Connection
-    from sluice.connectors.postgres._changes import CHANGES_SPEC
+    from sluice.connectors.postgres.changes import CHANGES_SPEC
 
     if urlsplit(args.url).password:
         raise OptionError("--url carries a password, which ps shows to every user of this machine; "
@@ -83,7 +83,7 @@ def _pg_connection(args: argparse.Namespace) -> Any:
 
 
 def _postgres_slots(args: argparse.Namespace) -> int:
-    from sluice.connectors.postgres._changes import list_slots
+    from sluice.connectors.postgres.changes import list_slots
 
     for slot in list_slots(_pg_connection(args), args.prefix):
         print(f"{slot.name}  database={slot.database}  query={slot.query or 'none'}  confirmed={slot.confirmed}  "
@@ -92,7 +92,7 @@ def _postgres_slots(args: argparse.Namespace) -> int:
 
 
 def _postgres_drop(args: argparse.Namespace) -> int:
-    from sluice.connectors.postgres._changes import drop_slot
+    from sluice.connectors.postgres.changes import drop_slot
 
     drop_slot(_pg_connection(args), args.name, publication=not args.keep_publication, force=args.force)
     print(f"dropped slot {args.name}" + ("" if args.keep_publication else " (and its publication, if sluice's)"))

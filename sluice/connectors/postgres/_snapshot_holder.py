@@ -56,7 +56,7 @@ def _serve(channel: str, idle_timeout_s: float, watch_pid: int, slot: str | None
         listener.execute(f'LISTEN "{channel}"')
         if slot:
             exported = _create_slot(holder, slot, failover)
-            # Findable by a restarted query that has to replay micro-batch 0 (see _changes.py, holder_of); not on
+            # Findable by a restarted query that has to replay micro-batch 0 (see changes/_slot.py, holder_of); not on
             # the replication connection: any command there would end the exported snapshot.
             listener.execute("SELECT set_config('application_name', %s, false)",
                              (holder_name(slot, exported.split(" ")[0], channel),))

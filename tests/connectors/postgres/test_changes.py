@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from sluice import DataLossError, OptionError
-from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError, _changes
-from sluice.connectors.postgres._changes import drop_slot, list_slots
+from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError, _pgoutput
+from sluice.connectors.postgres.changes import _publication, _read, _slot, _stream, drop_slot, list_slots
+from sluice.spark._compat import to_arrow_schema
 from sluice.testing import LocalPostgres
 from tests.faults import die_while
 
@@ -35,8 +36,8 @@ def batch(reader, start, limit=None):
     end = reader.latestOffset(start, limit or reader.getDefaultReadLimit())
     parts = reader.partitions(start, end)
     batches = [b for p in parts for b in reader.read(p)]
-    table = pa.Table.from_batches(batches, schema=reader.arrow_schema) if batches else \
-        reader.arrow_schema.empty_table()
+    schema = to_arrow_schema(reader.schema)
+    table = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
     return end, table
 
 
@@ -136,7 +137,7 @@ def test_an_update_of_the_key_deletes_the_old_key_so_a_keyed_replica_keeps_no_gh
     assert replica == dict(sql(lpg.url, f"SELECT id, v FROM {t}")) == {10: "a2!", 2: "b!"}
 
     # Negative control: an update that moved the key taken as a plain update leaves the old keys behind.
-    monkeypatch.setattr(_changes.ChangeDecoder, "_key_changed", lambda self, data, rel, marker, updates, *rest:
+    monkeypatch.setattr(_pgoutput.ChangeDecoder, "_key_changed", lambda self, data, rel, marker, updates, *rest:
                         updates & False)
     sql(lpg.url, f"DELETE FROM {t}", f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
     _, replica = replica_after_changes(f"sluice_test_rekeyed_{identity.lower()}_off")
@@ -159,7 +160,7 @@ def test_a_batch_spark_did_not_commit_is_replayed_by_a_restarted_query_and_consu
     # The same changes again; the end may lie further on (WAL written since without a change, such as the restart
     # point the reader logs on PostgreSQL 16+: slot.log-restart-point).
     replayed_end = restarted.latestOffset(start, restarted.getDefaultReadLimit())
-    assert _changes.parse_lsn(replayed_end["lsn"]) >= _changes.parse_lsn(end["lsn"])
+    assert _pgoutput.parse_lsn(replayed_end["lsn"]) >= _pgoutput.parse_lsn(end["lsn"])
     again = [b for p in restarted.partitions(start, replayed_end) for b in restarted.read(p)]
     assert pa.Table.from_batches(again).column("id").to_pylist() == first.column("id").to_pylist()
 
@@ -204,7 +205,7 @@ def test_the_snapshot_hands_over_to_the_changes_with_no_gap_and_no_overlap_under
     start = reader.initialOffset()
     assert "snapshot" in start
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    assert end == {"lsn": start["lsn"]}, "micro-batch 0 is the snapshot alone"
+    assert end == {"v": 1, "lsn": start["lsn"]}, "micro-batch 0 is the snapshot alone"
     snapshot_rows = [b for p in reader.partitions(start, end) for b in reader.read(p)]
     fresh = SnapshotHolder(reader.stream.conn, 30)  # the negative control's snapshot: taken after the slot's
     stop.set()
@@ -284,11 +285,9 @@ def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_include
     restarted.stop()
     # Negative control: decoding as if the stream were some of the publication's tables, the new table's change is
     # left out without a word.
-    decoder = _changes.ChangeDecoder
-    monkeypatch.setattr(_changes, "ChangeDecoder", lambda *args: decoder(*args[:6]))
-    stale = stream(lpg.url, publication="two_tables", slot="sluice_test_two")
-    stale.stream = reader.stream  # resolved when the query started: two tables
-    stale.arrow_schema = reader.arrow_schema
+    decoder = _read.ChangeDecoder
+    monkeypatch.setattr(_read, "ChangeDecoder", lambda *args: decoder(*args[:6]))
+    stale = _stream.ChangeStreamReader(reader.stream, reader.opts, reader.schema)  # resolved at its start: two tables
     _, rows = batch(stale, start)
     assert [r["_table"] for r in rows.to_pylist()] == ["public.pub_a"]
 
@@ -326,7 +325,7 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
     while "snapshot" in start:
         end, rows = batch(reader, start)
         replayed = [b for p in reader.partitions(start, end) for b in reader.read(p)]
-        assert pa.Table.from_batches(replayed, schema=reader.arrow_schema).column("id").to_pylist() == \
+        assert pa.Table.from_batches(replayed, schema=to_arrow_schema(reader.schema)).column("id").to_pylist() == \
             rows.column("id").to_pylist(), "a replayed snapshot batch reads the same split"
         assert set(rows.column("_op").to_pylist()) == {"insert"}
         sizes.append(rows.num_rows)
@@ -334,7 +333,7 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
         reader.commit(end)
         start = end
     assert len(sizes) == 4 and sum(sizes) == 1000 and max(sizes) <= 300, sizes  # cut by the key histogram
-    assert start == {"lsn": first["lsn"]}, "the last snapshot batch ends where the changes begin"
+    assert start == {"v": 1, "lsn": first["lsn"]}, "the last snapshot batch ends where the changes begin"
     end, changes = batch(reader, start)
     assert changes.column("id").to_pylist() == [1000]
     assert sorted([*ids, 1000]) == list(range(1001)), "every row exactly once"
@@ -343,7 +342,7 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
     whole = stream(lpg.url, table=t, slot="whole_snapshot")
     start = whole.initialOffset()
     end, rows = batch(whole, start)
-    assert end == {"lsn": start["lsn"]} and rows.num_rows == 1001
+    assert end == {"v": 1, "lsn": start["lsn"]} and rows.num_rows == 1001
     whole.commit(end)
 
 
@@ -370,15 +369,15 @@ def test_a_batch_fetched_in_wal_ranges_reads_every_transaction_once_in_commit_or
     """fetch-ranges=4: the ranges after the first come from copies of the slot advanced to each range's start, and
     together hold exactly the transactions of one fetch of the whole batch. Negative controls: ranges that overlap,
     or leave a hole, and the check sees the duplicates and the loss."""
-    monkeypatch.setattr(_changes, "FETCH_RANGE_MIN_WAL", 1024)  # ranges of this test's few hundred KiB of WAL
+    monkeypatch.setattr(_read, "FETCH_RANGE_MIN_WAL", 1024)  # ranges of this test's few hundred KiB of WAL
     copies = []
-    copy_slot = _changes.ChangeStreamReader._copy_slot
+    copy_slot = _read.ChangeReader._copy_slot
 
     def counted(self, cur, low):
         copies.append(copy_slot(self, cur, low))
         return copies[-1]
 
-    monkeypatch.setattr(_changes.ChangeStreamReader, "_copy_slot", counted)
+    monkeypatch.setattr(_read.ChangeReader, "_copy_slot", counted)
     t = new_table(lpg.url, "ranged")
     whole = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_whole", **{"fetch-ranges": "1"})
     ranged = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_ranged", **{"fetch-ranges": "4"})
@@ -398,16 +397,16 @@ def test_a_batch_fetched_in_wal_ranges_reads_every_transaction_once_in_commit_or
             return [(start, b), (a, end)] if overlap else [(start, a), (b, end)]
         return ranges
 
-    monkeypatch.setattr(_changes, "wal_ranges", cut(overlap=True))
+    monkeypatch.setattr(_read, "wal_ranges", cut(overlap=True))
     doubled = change_rows(ranged, start_ranged, end_ranged)
     assert len(doubled) > len(expected) and set(doubled) == set(expected), "the overlap is read twice"
-    monkeypatch.setattr(_changes, "wal_ranges", cut(overlap=False))
+    monkeypatch.setattr(_read, "wal_ranges", cut(overlap=False))
     holed = change_rows(ranged, start_ranged, end_ranged)
     assert set(holed) < set(expected), "the hole is lost"
 
 
 def test_with_no_slot_free_for_a_copy_a_range_comes_from_the_slot_itself_with_a_warning(monkeypatch, caplog):
-    monkeypatch.setattr(_changes, "FETCH_RANGE_MIN_WAL", 1024)
+    monkeypatch.setattr(_read, "FETCH_RANGE_MIN_WAL", 1024)
     with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on",
                                  "max_replication_slots": "1"}) as one_slot:
         t = new_table(one_slot.url, "crowded")
@@ -482,7 +481,7 @@ def test_a_renamed_column_needs_a_restart_that_gets_past_it_and_a_dropped_one_co
     # Negative control: taking every column the schema lacks as new, the restarted query fails on the old change
     # again, at every restart.
     restarted.stop()
-    monkeypatch.setattr(_changes.ChangeStreamReader, "_gone_columns", lambda self, table, names: [])
+    monkeypatch.setattr(_read.ChangeReader, "_gone_columns", lambda self, table, names: [])
     again = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
     with pytest.raises(PostgresError, match=r"\['extra'\].*added or renamed"):
         batch(again, start)
@@ -538,7 +537,7 @@ def test_a_second_query_on_a_slot_in_use_fails_at_start_and_the_first_one_loses_
     first = stream(lpg.url, table=t, snapshot="false", slot=slot)
     start = first.initialOffset()
     sql(lpg.url, f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 10) g")
-    monkeypatch.setattr(_changes, "SLOT_GUARD_WAIT_S", 1)
+    monkeypatch.setattr(_slot, "SLOT_GUARD_WAIT_S", 1)
     second = stream(lpg.url, table=t, snapshot="false", slot=slot)
     with pytest.raises(OptionError, match=r"option 'slot': replication slot 'sluice_test_guarded' is in use by "
                                           r"another query \(server process \d+.*own slot"):
@@ -553,7 +552,7 @@ def test_a_second_query_on_a_slot_in_use_fails_at_start_and_the_first_one_loses_
 
     # Negative control: without the guard a second query starts on the slot, and its commit moves the slot past
     # the first query's position: the first one's changes are gone.
-    monkeypatch.setattr(_changes.SlotGuard, "_lock", lambda self, pg: None)
+    monkeypatch.setattr(_slot.SlotGuard, "_lock", lambda self, pg: None)
     sql(lpg.url, f"INSERT INTO {t} SELECT g, 'y' FROM generate_series(11, 20) g")
     other = stream(lpg.url, table=t, snapshot="false", slot=slot)
     other.initialOffset()
@@ -602,7 +601,7 @@ def test_a_slot_moved_by_someone_else_while_a_batch_is_read_fails_the_batch_befo
     assert any("going on without them" in r.getMessage() for r in caplog.records)
 
     # Negative control: without the check the batch silently misses the first transaction.
-    monkeypatch.setattr(_changes.ChangeStreamReader, "_check_position", lambda self, cur, slot, low: True)
+    monkeypatch.setattr(_read.ChangeReader, "_check_position", lambda self, cur, slot, low: True)
     rows = [b for b in reader.read(part)]
     assert pa.Table.from_batches(rows).column("id").to_pylist() == list(range(11, 21))
 
@@ -676,8 +675,8 @@ def test_a_transaction_larger_than_a_fetch_batch_streams_in_batches_and_a_stoppe
 
     # A read Spark stops early (a task killed) closes its session with the rest unread; the batch reads again whole.
     closed = []
-    close = _changes.RangeFetch.close
-    monkeypatch.setattr(_changes.RangeFetch, "close", lambda self: closed.append(self) or close(self))
+    close = _read.RangeFetch.close
+    monkeypatch.setattr(_read.RangeFetch, "close", lambda self: closed.append(self) or close(self))
     read = reader.read(part)
     next(read)
     assert closed == []
@@ -703,7 +702,7 @@ def test_a_table_without_a_replica_identity_is_refused_before_publishing_it_brea
     # Negative control: published without the check, the table's updates fail in the database itself.
     other = new_table(lpg.url, "keyless_published", "id int, v text")
     sql(lpg.url, f"INSERT INTO {other} VALUES (1, 'a')")
-    monkeypatch.setattr(_changes, "_check_replica_identity", lambda pg, tables: None)
+    monkeypatch.setattr(_publication, "_check_replica_identity", lambda pg, tables: None)
     PostgresChangesDataSource({"url": lpg.url, "table": other, "slot": "sluice_test_keyless_published"}).schema()
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="does not have a replica identity"):
         sql(lpg.url, f"UPDATE {other} SET v = 'b'")
@@ -726,7 +725,7 @@ def test_a_publications_column_list_shapes_the_schema_and_left_out_operations_ar
     reader.stop()
     # Negative control: the table's own columns instead of the publication's: the snapshot carries a column the
     # changes never do (null in every change).
-    monkeypatch.setattr(_changes, "_sent_columns", lambda pg, publication, tables: {})
+    monkeypatch.setattr(_publication, "_sent_columns", lambda pg, publication, tables: {})
     whole = stream(lpg.url, publication="listed_cols", slot="sluice_test_listed_whole")
     start = whole.initialOffset()
     end, snapshot = batch(whole, start)
@@ -761,7 +760,7 @@ def test_quoted_names_stream_and_generated_columns_are_left_out_as_pgoutput_leav
     assert names[:2] == ["Id", "Qty"] and "Twice" not in names, "pgoutput does not send generated columns"
     assert [(r["_table"], r["Id"], r["Qty"]) for r in rows] == [("public.Orders", 1, 5), ("public.Orders", 18, 7)]
     # Negative control: with the generated column in the schema, the snapshot has its values and no change does.
-    monkeypatch.setattr(_changes, "_sent_columns", lambda pg, publication, tables: {})
+    monkeypatch.setattr(_publication, "_sent_columns", lambda pg, publication, tables: {})
     _, rows = snapshot_then_a_change("sluice_test_quoted_all")
     assert [r["Twice"] for r in rows] == [10, 14, None]  # two snapshot rows, then the change
 

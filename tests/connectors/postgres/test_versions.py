@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from sluice import DataLossError, OptionError
-from sluice.connectors.postgres._changes import INVALIDATION_REASONS, drop_slot, list_slots
+from sluice.connectors.postgres.changes import INVALIDATION_REASONS, drop_slot, list_slots
 from sluice.testing import LocalPostgres
 from tests.connectors.postgres.test_changes import batch, new_table, sql, stream
 

@@ -1,0 +1,34 @@
+"""format("postgres_changes"): the Spark data source (a stream only; see the package docstring, docs/postgres.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from sluice.connector import EngineDataSource, OptionError
+from sluice.connectors.postgres.changes._options import CHANGES_SPEC
+from sluice.connectors.postgres.changes._publication import resolve, spark_schema
+from sluice.connectors.postgres.changes._stream import ChangeStreamReader
+
+
+class PostgresChangesDataSource(EngineDataSource):
+    """`spark.readStream.format("postgres_changes")`: see the package docstring; docs/postgres.md."""
+
+    format_name = "postgres_changes"
+    read_spec = CHANGES_SPEC
+    read_only = True
+
+    def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> Any:
+        raise OptionError("format 'postgres_changes' is read-only (spark.readStream); write with format('postgres')")
+
+    def schema(self) -> StructType:
+        return spark_schema(resolve(CHANGES_SPEC.parse(self.options)))
+
+    def reader(self, schema: StructType) -> Any:
+        raise OptionError("format 'postgres_changes' is a stream (spark.readStream); for a batch read of the tables "
+                          "use format('postgres')")
+
+    def streamReader(self, schema: StructType) -> ChangeStreamReader:
+        opts = CHANGES_SPEC.parse(self.options)
+        return ChangeStreamReader(resolve(opts), opts, schema)

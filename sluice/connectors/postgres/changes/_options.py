@@ -1,0 +1,61 @@
+"""The options of format("postgres_changes") (besides the connection's), declared once."""
+
+from __future__ import annotations
+
+from sluice.connector import Option, OptionError, Options, OptionSpec
+from sluice.connectors.postgres._conn import CONNECTION_OPTIONS
+
+CHANGES_OPTIONS = (
+    Option("table", "list", (), "Tables whose changes to stream, [schema.]name, comma-separated; or use "
+           "publication."),
+    Option("publication", "str", None,
+           "An existing publication whose tables to stream. Default: sluice creates publication <slot> for the "
+           "tables in 'table' (which needs ownership of them)."),
+    Option("slot", "str", None,
+           "The logical replication slot (pgoutput), created if missing. Default: sluice_<12 hex digits of the "
+           "database and tables>. Two queries over the same tables need different slots: a second query on a slot in "
+           "use fails at start."),
+    Option("slot.failover", "bool", False,
+           "Create the slot as a failover slot (PostgreSQL 17+): a physical standby with sync_replication_slots = on "
+           "keeps a synchronized copy, so after a failover the stream goes on from the promoted standby (point 'url' "
+           "at it; docs/postgres.md). Applies when sluice creates the slot; refused on servers before 17."),
+    Option("slot.log-restart-point", "bool", True,
+           "PostgreSQL 16+: when planning a micro-batch, log a running-transactions record "
+           "(pg_log_standby_snapshot()), so the slot's restart_lsn follows the query and each batch's decoding "
+           "starts near its position, not up to 15 s of WAL back (the server logs one that often). Needs EXECUTE on "
+           "the function (superusers by default); without it, a warning and the server's own records."),
+    Option("snapshot", "bool", True,
+           "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
+           "(every row as an insert), then stream changes from exactly there. false: changes only."),
+    Option("max-changes-per-trigger", "int", 0,
+           "Most changes per micro-batch (whole transactions; at least one); 0 = all available. The initial "
+           "snapshot is read in splits of about this many rows, as many micro-batches.", minimum=0),
+    Option("failOnDataLoss", "bool", True,
+           "Fail when the slot is missing, invalidated or moved past the query's position (false: warn, "
+           "re-create the slot and skip what is gone)."),
+    Option("quiet-advance-wal-bytes", "int", 16 << 20,
+           "When no table of the publication changed but other tables wrote this much WAL since the query's "
+           "position, the query moves past it in a micro-batch without rows, so the slot lets the server recycle "
+           "that WAL (a quiet table on a busy database would hold it back without end). 0 = at every trigger.",
+           minimum=0),
+    Option("retained-wal-warn-bytes", "int", 1 << 30,
+           "Warn when the slot holds back more WAL than this on the server.", minimum=0),
+    Option("num-partitions", "int", 0, "Splits per table for the snapshot; 0 = about one per 250,000 rows.",
+           minimum=0, maximum=10_000),
+    Option("snapshot.timeout-s", "int", 600,
+           "The exported snapshot is released this long after the last snapshot split finished.", minimum=5),
+    Option("fetch-ranges", "int", 2,
+           "A micro-batch's changes are fetched as up to this many consecutive WAL ranges of at least 16 MiB each: "
+           "the server decodes the next range, from a temporary copy of the slot, while sluice decodes and Spark "
+           "writes the one before. 1 = one fetch per micro-batch. A copy takes a replication slot "
+           "(max_replication_slots) while it is read; with none free the range is fetched from the slot itself "
+           "(slower, with a warning).", minimum=1, maximum=16),
+)
+
+
+def _check(opts: Options) -> None:
+    if not opts["table"] and not opts["publication"]:
+        raise OptionError("format('postgres_changes') needs option 'table' (tables to stream) or 'publication'")
+
+
+CHANGES_SPEC = OptionSpec("postgres_changes", (*CONNECTION_OPTIONS, *CHANGES_OPTIONS), (_check,))

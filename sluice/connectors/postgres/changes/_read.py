@@ -1,0 +1,237 @@
+"""The executors' side of a change stream: a snapshot split read in the slot's exported snapshot, or a WAL range's
+changes fetched from the slot (or a copy of it) and decoded (_pgoutput.py)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import StructType
+
+from sluice.connector import DataLossError, Options, Split
+from sluice.connectors.postgres._conn import PostgresError, quote_literal, sqlstate_of
+from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
+from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
+from sluice.connectors.postgres.changes._publication import ChangeStream
+from sluice.connectors.postgres.changes._slot import DECODING_SESSION, NO_FREE_SLOT, busy_retry
+from sluice.spark._compat import to_arrow_schema
+
+log = logging.getLogger("sluice.postgres")
+
+DECODE_SLICE = 65_536  # messages decoded at a time
+# A fetch range smaller than this is not worth a copied slot: copying and advancing one costs ~0.1 s, and the copy
+# decodes (without sending) everything from the slot's restart point up to the range again.
+FETCH_RANGE_MIN_WAL = 16 << 20
+
+
+# ------------------------------------------------------------------------------------------------ partitions
+@dataclass
+class SnapshotPartition(InputPartition):
+    table: str
+    split: Split
+    lsn: int
+
+    def __init__(self, table: str, split: Split, lsn: int) -> None:
+        super().__init__(f"snapshot:{table}:{split.split_id}")
+        self.table, self.split, self.lsn = table, split, lsn
+
+
+@dataclass
+class ChangesPartition(InputPartition):
+    start: int
+    end: int
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(f"changes:{format_lsn(start)}-{format_lsn(end)}")
+        self.start, self.end = start, end
+
+
+def wal_ranges(start: int, end: int, most: int) -> list[tuple[int, int]]:
+    """[start, end) cut into at most `most` consecutive ranges of equal WAL bytes, none under FETCH_RANGE_MIN_WAL."""
+    count = max(1, min(most, (end - start) // FETCH_RANGE_MIN_WAL))
+    cuts = [start + (end - start) * i // count for i in range(count)] + [end]
+    return list(itertools.pairwise(cuts))
+
+
+def _close_fetched(done: Future[RangeFetch]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        done.result().close()
+
+
+class RangeFetch:
+    """One fetch range's peek, executed: its first record batch in hand, the rest still streaming from the server on
+    the ADBC session, which closing ends."""
+
+    def __init__(self, conn: Any, cur: Any, batches: Any, first: pa.RecordBatch | None) -> None:
+        self._conn, self._cur, self._batches, self._first = conn, cur, batches, first
+
+    def arrays(self) -> Iterator[pa.Array]:
+        """The messages (`data` bytea), batch by batch."""
+        if self._first is not None:
+            yield self._first.column(0)
+            self._first = None
+        for batch in self._batches:
+            yield batch.column(0)
+
+    def close(self) -> None:
+        self._cur.close()
+        self._conn.close()
+
+    def __enter__(self) -> RangeFetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def snapshot_gone(slot: str, error: Exception) -> PostgresError:
+    return PostgresError(
+        f"the initial snapshot of slot '{slot}' is gone ({error}); it lives only until micro-batch 0 is committed (or "
+        "snapshot.timeout-s after its last split), and the query stopped before that. Start over: drop the slot "
+        f"(sluice postgres drop-slot {slot} --url ...) and the checkpoint")
+
+
+class ChangeReader:
+    """Reads one partition of a micro-batch on an executor: a snapshot split or a range of committed changes."""
+
+    def __init__(self, stream: ChangeStream, opts: Options, schema: StructType) -> None:
+        self.stream = stream
+        self.opts = opts
+        self.schema = schema
+        self.arrow_schema = to_arrow_schema(schema)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SnapshotPartition):
+            yield from self._read_snapshot(partition)
+        else:
+            assert isinstance(partition, ChangesPartition)
+            yield from self._read_changes(partition)
+
+    def _read_snapshot(self, part: SnapshotPartition) -> Iterator[pa.RecordBatch]:
+        cols = self.stream.table_columns[part.table]
+        table_schema = StructType([self.schema[name] for name, _ in cols])
+        reader = PostgresSplitReader(self.stream.conn, self.stream.table_options[part.table], list(cols), table_schema)
+        try:
+            for batch in reader.read(part.split, 0, 1):
+                n = batch.num_rows
+                by_name = {name: batch.column(name) for name, _ in cols}
+                by_name |= {OP: pa.array(["insert"] * n, pa.string()), LSN: pa.array([part.lsn] * n, pa.int64()),
+                            COMMIT_TIME: pa.nulls(n, pa.timestamp("us", tz="UTC")), XID: pa.nulls(n, pa.int64()),
+                            TABLE: pa.array([part.table] * n, pa.string())}
+                yield pa.RecordBatch.from_arrays(
+                    [by_name[f.name] if f.name in by_name else pa.nulls(n, f.type) for f in self.arrow_schema],
+                    schema=self.arrow_schema)
+        except PostgresError as e:
+            if "shared snapshot" in str(e):
+                raise snapshot_gone(self.stream.slot, e) from None
+            raise
+
+    def _read_changes(self, part: ChangesPartition) -> Iterator[pa.RecordBatch]:
+        """The batch's changes, range by range (wal_ranges), each range's fetch running while the one before it is
+        decoded and written. A range holds the transactions whose commit record starts in it: its decoder keeps only
+        those, and its slot copy, advanced to the range's start, skips the ones before on the server."""
+        s = self.stream
+        ranges = wal_ranges(part.start, part.end, self.opts["fetch-ranges"])
+        table_columns = {t: [c for c, _ in s.table_columns[t]] for t in s.tables}
+        whole_publication = None if self.opts["table"] else s.publication
+        pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-fetch")
+        ahead: Future[RangeFetch] | None = None
+        try:
+            for i, (low, high) in enumerate(ranges):
+                fetch = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
+                ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
+                decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, table_columns, self._gone_columns,
+                                        whole_publication, s.primary_keys)
+                with fetch:
+                    for messages in fetch.arrays():
+                        # Slices let Spark convert and write one while the next is decoded.
+                        for first in range(0, len(messages), DECODE_SLICE):
+                            yield from decoder.feed(messages.slice(first, DECODE_SLICE))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            if ahead is not None:  # the query stopped reading: close the next range's session when it is open
+                ahead.add_done_callback(_close_fetched)
+
+    def _fetch(self, low: int, high: int, *, copy: bool) -> RangeFetch:
+        """The pgoutput messages of the transactions committed before `high`, streaming in record batches (a large
+        transaction never sits in memory whole); with `copy`, from a temporary copy of the slot advanced to `low`
+        (dropped with the session), so the server sends only [low, high). Returns once the first batch is in, that
+        is once the server finished the peek."""
+        s = self.stream
+        conn = s.conn.connect()
+        cur = conn.cursor()
+        try:
+            for statement in DECODING_SESSION:
+                cur.execute(statement)
+            slot = self._copy_slot(cur, low) if copy else s.slot
+            busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(high), None, slot)}"),
+                        f"reading changes of slot '{slot}'", s.conn)
+            batches = iter(cur.fetch_record_batch())
+            first = next(batches, None)
+            if slot == s.slot:
+                # Checked after the peek (it computes its whole result before the first row), which starts at the
+                # slot's position: moved past `low` by then, the peek missed the changes in between; moved later,
+                # it had them all. The ADBC session is busy streaming: ask on another.
+                with s.conn.connect_psycopg() as pg:
+                    self._check_position(pg.cursor(), s.slot, low)
+            return RangeFetch(conn, cur, batches, first)
+        except BaseException:
+            cur.close()
+            conn.close()
+            raise
+
+    def _gone_columns(self, table: str, names: list[str]) -> list[str]:
+        """Which of `names` `table` no longer has (asked only when a change carries a column the schema lacks)."""
+        with self.stream.conn.connect_psycopg() as pg:
+            present = {name for name, _ in describe_columns(pg.cursor(), self.stream.table_options[table])}
+        return [c for c in names if c not in present]
+
+    def _copy_slot(self, cur: Any, low: int) -> str:
+        """A temporary copy of the slot, at `low`; the slot itself when the server has no slot free for it."""
+        s = self.stream
+        copy = f"sluice_tmp_{uuid.uuid4().hex[:16]}"
+        try:
+            # ADBC reads a function's record result as a nested row it cannot convert: select a constant.
+            cur.execute(f"SELECT 1 FROM pg_copy_logical_replication_slot({quote_literal(s.slot)}, "
+                        f"{quote_literal(copy)}, true)")
+            cur.fetchall()
+        except Exception as e:
+            if sqlstate_of(e) != NO_FREE_SLOT:
+                raise PostgresError(f"copying slot '{s.slot}' on {s.conn.describe()} failed: {s.conn.scrub(e)}; "
+                                    "set fetch-ranges=1 to read each micro-batch in one fetch, without copies",
+                                    sqlstate_of(e)) from None
+            log.warning("no replication slot free for a copy of slot %s on %s (max_replication_slots): the server "
+                        "decodes this micro-batch from its start again for the range from %s; raise "
+                        "max_replication_slots or set fetch-ranges=1", s.slot, s.conn.describe(), format_lsn(low))
+            return s.slot
+        if self._check_position(cur, copy, low):  # the copy starts where the slot was: before `low`, as it should
+            cur.execute(f"SELECT 1 FROM pg_replication_slot_advance({quote_literal(copy)}, "
+                        f"{quote_literal(format_lsn(low))}::pg_lsn)")
+            cur.fetchall()
+        return copy
+
+    def _check_position(self, cur: Any, slot: str, low: int) -> bool:
+        """Whether `slot` is still at or before `low` (else data loss: someone else moved the query's slot while a
+        micro-batch was read; the planning checked it before)."""
+        cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                    f"WHERE slot_name = {quote_literal(slot)}")
+        rows = cur.fetchall()
+        at = parse_lsn(rows[0][0]) if rows and rows[0][0] else None
+        if at is not None and at <= low:
+            return True
+        where = "does not exist any more" if at is None else f"is at {format_lsn(at)}"
+        what = (f"replication slot '{self.stream.slot}' {where}, past the start {format_lsn(low)} of the changes this "
+                "micro-batch reads (another consumer moved it while the batch was read): the changes in between are "
+                "gone for this query")
+        if self.opts["failOnDataLoss"]:
+            raise DataLossError(f"{what}. Give each query its own slot; set .option('failOnDataLoss', 'false') to go "
+                                "on without them")
+        log.warning("%s; going on without them (failOnDataLoss=false)", what)
+        return False
