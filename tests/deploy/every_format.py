@@ -123,12 +123,14 @@ def run(spark, cfg: dict) -> dict:
             .start().awaitTermination()
 
     stream_changes()
+    step.done("postgres_changes run 1")
     spark.range(100, 110, 1, 1).selectExpr("id", "concat('n', id) AS name").write.format("postgres") \
         .option("url", cfg["pg"]).option("table", source).mode("append").save()
     stream_changes()
+    step.done("postgres_changes run 2")
     out["postgres_changes"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", target)
                                   .load()) == list(range(110))
-    step.done("postgres_changes")
+    step.done("postgres_changes read back")
 
     ch = {"url": cfg["ch"]["url"], "password": cfg["ch"]["password"], "table": f"deploy_{tag}"}
     clickhouse_sql(cfg["ch"], f"CREATE TABLE {ch['table']} (id Int64, name String) ENGINE = MergeTree() ORDER BY id")
