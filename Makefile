@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-serial test-lines-then-versions test-main test-two-hop test-cluster test-hbase test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
@@ -178,8 +178,8 @@ check-hbase: check-java
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
-# make test: the main suite in one job and, next to it, the older Spark lines, the other PostgreSQL versions, the
-# table store's two-hop pipelines and the standalone cluster in another. The suites wait on servers and process starts for a quarter of their
+# make test: the main suite in one job and, next to it, the older Spark lines, the other PostgreSQL versions and the
+# table store's two-hop pipelines in another. The suites wait on servers and process starts for a quarter of their
 # time: two jobs keep both cores busy (all three one after the other took 51 min here, side by side 38;
 # `make test-serial` runs them one after the other). The main suite runs its deployment tests last
 # (tests/conftest.py), after the lines' own: the heaviest tests of the two jobs do not run at the same time. What
@@ -196,12 +196,12 @@ LINES_THEN_VERSIONS_LOG := build/lines-then-versions.log
 test-lines-then-versions: $(TEST_SETUP)
 	@mkdir -p build && echo "the older Spark lines, then the other PostgreSQL versions, run next to the main suite;" \
 	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
-	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop test-cluster \
+	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop \
 	  > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
 	  rc=$$?; echo "===== the older Spark lines and the other PostgreSQL versions: exit $$rc ====="; \
 	  cat $(LINES_THEN_VERSIONS_LOG); echo "===== end of $(LINES_THEN_VERSIONS_LOG) ====="; exit $$rc
 
-test-serial: test-main test-two-hop test-cluster test-hbase test-postgres-versions test-spark-lines
+test-serial: test-main test-two-hop test-hbase test-postgres-versions test-spark-lines
 
 # The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own) run
 # alone: make test-hbase (17 tests, 3.5-5 min). In make test's second job they took the main suite from 2,341 s to
@@ -212,21 +212,13 @@ HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbas
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
-	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(TWO_HOP_TESTS) $(CLUSTER_TESTS))
+	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(TWO_HOP_TESTS))
 
 # The table store's two-hop pipelines (3 tests, ~3.5 min) run in make test's second job, after the PostgreSQL
 # versions: that job ended ~7 min before the main suite (2026-11-26: 2,150 s against 2,587 s), the longer of the two.
 TWO_HOP_TESTS := tests/tablestore/test_two_hop_etl.py
 test-two-hop: $(STAMP) check-java check-postgres
 	$(PY) -m pytest -p no:cacheprovider $(TWO_HOP_TESTS)
-
-# The standalone cluster (a master, a worker and an application with the cluster's own Python: 192 s of the main
-# suite's 2,546 on 2026-11-26) runs last in the second job, which ended first (2,090 s).
-CLUSTER_TESTS := tests/deploy/test_cluster.py
-test-cluster: $(STAMP) check-java check-postgres check-clickhouse
-	mkdir -p build/lines
-	SLUICE_TEST_RESULTS=$(abspath build/lines/main-cluster.json) $(PY) -m pytest -p no:cacheprovider \
-	  --junitxml=build/junit/cluster.xml $(CLUSTER_TESTS)
 
 test-hbase: $(STAMP) check-java check-hbase
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
@@ -252,7 +244,7 @@ test-postgres-%: $(STAMP) check-java check-postgres-versions
 
 # One virtualenv per older line: that pyspark from PyPI, sluice's dependencies and the test runner at the pinned
 # versions (the tests marked `lines` need nothing else; LINES_TESTS keeps pytest from importing the other modules).
-# The standalone cluster runs on the pinned line only (make test-cluster): its code is the same as local mode's with the cluster's
+# The standalone cluster runs in the main suite only: its code is the same as local mode's with the cluster's
 # interpreter, nothing in it differs by line, and leaving it out of the older lines keeps `make test` inside its
 # time budget (all four lines passed it on 2026-11-25; `make test-spark-4.0 LINES_SKIP_4.0=` runs it there).
 LINES_TESTS = $(shell grep -rl 'mark\.lines' tests | sort)

@@ -40,30 +40,17 @@ FEATURES = {
 }
 
 
-# The pinned line's results come in parts: the main suite's, and the standalone cluster's (make test-cluster runs it in
-# make test's other job).
-MAIN_PARTS = ("main.json", "main-cluster.json")
-
-
 def load(lines: list[str]) -> dict[str, dict]:
     """{line: results} of the main run and of `lines`' runs, newest line last."""
     runs: dict[str, dict] = {}
-    for path in [*(RESULTS / part for part in MAIN_PARTS), *(RESULTS / f"{line}.json" for line in lines)]:
+    for path in [RESULTS / "main.json", *(RESULTS / f"{line}.json" for line in lines)]:
         if not path.is_file():
-            raise SystemExit(f"no results in {path}: run `make test` (or `make test-main test-cluster "
-                             "test-spark-4.0 ...`)")
+            raise SystemExit(f"no results in {path}: run `make test` (or `make test-main test-spark-4.0 ...`)")
         found = json.loads(path.read_text())
         line = ".".join(found["pyspark"].split(".")[:2])
         if found["exit"] != 0:
             raise SystemExit(f"{path}: the tests on pyspark {found['pyspark']} did not all pass (exit "
                              f"{found['exit']}); the table only shows passing runs")
-        if line in runs:  # another part of the same line's run
-            if runs[line]["pyspark"] != found["pyspark"]:
-                raise SystemExit(f"{path}: pyspark {found['pyspark']}, but the other part of the run had "
-                                 f"{runs[line]['pyspark']}")
-            for name, how in found["capabilities"].items():
-                runs[line]["capabilities"][name] = sorted({*runs[line]["capabilities"].get(name, []), *how})
-            continue
         runs[line] = found
     return dict(sorted(runs.items(), key=lambda item: tuple(int(p) for p in item[0].split("."))))
 

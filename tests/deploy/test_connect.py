@@ -3,9 +3,9 @@ matters: its own temp dir and SLUICE_STATS_DIR, so nothing the server's tasks wr
 
 import pytest
 
-from tests.deploy.conftest import SPARK_HOME, Process, free_port, run_every_format, spark_env
+from tests.deploy.conftest import DEPLOY_TIMEOUT_S, SPARK_HOME, Process, free_port, run_every_format, spark_env
 
-pytestmark = [pytest.mark.spark, pytest.mark.lines]
+pytestmark = [pytest.mark.spark, pytest.mark.lines, pytest.mark.timeout(DEPLOY_TIMEOUT_S)]
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.deploy.conftest import run_every_format, spark_env
+from tests.deploy.conftest import DEPLOY_TIMEOUT_S, run_every_format, spark_env
 
-pytestmark = [pytest.mark.spark, pytest.mark.lines]
+pytestmark = [pytest.mark.spark, pytest.mark.lines, pytest.mark.timeout(DEPLOY_TIMEOUT_S)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

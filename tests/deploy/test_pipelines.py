@@ -8,9 +8,9 @@ import pytest
 
 import sluice
 from sluice.spark import _compat
-from tests.deploy.conftest import SPARK_HOME, Process, spark_env
+from tests.deploy.conftest import DEPLOY_TIMEOUT_S, SPARK_HOME, Process, spark_env
 
-pytestmark = [pytest.mark.spark, pytest.mark.lines]
+pytestmark = [pytest.mark.spark, pytest.mark.lines, pytest.mark.timeout(DEPLOY_TIMEOUT_S)]
 
 FLOWS = '''
 from pyspark import pipelines as dp
@@ -73,7 +73,7 @@ def test_a_pipeline_reads_s2_and_writes_every_sluice_format(spark, stores, tmp_p
     run = Process([str(SPARK_HOME / "bin" / "spark-pipelines"), "run"],
                   spark_env(tmp_path / "run", SPARK_HOME=str(SPARK_HOME)), cwd=project)
     try:
-        assert run.proc.wait(300) == 0, run.explain()
+        assert run.proc.wait(DEPLOY_TIMEOUT_S - 60) == 0, run.explain()
     finally:
         run.stop()
     assert "Run is COMPLETED" in run.output, run.explain()
