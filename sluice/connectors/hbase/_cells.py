@@ -29,7 +29,6 @@ from sluice.connector import OptionError
 _INT_WIDTHS = {8: 1, 16: 2, 32: 4, 64: 8}
 
 
-_NULL = pa.scalar(None, pa.binary())
 
 
 def _fixed_cells(values: np.ndarray, width: int) -> pa.Array:
@@ -60,7 +59,7 @@ def encoder(dtype: pa.DataType, column: str, shown: str | None = None) -> Callab
         def fixed(a: pa.Array) -> pa.Array:
             filled = a.cast(dtype).fill_null(0) if a.null_count else a.cast(dtype)
             cells = _fixed_cells(np.asarray(filled.to_numpy(zero_copy_only=False), big), width)
-            return pc.if_else(a.is_valid(), cells, _NULL) if a.null_count else cells
+            return pc.if_else(a.is_valid(), cells, pa.nulls(1, pa.binary())[0]) if a.null_count else cells
 
         return fixed
     if pa.types.is_decimal(dtype):

@@ -11,6 +11,7 @@ Message layout: https://www.postgresql.org/docs/current/protocol-logicalrep-mess
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -201,7 +202,7 @@ class ChangeDecoder:
             texts = _gather(data, value_start[i], value_len[i])
             by_name[name] = text_to_arrow(texts, self.column_types.get(name, "text"), self.schema.field(name).type,
                                           name)
-        by_name |= {OP: _OPS.take(op_of), LSN: pa.array(lsn[rows], pa.int64()),
+        by_name |= {OP: _ops().take(op_of), LSN: pa.array(lsn[rows], pa.int64()),
                     COMMIT_TIME: pa.array(ts[rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
                     XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(names, pa.string()).take(table_of)}
         return pa.RecordBatch.from_arrays([by_name[f.name] for f in self.schema], schema=self.schema)
@@ -317,7 +318,11 @@ class ChangeDecoder:
                 "target and start the query with a new checkpoint (snapshot=true reads the table again)")
 
 
-_OPS = pa.array(["insert", "update", "delete"], pa.string())  # the op column's values, taken by index
+@functools.cache
+def _ops() -> pa.Array:
+    """The op column's values, taken by index. Built on first use: pa.array imports pandas (1 s), which Spark's
+    one-shot planning workers, importing this module to unpickle the data source, would pay on every call."""
+    return pa.array(["insert", "update", "delete"], pa.string())
 _UNCHANGED = -2  # value length of an unchanged TOASTed value ('u')
 
 
