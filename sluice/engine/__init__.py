@@ -24,7 +24,7 @@ from sluice.engine._config import (
     SinkConfig,
 )
 from sluice.engine._ratelimit import AIMDRateLimiter
-from sluice.engine._stats import WriteStats
+from sluice.engine._stats import LiveStats, WriteStats
 from sluice.engine._store import BlockingStore, Committer, ErrorKind, Store, WriteContext, completed_future
 from sluice.engine._writer import AsyncSinkWriter
 
@@ -46,6 +46,7 @@ __all__ = [
     "DequeRequestBuffer",
     "ErrorKind",
     "KeyedRequestBuffer",
+    "LiveStats",
     "PartitionKeyBatchCreator",
     "RequestBuffer",
     "RequestInfo",

@@ -21,6 +21,25 @@ def _bucket_upper_ms(bucket: int) -> float:
     return 2 ** ((bucket + 1) / _BUCKETS_PER_OCTAVE) / 1000.0
 
 
+@dataclass(frozen=True)
+class LiveStats:
+    """One task's write as it runs, handed to an observer every few seconds (live metrics, issue 31). Counters count
+    from the task's start; the rest is the state at `at` (the writer's clock)."""
+
+    records: int  # acknowledged by the store (Flink: numRecordsSend)
+    bytes: int  # numBytesSend
+    batches: int
+    failed_records: int  # records of requests that failed, retried or not (numRecordsSendErrors)
+    retries: int
+    throttles: int
+    inflight_requests: int
+    inflight_records: int
+    window: int  # the AIMD window: in-flight records allowed
+    buffered: int  # entries waiting for a batch
+    last_send_ms: float | None  # the last acknowledged request's round trip (currentSendTime)
+    at: float
+
+
 @dataclass
 class WriteStats:
     records: int = 0

@@ -4,7 +4,11 @@ Threads: the caller's thread (a Spark task) pushes chunks of encoded entries int
 (the seed's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
 other state: it admits chunks while fewer than `max_buffered` entries wait, cuts batches with the
 BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
-the AIMD rate limiter allows, and handles completions (re-adding failed entries at the head).
+the AIMD rate limiter allows, handles completions (re-adding failed entries at the head), and reports the
+write to an optional observer (live metrics) every few seconds.
+
+Over 400 lines on purpose: the manager thread's state and the loop that owns it are one unit; split, each half
+would reach into the other's fields.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from sluice.engine._batch import (
 from sluice.engine._buffer import Chunk, DequeRequestBuffer, KeyedRequestBuffer, RequestBuffer
 from sluice.engine._config import PARTITION_ORDERED, SinkConfig
 from sluice.engine._ratelimit import AIMDRateLimiter
-from sluice.engine._stats import WriteStats
+from sluice.engine._stats import LiveStats, WriteStats
 from sluice.engine._store import ErrorKind, Store, WriteContext, completed_future
 
 log = logging.getLogger("sluice.engine")
@@ -63,6 +67,8 @@ class AsyncSinkWriter:
         ring_capacity: int = 4,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        observer: Callable[[LiveStats], None] | None = None,
+        observe_every_s: float = 1.0,
     ) -> None:
         if config.transactional and not store.supports_transactions:
             raise OptionError(
@@ -82,6 +88,12 @@ class AsyncSinkWriter:
         self._clock = clock
         self._rng = rng or random.Random()
         self.stats = WriteStats()
+        # Called by the manager thread, which owns the state it reports, every observe_every_s while it runs.
+        self._observer = observer
+        self._observe_every_s = observe_every_s
+        self._next_observation = clock() + observe_every_s
+        self._failed_records = 0
+        self._last_send_s: float | None = None
 
         # Shared between the caller and the manager thread, guarded by _cond.
         self._cond = threading.Condition()
@@ -242,6 +254,26 @@ class AsyncSinkWriter:
                 self._on_complete(batch, started, future)
             self._pump()
             self._finish_checkpoints()
+            self._observe()
+
+    def live(self) -> LiveStats:
+        """The write as it stands; exact when read by the manager thread or after finish()."""
+        last = self._last_send_s
+        return LiveStats(
+            self.stats.records, self.stats.bytes, self.stats.batches, self._failed_records, self.stats.retries,
+            self.stats.throttles, self._limiter.inflight_requests, self._limiter.inflight_records,
+            self._limiter.window, self._buffer.size(), None if last is None else last * 1000.0, self._clock())
+
+    def _observe(self) -> None:
+        if self._observer is None or self._clock() < self._next_observation:
+            return
+        self._next_observation = self._clock() + self._observe_every_s
+        try:
+            self._observer(self.live())
+        except Exception:  # metrics never fail a write: say why once, then stop observing
+            log.warning("sluice: the write's metrics observer failed; no more live metrics for this task",
+                        exc_info=True)
+            self._observer = None
 
     def _admissible(self) -> bool:
         if not self._ring or self._failure is not None:
@@ -259,7 +291,7 @@ class AsyncSinkWriter:
         # Judged at the time the last pump judged readiness: a retry whose backoff ended since then was not sent
         # by it and must not be taken for "sendable, so nothing to wait for" (that waited forever).
         judged = self._pumped_at
-        times = []
+        times = [self._next_observation] if self._observer is not None else []
         if self._deadline is not None and not self._timeout_flush:
             times.append(self._deadline)
         if self._buffer.size():
@@ -360,7 +392,8 @@ class AsyncSinkWriter:
             self.stats.records += batch.record_count
             self.stats.bytes += batch.size_bytes
             self.stats.batches += 1
-            self.stats.record_latency(self._clock() - started)
+            self._last_send_s = self._clock() - started
+            self.stats.record_latency(self._last_send_s)
             return
         if self._failure is not None:
             return
@@ -372,6 +405,7 @@ class AsyncSinkWriter:
             self.stats.records += stored
             self.stats.bytes += batch.size_bytes - sum(sizes)
             error = error.cause
+        self._failed_records += len(entries)
         kind = self.store.classify(error)
         noun = "record" if batch.record_count == 1 else "records"
         where = f"batch of {batch.record_count} {noun} ({batch.size_bytes} bytes) to {self.store.target}"

@@ -38,9 +38,12 @@ from sluice.engine import (
     WriteContext,
     WriteStats,
 )
+from sluice.metrics._push import MetricsPusher
+from sluice.metrics._report import MetricsTarget, TaskIdentity
+from sluice.metrics._server import find_target
 from sluice.spark._compat import StreamArrowWriterBase
 from sluice.spark._encoding import check_writable, partition_buckets, partition_keys
-from sluice.spark._plan import WritePlan
+from sluice.spark._plan import TaskWriter, WritePlan
 from sluice.spark._summary import log_summary, save_summary
 
 T = TypeVar("T")
@@ -166,10 +169,10 @@ class EngineDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
         plan = self._plan(schema, overwrite, streaming=False)
-        return EngineArrowWriter(plan, write_id=plan.options.get("sink.write-id") or uuid.uuid4().hex)
+        return EngineArrowWriter(plan, plan.options.get("sink.write-id") or uuid.uuid4().hex, find_target())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
-        return EngineStreamArrowWriter(self._plan(schema, overwrite, streaming=True), write_id=uuid.uuid4().hex)
+        return EngineStreamArrowWriter(self._plan(schema, overwrite, streaming=True), uuid.uuid4().hex, find_target())
 
 
 def batching(plan: WritePlan) -> tuple[BatchCreator | None, RequestBuffer | None]:
@@ -216,9 +219,10 @@ def task_context(write_id: str) -> WriteContext:
 class _EngineWriterMixin:
     """The Spark writer around a plan: tasks run the engine on the plan's encoder and store; the driver commits."""
 
-    def __init__(self, plan: WritePlan, write_id: str) -> None:
+    def __init__(self, plan: WritePlan, write_id: str, metrics: MetricsTarget | None = None) -> None:
         self.plan = plan
         self.write_id = write_id
+        self.metrics = metrics  # where tasks report their write while it runs (sluice.metrics); None: nowhere
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         context = task_context(self.write_id)
@@ -228,27 +232,43 @@ class _EngineWriterMixin:
             # A task with no rows opens no connection or session (a write of 200 mostly empty partitions
             # must not open 200 connections).
             return SluiceCommitMessage(WriteStats(tasks=0).to_dict(), None, context)
-        config = self.plan.config
         task = self.plan.open_task(context)
         creator, buffer = batching(self.plan)
-        keyed = config.mode == PARTITION_ORDERED
-        with AsyncSinkWriter(task.store, config, context=context, batch_creator=creator, buffer=buffer) as writer:
-            for batch in itertools.chain([first], batches):
-                encoded = task.encode(batch)
-                if not keyed:
-                    writer.write_chunk(encoded.entries, encoded.sizes)
-                    continue
-                if encoded.groups is not None:  # the store's own grouping (e.g. HBase's regions)
-                    codes, names = encoded.groups, None
-                elif config.batch_by == "key":
-                    codes, names = partition_keys(batch, config.partition_key)
-                else:
-                    codes, names = partition_buckets(batch, config.partition_key, config.parallelism), None
-                if encoded.rows is not None and encoded.groups is None:  # the encoder kept only some rows
-                    codes = np.asarray(codes)[np.asarray(encoded.rows, dtype=np.int64)]
-                writer.write_keyed(encoded.entries, encoded.sizes, codes, names)
-            message = writer.finish()
+        pusher = self._pusher(context)
+        with AsyncSinkWriter(task.store, self.plan.config, context=context, batch_creator=creator, buffer=buffer,
+                             observer=pusher and pusher.offer) as writer:
+            try:
+                message = self._write_batches(writer, task, itertools.chain([first], batches))
+            finally:
+                if pusher is not None:
+                    pusher.close(writer.live())
         return SluiceCommitMessage(writer.stats.to_dict(), message, context)
+
+    def _pusher(self, context: WriteContext) -> MetricsPusher | None:
+        if self.metrics is None:
+            return None
+        task = TaskIdentity(self.plan.format_name, context.write_id, context.partition_id or 0, context.attempt or 0,
+                            context.task_attempt_id or 0, context.epoch)
+        return MetricsPusher(self.metrics, task)
+
+    def _write_batches(self, writer: AsyncSinkWriter, task: TaskWriter, batches: Iterator[pa.RecordBatch]) -> Any:
+        config = self.plan.config
+        keyed = config.mode == PARTITION_ORDERED
+        for batch in batches:
+            encoded = task.encode(batch)
+            if not keyed:
+                writer.write_chunk(encoded.entries, encoded.sizes)
+                continue
+            if encoded.groups is not None:  # the store's own grouping (e.g. HBase's regions)
+                codes, names = encoded.groups, None
+            elif config.batch_by == "key":
+                codes, names = partition_keys(batch, config.partition_key)
+            else:
+                codes, names = partition_buckets(batch, config.partition_key, config.parallelism), None
+            if encoded.rows is not None and encoded.groups is None:  # the encoder kept only some rows
+                codes = np.asarray(codes)[np.asarray(encoded.rows, dtype=np.int64)]
+            writer.write_keyed(encoded.entries, encoded.sizes, codes, names)
+        return writer.finish()
 
     def _epoch_context(self, done: list[SluiceCommitMessage], epoch: int | None) -> WriteContext:
         """The write as the tasks saw it: streaming tasks know the query id, which the driver-side writer does not."""

@@ -1,0 +1,17 @@
+"""Live metrics of sluice writes while they run (issue 31), exposed to Prometheus.
+
+Executors are other machines: each task's engine reports its write every second (`sluice.engine.LiveStats`) to a
+pusher thread, which POSTs the latest report to a collector on the driver; the collector folds the tasks' reports
+into one set of metrics per format and serves them at /metrics (Prometheus' text format, prometheus_client).
+A write learns the collector when it is planned, on the driver: `$SLUICE_METRICS_URL`, or the collector `serve()`
+runs there. Without one, nothing is sent. A collector that cannot be reached never slows or fails a write.
+
+    import sluice, sluice.metrics
+    with sluice.metrics.serve(port=9464) as server:
+        sluice.write(df, "postgres", {...})       # curl http://127.0.0.1:9464/metrics while it runs
+"""
+
+from sluice.metrics._report import MetricsTarget, TaskIdentity, TaskReport
+from sluice.metrics._server import MetricsServer, find_target, serve
+
+__all__ = ["MetricsServer", "MetricsTarget", "TaskIdentity", "TaskReport", "find_target", "serve"]

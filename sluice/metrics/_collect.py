@@ -1,0 +1,132 @@
+"""The driver's side: every task's latest report, folded into one set of metrics per format, exposed to Prometheus.
+
+Counters (Flink's connector metric names where one exists: numRecordsSend, numBytesSend, numRecordsSendErrors) add
+the final reports of ended tasks to the latest reports of running ones, so they only grow while tasks come and go.
+Gauges (in-flight requests and records, the AIMD window, buffered records, currentSendTime) describe running tasks.
+A task that stops reporting (its executor died) is retired after `stale_after_s`: its last counters stay, its
+gauges go, and a late report of it is ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sluice.metrics._report import TaskReport
+
+# (exposed name, help, LiveStats field): prometheus_client adds `_total` to counters.
+COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("sluice_sink_numRecordsSend", "Records the store acknowledged.", "records"),
+    ("sluice_sink_numBytesSend", "Bytes of the records the store acknowledged.", "bytes"),
+    ("sluice_sink_numRecordsSendErrors", "Records of requests that failed (retried or not).", "failed_records"),
+    ("sluice_sink_numBatchesSend", "Requests (batches) the store acknowledged.", "batches"),
+    ("sluice_sink_retries", "Batches sent again after a retryable failure.", "retries"),
+    ("sluice_sink_throttles", "Failures the store classified as throttling.", "throttles"),
+)
+GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("sluice_sink_inflightRequests", "Requests sent and not yet answered, over running tasks.", "inflight_requests"),
+    ("sluice_sink_inflightRecords", "Records in requests not yet answered, over running tasks.", "inflight_records"),
+    ("sluice_sink_aimdWindow", "In-flight records the AIMD rate limiters allow, over running tasks.", "window"),
+    ("sluice_sink_pendingRecords", "Records buffered and not yet in a request, over running tasks.", "buffered"),
+)
+_RETIRED_KEPT = 10_000  # keys of ended tasks remembered, to ignore their late reports
+
+
+@dataclass
+class _Running:
+    report: TaskReport
+    seen: float
+
+
+class SinkMetrics:
+    """Thread-safe: reports arrive on the server's thread, scrapes on another."""
+
+    def __init__(self, stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._lock = threading.Condition()  # notified on every report: wait_for() waits on events, not sleeps
+        self._running: dict[tuple, _Running] = {}
+        self._ended: dict[str, dict[str, float]] = {}  # format -> counter field -> sum over ended tasks
+        self._ended_tasks: dict[str, int] = {}
+        self._retired: OrderedDict[tuple, None] = OrderedDict()
+
+    def add(self, report: TaskReport) -> None:
+        key = report.task.key
+        with self._lock:
+            if key in self._retired:
+                return
+            if report.done:
+                self._running.pop(key, None)
+                self._retire(key, report)
+            else:
+                self._running[key] = _Running(report, self._clock())
+            self._lock.notify_all()
+
+    def wait_for(self, predicate: Callable[[dict[str, dict[str, float]]], bool], timeout: float) -> bool:
+        """Block until `predicate(snapshot())` holds (checked on every report), or `timeout` seconds pass."""
+        with self._lock:
+            return self._lock.wait_for(lambda: predicate(self._snapshot()), timeout)
+
+    def _retire(self, key: tuple, report: TaskReport) -> None:
+        ended = self._ended.setdefault(report.task.format, {})
+        for _, _, field in COUNTERS:
+            ended[field] = ended.get(field, 0) + getattr(report.stats, field)
+        self._ended_tasks[report.task.format] = self._ended_tasks.get(report.task.format, 0) + 1
+        self._retired[key] = None
+        while len(self._retired) > _RETIRED_KEPT:
+            self._retired.popitem(last=False)
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """format -> metric field -> value (counters, gauges, `tasks_running`, `tasks_ended`, `send_ms`)."""
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[str, dict[str, float]]:
+        now = self._clock()
+        for key, running in list(self._running.items()):
+            if now - running.seen > self.stale_after_s:
+                del self._running[key]
+                self._retire(key, running.report)
+        formats = set(self._ended) | {r.report.task.format for r in self._running.values()}
+        out: dict[str, dict[str, float]] = {}
+        for name in sorted(formats):
+            live = [r.report.stats for r in self._running.values() if r.report.task.format == name]
+            values = {field: self._ended.get(name, {}).get(field, 0) + sum(getattr(s, field) for s in live)
+                      for _, _, field in COUNTERS}
+            values |= {field: sum(getattr(s, field) for s in live) for _, _, field in GAUGES}
+            sends = [s.last_send_ms for s in live if s.last_send_ms is not None]
+            values |= {"tasks_running": len(live), "tasks_ended": self._ended_tasks.get(name, 0),
+                       "send_ms": max(sends) if sends else 0.0}
+            out[name] = values
+        return out
+
+
+class PrometheusCollector:
+    """A prometheus_client collector over SinkMetrics: values computed at scrape time, nothing registered twice."""
+
+    def __init__(self, metrics: SinkMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snapshot = self.metrics.snapshot()
+        for name, doc, field in COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["format"])
+            for fmt, values in snapshot.items():
+                family.add_metric([fmt], values[field])
+            yield family
+        gauges = (*GAUGES, ("sluice_sink_currentSendTime", "The slowest running task's last request, in ms.",
+                            "send_ms"), ("sluice_sink_tasksRunning", "Tasks writing now.", "tasks_running"))
+        for name, doc, field in gauges:
+            family = GaugeMetricFamily(name, doc, labels=["format"])
+            for fmt, values in snapshot.items():
+                family.add_metric([fmt], values[field])
+            yield family
+        family = CounterMetricFamily("sluice_sink_tasks", "Tasks whose write ended.", labels=["format"])
+        for fmt, values in snapshot.items():
+            family.add_metric([fmt], values["tasks_ended"])
+        yield family

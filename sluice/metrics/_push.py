@@ -1,0 +1,68 @@
+"""The executor's side: a task's reports sent to the collector while it writes (one thread, the latest report
+only: a slow collector makes reports coarser, never the write slower)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.request
+
+from sluice.engine import LiveStats
+from sluice.metrics._report import MetricsTarget, TaskIdentity, TaskReport
+
+log = logging.getLogger("sluice.metrics")
+
+_TIMEOUT_S = 2.0
+
+
+class MetricsPusher:
+    """`offer` (the engine's observer, on its manager thread) never blocks; `close` sends the final report."""
+
+    def __init__(self, target: MetricsTarget, task: TaskIdentity) -> None:
+        self.target = target
+        self.task = task
+        self._cond = threading.Condition()
+        self._latest: LiveStats | None = None
+        self._closing = False
+        self._dead = False  # the collector could not be reached: stop trying for this task
+        self._thread = threading.Thread(target=self._run, name="sluice-metrics-push", daemon=True)
+        self._thread.start()
+
+    def offer(self, stats: LiveStats) -> None:
+        with self._cond:
+            self._latest = stats
+            self._cond.notify()
+
+    def close(self, final: LiveStats) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        self._send(TaskReport(self.task, final, done=True))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._latest is not None or self._closing)
+                if self._closing:
+                    return
+                stats, self._latest = self._latest, None
+            assert stats is not None
+            self._send(TaskReport(self.task, stats, done=False))
+
+    def _send(self, report: TaskReport) -> None:
+        if self._dead:
+            return
+        headers = {"Content-Type": "application/json"}
+        if self.target.token:
+            headers["Authorization"] = f"Bearer {self.target.token}"
+        request = urllib.request.Request(self.target.push_url, data=json.dumps(report.to_json()).encode(),
+                                         headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+                answer.read()
+        except Exception as e:  # metrics never fail a write; the URL carries no secret, the token is a header
+            self._dead = True
+            log.warning("sluice: live metrics for %s task %d not sent to %s (%s: %s); the write goes on without them",
+                        self.task.format, self.task.partition, self.target.url, type(e).__name__, e)

@@ -1,0 +1,64 @@
+"""What a task reports about its write, and where reports go: the typed state that crosses from executors to the
+driver's collector."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.engine import LiveStats
+
+
+@dataclass(frozen=True)
+class MetricsTarget:
+    """Where tasks push their reports: the collector's URL and the token it asks for. Travels to the executors in
+    the write's plan; the token never shows in a repr, a log line or an error."""
+
+    url: str
+    token: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def push_url(self) -> str:
+        return self.url.rstrip("/") + "/push"
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Which task attempt a report is about (a retried task is another attempt, counted on its own)."""
+
+    format: str
+    write_id: str  # a batch write's id, or a streaming query's id
+    partition: int
+    attempt: int
+    task_attempt_id: int
+    epoch: int | None  # a streaming query's batch id
+
+    @property
+    def key(self) -> tuple[str, str, int, int, int, int | None]:
+        return (self.format, self.write_id, self.partition, self.attempt, self.task_attempt_id, self.epoch)
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    task: TaskIdentity
+    stats: LiveStats
+    done: bool  # the task's write ended (committed or failed): its counters are final
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": 1, "task": dataclasses.asdict(self.task), "stats": dataclasses.asdict(self.stats),
+                "done": self.done}
+
+    @classmethod
+    def from_json(cls, data: Any) -> TaskReport:
+        """Refuses anything but a version-1 report with every field (a ValueError naming what is wrong)."""
+        if not isinstance(data, dict) or data.get("v") != 1:
+            raise ValueError("not a version-1 sluice task report")
+        try:
+            task = TaskIdentity(**data["task"])
+            stats = LiveStats(**data["stats"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"a task report with missing or unknown fields: {e}") from None
+        if not isinstance(data.get("done"), bool):
+            raise ValueError("a task report without a boolean 'done'")
+        return cls(task, stats, data["done"])

@@ -1,0 +1,105 @@
+"""The driver's collector (sluice.metrics): task reports in over HTTP, Prometheus' text format out; counters that
+only grow while tasks come and go; tokens required off loopback and never shown. No Spark: reports are sent as a
+task's pusher sends them."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import sluice.metrics
+from sluice import OptionError
+from sluice.engine import LiveStats
+from sluice.metrics import MetricsTarget, TaskIdentity, TaskReport
+from sluice.metrics._collect import SinkMetrics
+from sluice.metrics._push import MetricsPusher
+
+
+def stats(records: int, inflight: int = 0, failed: int = 0) -> LiveStats:
+    return LiveStats(records=records, bytes=10 * records, batches=records // 10, failed_records=failed, retries=0,
+                     throttles=0, inflight_requests=inflight, inflight_records=inflight * 10, window=100, buffered=5,
+                     last_send_ms=2.5, at=0.0)
+
+
+def task(partition: int, fmt: str = "postgres", attempt: int = 0) -> TaskIdentity:
+    return TaskIdentity(fmt, "write-1", partition, attempt, 100 + partition, None)
+
+
+def scrape(server, token: str | None = None) -> dict[tuple[str, str], float]:
+    request = urllib.request.Request(server.url + "/metrics",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        text = answer.read().decode()
+    return {(sample.name, sample.labels.get("format", "")): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_counters_add_ended_tasks_to_running_ones_and_gauges_describe_running_ones():
+    metrics = SinkMetrics()
+    metrics.add(TaskReport(task(0), stats(100, inflight=2), done=False))
+    metrics.add(TaskReport(task(1), stats(50, inflight=1), done=False))
+    running = metrics.snapshot()["postgres"]
+    assert (running["records"], running["inflight_requests"], running["tasks_running"]) == (150, 3, 2)
+    metrics.add(TaskReport(task(0), stats(120), done=True))
+    metrics.add(TaskReport(task(0), stats(110, inflight=2), done=False))  # late: sent before the final one
+    later = metrics.snapshot()["postgres"]
+    assert (later["records"], later["inflight_requests"], later["tasks_running"], later["tasks_ended"]) == \
+        (170, 1, 1, 1)
+
+
+def test_a_task_that_stops_reporting_keeps_its_counters_and_loses_its_gauges():
+    now = [0.0]
+    metrics = SinkMetrics(stale_after_s=30, clock=lambda: now[0])
+    metrics.add(TaskReport(task(0), stats(100, inflight=4), done=False))
+    now[0] = 31.0  # its executor died: no final report will come
+    gone = metrics.snapshot()["postgres"]
+    assert (gone["records"], gone["inflight_requests"], gone["tasks_running"]) == (100, 0, 0)
+
+
+def test_reports_over_http_become_prometheus_metrics_named_as_flinks():
+    with sluice.metrics.serve() as server:
+        target = sluice.metrics.find_target()
+        assert target == server.target and target.url.startswith("http://127.0.0.1:")
+        pusher = MetricsPusher(target, task(0, fmt="clickhouse"))
+        pusher.offer(stats(40, inflight=2, failed=3))
+        assert server.metrics.wait_for(lambda s: s.get("clickhouse", {}).get("records") == 40, timeout=10)
+        live = scrape(server)
+        assert live[("sluice_sink_numRecordsSend_total", "clickhouse")] == 40
+        assert live[("sluice_sink_numRecordsSendErrors_total", "clickhouse")] == 3
+        assert live[("sluice_sink_inflightRequests", "clickhouse")] == 2
+        assert live[("sluice_sink_currentSendTime", "clickhouse")] == 2.5
+        pusher.close(stats(60))
+        ended = scrape(server)
+        assert ended[("sluice_sink_numRecordsSend_total", "clickhouse")] == 60
+        assert ended[("sluice_sink_numBytesSend_total", "clickhouse")] == 600
+        assert ended[("sluice_sink_tasksRunning", "clickhouse")] == 0
+        assert ended[("sluice_sink_tasks_total", "clickhouse")] == 1
+    assert sluice.metrics.find_target() is None  # closed: later writes push nothing
+
+
+def test_a_malformed_report_is_refused_naming_what_is_wrong():
+    with sluice.metrics.serve() as server:
+        body = json.dumps({"v": 1, "task": {"format": "s2"}, "stats": {}, "done": False}).encode()
+        request = urllib.request.Request(server.url + "/push", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 400 and "missing or unknown fields" in refused.value.read().decode()
+
+
+def test_a_token_is_required_off_loopback_and_on_every_request_and_never_shown():
+    with pytest.raises(OptionError, match="without token"):
+        sluice.metrics.serve(host="0.0.0.0")
+    secret = "metrics-secret-8d1f"
+    with sluice.metrics.serve(token=secret) as server:
+        assert secret not in repr(server) and secret not in repr(server.target)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(server)
+        assert refused.value.code == 401
+        wrong = MetricsPusher(MetricsTarget(server.url, "not-the-token"), task(0))
+        wrong.close(stats(5))
+        assert server.metrics.snapshot() == {}  # refused: nothing counted
+        right = MetricsPusher(server.target, task(0))
+        right.close(stats(5))
+        assert scrape(server, secret)[("sluice_sink_numRecordsSend_total", "postgres")] == 5

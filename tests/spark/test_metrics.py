@@ -1,0 +1,65 @@
+"""Live metrics from real Spark writes (sluice.metrics): tasks on executors report to the collector on the driver
+over HTTP, and Prometheus' text format shows each format's counters rising while a streaming query runs."""
+
+import urllib.request
+import uuid
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import sluice
+import sluice.metrics
+
+pytestmark = pytest.mark.spark
+
+
+def scraped(server) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {(s.name, s.labels.get("format", "")): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_batch_write_reports_every_record_of_every_task_to_the_collector(spark, pg):
+    with sluice.metrics.serve() as server:
+        sluice.write(spark.range(0, 1000, 1, 4).selectExpr("id", "repeat('x', 10) AS body"), "sluice_null")
+        table = f"metrics_{uuid.uuid4().hex[:8]}"
+        spark.range(0, 500, 1, 2).selectExpr("id", "concat('n', id) AS name").write.format("postgres") \
+            .option("url", pg.url).option("table", table).option("create-table", "true").mode("append").save()
+        # A task sends its final report before it ends, so the write's end finds them all in.
+        found = scraped(server)
+    assert found[("sluice_sink_numRecordsSend_total", "sluice_null")] == 1000
+    assert found[("sluice_sink_tasks_total", "sluice_null")] == 4
+    assert found[("sluice_sink_numRecordsSend_total", "postgres")] == 500
+    assert found[("sluice_sink_numBytesSend_total", "postgres")] > 0
+    assert found[("sluice_sink_tasksRunning", "postgres")] == 0
+
+
+def test_counters_rise_while_a_streaming_query_writes(spark, tmp_path):
+    with sluice.metrics.serve() as server:
+        query = spark.readStream.format("rate").option("rowsPerSecond", 200).load().selectExpr("value AS id") \
+            .writeStream.format("sluice_null").option("checkpointLocation", str(tmp_path / "checkpoint")) \
+            .trigger(processingTime="500 milliseconds").start()
+        try:
+            def records(snapshot) -> float:
+                return snapshot.get("sluice_null", {}).get("records", 0)
+
+            assert server.metrics.wait_for(lambda s: records(s) > 0, timeout=120), "no report from the query"
+            first = scraped(server)[("sluice_sink_numRecordsSend_total", "sluice_null")]
+            assert server.metrics.wait_for(lambda s: records(s) > first, timeout=60), "the counter stopped"
+            assert scraped(server)[("sluice_sink_numRecordsSend_total", "sluice_null")] > first
+        finally:
+            query.stop()
+
+
+def test_without_a_collector_writes_report_nothing_and_still_succeed(spark):
+    """The negative control: a collector the writes cannot find (its address withdrawn) hears nothing from them, so
+    the reports above came through the address a write learns when it is planned."""
+    from sluice.metrics._server import _advertised_file
+
+    with sluice.metrics.serve() as server:
+        _advertised_file().unlink()
+        assert sluice.metrics.find_target() is None
+        sluice.write(spark.range(0, 100, 1, 2), "sluice_null")
+        assert sluice.last_write_summary("sluice_null")["records"] == 100
+        assert server.metrics.snapshot() == {}
