@@ -186,7 +186,7 @@ lint: $(STAMP)
 # both jobs need is installed first, one at a time (apt-get and pip each take a lock). The capability table is
 # checked last: it reads the main run's results. Every test's seconds land in build/junit/ (the time budget's ledger).
 TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
-	check-postgres-versions lint
+	check-hbase check-postgres-versions lint
 test: $(TEST_SETUP)
 	$(MAKE) -j2 test-main test-lines-then-versions
 	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
@@ -194,20 +194,19 @@ test: $(TEST_SETUP)
 # Its output goes to a file, shown whole when it ends (between the main suite's lines, which stream).
 LINES_THEN_VERSIONS_LOG := build/lines-then-versions.log
 test-lines-then-versions: $(TEST_SETUP)
-	@mkdir -p build && echo "the older Spark lines, then the other PostgreSQL versions, run next to the main suite;" \
+	@mkdir -p build && echo "the older Spark lines, the other PostgreSQL versions, the two-hop pipelines and HBase run" \
+	  "next to the main suite;" \
 	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
-	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop \
+	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop test-hbase \
 	  > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
-	  rc=$$?; echo "===== the older Spark lines and the other PostgreSQL versions: exit $$rc ====="; \
+	  rc=$$?; echo "===== the older Spark lines, the other PostgreSQL versions, two-hop and HBase: exit $$rc ====="; \
 	  cat $(LINES_THEN_VERSIONS_LOG); echo "===== end of $(LINES_THEN_VERSIONS_LOG) ====="; exit $$rc
 
 test-serial: test-main test-two-hop test-hbase test-postgres-versions test-spark-lines
 
-# The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own) run
-# alone: make test-hbase (17 tests, 3.5-5 min). In make test's second job they took the main suite from 2,341 s to
-# 2,715 s (2026-11-26; 2,727 s on 2026-11-25), its whole run to 2,812 s, over the 45-minute budget: two jobs on two
-# cores, and HBase's JVMs slow the other job as much as they take. make test runs the HBase tests that need no server
-# (tests/connectors/hbase/test_keys.py) until the suite has that time to spare.
+# The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own; 17
+# tests, 80 s alone) run last in make test's second job (make test-hbase runs them alone). The main suite runs the
+# HBase tests that need no server (tests/connectors/hbase/test_keys.py).
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
 	mkdir -p build/lines
