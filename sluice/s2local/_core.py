@@ -382,7 +382,12 @@ class Core:
         b = self.basin(basin)
         stream = self.streams.get((basin, name))
         if stream is None and b.config.get(flag):
-            stream, _ = await self.create_stream(basin, name, header_config, None)
+            try:
+                stream, _ = await self.create_stream(basin, name, header_config, None)
+            except S2Error as e:  # two appends to a new stream at once: S2 creates it once and both append to it
+                if e.code != "resource_already_exists":
+                    raise
+                stream = await self._recorded(self.streams, (basin, name))  # the winner records it after its write
         if stream is None:
             raise S2Error("stream_not_found", f"stream {name!r} not found in basin {basin!r}")
         return stream

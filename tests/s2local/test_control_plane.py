@@ -1,5 +1,6 @@
 """Basins and streams through the official s2-sdk, and raw requests for idempotency and name rules."""
 
+import asyncio
 import json
 
 import pytest
@@ -228,3 +229,25 @@ def test_bad_basin_reconfigurations_and_list_limits(s2_server, basin_name):
     assert status == 200 and "basins" in json.loads(raw)
     status, _, raw = h2_request(s2_server.port, "GET", "/v1/streams?limit=1001", {"s2-basin": basin_name})
     assert status == 200 and "streams" in json.loads(raw)
+
+
+def test_concurrent_appends_to_a_new_stream_create_it_once_and_all_land(tmp_path, basin_name):
+    """create_stream_on_append, as S2 does it: many appends racing to a stream that does not exist yet all succeed
+    (the first creates it), none fails with resource_already_exists. A durable server: its writes to disk are
+    where two creates overlap."""
+    from s2_sdk import AppendInput, Record
+
+    from sluice.s2local import LocalS2
+
+    async def scenario(server):
+        async with client_for(server) as s2:
+            await s2.create_basin(basin_name, config=BasinConfig(create_stream_on_append=True))
+            basin = s2.basin(basin_name)
+            acks = await asyncio.gather(*(basin.stream(f"new/{i % 2}").append(
+                AppendInput(records=[Record(body=f"r{i}".encode())])) for i in range(20)))
+            assert len(acks) == 20
+            tails = [(await basin.stream(f"new/{k}").check_tail()).seq_num for k in (0, 1)]
+            assert tails == [10, 10]
+
+    with LocalS2(data_dir=tmp_path / "s2") as server:
+        run(scenario(server))
