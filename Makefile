@@ -8,7 +8,8 @@ export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
-	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase
+	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
+	check-chromium
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -175,6 +176,18 @@ check-hbase: check-java
 	} || { rm -rf "$$pom"; echo "fetching Apache HBase $(HBASE_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
+# The page's browser test (tests/ui/test_page.py) drives Debian's chromium with Playwright (never a browser Playwright
+# downloads itself).
+check-chromium:
+	@if ! test -x /usr/bin/chromium; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the page's browser test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || exit 1; \
+	  else \
+	    echo "The browser test needs Debian's chromium at /usr/bin/chromium: apt-get install -y chromium" >&2; exit 1; \
+	  fi; \
+	fi
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
 
@@ -186,7 +199,7 @@ lint: $(STAMP)
 # both jobs need is installed first, one at a time (apt-get and pip each take a lock). The capability table is
 # checked last: it reads the main run's results. Every test's seconds land in build/junit/ (the time budget's ledger).
 TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
-	check-hbase check-postgres-versions lint
+	check-hbase check-chromium check-postgres-versions lint
 test: $(TEST_SETUP)
 	$(MAKE) -j2 test-main test-lines-then-versions
 	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
@@ -208,7 +221,8 @@ test-serial: test-main test-two-hop test-hbase test-postgres-versions test-spark
 # tests, 80 s alone) run last in make test's second job (make test-hbase runs them alone). The main suite runs the
 # HBase tests that need no server (tests/connectors/hbase/test_keys.py).
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
-test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch lint
+test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
+	check-chromium lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
 	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(TWO_HOP_TESTS))
@@ -277,8 +291,9 @@ test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhous
 test-spark-lines: $(STAMP) $(addprefix test-spark-,$(MAKE_TEST_LINES))
 	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
 
+DEMO_ARGS ?=
 demo: $(STAMP) check-java check-postgres
-	$(PY) -m sluice.demo
+	$(PY) -m sluice.demo $(DEMO_ARGS)
 
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write

@@ -51,7 +51,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_meta(sub)
     _add_table(sub)
     _add_postgres(sub)
+    _add_ui(sub)
     return parser
+
+
+def _add_ui(sub: Any) -> None:
+    ui = sub.add_parser("ui", help="a web page over the MetaService and the live metrics of running writes")
+    ui.add_argument("--meta", default=None,
+                    help="database: a SQLite path or postgresql:// URL (default $SLUICE_META, else .sluice/meta.db)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; others need a token)")
+    ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free one)")
+    ui.add_argument("--advertise", default=None, help="the name executors reach this machine by (for their metrics)")
+    ui.add_argument("--running-only", action="store_true", help="hide jobs that ended")
+    ui.set_defaults(run=_ui)
+
+
+def _ui(args: argparse.Namespace) -> int:
+    import contextlib
+    import os
+    import threading
+
+    from sluice.ui import serve_ui
+
+    # The token comes from the environment, never the command line, where `ps` would show it.
+    token = os.environ.get("SLUICE_UI_TOKEN") or None
+    with serve_ui(args.meta, args.host, args.port, advertise=args.advertise, token=token,
+                  include_ended=not args.running_only) as server:
+        shown = f"{server.url}/?token=..." if token else f"{server.url}/"
+        print(f"sluice ui at {shown} (Prometheus: {server.url}/metrics); Ctrl-C ends it", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+    return 0
 
 
 def _add_postgres(sub: Any) -> None:

@@ -14,13 +14,18 @@
 6. The first hop from an operational database: orders change in PostgreSQL (a throwaway server with
    wal_level=logical), format("postgres_changes") streams the committed changes into S2 as s2_upsert records,
    a second query streams them on into the table store, and the table read at the end equals the database.
+
+The page of `sluice ui` (the pipeline's jobs, tables, lineage, lag and every write's live metrics) is up for the
+whole demo at the address it prints first; `make demo DEMO_ARGS=--stay` keeps it up after the demo until Ctrl-C.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -146,11 +151,16 @@ def first_hop(spark, conn: dict) -> bool:
 def main() -> int:
     import sluice
     from sluice.s2local import LocalS2
+    from sluice.ui import serve_ui
 
     started = time.monotonic()
+    stay = "--stay" in sys.argv[1:]
     shutil.rmtree(DATA, ignore_errors=True)
+    DATA.mkdir(parents=True)
     print("sluice demo: an order changelog from Spark into S2 streams, and back; then from PostgreSQL.\n")
-    with LocalS2(data_dir=DATA / "s2") as server:
+    # The page over the two-hop pipeline's MetaService and every write's live metrics, up for the whole demo.
+    with serve_ui(str(DATA / "meta.db")) as page, LocalS2(data_dir=DATA / "s2") as server:
+        print(f"Watch it run: {page.url}/ (live metrics for Prometheus: {page.url}/metrics)\n")
         print(f"1. Local S2 server on {server.url} (durable, data in {DATA / 's2'}).")
         spark = sluice.session("sluice-demo", **{"spark.sql.shuffle.partitions": "4"})
         changelog = generate(spark).cache()
@@ -192,6 +202,10 @@ def main() -> int:
         ok &= two_hop_etl(spark, conn)
         ok &= first_hop(spark, conn)
         spark.stop()
+        if stay:
+            print(f"\nThe page stays up at {page.url}/ until Ctrl-C.")
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
     total = sum(records.values())
     print(f"\n{changes:,} changes became {total:,} records: within each Arrow batch the sink sends only the last "
           "change per order\n(as flink-connector-s2 does per request), which never reorders one order's changes.")

@@ -11,8 +11,10 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from sluice._errors import OptionError
 from sluice.metrics._collect import PrometheusCollector, SinkMetrics
@@ -54,13 +56,15 @@ def find_target() -> MetricsTarget | None:
 class MetricsServer:
     """Live metrics of every sluice write planned on this machine while it runs (see `serve`)."""
 
-    def __init__(self, host: str, port: int, advertise: str | None, token: str | None) -> None:
+    def __init__(self, host: str, port: int, advertise: str | None, token: str | None,
+                 extra_routes: Callable[[MetricsServer], Sequence[Any]] | None = None) -> None:
         if not _is_loopback(host) and not token:
             raise OptionError(f"sluice.metrics.serve(host={host!r}) without token: anyone who can reach it could "
                               "push fake metrics and read them. Pass token='...' (tasks send it, Prometheus scrapes "
                               "with it as a bearer token), or bind 127.0.0.1.")
         self.metrics = SinkMetrics()
         self._token = token
+        self._extra_routes = extra_routes  # more Starlette routes on the same server (sluice ui's page)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
@@ -72,6 +76,7 @@ class MetricsServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
+        self._closed = False
         self._thread = threading.Thread(target=self._serve, name="sluice-metrics-server", daemon=True)
 
     def __repr__(self) -> str:
@@ -89,9 +94,7 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(PrometheusCollector(self.metrics))
 
-        def authorized(request: Request) -> bool:
-            given = request.headers.get("authorization", "")
-            return self._token is None or secrets.compare_digest(given, f"Bearer {self._token}")
+        authorized = self.authorized
 
         async def push(request: Request) -> Response:
             if not authorized(request):
@@ -113,8 +116,17 @@ class MetricsServer:
                 return PlainTextResponse("a bearer token is required", status_code=401)
             return JSONResponse(self.metrics.snapshot())
 
+        extra = list(self._extra_routes(self)) if self._extra_routes else []
         return Starlette(routes=[Route("/push", push, methods=["POST"]), Route("/metrics", metrics),
-                                 Route("/metrics.json", metrics_json)])
+                                 Route("/metrics.json", metrics_json), *extra])
+
+    def authorized(self, request: Any) -> bool:
+        """No token set, or the request carries it: as a bearer token, or (a browser's page) a `token` parameter."""
+        if self._token is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return secrets.compare_digest(given, f"Bearer {self._token}") or secrets.compare_digest(
+            request.query_params.get("token", ""), self._token)
 
     def _serve(self) -> None:
         from hypercorn.asyncio import serve
@@ -148,6 +160,9 @@ class MetricsServer:
         return self
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         try:
             path = _advertised_file()
             if json.loads(path.read_text()).get("pid") == os.getpid():

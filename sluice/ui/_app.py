@@ -1,0 +1,56 @@
+"""`sluice ui`: a read-only page over the MetaService and the live metrics, on the metrics collector's server (one
+process on the driver's machine: tasks push there, the browser and Prometheus read there)."""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.resources import files
+from typing import Any
+
+from sluice.meta import MetaService
+from sluice.metrics._server import MetricsServer
+from sluice.ui._state import consistent_point, read_state
+
+
+def ui_routes(meta_url: str | None, include_ended: bool = True):
+    """The page's routes for a MetricsServer: / (the page), /api/state, /api/consistent?tables=a,b."""
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    page = files("sluice.ui").joinpath("page.html").read_text()
+    meta = MetaService(meta_url)
+
+    def build(server: MetricsServer) -> list[Any]:
+        def refused() -> Response:
+            return PlainTextResponse("a token is required: open the page as /?token=...", status_code=401)
+
+        async def index(request: Request) -> Response:
+            return HTMLResponse(page) if server.authorized(request) else refused()
+
+        async def state(request: Request) -> Response:
+            if not server.authorized(request):
+                return refused()
+            # The MetaService is a blocking database client: off the event loop.
+            found = await asyncio.to_thread(read_state, meta, include_ended)
+            return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot()})
+
+        async def consistent(request: Request) -> Response:
+            if not server.authorized(request):
+                return refused()
+            tables = [t for t in request.query_params.get("tables", "").split(",") if t]
+            if not tables:
+                return JSONResponse({"error": "name the tables: /api/consistent?tables=orders,totals"},
+                                    status_code=400)
+            return JSONResponse(await asyncio.to_thread(consistent_point, meta, tables))
+
+        return [Route("/", index), Route("/api/state", state), Route("/api/consistent", consistent)]
+
+    return build
+
+
+def serve_ui(meta: str | None = None, host: str = "127.0.0.1", port: int = 0, *, advertise: str | None = None,
+             token: str | None = None, include_ended: bool = True) -> MetricsServer:
+    """The page at the returned server's `.url`, and the live-metrics collector every write planned on this machine
+    reports to (see sluice.metrics.serve). Loopback by default; any other address needs a token."""
+    return MetricsServer(host, port, advertise, token, extra_routes=ui_routes(meta, include_ended)).start()

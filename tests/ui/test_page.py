@@ -1,0 +1,90 @@
+"""`sluice ui` in a real browser (Debian's chromium driven by Playwright) while a two-hop streaming pipeline runs on
+the table store: the graph shows both jobs and tables, the tables' barriers and lag update, a consistent-read point
+is found, the live metrics of the writes appear; and when the page stops updating it says so."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import sluice.tablestore
+from sluice.ui import serve_ui
+
+pytestmark = pytest.mark.spark
+
+CHROMIUM = Path("/usr/bin/chromium")
+# As the machine's notes say: no sandbox as root, and none of Chromium's background connections.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def cell(page, table: str, row: str, column: int) -> str:
+    return page.text_content(f'#{table} tr[data-name="{row}"] td:nth-child({column})')
+
+
+def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
+    assert CHROMIUM.exists(), "the browser test needs Debian's chromium: make check-chromium (apt-get install chromium)"
+    from playwright.sync_api import sync_playwright
+
+    store = {"warehouse": str(tmp_path / "wh"), "meta": str(tmp_path / "meta.db")}
+    spark.createDataFrame([(0, 0, 1.0)], "id long, customer long, amount double").write.format("tablestore") \
+        .option("table", "orders").option("primary-key", "id").options(**store).mode("append").save()
+    with serve_ui(store["meta"]) as server:  # before the queries start: their writes report to it
+        job_a = sluice.tablestore.register_job(spark, "A", sources=[], sinks=["orders"], meta=store["meta"])
+        query_a = job_a.watch(
+            spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+            .selectExpr("value % 100 AS id", "value % 7 AS customer", "CAST(value % 13 AS double) AS amount")
+            .writeStream.format("tablestore").option("table", "orders").options(**store)
+            .option("checkpointLocation", str(tmp_path / "ck-a")).trigger(processingTime="500 milliseconds").start())
+        job_b = sluice.tablestore.register_job(spark, "B", sources=["orders"], sinks=["totals"], meta=store["meta"])
+        changes = spark.readStream.format("tablestore").option("table", "orders").option("changes", "true") \
+            .options(**store).load()
+        query_b = job_b.watch(
+            changes.selectExpr("customer", sluice.tablestore.signed_change("amount") + " AS signed")
+            .groupBy("customer").agg({"signed": "sum"}).withColumnRenamed("sum(signed)", "total")
+            .writeStream.format("tablestore").option("table", "totals").option("primary-key", "customer")
+            .options(**store).outputMode("complete").option("checkpointLocation", str(tmp_path / "ck-b"))
+            .trigger(processingTime="500 milliseconds").start())
+        try:
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                page.goto(server.url + "/")
+                for node in (f"job:{job_a.job_id}", "table:orders", f"job:{job_b.job_id}", "table:totals"):
+                    page.wait_for_selector(f'#lineage g[data-id="{node}"]', timeout=60_000)
+                assert page.get_attribute('#lineage g[data-id="job:' + job_a.job_id + '"]', "class") == "job running"
+
+                # The tables move: totals' last barrier changes while the page is open (the page polls by itself).
+                page.wait_for_function("() => { const c = document.querySelector("
+                                       "'#tables tr[data-name=\"totals\"] td:nth-child(3)'); "
+                                       "return c && c.textContent !== '-'; }", timeout=120_000)
+                first = cell(page, "tables", "totals", 3)
+                assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}", first), first  # a time, not epoch ms
+                page.wait_for_function("(first) => document.querySelector("
+                                       "'#tables tr[data-name=\"totals\"] td:nth-child(3)').textContent !== first",
+                                       arg=first, timeout=120_000)
+                assert re.fullmatch(r"\d+\.\d s", cell(page, "tables", "totals", 6))  # lag behind orders
+                assert cell(page, "tables", "totals", 5) == "orders"
+
+                # The writes' live metrics: the table store's counters, pushed by the tasks to this same server.
+                page.wait_for_selector('#metrics tr[data-name="tablestore"]', timeout=60_000)
+                assert int(cell(page, "metrics", "tablestore", 2)) > 0
+
+                page.fill("#consistent-tables", "orders,totals")
+                page.click("#consistent-form button")
+                page.wait_for_function("() => /version/.test(document.getElementById('consistent-result')"
+                                       ".textContent)", timeout=30_000)
+                assert "orders version" in page.text_content("#consistent-result")
+                shot = tmp_path / "sluice-ui.png"
+                page.screenshot(path=str(shot), full_page=True)
+                assert shot.stat().st_size > 10_000
+                print(f"screenshot: {shot}")
+
+                # The negative control: with the server gone the page cannot update, and it says so.
+                server.close()
+                page.wait_for_selector("#status.stale", timeout=30_000)
+                assert "not updating" in page.text_content("#status")
+                browser.close()
+        finally:
+            query_a.stop()
+            query_b.stop()
