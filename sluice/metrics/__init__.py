@@ -11,7 +11,7 @@ runs there. Without one, nothing is sent. A collector that cannot be reached nev
         sluice.write(df, "postgres", {...})       # curl http://127.0.0.1:9464/metrics while it runs
 """
 
-from sluice.metrics._report import MetricsTarget, TaskIdentity, TaskReport
+from sluice.metrics._report import MetricsTarget, SourceReport, TaskIdentity, TaskReport
 from sluice.metrics._server import MetricsServer, find_target, serve
 
-__all__ = ["MetricsServer", "MetricsTarget", "TaskIdentity", "TaskReport", "find_target", "serve"]
+__all__ = ["MetricsServer", "MetricsTarget", "SourceReport", "TaskIdentity", "TaskReport", "find_target", "serve"]

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from sluice.metrics._report import TaskReport
+from sluice.metrics._report import SourceReport, TaskReport
 
 # (exposed name, help, LiveStats field): prometheus_client adds `_total` to counters.
 COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -104,15 +104,46 @@ class SinkMetrics:
         return out
 
 
-class PrometheusCollector:
-    """A prometheus_client collector over SinkMetrics: values computed at scrape time, nothing registered twice."""
+class SourceMetrics:
+    """The latest lag report of each streaming source (format, source); one that stops reporting for
+    `stale_after_s` (its query ended) is dropped."""
 
-    def __init__(self, metrics: SinkMetrics) -> None:
+    def __init__(self, stale_after_s: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._latest: dict[tuple[str, str], SourceReport] = {}
+
+    def add(self, report: SourceReport) -> None:
+        with self._lock:
+            self._latest[(report.format, report.source)] = report
+            self._lock.notify_all()
+
+    def snapshot(self) -> list[SourceReport]:
+        with self._lock:
+            now = self._clock()
+            for key, report in list(self._latest.items()):
+                if now - report.at > self.stale_after_s:
+                    del self._latest[key]
+            return sorted(self._latest.values(), key=lambda r: (r.format, r.source))
+
+    def wait_for(self, predicate: Callable[[list[SourceReport]], bool], timeout: float) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: predicate(sorted(self._latest.values(), key=lambda r: r.source)),
+                                       timeout)
+
+
+class PrometheusCollector:
+    """A prometheus_client collector over SinkMetrics and SourceMetrics: values computed at scrape time."""
+
+    def __init__(self, metrics: SinkMetrics, sources: SourceMetrics) -> None:
         self.metrics = metrics
+        self.sources = sources
 
     def collect(self) -> Iterator:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        yield from self._source_families(GaugeMetricFamily)
         snapshot = self.metrics.snapshot()
         for name, doc, field in COUNTERS:
             family = CounterMetricFamily(name, doc, labels=["format"])
@@ -130,3 +161,16 @@ class PrometheusCollector:
         for fmt, values in snapshot.items():
             family.add_metric([fmt], values["tasks_ended"])
         yield family
+
+    def _source_families(self, gauge: type) -> Iterator:
+        reports = self.sources.snapshot()
+        for name, doc, value in (
+                ("sluice_source_pendingBytes", "Bytes the source is behind its store's head (PostgreSQL: WAL "
+                 "between the slot's confirmed position and the server's).", lambda r: r.pending_bytes),
+                ("sluice_source_retainedBytes", "What the source makes its store keep (PostgreSQL: WAL the slot "
+                 "holds back).", lambda r: r.retained_bytes),
+                ("sluice_source_lastReportTime", "When the source last reported, epoch seconds.", lambda r: r.at)):
+            family = gauge(name, doc, labels=["format", "source"])
+            for report in reports:
+                family.add_metric([report.format, report.source], value(report))
+            yield family

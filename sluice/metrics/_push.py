@@ -9,7 +9,7 @@ import threading
 import urllib.request
 
 from sluice.engine import LiveStats
-from sluice.metrics._report import MetricsTarget, TaskIdentity, TaskReport
+from sluice.metrics._report import MetricsTarget, SourceReport, TaskIdentity, TaskReport
 
 log = logging.getLogger("sluice.metrics")
 
@@ -54,15 +54,38 @@ class MetricsPusher:
     def _send(self, report: TaskReport) -> None:
         if self._dead:
             return
-        headers = {"Content-Type": "application/json"}
-        if self.target.token:
-            headers["Authorization"] = f"Bearer {self.target.token}"
-        request = urllib.request.Request(self.target.push_url, data=json.dumps(report.to_json()).encode(),
-                                         headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
-                answer.read()
+            post(self.target, "/push", report.to_json())
         except Exception as e:  # metrics never fail a write; the URL carries no secret, the token is a header
             self._dead = True
             log.warning("sluice: live metrics for %s task %d not sent to %s (%s: %s); the write goes on without them",
                         self.task.format, self.task.partition, self.target.url, type(e).__name__, e)
+
+
+def post(target: MetricsTarget, path: str, body: dict) -> None:
+    """One report to the collector (raises what urllib raises)."""
+    headers = {"Content-Type": "application/json"}
+    if target.token:
+        headers["Authorization"] = f"Bearer {target.token}"
+    request = urllib.request.Request(target.url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers,
+                                     method="POST")
+    with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+        answer.read()
+
+
+class SourceReporter:
+    """A streaming source's driver side reports its lag once per committed micro-batch (a synchronous request
+    of at most 2 s; after a failure it says why once and stops)."""
+
+    def __init__(self, target: MetricsTarget | None) -> None:
+        self.target = target
+
+    def report(self, report: SourceReport) -> None:
+        if self.target is None:
+            return
+        try:
+            post(self.target, "/push/source", report.to_json())
+        except Exception as e:
+            log.warning("sluice: source metrics of %s %s not sent to %s (%s: %s); reading goes on without them",
+                        report.format, report.source, self.target.url, type(e).__name__, e)
+            self.target = None

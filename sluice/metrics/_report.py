@@ -18,10 +18,6 @@ class MetricsTarget:
     url: str
     token: str | None = dataclasses.field(default=None, repr=False)
 
-    @property
-    def push_url(self) -> str:
-        return self.url.rstrip("/") + "/push"
-
 
 @dataclass(frozen=True)
 class TaskIdentity:
@@ -62,3 +58,29 @@ class TaskReport:
         if not isinstance(data.get("done"), bool):
             raise ValueError("a task report without a boolean 'done'")
         return cls(task, stats, data["done"])
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    """How far a streaming source is behind its store's head, sent by the source's driver side after each
+    micro-batch it commits. PostgreSQL change capture: the slot's confirmed position against the server's WAL."""
+
+    format: str
+    source: str  # what is read: a replication slot, a stream
+    pending_bytes: int  # behind the head (Flink: pendingBytes)
+    retained_bytes: int  # what the source makes the store keep (a slot's WAL from its restart_lsn on); 0: nothing
+    position: str  # the committed position, as the store writes it (an LSN)
+    head: str  # the store's head at the same moment
+    at: float  # epoch seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": 1, "source": dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> SourceReport:
+        if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("source"), dict):
+            raise ValueError("not a version-1 sluice source report")
+        try:
+            return cls(**data["source"])
+        except TypeError as e:
+            raise ValueError(f"a source report with missing or unknown fields: {e}") from None

@@ -4,6 +4,7 @@ served by hypercorn on a thread of the user's interpreter)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -17,8 +18,8 @@ from types import TracebackType
 from typing import Any
 
 from sluice._errors import OptionError
-from sluice.metrics._collect import PrometheusCollector, SinkMetrics
-from sluice.metrics._report import MetricsTarget, TaskReport
+from sluice.metrics._collect import PrometheusCollector, SinkMetrics, SourceMetrics
+from sluice.metrics._report import MetricsTarget, SourceReport, TaskReport
 
 log = logging.getLogger("sluice.metrics")
 
@@ -63,6 +64,7 @@ class MetricsServer:
                               "push fake metrics and read them. Pass token='...' (tasks send it, Prometheus scrapes "
                               "with it as a bearer token), or bind 127.0.0.1.")
         self.metrics = SinkMetrics()
+        self.sources = SourceMetrics()
         self._token = token
         self._extra_routes = extra_routes  # more Starlette routes on the same server (sluice ui's page)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -92,7 +94,7 @@ class MetricsServer:
         from starlette.routing import Route
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(PrometheusCollector(self.metrics))
+        registry.register(PrometheusCollector(self.metrics, self.sources))
 
         authorized = self.authorized
 
@@ -106,6 +108,16 @@ class MetricsServer:
             self.metrics.add(report)
             return Response(status_code=204)
 
+        async def push_source(request: Request) -> Response:
+            if not authorized(request):
+                return PlainTextResponse("a bearer token is required", status_code=401)
+            try:
+                report = SourceReport.from_json(json.loads(await request.body()))
+            except ValueError as e:
+                return PlainTextResponse(str(e), status_code=400)
+            self.sources.add(report)
+            return Response(status_code=204)
+
         async def metrics(request: Request) -> Response:
             if not authorized(request):
                 return PlainTextResponse("a bearer token is required", status_code=401)
@@ -114,10 +126,12 @@ class MetricsServer:
         async def metrics_json(request: Request) -> Response:
             if not authorized(request):
                 return PlainTextResponse("a bearer token is required", status_code=401)
-            return JSONResponse(self.metrics.snapshot())
+            return JSONResponse({"sinks": self.metrics.snapshot(),
+                                 "sources": [dataclasses.asdict(r) for r in self.sources.snapshot()]})
 
         extra = list(self._extra_routes(self)) if self._extra_routes else []
-        return Starlette(routes=[Route("/push", push, methods=["POST"]), Route("/metrics", metrics),
+        return Starlette(routes=[Route("/push", push, methods=["POST"]),
+                                 Route("/push/source", push_source, methods=["POST"]), Route("/metrics", metrics),
                                  Route("/metrics.json", metrics_json), *extra])
 
     def authorized(self, request: Any) -> bool:

@@ -4,12 +4,13 @@ process on the driver's machine: tasks push there, the browser and Prometheus re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from importlib.resources import files
 from typing import Any
 
 from sluice.meta import MetaService
 from sluice.metrics._server import MetricsServer
-from sluice.ui._state import consistent_point, read_state
+from sluice.ui._state import as_time, consistent_point, read_state
 
 
 def ui_routes(meta_url: str | None, include_ended: bool = True):
@@ -33,7 +34,8 @@ def ui_routes(meta_url: str | None, include_ended: bool = True):
                 return refused()
             # The MetaService is a blocking database client: off the event loop.
             found = await asyncio.to_thread(read_state, meta, include_ended)
-            return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot()})
+            sources = [{**dataclasses.asdict(r), "reported": as_time(r.at)} for r in server.sources.snapshot()]
+            return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot(), "sources": sources})
 
         async def consistent(request: Request) -> Response:
             if not server.authorized(request):

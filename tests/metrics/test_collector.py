@@ -3,6 +3,7 @@ only grow while tasks come and go; tokens required off loopback and never shown.
 task's pusher sends them."""
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -103,3 +104,20 @@ def test_a_token_is_required_off_loopback_and_on_every_request_and_never_shown()
         right = MetricsPusher(server.target, task(0))
         right.close(stats(5))
         assert scrape(server, secret)[("sluice_sink_numRecordsSend_total", "postgres")] == 5
+
+
+def test_a_source_report_becomes_gauges_labelled_by_its_source():
+    from sluice.metrics import SourceReport
+    from sluice.metrics._push import SourceReporter
+
+    with sluice.metrics.serve() as server:
+        SourceReporter(server.target).report(SourceReport("postgres_changes", "sluice_orders", 4096, 65536,
+                                                          "0/1A2B3C", "0/1A3B3C", time.time()))
+        found = scrape(server)
+        assert found[("sluice_source_pendingBytes", "postgres_changes")] == 4096
+        assert found[("sluice_source_retainedBytes", "postgres_changes")] == 65536
+        body = json.dumps({"v": 1, "source": {"format": "x"}}).encode()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(server.url + "/push/source", data=body, method="POST"),
+                                   timeout=5)
+        assert refused.value.code == 400

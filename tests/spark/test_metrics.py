@@ -1,6 +1,7 @@
 """Live metrics from real Spark writes (sluice.metrics): tasks on executors report to the collector on the driver
 over HTTP, and Prometheus' text format shows each format's counters rising while a streaming query runs."""
 
+import re
 import urllib.request
 import uuid
 
@@ -63,3 +64,35 @@ def test_without_a_collector_writes_report_nothing_and_still_succeed(spark):
         sluice.write(spark.range(0, 100, 1, 2), "sluice_null")
         assert sluice.last_write_summary("sluice_null")["records"] == 100
         assert server.metrics.snapshot() == {}
+
+
+def test_change_capture_reports_how_far_its_slot_is_behind_and_the_wal_it_holds(spark, pg, tmp_path):
+    """After each micro-batch it commits, the query's driver side reports its replication slot: the WAL between the
+    slot's confirmed position and the server's, and the WAL the slot makes the server keep."""
+    import psycopg
+
+    table, slot = f"lag_{uuid.uuid4().hex[:8]}", f"sluice_lag_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text)")
+        conn.execute(f"INSERT INTO {table} SELECT i, 'n' || i FROM generate_series(1, 100) i")
+    with sluice.metrics.serve() as server:
+        query = spark.readStream.format("postgres_changes").option("url", pg.url).option("table", table) \
+            .option("slot", slot).load().writeStream.format("sluice_null") \
+            .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="500 milliseconds") \
+            .start()
+        try:
+            # Spark commits a micro-batch's source offsets when it plans the next one: changes keep batches coming.
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                for i in range(101, 141):
+                    conn.execute(f"INSERT INTO {table} VALUES ({i}, 'more')")
+                    if server.sources.wait_for(lambda reports: any(r.source == slot for r in reports), timeout=3):
+                        break
+            (report,) = [r for r in server.sources.snapshot() if r.source == slot]
+            text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
+        finally:
+            query.stop()
+    assert report.format == "postgres_changes" and re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", report.position)
+    assert report.retained_bytes > 0 and report.pending_bytes >= 0
+    assert f'sluice_source_retainedBytes{{format="postgres_changes",source="{slot}"}}' in text
+    with psycopg.connect(pg.url, autocommit=True) as conn:  # the suite's server: hold no WAL back after the test
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))

@@ -13,6 +13,7 @@ from sluice.connector import OptionError
 from sluice.connectors.postgres._conn import Connection, PostgresError, quote_ident, sqlstate_of
 from sluice.connectors.postgres._pgoutput import parse_lsn
 from sluice.connectors.postgres._snapshot_holder import holder_name
+from sluice.metrics._report import SourceReport
 
 log = logging.getLogger("sluice.postgres")
 
@@ -61,6 +62,18 @@ def slot_state(pg: Any, slot: str) -> SlotState | None:
         return None
     return SlotState(parse_lsn(row[0]) if row[0] else 0, parse_lsn(row[1]) if row[1] else 0, row[2], row[3] or 0,
                      row[4])
+
+
+def slot_lag(pg: Any, slot: str) -> SourceReport | None:
+    """How far the slot is behind the server's WAL, and the WAL it holds back (sluice.metrics' source report)."""
+    row = pg.execute("SELECT confirmed_flush_lsn::text, pg_current_wal_lsn()::text, "
+                     "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, "
+                     "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint "
+                     "FROM pg_replication_slots WHERE slot_name = %s AND database = current_database()",
+                     (slot,)).fetchone()
+    if row is None:
+        return None
+    return SourceReport("postgres_changes", slot, max(0, row[2]), max(0, row[3]), row[0] or "", row[1], time.time())
 
 
 def holder_of(pg: Any, slot: str) -> tuple[str, str] | None:

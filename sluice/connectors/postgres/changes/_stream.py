@@ -19,7 +19,9 @@ from sluice.connectors.postgres._source import PostgresEnumerator
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
 from sluice.connectors.postgres.changes._publication import ChangeStream, table_opts
 from sluice.connectors.postgres.changes._read import ChangeReader, ChangesPartition, SnapshotPartition, snapshot_gone
-from sluice.connectors.postgres.changes._slot import SlotGuard, busy_retry, holder_of, slot_state
+from sluice.connectors.postgres.changes._slot import SlotGuard, busy_retry, holder_of, slot_lag, slot_state
+from sluice.metrics._push import SourceReporter
+from sluice.metrics._server import find_target
 from sluice.spark._compat import (
     AdmissionControlledReader,
     ReadAllAvailable,
@@ -51,6 +53,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         self._guard = SlotGuard(stream.conn, stream.slot)  # held from the first offset on, released by stop()
         self._log_restart_points = opts["slot.log-restart-point"]  # off when the server cannot
         self._nothing_before: int | None = None  # the WAL position up to which the last peek found no change
+        self._lag = SourceReporter(find_target())  # the slot's lag after each commit, to a metrics collector if any
 
     # ------------------------------------------------------------------ driver
     def initialOffset(self) -> dict:
@@ -300,6 +303,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         if state is not None and state.confirmed < at.lsn:
             busy_retry(lambda: pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
                                           (s.slot, format_lsn(at.lsn))), f"advancing slot '{s.slot}'", s.conn)
+        if self._lag.target is not None and (lag := slot_lag(pg, s.slot)) is not None:
+            self._lag.report(lag)
 
     def stop(self) -> None:
         if self._holder is not None:
