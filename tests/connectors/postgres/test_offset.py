@@ -36,3 +36,11 @@ def test_an_unmoved_position_hands_spark_back_its_own_start_and_a_moved_one_the_
 def test_an_offset_of_another_version_is_refused_with_what_to_do():
     with pytest.raises(SluiceError, match=r"version 2.*reads version 1.*new checkpoint"):
         ChangeOffset.from_json({"v": 2, "lsn": "0/10"})
+
+
+def test_an_offset_inside_the_snapshot_names_the_shared_snapshot_and_one_after_it_refuses_to():
+    inside = ChangeOffset(0x1A2B3C, "00000003-0000001B-1", "sluice_snap_x")
+    shared = inside.shared_snapshot()
+    assert (shared.snapshot_id, shared.channel, shared.lsn) == ("00000003-0000001B-1", "sluice_snap_x", "0/1A2B3C")
+    with pytest.raises(AssertionError, match="not an offset inside the snapshot"):
+        ChangeOffset(0x1A2B3C).shared_snapshot()

@@ -14,6 +14,7 @@ from typing import Any
 
 from sluice.connector import SluiceError
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
+from sluice.connectors.postgres._snapshot import SharedSnapshot
 
 OFFSET_VERSION = 1
 
@@ -40,6 +41,11 @@ class ChangeOffset:
     @property
     def in_snapshot(self) -> bool:
         return self.snapshot is not None
+
+    def shared_snapshot(self) -> SharedSnapshot:
+        """The exported snapshot every split of micro-batch 0 reads, as of the slot's consistent point."""
+        assert self.snapshot is not None and self.channel is not None, "not an offset inside the snapshot"
+        return SharedSnapshot(self.snapshot, self.channel, format_lsn(self.lsn))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": OFFSET_VERSION, "lsn": format_lsn(self.lsn)}

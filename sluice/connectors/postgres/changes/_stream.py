@@ -171,13 +171,9 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
             return after
         return ChangeOffset(start.lsn, start.snapshot, start.channel, splits, taken)
 
-    def _shared(self, at: ChangeOffset) -> SharedSnapshot:
-        assert at.snapshot is not None and at.channel is not None
-        return SharedSnapshot(at.snapshot, at.channel, format_lsn(at.lsn))
-
     def _plan_snapshot(self, start: ChangeOffset, budget: int) -> tuple[SnapshotSplit, ...]:
         """Every split of the snapshot, about `budget` rows each."""
-        shared = self._shared(start)
+        shared = start.shared_snapshot()
         out: list[SnapshotSplit] = []
         with self.stream.conn.connect_psycopg() as pg:
             for table in self.stream.tables:
@@ -285,7 +281,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
             return [SnapshotPartition(split.table, Split(f"split-{i}", {**info, "where": split.where}), begin)
                     for i, split in enumerate(planned[first.done:stop_at], first.done)]
         if first.in_snapshot:
-            shared = self._shared(first)
+            shared = first.shared_snapshot()
             return [SnapshotPartition(table, split, begin) for table in self.stream.tables
                     for split in self._discover(table, self.stream.table_options[table], shared)]
         if last.quiet:  # latestOffset saw no transaction of the publication in between
