@@ -12,7 +12,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -96,43 +96,37 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(PrometheusCollector(self.metrics, self.sources))
 
-        authorized = self.authorized
+        def guarded(answer: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+            async def endpoint(request: Request) -> Response:
+                if not self.authorized(request):
+                    return PlainTextResponse("a bearer token is required", status_code=401)
+                return await answer(request)
 
-        async def push(request: Request) -> Response:
-            if not authorized(request):
-                return PlainTextResponse("a bearer token is required", status_code=401)
-            try:
-                report = TaskReport.from_json(json.loads(await request.body()))
-            except ValueError as e:
-                return PlainTextResponse(str(e), status_code=400)
-            self.metrics.add(report)
-            return Response(status_code=204)
+            return endpoint
 
-        async def push_source(request: Request) -> Response:
-            if not authorized(request):
-                return PlainTextResponse("a bearer token is required", status_code=401)
-            try:
-                report = SourceReport.from_json(json.loads(await request.body()))
-            except ValueError as e:
-                return PlainTextResponse(str(e), status_code=400)
-            self.sources.add(report)
-            return Response(status_code=204)
+        def receiver(parse: Callable[[Any], Any], add: Callable[[Any], None]):
+            async def receive(request: Request) -> Response:
+                try:
+                    report = parse(json.loads(await request.body()))
+                except ValueError as e:  # also what json raises: the sender is told what is wrong
+                    return PlainTextResponse(str(e), status_code=400)
+                add(report)
+                return Response(status_code=204)
+
+            return guarded(receive)
 
         async def metrics(request: Request) -> Response:
-            if not authorized(request):
-                return PlainTextResponse("a bearer token is required", status_code=401)
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
         async def metrics_json(request: Request) -> Response:
-            if not authorized(request):
-                return PlainTextResponse("a bearer token is required", status_code=401)
             return JSONResponse({"sinks": self.metrics.snapshot(),
                                  "sources": [dataclasses.asdict(r) for r in self.sources.snapshot()]})
 
         extra = list(self._extra_routes(self)) if self._extra_routes else []
-        return Starlette(routes=[Route("/push", push, methods=["POST"]),
-                                 Route("/push/source", push_source, methods=["POST"]), Route("/metrics", metrics),
-                                 Route("/metrics.json", metrics_json), *extra])
+        return Starlette(routes=[
+            Route("/push", receiver(TaskReport.from_json, self.metrics.add), methods=["POST"]),
+            Route("/push/source", receiver(SourceReport.from_json, self.sources.add), methods=["POST"]),
+            Route("/metrics", guarded(metrics)), Route("/metrics.json", guarded(metrics_json)), *extra])
 
     def authorized(self, request: Any) -> bool:
         """No token set, or the request carries it: as a bearer token, or (a browser's page) a `token` parameter."""
