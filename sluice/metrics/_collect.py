@@ -167,10 +167,13 @@ class PrometheusCollector:
         for name, doc, value in (
                 ("sluice_source_pendingBytes", "Bytes the source is behind its store's head (PostgreSQL: WAL "
                  "between the slot's confirmed position and the server's).", lambda r: r.pending_bytes),
+                ("sluice_source_pendingRecords", "Records the source is behind its store's head (S2: records past "
+                 "the committed positions).", lambda r: r.pending_records),
                 ("sluice_source_retainedBytes", "What the source makes its store keep (PostgreSQL: WAL the slot "
                  "holds back).", lambda r: r.retained_bytes),
                 ("sluice_source_lastReportTime", "When the source last reported, epoch seconds.", lambda r: r.at)):
             family = gauge(name, doc, labels=["format", "source"])
             for report in reports:
-                family.add_metric([report.format, report.source], value(report))
+                if value(report) is not None:  # what a source cannot tell is left out, never shown as 0
+                    family.add_metric([report.format, report.source], value(report))
             yield family

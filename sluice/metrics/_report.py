@@ -63,14 +63,16 @@ class TaskReport:
 @dataclass(frozen=True)
 class SourceReport:
     """How far a streaming source is behind its store's head, sent by the source's driver side after each
-    micro-batch it commits. PostgreSQL change capture: the slot's confirmed position against the server's WAL."""
+    micro-batch it commits. PostgreSQL change capture: the slot's confirmed position against the server's WAL
+    (bytes); split sources (S2): the committed positions against the heads the last planning saw (records)."""
 
     format: str
-    source: str  # what is read: a replication slot, a stream
-    pending_bytes: int  # behind the head (Flink: pendingBytes)
+    source: str  # what is read: a replication slot, a basin's streams
+    pending_bytes: int | None  # behind the head (Flink: pendingBytes); None: the source cannot tell
+    pending_records: int | None  # behind the head (Flink: pendingRecords); None: the source cannot tell
     retained_bytes: int  # what the source makes the store keep (a slot's WAL from its restart_lsn on); 0: nothing
-    position: str  # the committed position, as the store writes it (an LSN)
-    head: str  # the store's head at the same moment
+    position: str  # the committed position as the store writes it (an LSN), or "" where it is many (S2's streams)
+    head: str  # the store's head at the same moment, likewise
     at: float  # epoch seconds
 
     def to_json(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from the checkpoint reads exactly the same positions.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from sluice.metrics._push import SourceReporter
+from sluice.metrics._report import SourceReport
+from sluice.metrics._server import find_target
 from sluice.spark._compat import (
     AdmissionControlledReader,
     ReadAllAvailable,
@@ -130,7 +134,9 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
     cap_options = ("max-records-per-trigger", "max-bytes-per-trigger")
 
     def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None,
-                 max_records: int | None, max_bytes: int | None) -> None:
+                 max_records: int | None, max_bytes: int | None, *, source: tuple[str, str] | None = None) -> None:
+        """`source`: (format, what is read) to report how far the query is behind to a metrics collector
+        (sluice.metrics), in positions, which are records where a position is a record (S2's seq nums)."""
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
@@ -138,6 +144,9 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         self.max_bytes = max_bytes
         self._splits: dict[str, Split] = {}
         self._target: dict[str, int] | None = None  # AvailableNow: never read past this
+        self._source = source
+        self._heads: dict[str, int] = {}  # each split's end as the last planning saw it
+        self._lag = SourceReporter(find_target() if source is not None else None)
 
     def _known(self) -> dict[str, Split]:
         for split in self.enumerator.discover():
@@ -162,6 +171,7 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         splits = self._known() if self._target is None else {k: self._splits[k] for k in self._target}
         ends = {}
         latest = self.enumerator.end_positions(list(splits.values()))
+        self._heads.update(latest)
         for sid, split in splits.items():
             begin = positions.setdefault(sid, self.enumerator.new_split_position(split))
             end = latest[sid]
@@ -218,4 +228,9 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
             yield from self.reader.read(partition.split, partition.start, partition.end)
 
     def commit(self, end: dict) -> None:
-        """Nothing to release: positions live in Spark's checkpoint."""
+        """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any."""
+        if self._lag.target is None or self._source is None:
+            return
+        committed = end.get("splits", {})
+        behind = sum(max(0, head - committed.get(sid, head)) for sid, head in self._heads.items())
+        self._lag.report(SourceReport(*self._source, None, behind, 0, "", "", time.time()))

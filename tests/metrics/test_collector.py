@@ -111,11 +111,12 @@ def test_a_source_report_becomes_gauges_labelled_by_its_source():
     from sluice.metrics._push import SourceReporter
 
     with sluice.metrics.serve() as server:
-        SourceReporter(server.target).report(SourceReport("postgres_changes", "sluice_orders", 4096, 65536,
+        SourceReporter(server.target).report(SourceReport("postgres_changes", "sluice_orders", 4096, None, 65536,
                                                           "0/1A2B3C", "0/1A3B3C", time.time()))
         found = scrape(server)
         assert found[("sluice_source_pendingBytes", "postgres_changes")] == 4096
         assert found[("sluice_source_retainedBytes", "postgres_changes")] == 65536
+        assert ("sluice_source_pendingRecords", "postgres_changes") not in found  # it cannot tell: not a 0
         body = json.dumps({"v": 1, "source": {"format": "x"}}).encode()
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(server.url + "/push/source", data=body, method="POST"),

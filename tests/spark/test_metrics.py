@@ -96,3 +96,32 @@ def test_change_capture_reports_how_far_its_slot_is_behind_and_the_wal_it_holds(
     assert f'sluice_source_retainedBytes{{format="postgres_changes",source="{slot}"}}' in text
     with psycopg.connect(pg.url, autocommit=True) as conn:  # the suite's server: hold no WAL back after the test
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def test_an_s2_query_reports_the_records_it_is_behind_and_catches_up(spark, tmp_path):
+    from sluice.s2local import LocalS2
+
+    with LocalS2() as s2, sluice.metrics.serve() as server:
+        conn = {"s2.basin": f"lag-{uuid.uuid4().hex[:8]}", "s2.endpoints.account": s2.url,
+                "s2.endpoints.basin": s2.url, "s2.auth-token": "local"}
+        spark.range(0, 1000, 1, 1).selectExpr("CAST(id AS string) AS body").write.format("s2").options(**conn) \
+            .option("s2.stream", "events").option("s2.create-basin", "true").option("s2.create-streams", "true") \
+            .mode("append").save()
+        query = spark.readStream.format("s2").options(**conn).option("s2.streams", "events") \
+            .option("max-records-per-trigger", 100).load().writeStream.format("sluice_null") \
+            .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="200 milliseconds") \
+            .start()
+        source = f"{conn['s2.basin']}/events"
+
+        def behind(reports) -> int | None:
+            return next((r.pending_records for r in reports if r.source == source), None)
+
+        try:
+            assert server.sources.wait_for(lambda r: (behind(r) or 0) > 0, timeout=120), "no report of the lag"
+            first = behind(server.sources.snapshot())
+            assert first is not None and first <= 900  # at least one batch of 100 committed
+            assert server.sources.wait_for(lambda r: behind(r) is not None and behind(r) < first, timeout=120)
+        finally:
+            query.stop()
+        text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
+    assert f'sluice_source_pendingRecords{{format="s2",source="{source}"}}' in text

@@ -96,8 +96,10 @@ class _S2Base(EngineDataSource):
 
     def streamReader(self, schema: StructType) -> SplitStreamReader:
         enumerator, reader, per_partition, opts = self._read_parts(schema, batch=False)
+        what = opts["s2.streams"] or [f"{opts['s2.discovery-prefix'] or ''}*"]
         return SplitStreamReader(enumerator, reader, per_partition, opts["max-records-per-trigger"],
-                                 opts["max-bytes-per-trigger"])
+                                 opts["max-bytes-per-trigger"],
+                                 source=(self.format_name, f"{opts['s2.basin']}/{','.join(what)}"))
 
 
 class S2DataSource(_S2Base):

@@ -73,7 +73,8 @@ def slot_lag(pg: Any, slot: str) -> SourceReport | None:
                      (slot,)).fetchone()
     if row is None:
         return None
-    return SourceReport("postgres_changes", slot, max(0, row[2]), max(0, row[3]), row[0] or "", row[1], time.time())
+    return SourceReport("postgres_changes", slot, max(0, row[2]), None, max(0, row[3]), row[0] or "", row[1],
+                        time.time())
 
 
 def holder_of(pg: Any, slot: str) -> tuple[str, str] | None:
