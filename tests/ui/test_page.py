@@ -3,11 +3,14 @@ the table store: the graph shows both jobs and tables, the tables' barriers and 
 is found, the live metrics of the writes appear; and when the page stops updating it says so."""
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 import sluice.tablestore
+from sluice.metrics import SourceReport
+from sluice.metrics._push import SourceReporter
 from sluice.ui import serve_ui
 
 pytestmark = pytest.mark.spark
@@ -69,6 +72,12 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
                 # The writes' live metrics: the table store's counters, pushed by the tasks to this same server.
                 page.wait_for_selector('#metrics tr[data-name="tablestore"]', timeout=60_000)
                 assert int(cell(page, "metrics", "tablestore", 2)) > 0
+
+                # A source's lag, as a streaming source's driver side reports it: a figure it cannot tell shows "-".
+                lag = SourceReport("s2", "shop/events", None, 42, 0, "", "", time.time())
+                SourceReporter(server.target).report(lag)
+                page.wait_for_selector('#sources tr[data-name="shop/events"]', timeout=30_000)
+                assert (cell(page, "sources", "shop/events", 3), cell(page, "sources", "shop/events", 4)) == ("-", "42")
 
                 page.fill("#consistent-tables", "orders,totals")
                 page.click("#consistent-form button")
