@@ -67,14 +67,19 @@ def read_last_summary(format_name: str | None = None, spark: Any = None) -> dict
     return json.loads(rows[0]["summary"]) if rows and rows[0]["summary"] else None
 
 
-def log_summary(line: str) -> None:
-    if not logging.getLogger().handlers and not log.handlers:
-        # The commit runs in a bare Spark Python worker: give the one line a place to go (stderr).
+def console_handler(logger: logging.Logger) -> None:
+    """Where logging is not configured (a bare Spark Python worker, a plain script), give `logger`'s INFO lines a
+    place to go: stderr."""
+    if not logging.getLogger().handlers and not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def log_summary(line: str) -> None:
+    console_handler(log)
     log.info(line)
 
 

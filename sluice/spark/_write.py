@@ -56,5 +56,14 @@ def _own_partition_count(df: DataFrame) -> int | None:
 
 def write(df: DataFrame, format: str, options: dict[str, Any], mode: str = "append",
           num_partitions: int | None = None) -> None:
+    from sluice.metrics._progress import WriteProgress
+    from sluice.metrics._server import find_target
+
     options = {k: str(v) for k, v in options.items()}
-    partitioned(df, format, options, num_partitions).write.format(format).options(**options).mode(mode).save()
+    writer = partitioned(df, format, options, num_partitions).write.format(format).options(**options).mode(mode)
+    target = find_target()  # a collector its tasks report to: then a long write prints its progress
+    if target is None:
+        writer.save()
+        return
+    with WriteProgress(format, target):
+        writer.save()

@@ -1,6 +1,7 @@
 """Live metrics from real Spark writes (sluice.metrics): tasks on executors report to the collector on the driver
 over HTTP, and Prometheus' text format shows each format's counters rising while a streaming query runs."""
 
+import logging
 import re
 import urllib.request
 import uuid
@@ -125,3 +126,21 @@ def test_an_s2_query_reports_the_records_it_is_behind_and_catches_up(spark, tmp_
             query.stop()
         text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
     assert f'sluice_source_pendingRecords{{format="s2",source="{source}"}}' in text
+
+
+def test_a_long_sluice_write_prints_its_progress_while_it_runs(spark, caplog, monkeypatch):
+    from sluice.metrics import _progress
+
+    monkeypatch.setattr(_progress, "AFTER_S", 0.0)  # a line at once and every 0.2 s, not after 5 s and every 5
+    monkeypatch.setattr(_progress, "EVERY_S", 0.2)
+    rows = spark.range(0, 3_000_000, 1, 2).selectExpr("repeat('x', 40) AS body")
+    with caplog.at_level(logging.INFO, logger="sluice.progress"):
+        sluice.write(rows, "sluice_null")  # no collector: no progress (the negative control)
+        assert not [r for r in caplog.records if r.name == "sluice.progress"]
+        with sluice.metrics.serve():
+            sluice.write(rows, "sluice_null")
+    lines = [r.getMessage() for r in caplog.records if r.name == "sluice.progress"]
+    counted = [int(m.group(1).replace(",", "")) for line in lines
+               if (m := re.match(r"sluice_null: ([\d,]+) records written so far \([\d,]+/s, \d+ s\)$", line))]
+    assert counted and len(counted) == len(lines), lines
+    assert 0 < counted[0] <= 3_000_000
