@@ -169,6 +169,8 @@ class PrometheusCollector:
                  "between the slot's confirmed position and the server's).", lambda r: r.pending_bytes),
                 ("sluice_source_pendingRecords", "Records the source is behind its store's head (S2: records past "
                  "the committed positions).", lambda r: r.pending_records),
+                ("sluice_source_timeBehindMs", "How far the committed position is behind the head in time, ms "
+                 "(the table store: its newest barrier minus the committed one).", lambda r: r.time_behind_ms),
                 ("sluice_source_retainedBytes", "What the source makes its store keep (PostgreSQL: WAL the slot "
                  "holds back).", lambda r: r.retained_bytes),
                 ("sluice_source_lastReportTime", "When the source last reported, epoch seconds.", lambda r: r.at)):

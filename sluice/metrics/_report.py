@@ -64,7 +64,8 @@ class TaskReport:
 class SourceReport:
     """How far a streaming source is behind its store's head, sent by the source's driver side after each
     micro-batch it commits. PostgreSQL change capture: the slot's confirmed position against the server's WAL
-    (bytes); split sources (S2): the committed positions against the heads the last planning saw (records)."""
+    (bytes); split sources (S2): the committed positions against the heads the last planning saw (records); the
+    table store: the committed barrier against the table's newest (time)."""
 
     format: str
     source: str  # what is read: a replication slot, a basin's streams
@@ -74,6 +75,8 @@ class SourceReport:
     position: str  # the committed position as the store writes it (an LSN), or "" where it is many (S2's streams)
     head: str  # the store's head at the same moment, likewise
     at: float  # epoch seconds
+    time_behind_ms: float | None = None  # the head's time minus the committed position's (the table store's
+    # barriers are commit times); None: the source cannot tell
 
     def to_json(self) -> dict[str, Any]:
         return {"v": 1, "source": dataclasses.asdict(self)}

@@ -25,6 +25,7 @@ read wrong.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +35,9 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import conform, task_context
 from sluice.meta import MetaService
+from sluice.metrics._push import SourceReporter
+from sluice.metrics._report import SourceReport
+from sluice.metrics._server import find_target
 from sluice.spark._compat import AdmissionControlledReader
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._storage import Warehouse
@@ -138,6 +142,7 @@ class TableStoreStreamReader(AdmissionControlledReader):
 
         self.table, self.meta, self.aligned_with = table, meta, aligned_with
         self.arrow_schema = to_arrow_schema(schema)
+        self._lag = SourceReporter(find_target())  # how far behind the table's newest barrier, after each commit
 
     def initialOffset(self) -> dict:
         return {"barrier": 0, "version": 0}
@@ -172,7 +177,15 @@ class TableStoreStreamReader(AdmissionControlledReader):
             yield conform(pa.record_batch(batch), self.arrow_schema)
 
     def commit(self, end: dict) -> None:
-        """Nothing to release: positions live in Spark's checkpoint."""
+        """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any."""
+        if self._lag.target is None:
+            return
+        last = MetaService(self.meta).last_barrier(self.table.name)
+        if last is None:
+            return
+        self._lag.report(SourceReport(
+            "tablestore", self.table.name, None, None, 0, f"version {end['version']}", f"version {last[1]}",
+            time.time(), float(max(0, last[0] - int(end["barrier"])))))
 
 
 def signed_change(column: str) -> str:

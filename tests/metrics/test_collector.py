@@ -117,6 +117,7 @@ def test_a_source_report_becomes_gauges_labelled_by_its_source():
         assert found[("sluice_source_pendingBytes", "postgres_changes")] == 4096
         assert found[("sluice_source_retainedBytes", "postgres_changes")] == 65536
         assert ("sluice_source_pendingRecords", "postgres_changes") not in found  # it cannot tell: not a 0
+        assert ("sluice_source_timeBehindMs", "postgres_changes") not in found
         body = json.dumps({"v": 1, "source": {"format": "x"}}).encode()
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(server.url + "/push/source", data=body, method="POST"),

@@ -77,7 +77,12 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
                 lag = SourceReport("s2", "shop/events", None, 42, 0, "", "", time.time())
                 SourceReporter(server.target).report(lag)
                 page.wait_for_selector('#sources tr[data-name="shop/events"]', timeout=30_000)
-                assert (cell(page, "sources", "shop/events", 3), cell(page, "sources", "shop/events", 4)) == ("-", "42")
+                assert (cell(page, "sources", "shop/events", 3), cell(page, "sources", "shop/events", 4),
+                        cell(page, "sources", "shop/events", 5)) == ("-", "42", "-")
+                # Job B's table-store source reports how far it is behind the newest barrier of `orders`, in time.
+                page.wait_for_selector('#sources tr[data-name="orders"]', timeout=60_000)
+                assert cell(page, "sources", "orders", 2) == "tablestore"
+                assert re.fullmatch(r"\d+\.\d s", cell(page, "sources", "orders", 5))
 
                 page.fill("#consistent-tables", "orders,totals")
                 page.click("#consistent-form button")
