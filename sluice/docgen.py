@@ -31,7 +31,7 @@ def render_options_doc() -> str:
         source = data_source_class(name)
         own = [o for o in source.option_spec().options if o.name not in shared]
         parts += [f"## format(\"{name}\")", ""]
-        if getattr(source, "read_only", False):
+        if source.read_only:
             parts += ["Read only.", ""]
         else:
             parts += ["Writing:", "", option_table(own) if own else "Only the shared sink options.", ""]

@@ -86,3 +86,12 @@ def test_every_builtin_format_has_a_discovery_module_exporting_it():
     assert set(DISCOVERY_MODULES) == {*BUILTIN_FORMATS, "sluice_summary"}
     for name, module in DISCOVERY_MODULES.items():
         assert importlib.import_module(module).DefaultSource.name() == name
+
+
+def test_a_read_only_format_refuses_every_write_first_naming_the_format_to_write_with():
+    """Before any option is looked at: a write's options for it would otherwise be refused as unknown."""
+    from sluice.connectors.postgres import PostgresChangesDataSource
+
+    with pytest.raises(OptionError, match=r"format 'postgres_changes' is read-only \(spark.readStream\); write "
+                                          r"with format\('postgres'\)"):
+        PostgresChangesDataSource(options={"url": "postgresql://h/db", "table": "t", "sink.mode": "x"}).parsed()

@@ -70,6 +70,10 @@ class EngineDataSource(DataSource):
     # The options of writes (usually SINK_SPEC.extend(...)) and of reads; None: sink.* only / not readable.
     write_spec: ClassVar[OptionSpec | None] = None
     read_spec: ClassVar[OptionSpec | None] = None
+    # A format that is only read (a change stream): every write is refused before anything else, naming the
+    # format to write with instead.
+    read_only: ClassVar[bool] = False
+    write_with: ClassVar[str | None] = None
 
     @classmethod
     def name(cls) -> str:
@@ -90,6 +94,10 @@ class EngineDataSource(DataSource):
         return cls.read_spec
 
     def parsed(self) -> Options:
+        """The options of a write (every write path starts here)."""
+        if self.read_only:
+            instead = f"; write with format('{self.write_with}')" if self.write_with else ""
+            raise OptionError(f"format '{self.format_name}' is read-only (spark.readStream){instead}")
         return self.option_spec().parse(self.options)
 
     def learn_once(self, key: Hashable, learn: Callable[[], T]) -> T:

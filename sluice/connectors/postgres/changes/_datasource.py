@@ -18,9 +18,7 @@ class PostgresChangesDataSource(EngineDataSource):
     format_name = "postgres_changes"
     read_spec = CHANGES_SPEC
     read_only = True
-
-    def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> Any:
-        raise OptionError("format 'postgres_changes' is read-only (spark.readStream); write with format('postgres')")
+    write_with = "postgres"
 
     def schema(self) -> StructType:
         return spark_schema(resolve(CHANGES_SPEC.parse(self.options)))
