@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sluice._errors import (
+    ConflictError,
     DataLossError,
     OptionError,
     RecordTooLargeError,
@@ -74,6 +75,7 @@ def last_write_summary(format: str | None = None, spark: SparkSession | None = N
 
 
 __all__ = [
+    "ConflictError",
     "DataLossError",
     "OptionError",
     "RecordTooLargeError",

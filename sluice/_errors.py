@@ -56,5 +56,10 @@ class RetryEntries(RetryableError):
         self.cause = cause
 
 
+class ConflictError(SluiceError):
+    """Another query or job holds what this one needs (a replication slot, a table's writing role); the message
+    names the holder and what to do."""
+
+
 class DataLossError(SluiceError):
     """Data a streaming query needed is gone from the store (trimmed, deleted, or a replication slot lost)."""

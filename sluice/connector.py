@@ -12,6 +12,7 @@ Built-in connectors (ClickHouse, ...) are written on these names only.
 """
 
 from sluice._errors import (
+    ConflictError,
     DataLossError,
     OptionError,
     RecordTooLargeError,
@@ -64,6 +65,7 @@ __all__ = [
     "BatchCreator",
     "BlockingStore",
     "Committer",
+    "ConflictError",
     "DataLossError",
     "DequeRequestBuffer",
     "Encoded",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sluice._errors import SluiceError
+from sluice._errors import ConflictError, SluiceError
 
 DEFAULT_PATH = Path(".sluice") / "meta.db"
 RUNNING, FINISHED, FAILED, RELEASED = "running", "finished", "failed", "released"
@@ -58,7 +58,7 @@ class MetaError(SluiceError):
     """The MetaService refused a request; the message says why and what to do."""
 
 
-class WriterConflictError(MetaError):
+class WriterConflictError(MetaError, ConflictError):
     """A sink table already has an active writing job."""
 
 

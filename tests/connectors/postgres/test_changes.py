@@ -9,7 +9,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from sluice import DataLossError, OptionError
+from sluice import ConflictError, DataLossError, OptionError
 from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError, _pgoutput
 from sluice.connectors.postgres.changes import _publication, _read, _slot, _stream, drop_slot, list_slots
 from sluice.spark._compat import to_arrow_schema
@@ -539,7 +539,7 @@ def test_a_second_query_on_a_slot_in_use_fails_at_start_and_the_first_one_loses_
     sql(lpg.url, f"INSERT INTO {t} SELECT g, 'x' FROM generate_series(1, 10) g")
     monkeypatch.setattr(_slot, "SLOT_GUARD_WAIT_S", 1)
     second = stream(lpg.url, table=t, snapshot="false", slot=slot)
-    with pytest.raises(OptionError, match=r"option 'slot': replication slot 'sluice_test_guarded' is in use by "
+    with pytest.raises(ConflictError, match=r"option 'slot': replication slot 'sluice_test_guarded' is in use by "
                                           r"another query \(server process \d+.*own slot"):
         second.initialOffset()
     end, rows = batch(first, start)

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.connector import OptionError
+from sluice.connector import ConflictError, OptionError
 from sluice.connectors.postgres._conn import Connection, PostgresError, quote_ident, sqlstate_of
 from sluice.connectors.postgres._pgoutput import parse_lsn
 from sluice.connectors.postgres._snapshot_holder import holder_name
@@ -150,7 +150,7 @@ class SlotGuard:
             if holder is None:
                 raise PostgresError(f"locking slot '{self.slot}' for this query on {self.conn.describe()} failed: "
                                     f"{self.conn.scrub(e)}", sqlstate_of(e)) from None
-            raise OptionError(
+            raise ConflictError(
                 f"option 'slot': replication slot '{self.slot}' is in use by another query ({holder}; waited "
                 f"{SLOT_GUARD_WAIT_S} s). Two queries on one slot would each advance it past the other's changes. "
                 "Give each query its own slot (.option('slot', ...)); if that query is gone, its session ends within "
@@ -230,7 +230,7 @@ def drop_slot(conn: Connection, slot: str, *, publication: bool = True, force: b
                               "lists them)")
         holder = slot_holder(pg, slot)
         if holder is not None and not force:
-            raise OptionError(f"replication slot '{slot}' is in use by a running query ({holder}): dropping it is "
+            raise ConflictError(f"replication slot '{slot}' is in use by a running query ({holder}): dropping it is "
                               "data loss for that query. Stop the query first, or force it (--force)")
         busy_retry(lambda: pg.execute("SELECT pg_drop_replication_slot(%s)", (slot,)), f"dropping slot '{slot}'",
                     conn)
