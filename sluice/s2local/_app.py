@@ -1,8 +1,8 @@
 """ASGI application speaking S2's v1 API, as the official s2-sdk uses it (served by hypercorn).
 
-One module past ~400 lines on purpose until issue 33's split lands:
-routes, JSON shapes, sessions and domain calls still share
-private state; splitting it now would collide with that restructuring.
+The routes are declared (`S2App._declare_routes`, Starlette's Route) and matched on the path as sent. One module
+past ~400 lines: the handlers, the JSON shapes and the append/read sessions share the request wrapper and the
+calls into the core; they are the next split.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from s2_sdk._generated.s2.v1 import s2_pb2 as pb
+from starlette.routing import Match, Route
 
 from sluice.s2local._core import (
     MIB,
@@ -59,6 +60,7 @@ METRIC_SETS = {
     "stream": ("storage",),
 }
 INTERVALS = ("minute", "hour", "day")
+EVERY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"]
 
 
 class Request:
@@ -66,8 +68,8 @@ class Request:
         self.scope = scope
         self.method = scope["method"]
         raw = scope.get("raw_path") or scope["path"].encode()
-        # Split before unquoting: stream names may contain an encoded '/'.
-        self.segments = [unquote(s.decode("latin-1")) for s in raw.split(b"?")[0].split(b"/") if s]
+        # The path as sent, each segment still percent-encoded: stream names may contain an encoded '/'.
+        self.raw_segments = [s.decode("latin-1") for s in raw.split(b"?")[0].split(b"/") if s]
         self.query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         self.receive = receive
@@ -216,6 +218,7 @@ class S2App:
     def __init__(self, core: Core, token: str | None = None) -> None:
         self.core = core
         self.tokens = TokenRegistry(token, core.storage.load_tokens())
+        self.routes = self._declare_routes()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -261,40 +264,61 @@ class S2App:
                                         "without {basin} in the host)")
         return basin
 
+    def _declare_routes(self) -> list[Route]:
+        """S2's v1 API (../shared/specs/s2/openapi.json), path by path; each handler answers every method the path
+        has and refuses the others. Stream names are in the caller's namespace (auto_prefix_streams)."""
+        stream = self._caller_stream
+
+        def route(path: str, endpoint: Any) -> Route:
+            return Route(path, endpoint, methods=EVERY_METHOD)  # Starlette would route a function for GET alone
+
+        return [
+            route("/v1/locations", lambda req: self._locations(req, req.method, None)),
+            route("/v1/locations/{item}", lambda req, item: self._locations(req, req.method, item)),
+            route("/v1/access-tokens", lambda req: self._access_tokens(req, req.method, None)),
+            route("/v1/access-tokens/{token_id}", lambda req, token_id: self._access_tokens(req, req.method, token_id)),
+            route("/v1/metrics", lambda req: self._get_only(req, self._metrics(req))),
+            route("/v1/metrics/{basin}", lambda req, basin: self._get_only(req, self._metrics(req, basin))),
+            route("/v1/metrics/{basin}/{name}",
+                  lambda req, basin, name: self._get_only(req, self._metrics(req, basin, stream(req, name)))),
+            route("/v1/basins", lambda req: self._basins(req, req.method)),
+            route("/v1/basins/{name}", lambda req, name: self._basin_item(req, req.method, name)),
+            route("/v1/streams", lambda req: self._streams(req, req.method)),
+            route("/v1/streams/{name}", lambda req, name: self._stream_item(req, req.method, stream(req, name))),
+            route("/v1/streams/{name}/records", lambda req, name: self._records(req, req.method, stream(req, name))),
+            route("/v1/streams/{name}/records/tail",
+                  lambda req, name: self._get_only(req, self._tail(req, stream(req, name)))),
+        ]
+
     async def _route(self, req: Request) -> None:
-        seg, method = req.segments, req.method
-        if len(seg) < 2 or seg[0] != "v1":
+        if len(req.raw_segments) < 2 or req.raw_segments[0] != "v1":
             raise S2Error("bad_path", f"no such endpoint: {req.scope.get('path')}", 404)
-        kind = seg[1]
-        if kind == "locations" and len(seg) <= 3:
-            return await self._locations(req, method, seg[2] if len(seg) == 3 else None)
-        if kind == "access-tokens" and len(seg) <= 3:
-            return await self._access_tokens(req, method, seg[2] if len(seg) == 3 else None)
-        if kind == "metrics" and len(seg) <= 4 and method == "GET":
-            if len(seg) == 4:  # a stream name argument: in the caller's namespace (auto_prefix_streams)
-                seg = [*seg[:3], req.caller.stream_name(seg[3])]
-            return await self._metrics(req, *seg[2:])
-        if kind == "basins" and len(seg) == 2:
-            return await self._basins(req, method)
-        if kind == "basins" and len(seg) == 3:
-            return await self._basin_item(req, method, seg[2])
-        if kind == "streams" and len(seg) == 2:
-            return await self._streams(req, method)
-        if kind == "streams" and len(seg) >= 3:
-            # Stream name arguments are in the caller's namespace (AccessTokenInfo.auto_prefix_streams).
-            seg = [*seg[:2], req.caller.stream_name(seg[2]), *seg[3:]]
-        if kind == "streams" and len(seg) == 3:
-            return await self._stream_item(req, method, seg[2])
-        if kind == "streams" and len(seg) == 4 and seg[3] == "records":
-            return await self._records(req, method, seg[2])
-        if kind == "streams" and len(seg) == 5 and seg[3:] == ["records", "tail"] and method == "GET":
-            basin = self._basin(req)
-            req.caller.authorize("check-tail", basin=basin, stream=seg[2])
-            # S2 creates the stream on a tail check too where the basin says create_stream_on_read.
-            stream = await self.core.stream_or_create(basin, seg[2], "create_stream_on_read",
-                                                      self._header_config(req))
-            return await req.json(200, {"tail": {"seq_num": stream.next_seq, "timestamp": stream.last_ts}})
-        raise S2Error("bad_path", f"no such endpoint: {method} {req.scope.get('path')}", 404)
+        # Matched on the path as sent, so that an encoded '/' in a stream name stays inside its segment.
+        where = {"type": "http", "method": req.method, "path": "/" + "/".join(req.raw_segments)}
+        for route in self.routes:
+            found, child = route.matches(where)
+            if found is Match.FULL:
+                return await route.endpoint(req, **{k: unquote(v) for k, v in child["path_params"].items()})
+        raise S2Error("bad_path", f"no such endpoint: {req.method} {req.scope.get('path')}", 404)
+
+    @staticmethod
+    def _caller_stream(req: Request, name: str) -> str:
+        return req.caller.stream_name(name)
+
+    @staticmethod
+    async def _get_only(req: Request, answer: Any) -> None:
+        """Paths S2 serves for GET alone: anything else is no such endpoint (the coroutine never runs)."""
+        if req.method != "GET":
+            answer.close()
+            raise S2Error("bad_path", f"no such endpoint: {req.method} {req.scope.get('path')}", 404)
+        await answer
+
+    async def _tail(self, req: Request, name: str) -> None:
+        basin = self._basin(req)
+        req.caller.authorize("check-tail", basin=basin, stream=name)
+        # S2 creates the stream on a tail check too where the basin says create_stream_on_read.
+        stream = await self.core.stream_or_create(basin, name, "create_stream_on_read", self._header_config(req))
+        return await req.json(200, {"tail": {"seq_num": stream.next_seq, "timestamp": stream.last_ts}})
 
     # ------------------------------------------------------------------ control plane
     async def _locations(self, req: Request, method: str, item: str | None) -> None:
