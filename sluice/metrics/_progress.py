@@ -10,6 +10,7 @@ import time
 import urllib.request
 from types import TracebackType
 
+from sluice.metrics._push import auth_headers
 from sluice.metrics._report import MetricsTarget
 
 log = logging.getLogger("sluice.progress")
@@ -30,8 +31,8 @@ class WriteProgress:
         self._thread = threading.Thread(target=self._run, name="sluice-progress", daemon=True)
 
     def _records(self) -> int:
-        request = urllib.request.Request(self.target.url.rstrip("/") + "/metrics.json", headers=(
-            {"Authorization": f"Bearer {self.target.token}"} if self.target.token else {}))
+        request = urllib.request.Request(self.target.url.rstrip("/") + "/metrics.json",
+                                         headers=auth_headers(self.target))
         with urllib.request.urlopen(request, timeout=2) as answer:
             sinks = json.loads(answer.read())["sinks"]
         return int(sinks.get(self.format_name, {}).get("records", 0))

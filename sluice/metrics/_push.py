@@ -62,11 +62,13 @@ class MetricsPusher:
                         self.task.format, self.task.partition, self.target.url, type(e).__name__, e)
 
 
+def auth_headers(target: MetricsTarget) -> dict[str, str]:
+    return {"Authorization": f"Bearer {target.token}"} if target.token else {}
+
+
 def post(target: MetricsTarget, path: str, body: dict) -> None:
     """One report to the collector (raises what urllib raises)."""
-    headers = {"Content-Type": "application/json"}
-    if target.token:
-        headers["Authorization"] = f"Bearer {target.token}"
+    headers = {"Content-Type": "application/json", **auth_headers(target)}
     request = urllib.request.Request(target.url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers,
                                      method="POST")
     with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:

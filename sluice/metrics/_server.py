@@ -96,13 +96,7 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(PrometheusCollector(self.metrics, self.sources))
 
-        def guarded(answer: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-            async def endpoint(request: Request) -> Response:
-                if not self.authorized(request):
-                    return PlainTextResponse("a bearer token is required", status_code=401)
-                return await answer(request)
-
-            return endpoint
+        guarded = self.guarded
 
         def receiver(parse: Callable[[Any], Any], add: Callable[[Any], None]):
             async def receive(request: Request) -> Response:
@@ -127,6 +121,18 @@ class MetricsServer:
             Route("/push", receiver(TaskReport.from_json, self.metrics.add), methods=["POST"]),
             Route("/push/source", receiver(SourceReport.from_json, self.sources.add), methods=["POST"]),
             Route("/metrics", guarded(metrics)), Route("/metrics.json", guarded(metrics_json)), *extra])
+
+    def guarded(self, answer: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """A Starlette endpoint that answers 401 unless the request is `authorized`."""
+        from starlette.responses import PlainTextResponse
+
+        async def endpoint(request: Any) -> Any:
+            if not self.authorized(request):
+                return PlainTextResponse("a token is required: send it as a bearer token (a browser: /?token=...)",
+                                         status_code=401)
+            return await answer(request)
+
+        return endpoint
 
     def authorized(self, request: Any) -> bool:
         """No token set, or the request carries it: as a bearer token, or (a browser's page) a `token` parameter."""

@@ -16,37 +16,31 @@ from sluice.ui._state import as_time, consistent_point, read_state
 def ui_routes(meta_url: str | None, include_ended: bool = True):
     """The page's routes for a MetricsServer: / (the page), /api/state, /api/consistent?tables=a,b."""
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
     page = files("sluice.ui").joinpath("page.html").read_text()
     meta = MetaService(meta_url)
 
     def build(server: MetricsServer) -> list[Any]:
-        def refused() -> Response:
-            return PlainTextResponse("a token is required: open the page as /?token=...", status_code=401)
-
         async def index(request: Request) -> Response:
-            return HTMLResponse(page) if server.authorized(request) else refused()
+            return HTMLResponse(page)
 
         async def state(request: Request) -> Response:
-            if not server.authorized(request):
-                return refused()
             # The MetaService is a blocking database client: off the event loop.
             found = await asyncio.to_thread(read_state, meta, include_ended)
             sources = [{**dataclasses.asdict(r), "reported": as_time(r.at)} for r in server.sources.snapshot()]
             return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot(), "sources": sources})
 
         async def consistent(request: Request) -> Response:
-            if not server.authorized(request):
-                return refused()
             tables = [t for t in request.query_params.get("tables", "").split(",") if t]
             if not tables:
                 return JSONResponse({"error": "name the tables: /api/consistent?tables=orders,totals"},
                                     status_code=400)
             return JSONResponse(await asyncio.to_thread(consistent_point, meta, tables))
 
-        return [Route("/", index), Route("/api/state", state), Route("/api/consistent", consistent)]
+        return [Route("/", server.guarded(index)), Route("/api/state", server.guarded(state)),
+                Route("/api/consistent", server.guarded(consistent))]
 
     return build
 
