@@ -1,5 +1,8 @@
 """Live metrics of sluice writes while they run (issue 31), exposed to Prometheus.
 
+Reads report too: every read task what it fetched (records, bytes) and, where records carry their commit time, how
+old the newest one was when fetched (sluice.metrics._reads).
+
 Executors are other machines: each task's engine reports its write every second (`sluice.engine.LiveStats`) to a
 pusher thread, which POSTs the latest report to a collector on the driver; the collector folds the tasks' reports
 into one set of metrics per format and serves them at /metrics (Prometheus' text format, prometheus_client).
@@ -11,7 +14,8 @@ runs there. Without one, nothing is sent. A collector that cannot be reached nev
         sluice.write(df, "postgres", {...})       # curl http://127.0.0.1:9464/metrics while it runs
 """
 
-from sluice.metrics._report import MetricsTarget, SourceReport, TaskIdentity, TaskReport
+from sluice.metrics._report import MetricsTarget, ReadReport, ReadStats, SourceReport, TaskIdentity, TaskReport
 from sluice.metrics._server import MetricsServer, find_target, serve
 
-__all__ = ["MetricsServer", "MetricsTarget", "SourceReport", "TaskIdentity", "TaskReport", "find_target", "serve"]
+__all__ = ["MetricsServer", "MetricsTarget", "ReadReport", "ReadStats", "SourceReport", "TaskIdentity", "TaskReport",
+           "find_target", "serve"]

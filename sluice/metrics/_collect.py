@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from sluice.metrics._report import SourceReport, TaskReport
+from sluice.metrics._report import ReadReport, SourceReport, TaskReport
 
 # (exposed name, help, LiveStats field): prometheus_client adds `_total` to counters.
 COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -32,17 +32,26 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("sluice_sink_aimdWindow", "In-flight records the AIMD rate limiters allow, over running tasks.", "window"),
     ("sluice_sink_pendingRecords", "Records buffered and not yet in a request, over running tasks.", "buffered"),
 )
+# Reads (Flink's source metrics): numRecordsIn, numBytesIn; currentFetchEventTimeLag is the latest report's.
+READ_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("sluice_source_numRecordsIn", "Records read tasks fetched.", "records"),
+    ("sluice_source_numBytesIn", "Arrow bytes of the batches read tasks fetched.", "bytes"),
+)
 _RETIRED_KEPT = 10_000  # keys of ended tasks remembered, to ignore their late reports
 
 
 @dataclass
 class _Running:
-    report: TaskReport
+    report: TaskReport | ReadReport
     seen: float
 
 
-class SinkMetrics:
-    """Thread-safe: reports arrive on the server's thread, scrapes on another."""
+class TaskMetrics:
+    """Every task's latest report, folded per format. Thread-safe: reports arrive on the server's thread, scrapes
+    on another. Subclasses name the stats' fields that are counters and gauges."""
+
+    counters: tuple[str, ...] = ()
+    gauges: tuple[str, ...] = ()
 
     def __init__(self, stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.stale_after_s = stale_after_s
@@ -53,7 +62,7 @@ class SinkMetrics:
         self._ended_tasks: dict[str, int] = {}
         self._retired: OrderedDict[tuple, None] = OrderedDict()
 
-    def add(self, report: TaskReport) -> None:
+    def add(self, report: TaskReport | ReadReport) -> None:
         key = report.task.key
         with self._lock:
             if key in self._retired:
@@ -70,9 +79,9 @@ class SinkMetrics:
         with self._lock:
             return self._lock.wait_for(lambda: predicate(self._snapshot()), timeout)
 
-    def _retire(self, key: tuple, report: TaskReport) -> None:
+    def _retire(self, key: tuple, report: TaskReport | ReadReport) -> None:
         ended = self._ended.setdefault(report.task.format, {})
-        for _, _, field in COUNTERS:
+        for field in self.counters:
             ended[field] = ended.get(field, 0) + getattr(report.stats, field)
         self._ended_tasks[report.task.format] = self._ended_tasks.get(report.task.format, 0) + 1
         self._retired[key] = None
@@ -80,7 +89,8 @@ class SinkMetrics:
             self._retired.popitem(last=False)
 
     def snapshot(self) -> dict[str, dict[str, float]]:
-        """format -> metric field -> value (counters, gauges, `tasks_running`, `tasks_ended`, `send_ms`)."""
+        """format -> metric field -> value (counters, gauges, `tasks_running`, `tasks_ended`, and the
+        subclass's `_extra`)."""
         with self._lock:
             return self._snapshot()
 
@@ -95,13 +105,46 @@ class SinkMetrics:
         for name in sorted(formats):
             live = [r.report.stats for r in self._running.values() if r.report.task.format == name]
             values = {field: self._ended.get(name, {}).get(field, 0) + sum(getattr(s, field) for s in live)
-                      for _, _, field in COUNTERS}
-            values |= {field: sum(getattr(s, field) for s in live) for _, _, field in GAUGES}
-            sends = [s.last_send_ms for s in live if s.last_send_ms is not None]
-            values |= {"tasks_running": len(live), "tasks_ended": self._ended_tasks.get(name, 0),
-                       "send_ms": max(sends) if sends else 0.0}
-            out[name] = values
+                      for field in self.counters}
+            values |= {field: sum(getattr(s, field) for s in live) for field in self.gauges}
+            values |= {"tasks_running": len(live), "tasks_ended": self._ended_tasks.get(name, 0)}
+            out[name] = values | self._extra(name, live)
         return out
+
+    def _extra(self, format_name: str, live: list) -> dict[str, float | None]:
+        return {}
+
+
+class SinkMetrics(TaskMetrics):
+    counters = tuple(field for _, _, field in COUNTERS)
+    gauges = tuple(field for _, _, field in GAUGES)
+
+    def _extra(self, format_name: str, live: list) -> dict[str, float | None]:
+        sends = [s.last_send_ms for s in live if s.last_send_ms is not None]
+        return {"send_ms": max(sends) if sends else 0.0}
+
+
+class ReadMetrics(TaskMetrics):
+    """Reads: records and bytes fetched; the event-time lag of the newest report that had one (read tasks of a
+    stream are short: the lag outlives them, as Flink's currentFetchEventTimeLag is the last fetched record's)."""
+
+    counters = tuple(field for _, _, field in READ_COUNTERS)
+
+    def __init__(self, stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(stale_after_s, clock)
+        self._lags: dict[str, tuple[float, float]] = {}  # format -> (report time, lag ms)
+
+    def add(self, report: TaskReport | ReadReport) -> None:
+        lag, at = getattr(report.stats, "event_lag_ms", None), report.stats.at
+        if lag is not None:
+            with self._lock:
+                if at >= self._lags.get(report.task.format, (0.0, 0.0))[0]:
+                    self._lags[report.task.format] = (at, lag)
+        super().add(report)
+
+    def _extra(self, format_name: str, live: list) -> dict[str, float | None]:
+        at, lag = self._lags.get(format_name, (None, None))
+        return {"event_lag_ms": lag, "lag_at": at}
 
 
 class SourceMetrics:
@@ -136,14 +179,16 @@ class SourceMetrics:
 class PrometheusCollector:
     """A prometheus_client collector over SinkMetrics and SourceMetrics: values computed at scrape time."""
 
-    def __init__(self, metrics: SinkMetrics, sources: SourceMetrics) -> None:
+    def __init__(self, metrics: SinkMetrics, sources: SourceMetrics, reads: ReadMetrics) -> None:
         self.metrics = metrics
         self.sources = sources
+        self.reads = reads
 
     def collect(self) -> Iterator:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield from self._source_families(GaugeMetricFamily)
+        yield from self._read_families(CounterMetricFamily, GaugeMetricFamily)
         snapshot = self.metrics.snapshot()
         for name, doc, field in COUNTERS:
             family = CounterMetricFamily(name, doc, labels=["format"])
@@ -161,6 +206,24 @@ class PrometheusCollector:
         for fmt, values in snapshot.items():
             family.add_metric([fmt], values["tasks_ended"])
         yield family
+
+    def _read_families(self, counter: type, gauge: type) -> Iterator:
+        snapshot = self.reads.snapshot()
+        for name, doc, field in READ_COUNTERS:
+            family = counter(name, doc, labels=["format"])
+            for fmt, values in snapshot.items():
+                family.add_metric([fmt], values[field])
+            yield family
+        lag = gauge("sluice_source_currentFetchEventTimeLag", "When the newest record a read task fetched was "
+                    "committed, behind when it was fetched, ms (S2: record timestamps; change capture: commit times).",
+                    labels=["format"])
+        running = gauge("sluice_source_tasksRunning", "Read tasks fetching now.", labels=["format"])
+        for fmt, values in snapshot.items():
+            if values["event_lag_ms"] is not None:
+                lag.add_metric([fmt], values["event_lag_ms"])
+            running.add_metric([fmt], values["tasks_running"])
+        yield lag
+        yield running
 
     def _source_families(self, gauge: type) -> Iterator:
         reports = self.sources.snapshot()

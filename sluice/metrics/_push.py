@@ -7,9 +7,9 @@ import json
 import logging
 import threading
 import urllib.request
+from typing import Any
 
-from sluice.engine import LiveStats
-from sluice.metrics._report import MetricsTarget, SourceReport, TaskIdentity, TaskReport
+from sluice.metrics._report import MetricsTarget, ReadReport, SourceReport, TaskIdentity, TaskReport
 
 log = logging.getLogger("sluice.metrics")
 
@@ -17,29 +17,34 @@ _TIMEOUT_S = 2.0
 
 
 class MetricsPusher:
-    """`offer` (the engine's observer, on its manager thread) never blocks; `close` sends the final report."""
+    """`offer` (the engine's observer, on its manager thread; a read task's batch loop) never blocks; `close`
+    sends the final report. Writes send `TaskReport`s of `LiveStats` to /push, reads `ReadReport`s of `ReadStats`
+    to /push/read."""
 
-    def __init__(self, target: MetricsTarget, task: TaskIdentity) -> None:
+    def __init__(self, target: MetricsTarget, task: TaskIdentity,
+                 report: type[TaskReport] | type[ReadReport] = TaskReport) -> None:
         self.target = target
         self.task = task
+        self._report = report
+        self._path = "/push/read" if report is ReadReport else "/push"
         self._cond = threading.Condition()
-        self._latest: LiveStats | None = None
+        self._latest: Any = None
         self._closing = False
         self._dead = False  # the collector could not be reached: stop trying for this task
         self._thread = threading.Thread(target=self._run, name="sluice-metrics-push", daemon=True)
         self._thread.start()
 
-    def offer(self, stats: LiveStats) -> None:
+    def offer(self, stats: Any) -> None:
         with self._cond:
             self._latest = stats
             self._cond.notify()
 
-    def close(self, final: LiveStats) -> None:
+    def close(self, final: Any) -> None:
         with self._cond:
             self._closing = True
             self._cond.notify()
         self._thread.join()
-        self._send(TaskReport(self.task, final, done=True))
+        self._send(self._report(self.task, final, done=True))
 
     def _run(self) -> None:
         while True:
@@ -49,13 +54,13 @@ class MetricsPusher:
                     return
                 stats, self._latest = self._latest, None
             assert stats is not None
-            self._send(TaskReport(self.task, stats, done=False))
+            self._send(self._report(self.task, stats, done=False))
 
-    def _send(self, report: TaskReport) -> None:
+    def _send(self, report: TaskReport | ReadReport) -> None:
         if self._dead:
             return
         try:
-            post(self.target, "/push", report.to_json())
+            post(self.target, self._path, report.to_json())
         except Exception as e:  # metrics never fail a write; the URL carries no secret, the token is a header
             self._dead = True
             log.warning("sluice: live metrics for %s task %d not sent to %s (%s: %s); the write goes on without them",

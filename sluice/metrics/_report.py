@@ -61,6 +61,42 @@ class TaskReport:
 
 
 @dataclass(frozen=True)
+class ReadStats:
+    """One read task's progress: what it has fetched so far (Flink's source metrics numRecordsIn, numBytesIn) and,
+    where records carry the time they were committed (S2's record timestamps, change capture's commit times), how
+    far the newest fetched record's time is behind the moment it was fetched (currentFetchEventTimeLag)."""
+
+    records: int
+    bytes: int  # Arrow bytes of the batches handed to Spark
+    batches: int
+    event_lag_ms: float | None  # None: the records carry no commit time
+    at: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class ReadReport:
+    task: TaskIdentity  # write_id: the read's id, made when it is planned
+    stats: ReadStats
+    done: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": 1, "task": dataclasses.asdict(self.task), "read": dataclasses.asdict(self.stats),
+                "done": self.done}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ReadReport:
+        if not isinstance(data, dict) or data.get("v") != 1:
+            raise ValueError("not a version-1 sluice read report")
+        try:
+            task, stats = TaskIdentity(**data["task"]), ReadStats(**data["read"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"a read report with missing or unknown fields: {e}") from None
+        if not isinstance(data.get("done"), bool):
+            raise ValueError("a read report without a boolean 'done'")
+        return cls(task, stats, data["done"])
+
+
+@dataclass(frozen=True)
 class SourceReport:
     """How far a streaming source is behind its store's head, sent by the source's driver side after each
     micro-batch it commits. PostgreSQL change capture: the slot's confirmed position against the server's WAL

@@ -18,8 +18,8 @@ from types import TracebackType
 from typing import Any
 
 from sluice._errors import OptionError
-from sluice.metrics._collect import PrometheusCollector, SinkMetrics, SourceMetrics
-from sluice.metrics._report import MetricsTarget, SourceReport, TaskReport
+from sluice.metrics._collect import PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
+from sluice.metrics._report import MetricsTarget, ReadReport, SourceReport, TaskReport
 
 log = logging.getLogger("sluice.metrics")
 
@@ -65,6 +65,7 @@ class MetricsServer:
                               "with it as a bearer token), or bind 127.0.0.1.")
         self.metrics = SinkMetrics()
         self.sources = SourceMetrics()
+        self.reads = ReadMetrics()
         self._token = token
         self._extra_routes = extra_routes  # more Starlette routes on the same server (sluice ui's page)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -94,7 +95,7 @@ class MetricsServer:
         from starlette.routing import Route
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(PrometheusCollector(self.metrics, self.sources))
+        registry.register(PrometheusCollector(self.metrics, self.sources, self.reads))
 
         guarded = self.guarded
 
@@ -113,13 +114,14 @@ class MetricsServer:
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
         async def metrics_json(request: Request) -> Response:
-            return JSONResponse({"sinks": self.metrics.snapshot(),
+            return JSONResponse({"sinks": self.metrics.snapshot(), "reads": self.reads.snapshot(),
                                  "sources": [dataclasses.asdict(r) for r in self.sources.snapshot()]})
 
         extra = list(self._extra_routes(self)) if self._extra_routes else []
         return Starlette(routes=[
             Route("/push", receiver(TaskReport.from_json, self.metrics.add), methods=["POST"]),
             Route("/push/source", receiver(SourceReport.from_json, self.sources.add), methods=["POST"]),
+            Route("/push/read", receiver(ReadReport.from_json, self.reads.add), methods=["POST"]),
             Route("/metrics", guarded(metrics)), Route("/metrics.json", guarded(metrics_json)), *extra])
 
     def guarded(self, answer: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:

@@ -19,6 +19,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from sluice.metrics._push import SourceReporter
+from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
 from sluice.metrics._server import find_target
 from sluice.spark._compat import (
@@ -110,10 +111,13 @@ def cut(split: Split, start: int, end: int, max_per_partition: int | None) -> li
 class SplitBatchReader(DataSourceReader):
     """Batch read: every split's end is fixed when the query is planned."""
 
-    def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None) -> None:
+    def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None, *,
+                 reads: ReadObserver | None = None) -> None:
+        """`reads`: where read tasks report what they fetch (sluice.metrics; None: nowhere)."""
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
+        self.reads = reads
 
     def partitions(self) -> Sequence[InputPartition]:
         splits = self.enumerator.discover()
@@ -125,7 +129,7 @@ class SplitBatchReader(DataSourceReader):
 
     def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
         if partition.end > partition.start:
-            yield from self.reader.read(partition.split, partition.start, partition.end)
+            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end))
 
 
 class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
@@ -134,9 +138,11 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
     cap_options = ("max-records-per-trigger", "max-bytes-per-trigger")
 
     def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None,
-                 max_records: int | None, max_bytes: int | None, *, source: tuple[str, str] | None = None) -> None:
+                 max_records: int | None, max_bytes: int | None, *, source: tuple[str, str] | None = None,
+                 reads: ReadObserver | None = None) -> None:
         """`source`: (format, what is read) to report how far the query is behind to a metrics collector
-        (sluice.metrics), in positions, which are records where a position is a record (S2's seq nums)."""
+        (sluice.metrics), in positions, which are records where a position is a record (S2's seq nums); `reads`:
+        where read tasks report what they fetch."""
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
@@ -147,6 +153,7 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         self._source = source
         self._heads: dict[str, int] = {}  # each split's end as the last planning saw it
         self._lag = SourceReporter(find_target() if source is not None else None)
+        self.reads = reads
 
     def _known(self) -> dict[str, Split]:
         for split in self.enumerator.discover():
@@ -225,7 +232,7 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
         if partition.end > partition.start:
-            yield from self.reader.read(partition.split, partition.start, partition.end)
+            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end))
 
     def commit(self, end: dict) -> None:
         """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any."""

@@ -15,6 +15,7 @@ from sluice.connector import (
     check_key_columns,
 )
 from sluice.meta import MetaService, check_url
+from sluice.metrics._reads import ReadObserver
 from sluice.tablestore._options import READ_SPEC, WRITE_SPEC
 from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
 from sluice.tablestore._source import (
@@ -101,7 +102,8 @@ class TableStoreDataSource(EngineDataSource):
             raise OptionError(f"table '{table.name}' is an upsert table (primary key {list(table.primary_key())}): "
                               "stream it with option changes=true, which adds _change_type (insert, "
                               "update_preimage, update_postimage, delete) so updates are not counted twice")
-        return TableStoreStreamReader(table, opts["meta"], schema, tuple(opts["aligned-with"]))
+        return TableStoreStreamReader(table, opts["meta"], schema, tuple(opts["aligned-with"]),
+                                      ReadObserver.on_driver(self.format_name))
 
     def reader(self, schema: StructType) -> TableStoreReader:
         opts = READ_SPEC.parse(self.options)
@@ -122,7 +124,8 @@ class TableStoreDataSource(EngineDataSource):
         elif opts["consistent-with"]:
             version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
                 .versions[table.name]
-        return TableStoreReader(table, version, schema, opts["max-partition-bytes"])
+        return TableStoreReader(table, version, schema, opts["max-partition-bytes"],
+                                ReadObserver.on_driver(self.format_name))
 
 
 def _table(opts: Options) -> StoreTable:

@@ -36,6 +36,7 @@ from pyspark.sql.types import StructType
 from sluice.connector import conform, task_context
 from sluice.meta import MetaService
 from sluice.metrics._push import SourceReporter
+from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
 from sluice.metrics._server import find_target
 from sluice.spark._compat import AdmissionControlledReader
@@ -82,11 +83,13 @@ def _size(uri: str, size_of: dict[str, int]) -> int:
 class TableStoreReader(DataSourceReader):
     """The chosen version's data files, grouped into partitions of about `max-partition-bytes`."""
 
-    def __init__(self, table: StoreTable, version: int | None, schema: StructType, target_bytes: int) -> None:
+    def __init__(self, table: StoreTable, version: int | None, schema: StructType, target_bytes: int,
+                 reads: ReadObserver | None = None) -> None:
         from sluice.spark._compat import to_arrow_schema
 
         self.table, self.version, self.target_bytes = table, version, target_bytes
         self.arrow_schema = to_arrow_schema(schema)
+        self.reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
 
     def partitions(self) -> list[InputPartition]:
         dt = self.table.delta(self.version)
@@ -103,6 +106,9 @@ class TableStoreReader(DataSourceReader):
             [FilePartition([], warehouse)]
 
     def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        return observed(self.reads, self._files(partition))
+
+    def _files(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
         names = self.arrow_schema.names
@@ -137,11 +143,12 @@ class TableStoreStreamReader(AdmissionControlledReader):
     """
 
     def __init__(self, table: StoreTable, meta: str | None, schema: StructType,
-                 aligned_with: tuple[str, ...] = ()) -> None:
+                 aligned_with: tuple[str, ...] = (), reads: ReadObserver | None = None) -> None:
         from sluice.spark._compat import to_arrow_schema
 
         self.table, self.meta, self.aligned_with = table, meta, aligned_with
         self.arrow_schema = to_arrow_schema(schema)
+        self.reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
         self._lag = SourceReporter(find_target())  # how far behind the table's newest barrier, after each commit
 
     def initialOffset(self) -> dict:
@@ -166,6 +173,9 @@ class TableStoreStreamReader(AdmissionControlledReader):
                              BarrierHandoff(self.meta))]
 
     def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        return observed(self.reads, self._changes(partition))
+
+    def _changes(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:
         task = task_context("")
         if task.epoch is not None:  # a micro-batch: its barrier, for a table-store sink in the same query
             partition.handoff.offer(task.write_id, task.epoch, partition.barrier)

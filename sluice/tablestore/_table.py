@@ -360,19 +360,6 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return a == b
 
 
-def vacuum(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaService | None = None,
-           dry_run: bool = False) -> list[str]:
-    """Delete data files and log entries no longer needed, but never one a consistent read may still ask for.
-
-    The oldest version to keep is this table's version at the consistent barrier of every table linked to it
-    through jobs (upstream and downstream): any consistent read that includes this table reads at that barrier
-    or a newer one. Delta's vacuum works by age, in whole hours, so the retention is the age of that version
-    rounded up (keeping more, never less); log entries go up to the newest checkpoint at or below that version
-    (trim_log). Returns the files deleted (or that would be, with dry_run).
-    """
-    return StoreTable(name, warehouse).clean(meta or MetaService(), dry_run=dry_run)
-
-
 def oldest_needed_version(name: str, meta: MetaService) -> int | None:
     """The table's version at the consistent barrier of every table linked to it through jobs (upstream and
     downstream): any consistent read that includes this table reads that version or a newer one. None before the
@@ -404,20 +391,3 @@ def trim_log(table: StoreTable, keep_from: int, *, dry_run: bool = False) -> lis
         for path in doomed:
             fs.delete_file(path)
     return doomed
-
-
-def compact(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaService | None = None,
-            target_bytes: int = COMPACT_TARGET_BYTES) -> dict[str, Any]:
-    """Compact a table now (see StoreTable.compact), as a short job holding the table's writer role.
-
-    It never races a commit: while the table's writer runs (a registered job, or a streaming query within its
-    writer-lease) this refuses with WriterConflictError; that writer compacts by itself (option auto-compact).
-    """
-    meta = meta or MetaService()
-    table = StoreTable(name, warehouse)
-    table.delta()  # a missing table fails here, before any job is registered
-    job = meta.register_job("compaction", sources=[], sinks=[name])
-    try:
-        return table.compact(target_bytes)
-    finally:
-        meta.finish_job(job.job_id)

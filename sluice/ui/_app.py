@@ -30,7 +30,10 @@ def ui_routes(meta_url: str | None, include_ended: bool = True):
             # The MetaService is a blocking database client: off the event loop.
             found = await asyncio.to_thread(read_state, meta, include_ended)
             sources = [{**dataclasses.asdict(r), "reported": as_time(r.at)} for r in server.sources.snapshot()]
-            return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot(), "sources": sources})
+            reads = {fmt: {**values, "reported": as_time(values["lag_at"])}
+                     for fmt, values in server.reads.snapshot().items()}
+            return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot(), "sources": sources,
+                                 "reads": reads})
 
         async def consistent(request: Request) -> Response:
             tables = [t for t in request.query_params.get("tables", "").split(",") if t]

@@ -123,3 +123,44 @@ def test_a_source_report_becomes_gauges_labelled_by_its_source():
             urllib.request.urlopen(urllib.request.Request(server.url + "/push/source", data=body, method="POST"),
                                    timeout=5)
         assert refused.value.code == 400
+
+
+def test_a_read_task_reports_what_it_fetched_and_how_old_its_newest_record_is():
+    """ReadObserver.observed, as a read task runs it (outside Spark: one anonymous task): rows and Arrow bytes of
+    every batch, and now minus the newest commit time of the last batch (Flink's currentFetchEventTimeLag)."""
+    import pyarrow as pa
+
+    from sluice.metrics._reads import ReadObserver
+
+    committed = int(time.time() * 1_000_000) - 3_000_000  # three seconds ago, in microseconds
+    stamps = pa.array([committed - 1_000_000, committed], pa.timestamp("us", tz="UTC"))
+    batches = [pa.record_batch({"id": pa.array([1, 2]), "_commit_time": stamps}) for _ in range(3)]
+    with sluice.metrics.serve() as server:
+        observer = ReadObserver.on_driver("postgres_changes", event_time="_commit_time")
+        assert observer is not None and observer.target == server.target
+        assert list(observer.observed(iter(batches))) == batches  # the batches pass unchanged
+        untimed = ReadObserver.on_driver("clickhouse")  # a store whose records carry no commit time
+        list(untimed.observed(iter([pa.record_batch({"id": pa.array([7])})])))
+        reads = server.reads.snapshot()
+        live = scrape(server)
+    assert reads["postgres_changes"]["records"] == 6 and reads["postgres_changes"]["tasks_ended"] == 1
+    assert reads["postgres_changes"]["bytes"] == sum(b.nbytes for b in batches)
+    assert 3000 <= reads["postgres_changes"]["event_lag_ms"] < 60_000
+    assert live[("sluice_source_numRecordsIn_total", "postgres_changes")] == 6
+    assert 3000 <= live[("sluice_source_currentFetchEventTimeLag", "postgres_changes")] < 60_000
+    assert live[("sluice_source_numRecordsIn_total", "clickhouse")] == 1
+    assert ("sluice_source_currentFetchEventTimeLag", "clickhouse") not in live  # unknown: left out, never 0
+    assert ReadObserver.on_driver("postgres") is None  # no collector: reads are not observed at all
+
+
+def test_read_counters_add_ended_tasks_and_the_lag_is_the_newest_reports():
+    from sluice.metrics import ReadReport, ReadStats
+    from sluice.metrics._collect import ReadMetrics
+
+    reads = ReadMetrics()
+    reads.add(ReadReport(task(0, "s2"), ReadStats(100, 1000, 1, 250.0, at=10.0), done=True))
+    reads.add(ReadReport(task(1, "s2"), ReadStats(50, 500, 1, 900.0, at=5.0), done=False))  # an older report
+    reads.add(ReadReport(task(1, "s2"), ReadStats(70, 700, 2, None, at=11.0), done=False))  # no lag: kept as it was
+    found = reads.snapshot()["s2"]
+    assert (found["records"], found["bytes"], found["tasks_running"], found["tasks_ended"]) == (170, 1700, 1, 1)
+    assert (found["event_lag_ms"], found["lag_at"]) == (250.0, 10.0)

@@ -28,8 +28,16 @@ def test_a_batch_write_reports_every_record_of_every_task_to_the_collector(spark
         table = f"metrics_{uuid.uuid4().hex[:8]}"
         spark.range(0, 500, 1, 2).selectExpr("id", "concat('n', id) AS name").write.format("postgres") \
             .option("url", pg.url).option("table", table).option("create-table", "true").mode("append").save()
+        # Reads report too: every read task what it fetched.
+        read = spark.read.format("postgres").option("url", pg.url).option("table", table) \
+            .option("partition-column", "id").option("num-partitions", 3).load()
+        assert read.count() == 500
         # A task sends its final report before it ends, so the write's end finds them all in.
         found = scraped(server)
+        reads = server.reads.snapshot()
+    assert found[("sluice_source_numRecordsIn_total", "postgres")] == 500
+    assert reads["postgres"]["tasks_ended"] == 3 and reads["postgres"]["bytes"] > 0
+    assert reads["postgres"]["event_lag_ms"] is None  # a table's rows carry no commit time
     assert found[("sluice_sink_numRecordsSend_total", "sluice_null")] == 1000
     assert found[("sluice_sink_tasks_total", "sluice_null")] == 4
     assert found[("sluice_sink_numRecordsSend_total", "postgres")] == 500
@@ -54,9 +62,9 @@ def test_counters_rise_while_a_streaming_query_writes(spark, tmp_path):
             query.stop()
 
 
-def test_without_a_collector_writes_report_nothing_and_still_succeed(spark):
-    """The negative control: a collector the writes cannot find (its address withdrawn) hears nothing from them, so
-    the reports above came through the address a write learns when it is planned."""
+def test_without_a_collector_writes_and_reads_report_nothing_and_still_succeed(spark, pg):
+    """The negative control: a collector the writes and reads cannot find (its address withdrawn) hears nothing from
+    them, so the reports above came through the address a write or read learns when it is planned."""
     from sluice.metrics._server import _advertised_file
 
     with sluice.metrics.serve() as server:
@@ -64,7 +72,11 @@ def test_without_a_collector_writes_report_nothing_and_still_succeed(spark):
         assert sluice.metrics.find_target() is None
         sluice.write(spark.range(0, 100, 1, 2), "sluice_null")
         assert sluice.last_write_summary("sluice_null")["records"] == 100
-        assert server.metrics.snapshot() == {}
+        table = f"unseen_{uuid.uuid4().hex[:8]}"
+        spark.range(0, 50, 1, 1).write.format("postgres").option("url", pg.url).option("table", table) \
+            .option("create-table", "true").mode("append").save()
+        assert spark.read.format("postgres").option("url", pg.url).option("table", table).load().count() == 50
+        assert server.metrics.snapshot() == {} and server.reads.snapshot() == {}
 
 
 def test_change_capture_reports_how_far_its_slot_is_behind_and_the_wal_it_holds(spark, pg, tmp_path):
@@ -89,12 +101,18 @@ def test_change_capture_reports_how_far_its_slot_is_behind_and_the_wal_it_holds(
                     if server.sources.wait_for(lambda reports: any(r.source == slot for r in reports), timeout=3):
                         break
             (report,) = [r for r in server.sources.snapshot() if r.source == slot]
+            # The read tasks: changes fetched, and how long ago the newest was committed when fetched.
+            assert server.reads.wait_for(lambda s: s.get("postgres_changes", {}).get("event_lag_ms") is not None,
+                                         timeout=60), "no read task reported a commit time"
+            reads = server.reads.snapshot()["postgres_changes"]
             text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
         finally:
             query.stop()
     assert report.format == "postgres_changes" and re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", report.position)
     assert report.retained_bytes > 0 and report.pending_bytes >= 0
     assert f'sluice_source_retainedBytes{{format="postgres_changes",source="{slot}"}}' in text
+    assert reads["records"] >= 101 and 0 <= reads["event_lag_ms"] < 120_000  # the snapshot's 100 and a change
+    assert 'sluice_source_currentFetchEventTimeLag{format="postgres_changes"}' in text
     with psycopg.connect(pg.url, autocommit=True) as conn:  # the suite's server: hold no WAL back after the test
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
@@ -125,7 +143,10 @@ def test_an_s2_query_reports_the_records_it_is_behind_and_catches_up(spark, tmp_
         finally:
             query.stop()
         text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
+        reads = server.reads.snapshot()["s2"]
     assert f'sluice_source_pendingRecords{{format="s2",source="{source}"}}' in text
+    # S2's record timestamps (when the store took each record): how old the newest fetched record was.
+    assert reads["records"] >= 200 and 0 <= reads["event_lag_ms"] < 600_000
 
 
 def test_a_long_sluice_write_prints_its_progress_while_it_runs(spark, caplog, monkeypatch):

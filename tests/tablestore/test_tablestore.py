@@ -442,6 +442,45 @@ def test_log_retention_keeps_every_version_a_consistent_read_may_open(store):
         up.delta(12)
 
 
+def test_a_long_compaction_prints_how_much_it_has_rewritten(store, caplog, monkeypatch):
+    """`sluice table compact` on a table of many small files: the console shows the small files and their bytes,
+    and what the compaction has written so far, until it ends; a compaction shorter than AFTER_S prints nothing."""
+    import logging
+    import re
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sluice.cli import main as cli
+    from sluice.tablestore import _maintenance
+
+    meta = MetaService(store["meta"])
+    table = StoreTable("many", store["warehouse"])
+    table.create(pa.schema([("v", pa.float64())]), ())
+    sizes = []
+    for n in range(12):  # random floats: files that do not compress away
+        relative = f"data/b{n}/part.parquet"
+        (table.root / relative).parent.mkdir(parents=True)
+        pq.write_table(pa.table({"v": np.random.default_rng(n).random(50_000)}), table.root / relative)
+        sizes.append((table.root / relative).stat().st_size)
+        table.commit([StagedFile(relative, sizes[-1], 50_000)], job="ingest", barrier=n + 1, meta=meta)
+
+    command = ["table", "--warehouse", store["warehouse"], "--meta", store["meta"], "compact", "many"]
+    with caplog.at_level(logging.INFO, logger="sluice.progress"):
+        assert cli(command[:-1] + ["--target-bytes", "1", "many"]) == 0  # nothing is small: nothing to do
+        assert not caplog.records, "a compaction under 5 s prints no progress (the negative control)"
+        monkeypatch.setattr(_maintenance, "AFTER_S", 0.0)  # a line at once and every 10 ms
+        monkeypatch.setattr(_maintenance, "EVERY_S", 0.01)
+        assert cli(command) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "sluice.progress"]
+    shown = [re.fullmatch(r"compacting many: ([\d,.]+ \w+) of about ([\d.]+) MiB rewritten \((\d+)%\) from 12 "
+                          r"small files, \d+ s", line) for line in lines]
+    assert lines and all(shown), lines
+    assert float(shown[0].group(2)) == round(sum(sizes) / 2**20, 1)
+    assert len(table.delta().file_uris()) == 1
+
+
 def test_compaction_versions_count_toward_the_checkpoint_interval(store, monkeypatch):
     """Compactions take versions of their own; when one takes a multiple of the interval, a checkpoint still follows,
     so opening the table never replays more than the interval's log entries after the newest checkpoint."""

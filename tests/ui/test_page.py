@@ -72,6 +72,10 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
                 # The writes' live metrics: the table store's counters, pushed by the tasks to this same server.
                 page.wait_for_selector('#metrics tr[data-name="tablestore"]', timeout=60_000)
                 assert int(cell(page, "metrics", "tablestore", 2)) > 0
+                # And the reads': job B's tasks count the changes they fetch from `orders`.
+                page.wait_for_function("() => { const c = document.querySelector("
+                                       "'#reads tr[data-name=\"tablestore\"] td:nth-child(2)'); "
+                                       "return c && Number(c.textContent) > 0; }", timeout=60_000)
 
                 # A source's lag, as a streaming source's driver side reports it: a figure it cannot tell shows "-".
                 lag = SourceReport("s2", "shop/events", None, 42, 0, "", "", time.time())

@@ -25,6 +25,7 @@ from sluice.connectors.cassandra._source import (
 )
 from sluice.connectors.cassandra._table import TableInfo, describe
 from sluice.connectors.cassandra._types import spark_type, write_problem
+from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: Cassandra has no transactions sluice could commit a write or micro-batch in. Every "
@@ -140,7 +141,7 @@ class CassandraDataSource(EngineDataSource):
         reader = CassandraReader(conn, info, to_arrow_schema(schema), opts["read.fetch-size"],
                                  opts["read.consistency"])
         enumerator = CassandraEnumerator(conn, opts["partitions"], opts["read.split-size-mb"] * 1024 * 1024)
-        return CassandraBatchReader(enumerator, reader, None)
+        return CassandraBatchReader(enumerator, reader, None, reads=ReadObserver.on_driver(self.format_name))
 
 
 def _check_special_types(schema: StructType, opts: Options) -> None:

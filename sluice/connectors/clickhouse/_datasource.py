@@ -26,6 +26,7 @@ from sluice.connectors.clickhouse._source import (
 )
 from sluice.connectors.clickhouse._table import TableInfo, describe
 from sluice.connectors.clickhouse._types import CHType, write_problem
+from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: ClickHouse has no transaction sluice could commit a write or micro-batch in. For "
@@ -138,7 +139,8 @@ class ClickHouseDataSource(EngineDataSource):
         import pyarrow as pa
 
         reader = ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, opts["final"]))
-        return SplitBatchReader(ClickHouseEnumerator(conn, info, types, opts["partitions"]), reader, None)
+        return SplitBatchReader(ClickHouseEnumerator(conn, info, types, opts["partitions"]), reader, None,
+                                reads=ReadObserver.on_driver(self.format_name))
 
 
 def _deletes(opts: Options, schema: StructType, info: TableInfo, table: str) -> Deletes | None:

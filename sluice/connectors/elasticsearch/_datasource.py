@@ -19,6 +19,7 @@ from sluice.connectors.elasticsearch._source import (
     spark_schema,
 )
 from sluice.connectors.elasticsearch._types import mapping
+from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: Elasticsearch and OpenSearch have no transactions across documents. Give documents "
@@ -85,7 +86,8 @@ class ElasticsearchDataSource(EngineDataSource):
                               f"fields: {known.fieldNames()}.")
         reader = SliceReader(conn, schema, opts["read.page-size"], opts["read.keep-alive"],
                              parse_query(opts["read.query"]), opts["read.metadata"], kinds)
-        return PitBatchReader(PitEnumerator(conn, opts["partitions"], opts["read.keep-alive"]), reader, kinds)
+        return PitBatchReader(PitEnumerator(conn, opts["partitions"], opts["read.keep-alive"]), reader, kinds,
+                              ReadObserver.on_driver(self.format_name))
 
 
 def _doc_plan(opts: Options, schema: StructType) -> DocPlan:

@@ -30,6 +30,7 @@ from sluice.connector import (
     SplitReader,
 )
 from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Cluster, Connection
+from sluice.metrics._reads import ReadObserver
 
 READ_OPTIONS = (
     Option("partitions", "int", None, "Splits (Spark partitions) of a read: slices of one point-in-time search; "
@@ -233,8 +234,9 @@ class PitBatchReader(SplitBatchReader):
     enumerator: PitEnumerator
     reader: SliceReader
 
-    def __init__(self, enumerator: PitEnumerator, reader: SliceReader, kinds: dict[str, str]) -> None:
-        super().__init__(enumerator, reader, None)
+    def __init__(self, enumerator: PitEnumerator, reader: SliceReader, kinds: dict[str, str],
+                 reads: ReadObserver | None) -> None:
+        super().__init__(enumerator, reader, None, reads=reads)
         self.kinds = kinds  # each field's mapping type, by dotted path
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:

@@ -19,6 +19,7 @@ from sluice.connectors.hbase._source import (
     stamp_column,
     time_range,
 )
+from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: HBase has no transactions across rows sluice could commit a write or micro-batch "
@@ -109,4 +110,4 @@ class HBaseDataSource(EngineDataSource):
         reader = HBaseReader(conn, catalog, key, arrow, opts["read.rows-per-fetch"], time_range(opts),
                              opts["read.versions"], stamp)
         enumerator = RegionEnumerator(conn, catalog.table, opts["read.splits-per-region"])
-        return HBaseBatchReader(enumerator, reader, None)
+        return HBaseBatchReader(enumerator, reader, None, reads=ReadObserver.on_driver(self.format_name))

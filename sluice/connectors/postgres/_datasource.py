@@ -16,6 +16,7 @@ from sluice.connectors.postgres._source import (
     infer_schema,
 )
 from sluice.connectors.postgres._table import prepare_target
+from sluice.metrics._reads import ReadObserver
 from sluice.spark._compat import require
 
 
@@ -62,4 +63,5 @@ class PostgresDataSource(EngineDataSource):
         _, columns, primary_key = infer_schema(conn_info, opts)
         kind = PostgresPushdownReader if opts["pushdown"] else PostgresBatchReader
         return kind(PostgresEnumerator(conn_info, opts, columns, primary_key),
-                    PostgresSplitReader(conn_info, opts, columns, schema), None)
+                    PostgresSplitReader(conn_info, opts, columns, schema), None,
+                    reads=ReadObserver.on_driver(self.format_name))

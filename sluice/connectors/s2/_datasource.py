@@ -29,6 +29,7 @@ from sluice.connectors.s2._source import (
     S2Reader,
 )
 from sluice.connectors.s2._store import S2Store
+from sluice.metrics._reads import ReadObserver
 
 ROUTED_PARALLELISM = 4096  # the most sink.parallelism allows: buckets ~ streams
 ROUTED_MAX_BUFFERED = 50_000
@@ -92,14 +93,16 @@ class _S2Base(EngineDataSource):
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, per_partition, _ = self._read_parts(schema, batch=True)
-        return SplitBatchReader(enumerator, reader, per_partition)
+        return SplitBatchReader(enumerator, reader, per_partition,
+                                reads=ReadObserver.on_driver(self.format_name, event_time="timestamp"))
 
     def streamReader(self, schema: StructType) -> SplitStreamReader:
         enumerator, reader, per_partition, opts = self._read_parts(schema, batch=False)
         what = opts["s2.streams"] or [f"{opts['s2.discovery-prefix'] or ''}*"]
         return SplitStreamReader(enumerator, reader, per_partition, opts["max-records-per-trigger"],
                                  opts["max-bytes-per-trigger"],
-                                 source=(self.format_name, f"{opts['s2.basin']}/{','.join(what)}"))
+                                 source=(self.format_name, f"{opts['s2.basin']}/{','.join(what)}"),
+                                 reads=ReadObserver.on_driver(self.format_name, event_time="timestamp"))
 
 
 class S2DataSource(_S2Base):

@@ -13,7 +13,7 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import DataLossError, OptionError, Options, Split
 from sluice.connectors.postgres._conn import PostgresError, qualified, sqlstate_of
-from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
+from sluice.connectors.postgres._pgoutput import COMMIT_TIME, format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._source import PostgresEnumerator
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
@@ -21,6 +21,7 @@ from sluice.connectors.postgres.changes._publication import ChangeStream, table_
 from sluice.connectors.postgres.changes._read import ChangeReader, ChangesPartition, SnapshotPartition, snapshot_gone
 from sluice.connectors.postgres.changes._slot import SlotGuard, busy_retry, holder_of, slot_lag, slot_state
 from sluice.metrics._push import SourceReporter
+from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._server import find_target
 from sluice.spark._compat import (
     AdmissionControlledReader,
@@ -54,6 +55,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         self._log_restart_points = opts["slot.log-restart-point"]  # off when the server cannot
         self._nothing_before: int | None = None  # the WAL position up to which the last peek found no change
         self._lag = SourceReporter(find_target())  # the slot's lag after each commit, to a metrics collector if any
+        self._reads = ReadObserver.on_driver("postgres_changes", event_time=COMMIT_TIME)  # what tasks fetch
 
     # ------------------------------------------------------------------ driver
     def initialOffset(self) -> dict:
@@ -309,4 +311,4 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
 
     # ------------------------------------------------------------------ executors
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return self._reader.read(partition)
+        return observed(self._reads, self._reader.read(partition))
