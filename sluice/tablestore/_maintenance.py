@@ -3,15 +3,12 @@ short job holding the table's writer role, and the progress of a long compaction
 
 from __future__ import annotations
 
-import threading
-import time
-from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
 
 from sluice.meta import MetaService
-from sluice.metrics._progress import say
+from sluice.metrics._progress import ProgressLines
 from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import COMPACT_TARGET_BYTES, StoreTable
 
@@ -51,21 +48,20 @@ def compact(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaSe
         meta.finish_job(job.job_id)
 
 
-class CompactionProgress:
+class CompactionProgress(ProgressLines):
     """Delta's optimize is one call that reports nothing until it ends; what it has written so far is in the
     table's folder: new data files, listed every few seconds, against the bytes of the small files it rewrites."""
 
     def __init__(self, table: StoreTable, dt: Any, target_bytes: int) -> None:
         import pyarrow.compute as pc
 
+        super().__init__(AFTER_S, EVERY_S)
         sizes = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes")
         small = pc.less(sizes, target_bytes)
         self.files = int(pc.sum(small).as_py() or 0)
         self.total = int(pc.sum(pc.filter(sizes, small)).as_py() or 0)
         self.table = table
-        self._before: set[str] | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sluice-compaction-progress", daemon=True)
+        self._before: set[str] = set()
 
     def _data_files(self) -> dict[str, int]:
         from pyarrow import fs as pafs
@@ -74,30 +70,16 @@ class CompactionProgress:
         return {i.path: i.size for i in self.table.warehouse.filesystem().get_file_info(selector)
                 if i.type == pafs.FileType.File and i.path.endswith(".parquet") and "/_delta_log/" not in i.path}
 
-    def _run(self) -> None:
-        try:
-            began = time.monotonic()
-            if self._done.wait(AFTER_S):
-                return
-            while True:
-                written = sum(size for path, size in self._data_files().items() if path not in self._before)
-                share = f" ({100 * written / self.total:.0f}%)" if self.total else ""
-                say(f"compacting {self.table.name}: {_size(written)} of about {_size(self.total)} rewritten{share} "
-                    f"from {self.files} small files, {time.monotonic() - began:.0f} s")
-                if self._done.wait(EVERY_S):
-                    return
-        except Exception as e:  # progress never fails the compaction
-            say(f"compacting {self.table.name}: no progress shown ({type(e).__name__}: {e})")
+    def _line(self, took: float) -> str:
+        written = sum(size for path, size in self._data_files().items() if path not in self._before)
+        share = f" ({100 * written / self.total:.0f}%)" if self.total else ""
+        return (f"compacting {self.table.name}: {_size(written)} of about {_size(self.total)} rewritten{share} from "
+                f"{self.files} small files, {took:.0f} s")
 
     def __enter__(self) -> CompactionProgress:
-        self._before = set(self._data_files())
-        self._thread.start()
+        self._before = set(self._data_files())  # before the compaction writes its first file
+        super().__enter__()
         return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._done.set()
-        self._thread.join()
 
 
 def _size(n: float) -> str:

@@ -456,23 +456,29 @@ def test_a_long_compaction_prints_how_much_it_has_rewritten(store, caplog, monke
     from sluice.tablestore import _maintenance
 
     meta = MetaService(store["meta"])
-    table = StoreTable("many", store["warehouse"])
-    table.create(pa.schema([("v", pa.float64())]), ())
-    sizes = []
-    for n in range(12):  # random floats: files that do not compress away
-        relative = f"data/b{n}/part.parquet"
-        (table.root / relative).parent.mkdir(parents=True)
-        pq.write_table(pa.table({"v": np.random.default_rng(n).random(50_000)}), table.root / relative)
-        sizes.append((table.root / relative).stat().st_size)
-        table.commit([StagedFile(relative, sizes[-1], 50_000)], job="ingest", barrier=n + 1, meta=meta)
 
-    command = ["table", "--warehouse", store["warehouse"], "--meta", store["meta"], "compact", "many"]
+    def small_files_table(name: str) -> tuple[StoreTable, list[int]]:
+        table, sizes = StoreTable(name, store["warehouse"]), []
+        table.create(pa.schema([("v", pa.float64())]), ())
+        for n in range(12):  # random floats: files that do not compress away
+            relative = f"data/b{n}/part.parquet"
+            (table.root / relative).parent.mkdir(parents=True)
+            pq.write_table(pa.table({"v": np.random.default_rng(n).random(50_000)}), table.root / relative)
+            sizes.append((table.root / relative).stat().st_size)
+            table.commit([StagedFile(relative, sizes[-1], 50_000)], job="ingest", barrier=n + 1, meta=meta)
+        return table, sizes
+
+    (quick, _), (table, sizes) = small_files_table("quick"), small_files_table("many")
+
+    def compact(name: str) -> int:
+        return cli(["table", "--warehouse", store["warehouse"], "--meta", store["meta"], "compact", name])
+
     with caplog.at_level(logging.INFO, logger="sluice.progress"):
-        assert cli(command[:-1] + ["--target-bytes", "1", "many"]) == 0  # nothing is small: nothing to do
+        assert compact("quick") == 0 and len(quick.delta().file_uris()) == 1
         assert not caplog.records, "a compaction under 5 s prints no progress (the negative control)"
         monkeypatch.setattr(_maintenance, "AFTER_S", 0.0)  # a line at once and every 10 ms
         monkeypatch.setattr(_maintenance, "EVERY_S", 0.01)
-        assert cli(command) == 0
+        assert compact("many") == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "sluice.progress"]
     shown = [re.fullmatch(r"compacting many: ([\d,.]+ \w+) of about ([\d.]+) MiB rewritten \((\d+)%\) from 12 "
                           r"small files, \d+ s", line) for line in lines]
