@@ -197,7 +197,7 @@ def test_read_wait_of_a_unary_read_is_capped_not_refused(tmp_path, monkeypatch):
     from sluice.s2local import LocalS2
 
     monkeypatch.delenv("SLUICE_S2_MAX_UNARY_WAIT_S", raising=False)
-    default = subprocess.run([sys.executable, "-c", "from sluice.s2local._app import MAX_UNARY_WAIT_S as cap; "
+    default = subprocess.run([sys.executable, "-c", "from sluice.s2local._records import MAX_UNARY_WAIT_S as cap; "
                               "print(cap)"], capture_output=True, text=True, check=True, timeout=60)
     assert default.stdout.strip() == "60"  # unless told otherwise, the server's cap is S2's
     monkeypatch.setenv("SLUICE_S2_MAX_UNARY_WAIT_S", "2")
