@@ -6,6 +6,8 @@
    every task reports to the collector each second). Runs alternate; ratios of medians are reported.
 3. With --metrics: the engine alone (unordered) with and without a task's metrics pusher reporting to a live
    collector each second, alternating, medians.
+4. With --read-metrics: a Spark batch read of a table-store table (`format("tablestore")`, summed so every row
+   crosses into the JVM) with and without a collector its read tasks report to, alternating, medians.
 """
 
 from __future__ import annotations
@@ -133,6 +135,44 @@ def spark_ratio(rows: int, rounds: int) -> dict:
     }
 
 
+def read_ratio(rows: int, rounds: int) -> dict:
+    import tempfile
+
+    import sluice
+    import sluice.metrics
+
+    spark = sluice.session("sluice-bench-read", **{"spark.sql.shuffle.partitions": "2"})
+    with tempfile.TemporaryDirectory() as folder:
+        store = {"table": "bench", "warehouse": f"{folder}/wh", "meta": f"{folder}/meta.db"}
+        spark.range(0, rows, 1, 4).selectExpr("id", "repeat('x', 80) AS body").write.format("tablestore") \
+            .options(**store).mode("append").save()
+
+        def timed() -> float:
+            start = time.perf_counter()
+            total = spark.read.format("tablestore").options(**store).option("max-partition-bytes", 16 * 1024 * 1024) \
+                .load().selectExpr("sum(length(body))").first()[0]
+            assert total == rows * 80
+            return time.perf_counter() - start
+
+        def timed_with_metrics() -> float:
+            with sluice.metrics.serve() as server:
+                took = timed()
+                heard = server.reads.snapshot()["tablestore"]["records"]
+            assert heard == rows, f"the collector heard of {heard} records read of {rows}"
+            return took
+
+        timed()  # warm-up: Python workers, imports
+        plain, observed = [], []
+        for _ in range(rounds):
+            plain.append(timed())
+            observed.append(timed_with_metrics())
+    spark.stop()
+    return {"rows": rows, "rounds": rounds, "without_metrics_rows_per_s": round(rows / statistics.median(plain)),
+            "with_metrics_rows_per_s": round(rows / statistics.median(observed)),
+            "ratio_with_to_without": round(statistics.median(plain) / statistics.median(observed), 3),
+            "without_seconds": [round(t, 3) for t in plain], "with_seconds": [round(t, 3) for t in observed]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=2_000_000)
@@ -140,6 +180,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--metrics", action="store_true", help="also the engine alone with and without metrics")
+    parser.add_argument("--read-metrics", action="store_true", help="also a Spark read with and without metrics")
     args = parser.parse_args()
     result = {
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
@@ -151,6 +192,8 @@ def main() -> int:
         result["metrics_engine_alone"] = metrics_overhead(args.entries, args.rounds)
     if not args.skip_spark:
         result["spark"] = spark_ratio(args.rows, args.rounds)
+    if args.read_metrics:
+        result["read_metrics_spark"] = read_ratio(args.rows, args.rounds)
     print(json.dumps(result, indent=2))
     return 0
 
