@@ -207,14 +207,18 @@ def check_batching(plan: WritePlan) -> None:
                           "together (PartitionKeyBatchCreator needs KeyedRequestBuffer).") from None
 
 
-def task_context(write_id: str) -> WriteContext:
+def task_context(write_id: str, streaming: bool = True) -> WriteContext:
+    """The task's identity in a write. A streaming write is its query's micro-batch (query id, batch id); a batch
+    write is `write_id` alone, also when it runs inside a streaming query's foreachBatch, whose jobs carry the
+    query's local properties: taken from those, every batch write of a query would share one identity, and a
+    store's replay detection would take the second for a replay of the first and drop it."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
     if tc is None:
         return WriteContext(write_id=write_id)
-    batch_id = tc.getLocalProperty("streaming.sql.batchId")
-    query_id = tc.getLocalProperty("sql.streaming.queryId")
+    batch_id = tc.getLocalProperty("streaming.sql.batchId") if streaming else None
+    query_id = tc.getLocalProperty("sql.streaming.queryId") if streaming else None
     return WriteContext(
         write_id=query_id or write_id,
         epoch=int(batch_id) if batch_id is not None else None,
@@ -227,13 +231,15 @@ def task_context(write_id: str) -> WriteContext:
 class _EngineWriterMixin:
     """The Spark writer around a plan: tasks run the engine on the plan's encoder and store; the driver commits."""
 
+    streaming = False  # a streaming query's writer: tasks are identified by (query id, batch id)
+
     def __init__(self, plan: WritePlan, write_id: str, metrics: MetricsTarget | None = None) -> None:
         self.plan = plan
         self.write_id = write_id
         self.metrics = metrics  # where tasks report their write while it runs (sluice.metrics); None: nowhere
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
-        context = task_context(self.write_id)
+        context = task_context(self.write_id, self.streaming)
         batches = (batch for batch in iterator if batch.num_rows)
         first = next(batches, None)
         if first is None:
@@ -327,6 +333,8 @@ class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):
 
 
 class EngineStreamArrowWriter(_EngineWriterMixin, StreamArrowWriterBase):
+    streaming = True
+
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         return self._write(iterator)
 
