@@ -120,8 +120,14 @@ class _Backend:
     def connect(self) -> Any:
         if self.is_pg:
             import psycopg
+            from psycopg.conninfo import conninfo_to_dict
 
-            return psycopg.connect(self.url)
+            # A database the network stops answering fails the call instead of holding the job forever (as long as
+            # the URL does not say otherwise): connecting gives up after 10 s, keepalives notice a silent peer in
+            # about 25 s, unacknowledged requests give up after 30 s.
+            params = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
+                      "keepalives_count": "3", "tcp_user_timeout": "30000", **conninfo_to_dict(self.url)}
+            return psycopg.connect(**params)
         return sqlite3.connect(self.url, timeout=60, isolation_level=None)  # waits up to 60 s for a lock
 
     def setup(self, conn: Any) -> None:

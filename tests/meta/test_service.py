@@ -130,3 +130,32 @@ def test_lineage_is_drawn_as_a_png(meta_url, tmp_path, capsys):
     assert image.format == "PNG" and image.width > 4 * 210 and image.height > 2 * 54
     colors = {color for _, color in image.getcolors(maxcolors=1 << 16)}
     assert (0xE8, 0xF1, 0xFB) in colors and (0xFD, 0xF3, 0xE3) in colors, "table and job boxes are drawn"
+
+
+def test_a_database_that_stops_answering_fails_the_call_instead_of_hanging(pg):
+    """The network between a job and the MetaService's PostgreSQL goes silent (a proxy holds every byte): the call
+    fails with the connection's error while the network is still silent, not when it answers again (found by the
+    soak, bench/soak.py, whose network stalls held a MetaService call for minutes)."""
+    import threading
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    from sluice.testing._proxy import TcpProxy
+
+    port = urlsplit(pg.url).port
+    with TcpProxy(port) as proxy:
+        url = pg.url.replace(f":{port}/", f":{proxy.port}/")
+        MetaService(url).tables()  # through the proxy, answering
+        stalled, lifted = threading.Event(), threading.Event()
+
+        def stall():
+            stalled.set()
+            proxy.stall(120)
+            lifted.set()
+
+        threading.Thread(target=stall, daemon=True).start()
+        stalled.wait()
+        with pytest.raises(psycopg.OperationalError, match="timeout"):
+            MetaService(url).tables()
+        assert not lifted.is_set(), "the call waited for the network to answer again"
