@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-chromium
 
@@ -210,12 +210,12 @@ test-lines-then-versions: $(TEST_SETUP)
 	@mkdir -p build && echo "the older Spark lines, the other PostgreSQL versions, the two-hop pipelines and HBase run" \
 	  "next to the main suite;" \
 	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
-	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop test-hbase \
+	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop test-hbase test-soak \
 	  > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
 	  rc=$$?; echo "===== the older Spark lines, the other PostgreSQL versions, two-hop and HBase: exit $$rc ====="; \
 	  cat $(LINES_THEN_VERSIONS_LOG); echo "===== end of $(LINES_THEN_VERSIONS_LOG) ====="; exit $$rc
 
-test-serial: test-main test-two-hop test-hbase test-postgres-versions test-spark-lines
+test-serial: test-main test-two-hop test-hbase test-soak test-postgres-versions test-spark-lines
 
 # The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own; 17
 # tests, 80 s alone) run last in make test's second job (make test-hbase runs them alone). The main suite runs the
@@ -225,7 +225,7 @@ test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra c
 	check-chromium lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
-	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(TWO_HOP_TESTS))
+	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS))
 
 # The table store's two-hop pipelines (3 tests, ~3.5 min) run in make test's second job, after the PostgreSQL
 # versions: that job ended ~7 min before the main suite (2026-11-26: 2,150 s against 2,587 s), the longer of the two.
@@ -235,6 +235,19 @@ test-two-hop: $(STAMP) check-java check-postgres
 
 test-hbase: $(STAMP) check-java check-hbase
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
+
+# The bank pipeline under random faults (bench/soak.py): a short seeded run (90 s of faults, ~4 min in all) last in
+# make test's second job; `make soak MINUTES=30` is the long run, with its report (SEED=, FAULT_EVERY= too).
+SOAK_TESTS := tests/soak
+test-soak: $(STAMP) check-java check-postgres
+	$(PY) -m pytest -p no:cacheprovider $(SOAK_TESTS)
+
+MINUTES ?= 30
+SEED ?= 7
+FAULT_EVERY ?= 30
+soak: $(STAMP) check-java check-postgres
+	mkdir -p build
+	$(PY) bench/soak.py --minutes $(MINUTES) --seed $(SEED) --fault-every $(FAULT_EVERY) --report build/soak-report.json
 
 .PRECIOUS: .venv-spark-%/.installed
 # The PostgreSQL connector's tests on other server versions (the main suite runs Debian's PostgreSQL 15): the tests

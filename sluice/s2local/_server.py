@@ -104,11 +104,12 @@ class LocalS2:
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, token: str | None = None,
-                 host: str = "127.0.0.1", startup_timeout: float = 30.0) -> None:
+                 host: str = "127.0.0.1", startup_timeout: float = 30.0, port: int = 0) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.token = token
         self.host = host
         self.startup_timeout = startup_timeout
+        self.requested_port = port  # 0: any free port
         self.port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -132,7 +133,7 @@ class LocalS2:
     def start(self) -> LocalS2:
         with tempfile.TemporaryDirectory() as tmp:
             ready = Path(tmp) / "port"
-            cmd = [sys.executable, "-m", "sluice.s2local", "--host", self.host, "--port", "0",
+            cmd = [sys.executable, "-m", "sluice.s2local", "--host", self.host, "--port", str(self.requested_port),
                    "--ready-file", str(ready)]
             cmd += ["--data-dir", str(self.data_dir)] if self.data_dir is not None else ["--in-memory"]
             env = dict(os.environ)
@@ -166,6 +167,12 @@ class LocalS2:
             self.process.kill()
             self.process.wait()
         self.process = None
+
+    def restart(self) -> LocalS2:
+        """Start again after `kill` or `stop`, on the same port and data (a durable server's clients reconnect)."""
+        if self.port is not None:
+            self.requested_port = self.port
+        return self.start()
 
     def __enter__(self) -> LocalS2:
         return self.start()

@@ -14,6 +14,11 @@
 - `LocalHBase`: a real, throwaway Apache HBase 2.6 server in standalone mode with its Thrift2 gateway (the jars from
   Maven Central, fetched by `make check-hbase`) on loopback; the gateway can be killed and restarted mid-write.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
+- `TcpProxy`: a loopback TCP proxy that stalls or cuts the connections through it (the network between Spark and a
+  store, for fault tests and the soak).
+
+`LocalPostgres.restart(crash=)`, `LocalS2.restart()` (after `kill()`) and the servers' fixed ports keep a store's
+address and data across a restart, as the soak's faults need.
 """
 
 from sluice.testing._cassandra import LocalCassandra
@@ -24,8 +29,9 @@ from sluice.testing._flaky import FlakyStore
 from sluice.testing._hbase import LocalHBase
 from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
+from sluice.testing._proxy import TcpProxy
 from sluice.testing._s3 import LocalS3
 
 __all__ = ["FileStoreDataSource", "FlakyStore", "LocalCassandra", "LocalClickHouse", "LocalElasticsearch",
-           "LocalHBase", "LocalOpenSearch", "LocalPostgres", "LocalS3",
+           "LocalHBase", "LocalOpenSearch", "LocalPostgres", "LocalS3", "TcpProxy",
            "read_file_store", "register"]

@@ -150,17 +150,32 @@ class LocalPostgres:
                        check=True, capture_output=True, **as_user)  # type: ignore[call-overload]
         pwfile.unlink()
         self.port = free_port()
-        args = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(self.port),
+        self._launch()
+        self._create_db()
+        return self
+
+    def _launch(self) -> None:
+        assert self._dir is not None
+        args = [str(find_bin_dir(self.version) / "postgres"), "-D", str(self._dir / "data"), "-p", str(self.port),
                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self._dir}"]
         for key, value in self.settings.items():
             args += ["-c", f"{key}={value}"]
         # The server's log goes to a file: a pipe nobody reads would fill up and block the server.
-        self._log = open(self._dir / "server.log", "wb")  # noqa: SIM115 (closed in stop())
+        self._log = open(self._dir / "server.log", "ab")  # noqa: SIM115 (closed in stop())
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
-                                      **as_user)  # type: ignore[call-overload]
+                                      **self._as_user())  # type: ignore[call-overload]
         self._wait_ready()
-        self._create_db()
-        return self
+
+    def restart(self, crash: bool = False) -> None:
+        """Stop the server and start it again on the same port and data: an immediate shutdown with `crash` (SIGQUIT:
+        no checkpoint, WAL recovery at start, as after a crash), else a fast one (SIGINT). Every connection is lost;
+        committed data stays."""
+        assert self._proc is not None, "the server is not running"
+        self._proc.send_signal(signal.SIGQUIT if crash else signal.SIGINT)
+        self._proc.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+        self._launch()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         assert self._proc is not None

@@ -23,8 +23,21 @@ class ChdbClickHouse(ClickHouseHTTP):
     def __enter__(self) -> ChdbClickHouse:
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-chdb-"))
         self.port = free_port()
+        self._launch()
+        return self
+
+    def restart(self) -> None:
+        """Stop the server process and start it again on the same port and data (clients see refused connections
+        meanwhile)."""
+        from sluice.testing._postgres import stop
+
+        stop(self._proc)
+        self._launch()
+
+    def _launch(self) -> None:
+        assert self._dir is not None
         log = self._dir / "server.log"
-        with log.open("wb") as out:
+        with log.open("ab") as out:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.clickhouse_chdb", "--port", str(self.port), "--data",
                  str(self._dir / "data")],
@@ -32,7 +45,6 @@ class ChdbClickHouse(ClickHouseHTTP):
                     None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(log, "the chdb stand-in")
-        return self
 
 
 def clickhouse_server() -> Any:

@@ -141,7 +141,7 @@ def test_a_database_that_stops_answering_fails_the_call_instead_of_hanging(pg):
 
     import psycopg
 
-    from sluice.testing._proxy import TcpProxy
+    from sluice.testing import TcpProxy
 
     port = urlsplit(pg.url).port
     with TcpProxy(port) as proxy:

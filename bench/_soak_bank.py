@@ -1,0 +1,94 @@
+"""The soak's bank (bench/soak.py): its record of the run, the writers' transfers and the latency marker."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+TOTAL_PER_ACCOUNT = 1_000
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # monotonic, when it struck
+    done: float = 0.0  # when its action ended (a restart finished, a stall lifted)
+    recovered: float | None = None  # when a change committed after `done` reached the PostgreSQL copy
+    note: str = ""
+
+
+@dataclass
+class Run:
+    accounts: int
+    total: int
+    started: float = field(default_factory=time.monotonic)
+    transfers: int = 0
+    faults: list[Fault] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    barriers_checked: int = 0
+    copy_reads: int = 0
+    marker_commits: dict[int, float] = field(default_factory=dict)  # marker v -> commit time
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (commit time, seconds to the copy)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def violate(self, what: str) -> None:
+        with self.lock:
+            if len(self.violations) < 50:
+                self.violations.append(f"{time.monotonic() - self.started:7.1f} s: {what}")
+        print(f"VIOLATION: {what}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ the bank
+def connect(url: str):
+    import psycopg
+
+    return psycopg.connect(url, autocommit=False, connect_timeout=5)
+
+
+def transfers(url: str, run: Run, accounts: int, rate: float, seed: int, stop: threading.Event) -> None:
+    """Transfers at `rate` a second until `stop`; reconnects after any error (the commit's outcome then unknown:
+    the invariant and the v numbering do not depend on knowing it)."""
+    rnd = random.Random(seed)
+    conn = None
+    pause = 1.0 / rate
+    while not stop.is_set():
+        try:
+            if conn is None:
+                conn = connect(url)
+            a, b = sorted(rnd.sample(range(accounts), 2))  # rows locked in id order: no deadlocks
+            amount = rnd.randint(1, 50)
+            conn.execute("UPDATE accounts SET balance = balance - %s, v = v + 1 WHERE id = %s", (amount, a))
+            conn.execute("UPDATE accounts SET balance = balance + %s, v = v + 1 WHERE id = %s", (amount, b))
+            conn.commit()
+            with run.lock:
+                run.transfers += 1
+            stop.wait(pause)
+        except Exception:
+            with contextlib.suppress(Exception):
+                conn.close()
+            conn = None
+            stop.wait(0.2)
+    if conn is not None:
+        conn.close()
+
+
+def marker(url: str, run: Run, marker_id: int, stop: threading.Event) -> None:
+    """A balance-neutral change of the marker account every 250 ms, its commit time kept by v."""
+    conn = None
+    while not stop.wait(0.25):
+        try:
+            if conn is None:
+                conn = connect(url)
+            v = conn.execute("UPDATE accounts SET v = v + 1 WHERE id = %s RETURNING v", (marker_id,)).fetchone()[0]
+            conn.commit()
+            with run.lock:
+                run.marker_commits[v] = time.monotonic()
+        except Exception:
+            with contextlib.suppress(Exception):
+                conn.close()
+            conn = None
+    if conn is not None:
+        conn.close()

@@ -1,0 +1,151 @@
+"""The soak's checks (bench/soak.py): the invariant at every barrier and in the PostgreSQL copy while the pipeline
+runs, the S2 stream's numbering, and the copies equal to the source at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+
+from _soak_bank import Run, connect
+
+
+def watch_copy(url: str, run: Run, marker_id: int, stop: threading.Event) -> None:
+    """Read the PostgreSQL copy every 250 ms: the invariant, and the marker's latency."""
+    seen = 0
+    conn = None
+    while not stop.wait(0.25):
+        try:
+            if conn is None:
+                conn = connect(url)
+            count, total, mark = conn.execute(
+                "SELECT count(*), coalesce(sum(balance), 0), max(v) FILTER (WHERE id = %s) FROM balances_copy",
+                (marker_id,)).fetchone()
+            conn.rollback()
+        except Exception:
+            with contextlib.suppress(Exception):
+                conn.close()
+            conn = None
+            continue
+        now = time.monotonic()
+        with run.lock:
+            run.copy_reads += 1
+        if count and (count != run.accounts or total != run.total):
+            run.violate(f"the PostgreSQL copy holds {count} accounts and {total} in all, not {run.accounts} "
+                        f"and {run.total}")
+        if mark is None or mark <= seen:
+            continue
+        with run.lock:
+            for v in range(seen + 1, mark + 1):
+                committed = run.marker_commits.get(v)
+                if committed is not None:
+                    run.latencies.append((committed, now - committed))
+                    for fault in run.faults:
+                        if fault.recovered is None and fault.done and committed > fault.done:
+                            fault.recovered = now
+        seen = mark
+
+
+def watch_barriers(meta_url: str, warehouse: str, run: Run, stop: threading.Event) -> None:
+    """Read `balances` at every barrier the table store completes: every account, the constant total."""
+    import pyarrow.compute as pc
+
+    from sluice.meta import MetaService
+    from sluice.tablestore import StoreTable
+
+    checked: set[int] = set()
+    table = StoreTable("balances", warehouse)
+    while not stop.wait(1.0):
+        try:
+            barriers = MetaService(meta_url).barriers("balances")
+        except Exception:
+            continue  # the MetaService's database is down (a fault): read again later
+        for barrier, version in barriers:
+            if barrier in checked:
+                continue
+            try:
+                data = table.delta(version).to_pyarrow_table(columns=["id", "balance"])
+            except Exception as e:
+                if "no version" in str(e):  # vacuumed meanwhile: nothing to check any more
+                    checked.add(barrier)
+                continue
+            checked.add(barrier)
+            with run.lock:
+                run.barriers_checked += 1
+            total = pc.sum(data.column("balance")).as_py() or 0
+            if data.num_rows != run.accounts or total != run.total:
+                run.violate(f"barrier {barrier} (version {version}) of balances holds {data.num_rows} accounts and "
+                            f"{total} in all, not {run.accounts} and {run.total}")
+
+
+def check_s2_stream(s2, accounts: int) -> list[str]:
+    """Every account's changes in the S2 stream exactly once and in order: v consecutive from its first record."""
+    import asyncio
+
+    import s2_sdk
+
+    problems: list[str] = []
+    last: dict[int, int] = {}
+    counted = {"changes": 0, "records": 0}
+
+    async def read_all() -> None:
+        async with s2_sdk.S2(s2.access_token, endpoints=s2.endpoints) as client:
+            stream = client.basin("sluice-soak").stream("bank")
+            tail, position = (await stream.check_tail()).seq_num, 0
+            counted["records"] = tail
+            while position < tail:
+                batch = await stream.read(start=s2_sdk.SeqNum(position), limit=s2_sdk.ReadLimit(count=1000))
+                if not batch.records:
+                    break
+                for record in batch.records:
+                    position = record.seq_num + 1
+                    headers = {bytes(k): bytes(v) for k, v in record.headers}
+                    if headers.get(b"@action") != b"u" or b"@key" not in headers:
+                        continue  # fence and trim commands of exactly-once writers
+                    counted["changes"] += 1
+                    key, v = json.loads(headers[b"@key"])["id"], json.loads(record.body)["v"]
+                    if key in last and v != last[key] + 1 and len(problems) < 20:
+                        kind = "duplicated" if v <= last[key] else "lost"
+                        problems.append(f"S2: account {key} went from v={last[key]} to v={v} at seq "
+                                        f"{record.seq_num} ({kind})")
+                    last[key] = max(v, last.get(key, v))
+
+    asyncio.run(read_all())
+    if len(last) != accounts:
+        problems.append(f"S2: {len(last)} accounts in the stream, not {accounts}")
+    print(f"S2 stream bank: {counted['changes']:,} change records of {counted['records']:,} (fences included)",
+          flush=True)
+    return problems
+
+
+def wait_equal(env: dict, accounts: int, timeout: float) -> tuple[bool, str]:
+    """Until the table store, the PostgreSQL copy and the ClickHouse copy equal `accounts` row for row."""
+    import psycopg
+
+    from sluice.tablestore import StoreTable
+
+    deadline = time.monotonic() + timeout
+    differ = ""
+    while time.monotonic() < deadline:
+        try:
+            with psycopg.connect(env["pipeline_url"], autocommit=True) as conn:
+                source = conn.execute("SELECT id, balance, v FROM accounts ORDER BY id").fetchall()
+                copy = conn.execute("SELECT id, balance, v FROM balances_copy ORDER BY id").fetchall()
+            stored = StoreTable("balances", env["warehouse"]).delta().to_pyarrow_table(columns=["id", "balance", "v"])
+            stored = sorted(zip(*(stored.column(c).to_pylist() for c in ("id", "balance", "v")), strict=True))
+            ch = [(int(a), int(b), int(c)) for a, b, c in env["ch"].rows(
+                "SELECT id, balance, v FROM balances_copy FINAL ORDER BY id")]
+        except Exception as e:
+            differ = f"not readable yet: {type(e).__name__}: {str(e)[:200]}"
+            time.sleep(1)
+            continue
+        source = [tuple(r) for r in source]
+        copies = {"the table store": stored, "the PostgreSQL copy": [tuple(r) for r in copy], "the ClickHouse copy": ch}
+        unequal = [name for name, rows in copies.items() if rows != source]
+        if not unequal:
+            return True, ""
+        differ = ", ".join(f"{name} ({sum(1 for a, b in zip(copies[name], source, strict=False) if a != b)} rows "
+                           f"differ, {len(copies[name])} rows)" for name in unequal)
+        time.sleep(1)
+    return False, f"after the writers stopped, {differ} not equal to accounts within {timeout:.0f} s"

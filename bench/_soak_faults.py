@@ -1,0 +1,192 @@
+"""The soak's faults (bench/soak.py): the Spark driver process it kills and restarts, each fault kind, and the
+sizes that must stay bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _soak_bank import Fault, Run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Driver:
+    """The Spark driver process (bench/_soak_driver.py), in a process group of its own so a kill takes its JVM."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config, self.log = config, log
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "_soak_driver.py"), str(self.config)],
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        out.close()
+        self.starts += 1
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tree(self) -> list[int]:
+        """The driver's process and every descendant (its JVM, the JVM's Python workers)."""
+        if self.proc is None:
+            return []
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and (ppid := parent(int(entry.name))) is not None:
+                children.setdefault(ppid, []).append(int(entry.name))
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += children.get(pid, [])
+        return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+class Faults:
+    def __init__(self, env: dict, run: Run, rnd: random.Random) -> None:
+        self.env, self.run, self.rnd = env, run, rnd
+
+    def strike(self, kind: str) -> None:
+        fault = Fault(kind, time.monotonic())
+        with self.run.lock:
+            self.run.faults.append(fault)
+        print(f"{fault.at - self.run.started:7.1f} s: fault {kind}", flush=True)
+        try:
+            fault.note = getattr(self, "_" + kind.replace("-", "_"))() or ""
+        except Exception as e:  # a fault that could not be struck is reported, never hidden
+            fault.note = f"could not strike: {type(e).__name__}: {e}"
+            print(f"fault {kind}: {fault.note}", flush=True)
+        fault.done = time.monotonic()
+        print(f"{fault.done - self.run.started:7.1f} s: fault {kind} done ({fault.done - fault.at:.1f} s"
+              f"{', ' + fault.note if fault.note else ''})", flush=True)
+
+    def _sql(self, statement: str, params: tuple = ()) -> list:
+        import psycopg
+
+        with psycopg.connect(self.env["admin_url"], autocommit=True, connect_timeout=5) as conn:
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _s2_kill(self) -> str:
+        self.env["s2"].kill()
+        time.sleep(self.rnd.uniform(1, 3))
+        self.env["s2"].restart()
+        return ""
+
+    def _pg_backends(self) -> str:
+        rows = self._sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                         "AND pid <> pg_backend_pid() AND application_name NOT LIKE 'soak-%%'")
+        return f"{len(rows)} backends"
+
+    def _pg_replication(self) -> str:
+        # The connection reading the slot: a walsender, or the backend holding the slot (active_pid).
+        rows = self._sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'walsender' "
+                         "OR pid IN (SELECT active_pid FROM pg_replication_slots WHERE active_pid IS NOT NULL)")
+        return f"{len(rows)} connections"
+
+    def _pg_restart(self) -> str:
+        self.env["pg"].restart(crash=True)
+        return ""
+
+    def _ch_restart(self) -> str:
+        self.env["ch"].restart()
+        return ""
+
+    def _worker_kill(self) -> str:
+        """The driver's Python workers: the children of its pyspark daemons (forked, so named as the daemon)."""
+        tree = self.env["driver"].tree()
+        daemons = {pid for pid in tree if "pyspark.daemon" in cmdline(pid) or "pyspark/daemon" in cmdline(pid)}
+        workers = [pid for pid in daemons if parent(pid) in daemons]
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return f"{len(workers)} workers"
+
+    def _driver_kill(self) -> str:
+        self.env["driver"].kill()
+        time.sleep(self.rnd.uniform(0.5, 2))
+        self.env["driver"].start()
+        return ""
+
+    def _net_stall(self) -> str:
+        seconds = self.rnd.uniform(2, 5)
+        self.env["proxy"].stall(seconds)
+        return f"{seconds:.1f} s"
+
+    def _net_cut(self) -> str:
+        return f"{self.env['proxy'].cut()} connections"
+
+    def _meta_down(self) -> str:
+        seconds = self.rnd.uniform(2, 5)
+        self._sql("ALTER DATABASE meta ALLOW_CONNECTIONS false")
+        try:
+            self._sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'meta'")
+            time.sleep(seconds)
+        finally:
+            self._sql("ALTER DATABASE meta ALLOW_CONNECTIONS true")
+        return f"{seconds:.1f} s"
+
+
+def growth(env: dict, work: Path) -> dict[str, float]:
+    """What must stay bounded, now."""
+    import psycopg
+
+    driver: Driver = env["driver"]
+    with psycopg.connect(env["admin_url"].rsplit("/", 1)[0] + "/meta", autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        meta_rows = sum(conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables)
+    return {"driver_rss_bytes": rss_bytes(driver.tree()),
+            "s2_server_rss_bytes": rss_bytes([env["s2"].process.pid] if env["s2"].process else []),
+            "checkpoint_bytes": folder_bytes(work / "checkpoints"), "s2_data_bytes": folder_bytes(work / "s2"),
+            "warehouse_bytes": folder_bytes(work / "warehouse"), "meta_rows": meta_rows}

@@ -1,0 +1,222 @@
+"""The whole pipeline under fire (issue 32): a bank in PostgreSQL, streamed through S2 and the table store into
+PostgreSQL and ClickHouse copies, while faults strike at random times; the bank's invariant is checked all along.
+
+    .venv/bin/python bench/soak.py --minutes 30 --seed 7          # make soak MINUTES=30
+    .venv/bin/python bench/soak.py --minutes 2 --fault-every 8    # the short run make test makes
+
+The bank: `accounts` (id, balance, v) in PostgreSQL; writer threads commit transfers, each moving money between two
+accounts and adding 1 to both accounts' `v`, so the sum of balances never changes and every account's changes
+are numbered 1, 2, 3, ... A marker account, outside the transfers, gets a new `v` every 250 ms: the time from its
+commit to its arrival in the PostgreSQL copy is the end-to-end latency. The pipeline is bench/_soak_driver.py (its
+docstring says each hop's mode), a Spark driver process this script starts, kills and restarts.
+
+Faults (seeded: the same seed strikes the same faults at the same times), at exponentially distributed intervals of
+mean --fault-every seconds, each in a thread of its own, so they sometimes overlap:
+s2-kill (SIGKILL of the local S2 server, restarted 1-3 s later on its data), pg-backends (every client backend of
+the pipeline terminated), pg-replication (the walsender terminated), pg-restart (immediate shutdown, as a crash,
+and start), ch-restart (the ClickHouse server), worker-kill (the driver's Python workers SIGKILLed mid-task),
+driver-kill (the Spark driver SIGKILLed and started again on its checkpoints), net-stall (2-5 s of silence
+between Spark and PostgreSQL, through a TCP proxy), net-cut (every connection through the proxy reset), meta-down
+(the MetaService's database refuses connections for 2-5 s, its sessions terminated).
+
+Checked all along and at the end (the verdict is the exit code: 0 holds, 1 violated):
+- at every barrier the table store completes, `balances` read at that barrier holds every account and the
+  constant total (no transaction torn or half-applied);
+- whenever the PostgreSQL copy is read, it holds every account and the constant total (it is written in one
+  transaction per micro-batch);
+- the S2 stream holds every account's changes exactly once and in order (v = 1, 2, ... with no gap and no repeat
+  from the snapshot on): no lost and no duplicated transfer;
+- at the end, after the writers stop, the table store, the PostgreSQL copy and the ClickHouse copy equal
+  `accounts` row for row, and the replication slot's lag returns to near zero.
+Reported: transfers committed, faults by kind, recovery time per fault (from the fault to the first change
+committed after it arriving in the PostgreSQL copy), latency p50/p99 outside fault windows, and the growth per hour
+of memory (driver, S2 server), checkpoints, S2's data, the warehouse and the MetaService's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.clickhouse_chdb: the ClickHouse server the tests use
+
+from _soak_bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers  # noqa: E402 (after the path is set)
+from _soak_checks import check_s2_stream, wait_equal, watch_barriers, watch_copy  # noqa: E402
+from _soak_faults import Driver, Faults, growth  # noqa: E402
+
+FAULTS = ("s2-kill", "pg-backends", "pg-replication", "pg-restart", "ch-restart", "worker-kill", "driver-kill",
+          "net-stall", "net-cut", "meta-down")
+
+
+def sample_growth(env: dict, work: Path) -> dict[str, float]:
+    """`growth`, retried while a fault has the MetaService's database down."""
+    for _ in range(30):
+        try:
+            return growth(env, work)
+        except Exception:
+            time.sleep(1)
+    return growth(env, work)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--accounts", type=int, default=100)
+    ap.add_argument("--rate", type=float, default=40.0, help="transfers a second, over two writers")
+    ap.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
+    ap.add_argument("--faults", default=",".join(FAULTS), help=f"kinds to strike, of {', '.join(FAULTS)}")
+    ap.add_argument("--catch-up-s", type=float, default=240.0, help="how long the copies may take at the end")
+    ap.add_argument("--report", type=Path, help="also write the report here, as JSON")
+    args = ap.parse_args()
+    kinds = [k for k in args.faults.split(",") if k]
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown:
+        ap.error(f"unknown fault kind(s) {unknown}; choose from {', '.join(FAULTS)}")
+
+    import psycopg
+
+    from sluice.s2local import LocalS2
+    from sluice.testing import LocalPostgres, TcpProxy
+    from tests.clickhouse_chdb import ChdbClickHouse
+
+    rnd = random.Random(args.seed)
+    accounts = args.accounts + 1  # and the marker
+    marker_id = args.accounts
+    run = Run(accounts=accounts, total=args.accounts * TOTAL_PER_ACCOUNT)
+    work = Path(tempfile.mkdtemp(prefix="sluice-soak-"))
+    print(f"soak: seed {args.seed}, {args.minutes} min, {args.accounts} accounts, {args.rate}/s transfers, a fault "
+          f"every {args.fault_every} s on average ({', '.join(kinds)}); work in {work}", flush=True)
+    settings = {"wal_level": "logical", "max_wal_senders": "20", "max_replication_slots": "20",
+                "fsync": "on", "synchronous_commit": "on"}
+    stop_load, stop_watch = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+    with LocalPostgres(settings=settings) as pg, LocalS2(data_dir=work / "s2") as s2, ChdbClickHouse() as ch, \
+            TcpProxy(pg.port) as proxy:
+        direct = pg.url
+        via_proxy = direct.replace(f":{pg.port}/", f":{proxy.port}/")
+        with psycopg.connect(direct, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE meta")
+            conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, v bigint NOT NULL)")
+            conn.execute("INSERT INTO accounts SELECT g, %s, 0 FROM generate_series(0, %s) g",
+                         (TOTAL_PER_ACCOUNT, args.accounts - 1))
+            conn.execute("INSERT INTO accounts VALUES (%s, 0, 0)", (marker_id,))
+            conn.execute("CREATE TABLE balances_copy (id int PRIMARY KEY, balance bigint, v bigint)")
+        ch.sql("CREATE TABLE balances_copy (id Int32, balance Int64, v Int64) ENGINE = ReplacingMergeTree(v) "
+               "ORDER BY id")
+        meta_url = via_proxy.rsplit("/", 1)[0] + "/meta"
+        config = {"pg_url": via_proxy, "meta": meta_url, "warehouse": str(work / "warehouse"),
+                  "checkpoints": str(work / "checkpoints"), "ch_url": ch.url, "ch_password": ch.password,
+                  "s2": {"s2.basin": "sluice-soak", "s2.endpoints.account": s2.url,
+                         "s2.endpoints.basin": s2.url, "s2.auth-token": s2.access_token}}
+        (work / "config.json").write_text(json.dumps(config))
+        driver = Driver(work / "config.json", work / "driver.log")
+        env = {"pg": pg, "s2": s2, "ch": ch, "proxy": proxy, "driver": driver, "warehouse": str(work / "warehouse"),
+               "admin_url": direct + "?application_name=soak-admin", "pipeline_url": direct}
+        writer_url = direct + "?application_name=soak-writer"
+        threads += [threading.Thread(target=transfers, args=(writer_url, run, args.accounts, args.rate / 2, seed,
+                                                             stop_load), daemon=True) for seed in (1, 2)]
+        threads.append(threading.Thread(target=marker, args=(writer_url, run, marker_id, stop_load), daemon=True))
+        watchers = [threading.Thread(target=watch_copy, args=(writer_url, run, marker_id, stop_watch), daemon=True),
+                    threading.Thread(target=watch_barriers, args=(meta_url, str(work / "warehouse"), run, stop_watch),
+                                     daemon=True)]
+        try:
+            driver.start()
+            for t in threads + watchers:
+                t.start()
+            # Faults start once the pipeline carries changes end to end (the snapshot is through).
+            warm_deadline = time.monotonic() + 300
+            while not run.latencies and time.monotonic() < warm_deadline:
+                time.sleep(0.5)
+            if not run.latencies:
+                run.violate("the pipeline carried nothing end to end within 300 s of its start")
+            warm = time.monotonic()
+            # Growth is measured from a quarter into the run (the JVM's heap and Python's workers have grown to their
+            # working size by then) to the end.
+            first: dict[str, float] | None = None
+            first_at = sample_at = warm + args.minutes * 60 / 4
+            print(f"{warm - run.started:7.1f} s: the pipeline is through; faults begin", flush=True)
+            strikes: list[threading.Thread] = []
+            faults = Faults(env, run, rnd)
+            end = warm + args.minutes * 60
+            next_at = warm + rnd.expovariate(1 / args.fault_every)
+            while time.monotonic() < end and run.latencies:
+                now = time.monotonic()
+                if first is None and now >= sample_at:
+                    first, first_at = sample_growth(env, work), now
+                if kinds and now >= next_at:
+                    strike = threading.Thread(target=faults.strike, args=(rnd.choice(kinds),), daemon=True)
+                    strike.start()
+                    strikes.append(strike)
+                    next_at = now + rnd.expovariate(1 / args.fault_every)
+                time.sleep(min(0.2, max(0.0, next_at - now)))
+            for strike in strikes:
+                strike.join()
+            stop_load.set()
+            for t in threads:
+                t.join()
+            print(f"{time.monotonic() - run.started:7.1f} s: writers stopped after {run.transfers:,} transfers; "
+                  "waiting for the copies", flush=True)
+            equal, why = wait_equal(env, accounts, args.catch_up_s)
+            if not equal:
+                run.violate(why)
+            stop_watch.set()
+            for t in watchers:
+                t.join()
+            last, last_at = sample_growth(env, work), time.monotonic()
+            with psycopg.connect(direct, autocommit=True) as conn:
+                slot_lag = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) "
+                                        "FROM pg_replication_slots WHERE slot_name = 'soak_to_s2'").fetchone()
+        finally:  # never leave the driver running against servers that are going away
+            stop_load.set()
+            stop_watch.set()
+            driver.stop()
+        for problem in check_s2_stream(s2, accounts):
+            run.violate(problem)
+    hours = max((last_at - first_at) / 3600, 1e-9)
+    first = first or last
+    quiet = [lat for committed, lat in run.latencies if committed > warm and not any(
+        f.at - 1 <= committed <= (f.recovered or time.monotonic()) for f in run.faults)]
+    by_kind: dict[str, list[Fault]] = {}
+    for fault in run.faults:
+        by_kind.setdefault(fault.kind, []).append(fault)
+    slot_lag_bytes = int(slot_lag[0]) if slot_lag and slot_lag[0] is not None else None
+    if slot_lag_bytes is None or slot_lag_bytes > 16 * 1024 * 1024:
+        run.violate(f"the replication slot's lag at the end is {slot_lag_bytes} bytes (over 16 MiB, or no slot)")
+    report = {
+        "seed": args.seed, "minutes": args.minutes, "accounts": args.accounts, "transfers": run.transfers,
+        "faults": len(run.faults),
+        "faults_by_kind": {k: {"count": len(v), "recovery_s": [round(f.recovered - f.at, 1) if f.recovered else None
+                                                                for f in v]} for k, v in sorted(by_kind.items())},
+        "not_recovered": [f"{f.kind} at {f.at - run.started:.0f} s" for f in run.faults if f.recovered is None],
+        "driver_starts": driver.starts, "barriers_checked": run.barriers_checked, "copy_reads": run.copy_reads,
+        "latency_outside_faults_s": {"samples": len(quiet),
+                                     "p50": round(statistics.median(quiet), 3) if quiet else None,
+                                     "p99": round(sorted(quiet)[int(0.99 * (len(quiet) - 1))], 3) if quiet else None},
+        "growth_per_hour": {k: round((last[k] - first[k]) / hours) for k in first},
+        "at_end": last, "slot_lag_bytes": slot_lag_bytes,
+        "invariant": "holds" if not run.violations else "VIOLATED", "violations": run.violations,
+    }
+    text = json.dumps(report, indent=2)
+    print(text, flush=True)
+    if args.report:
+        args.report.write_text(text)
+    if run.violations:
+        print(f"the driver's log: {work / 'driver.log'}", flush=True)
+    else:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if run.violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
