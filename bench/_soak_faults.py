@@ -9,12 +9,15 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from _soak_bank import Fault, Run
 
 ROOT = Path(__file__).resolve().parents[1]
+FAULT_KINDS = ("s2-kill", "pg-backends", "pg-replication", "pg-restart", "ch-restart", "worker-kill", "driver-kill",
+               "net-stall", "net-cut", "meta-down")
 
 
 class Driver:
@@ -96,8 +99,14 @@ def folder_bytes(path: Path) -> int:
 class Faults:
     def __init__(self, env: dict, run: Run, rnd: random.Random) -> None:
         self.env, self.run, self.rnd = env, run, rnd
+        # Faults of different kinds overlap; two of one kind (two restarts of one server) strike one after the other.
+        self._kinds = {kind: threading.Lock() for kind in FAULT_KINDS}
 
     def strike(self, kind: str) -> None:
+        with self._kinds[kind]:
+            self._strike(kind)
+
+    def _strike(self, kind: str) -> None:
         fault = Fault(kind, time.monotonic())
         with self.run.lock:
             self.run.faults.append(fault)

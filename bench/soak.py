@@ -50,10 +50,9 @@ sys.path.insert(0, str(ROOT))  # tests.clickhouse_chdb: the ClickHouse server th
 
 from _soak_bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers  # noqa: E402 (after the path is set)
 from _soak_checks import check_s2_stream, wait_equal, watch_barriers, watch_copy  # noqa: E402
-from _soak_faults import Driver, Faults, growth  # noqa: E402
+from _soak_faults import FAULT_KINDS, Driver, Faults, growth  # noqa: E402
 
-FAULTS = ("s2-kill", "pg-backends", "pg-replication", "pg-restart", "ch-restart", "worker-kill", "driver-kill",
-          "net-stall", "net-cut", "meta-down")
+FAULTS = FAULT_KINDS
 
 
 def sample_growth(env: dict, work: Path) -> dict[str, float]:

@@ -194,7 +194,7 @@ class LocalPostgres:
             except OSError:
                 pass
             except Exception as e:  # server still starting ("the database system is starting up")
-                if "starting up" not in str(e) and "Connection refused" not in str(e):
+                if not any(m in str(e) for m in ("starting up", "not yet accepting connections", "Connection refused")):
                     raise
             time.sleep(0.1)
         raise RuntimeError(f"postgres did not accept connections on port {self.port} within {timeout:.0f} s")

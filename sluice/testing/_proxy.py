@@ -51,9 +51,13 @@ class TcpProxy:
             pairs, self._pairs = self._pairs, set()
         for pair in pairs:
             for sock in pair:
+                # A reset to each peer (linger 0), and shutdown first: a close alone neither wakes the pump blocked
+                # in recv on the socket nor, while that recv holds it, reaches the peer, which would then wait
+                # forever on a connection nobody forwards.
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    sock.close()
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         return len(pairs)
 
     def _accept(self) -> None:

@@ -159,3 +159,16 @@ def test_a_database_that_stops_answering_fails_the_call_instead_of_hanging(pg):
         with pytest.raises(psycopg.OperationalError, match="timeout"):
             MetaService(url).tables()
         assert not lifted.is_set(), "the call waited for the network to answer again"
+
+
+def test_a_session_whose_client_vanished_mid_transaction_is_ended_by_the_server(pg):
+    """A job's machine gone mid-transaction must not hold the MetaService's locks until the server's keepalives
+    notice (hours by default): its sessions ask the server to end them after 60 s idle in a transaction, unless
+    the URL sets that itself."""
+    from sluice.meta._service import _Backend
+
+    with _Backend(pg.url + "?options=-csearch_path%3Dmeta_x").connect() as conn:
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1min",)
+        assert conn.execute("SHOW search_path").fetchone() == ("meta_x",)  # the URL's own options kept
+    with _Backend(pg.url + "?options=-cidle_in_transaction_session_timeout%3D5s").connect() as conn:
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("5s",)
