@@ -37,6 +37,16 @@ def _authorize_commands(req: Request, stream: Stream, inp: Any) -> None:
 
 
 
+def parse_append_input(body: bytes, what: str) -> Any:
+    """An AppendInput protobuf, or S2's bad_proto naming `what` was not one."""
+    inp = pb.AppendInput()
+    try:
+        inp.ParseFromString(body)
+    except Exception:
+        raise S2Error("bad_proto", f"{what} is not a valid AppendInput protobuf") from None
+    return inp
+
+
 class RecordsPlane:
     """/v1/streams/{stream}/records: POST appends, GET reads."""
 
@@ -120,11 +130,7 @@ class RecordsPlane:
                 raise S2Error("bad_json", f"append body is not valid JSON: {error}") from None
             inp = self._decode_json_input(data, self._format(req))
         else:
-            inp = pb.AppendInput()
-            try:
-                inp.ParseFromString(body)
-            except Exception:
-                raise S2Error("bad_proto", "append body is not a valid AppendInput protobuf") from None
+            inp = parse_append_input(body, "append body")
         _authorize_commands(req, stream, inp)
         if cipher is not None:
             inp = cipher.encrypt_input(inp)
@@ -207,11 +213,7 @@ class RecordsPlane:
                         await acks.put(None)
                         return
                     for body in frames.feed(message.get("body", b"")):
-                        inp = pb.AppendInput()
-                        try:
-                            inp.ParseFromString(body)
-                        except Exception:
-                            raise S2Error("bad_proto", "frame is not a valid AppendInput protobuf") from None
+                        inp = parse_append_input(body, "frame")
                         _authorize_commands(req, stream, inp)
                         if cipher is not None:
                             inp, body = cipher.encrypt_input(inp), None
