@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -80,6 +81,9 @@ def main() -> int:
     unknown = sorted(set(kinds) - set(FAULTS))
     if unknown:
         ap.error(f"unknown fault kind(s) {unknown}; choose from {', '.join(FAULTS)}")
+
+    # A SIGTERM (timeout, Ctrl-C's cousin) ends the run through its finally blocks: every server and the driver stop.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
     import psycopg
 
