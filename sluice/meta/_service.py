@@ -10,6 +10,11 @@ table's Delta version for that barrier is recorded with it. The consistent versi
 largest barrier every one of them has completed, with each table's version for it; tables the set depends on
 (upstream through jobs) must have completed it too.
 
+One module past ~400 lines, for now: the backend (SQLite or PostgreSQL, its connection settings), the schema, jobs
+and barriers share one connection-and-transaction helper and the registration lock; splitting them into backend,
+schema, jobs and barriers modules is the next step of issue 33's restructuring, with the pruning of old barrier
+rows (the soak's one unbounded growth) in the barriers module.
+
 One module past 400 lines: its storage backend, schema, jobs and barriers share one connection and transaction
 discipline; splitting them (backend, schema, jobs, barriers) is a step of its own (the restructuring issue, 33).
 """
