@@ -5,12 +5,9 @@ later, as the supervisor of a production job would; every start and failure is a
 Hops, each in the mode a careful user picks:
 1. `postgres_changes` -> S2 stream `bank` with `s2_upsert`, exactly-once (sink.mode=global-ordered,
    sink.transactional=true: fencing tokens and match_seq_num), one record per change (upsert.reduce=false), one
-   writer (coalesce(1): an exactly-once stream has one writer per micro-batch). S2 has no transactions: an append
-   is atomic, up to 1,000 records and 1 MiB, and a reader may see the first append of a micro-batch without the
-   next. So each micro-batch is one append: at most 900 changes (max-changes-per-trigger ends a micro-batch after
-   the last whole transaction that fits) and no timed flush (sink.flush-buffer.timeout), and a transaction reaches
-   S2 whole. Without the cap the soak found a transfer torn at a barrier (a micro-batch of 2,315 changes after a
-   driver restart went out in three appends).
+   writer (coalesce(1): an exactly-once stream has one writer per micro-batch). S2 has no transactions (an append
+   is atomic up to 1,000 records): a micro-batch of more changes goes out in several appends, and the next hop's
+   reader, read-committed by default, stops at the last micro-batch committed, so a transaction reaches it whole.
 2. S2 `bank` -> the table store's `balances` (upsert by id, one barrier per micro-batch).
 3. `balances`' change feed -> PostgreSQL `balances_copy` and ClickHouse `balances_copy` in foreachBatch: each
    micro-batch reduced to the newest image per account (max_by over the Delta commit version), written as upserts
@@ -43,12 +40,12 @@ def main() -> int:
 
     def pg_to_s2():
         changes = spark.readStream.format("postgres_changes").option("url", config["pg_url"]) \
-            .option("table", "accounts").option("slot", "soak_to_s2").option("max-changes-per-trigger", 900) \
+            .option("table", "accounts").option("slot", "soak_to_s2") \
             .load().select("id", "balance", "v", "_op")
         return changes.coalesce(1).writeStream.format("s2_upsert").options(**s2).options(**{
             "s2.stream": "bank", "s2.create-basin": "true", "s2.create-streams": "true", "primary-key": "id",
             "upsert.op-column": "_op", "upsert.reduce": "false", "sink.mode": "global-ordered",
-            "sink.transactional": "true", "sink.flush-buffer.timeout": 3_600_000}) \
+            "sink.transactional": "true"}) \
             .option("checkpointLocation", str(checkpoints / "pg-to-s2")).start()
 
     def s2_to_store():

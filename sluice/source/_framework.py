@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,8 +70,9 @@ class SplitEnumerator(ABC):
         """start_position of many splits; override to ask the store once instead of once per split."""
         return {split.split_id: self.start_position(split) for split in splits}
 
-    def end_positions(self, splits: Sequence[Split]) -> dict[str, int]:
-        """end_position of many splits; override to ask the store once instead of once per split."""
+    def end_positions(self, splits: Sequence[Split], starts: Mapping[str, int] | None = None) -> dict[str, int]:
+        """end_position of many splits; override to ask the store once instead of once per split. `starts`:
+        where a streaming read stands in each split (a store whose readable end depends on it may use it)."""
         return {split.split_id: self.end_position(split) for split in splits}
 
     def bounds(self, splits: Sequence[Split]) -> dict[str, tuple[int, int]]:
@@ -176,11 +177,13 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
     def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         positions = dict(start.get("splits", {}))
         splits = self._known() if self._target is None else {k: self._splits[k] for k in self._target}
-        ends = {}
-        latest = self.enumerator.end_positions(list(splits.values()))
-        self._heads.update(latest)
         for sid, split in splits.items():
-            begin = positions.setdefault(sid, self.enumerator.new_split_position(split))
+            positions.setdefault(sid, self.enumerator.new_split_position(split))
+        ends = {}
+        latest = self.enumerator.end_positions(list(splits.values()), positions)
+        self._heads.update(latest)
+        for sid in splits:
+            begin = positions[sid]
             end = latest[sid]
             if self._target is not None:
                 end = min(end, self._target[sid])

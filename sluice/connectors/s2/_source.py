@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import accumulate
 from typing import Any
@@ -31,6 +31,7 @@ from sluice.connector import (
     SplitEnumerator,
     SplitReader,
 )
+from sluice.connectors.s2._commits import committed_end
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
 
@@ -50,6 +51,9 @@ SOURCE_OPTIONS = (
            "earliest (first available record), latest (the tail), a seq num, or a timestamp (ISO 8601 or "
            "timestamp:<epoch ms>)."),
     Option("s2.end", "str", "latest", "Batch reads: where to stop (exclusive): latest, a seq num or a timestamp."),
+    Option("s2.read-committed", "bool", True,
+           "Read an exactly-once writer's streams up to the last micro-batch it committed, never part of one "
+           "(false: up to the tail, a micro-batch still being appended included)."),
     Option("failOnDataLoss", "bool", True,
            "Fail when records to read were trimmed or the stream deleted (false: warn and skip ahead)."),
     Option("max-records-per-trigger", "int", None, "Streaming: most records per micro-batch.", minimum=1),
@@ -131,6 +135,7 @@ class S2Enumerator(SplitEnumerator):
             # Refused as given, before positions are clamped to a stream's tail (which could hide it).
             raise OptionError(f"s2.start={opts['s2.start']} is after s2.end={opts['s2.end']}: the read would return "
                               "nothing. Swap them, or check which one you meant.")
+        self.read_committed = opts["s2.read-committed"]
         self._listed: list[Split] = []
         self._listed_at = float("-inf")
 
@@ -153,23 +158,28 @@ class S2Enumerator(SplitEnumerator):
             self._listed_at = time.monotonic()
         return self._listed
 
-    def _resolve(self, splits: Sequence[Split], *wheres: tuple[str, int | None]) -> dict[str, list[int]]:
+    def _resolve(self, splits: Sequence[Split], *wheres: tuple[str, int | None],
+                 floors: Mapping[str, int] | None = None) -> dict[str, list[int]]:
         """Seq num of each of `wheres` in every split: one client (each costs an SSL context), one tail check per
-        stream, streams asked concurrently."""
+        stream, streams asked concurrently. With s2.read-committed, "latest" is the committed end (_commits.py)
+        above each split's floor: `floors`, or the first of `wheres`."""
         import s2_sdk
 
         async def resolve(basin: Any, split: Split) -> list[int]:
             try:
-                return await positions(self.conn.stream(basin, split.split_id))
+                floor = None if floors is None else floors.get(split.split_id)
+                return await positions(self.conn.stream(basin, split.split_id), floor)
             except s2_sdk.S2Error as error:
                 raise explain_sdk_error(error, self.conn.basin, split.split_id, "check-tail or read", self.conn) \
                     or error from None
 
-        async def positions(stream: Any) -> list[int]:
+        async def positions(stream: Any, floor: int | None) -> list[int]:
             tail = (await stream.check_tail()).seq_num
-            out = []
+            out: list[int] = []
             for kind, value in wheres:
-                if kind == "latest":
+                if kind == "latest" and self.read_committed and (floor is not None or out):
+                    out.append(await committed_end(stream, tail, out[0] if floor is None else floor))
+                elif kind == "latest":
                     out.append(tail)
                 elif kind == "seq":
                     out.append(min(value, tail))
@@ -206,8 +216,8 @@ class S2Enumerator(SplitEnumerator):
     def start_positions(self, splits: Sequence[Split]) -> dict[str, int]:
         return {sid: found[0] for sid, found in self._resolve(splits, self.start).items()}
 
-    def end_positions(self, splits: Sequence[Split]) -> dict[str, int]:
-        return {sid: found[0] for sid, found in self._resolve(splits, self.end).items()}
+    def end_positions(self, splits: Sequence[Split], starts: Mapping[str, int] | None = None) -> dict[str, int]:
+        return {sid: found[0] for sid, found in self._resolve(splits, self.end, floors=starts).items()}
 
     def bounds(self, splits: Sequence[Split]) -> dict[str, tuple[int, int]]:
         found = self._resolve(splits, self.start, self.end)

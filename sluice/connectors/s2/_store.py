@@ -9,20 +9,21 @@ Exactly-once (sink.transactional=true): every record carries @writer (write id /
 fences the stream with its own token (older attempts' appends then fail), reads back from the tail to
 the last data record, and, when that record is its own writer's, drops everything up to its @wseq: a
 retried task or a replayed micro-batch continues where the previous attempt stopped. Appends carry the
-fencing token and match_seq_num, so another writer in between is detected, never interleaved.
+fencing token and match_seq_num, so another writer in between is detected, never interleaved. The driver ends
+each micro-batch with a commit fence on every stream written (_commits.py: what readers stop at).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import threading
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
 from sluice.connector import Batch, ErrorKind, RetryableError, SinkError, Store, ThrottledError, WriteContext
+from sluice.connectors.s2._commits import opening_token
 from sluice.connectors.s2._options import MIB, Connection, explain_sdk_error
 
 RETRYABLE_STATUS = {408, 500, 502, 503, 504}
@@ -96,7 +97,7 @@ class _StreamWriter:
         import s2_sdk
 
         ctx = self.store.context
-        token = f"{self.store.writer_digest}#{ctx.attempt}.{ctx.task_attempt_id}"[:36]
+        token = opening_token(self.store.writer_id, ctx.attempt, ctx.task_attempt_id)
         ack = await stream.append(s2_sdk.AppendInput(records=[s2_sdk.CommandRecord.fence(token)]))
         self.token = token
         self.next_seq = ack.end.seq_num
@@ -216,7 +217,6 @@ class S2Store(Store):
         self.exactly_once = exactly_once
         self.context = WriteContext()
         self.writer_id = b""
-        self.writer_digest = ""
         self.streams_written: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sluice-s2-io", daemon=True)
@@ -233,7 +233,6 @@ class S2Store(Store):
         self.context = context
         epoch = context.epoch if context.epoch is not None else 0
         self.writer_id = f"{context.write_id}/{epoch}/{context.partition_id}".encode()
-        self.writer_digest = hashlib.sha256(self.writer_id).hexdigest()[:24]
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
 
