@@ -37,6 +37,10 @@ from sluice._errors import ConflictError, SluiceError
 
 DEFAULT_PATH = Path(".sluice") / "meta.db"
 RUNNING, FINISHED, FAILED, RELEASED = "running", "finished", "failed", "released"
+# Micro-batches of a query whose barrier bookkeeping is kept for replays (older rows are deleted as new ones come):
+# Spark keeps the metadata of spark.sql.streaming.minBatchesToRetain (default 100) batches and can replay no
+# batch older than that; twice that leaves room for a raised setting.
+REPLAYABLE_BATCHES = 200
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS sluice_jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, status TEXT NOT NULL, "
@@ -449,7 +453,19 @@ class MetaService:
                 return start_barrier
             cur.execute("INSERT INTO sluice_aligned_barriers (tables, start_barrier, barrier) VALUES (?, ?, ?)",
                         (group, start_barrier, int(found[0])))
+            cur.execute("DELETE FROM sluice_aligned_barriers WHERE tables = ? AND start_barrier < (SELECT "
+                        "min(start_barrier) FROM (SELECT start_barrier FROM sluice_aligned_barriers WHERE tables = ? "
+                        f"ORDER BY start_barrier DESC LIMIT {REPLAYABLE_BATCHES}) AS kept)", (group, group))
             return int(found[0])
+
+    def prune_barriers(self, table: str, below_version: int) -> int:
+        """Forget `table`'s barriers completed in a version older than `below_version` (the oldest version a
+        consistent read may still open, see tablestore.vacuum), never its newest. Returns the rows deleted."""
+        with self._tx(write=True) as cur:
+            cur.execute("DELETE FROM sluice_barriers WHERE table_name = ? AND version < ? AND barrier < "
+                        "(SELECT max(barrier) FROM sluice_barriers WHERE table_name = ?)",
+                        (table, below_version, table))
+            return max(0, cur.rowcount)
 
     def barriers(self, table: str) -> list[tuple[int, int]]:
         """(barrier, version) pairs of a table, oldest first."""
@@ -561,6 +577,8 @@ def _batch_barrier(cur: _Cursor, query_id: str, batch_id: int) -> int | None:
 def _insert_batch_barrier(cur: _Cursor, query_id: str, batch_id: int, barrier: int) -> None:
     cur.execute("INSERT INTO sluice_batch_barriers (query_id, batch_id, barrier) VALUES (?, ?, ?)",
                 (query_id, batch_id, barrier))
+    cur.execute("DELETE FROM sluice_batch_barriers WHERE query_id = ? AND batch_id <= ?",
+                (query_id, batch_id - REPLAYABLE_BATCHES))
 
 
 class _Cursor:
@@ -579,3 +597,7 @@ class _Cursor:
 
     def fetchall(self) -> list[Any]:
         return self._cur.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount

@@ -17,7 +17,7 @@ import json
 import re
 import sqlite3
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +36,9 @@ MAX_BATCH_RECORDS = 1000
 MAX_FENCING_TOKEN_BYTES = 36
 _BASIN_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{6,46})[a-z0-9]$")
 TIMESTAMPING_MODES = ("client-prefer", "client-require", "arrival")
+
+
+EXPIRE_EVERY_S = 1.0  # how often records past a stream's retention age are looked for
 
 
 def now_ms() -> int:
@@ -201,6 +204,8 @@ class Stream:
     changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     # Since the server started (metrics): append/read ops, records and metered bytes.
     usage: Counter[str] = field(default_factory=Counter, repr=False)
+    # (arrival in ms, seq num after the records that arrived then), oldest first: what the retention age trims.
+    arrivals: deque[tuple[int, int]] = field(default_factory=deque, repr=False)
 
     def info(self) -> dict[str, Any]:
         """StreamInfo; `cipher` is "Encryption algorithm for this stream, if encryption is enabled" (null if not)."""
@@ -209,6 +214,13 @@ class Stream:
     @property
     def tail(self) -> tuple[int, int]:
         return self.next_seq, self.last_ts
+
+    def arrived(self, at_ms: int, end_seq: int) -> None:
+        """Records up to `end_seq` arrived by `at_ms` (for the retention age; one entry per second at most)."""
+        if self.arrivals and at_ms - self.arrivals[-1][0] < 1000:
+            self.arrivals[-1] = (self.arrivals[-1][0], end_seq)
+        else:
+            self.arrivals.append((at_ms, end_seq))
 
     def publish(self) -> None:
         """Wake every reader following this stream (a fresh Event per generation)."""
@@ -240,6 +252,7 @@ class _Pending:
     session: Session | None
     future: asyncio.Future[bytes]
     raw: bytes | None  # the encoded AppendInput, when the client sent protobuf
+    expire_below: int | None = None  # not an append: records below this seq num passed the retention age
 
 
 class Core:
@@ -257,14 +270,18 @@ class Core:
                                                  next_seq, last_ts, fence, trim, cipher)
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._expiry: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
         self._task = asyncio.create_task(self._append_loop())
+        self._expiry = asyncio.create_task(self._expire_loop())
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
+        if self._expiry:
+            self._expiry.cancel()
         if self._writer:
             self._writer.shutdown(wait=True)
         self.storage.close()
@@ -474,6 +491,23 @@ class Core:
                 group.append(self._queue.get_nowait())
             await self._apply(group)
 
+    async def _expire_loop(self) -> None:
+        """S2's retention_policy.age ("automatic trimming of records older than this threshold"), by the age since
+        arrival (a record's timestamp may be a client's, from any time); trimmed through the append queue, so the
+        stream's state has one writer. Records that arrived before a restart go with the first later ones."""
+        while True:
+            await asyncio.sleep(EXPIRE_EVERY_S)
+            for stream in list(self.streams.values()):
+                age = effective_stream_config(stream.config)["retention_policy"].get("age")
+                if age is None:
+                    continue
+                cutoff, below = now_ms() - age * 1000, stream.trim_point
+                while stream.arrivals and stream.arrivals[0][0] + 1000 < cutoff:  # each entry spans up to 1 s
+                    below = max(below, stream.arrivals.popleft()[1])
+                if below > stream.trim_point:
+                    future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+                    self._queue.put_nowait(_Pending(stream, None, None, future, None, expire_below=below))
+
     async def _apply(self, group: list[_Pending]) -> None:
         work: dict[int, _Work] = {}
         rows: list[tuple[int, int, int, int, bytes]] = []
@@ -488,6 +522,11 @@ class Core:
                 continue
             state = work.get(stream.id) or _Work(stream.next_seq, stream.last_ts, stream.fencing_token,
                                                    stream.trim_point)
+            if item.expire_below is not None:
+                state.trim_point = max(state.trim_point, min(item.expire_below, state.next_seq))
+                work[stream.id] = state
+                results.append((item, b""))
+                continue
             try:
                 new_rows, ack, new_state = self._prepare(stream, state, item.input, item.raw)
             except S2Error as error:
@@ -515,10 +554,13 @@ class Core:
                 by_id[sid].usage["append-records"] += 1
                 by_id[sid].usage["append-bytes"] += metered
             for item, result in results:
-                if not isinstance(result, S2Error):
+                if not isinstance(result, S2Error) and item.expire_below is None:
                     item.stream.usage["append-ops"] += 1
+            arrived = now_ms()
             for sid, w in work.items():
                 stream = by_id[sid]
+                if w.next_seq > stream.next_seq:
+                    stream.arrived(arrived, w.next_seq)
                 stream.next_seq, stream.last_ts, stream.fencing_token, stream.trim_point = (
                     w.next_seq, w.last_ts, w.fencing_token, w.trim_point)
                 stream.publish()

@@ -253,6 +253,8 @@ class StoreTable:
         deleted = list(dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=dry_run,
                                  post_commithook_properties=_hooks()))
         self.checkpoint_if_crossed(dt, latest, checkpoint_interval)  # the vacuum's own versions, when it deleted
+        if not dry_run:  # barriers of versions no consistent read can open any more: their rows go with the files
+            meta.prune_barriers(self.name, keep_from)
         return deleted + trim_log(self, keep_from, dry_run=dry_run)
 
     def _commit_once(self, dt: Any, files: list[StagedFile], job: str, barrier: int, op_column: str | None) -> int:

@@ -74,6 +74,43 @@ def test_barriers_are_committed_once_and_only_grow(meta_url):
     assert meta.barriers("orders") == [(1000, 3), (2000, 5)]
 
 
+def test_pruning_forgets_barriers_of_versions_no_read_can_open_but_never_the_newest(meta_url):
+    meta = MetaService(meta_url)
+    for barrier, version in ((1000, 1), (2000, 2), (3000, 3)):
+        meta.complete_barrier("orders", barrier, version)
+    assert meta.prune_barriers("orders", below_version=3) == 2
+    assert meta.barriers("orders") == [(3000, 3)]
+    assert meta.prune_barriers("orders", below_version=10) == 0, "the newest barrier stays, whatever its version"
+    assert meta.consistent_version(["orders"]).barrier == 3000
+    meta.complete_barrier("orders", 4000, 4)
+    with pytest.raises(MetaError, match="barrier 2000 is older"):
+        meta.complete_barrier("orders", 2000, 5)  # barriers still only grow
+
+
+def test_replay_bookkeeping_is_kept_for_the_batches_spark_can_replay_only(meta_url, monkeypatch):
+    """Spark can replay only the micro-batches whose metadata it retains (minBatchesToRetain, 100 by default):
+    older rows are forgotten as new ones come, so the MetaService does not grow with every micro-batch."""
+    from sluice.meta import _service
+
+    monkeypatch.setattr(_service, "REPLAYABLE_BATCHES", 20)  # 200 in use: the same rule, fewer calls
+    REPLAYABLE_BATCHES = _service.REPLAYABLE_BATCHES
+    meta = MetaService(meta_url)
+    batches = REPLAYABLE_BATCHES + 10
+    assigned = {b: meta.batch_barrier("query-1", b, ["orders"]) for b in range(batches)}
+    newest = batches - 1
+    assert all(meta.batch_barrier("query-1", b, ["orders"]) == assigned[b]
+               for b in range(batches - REPLAYABLE_BATCHES, batches)), "replays of recent batches keep their barrier"
+    assert meta.batch_barrier("query-1", 0, ["orders"]) > assigned[newest], "batch 0 was forgotten: a new barrier"
+    for barrier in range(1, batches + 1):
+        meta.complete_barrier("orders", barrier, barrier)
+    steps = [0]
+    for barrier in range(1, batches + 1):  # a reader advancing one barrier per micro-batch
+        meta.complete_barrier("totals", barrier, barrier)
+        steps.append(meta.aligned_barrier(["orders", "totals"], steps[-1]))
+    assert meta.aligned_barrier(["orders", "totals"], steps[-2]) == steps[-1], "a recent step replays the same"
+    assert meta.aligned_barrier(["orders", "totals"], 0) == batches, "step 0 was forgotten: it is asked anew"
+
+
 def test_the_consistent_version_is_the_newest_barrier_every_table_completed(meta_url, capsys):
     meta = MetaService(meta_url)
     meta.register_job("a", sources=[], sinks=["orders"])

@@ -330,3 +330,31 @@ def test_bad_json_appends_are_422_never_500(s2_server, basin_name, field):
                                 json.dumps(field).encode())
     assert status == 422, raw
 
+
+
+def test_records_past_the_retention_age_are_trimmed_and_others_kept(s2_server, basin_name):
+    """StreamConfig.retention_policy: "Age in seconds for automatic trimming of records older than this threshold"
+    (S2's API; its age counts from arrival here, whatever timestamp a client gave). The default (7 days) and
+    "infinite" keep them: the negative controls."""
+
+    async def scenario():
+        async with client_for(s2_server) as s2:
+            aged = await new_stream(s2, basin_name, "aged", StreamConfig(retention_policy=1))
+            others = [await new_stream(s2, basin_name, "default"),
+                      await new_stream(s2, basin_name, "kept", StreamConfig(retention_policy="infinite"))]
+            for stream in (aged, *others):
+                await stream.append(AppendInput(records=[Record(body=b"x", timestamp=1000 + i) for i in range(5)]))
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await aged.read(start=SeqNum(0))
+                except s2_sdk.ReadUnwrittenError as trimmed:
+                    assert trimmed.tail.seq_num == 5
+                    break
+                assert time.monotonic() < deadline, "records outlived a 1 s retention age for 30 s"
+                await asyncio.sleep(0.1)
+            assert (await aged.check_tail()).seq_num == 5, "trimming moves the head, never the tail"
+            for stream in others:
+                assert [r.seq_num for r in (await stream.read(start=SeqNum(0))).records] == [0, 1, 2, 3, 4]
+
+    run(scenario())

@@ -206,6 +206,10 @@ def test_vacuum_keeps_what_a_consistent_read_may_need(spark, store):
         sluice.write(spark.range(0, 5).selectExpr("id", f"{value} AS v"), "tablestore", opts)
     removable = vacuum("solo", warehouse=store["warehouse"], meta=meta, dry_run=True)
     assert len(removable) >= 2, "with no linked table, only the latest version must stay readable"
+    assert len(meta.barriers("solo")) == 3, "a dry run forgets nothing"
+    vacuum("solo", warehouse=store["warehouse"], meta=meta)
+    assert meta.barriers("solo") == [max(meta.barriers("solo"))] != [], \
+        "the barriers of versions no read can open go with their files; the newest stays"
 
     linked = {"table": "up", "primary-key": "id", **store}
     sluice.write(spark.range(0, 5).selectExpr("id", "0 AS v"), "tablestore", linked)
@@ -213,8 +217,10 @@ def test_vacuum_keeps_what_a_consistent_read_may_need(spark, store):
     meta.complete_barrier("down", meta.barriers("up")[-1][0], 1)  # downstream stays at the first barrier
     for value in (1, 2):
         sluice.write(spark.range(0, 5).selectExpr("id", f"{value} AS v"), "tablestore", linked)
+    kept = meta.barriers("up")[0]
     assert vacuum("up", warehouse=store["warehouse"], meta=meta) == [], \
         "the version 'down' is consistent with must stay"
+    assert meta.barriers("up")[0] == kept, "and so must its barrier"
     assert sorted(r.v for r in read(spark, store, "up", consistent_with="down").collect()) == [0] * 5
 
 
