@@ -30,7 +30,9 @@ Checked all along and at the end (the verdict is the exit code: 0 holds, 1 viola
   `accounts` row for row, and the replication slot's lag returns to near zero.
 Reported: transfers committed, faults by kind, recovery time per fault (from the fault to the first change
 committed after it arriving in the PostgreSQL copy), latency p50/p99 outside fault windows, and the growth per hour
-of memory (driver, S2 server), checkpoints, S2's data, the warehouse and the MetaService's rows.
+over the run's second half (sampled every minute) of memory (the S2 server; the driver over its longest life, as a
+killed driver starts small again), checkpoints, S2's data (the stream keeps 10 minutes, S2_RETENTION_S), the
+warehouse and the MetaService's rows, with the samples at a quarter, half, three quarters and the end.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.clickhouse_chdb: the ClickHouse server the tests use
@@ -64,6 +68,54 @@ def sample_growth(env: dict, work: Path) -> dict[str, float]:
         except Exception:
             time.sleep(1)
     return growth(env, work)
+
+
+SAMPLE_EVERY_S = 60.0
+S2_RETENTION_S = 600  # the stream's retention age: a careful user bounds a stream that is a buffer between hops
+
+
+@dataclass(frozen=True)
+class Sample:
+    at_s: float  # since the pipeline was through
+    driver_starts: int
+    values: dict[str, float]
+
+
+def create_basin(s2: Any, basin: str) -> None:
+    """The basin, its streams kept S2_RETENTION_S seconds (the sink creates the stream in it)."""
+    import asyncio
+
+    import s2_sdk
+
+    async def create() -> None:
+        async with s2_sdk.S2(s2.access_token, endpoints=s2.endpoints) as client:
+            await client.create_basin(basin, config=s2_sdk.BasinConfig(
+                default_stream_config=s2_sdk.StreamConfig(retention_policy=S2_RETENTION_S)))
+
+    asyncio.run(create())
+
+
+def growth_report(samples: list[Sample]) -> dict:
+    """Growth per hour over the second half of the run; the driver's memory over its longest life in that half (a
+    killed driver starts small again); and the samples at a quarter, half, three quarters and the end."""
+    end = samples[-1]
+    half = [x for x in samples if x.at_s >= end.at_s / 2] or [end]
+
+    def per_hour(first: Sample, last: Sample, key: str) -> float | None:
+        hours = (last.at_s - first.at_s) / 3600
+        return round((last.values[key] - first.values[key]) / hours) if hours > 0 else None
+
+    out = {key: per_hour(half[0], end, key) for key in end.values if key != "driver_rss_bytes"}
+    lives: dict[int, list[Sample]] = {}
+    for x in half:
+        lives.setdefault(x.driver_starts, []).append(x)
+    longest = max(lives.values(), key=lambda life: life[-1].at_s - life[0].at_s)
+    out["driver_rss_bytes"] = per_hour(longest[0], longest[-1], "driver_rss_bytes")
+    marks = [samples[min(len(samples) - 1, round(f * (len(samples) - 1)))] for f in (0.25, 0.5, 0.75, 1.0)]
+    return {"growth_per_hour": out,
+            "growth_window": {"from_min": round(half[0].at_s / 60, 1), "to_min": round(end.at_s / 60, 1),
+                              "driver_life_min": round((longest[-1].at_s - longest[0].at_s) / 60, 1)},
+            "samples": [{"at_min": round(x.at_s / 60, 1), **x.values} for x in marks], "at_end": end.values}
 
 
 def main() -> int:
@@ -121,6 +173,7 @@ def main() -> int:
                   "s2": {"s2.basin": "sluice-soak", "s2.endpoints.account": s2.url,
                          "s2.endpoints.basin": s2.url, "s2.auth-token": s2.access_token}}
         (work / "config.json").write_text(json.dumps(config))
+        create_basin(s2, config["s2"]["s2.basin"])
         driver = Driver(work / "config.json", work / "driver.log")
         env = {"pg": pg, "s2": s2, "ch": ch, "proxy": proxy, "driver": driver, "warehouse": str(work / "warehouse"),
                "admin_url": direct + "?application_name=soak-admin", "pipeline_url": direct}
@@ -142,10 +195,10 @@ def main() -> int:
             if not run.latencies:
                 run.violate("the pipeline carried nothing end to end within 300 s of its start")
             warm = time.monotonic()
-            # Growth is measured from a quarter into the run (the JVM's heap and Python's workers have grown to their
-            # working size by then) to the end.
-            first: dict[str, float] | None = None
-            first_at = sample_at = warm + args.minutes * 60 / 4
+            # Sampled every SAMPLE_EVERY_S; growth is reported over the second half of the run, once retention (S2's
+            # age, the MetaService's pruning) has reached its steady state.
+            samples: list[Sample] = []
+            sample_at = warm
             print(f"{warm - run.started:7.1f} s: the pipeline is through; faults begin", flush=True)
             strikes: list[threading.Thread] = []
             faults = Faults(env, run, rnd)
@@ -153,8 +206,9 @@ def main() -> int:
             next_at = warm + rnd.expovariate(1 / args.fault_every)
             while time.monotonic() < end and run.latencies:
                 now = time.monotonic()
-                if first is None and now >= sample_at:
-                    first, first_at = sample_growth(env, work), now
+                if now >= sample_at:
+                    samples.append(Sample(now - warm, driver.starts, sample_growth(env, work)))
+                    sample_at = now + SAMPLE_EVERY_S
                 if kinds and now >= next_at:
                     strike = threading.Thread(target=faults.strike, args=(rnd.choice(kinds),), daemon=True)
                     strike.start()
@@ -174,7 +228,7 @@ def main() -> int:
             stop_watch.set()
             for t in watchers:
                 t.join()
-            last, last_at = sample_growth(env, work), time.monotonic()
+            samples.append(Sample(time.monotonic() - warm, driver.starts, sample_growth(env, work)))
             with psycopg.connect(direct, autocommit=True) as conn:
                 slot_lag = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) "
                                         "FROM pg_replication_slots WHERE slot_name = 'soak_to_s2'").fetchone()
@@ -184,8 +238,6 @@ def main() -> int:
             driver.stop()
         for problem in check_s2_stream(s2, accounts):
             run.violate(problem)
-    hours = max((last_at - first_at) / 3600, 1e-9)
-    first = first or last
     quiet = [lat for committed, lat in run.latencies if committed > warm and not any(
         f.at - 1 <= committed <= (f.recovered or time.monotonic()) for f in run.faults)]
     by_kind: dict[str, list[Fault]] = {}
@@ -204,8 +256,7 @@ def main() -> int:
         "latency_outside_faults_s": {"samples": len(quiet),
                                      "p50": round(statistics.median(quiet), 3) if quiet else None,
                                      "p99": round(sorted(quiet)[int(0.99 * (len(quiet) - 1))], 3) if quiet else None},
-        "growth_per_hour": {k: round((last[k] - first[k]) / hours) for k in first},
-        "at_end": last, "slot_lag_bytes": slot_lag_bytes,
+        **growth_report(samples), "slot_lag_bytes": slot_lag_bytes,
         "invariant": "holds" if not run.violations else "VIOLATED", "violations": run.violations,
     }
     text = json.dumps(report, indent=2)
