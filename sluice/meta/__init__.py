@@ -10,7 +10,8 @@
 From the shell: `sluice meta jobs|tables|lineage|consistent-version T...|release-job JOB` (--meta URL).
 """
 
-from sluice.meta._service import (
+from sluice.meta._backend import check_url
+from sluice.meta._model import (
     FAILED,
     FINISHED,
     RELEASED,
@@ -19,11 +20,10 @@ from sluice.meta._service import (
     Job,
     LineageCycleError,
     MetaError,
-    MetaService,
     NoConsistentVersionError,
     WriterConflictError,
-    check_url,
 )
+from sluice.meta._service import MetaService
 
 __all__ = ["FAILED", "FINISHED", "RELEASED", "RUNNING", "ConsistentVersion", "Job", "LineageCycleError", "MetaError",
            "MetaService", "NoConsistentVersionError", "WriterConflictError", "check_url"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sluice.meta._service import RUNNING, MetaService
+from sluice.meta._model import RUNNING
+from sluice.meta._service import MetaService
 
 BOX_W, BOX_H, GAP_X, GAP_Y, MARGIN = 210, 54, 70, 26, 24
 COLORS = {"table": ("#e8f1fb", "#2f6db3"), "job": ("#fdf3e3", "#b3782f"), "ended": ("#f0f0f0", "#8a8a8a")}

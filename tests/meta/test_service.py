@@ -90,10 +90,10 @@ def test_pruning_forgets_barriers_of_versions_no_read_can_open_but_never_the_new
 def test_replay_bookkeeping_is_kept_for_the_batches_spark_can_replay_only(meta_url, monkeypatch):
     """Spark can replay only the micro-batches whose metadata it retains (minBatchesToRetain, 100 by default):
     older rows are forgotten as new ones come, so the MetaService does not grow with every micro-batch."""
-    from sluice.meta import _service
+    from sluice.meta import _barriers
 
-    monkeypatch.setattr(_service, "REPLAYABLE_BATCHES", 20)  # 200 in use: the same rule, fewer calls
-    REPLAYABLE_BATCHES = _service.REPLAYABLE_BATCHES
+    monkeypatch.setattr(_barriers, "REPLAYABLE_BATCHES", 20)  # 200 in use: the same rule, fewer calls
+    REPLAYABLE_BATCHES = _barriers.REPLAYABLE_BATCHES
     meta = MetaService(meta_url)
     batches = REPLAYABLE_BATCHES + 10
     assigned = {b: meta.batch_barrier("query-1", b, ["orders"]) for b in range(batches)}
@@ -202,10 +202,10 @@ def test_a_session_whose_client_vanished_mid_transaction_is_ended_by_the_server(
     """A job's machine gone mid-transaction must not hold the MetaService's locks until the server's keepalives
     notice (hours by default): its sessions ask the server to end them after 60 s idle in a transaction, unless
     the URL sets that itself."""
-    from sluice.meta._service import _Backend
+    from sluice.meta._backend import Backend
 
-    with _Backend(pg.url + "?options=-csearch_path%3Dmeta_x").connect() as conn:
+    with Backend(pg.url + "?options=-csearch_path%3Dmeta_x").connect() as conn:
         assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1min",)
         assert conn.execute("SHOW search_path").fetchone() == ("meta_x",)  # the URL's own options kept
-    with _Backend(pg.url + "?options=-cidle_in_transaction_session_timeout%3D5s").connect() as conn:
+    with Backend(pg.url + "?options=-cidle_in_transaction_session_timeout%3D5s").connect() as conn:
         assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("5s",)
