@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: s2-proto test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-chromium
 
@@ -190,6 +190,15 @@ check-chromium:
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
+
+# The local S2 server's wire messages (sluice/s2local/_s2_descriptor.py) from S2's published s2.proto, through protoc
+# (grpcio-tools, pinned, in a venv of its own): run when ../shared/specs/s2/s2.proto changes.
+PROTOC_VENV := build/protoc-venv
+s2-proto: $(STAMP)
+	test -x $(PROTOC_VENV)/bin/python || $(PYTHON) -m venv $(PROTOC_VENV)
+	$(PROTOC_VENV)/bin/pip install -q grpcio-tools==1.76.0
+	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I../shared/specs/s2 --descriptor_set_out=build/s2.desc s2.proto
+	$(PY) -m sluice.s2local._proto build/s2.desc
 
 # make test: the main suite in one job and, next to it, the older Spark lines, the other PostgreSQL versions and the
 # table store's two-hop pipelines in another. The suites wait on servers and process starts for a quarter of their

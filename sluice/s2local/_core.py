@@ -24,8 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from s2_sdk._generated.s2.v1 import s2_pb2 as pb
-
+from sluice.s2local import _proto as pb
 from sluice.s2local._crypto import check_cipher
 from sluice.s2local._errors import S2Error, fencing_token_mismatch, seq_num_mismatch, unwritten
 from sluice.s2local._storage import Storage

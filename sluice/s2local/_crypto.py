@@ -12,8 +12,7 @@ import base64
 import os
 from typing import Any
 
-from s2_sdk._generated.s2.v1 import s2_pb2 as pb
-
+from sluice.s2local import _proto as pb
 from sluice.s2local._errors import S2Error
 from sluice.s2local._wire import is_command_record
 

@@ -11,8 +11,7 @@ import os
 import time
 from typing import Any
 
-from s2_sdk._generated.s2.v1 import s2_pb2 as pb
-
+from sluice.s2local import _proto as pb
 from sluice.s2local._core import MIB, Core, Session, Stream, check_uint
 from sluice.s2local._crypto import RecordCipher
 from sluice.s2local._errors import S2Error

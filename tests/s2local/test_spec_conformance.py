@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import s2_sdk
@@ -295,3 +296,26 @@ def test_reconfigure_with_null_resets_a_field_to_its_default(s2_server, basin_na
     got = patch(basin_path, json_headers, {"stream_cipher": None, "default_stream_config": None})
     assert got == {"default_stream_config": None, "stream_cipher": None, "create_stream_on_append": True,
                    "create_stream_on_read": False}
+
+
+def test_the_wire_messages_are_s2s_published_ones_and_the_sdks_read_them_alike():
+    """specs/s2/s2.proto: the server's protobuf messages are built from S2's published file (not from an SDK's
+    private module), in a pool of their own; every field the SDK's generated messages have, with its number and
+    type, is there too, so what one writes the other reads."""
+    from s2_sdk._generated.s2.v1 import s2_pb2 as sdk
+
+    from sluice.s2local import _proto
+
+    published = Path(__file__).resolve().parents[3] / "shared" / "specs" / "s2" / "s2.proto"
+    assert published.is_file(), f"S2's published s2.proto is expected at {published} (../shared beside the checkout)"
+    spec = published.read_text()
+    for name in ("StreamPosition", "Header", "AppendRecord", "AppendInput", "AppendAck", "SequencedRecord",
+                 "ReadBatch"):
+        ours, theirs = getattr(_proto, name).DESCRIPTOR, getattr(sdk, name).DESCRIPTOR
+        assert f"message {name} {{" in spec
+        assert ours.file.pool is not sdk.DESCRIPTOR.pool, "a pool of its own: both can be imported at once"
+        fields = {f.name: (f.number, f.type, f.is_repeated) for f in ours.fields}
+        assert fields == {f.name: (f.number, f.type, f.is_repeated) for f in theirs.fields}, name
+    record = _proto.AppendRecord(timestamp=5, body=b"x", headers=[_proto.Header(name=b"k", value=b"v")])
+    assert sdk.AppendRecord.FromString(record.SerializeToString()) == sdk.AppendRecord(
+        timestamp=5, body=b"x", headers=[sdk.Header(name=b"k", value=b"v")])
