@@ -7,9 +7,10 @@ secrets out of every repr. The docs tables are generated from the same declarati
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from sluice._errors import OptionError
 
@@ -119,15 +120,34 @@ class Options(Mapping[str, Any]):
         return key in self.explicit
 
     def with_values(self, **changes: Any) -> Options:
-        """A copy with some values replaced; keys use '_' for '.' and '-' (s2_auth_token=...)."""
-        by_attr = {k.replace(".", "_").replace("-", "_"): k for k in self._values}
+        """A copy with some values replaced; keys are attribute names (s2_auth_token=..., see `attribute`)."""
+        by_attr = {attribute(k): k for k in self._values}
         values = dict(self._values)
         for attr, value in changes.items():
             values[by_attr[attr]] = value
         return Options(values, self.explicit, self._secrets)
 
+    def typed(self, cls: type[T], covering: Iterable[Option] = (), **extra: Any) -> T:
+        """These options as the frozen dataclass `cls`, each field the option of its attribute name; `extra` fills
+        fields that are no option. A field that names neither, or an option of `covering` without a field, is a
+        programming error: the declarations and the type stay one list."""
+        by_attr = {attribute(k): k for k in self._values}
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(names - set(by_attr) - set(extra))
+        uncovered = sorted(o.name for o in covering if attribute(o.name) not in names)
+        if unknown or uncovered:
+            raise AssertionError(f"{cls.__name__}: fields {unknown} name no option; options {uncovered} have no field")
+        return cls(**{n: extra[n] if n in extra else self._values[by_attr[n]] for n in names})
+
 
 Check = Callable[[Options], None]
+T = TypeVar("T")
+
+
+def attribute(name: str) -> str:
+    """An option's name as a Python attribute: '_' for '.' and '-', snake_case for camelCase (failOnDataLoss ->
+    fail_on_data_loss)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).replace(".", "_").replace("-", "_").lower()
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,46 @@ def test_a_read_only_format_refuses_every_write_first_naming_the_format_to_write
     with pytest.raises(OptionError, match=r"format 'postgres_changes' is read-only \(spark.readStream\); write "
                                           r"with format\('postgres'\)"):
         PostgresChangesDataSource(options={"url": "postgresql://h/db", "table": "t", "sink.mode": "x"}).parsed()
+
+
+def test_options_become_a_typed_object_whose_fields_are_the_declared_options():
+    from dataclasses import dataclass
+
+    from sluice._options import Option, OptionSpec
+
+    spec = OptionSpec("demo", (Option("slot.failover", "bool", False, "."), Option("failOnDataLoss", "bool", True, "."),
+                               Option("max-rows", "int", 5, ".")))
+
+    @dataclass(frozen=True)
+    class Demo:
+        slot_failover: bool
+        fail_on_data_loss: bool
+        max_rows: int
+        origin: str
+
+    typed = spec.parse({"slot.failover": "true", "max-rows": "7"}).typed(Demo, covering=spec.options, origin="test")
+    assert typed == Demo(slot_failover=True, fail_on_data_loss=True, max_rows=7, origin="test")
+
+    @dataclass(frozen=True)
+    class Partial:
+        slot_failover: bool
+
+    with pytest.raises(AssertionError, match=r"options \['failOnDataLoss', 'max-rows'\] have no field"):
+        spec.parse({}).typed(Partial, covering=spec.options)
+
+    @dataclass(frozen=True)
+    class Misnamed:
+        slot_fail_over: bool
+
+    with pytest.raises(AssertionError, match=r"fields \['slot_fail_over'\] name no option"):
+        spec.parse({}).typed(Misnamed)
+
+
+def test_change_capture_reads_its_options_typed_and_never_shows_the_password():
+    from sluice.connectors.postgres.changes._options import ChangeOptions
+
+    options = ChangeOptions.parse({"url": "postgresql://u@h/db", "password": "s3cret", "table": "a,b",
+                                   "fetch-ranges": "3", "failOnDataLoss": "false"})
+    assert (options.table, options.fetch_ranges, options.fail_on_data_loss, options.slot) == (("a", "b"), 3, False, None)
+    assert options.connection == {"url": "postgresql://u@h/db", "password": "s3cret"}
+    assert "s3cret" not in repr(options)

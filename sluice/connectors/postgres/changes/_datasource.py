@@ -7,7 +7,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from sluice.connector import EngineDataSource, OptionError
-from sluice.connectors.postgres.changes._options import CHANGES_SPEC
+from sluice.connectors.postgres.changes._options import CHANGES_SPEC, ChangeOptions
 from sluice.connectors.postgres.changes._publication import resolve, spark_schema
 from sluice.connectors.postgres.changes._stream import ChangeStreamReader
 
@@ -21,12 +21,12 @@ class PostgresChangesDataSource(EngineDataSource):
     write_with = "postgres"
 
     def schema(self) -> StructType:
-        return spark_schema(resolve(CHANGES_SPEC.parse(self.options)))
+        return spark_schema(resolve(ChangeOptions.parse(self.options)))
 
     def reader(self, schema: StructType) -> Any:
         raise OptionError("format 'postgres_changes' is a stream (spark.readStream); for a batch read of the tables "
                           "use format('postgres')")
 
     def streamReader(self, schema: StructType) -> ChangeStreamReader:
-        opts = CHANGES_SPEC.parse(self.options)
-        return ChangeStreamReader(resolve(opts), opts, schema)
+        options = ChangeOptions.parse(self.options)
+        return ChangeStreamReader(resolve(options), options, schema)

@@ -1,9 +1,13 @@
-"""The options of format("postgres_changes") (besides the connection's), declared once."""
+"""The options of format("postgres_changes") (besides the connection's), declared once, and the typed form the
+rest of change capture reads them in (ChangeOptions, made once per query)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 from sluice.connector import Option, OptionError, Options, OptionSpec
-from sluice.connectors.postgres._conn import CONNECTION_OPTIONS
+from sluice.connectors.postgres._conn import CONNECTION_OPTIONS, Connection
 
 CHANGES_OPTIONS = (
     Option("table", "list", (), "Tables whose changes to stream, [schema.]name, comma-separated; or use "
@@ -59,3 +63,33 @@ def _check(opts: Options) -> None:
 
 
 CHANGES_SPEC = OptionSpec("postgres_changes", (*CONNECTION_OPTIONS, *CHANGES_OPTIONS), (_check,))
+
+
+@dataclass(frozen=True)
+class ChangeOptions:
+    """The options of one change-capture query, parsed and checked (CHANGES_SPEC), one field per option of
+    CHANGES_OPTIONS; `conn`: the database; `connection`: the connection options the user set, for the snapshot's
+    format("postgres") reads (never shown: a password may be among them)."""
+
+    table: tuple[str, ...]
+    publication: str | None
+    slot: str | None
+    slot_failover: bool
+    slot_log_restart_point: bool
+    snapshot: bool
+    max_changes_per_trigger: int
+    fail_on_data_loss: bool
+    quiet_advance_wal_bytes: int
+    retained_wal_warn_bytes: int
+    num_partitions: int
+    snapshot_timeout_s: int
+    fetch_ranges: int
+    conn: Connection
+    connection: Mapping[str, str] = field(repr=False)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> ChangeOptions:
+        """A query's options (as Spark hands them over), parsed and checked once."""
+        opts = CHANGES_SPEC.parse(raw)
+        connection = {o.name: str(opts[o.name]) for o in CONNECTION_OPTIONS if opts.is_set(o.name)}
+        return opts.typed(cls, covering=CHANGES_OPTIONS, conn=Connection.from_options(opts), connection=connection)

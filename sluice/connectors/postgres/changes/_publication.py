@@ -13,7 +13,6 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from sluice.connector import OptionError, Options
 from sluice.connectors.postgres._conn import (
-    CONNECTION_OPTIONS,
     Connection,
     PostgresError,
     qualified,
@@ -24,6 +23,7 @@ from sluice.connectors.postgres._conn import (
 )
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, XID
 from sluice.connectors.postgres._source import READ_SPEC, infer_schema, spark_type
+from sluice.connectors.postgres.changes._options import ChangeOptions
 
 log = logging.getLogger("sluice.postgres")
 
@@ -55,18 +55,18 @@ def default_slot(conn: Connection, tables: Sequence[str], publication: str | Non
     return f"sluice_{digest[:12]}"
 
 
-def resolve(opts: Options) -> ChangeStream:
+def resolve(options: ChangeOptions) -> ChangeStream:
     """On the driver: the publication's tables (created for `table` if needed) and their columns."""
-    conn = Connection.from_options(opts)
-    wanted = [".".join(split_qualified(t)) for t in opts["table"]]
-    slot = opts["slot"] or default_slot(conn, wanted, opts["publication"])
+    conn = options.conn
+    wanted = [".".join(split_qualified(t)) for t in options.table]
+    slot = options.slot or default_slot(conn, wanted, options.publication)
     if len(slot) > 63 or not slot.replace("_", "").isalnum() or slot != slot.lower():
         raise OptionError(f"option 'slot': {slot!r} is not a valid replication slot name (lower-case letters, "
                           "digits and _, at most 63)")
-    publication = opts["publication"] or slot
+    publication = options.publication or slot
     with conn.connect_psycopg() as pg:
         version = _check_server(pg, conn)
-        if opts["slot.failover"] and version < 170000:
+        if options.slot_failover and version < 170000:
             raise OptionError(f"option 'slot.failover' needs PostgreSQL 17 or later (failover slots); "
                               f"{conn.describe()} runs {version // 10000}.{version % 100}. Remove the option, or "
                               "upgrade the server")
@@ -74,11 +74,11 @@ def resolve(opts: Options) -> ChangeStream:
         if published is not None:
             _warn_unpublished_operations(pg, publication)
         if published is None:
-            if opts["publication"]:
+            if options.publication:
                 raise OptionError(f"publication '{publication}' does not exist on {conn.describe()} "
                                   "(option 'publication'); create it, or name the tables with option 'table'")
             # A missing table is named as such, not as a failed CREATE PUBLICATION.
-            _describe(conn, {t: table_opts(opts, t) for t in wanted})
+            _describe(conn, {t: table_opts(options, t) for t in wanted})
             _create_publication(pg, conn, publication, wanted)
             published = wanted
         tables = wanted or published
@@ -93,7 +93,7 @@ def resolve(opts: Options) -> ChangeStream:
             raise OptionError(f"table(s) {missing} are not in publication '{publication}' (its tables: {published}); "
                               f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...{hint}")
         column_lists = _sent_columns(pg, publication, tables)
-    table_options = {t: table_opts(opts, t) for t in tables}
+    table_options = {t: table_opts(options, t) for t in tables}
     return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options, column_lists),
                         table_options)
 
@@ -121,17 +121,11 @@ def _describe(conn: Connection, table_options: dict[str, Options],
     return columns, table_columns, keys
 
 
-def _conn_options(opts: Options) -> dict[str, Any]:
-    return {o.name: opts[o.name] for o in CONNECTION_OPTIONS if opts.is_set(o.name)}
-
-
-def table_opts(opts: Options, table: str, partitions: int | None = None) -> Options:
+def table_opts(options: ChangeOptions, table: str, partitions: int | None = None) -> Options:
     """The options of a batch read of one table in the snapshot (format("postgres")'s reader takes them)."""
-    raw = {k: str(v) for k, v in _conn_options(opts).items()}
-    raw.update({"table": _quoted(table),
-                "num-partitions": str(opts["num-partitions"] if partitions is None else partitions),
-                "snapshot.timeout-s": str(opts["snapshot.timeout-s"])})
-    return READ_SPEC.parse(raw)
+    return READ_SPEC.parse({**options.connection, "table": _quoted(table),
+                            "num-partitions": str(options.num_partitions if partitions is None else partitions),
+                            "snapshot.timeout-s": str(options.snapshot_timeout_s)})
 
 
 def _quoted(table: str) -> str:

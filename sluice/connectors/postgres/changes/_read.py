@@ -15,10 +15,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.connector import DataLossError, Options, Split
+from sluice.connector import DataLossError, Split
 from sluice.connectors.postgres._conn import PostgresError, quote_literal, sqlstate_of
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
+from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream
 from sluice.connectors.postgres.changes._slot import DECODING_SESSION, NO_FREE_SLOT, busy_retry
 from sluice.spark._compat import to_arrow_schema
@@ -101,9 +102,9 @@ def snapshot_gone(slot: str, error: Exception) -> PostgresError:
 class ChangeReader:
     """Reads one partition of a micro-batch on an executor: a snapshot split or a range of committed changes."""
 
-    def __init__(self, stream: ChangeStream, opts: Options, schema: StructType) -> None:
+    def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType) -> None:
         self.stream = stream
-        self.opts = opts
+        self.options = options
         self.schema = schema
         self.arrow_schema = to_arrow_schema(schema)
 
@@ -138,9 +139,9 @@ class ChangeReader:
         decoded and written. A range holds the transactions whose commit record starts in it: its decoder keeps only
         those, and its slot copy, advanced to the range's start, skips the ones before on the server."""
         s = self.stream
-        ranges = wal_ranges(part.start, part.end, self.opts["fetch-ranges"])
+        ranges = wal_ranges(part.start, part.end, self.options.fetch_ranges)
         table_columns = {t: [c for c, _ in s.table_columns[t]] for t in s.tables}
-        whole_publication = None if self.opts["table"] else s.publication
+        whole_publication = None if self.options.table else s.publication
         pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-fetch")
         ahead: Future[RangeFetch] | None = None
         try:
@@ -230,7 +231,7 @@ class ChangeReader:
         what = (f"replication slot '{self.stream.slot}' {where}, past the start {format_lsn(low)} of the changes this "
                 "micro-batch reads (another consumer moved it while the batch was read): the changes in between are "
                 "gone for this query")
-        if self.opts["failOnDataLoss"]:
+        if self.options.fail_on_data_loss:
             raise DataLossError(f"{what}. Give each query its own slot; set .option('failOnDataLoss', 'false') to go "
                                 "on without them")
         log.warning("%s; going on without them (failOnDataLoss=false)", what)

@@ -17,6 +17,7 @@ from sluice.connectors.postgres._pgoutput import COMMIT_TIME, format_lsn, parse_
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._source import PostgresEnumerator
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
+from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream, table_opts
 from sluice.connectors.postgres.changes._read import ChangeReader, ChangesPartition, SnapshotPartition, snapshot_gone
 from sluice.connectors.postgres.changes._slot import SlotGuard, busy_retry, holder_of, slot_lag, slot_state
@@ -42,17 +43,17 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
 
     cap_options = ("max-changes-per-trigger",)
 
-    def __init__(self, stream: ChangeStream, opts: Options, schema: StructType) -> None:
+    def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType) -> None:
         self.stream = stream
-        self.opts = opts
+        self.options = options
         self.schema = schema
-        self._reader = ChangeReader(stream, opts, schema)  # pickled with this reader to the executors
+        self._reader = ChangeReader(stream, options, schema)  # pickled with this reader to the executors
         self._holder: SnapshotHolder | None = None
         self._target: int | None = None  # AvailableNow: never read past this
         self._reported: dict[str, Any] | None = None
         self._initial: ChangeOffset | None = None
         self._guard = SlotGuard(stream.conn, stream.slot)  # held from the first offset on, released by stop()
-        self._log_restart_points = opts["slot.log-restart-point"]  # off when the server cannot
+        self._log_restart_points = options.slot_log_restart_point  # off when the server cannot
         self._nothing_before: int | None = None  # the WAL position up to which the last peek found no change
         self._lag = SourceReporter(find_target())  # the slot's lag after each commit, to a metrics collector if any
         self._reads = ReadObserver.on_driver("postgres_changes", event_time=COMMIT_TIME)  # what tasks fetch
@@ -71,7 +72,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         with s.conn.connect_psycopg() as pg:
             state = slot_state(pg, s.slot)
             if state is not None:
-                if not self.opts["snapshot"]:
+                if not self.options.snapshot:
                     return ChangeOffset(state.confirmed)
                 held = holder_of(pg, s.slot)
                 if held is None:
@@ -82,10 +83,10 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                         f"(sluice postgres drop-slot {s.slot} --url ...) and the checkpoint, or set snapshot=false "
                         f"to stream from the slot's position {format_lsn(state.confirmed)}")
                 return ChangeOffset(state.confirmed, snapshot=held[0], channel=held[1])
-            if not self.opts["snapshot"]:
+            if not self.options.snapshot:
                 return ChangeOffset(parse_lsn(self._create_slot(pg)))
-        holder = SnapshotHolder(s.conn, self.opts["snapshot.timeout-s"], slot=s.slot,
-                                failover=self.opts["slot.failover"])
+        holder = SnapshotHolder(s.conn, self.options.snapshot_timeout_s, slot=s.slot,
+                                failover=self.options.slot_failover)
         holder.release_pipes()
         self._holder = holder
         shared = holder.shared
@@ -94,7 +95,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
     def _create_slot(self, pg: Any) -> str:
         try:
             # (name, plugin, temporary, two-phase, failover): the fifth argument exists from PostgreSQL 17 on.
-            failover = ", false, false, true" if self.opts["slot.failover"] else ""
+            failover = ", false, false, true" if self.options.slot_failover else ""
             lsn = pg.execute(f"SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput'{failover})",
                              (self.stream.slot,)).fetchone()[0]
         except Exception as e:
@@ -104,7 +105,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         return lsn
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.opts["max-changes-per-trigger"]
+        n = self.options.max_changes_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -128,7 +129,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
             self._nothing_before = upto  # Spark polls every few ms: peek again only once the WAL moved
         elif self._log_restart_points:  # a batch with changes (never an idle poll: the record is WAL too)
             self._log_restart_point(pg)
-        quiet = end == begin and upto - begin >= self.opts["quiet-advance-wal-bytes"]
+        quiet = end == begin and upto - begin >= self.options.quiet_advance_wal_bytes
         if quiet:  # the peek saw no transaction of the publication before `upto`: nothing to read up to there
             log.info("slot %s: no change of the publication's tables in %d bytes of WAL; moving on to %s", s.slot,
                      upto - begin, format_lsn(upto))
@@ -185,8 +186,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                                      (schema, name)).fetchone()
                 if not rows:  # never analyzed (or empty): count, once
                     (rows,) = pg.execute(f"SELECT count(*) FROM {qualified(schema, name)}").fetchone()
-                wanted = self.opts["num-partitions"] or min(MAX_SNAPSHOT_SPLITS, max(1, -(-rows // budget)))
-                splits = self._discover(table, table_opts(self.opts, table, wanted), shared)
+                wanted = self.options.num_partitions or min(MAX_SNAPSHOT_SPLITS, max(1, -(-rows // budget)))
+                splits = self._discover(table, table_opts(self.options, table, wanted), shared)
                 out += [SnapshotSplit(table, split.info["where"], rows // len(splits)) for split in splits]
         return tuple(out)
 
@@ -213,7 +214,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                     f"{format_lsn(begin)} (another consumer used it)")
         if lost:
             what = f"{lost}: the changes from {format_lsn(begin)} on cannot be read"
-            if self.opts["failOnDataLoss"]:
+            if self.options.fail_on_data_loss:
                 raise DataLossError(f"{what}. Set .option('failOnDataLoss', 'false') to go on from the slot's "
                                     "position (re-created if needed), or start over: drop the slot and the checkpoint "
                                     "and start with snapshot=true")
@@ -231,10 +232,10 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                           "wal_status": state.wal_status}
         log.info("slot %s: position %s, %d bytes of WAL retained (%s)", s.slot, format_lsn(begin),
                  state.retained_bytes, state.wal_status)
-        if state.retained_bytes > self.opts["retained-wal-warn-bytes"]:
+        if state.retained_bytes > self.options.retained_wal_warn_bytes:
             log.warning("replication slot %s holds back %d bytes of WAL on %s (more than retained-wal-warn-bytes=%d); "
                         "the query is behind, or stopped for long", s.slot, state.retained_bytes, s.conn.describe(),
-                        self.opts["retained-wal-warn-bytes"])
+                        self.options.retained_wal_warn_bytes)
         return begin
 
     def _cut(self, pg: Any, begin: int, upto: int, budget: int | None) -> int:
