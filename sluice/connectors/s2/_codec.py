@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import Encoded, OptionError, WriteContext, delete_mask
+from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import template_columns
 
 HEADERS_COLUMN = "headers"
@@ -122,7 +123,7 @@ class _Stamper:
 class S2Encoder:
     """Callable: RecordBatch -> Encoded (entries, metered sizes; the rows kept, for upserts). One per Spark task."""
 
-    def __init__(self, kind: str, opts: Any, schema_names: Sequence[str], context: WriteContext,
+    def __init__(self, kind: RecordKind, opts: Any, schema_names: Sequence[str], context: WriteContext,
                  stamp: bool) -> None:
         import s2_sdk
 
@@ -131,7 +132,7 @@ class S2Encoder:
         self.router = StreamRouter(opts["s2.stream"], schema_names)
         self.stamper = _Stamper(context) if stamp else None
         names = list(schema_names)
-        if kind == "append":
+        if kind is RecordKind.APPEND:
             self.format = opts["format"]
             self.headers_column = HEADERS_COLUMN if HEADERS_COLUMN in names else None
             self.timestamp_column = TIMESTAMP_COLUMN if TIMESTAMP_COLUMN in names else None
@@ -162,7 +163,7 @@ class S2Encoder:
                                   f"(primary-key={self.key_columns}, columns: {names})")
 
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
-        if self.kind == "append":
+        if self.kind is RecordKind.APPEND:
             return Encoded(*self._append(batch))
         return self._upsert(batch)
 

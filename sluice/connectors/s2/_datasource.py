@@ -19,6 +19,7 @@ from sluice.connector import (
     WriteContext,
 )
 from sluice.connectors.s2._codec import S2Encoder, StreamRouter
+from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import APPEND_SPEC, UPSERT_SPEC, Connection
 from sluice.connectors.s2._sink import S2WritePlan
 from sluice.connectors.s2._source import (
@@ -36,7 +37,7 @@ ROUTED_MAX_BUFFERED = 50_000
 
 
 class _S2Base(EngineDataSource):
-    kind: ClassVar[str] = "append"
+    kind: ClassVar[RecordKind] = RecordKind.APPEND
     read_spec = READ_SPEC
     write_spec = APPEND_SPEC
     store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
@@ -81,15 +82,16 @@ class _S2Base(EngineDataSource):
     def _read_parts(self, schema: StructType, batch: bool) -> tuple[S2Enumerator, S2Reader, int | None, Options]:
         opts = self.read_spec.parse(self.options)
         conn = Connection.from_options(opts)  # resolved on the driver; executors get it with the reader
-        kind = self.kind if self.kind == "append" else ("upsert-batch" if batch else "upsert")
-        if kind != "append":
+        materialize = batch and self.kind is RecordKind.UPSERT  # the latest row per key, as a table
+        if self.kind is RecordKind.UPSERT:
             missing = [c for c in opts["primary-key"] if c not in schema.fieldNames()]
             if missing:
                 raise OptionError(f"primary-key column(s) {missing} are not in the schema {schema.simpleString()}")
         per_partition = opts["s2.max-records-per-partition"] or None
-        if kind == "upsert-batch":
+        if materialize:
             per_partition = None  # a stream is materialized as a whole
-        return S2Enumerator(conn, opts, batch), S2Reader(conn, schema, opts, kind), per_partition, opts
+        return (S2Enumerator(conn, opts, batch), S2Reader(conn, schema, opts, self.kind, materialize=materialize),
+                per_partition, opts)
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, per_partition, _ = self._read_parts(schema, batch=True)
@@ -115,7 +117,7 @@ class S2UpsertDataSource(_S2Base):
     """An upsert changelog compatible with flink-connector-s2: @key and @action headers, body = non-key columns."""
 
     format_name = "s2_upsert"
-    kind = "upsert"
+    kind = RecordKind.UPSERT
     write_spec = UPSERT_SPEC
     read_spec = UPSERT_READ_SPEC
 

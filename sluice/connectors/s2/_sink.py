@@ -10,6 +10,7 @@ from typing import Any
 from sluice.connector import Committer, TaskWriter, WriteContext, WritePlan
 from sluice.connectors.s2._codec import S2Encoder
 from sluice.connectors.s2._commits import append_commit_fences
+from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import Connection, explain_sdk_error
 from sluice.connectors.s2._store import S2Store
 
@@ -54,7 +55,7 @@ class S2Committer(Committer):
 
 @dataclass(frozen=True)
 class S2WritePlan(WritePlan):
-    kind: str = "append"  # or "upsert"
+    kind: RecordKind = RecordKind.APPEND
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         opts = self.options

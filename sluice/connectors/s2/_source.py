@@ -32,6 +32,7 @@ from sluice.connector import (
     SplitReader,
 )
 from sluice.connectors.s2._commits import committed_end
+from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
 
@@ -258,16 +259,19 @@ class S2Enumerator(SplitEnumerator):
 class S2Reader(SplitReader):
     """Reads seq nums [start, end) of a stream with one read session; yields Arrow batches of the schema."""
 
-    def __init__(self, conn: Connection, schema: Any, opts: Options, kind: str = "append") -> None:
+    def __init__(self, conn: Connection, schema: Any, opts: Options, kind: RecordKind = RecordKind.APPEND, *,
+                 materialize: bool = False) -> None:
+        """`materialize` (upserts, batch reads): the latest row per @key of each stream, without deleted keys."""
         from sluice.spark._compat import to_arrow_schema
 
         self.conn = conn
         self.kind = kind
+        self.materialize = materialize
         self.fail_on_data_loss = opts["failOnDataLoss"]
-        self.json = opts["format"] == "json" or kind.startswith("upsert")
+        self.json = opts["format"] == "json" or kind is RecordKind.UPSERT
         self.failfast = opts["mode"] == "FAILFAST"
         self.arrow_schema = to_arrow_schema(schema)
-        self.key_columns = tuple(opts["primary-key"]) if kind.startswith("upsert") else ()
+        self.key_columns = tuple(opts["primary-key"]) if kind is RecordKind.UPSERT else ()
         names = self.arrow_schema.names
         if self.json:
             self.data_fields = [f for f in self.arrow_schema if f.name not in META_COLUMNS and f.name not in
@@ -291,10 +295,10 @@ class S2Reader(SplitReader):
                 except StopAsyncIteration:
                     break
                 pending.extend(columns)
-                if len(pending) >= ARROW_BATCH_RECORDS and self.kind != "upsert-batch":
+                if len(pending) >= ARROW_BATCH_RECORDS and not self.materialize:
                     yield self._to_arrow(split.split_id, pending)
                     pending = RecordColumns.empty()
-            if self.kind == "upsert-batch":
+            if self.materialize:
                 pending = self._materialize(pending)
             if len(pending):
                 yield self._to_arrow(split.split_id, pending)
@@ -367,7 +371,7 @@ class S2Reader(SplitReader):
     def _parse(self, stream: str, records: RecordColumns) -> dict[str, pa.Array]:
         """The JSON columns: from the body (format=json) or from @key and the body (upsert)."""
         names = self.arrow_schema.names
-        if self.kind.startswith("upsert"):
+        if self.kind is RecordKind.UPSERT:
             headers = records.header_dicts()
             keys = [h.get(b"@key", b"{}") for h in headers]
             ops = [h.get(b"@action", b"u").decode() for h in headers]
