@@ -1,4 +1,5 @@
-"""`format("s2")` and `format("s2_upsert")`: the Spark data sources; writes in _sink.py, reads in _source.py."""
+"""`format("s2")` and `format("s2_upsert")`: the Spark data sources; writes in _sink.py, reads in _source.py (the
+driver's side) and _reader.py."""
 
 from __future__ import annotations
 
@@ -21,14 +22,9 @@ from sluice.connector import (
 from sluice.connectors.s2._codec import S2Encoder, StreamRouter
 from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import APPEND_SPEC, UPSERT_SPEC, Connection
+from sluice.connectors.s2._reader import S2Reader
 from sluice.connectors.s2._sink import S2WritePlan
-from sluice.connectors.s2._source import (
-    DEFAULT_SCHEMA,
-    READ_SPEC,
-    UPSERT_READ_SPEC,
-    S2Enumerator,
-    S2Reader,
-)
+from sluice.connectors.s2._source import DEFAULT_SCHEMA, READ_SPEC, UPSERT_READ_SPEC, S2Enumerator
 from sluice.connectors.s2._store import S2Store
 from sluice.metrics._reads import ReadObserver
 
