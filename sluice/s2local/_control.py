@@ -6,9 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sluice.s2local._core import Core, Stream, basin_config_view, effective_stream_config
+from sluice.s2local._config import basin_config_view, effective_stream_config
+from sluice.s2local._core import Core
 from sluice.s2local._errors import S2Error
 from sluice.s2local._http import INT32_MAX, Request, basin_of, int_param
+from sluice.s2local._resources import Stream
 from sluice.s2local._tokens import TokenRegistry
 
 # The one location this server is (s2-sdk's LocationInfo; basins report it as their location).

@@ -5,243 +5,38 @@ queue: a group is validated in order against a working copy of the stream state 
 match_seq_num; limits; command records), committed in one SQLite transaction, and only then published
 and acknowledged. That gives contiguous seq nums, batches that never interleave, and durable acks.
 
-One module past ~400 lines on purpose until issue 33's split lands:
-the control plane, appends and reads around one event-loop state still share
-private state; splitting it now would collide with that restructuring.
+Beside it: S2's names, limits and configs (_config.py), the basins and streams it holds (_resources.py), and the
+check of one append against a stream's state (_appends.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sqlite3
-import time
-from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.s2local import _proto as pb
+from sluice.s2local._appends import Work, prepare
+from sluice.s2local._config import (
+    basin_config_view,
+    check_basin_name,
+    check_stream_name,
+    cleared_fields,
+    effective_stream_config,
+    normalize_stream_config,
+    now_ms,
+    rfc3339_now,
+    set_fields,
+)
 from sluice.s2local._crypto import check_cipher
-from sluice.s2local._errors import S2Error, fencing_token_mismatch, seq_num_mismatch, unwritten
+from sluice.s2local._errors import S2Error, unwritten
+from sluice.s2local._resources import Basin, Session, Stream
 from sluice.s2local._storage import Storage
-from sluice.s2local._wire import append_ack, read_varint, split_append_records, varint
-
-MIB = 1024 * 1024
-MAX_BATCH_RECORDS = 1000
-MAX_FENCING_TOKEN_BYTES = 36
-_BASIN_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{6,46})[a-z0-9]$")
-TIMESTAMPING_MODES = ("client-prefer", "client-require", "arrival")
-
 
 EXPIRE_EVERY_S = 1.0  # how often records past a stream's retention age are looked for
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def rfc3339_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def check_basin_name(name: str) -> None:
-    if not _BASIN_NAME.match(name):
-        raise S2Error("invalid", f"basin name {name!r}: 8-48 characters of a-z, 0-9 and '-', "
-                                 "not starting or ending with '-'")
-
-
-def check_stream_name(name: str) -> None:
-    raw = name.encode()
-    if not 1 <= len(raw) <= 512 or name in (".", "..") or "\x00" in name:
-        raise S2Error("invalid", "stream name must be 1-512 bytes, not '.' or '..', and contain no NUL")
-
-
-def _set_fields(config: Any, what: str, known: set[str]) -> dict[str, Any]:
-    """The fields a config object sets (nulls mean unset), after checking it is an object of known fields."""
-    if not isinstance(config, dict):
-        raise S2Error("invalid", f"{what} must be a JSON object")
-    unknown = set(config) - known
-    if unknown:
-        raise S2Error("invalid", f"unknown {what} field(s): {sorted(unknown)}")
-    return {k: v for k, v in config.items() if v is not None}
-
-
-U64_MAX = 2**64 - 1
-STORAGE_CLASSES = ("standard", "express")
-MAX_FENCING_TOKEN_BYTES = 36
-
-
-def check_uint(value: Any, what: str, minimum: int = 0) -> int:
-    """A JSON whole number in [minimum, 2^64) (JSON booleans are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= U64_MAX:
-        raise S2Error("invalid", f"{what} must be a whole number from {minimum} to {U64_MAX}, got {value!r}")
-    return value
-
-
-def _retention(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict) or len(value) != 1 or not ({"age", "infinite"} & set(value)):
-        raise S2Error("invalid", 'retention_policy must be {"age": SECONDS} or {"infinite": {}}')
-    if "age" in value:
-        return {"age": check_uint(value["age"], "retention_policy.age", minimum=1)}  # S2 refuses an age of 0
-    if value["infinite"] not in ({}, None):
-        raise S2Error("invalid", 'retention_policy.infinite must be {}')
-    return {"infinite": {}}
-
-
-# What S2 reports (and applies) for a stream config field that neither the stream nor its basin's
-# default_stream_config sets (openapi.json StreamConfig.retention_policy: "If unspecified, the default is to retain
-# records for 7 days"; TimestampingConfig.uncapped: "false or not set"; DeleteOnEmptyConfig.min_age_secs: "0
-# (default)"; the SDK's Timestamping.mode: "Defaults to CLIENT_PREFER"). The spec leaves the storage class to the
-# basin's location; express is s2-lite's default (common/src/config.rs StorageClass).
-STREAM_DEFAULTS: dict[str, Any] = {
-    "storage_class": "express",
-    "retention_policy": {"age": 7 * 24 * 3600},
-    "timestamping": {"mode": "client-prefer", "uncapped": False},
-    "delete_on_empty": {"min_age_secs": 0},
-}
-
-
-def effective_stream_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A stream's config as S2 answers get_stream_config: every field present, S2's default where unset."""
-    out = json.loads(json.dumps(STREAM_DEFAULTS))
-    for key, value in config.items():
-        if key == "timestamping":
-            out[key].update({k: v for k, v in (value or {}).items() if v is not None})
-        elif value is not None:
-            out[key] = value
-    return out
-
-
-def basin_config_view(config: dict[str, Any]) -> dict[str, Any]:
-    """A basin's config as S2 answers get_basin_config (openapi.json BasinConfig): every field present, the
-    create-on-append/read flags false by default; default_stream_config holds only the fields the basin sets
-    (null when none), since streams fill the rest from S2's defaults when they are created."""
-    default = dict(config.get("default_stream_config") or {})
-    if not any(v is not None for v in (default.get("timestamping") or {}).values()):
-        default.pop("timestamping", None)
-    return {"default_stream_config": default or None, "stream_cipher": config.get("stream_cipher"),
-            "create_stream_on_append": bool(config.get("create_stream_on_append")),
-            "create_stream_on_read": bool(config.get("create_stream_on_read"))}
-
-
-def _cleared(config: Any, known: set[str]) -> set[str]:
-    """The fields a reconfiguration sets to null. StreamReconfiguration, TimestampingReconfiguration,
-    DeleteOnEmptyReconfiguration and BasinReconfiguration make their fields nullable: null resets a field to its
-    default, absent leaves it as it is (s2-lite's `Maybe`: "`Specified(None)` clears it to the default")."""
-    return {key for key, value in config.items() if value is None and key in known} if isinstance(config, dict) \
-        else set()
-
-
-def normalize_stream_config(config: dict[str, Any] | None, base: dict[str, Any] | None = None, *,
-                            reconfigure: bool = False) -> dict[str, Any]:
-    """Validate a StreamConfig JSON object as S2 does, filling unset fields from `base`; as a StreamReconfiguration
-    (`reconfigure`) a null field is reset to its default."""
-    out = dict(base or {})
-    if config is None:
-        return out
-    known = {"storage_class", "retention_policy", "timestamping", "delete_on_empty"}
-    fields = _set_fields(config, "stream config", known)
-    for key in _cleared(config, known) if reconfigure else ():
-        out.pop(key, None)
-    for key, value in fields.items():
-        if key == "timestamping":
-            merged = dict(out.get("timestamping") or {})
-            for sub in _cleared(value, {"mode", "uncapped"}) if reconfigure else ():
-                merged.pop(sub, None)
-            merged.update(_set_fields(value, "timestamping", {"mode", "uncapped"}))
-            if merged.get("mode") is not None and merged["mode"] not in TIMESTAMPING_MODES:
-                raise S2Error("invalid", f"timestamping.mode must be one of {', '.join(TIMESTAMPING_MODES)}")
-            if not isinstance(merged.get("uncapped", False), bool):
-                raise S2Error("invalid", "timestamping.uncapped must be true or false")
-            out["timestamping"] = merged
-        elif key == "storage_class":
-            if value not in STORAGE_CLASSES:
-                raise S2Error("invalid", f"storage_class must be one of {', '.join(STORAGE_CLASSES)}")
-            out[key] = value
-        elif key == "retention_policy":
-            out[key] = _retention(value)
-        else:  # delete_on_empty
-            doe = _set_fields(value, "delete_on_empty", {"min_age_secs"})
-            if reconfigure and "min_age_secs" not in doe:
-                if _cleared(value, {"min_age_secs"}):
-                    out.pop(key, None)
-                continue  # {} changes nothing
-            out[key] = {"min_age_secs": check_uint(doe.get("min_age_secs", 0), "delete_on_empty.min_age_secs")}
-    return out
-
-
-@dataclass
-class Basin:
-    name: str
-    config: dict[str, Any]
-    created_at: str
-    request_token: str | None = None
-
-    def info(self) -> dict[str, Any]:
-        return {"name": self.name, "created_at": self.created_at, "deleted_at": None, "location": "local"}
-
-
-@dataclass
-class Stream:
-    id: int
-    basin: str
-    name: str
-    config: dict[str, Any]
-    created_at: str
-    request_token: str | None = None
-    next_seq: int = 0
-    last_ts: int = 0
-    fencing_token: str = ""
-    trim_point: int = 0
-    # The basin's stream_cipher when the stream was created (BasinConfig.stream_cipher: "Encryption algorithm to
-    # apply to newly created streams in the basin"): a later change of the basin's cipher leaves it as it is.
-    cipher: str | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    # Since the server started (metrics): append/read ops, records and metered bytes.
-    usage: Counter[str] = field(default_factory=Counter, repr=False)
-    # (arrival in ms, seq num after the records that arrived then), oldest first: what the retention age trims.
-    arrivals: deque[tuple[int, int]] = field(default_factory=deque, repr=False)
-
-    def info(self) -> dict[str, Any]:
-        """StreamInfo; `cipher` is "Encryption algorithm for this stream, if encryption is enabled" (null if not)."""
-        return {"name": self.name, "created_at": self.created_at, "deleted_at": None, "cipher": self.cipher}
-
-    @property
-    def tail(self) -> tuple[int, int]:
-        return self.next_seq, self.last_ts
-
-    def arrived(self, at_ms: int, end_seq: int) -> None:
-        """Records up to `end_seq` arrived by `at_ms` (for the retention age; one entry per second at most)."""
-        if self.arrivals and at_ms - self.arrivals[-1][0] < 1000:
-            self.arrivals[-1] = (self.arrivals[-1][0], end_seq)
-        else:
-            self.arrivals.append((at_ms, end_seq))
-
-    def publish(self) -> None:
-        """Wake every reader following this stream (a fresh Event per generation)."""
-        event, self.changed = self.changed, asyncio.Event()
-        event.set()
-
-
-@dataclass
-class _Work:
-    """Working copy of a stream's state while a group of appends is validated."""
-
-    next_seq: int
-    last_ts: int
-    fencing_token: str
-    trim_point: int
-
-
-class Session:
-    """An append session: once one of its batches fails, none of its later batches may be applied."""
-
-    def __init__(self) -> None:
-        self.failed: S2Error | None = None
 
 
 @dataclass
@@ -333,9 +128,9 @@ class Core:
         out = dict(base or {})
         if config is None:
             return out
-        fields = _set_fields(config, "basin config", {"default_stream_config", "create_stream_on_append",
+        fields = set_fields(config, "basin config", {"default_stream_config", "create_stream_on_append",
                                                       "create_stream_on_read", "stream_cipher"})
-        for key in _cleared(config, {"default_stream_config", "stream_cipher"}) if reconfigure else ():
+        for key in cleared_fields(config, {"default_stream_config", "stream_cipher"}) if reconfigure else ():
             out.pop(key, None)
         for key, value in fields.items():
             if key == "default_stream_config":
@@ -508,7 +303,7 @@ class Core:
                     self._queue.put_nowait(_Pending(stream, None, None, future, None, expire_below=below))
 
     async def _apply(self, group: list[_Pending]) -> None:
-        work: dict[int, _Work] = {}
+        work: dict[int, Work] = {}
         rows: list[tuple[int, int, int, int, bytes]] = []
         results: list[tuple[_Pending, bytes | S2Error]] = []
         for item in group:
@@ -519,15 +314,15 @@ class Core:
             if self.streams.get((stream.basin, stream.name)) is not stream:
                 results.append((item, S2Error("stream_not_found", f"stream {stream.name!r} was deleted")))
                 continue
-            state = work.get(stream.id) or _Work(stream.next_seq, stream.last_ts, stream.fencing_token,
-                                                   stream.trim_point)
+            state = work.get(stream.id) or Work(stream.next_seq, stream.last_ts, stream.fencing_token,
+                                                  stream.trim_point)
             if item.expire_below is not None:
                 state.trim_point = max(state.trim_point, min(item.expire_below, state.next_seq))
                 work[stream.id] = state
                 results.append((item, b""))
                 continue
             try:
-                new_rows, ack, new_state = self._prepare(stream, state, item.input, item.raw)
+                new_rows, ack, new_state = prepare(stream, state, item.input, item.raw)
             except S2Error as error:
                 results.append((item, error))
                 if item.session is not None:
@@ -570,104 +365,6 @@ class Core:
                 item.future.set_exception(result)
             else:
                 item.future.set_result(result)
-
-    def _prepare(self, stream: Stream, state: _Work, append_input: Any, raw: bytes | None
-                 ) -> tuple[list[Any], bytes, _Work]:
-        records = append_input.records
-        count = len(records)
-        if not 1 <= count <= MAX_BATCH_RECORDS:
-            raise S2Error("invalid", f"a batch holds 1 to {MAX_BATCH_RECORDS} records, got {count}")
-        if append_input.HasField("fencing_token") and \
-                len(append_input.fencing_token.encode()) > MAX_FENCING_TOKEN_BYTES:
-            raise S2Error("invalid", f"fencing_token is at most {MAX_FENCING_TOKEN_BYTES} bytes")
-        if append_input.HasField("fencing_token") and append_input.fencing_token != state.fencing_token:
-            raise fencing_token_mismatch(state.fencing_token)
-        if append_input.HasField("match_seq_num") and append_input.match_seq_num != state.next_seq:
-            raise seq_num_mismatch(state.next_seq)
-        timestamping = stream.config.get("timestamping") or {}
-        mode = timestamping.get("mode") or "client-prefer"
-        uncapped = bool(timestamping.get("uncapped"))
-        arrival = now_ms()
-        seq, last_ts, token, trim = state.next_seq, state.last_ts, state.fencing_token, state.trim_point
-        parts = split_append_records(raw) if raw is not None else [r.SerializeToString() for r in records]
-        rows = []
-        total = 0
-        first_ts = None
-        ts_bytes: tuple[int, bytes] = (-1, b"")
-        sid = stream.id
-        for index, part in enumerate(parts):
-            if not part or part[0] == 0x1A:
-                # Fast path, the common case: a body and nothing else. Its bytes are re-tagged into a
-                # SequencedRecord (body is field 3 in AppendRecord, field 4 in SequencedRecord).
-                body_len = len(part) - 2  # tag byte + a one-byte length, unless the body is 128 bytes or more
-                if body_len >= 0x80:
-                    body_len = read_varint(part, 1)[0]
-                metered = 8 + max(body_len, 0)
-                if mode == "client-require":
-                    raise S2Error("invalid", "this stream's timestamping mode is client-require: every record "
-                                             "needs a timestamp")
-                ts = max(arrival, last_ts)
-                if ts != ts_bytes[0]:
-                    ts_bytes = (ts, varint(ts))
-                blob = b"\x08" + varint(seq) + b"\x10" + ts_bytes[1] + (b"\x22" + part[1:] if part else b"")
-            else:
-                record = records[index]
-                metered, ts, token, trim = self._slow_record(record, mode, uncapped, arrival, last_ts, token, trim)
-                ts = max(ts, last_ts)
-                blob = pb.SequencedRecord(seq_num=seq, timestamp=ts, headers=record.headers,
-                                          body=record.body).SerializeToString()
-            if metered > MIB:
-                raise S2Error("invalid", f"record {index} of the batch is {metered} metered bytes; the limit is {MIB}")
-            total += metered
-            last_ts = ts  # monotonic per stream: every path above takes max(ts, last_ts)
-            if first_ts is None:
-                first_ts = ts
-            rows.append((sid, seq, ts, metered, b"\x0a" + varint(len(blob)) + blob))
-            seq += 1
-        if total > MIB:
-            raise S2Error("invalid", f"the batch is {total} metered bytes; the limit is {MIB}")
-        trim = min(trim, seq)
-        assert first_ts is not None
-        ack = append_ack((state.next_seq, first_ts), (seq, last_ts), (seq, last_ts))
-        return rows, ack, _Work(seq, last_ts, token, trim)
-
-    @staticmethod
-    def _slow_record(record: Any, mode: str, uncapped: bool, arrival: int, last_ts: int, token: str, trim: int
-                     ) -> tuple[int, int, str, int]:
-        """Metered size, timestamp and command effects of a record with headers or a client timestamp."""
-        headers = record.headers
-        metered = 8 + 2 * len(headers) + len(record.body)
-        command = None
-        for header in headers:
-            metered += len(header.name) + len(header.value)
-            if not header.name:
-                command = header.value
-        if command is not None:
-            if len(headers) != 1:
-                raise S2Error("invalid", "a command record has exactly one header, whose name is empty")
-            if command == b"fence":
-                if len(record.body) > MAX_FENCING_TOKEN_BYTES:
-                    raise S2Error("invalid", f"fencing token longer than {MAX_FENCING_TOKEN_BYTES} bytes")
-                try:
-                    token = record.body.decode()
-                except UnicodeDecodeError:
-                    raise S2Error("invalid", "fencing token must be UTF-8") from None
-            elif command == b"trim":
-                if len(record.body) != 8:
-                    raise S2Error("invalid", "a trim command's body is an 8-byte big-endian seq num")
-                trim = max(trim, int.from_bytes(record.body, "big"))
-            else:
-                raise S2Error("invalid", f"unknown command record {command!r}")
-        if mode == "arrival":
-            ts = arrival
-        elif record.HasField("timestamp"):
-            ts = record.timestamp if uncapped else min(record.timestamp, arrival)
-        elif mode == "client-require":
-            raise S2Error("invalid", "this stream's timestamping mode is client-require: every record needs a "
-                                     "timestamp")
-        else:
-            ts = arrival
-        return metered, max(ts, last_ts), token, trim
 
     # ------------------------------------------------------------------ reads
     def resolve_start(self, stream: Stream, seq_num: int | None, timestamp: int | None, tail_offset: int | None,

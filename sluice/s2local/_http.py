@@ -9,7 +9,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qs
 
-from sluice.s2local._core import MIB, U64_MAX
+from sluice.s2local._config import MIB, U64_MAX
 from sluice.s2local._errors import S2Error
 from sluice.s2local._tokens import Caller
 from sluice.s2local._wire import compress

@@ -12,10 +12,12 @@ import time
 from typing import Any
 
 from sluice.s2local import _proto as pb
-from sluice.s2local._core import MIB, Core, Session, Stream, check_uint
+from sluice.s2local._config import MIB, check_uint
+from sluice.s2local._core import Core
 from sluice.s2local._crypto import RecordCipher
 from sluice.s2local._errors import S2Error
 from sluice.s2local._http import INT32_MAX, S2S, Request, basin_of, header_config, int_param
+from sluice.s2local._resources import Session, Stream
 from sluice.s2local._wire import FrameReader, frame, is_command_record, read_batch, terminal_frame
 
 # The SDK gives up on a silent read session after 20 s; s2-lite sends one every 5-15 s.

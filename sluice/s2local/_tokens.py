@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sluice.s2local._core import check_stream_name
+from sluice.s2local._config import check_stream_name
 from sluice.s2local._errors import S2Error
 
 # Operation -> (group, read or write). Groups as S2 documents them: account-level operations act on the
