@@ -24,6 +24,7 @@ from typing import Any
 COMMIT_FENCE_PREFIX = "sluice-commit "
 _OPENING_FENCE = re.compile(rb"^[0-9a-f]{24}#")  # opening_token(): a writer's digest, '#', its attempt
 _SCAN_WINDOW = 1000  # records per read while looking back for a commit fence (S2's most per read)
+MAX_CONCURRENT_FENCES = 64  # as the store's unary requests in flight (_store.py)
 
 
 def writer_digest(writer_id: bytes) -> str:
@@ -41,12 +42,19 @@ def commit_token(write_id: str, epoch: int | None) -> str:
 
 
 async def append_commit_fences(streams: list[Any], write_id: str, epoch: int | None) -> None:
-    """One commit fence on each stream (SDK handles), concurrently. No fencing token is given: the writers' tokens
+    """One commit fence on each stream (SDK handles), MAX_CONCURRENT_FENCES at a time (a write routed over many
+    streams must stay inside a connection's HTTP/2 stream limit). No fencing token is given: the writers' tokens
     end here."""
     import s2_sdk
 
     record = s2_sdk.CommandRecord.fence(commit_token(write_id, epoch))
-    await asyncio.gather(*(stream.append(s2_sdk.AppendInput(records=[record])) for stream in streams))
+    slots = asyncio.Semaphore(MAX_CONCURRENT_FENCES)
+
+    async def fence(stream: Any) -> None:
+        async with slots:
+            await stream.append(s2_sdk.AppendInput(records=[record]))
+
+    await asyncio.gather(*(fence(stream) for stream in streams))
 
 
 def _fence_token(record: Any) -> bytes | None:
