@@ -72,18 +72,34 @@ def _in_progress(record: Any) -> bool:
     return any(name == b"@writer" for name, _ in record.headers)
 
 
-async def committed_end(stream: Any, tail: int, floor: int) -> int:
+async def tail_and_last(stream: Any) -> tuple[int, Any | None]:
+    """The stream's tail and the record just before it (None: empty, or not known from this one read), in one read
+    when S2 answers the tail with it (S2's ReadBatch.tail: "present when reading recent records")."""
+    import s2_sdk
+
+    try:
+        batch = await stream.read(start=s2_sdk.TailOffset(1), limit=s2_sdk.ReadLimit(count=1))
+    except s2_sdk.ReadUnwrittenError as empty:
+        return empty.tail.seq_num, None
+    if batch.tail is None:
+        return (await stream.check_tail()).seq_num, None
+    last = batch.records[-1] if batch.records else None
+    return batch.tail.seq_num, last if last is not None and last.seq_num == batch.tail.seq_num - 1 else None
+
+
+async def committed_end(stream: Any, tail: int, floor: int, last: Any | None = None) -> int:
     """The position up to which `stream` is committed: `tail` unless a micro-batch is in progress there; then the
     position after its last commit fence, or `floor` (where the reader stands) when none is found after it.
+    `last`: the record at `tail` - 1, when known.
 
     A stamped stream with no fence at all between `floor` and `tail` is an at-least-once stream written with
     s2.stamp-writer: read to its tail."""
-    import s2_sdk
-
     if tail <= floor:
         return tail
-    last = await stream.read(start=s2_sdk.TailOffset(1), limit=s2_sdk.ReadLimit(count=1))
-    if not last.records or not _in_progress(last.records[-1]):
+    if last is None or last.seq_num != tail - 1:
+        before = await _records_between(stream, tail - 1, tail)
+        last = before[-1] if before else None
+    if last is None or not _in_progress(last):
         return tail
     position, opened = tail, False
     while position > floor:

@@ -23,7 +23,7 @@ from sluice.connector import (
     Split,
     SplitEnumerator,
 )
-from sluice.connectors.s2._commits import committed_end
+from sluice.connectors.s2._commits import committed_end, tail_and_last
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 
 log = logging.getLogger("sluice.s2")
@@ -144,12 +144,14 @@ class S2Enumerator(SplitEnumerator):
                 raise explain_sdk_error(error, self.conn.basin, split.split_id, "check-tail or read", self.conn) \
                     or error from None
 
+        committed = self.read_committed and any(kind == "latest" for kind, _ in wheres)
+
         async def positions(stream: Any, floor: int | None) -> list[int]:
-            tail = (await stream.check_tail()).seq_num
+            tail, last = await tail_and_last(stream) if committed else ((await stream.check_tail()).seq_num, None)
             out: list[int] = []
             for kind, value in wheres:
-                if kind == "latest" and self.read_committed and (floor is not None or out):
-                    out.append(await committed_end(stream, tail, out[0] if floor is None else floor))
+                if kind == "latest" and committed and (floor is not None or out):
+                    out.append(await committed_end(stream, tail, out[0] if floor is None else floor, last))
                 elif kind == "latest":
                     out.append(tail)
                 elif kind == "seq":
