@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from sluice.connector import DELETE_OPS_SQL, OptionError, SluiceError
 from sluice.meta import MetaService
+from sluice.tablestore._retention import oldest_needed_version, trim_log
 from sluice.tablestore._storage import Warehouse
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -222,7 +223,17 @@ class StoreTable:
         if compact_min_files and small >= compact_min_files:
             self.compact(compact_target_bytes, dt, checkpoint_interval)
             self.clean(meta, keep_last=log_retention, dt=dt, checkpoint_interval=checkpoint_interval)
+        elif version % checkpoint_interval == 0:  # a table that never compacts (upserts rewrite their files) too
+            self.forget_barriers(meta, version - log_retention)
         return Commit(self.name, barrier, version, replayed=False)
+
+    def forget_barriers(self, meta: MetaService, below_version: int) -> int:
+        """Drop the MetaService's rows of barriers completed before `below_version` that no consistent read can use
+        (older than the oldest version one may open), so they do not grow with every commit. Returns the rows."""
+        keep_from = oldest_needed_version(self.name, meta)
+        if keep_from is None:
+            return 0  # no barrier in common yet: any of them may still be needed
+        return meta.prune_barriers(self.name, min(keep_from, below_version))
 
     def checkpoint_if_crossed(self, dt: Any, before: int, interval: int = CHECKPOINT_INTERVAL) -> None:
         """A checkpoint at `dt`'s version if versions since `before` reached a multiple of `interval`. Compactions
@@ -360,36 +371,3 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     if (pa.types.is_list(a) and pa.types.is_list(b)) or (pa.types.is_large_list(a) and pa.types.is_large_list(b)):
         return _same_type(a.value_type, b.value_type)
     return a == b
-
-
-def oldest_needed_version(name: str, meta: MetaService) -> int | None:
-    """The table's version at the consistent barrier of every table linked to it through jobs (upstream and
-    downstream): any consistent read that includes this table reads that version or a newer one. None before the
-    tables have a barrier in common (then any version may still be needed)."""
-    from sluice.meta import NoConsistentVersionError
-
-    linked = {name} | meta.upstream([name]) | meta.downstream([name])
-    try:
-        return meta.consistent_version(sorted(linked)).versions[name]
-    except NoConsistentVersionError:
-        return None
-
-
-def trim_log(table: StoreTable, keep_from: int, *, dry_run: bool = False) -> list[str]:
-    """Delete the Delta log entries no version from `keep_from` on needs: those before the newest checkpoint at or
-    below `keep_from` (that checkpoint and the entries after it open every such version). Returns their paths."""
-    from pyarrow import fs as pafs
-
-    fs = table.warehouse.filesystem()
-    log = table.file_path("_delta_log")
-    names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log)) if i.type == pafs.FileType.File]
-    versioned = [(int(n[:20]), n) for n in names if n[:20].isdigit()]
-    checkpoints = [v for v, n in versioned if ".checkpoint." in n and v <= keep_from]
-    if not checkpoints:
-        return []
-    floor = max(checkpoints)
-    doomed = [f"{log}/{n}" for v, n in versioned if v < floor]
-    if not dry_run:
-        for path in doomed:
-            fs.delete_file(path)
-    return doomed
