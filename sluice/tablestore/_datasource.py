@@ -118,8 +118,14 @@ class TableStoreDataSource(EngineDataSource):
             meta = MetaService(opts["meta"])
             found = meta.barrier_version(table.name, opts["barrier"])
             if found is None:
+                known = [b for b, _ in meta.barriers(table.name)]
+                if known and opts["barrier"] < known[0]:
+                    raise OptionError(f"table '{table.name}': barrier {opts['barrier']} is older than the oldest one "
+                                      f"the MetaService keeps ({known[0]}): it forgets barriers of versions older "
+                                      "than log-retention-versions back (and than any a consistent read may open). "
+                                      "Read an older state by option 'version' while the table's log still has it.")
                 raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}; its barriers: "
-                                  f"{[b for b, _ in meta.barriers(table.name)][-5:]} (last 5)")
+                                  f"{known[-5:]} (last 5)")
             version = found
         elif opts["consistent-with"]:
             version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
