@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from _soak_bank import Fault, Run
 
@@ -198,4 +199,21 @@ def growth(env: dict, work: Path) -> dict[str, float]:
     return {"driver_rss_bytes": rss_bytes(driver.tree()),
             "s2_server_rss_bytes": rss_bytes([env["s2"].process.pid] if env["s2"].process else []),
             "checkpoint_bytes": folder_bytes(work / "checkpoints"), "s2_data_bytes": folder_bytes(work / "s2"),
-            "warehouse_bytes": folder_bytes(work / "warehouse"), "meta_rows": meta_rows}
+            "s2_stored_bytes": s2_stored_bytes(env["s2"]), "warehouse_bytes": folder_bytes(work / "warehouse"),
+            "meta_rows": meta_rows}
+
+
+def s2_stored_bytes(s2: Any) -> int:
+    """The stream's `storage` metric (S2's stream_metrics): the metered bytes it holds now. Its folder on disk
+    (s2_data_bytes) also counts SQLite's write-ahead log and pages freed by trimming, which it reuses."""
+    import asyncio
+
+    import s2_sdk
+
+    async def ask() -> int:
+        async with s2_sdk.S2(s2.access_token, endpoints=s2.endpoints) as client:
+            metrics = await client.stream_metrics("sluice-soak", "bank", set=s2_sdk.StreamMetricSet.STORAGE)
+            points = [point for gauge in metrics for point in getattr(gauge, "values", [])]
+            return int(max(points)[1]) if points else 0  # the newest point
+
+    return asyncio.run(ask())

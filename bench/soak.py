@@ -31,8 +31,9 @@ Checked all along and at the end (the verdict is the exit code: 0 holds, 1 viola
 Reported: transfers committed, faults by kind, recovery time per fault (from the fault to the first change
 committed after it arriving in the PostgreSQL copy), latency p50/p99 outside fault windows, and the growth per hour
 over the run's second half (sampled every minute) of memory (the S2 server; the driver over its longest life, as a
-killed driver starts small again), checkpoints, S2's data (the stream keeps 10 minutes, S2_RETENTION_S), the
-warehouse and the MetaService's rows, with the samples at a quarter, half, three quarters and the end.
+killed driver starts small again), checkpoints, S2's data (its folder, and the stream's storage metric; the stream
+keeps 10 minutes, S2_RETENTION_S), the warehouse and the MetaService's rows, with the samples at a quarter, half,
+three quarters and the end.
 """
 
 from __future__ import annotations
