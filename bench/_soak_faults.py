@@ -81,6 +81,13 @@ def parent(pid: int) -> int | None:
         return None
 
 
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def rss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -196,7 +203,10 @@ def growth(env: dict, work: Path) -> dict[str, float]:
     with psycopg.connect(env["admin_url"].rsplit("/", 1)[0] + "/meta", autocommit=True) as conn:
         tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
         meta_rows = sum(conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables)
-    return {"driver_rss_bytes": rss_bytes(driver.tree()),
+    tree = driver.tree()
+    jvm = [pid for pid in tree if command(pid) == "java"]
+    return {"driver_rss_bytes": rss_bytes(tree), "driver_jvm_rss_bytes": rss_bytes(jvm),
+            "driver_processes": len(tree),
             "s2_server_rss_bytes": rss_bytes([env["s2"].process.pid] if env["s2"].process else []),
             "checkpoint_bytes": folder_bytes(work / "checkpoints"), "s2_data_bytes": folder_bytes(work / "s2"),
             "s2_stored_bytes": s2_stored_bytes(env["s2"]), "warehouse_bytes": folder_bytes(work / "warehouse"),

@@ -106,12 +106,14 @@ def growth_report(samples: list[Sample]) -> dict:
         hours = (last.at_s - first.at_s) / 3600
         return round((last.values[key] - first.values[key]) / hours) if hours > 0 else None
 
-    out = {key: per_hour(half[0], end, key) for key in end.values if key != "driver_rss_bytes"}
+    driver_keys = ("driver_rss_bytes", "driver_jvm_rss_bytes", "driver_processes")
+    out = {key: per_hour(half[0], end, key) for key in end.values if key not in driver_keys}
     lives: dict[int, list[Sample]] = {}
     for x in half:
         lives.setdefault(x.driver_starts, []).append(x)
     longest = max(lives.values(), key=lambda life: life[-1].at_s - life[0].at_s)
-    out["driver_rss_bytes"] = per_hour(longest[0], longest[-1], "driver_rss_bytes")
+    for key in driver_keys:
+        out[key] = per_hour(longest[0], longest[-1], key)
     marks = [samples[min(len(samples) - 1, round(f * (len(samples) - 1)))] for f in (0.25, 0.5, 0.75, 1.0)]
     return {"growth_per_hour": out,
             "growth_window": {"from_min": round(half[0].at_s / 60, 1), "to_min": round(end.at_s / 60, 1),

@@ -61,7 +61,7 @@ class Core:
         for row in streams:
             sid, basin, name, config, created_at, token, next_seq, last_ts, fence, trim, cipher = row
             self.streams[(basin, name)] = Stream(sid, basin, name, json.loads(config), created_at, token,
-                                                 next_seq, last_ts, fence, trim, cipher)
+                                                 next_seq, last_ts, fence, trim, cipher, stored_before_start=next_seq)
         self._queue: asyncio.Queue[_Pending] | None = None
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
@@ -288,7 +288,8 @@ class Core:
     async def _expire_loop(self) -> None:
         """S2's retention_policy.age ("automatic trimming of records older than this threshold"), by the age since
         arrival (a record's timestamp may be a client's, from any time); trimmed through the append queue, so the
-        stream's state has one writer. Records that arrived before a restart go with the first later ones."""
+        stream's state has one writer. Records stored before the server started, whose arrival it no longer knows,
+        go by their timestamps (monotonic in a stream)."""
         while True:
             await asyncio.sleep(EXPIRE_EVERY_S)
             for stream in list(self.streams.values()):
@@ -296,6 +297,8 @@ class Core:
                 if age is None:
                     continue
                 cutoff, below = now_ms() - age * 1000, stream.trim_point
+                if below < stream.stored_before_start:
+                    below = self.storage.first_seq_at(stream.id, cutoff, below, stream.stored_before_start)
                 while stream.arrivals and stream.arrivals[0][0] + 1000 < cutoff:  # each entry spans up to 1 s
                     below = max(below, stream.arrivals.popleft()[1])
                 if below > stream.trim_point:

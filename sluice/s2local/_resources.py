@@ -41,6 +41,8 @@ class Stream:
     usage: Counter[str] = field(default_factory=Counter, repr=False)
     # (arrival in ms, seq num after the records that arrived then), oldest first: what the retention age trims.
     arrivals: deque[tuple[int, int]] = field(default_factory=deque, repr=False)
+    # Records below this were stored before the server started: their arrival is gone, their timestamp stands in.
+    stored_before_start: int = 0
 
     def info(self) -> dict[str, Any]:
         """StreamInfo; `cipher` is "Encryption algorithm for this stream, if encryption is enabled" (null if not)."""
