@@ -120,10 +120,11 @@ class TableStoreDataSource(EngineDataSource):
             if found is None:
                 known = [b for b, _ in meta.barriers(table.name)]
                 if known and opts["barrier"] < known[0]:
-                    raise OptionError(f"table '{table.name}': barrier {opts['barrier']} is older than the oldest one "
-                                      f"the MetaService keeps ({known[0]}): it forgets barriers of versions older "
-                                      "than log-retention-versions back (and than any a consistent read may open). "
-                                      "Read an older state by option 'version' while the table's log still has it.")
+                    raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}, or it was "
+                                      f"forgotten: the oldest kept barrier is {known[0]} (the MetaService forgets "
+                                      "barriers of versions older than log-retention-versions back, but any a "
+                                      "consistent read may open). Read an older state by option 'version' while the "
+                                      "table's log still has it.")
                 raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}; its barriers: "
                                   f"{known[-5:]} (last 5)")
             version = found
