@@ -6,7 +6,8 @@ match_seq_num; limits; command records), committed in one SQLite transaction, an
 and acknowledged. That gives contiguous seq nums, batches that never interleave, and durable acks.
 
 Beside it: S2's names, limits and configs (_config.py), the basins and streams it holds (_resources.py), and the
-check of one append against a stream's state (_appends.py).
+check of one append against a stream's state (_appends.py). Just past ~400 lines: what is left is the event loop's
+state and its one owner (registry, the append queue's group commit, retention, reads).
 """
 
 from __future__ import annotations

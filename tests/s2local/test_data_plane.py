@@ -332,6 +332,19 @@ def test_bad_json_appends_are_422_never_500(s2_server, basin_name, field):
 
 
 
+async def trimmed_to_tail(stream, tail: int, why: str) -> None:
+    """Until every record of `stream` is trimmed (a read from 0 is then S2's 416, with the tail), for up to 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await stream.read(start=SeqNum(0))
+        except s2_sdk.ReadUnwrittenError as trimmed:
+            assert trimmed.tail.seq_num == tail
+            return
+        assert time.monotonic() < deadline, why
+        await asyncio.sleep(0.1)
+
+
 def test_records_past_the_retention_age_are_trimmed_and_others_kept(s2_server, basin_name):
     """StreamConfig.retention_policy: "Age in seconds for automatic trimming of records older than this threshold"
     (S2's API; its age counts from arrival here, whatever timestamp a client gave). The default (7 days) and
@@ -344,15 +357,7 @@ def test_records_past_the_retention_age_are_trimmed_and_others_kept(s2_server, b
                       await new_stream(s2, basin_name, "kept", StreamConfig(retention_policy="infinite"))]
             for stream in (aged, *others):
                 await stream.append(AppendInput(records=[Record(body=b"x", timestamp=1000 + i) for i in range(5)]))
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    await aged.read(start=SeqNum(0))
-                except s2_sdk.ReadUnwrittenError as trimmed:
-                    assert trimmed.tail.seq_num == 5
-                    break
-                assert time.monotonic() < deadline, "records outlived a 1 s retention age for 30 s"
-                await asyncio.sleep(0.1)
+            await trimmed_to_tail(aged, 5, "records outlived a 1 s retention age for 30 s")
             assert (await aged.check_tail()).seq_num == 5, "trimming moves the head, never the tail"
             for stream in others:
                 assert [r.seq_num for r in (await stream.read(start=SeqNum(0))).records] == [0, 1, 2, 3, 4]
@@ -381,15 +386,7 @@ def test_records_stored_before_a_restart_are_trimmed_by_their_timestamps(tmp_pat
         async def trimmed():
             async with client_for(server) as s2:
                 aged, default = (s2.basin(basin_name).stream(n) for n in ("aged", "default"))
-                deadline = time.monotonic() + 30
-                while True:
-                    try:
-                        await aged.read(start=SeqNum(0))
-                    except s2_sdk.ReadUnwrittenError as gone:
-                        assert gone.tail.seq_num == 5
-                        break
-                    assert time.monotonic() < deadline, "records stored before a restart outlived a 2 s age"
-                    await asyncio.sleep(0.1)
+                await trimmed_to_tail(aged, 5, "records stored before a restart outlived a 2 s age for 30 s")
                 assert len((await default.read(start=SeqNum(0))).records) == 5
 
         run(trimmed())
