@@ -22,6 +22,7 @@ from typing import Any
 
 from sluice.s2local._appends import Work, prepare
 from sluice.s2local._config import (
+    STREAM_DEFAULTS,
     basin_config_view,
     check_basin_name,
     check_stream_name,
@@ -294,7 +295,7 @@ class Core:
         while True:
             await asyncio.sleep(EXPIRE_EVERY_S)
             for stream in list(self.streams.values()):
-                age = effective_stream_config(stream.config)["retention_policy"].get("age")
+                age = (stream.config.get("retention_policy") or STREAM_DEFAULTS["retention_policy"]).get("age")
                 if age is None:
                     continue
                 cutoff, below = now_ms() - age * 1000, stream.trim_point
