@@ -144,6 +144,9 @@ class SinkConfig:
     batch_by: str = "bucket"
     batch_creator: str | None = None  # 'module:Class', instantiated per task
     request_buffer: str | None = None
+    # A streaming query's write: planned, run and committed again every micro-batch, so a store may keep its
+    # connections between them (not an option: Spark decides).
+    streaming: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -11,6 +11,7 @@ Everything a task needs travels in the plan; the DataSource keeps no state betwe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import uuid
 from collections.abc import Callable, Hashable, Iterator
@@ -164,7 +165,7 @@ class EngineDataSource(DataSource):
                               "checkpoint (query id and batch id). Remove sink.write-id.")
         if not self.writes_any_type:
             check_writable(self.format_name, schema)
-        config = self.sink_config(opts, schema)
+        config = dataclasses.replace(self.sink_config(opts, schema), streaming=streaming)
         config.check_store_limits(self.format_name, *self.store_limits)
         plan = self.plan_write(opts, schema, config, overwrite)
         if config.transactional and plan.committer() is None:

@@ -121,6 +121,12 @@ class LocalPostgres:
     def url(self) -> str:
         return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{self.dbname}"
 
+    @property
+    def log_path(self) -> Path:
+        """The server's log file (stderr), for tests that read what the server logged."""
+        assert self._dir is not None, "the server is not started"
+        return self._dir / "server.log"
+
     def _as_user(self) -> dict[str, object]:
         """Popen arguments that drop root to the `postgres` user (PostgreSQL refuses to run as root)."""
         if os.geteuid() != 0:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from sluice.connector import Option, OptionError, Options, RetryableError, SluiceError, ThrottledError
+from sluice.connectors.postgres._pool import POOL, Lease, PoolKey
 
 CONNECTION_OPTIONS = (
     Option("url", "str", None, "postgresql://user@host:port/dbname (a password in it is redacted everywhere); "
@@ -161,6 +163,27 @@ class Connection:
         import psycopg
 
         return self._retrying(lambda: psycopg.connect(self.uri(), autocommit=autocommit))
+
+    def pool_key(self, driver: str = "psycopg", *, autocommit: bool = True, session: tuple[str, ...] = ()) -> PoolKey:
+        """The key of this server's connections in the process's pool (_pool.py): driver "adbc" or "psycopg"."""
+        return PoolKey(driver, self.uri(), autocommit, session)
+
+    def pooled(self, driver: str = "psycopg", *, autocommit: bool = True, session: tuple[str, ...] = (),
+               pooled: bool = True) -> AbstractContextManager[Any]:
+        """A connection for a block, from the process's pool when `pooled` (given back when the block ends cleanly,
+        closed if it raises), else a new one closed with the block."""
+        key = self.pool_key(driver, autocommit=autocommit, session=session)
+        return POOL.connection(key, lambda: self.open(key), pooled)
+
+    def lease(self, key: PoolKey, *, pooled: bool = True) -> Lease:
+        """A connection for a user that outlives a block (from the pool when `pooled`): lease.release(clean)."""
+        return POOL.lease(key, lambda: self.open(key), pooled)
+
+    def open(self, key: PoolKey) -> Any:
+        """A new connection as `key` describes it (its session statements are the pool's to run)."""
+        if key.driver == "adbc":
+            return self.connect(autocommit=key.autocommit)
+        return self.connect_psycopg(autocommit=key.autocommit)
 
     def _retrying(self, connect: Any) -> Any:
         delay = 0.5

@@ -44,7 +44,7 @@ class PostgresDataSource(EngineDataSource):
         conn_info = Connection.from_options(opts)
         staged = config.transactional or overwrite  # overwrite is always staged and committed by the driver
         table = prepare_target(conn_info, opts, schema, to_arrow_schema(schema),
-                               overwrite=overwrite, staged=staged)
+                               overwrite=overwrite, staged=staged, pooled=config.streaming)
         return PostgresWritePlan(self.format_name, opts, schema, config, conn_info, table, overwrite)
 
     # ------------------------------------------------------------------ reading

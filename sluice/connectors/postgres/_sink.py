@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from sluice.connectors.postgres._conn import (
     quote_ident,
     quote_literal,
 )
+from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._table import TablePlan, schema_digest
 
 log = logging.getLogger("sluice.postgres")
@@ -86,7 +86,7 @@ class PostgresStore(BlockingStore):
     supports_transactions = True
 
     def __init__(self, conn_info: Connection, plan: TablePlan, rows: ArrowRows, context: WriteContext,
-                 connections: int) -> None:
+                 connections: int, pooled: bool = False) -> None:
         super().__init__()
         self.conn_info = conn_info
         self.plan = plan
@@ -94,35 +94,35 @@ class PostgresStore(BlockingStore):
         self.context = context
         self.io_threads = connections
         self._local = threading.local()
-        self._all: list[Any] = []
+        self._all: list[Lease] = []
         self._lock = threading.Lock()
         self._written = 0
         # Staged and direct appends are single COPYs (autocommit); the temp-table path is a transaction.
         self._autocommit = bool(plan.stage_table) or plan.direct
+        self._pool_key = conn_info.pool_key("psycopg" if plan.csv else "adbc", autocommit=self._autocommit)
+        self._pooled = pooled  # a streaming query's micro-batches: the next task in this process reuses them
 
     @property
     def target(self) -> str:
         return f"{self.conn_info.host}:{self.conn_info.port}/{self.conn_info.dbname} {self.plan.display}"
 
     def _conn(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self.conn_info.connect_psycopg() if self.plan.csv else \
-                self.conn_info.connect(autocommit=self._autocommit)
-            self._local.conn = conn
+        lease = getattr(self._local, "lease", None)
+        if lease is None:
+            lease = self.conn_info.lease(self._pool_key, pooled=self._pooled)
+            self._local.lease = lease
             with self._lock:
-                self._all.append(conn)
-        return conn
+                self._all.append(lease)
+        return lease.conn
 
     def _drop_conn(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
+        lease = getattr(self._local, "lease", None)
+        self._local.lease = None
+        if lease is not None:
             with self._lock:
-                if conn in self._all:
-                    self._all.remove(conn)
-            with contextlib.suppress(Exception):
-                conn.close()
+                if lease in self._all:
+                    self._all.remove(lease)
+            lease.release(clean=False)
 
     def write_batch(self, batch: Batch) -> None:
         table = self.rows.table(batch.entries)
@@ -198,33 +198,38 @@ class PostgresStore(BlockingStore):
     def close(self) -> None:
         super().close()
         with self._lock:
-            conns, self._all = self._all, []
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                conn.close()
+            leases, self._all = self._all, []
+        # Every write_batch has returned (the I/O threads are joined): a connection still here is clean (a failed
+        # statement rolled back, a broken connection dropped), so the process's next task may use it.
+        for lease in leases:
+            lease.release(clean=True)
 
 
 class PostgresCommitter(Committer):
     """Driver side of staged writes: one transaction per write or micro-batch, guarded by the commit log."""
 
-    def __init__(self, conn_info: Connection, plan: TablePlan) -> None:
+    def __init__(self, conn_info: Connection, plan: TablePlan, pooled: bool = False) -> None:
         self.conn_info = conn_info
         self.plan = plan
+        self.pooled = pooled  # a streaming query's: the next micro-batch's commit reuses the connection
 
     def _where(self, context: WriteContext) -> str:
         epoch = context.epoch if context.epoch is not None else -1
         return f"_sluice_write = {quote_literal(context.write_id)} AND _sluice_epoch = {int(epoch)}"
 
     def commit(self, messages: list[Any], context: WriteContext) -> None:
+        # SQL only, so psycopg (connects ~8x faster than ADBC). Statements with bind parameters double a '%' in
+        # identifiers (psycopg's placeholder syntax); statements without are sent as they are.
+        with self.conn_info.pooled(autocommit=False, pooled=self.pooled) as conn:
+            self._commit_on(conn, messages, context)
+
+    def _commit_on(self, conn: Any, messages: list[Any], context: WriteContext) -> None:
         plan = self.plan
         assert plan.stage_table is not None
         stage = qualified(plan.schema, plan.stage_table)
         epoch = context.epoch if context.epoch is not None else -1
         where = self._where(context)
         rows = sum(int(m["rows"]) for m in messages)
-        # SQL only, so psycopg (connects ~8x faster than ADBC). Statements with bind parameters double a '%' in
-        # identifiers (psycopg's placeholder syntax); statements without are sent as they are.
-        conn = self.conn_info.connect_psycopg(autocommit=False)
         try:
             cur = conn.cursor()
             log_table = qualified(plan.schema, "sluice_commit_log").replace("%", "%%")
@@ -257,18 +262,13 @@ class PostgresCommitter(Committer):
             conn.rollback()
             raise PostgresError(f"commit of {plan.display} (write {context.write_id}, epoch {epoch}) failed and was "
                                 f"rolled back; nothing of it is visible: {self.conn_info.scrub(e)}") from None
-        finally:
-            conn.close()
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         if self.plan.stage_table is None:
             return
-        conn = self.conn_info.connect_psycopg()
-        try:
-            conn.cursor().execute(f"DELETE FROM {qualified(self.plan.schema, self.plan.stage_table)} "
-                                  f"WHERE {self._where(context)}")
-        finally:
-            conn.close()
+        with self.conn_info.pooled(pooled=self.pooled) as conn:
+            conn.execute(f"DELETE FROM {qualified(self.plan.schema, self.plan.stage_table)} "
+                         f"WHERE {self._where(context)}")
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,7 @@ class PostgresWritePlan(WritePlan):
             return Encoded(*rows.add(batch))
 
         return TaskWriter(encode, PostgresStore(self.conn_info, table, rows, context,
-                                                self.options["connections-per-task"]))
+                                                self.options["connections-per-task"], self.config.streaming))
 
     def committer(self) -> Committer:
-        return PostgresCommitter(self.conn_info, self.table)
+        return PostgresCommitter(self.conn_info, self.table, self.config.streaming)

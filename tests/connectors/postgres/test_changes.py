@@ -676,7 +676,7 @@ def test_a_transaction_larger_than_a_fetch_batch_streams_in_batches_and_a_stoppe
     # A read Spark stops early (a task killed) closes its session with the rest unread; the batch reads again whole.
     closed = []
     close = _read.RangeFetch.close
-    monkeypatch.setattr(_read.RangeFetch, "close", lambda self: closed.append(self) or close(self))
+    monkeypatch.setattr(_read.RangeFetch, "close", lambda self, clean=False: closed.append(self) or close(self, clean))
     read = reader.read(part)
     next(read)
     assert closed == []

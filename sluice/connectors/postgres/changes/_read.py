@@ -18,6 +18,7 @@ from pyspark.sql.types import StructType
 from sluice.connector import DataLossError, Split
 from sluice.connectors.postgres._conn import PostgresError, quote_literal, sqlstate_of
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
+from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream
@@ -68,10 +69,13 @@ def _close_fetched(done: Future[RangeFetch]) -> None:
 
 class RangeFetch:
     """One fetch range's peek, executed: its first record batch in hand, the rest still streaming from the server on
-    the ADBC session, which closing ends."""
+    the ADBC session. Closing ends the session's use: a session that streamed to the end cleanly goes back to the
+    process's pool, unless it must end (`reusable` false: it holds a temporary slot)."""
 
-    def __init__(self, conn: Any, cur: Any, batches: Any, first: pa.RecordBatch | None) -> None:
-        self._conn, self._cur, self._batches, self._first = conn, cur, batches, first
+    def __init__(self, lease: Lease, cur: Any, batches: Any, first: pa.RecordBatch | None, reusable: bool) -> None:
+        self._lease, self._cur, self._batches, self._first = lease, cur, batches, first
+        self._reusable = reusable
+        self._drained = False
 
     def arrays(self) -> Iterator[pa.Array]:
         """The messages (`data` bytea), batch by batch."""
@@ -80,16 +84,18 @@ class RangeFetch:
             self._first = None
         for batch in self._batches:
             yield batch.column(0)
+        self._drained = True
 
-    def close(self) -> None:
+    def close(self, clean: bool = False) -> None:
+        """End the fetch; `clean`: its user read it to the end without an error."""
         self._cur.close()
-        self._conn.close()
+        self._lease.release(clean and self._drained and self._reusable)
 
     def __enter__(self) -> RangeFetch:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(clean=exc_type is None)
 
 
 def snapshot_gone(slot: str, error: Exception) -> PostgresError:
@@ -166,11 +172,10 @@ class ChangeReader:
         (dropped with the session), so the server sends only [low, high). Returns once the first batch is in, that
         is once the server finished the peek."""
         s = self.stream
-        conn = s.conn.connect()
-        cur = conn.cursor()
+        # A copy is a temporary slot, which lives as long as its session: that session ends with the fetch.
+        lease = s.conn.lease(s.conn.pool_key("adbc", session=DECODING_SESSION))
+        cur = lease.conn.cursor()
         try:
-            for statement in DECODING_SESSION:
-                cur.execute(statement)
             slot = self._copy_slot(cur, low) if copy else s.slot
             busy_retry(lambda: cur.execute(f"SELECT data FROM {s.peek(format_lsn(high), None, slot)}"),
                         f"reading changes of slot '{slot}'", s.conn)
@@ -180,17 +185,17 @@ class ChangeReader:
                 # Checked after the peek (it computes its whole result before the first row), which starts at the
                 # slot's position: moved past `low` by then, the peek missed the changes in between; moved later,
                 # it had them all. The ADBC session is busy streaming: ask on another.
-                with s.conn.connect_psycopg() as pg:
+                with s.conn.pooled() as pg:
                     self._check_position(pg.cursor(), s.slot, low)
-            return RangeFetch(conn, cur, batches, first)
+            return RangeFetch(lease, cur, batches, first, reusable=slot == s.slot)
         except BaseException:
             cur.close()
-            conn.close()
+            lease.release(clean=False)
             raise
 
     def _gone_columns(self, table: str, names: list[str]) -> list[str]:
         """Which of `names` `table` no longer has (asked only when a change carries a column the schema lacks)."""
-        with self.stream.conn.connect_psycopg() as pg:
+        with self.stream.conn.pooled() as pg:
             present = {name for name, _ in describe_columns(pg.cursor(), self.stream.table_options[table])}
         return [c for c in names if c not in present]
 
