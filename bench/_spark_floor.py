@@ -9,8 +9,8 @@ import pyarrow as pa
 
 
 def spark_floor(spark, workdir: str, batches: int = 20) -> dict[str, float]:
-    """Median micro-batch cycle with nothing to do: a minimal Python source into a Python sink, and the JVM's rate
-    source into noop, both with the default trigger."""
+    """Median micro-batch cycle with nothing to do, and the medians of its phases (Spark's durationMs): a minimal
+    Python source into a Python sink, and the JVM's rate source into noop, both with the default trigger."""
     from pyspark.sql.datasource import (
         DataSource,
         DataSourceStreamReader,
@@ -73,8 +73,10 @@ def spark_floor(spark, workdir: str, batches: int = 20) -> dict[str, float]:
         try:
             while len([p for p in query.recentProgress if p.numInputRows]) < batches + 5:
                 query.awaitTermination(0.5)
-            cycles = [p.durationMs["triggerExecution"] for p in query.recentProgress if p.numInputRows][5:]
+            busy = [p.durationMs for p in query.recentProgress if p.numInputRows][5:]
         finally:
             query.stop()
-        out[f"{label}_cycle_p50_ms"] = statistics.median(cycles)
+        out[f"{label}_cycle_p50_ms"] = statistics.median(d["triggerExecution"] for d in busy)
+        out[f"{label}_phases_median_ms"] = {phase: statistics.median(d.get(phase, 0) for d in busy)
+                                            for phase in sorted(busy[0])}
     return out
