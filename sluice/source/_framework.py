@@ -87,6 +87,9 @@ class SplitEnumerator(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot bound micro-batches by bytes")
 
+    def close(self) -> None:
+        """Release what the enumerator keeps open between calls (a streaming read's stop)."""
+
     def new_split_position(self, split: Split) -> int:
         """Where a split found while a stream runs starts: its beginning, so nothing it holds is missed."""
         return 0
@@ -244,3 +247,6 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         committed = end.get("splits", {})
         behind = sum(max(0, head - committed.get(sid, head)) for sid, head in self._heads.items())
         self._lag.report(SourceReport(*self._source, None, behind, 0, "", "", time.time()))
+
+    def stop(self) -> None:
+        self.enumerator.close()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sluice.connector import (
     Option,
@@ -23,10 +23,12 @@ from sluice.connector import (
     Split,
     SplitEnumerator,
 )
+from sluice.connectors.s2._calls import KeptClient
 from sluice.connectors.s2._commits import committed_end, tail_and_last
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 
 log = logging.getLogger("sluice.s2")
+T = TypeVar("T")
 
 DEFAULT_SCHEMA = ("stream string, seq_num long, timestamp timestamp, "
                   "headers array<struct<name: binary, value: binary>>, body binary")
@@ -88,10 +90,6 @@ def parse_position(text: str, option: str) -> tuple[str, int | None]:
     return "timestamp", int(moment.timestamp() * 1000)
 
 
-def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
 class S2Enumerator(SplitEnumerator):
     def __init__(self, conn: Connection, opts: Options, batch: bool) -> None:
         self.conn = conn
@@ -107,32 +105,47 @@ class S2Enumerator(SplitEnumerator):
             raise OptionError(f"s2.start={opts['s2.start']} is after s2.end={opts['s2.end']}: the read would return "
                               "nothing. Swap them, or check which one you meant.")
         self.read_committed = opts["s2.read-committed"]
+        # A streaming read asks again every micro-batch (and every poll while idle): one client kept (_calls.py).
+        self._kept = None if batch else KeptClient(conn)
         self._listed: list[Split] = []
         self._listed_at = float("-inf")
+
+    def _with_client(self, call: Callable[[Any], Awaitable[T]]) -> T:
+        """`call(client)` on the kept client of a streaming read, else on a client of its own."""
+        if self._kept is not None:
+            return self._kept.run(call)
+
+        async def once() -> T:
+            async with self.conn.client() as client:
+                return await call(client)
+
+        return asyncio.run(once())
+
+    def close(self) -> None:
+        if self._kept is not None:
+            self._kept.close()
 
     def discover(self) -> list[Split]:
         if self.streams:
             return [Split(s) for s in self.streams]
         if time.monotonic() - self._listed_at >= self.interval:
-            async def listing() -> list[str]:
+            async def listing(client: Any) -> list[str]:
                 import s2_sdk
 
-                async with self.conn.client() as client:
-                    try:
-                        return [s.name async for s in
-                                client.basin(self.conn.basin).list_all_streams(prefix=self.prefix)]
-                    except s2_sdk.S2Error as error:
-                        raise explain_sdk_error(error, self.conn.basin, None, "list-streams", self.conn) \
-                            or error from None
+                try:
+                    return [s.name async for s in client.basin(self.conn.basin).list_all_streams(prefix=self.prefix)]
+                except s2_sdk.S2Error as error:
+                    raise explain_sdk_error(error, self.conn.basin, None, "list-streams", self.conn) \
+                        or error from None
 
-            self._listed = [Split(name) for name in sorted(_run(listing()))]
+            self._listed = [Split(name) for name in sorted(self._with_client(listing))]
             self._listed_at = time.monotonic()
         return self._listed
 
     def _resolve(self, splits: Sequence[Split], *wheres: tuple[str, int | None],
                  floors: Mapping[str, int] | None = None) -> dict[str, list[int]]:
-        """Seq num of each of `wheres` in every split: one client (each costs an SSL context), one tail check per
-        stream, streams asked concurrently. With s2.read-committed, "latest" is the committed end (_commits.py)
+        """Seq num of each of `wheres` in every split: one client, one tail check per stream, streams asked
+        concurrently. With s2.read-committed, "latest" is the committed end (_commits.py)
         above each split's floor: `floors`, or the first of `wheres`."""
         import s2_sdk
 
@@ -171,14 +184,13 @@ class S2Enumerator(SplitEnumerator):
                     out.append(batch.records[0].seq_num if batch.records else tail)
             return out
 
-        async def resolve_all() -> list[list[int]]:
-            async with self.conn.client() as client:
-                basin = client.basin(self.conn.basin)
-                return await asyncio.gather(*(resolve(basin, split) for split in splits))
+        async def resolve_all(client: Any) -> list[list[int]]:
+            basin = client.basin(self.conn.basin)
+            return await asyncio.gather(*(resolve(basin, split) for split in splits))
 
         if not splits:
             return {}
-        return dict(zip([s.split_id for s in splits], _run(resolve_all()), strict=True))
+        return dict(zip([s.split_id for s in splits], self._with_client(resolve_all), strict=True))
 
     def start_position(self, split: Split) -> int:
         return self.start_positions([split])[split.split_id]
@@ -203,26 +215,25 @@ class S2Enumerator(SplitEnumerator):
     def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
         import s2_sdk
 
-        async def scan() -> tuple[int, int]:
+        async def scan(client: Any) -> tuple[int, int]:
             position, used = start, 0
-            async with self.conn.client() as client:
-                stream = self.conn.stream(client.basin(self.conn.basin), split.split_id)
-                while position < end and used < max_bytes:
-                    try:
-                        batch = await stream.read(start=s2_sdk.SeqNum(position),
-                                                  limit=s2_sdk.ReadLimit(count=min(1000, end - position)))
-                    except s2_sdk.ReadUnwrittenError:  # trimmed up to the tail meanwhile: nothing left to meter
+            stream = self.conn.stream(client.basin(self.conn.basin), split.split_id)
+            while position < end and used < max_bytes:
+                try:
+                    batch = await stream.read(start=s2_sdk.SeqNum(position),
+                                              limit=s2_sdk.ReadLimit(count=min(1000, end - position)))
+                except s2_sdk.ReadUnwrittenError:  # trimmed up to the tail meanwhile: nothing left to meter
+                    break
+                if not batch.records:
+                    break
+                for record in batch.records:
+                    size = s2_sdk.metered_bytes([record])
+                    if used + size > max_bytes and position > start:
+                        return position, used
+                    used += size
+                    position = record.seq_num + 1
+                    if position >= end:
                         break
-                    if not batch.records:
-                        break
-                    for record in batch.records:
-                        size = s2_sdk.metered_bytes([record])
-                        if used + size > max_bytes and position > start:
-                            return position, used
-                        used += size
-                        position = record.seq_num + 1
-                        if position >= end:
-                            break
             return min(position, end), used
 
-        return _run(scan())
+        return self._with_client(scan)

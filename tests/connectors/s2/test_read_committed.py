@@ -49,7 +49,10 @@ def task(s2_opts, epoch: int, ids: range, *, exactly_once: bool = True, commit: 
 def planned_end(s2_opts, floor: int = 0, **options) -> int:
     opts = READ_SPEC.parse(reading(s2_opts, **options))
     enumerator = S2Enumerator(Connection.from_options(opts), opts, batch=False)
-    return enumerator.end_positions([Split(STREAM)], {STREAM: floor})[STREAM]
+    try:
+        return enumerator.end_positions([Split(STREAM)], {STREAM: floor})[STREAM]
+    finally:
+        enumerator.close()
 
 
 def ids_read(spark, s2_opts, **options) -> list[int]:
