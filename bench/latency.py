@@ -8,8 +8,9 @@ The hop: a writer thread commits transactions of 10, 100 or 500 rows, 100 a seco
 `src`; `spark.readStream.format("postgres_changes")` with the default trigger copies them into `dst`
 (`format("postgres")`, append) whose `arrived_at` column defaults to `clock_timestamp()`. A change's latency is
 its arrival minus its transaction's commit time (`_commit_time`, from pgoutput's Begin message): one server, one
-clock. Changes committed during the warm-up are left out. Per rate: p50/p95/p99/max and the rate sustained (changes
-that arrived over the measured seconds), and where the time went:
+clock. Changes committed during the warm-up are left out. Per rate: p50/p95/p99/max, the p99 of each whole minute
+measured (steady or growing), the rate sustained (changes that arrived over the measured seconds), and where the
+time went:
 - wait: from the commit to the start of the micro-batch that read it (Spark starts a batch when the previous one
   ends: with the default trigger this is the previous batch's length, on average half of it);
 - in batch: from the batch's start to the row's arrival;
@@ -97,6 +98,15 @@ class Writer(threading.Thread):
         self.join()
 
 
+def drop_slot(conn, slot: str) -> None:
+    """Drop a query's slot once no session uses it: a task the query's stop cancelled may still be peeking."""
+    deadline = time.monotonic() + 60
+    while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0]:
+        assert time.monotonic() < deadline, f"slot {slot} still in use 60 s after its query stopped"
+        time.sleep(0.1)  # the server offers no event for a slot's release
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
 def phase_medians(progress: list[dict]) -> dict[str, float]:
     phases: dict[str, list[float]] = {}
     for p in progress:
@@ -172,7 +182,7 @@ def measure_rate(spark, pg_url: str, rate: int, seconds: float, warmup: float, w
         arrived = conn.execute(f"SELECT count(*) FROM dst_{tag} WHERE arrived_at >= %s AND arrived_at < %s",
                                (measure_from, measure_to)).fetchone()[0]
         delivered = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM dst_{tag}").fetchone()
-        conn.execute(f"SELECT pg_drop_replication_slot('latency_{tag}')")
+        drop_slot(conn, f"latency_{tag}")
     assert delivered[0] == delivered[1] == total, f"delivered {delivered} of {total} changes"
     latencies = [float(r[0]) for r in lat]
     # Split each change's latency at the start of the batch that delivered it (batch starts from the progress).
@@ -185,10 +195,16 @@ def measure_rate(spark, pg_url: str, rate: int, seconds: float, warmup: float, w
             waits.append((started - float(committed)) * 1000)
             in_batch.append((float(arrived_at) - started) * 1000)
     batches = [p for p in progress if p.get("numInputRows", 0)]
+    # Steady or growing: the p99 of the changes committed in each whole minute of the measurement.
+    by_minute: dict[int, list[float]] = {}
+    for ms, committed, _ in lat:
+        by_minute.setdefault(int((float(committed) - measure_from.timestamp()) // 60), []).append(float(ms))
     return {
         "rate_offered": rate, "rows_per_transaction": rows, "changes_measured": len(latencies),
         "sustained_per_s": round(arrived / seconds), "writer_behind_max_s": round(writer.behind_max_s, 3),
         **spread(latencies),
+        "p99_ms_by_minute": [round(percentile(by_minute[m], .99)) for m in sorted(by_minute)
+                             if (m + 1) * 60 <= seconds],
         "wait_p50_ms": round(percentile(waits, 0.5)) if waits else None,
         "in_batch_p50_ms": round(percentile(in_batch, 0.5)) if in_batch else None,
         "batches": len(batches), "rows_per_batch_median": statistics.median(p["numInputRows"] for p in batches),
@@ -284,7 +300,7 @@ def measure_chain(spark, pg_url: str, s2_url: str, rate: int, seconds: float, wa
         rows = conn.execute(f"SELECT commit_us, s2_us, version, extract(epoch FROM arrived_at) * 1e6 FROM dst_{tag} "
                             "WHERE commit_us >= %s AND commit_us < %s", (measure_from, measure_to)).fetchall()
         delivered = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM dst_{tag}").fetchone()
-        conn.execute(f"SELECT pg_drop_replication_slot('latency_{tag}')")
+        drop_slot(conn, f"latency_{tag}")
     assert delivered[0] == delivered[1] == total, f"delivered {delivered} of {total} changes"
     hops = {"postgres_to_s2": [(s2_us - commit) / 1000 for commit, s2_us, _, _ in rows],
             "s2_to_tablestore": [(committed_at[v] - s2_us) / 1000 for _, s2_us, v, _ in rows],
