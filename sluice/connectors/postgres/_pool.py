@@ -12,7 +12,7 @@ restart between two micro-batches must not fail a task), and given back only by 
 error closes it. Idle ones are closed after IDLE_CLOSE_S, so a worker that stopped serving a query stops holding its
 server connections. Connections are keyed by driver, address, autocommit and session settings: a connection set up
 for logical decoding is never lent to a writer. Per process: nothing is shared between executors, and a forked
-child starts with an empty pool (the parent's sockets are not its to use).
+child starts with an empty pool.
 """
 
 from __future__ import annotations
@@ -98,10 +98,15 @@ class ConnectionPool:
     def __init__(self, idle_close_s: float = IDLE_CLOSE_S, idle_per_key: int = IDLE_PER_KEY) -> None:
         self.idle_close_s = idle_close_s
         self.idle_per_key = idle_per_key
+        self._start_empty()
+        # A forked child (os.fork, multiprocessing) starts empty, with a lock of its own: the parent's sockets are
+        # not its to use, and the parent may have held the lock when it forked.
+        os.register_at_fork(after_in_child=self._start_empty)
+
+    def _start_empty(self) -> None:
         self._idle: dict[PoolKey, list[_Idle]] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._pid = os.getpid()
+        self._timer = threading.Condition(self._lock)  # the reaper's timed wait (never notified)
         self._reaper: threading.Thread | None = None
 
     def take(self, key: PoolKey, connect: Callable[[], Any]) -> Any:
@@ -129,12 +134,11 @@ class ConnectionPool:
         return conn
 
     def give_back(self, key: PoolKey, conn: Any) -> None:
-        """Keep a connection its user finished with cleanly (a failed user closes it instead: discard())."""
+        """Keep a connection its user finished with cleanly (a failed user closes it instead: Lease.release)."""
         if key.driver == "psycopg" and not _idle_outside_transaction(conn):
             _close(conn)  # never keep a transaction (and its locks) open while idle
             return
         with self._lock:
-            self._forget_if_forked()
             idle = self._idle.setdefault(key, [])
             if len(idle) >= self.idle_per_key:
                 extra = conn
@@ -165,7 +169,6 @@ class ConnectionPool:
         now = time.monotonic()
         closing: list[Any] = []
         with self._lock:
-            self._forget_if_forked()
             for key, idle in list(self._idle.items()):
                 keep = [i for i in idle if now - i.since <= older_than_s]
                 closing += [i.conn for i in idle if now - i.since > older_than_s]
@@ -179,18 +182,12 @@ class ConnectionPool:
 
     def idle_count(self) -> int:
         with self._lock:
-            self._forget_if_forked()
             return sum(len(v) for v in self._idle.values())
 
     def _pop(self, key: PoolKey) -> Any | None:
         with self._lock:
-            self._forget_if_forked()
             idle = self._idle.get(key)
             return idle.pop().conn if idle else None  # the most recently used: the likeliest still warm
-
-    def _forget_if_forked(self) -> None:
-        if os.getpid() != self._pid:  # a forked child: the parent's connections are not this process's to use
-            self._idle, self._pid, self._reaper = {}, os.getpid(), None
 
     def _start_reaper(self) -> None:
         if self._reaper is None or not self._reaper.is_alive():
@@ -200,7 +197,7 @@ class ConnectionPool:
     def _reap(self) -> None:
         while True:
             with self._lock:
-                self._wake.wait(self.idle_close_s / 2)
+                self._timer.wait(self.idle_close_s / 2)
                 if not self._idle:
                     self._reaper = None
                     return
