@@ -15,12 +15,13 @@ from sluice.connector import (
     SinkConfig,
 )
 from sluice.connectors.cassandra._session import Connection
-from sluice.connectors.cassandra._sink import WRITE_SPEC, CassandraWritePlan, RowPlan
+from sluice.connectors.cassandra._sink import WRITE_SPEC, CassandraWritePlan, RowPlan, WriteOptions
 from sluice.connectors.cassandra._source import (
     READ_SPEC,
     CassandraBatchReader,
     CassandraEnumerator,
     CassandraReader,
+    ReadOptions,
     check_columns,
 )
 from sluice.connectors.cassandra._table import TableInfo, describe
@@ -56,13 +57,13 @@ class CassandraDataSource(EngineDataSource):
     def write_order(self, opts: Options, schema: StructType) -> tuple[str, ...]:
         """One partition's rows side by side in its task: each UNLOGGED batch then holds up to a whole partition,
         not the few of its rows that happened to be buffered together."""
-        return self._table(opts)[1].partition_key if opts["batch.grouping"] == "partition" else ()
+        return self._table(opts)[1].partition_key if WriteOptions.of(opts).batch_grouping == "partition" else ()
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if opts["sink.transactional"]:
+        if SinkConfig.from_options(opts).transactional:  # refused before the cluster is asked anything
             raise OptionError(NO_TRANSACTIONS)
         config = super().sink_config(opts, schema)
-        if opts["batch.grouping"] != "partition":
+        if WriteOptions.of(opts).batch_grouping != "partition":
             # Every row carries its write timestamp, so batches of any rows may go in any order: unordered, unless
             # the write asked for a mode or a partition-ordered setting itself.
             ordered = ("sink.mode", "sink.partition-key", "sink.parallelism", "sink.flush-on-checkpoint",
@@ -86,18 +87,19 @@ class CassandraDataSource(EngineDataSource):
             raise OptionError("format 'cassandra' cannot overwrite atomically; TRUNCATE the table first, then use "
                               "mode('append').")
         conn, info = self._table(opts)
+        options = WriteOptions.of(opts)
         table = conn.target
         names = schema.fieldNames()
-        special = {"upsert.op-column": opts["upsert.op-column"],
-                   "write.timestamp-column": opts["write.timestamp-column"],
-                   "write.ttl-column": opts["write.ttl-column"]}
+        special = {"upsert.op-column": options.upsert_op_column,
+                   "write.timestamp-column": options.write_timestamp_column,
+                   "write.ttl-column": options.write_ttl_column}
         for option, column in special.items():
             if column is not None and column not in names:
                 raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
-        if opts["write.timestamp-column"] and opts.is_set("write.timestamp"):
+        if options.write_timestamp_column and opts.is_set("write.timestamp"):
             raise OptionError("write.timestamp and write.timestamp-column both say where timestamps come from; "
                               "keep one.")
-        if opts["write.ttl-column"] and opts["write.ttl"]:
+        if options.write_ttl_column and options.write_ttl:
             raise OptionError("write.ttl and write.ttl-column both set the TTL; keep one.")
         columns = [c for c in names if c not in special.values()]
         for name in columns:
@@ -114,44 +116,44 @@ class CassandraDataSource(EngineDataSource):
             problem = write_problem(info.columns[name], schema[name].dataType, f"column '{name}'")
             if problem:
                 raise OptionError(f"{problem} ({table}).")
-        _check_special_types(schema, opts)
-        timestamp = "column" if opts["write.timestamp-column"] else opts["write.timestamp"]
+        _check_special_types(schema, options)
+        timestamp = "column" if options.write_timestamp_column else options.write_timestamp
         rows = RowPlan(tuple(columns), {c: info.columns[c] for c in columns}, info.primary_key,
-                       opts["upsert.op-column"], timestamp, opts["write.timestamp-column"], opts["write.ttl"],
-                       opts["write.ttl-column"], opts["write.ignore-nulls"])
-        return CassandraWritePlan(self.format_name, opts, schema, config, conn, rows)
+                       options.upsert_op_column, timestamp, options.write_timestamp_column, options.write_ttl,
+                       options.write_ttl_column, options.write_ignore_nulls)
+        return CassandraWritePlan(self.format_name, opts, schema, config, conn, rows, options)
 
     # ------------------------------------------------------------------ reading
-    def _read_parts(self) -> tuple[Options, Connection, TableInfo]:
-        opts = READ_SPEC.parse(self.options)
-        conn = Connection.from_options(opts)
-        return opts, conn, describe(conn)
+    def _read_parts(self) -> tuple[ReadOptions, TableInfo]:
+        options = ReadOptions.parse(self.options)
+        return options, describe(options.conn)
 
     def schema(self) -> StructType:
         from pyspark.sql.types import StructField
 
-        _, _, info = self._read_parts()
+        _, info = self._read_parts()
         return StructType([StructField(name, spark_type(kind, name)) for name, kind in info.columns.items()])
 
     def reader(self, schema: StructType) -> CassandraBatchReader:
         from sluice.spark._compat import to_arrow_schema
 
-        opts, conn, info = self._read_parts()
+        options, info = self._read_parts()
+        conn = options.conn
         check_columns(info, schema.fieldNames(), conn)
-        reader = CassandraReader(conn, info, to_arrow_schema(schema), opts["read.fetch-size"],
-                                 opts["read.consistency"])
-        enumerator = CassandraEnumerator(conn, opts["partitions"], opts["read.split-size-mb"] * 1024 * 1024)
+        reader = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size,
+                                 options.read_consistency)
+        enumerator = CassandraEnumerator(conn, options.partitions, options.read_split_size_mb * 1024 * 1024)
         return CassandraBatchReader(enumerator, reader, None, reads=ReadObserver.on_driver(self.format_name))
 
 
-def _check_special_types(schema: StructType, opts: Options) -> None:
+def _check_special_types(schema: StructType, options: WriteOptions) -> None:
     from pyspark.sql import types as T
 
-    stamp = opts["write.timestamp-column"]
+    stamp = options.write_timestamp_column
     if stamp and not isinstance(schema[stamp].dataType, T.LongType | T.TimestampType):
         raise OptionError(f"write.timestamp-column '{stamp}' is {schema[stamp].dataType.simpleString()}; it must be "
                           "a long (microseconds since the epoch) or a timestamp.")
-    ttl = opts["write.ttl-column"]
+    ttl = options.write_ttl_column
     if ttl and not isinstance(schema[ttl].dataType, T.IntegerType | T.LongType | T.ShortType):
         raise OptionError(f"write.ttl-column '{ttl}' is {schema[ttl].dataType.simpleString()}; it must be an "
                           "integer number of seconds.")

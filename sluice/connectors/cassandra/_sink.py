@@ -31,6 +31,7 @@ from sluice.connector import (
     Encoded,
     Option,
     OptionError,
+    Options,
     SinkError,
     Store,
     TaskWriter,
@@ -76,6 +77,26 @@ WRITE_OPTIONS = (
     Option("upsert.op-column", "str", None,
            "Column whose value d, delete, D or -D deletes the row (by its whole primary key). Not written."),
 )
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The write options of format("cassandra") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    consistency: str
+    batch_grouping: str
+    write_timestamp: str
+    write_timestamp_column: str | None
+    write_ttl: int
+    write_ttl_column: str | None
+    write_ignore_nulls: bool
+    upsert_op_column: str | None
+
+    @classmethod
+    def of(cls, opts: Options) -> WriteOptions:
+        return opts.typed(cls, covering=WRITE_OPTIONS)
+
+
 # Partition-ordered by default: rows of one partition share a task (sluice.write repartitions by the key), so they
 # can share batches. Cassandra warns about batches over 5 KiB (batch_size_warn_threshold) and refuses them over
 # 50 KiB (batch_size_fail_threshold): small batches.
@@ -294,13 +315,14 @@ def prepared(conn: Connection, cql: str, consistency: int) -> PreparedStatement:
 class CassandraWritePlan(WritePlan):
     conn: Connection
     rows: RowPlan
+    write: WriteOptions
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         from cassandra import ConsistencyLevel
 
-        consistency = ConsistencyLevel.name_to_value[self.options["consistency"]]
+        consistency = ConsistencyLevel.name_to_value[self.write.consistency]
         statements = self.rows.statements(self.conn)
         insert = prepared(self.conn, statements.insert, consistency)
         delete = prepared(self.conn, statements.delete, consistency) if statements.delete else None
         encoder = RowEncoder(self.rows, (insert, delete), context, self.conn.target)
-        return TaskWriter(encoder, CassandraStore(self.conn, self.options["batch.grouping"], consistency))
+        return TaskWriter(encoder, CassandraStore(self.conn, self.write.batch_grouping, consistency))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,23 @@ READ_OPTIONS = (
     Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads.", choices=CONSISTENCY_LEVELS),
 )
 READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The read options of format("cassandra") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the cluster and table."""
+
+    partitions: int | None
+    read_split_size_mb: int
+    read_fetch_size: int
+    read_consistency: str
+    conn: Connection
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
+        opts = READ_SPEC.parse(raw)
+        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
 
 
 def estimated_bytes(conn: Connection) -> int:

@@ -16,11 +16,12 @@ from sluice.connector import (
     SplitBatchReader,
 )
 from sluice.connectors.clickhouse._client import Connection
-from sluice.connectors.clickhouse._sink import WRITE_SPEC, ClickHouseWritePlan, Deletes, InsertPlan
+from sluice.connectors.clickhouse._sink import WRITE_SPEC, ClickHouseWritePlan, Deletes, InsertPlan, WriteOptions
 from sluice.connectors.clickhouse._source import (
     READ_SPEC,
     ClickHouseEnumerator,
     ClickHouseReader,
+    ReadOptions,
     check_final,
     read_schema,
 )
@@ -63,23 +64,23 @@ class ClickHouseDataSource(EngineDataSource):
         return info.sorting_key if info.replacing else ()
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if opts["sink.transactional"]:
+        if SinkConfig.from_options(opts).transactional:  # refused before the server is asked anything
             raise OptionError(NO_TRANSACTIONS)
         config = super().sink_config(opts, schema)
-        _, info = self._table(opts)
+        conn, info = self._table(opts)
         if not info.replacing or info.version_column:
             return config
         # ReplacingMergeTree without a version column keeps the last inserted row of a key: keep each key's order.
         key = tuple(c for c in info.sorting_key if c in schema.fieldNames())
         if opts.is_set("sink.mode"):
             if config.mode == UNORDERED:
-                raise OptionError(f"sink.mode=unordered into ReplacingMergeTree table {opts['database']}."
-                                  f"{opts['table']} (no version column): the last inserted row of a key wins, so a "
-                                  "key's changes must not overtake each other. Use sink.mode=partition-ordered "
-                                  "(the default for this table) or add a version column: ReplacingMergeTree(ver).")
+                raise OptionError(f"sink.mode=unordered into ReplacingMergeTree table {conn.database}.{conn.table} "
+                                  "(no version column): the last inserted row of a key wins, so a key's changes "
+                                  "must not overtake each other. Use sink.mode=partition-ordered (the default for "
+                                  "this table) or add a version column: ReplacingMergeTree(ver).")
             return config
         if len(key) != len(info.sorting_key):
-            raise OptionError(f"table {opts['database']}.{opts['table']} is a ReplacingMergeTree sorted by "
+            raise OptionError(f"table {conn.database}.{conn.table} is a ReplacingMergeTree sorted by "
                               f"{list(info.sorting_key)}, which are not all DataFrame columns: set sink.mode and "
                               "sink.partition-key yourself (rows of one key must keep their order).")
         return replace(config, mode=PARTITION_ORDERED, partition_key=key)
@@ -90,8 +91,9 @@ class ClickHouseDataSource(EngineDataSource):
             raise OptionError("format 'clickhouse' cannot overwrite atomically; TRUNCATE TABLE first (or write into "
                               "a new table and EXCHANGE/RENAME it), then use mode('append').")
         conn, info = self._table(opts)
+        options = WriteOptions.of(opts)
         table = f"{conn.database}.{conn.table}"
-        deletes = _deletes(opts, schema, info, table)
+        deletes = _deletes(options.upsert_op_column, schema, info, table)
         columns = [c for c in schema.fieldNames() if deletes is None or c != deletes.op_column]
         for name in columns:
             if name not in info.spelled:
@@ -107,30 +109,30 @@ class ClickHouseDataSource(EngineDataSource):
         check_compatible(StructType([schema[c] for c in columns]), types, table)
         if deletes is not None:
             columns.append(deletes.is_deleted_column)
-        _check_deduplication(opts, config, info, table)
+        _check_deduplication(options, config, info, table)
         # async_insert=0 said, not left to the server: from 26.2/26.3 on its default is 1, which would put every
         # batch through the async queue, where deduplication follows other rules (async_insert_deduplicate).
         settings: dict[str, str | int] = {"input_format_null_as_default": 1 if deletes else 0, "async_insert": 0}
-        if opts["insert.async"]:
+        if options.insert_async:
             settings.update(async_insert=1, wait_for_async_insert=1)
         insert = InsertPlan(conn, tuple(columns), types, tuple(c for c in info.sorting_key if c in columns), deletes,
-                            opts["insert.deduplicate"], settings)
-        return ClickHouseWritePlan(self.format_name, opts, schema, config, insert)
+                            options.insert_deduplicate, settings)
+        return ClickHouseWritePlan(self.format_name, opts, schema, config, insert, options.connections_per_task)
 
     # ------------------------------------------------------------------ reading
-    def _read_parts(self) -> tuple[Options, Connection, TableInfo]:
-        opts = READ_SPEC.parse(self.options)
-        conn = Connection.from_options(opts)
-        return opts, conn, describe(conn)
+    def _read_parts(self) -> tuple[ReadOptions, TableInfo]:
+        options = ReadOptions.parse(self.options)
+        return options, describe(options.conn)
 
     def schema(self) -> StructType:
         from sluice.spark._compat import from_arrow_schema
 
-        _, _, info = self._read_parts()
+        _, info = self._read_parts()
         return from_arrow_schema(read_schema(info)[1])
 
     def reader(self, schema: StructType) -> SplitBatchReader:
-        opts, conn, info = self._read_parts()
+        options, info = self._read_parts()
+        conn = options.conn
         types, arrow_schema = read_schema(info)
         wanted = [f for f in arrow_schema if f.name in schema.fieldNames()]
         missing = [n for n in schema.fieldNames() if n not in arrow_schema.names]
@@ -138,14 +140,14 @@ class ClickHouseDataSource(EngineDataSource):
             raise OptionError(f"column(s) {missing} of the given schema are not in {conn.database}.{conn.table}")
         import pyarrow as pa
 
-        reader = ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, opts["final"]))
-        return SplitBatchReader(ClickHouseEnumerator(conn, info, types, opts["partitions"]), reader, None,
+        reader = ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, options.final))
+        return SplitBatchReader(ClickHouseEnumerator(conn, info, types, options.partitions), reader, None,
                                 reads=ReadObserver.on_driver(self.format_name))
 
 
-def _deletes(opts: Options, schema: StructType, info: TableInfo, table: str) -> Deletes | None:
-    """upsert.op-column: only into ReplacingMergeTree(ver, is_deleted), with the key and version in the DataFrame."""
-    op = opts["upsert.op-column"]
+def _deletes(op: str | None, schema: StructType, info: TableInfo, table: str) -> Deletes | None:
+    """upsert.op-column (`op`): only into ReplacingMergeTree(ver, is_deleted), with the key and version in the
+    DataFrame."""
     if op is None:
         return None
     if op not in schema.fieldNames():
@@ -165,21 +167,21 @@ def _deletes(opts: Options, schema: StructType, info: TableInfo, table: str) -> 
     return Deletes(op, info.is_deleted_column, required - {""})
 
 
-def _check_deduplication(opts: Options, config: SinkConfig, info: TableInfo, table: str) -> None:
-    if not opts["insert.deduplicate"]:
+def _check_deduplication(options: WriteOptions, config: SinkConfig, info: TableInfo, table: str) -> None:
+    if not options.insert_deduplicate:
         return
     if not info.deduplicates:
         raise OptionError(f"insert.deduplicate=true: {table} ({info.engine}) does not deduplicate inserts, so a "
                           "replayed batch would be inserted again. Enable it: ALTER TABLE ... MODIFY SETTING "
                           "non_replicated_deduplication_window = 1000 (Replicated and Shared engines always do), "
                           "or remove the option.")
-    if opts["insert.async"]:
+    if options.insert_async:
         raise OptionError("insert.deduplicate=true with insert.async=true: an asynchronous insert is merged with "
                           "others before it is written, so its token cannot decide alone. Use one of the two.")
     if config.mode != UNORDERED:
         raise OptionError(f"insert.deduplicate=true cuts batches at fixed row positions, which sink.mode={config.mode}"
                           " does not allow; use sink.mode=unordered (into a ReplacingMergeTree table without a "
                           "version column, replays already replace themselves: remove insert.deduplicate).")
-    if opts.is_set("sink.batch-creator"):
+    if config.batch_creator is not None:
         raise OptionError("insert.deduplicate=true brings its own batch creator (batches at fixed row positions); "
                           "remove sink.batch-creator.")

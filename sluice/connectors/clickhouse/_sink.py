@@ -28,6 +28,7 @@ from sluice.connector import (
     BlockingStore,
     Encoded,
     Option,
+    Options,
     TaskWriter,
     WriteContext,
     WritePlan,
@@ -52,6 +53,22 @@ WRITE_OPTIONS = (
            "Column whose value d, delete, D or -D deletes the row's key; a ReplacingMergeTree(ver, is_deleted) "
            "table only. Not written."),
 )
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The write options of format("clickhouse") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    connections_per_task: int
+    insert_deduplicate: bool
+    insert_async: bool
+    upsert_op_column: str | None
+
+    @classmethod
+    def of(cls, opts: Options) -> WriteOptions:
+        return opts.typed(cls, covering=WRITE_OPTIONS)
+
+
 # ClickHouse wants few, large inserts (each one is a part on disk that merges later): large batches by default.
 WRITE_SPEC = SINK_SPEC.extend(
     (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
@@ -147,6 +164,7 @@ class ClickHouseStore(BlockingStore):
 @dataclass(frozen=True)
 class ClickHouseWritePlan(WritePlan):
     insert: InsertPlan
+    connections_per_task: int
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         rows, insert = ArrowRows(), self.insert
@@ -154,7 +172,7 @@ class ClickHouseWritePlan(WritePlan):
         def encode(batch: pa.RecordBatch) -> Encoded:
             return Encoded(*rows.add(insert.prepare(batch)))
 
-        return TaskWriter(encode, ClickHouseStore(insert, rows, self.options["connections-per-task"]))
+        return TaskWriter(encode, ClickHouseStore(insert, rows, self.connections_per_task))
 
     def batch_creator(self) -> BatchCreator | None:
         return AlignedBatchCreator(self.config.max_batch_records) if self.insert.deduplicate else None

@@ -10,7 +10,8 @@ concurrent with writes may see some of them (docs/clickhouse.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +28,22 @@ READ_OPTIONS = (
            "for ReplacingMergeTree tables, false otherwise."),
 )
 READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The read options of format("clickhouse") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the server and table."""
+
+    partitions: int
+    final: bool | None
+    conn: Connection
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
+        opts = READ_SPEC.parse(raw)
+        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
+
 RANGED = (*SIGNED, *UNSIGNED, "Date", "DateTime")
 
 

@@ -9,11 +9,12 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import UNORDERED, EngineDataSource, OptionError, Options, SinkConfig
 from sluice.connectors.elasticsearch._client import Cluster, Connection
-from sluice.connectors.elasticsearch._sink import WRITE_SPEC, DocPlan, ElasticsearchWritePlan
+from sluice.connectors.elasticsearch._sink import WRITE_SPEC, DocPlan, ElasticsearchWritePlan, WriteOptions
 from sluice.connectors.elasticsearch._source import (
     READ_SPEC,
     PitBatchReader,
     PitEnumerator,
+    ReadOptions,
     SliceReader,
     parse_query,
     spark_schema,
@@ -41,9 +42,9 @@ class ElasticsearchDataSource(EngineDataSource):
         return tuple(opts["mapping.id"])
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if opts["sink.transactional"]:
+        if SinkConfig.from_options(opts).transactional:
             raise OptionError(NO_TRANSACTIONS)
-        if not opts["mapping.id"] and not any(opts.is_set(o) for o in ORDER_OPTIONS):
+        if not self.primary_key(opts) and not any(opts.is_set(o) for o in ORDER_OPTIONS):
             # Generated ids: no document has a later change to keep in order.
             return replace(SinkConfig.from_options(opts), mode=UNORDERED, partition_key=())
         return super().sink_config(opts, schema)
@@ -54,59 +55,62 @@ class ElasticsearchDataSource(EngineDataSource):
             raise OptionError("format 'elasticsearch' cannot overwrite an index atomically; delete the index (or "
                               "write into a new one and move an alias), then use mode('append').")
         conn = Connection.from_options(opts)
-        docs = _doc_plan(opts, schema)
+        options = WriteOptions.of(opts)
+        docs = _doc_plan(options, opts.is_set("write.version"), schema)
         Cluster.of(conn)  # reachable, and the credentials are accepted, before any task starts
-        _ensure_index(conn, opts, StructType([schema[c] for c in docs.source_columns]))
-        return ElasticsearchWritePlan(self.format_name, opts, schema, config, conn, docs)
+        _ensure_index(conn, options, StructType([schema[c] for c in docs.source_columns]))
+        return ElasticsearchWritePlan(self.format_name, opts, schema, config, conn, docs, options)
 
 
     # ------------------------------------------------------------------ reading
-    def _read_parts(self) -> tuple[Options, Connection, StructType, dict[str, str]]:
-        """The read's options, connection, and the index's fields as a Spark schema (with each field's mapping
-        type): the union of the mappings of every index the name covers (an alias or pattern may name several)."""
-        opts = READ_SPEC.parse(self.options)
-        conn = Connection.from_options(opts)
+    def _read_parts(self) -> tuple[ReadOptions, StructType, dict[str, str]]:
+        """The read's options, and the index's fields as a Spark schema (with each field's mapping type): the union
+        of the mappings of every index the name covers (an alias or pattern may name several)."""
+        options = ReadOptions.parse(self.options)
+        conn = options.conn
         _, answer = self.learn_once(("mapping", conn), lambda: conn.request("GET", f"/{conn.index}/_mapping"))
         properties: dict = {}
         for definition in (answer or {}).values():
             properties.update(definition.get("mappings", {}).get("properties", {}))
-        schema, kinds = spark_schema(properties, frozenset(opts["read.array-columns"]))
-        if opts["read.metadata"]:
+        schema, kinds = spark_schema(properties, options.read_array_columns)
+        if options.read_metadata:
             schema = StructType([T.StructField("_id", T.StringType(), False), *schema.fields])
-        return opts, conn, schema, kinds
+        return options, schema, kinds
 
     def schema(self) -> StructType:
-        return self._read_parts()[2]
+        return self._read_parts()[1]
 
     def reader(self, schema: StructType) -> PitBatchReader:
-        opts, conn, known, kinds = self._read_parts()
+        options, known, kinds = self._read_parts()
+        conn = options.conn
         missing = [n for n in schema.fieldNames() if n not in known.fieldNames()]
         if missing:
             raise OptionError(f"column(s) {missing} of the given schema are not fields of index '{conn.index}'; its "
                               f"fields: {known.fieldNames()}.")
-        reader = SliceReader(conn, schema, opts["read.page-size"], opts["read.keep-alive"],
-                             parse_query(opts["read.query"]), opts["read.metadata"], kinds)
-        return PitBatchReader(PitEnumerator(conn, opts["partitions"], opts["read.keep-alive"]), reader, kinds,
+        reader = SliceReader(conn, schema, options.read_page_size, options.read_keep_alive,
+                             parse_query(options.read_query), options.read_metadata, kinds)
+        return PitBatchReader(PitEnumerator(conn, options.partitions, options.read_keep_alive), reader, kinds,
                               ReadObserver.on_driver(self.format_name))
 
 
-def _doc_plan(opts: Options, schema: StructType) -> DocPlan:
+def _doc_plan(options: WriteOptions, version_set: bool, schema: StructType) -> DocPlan:
+    """How rows become documents; `version_set`: the user set write.version (it may not join mapping.version)."""
     names = schema.fieldNames()
-    ids = tuple(opts["mapping.id"])
-    single = {"mapping.routing": opts["mapping.routing"], "mapping.version": opts["mapping.version"],
-              "upsert.op-column": opts["upsert.op-column"]}
-    listed = {"mapping.id": ids, "mapping.exclude": tuple(opts["mapping.exclude"]),
-              "mapping.text-columns": tuple(opts["mapping.text-columns"])}
+    ids = options.mapping_id
+    single = {"mapping.routing": options.mapping_routing, "mapping.version": options.mapping_version,
+              "upsert.op-column": options.upsert_op_column}
+    listed = {"mapping.id": ids, "mapping.exclude": options.mapping_exclude,
+              "mapping.text-columns": options.mapping_text_columns}
     for option, columns in [*((o, (c,)) for o, c in single.items() if c is not None), *listed.items()]:
         for column in columns:
             if column not in names:
                 raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
-    operation = opts["write.operation"]
-    if not ids and (operation in ("update", "upsert") or opts["upsert.op-column"]):
+    operation = options.write_operation
+    if not ids and (operation in ("update", "upsert") or options.upsert_op_column):
         what = f"write.operation={operation}" if operation in ("update", "upsert") else "upsert.op-column"
         raise OptionError(f"{what} changes documents by id: set mapping.id to the column(s) that make the id.")
-    versioned = opts["mapping.version"] is not None or opts["write.version"] == "micro-batch"
-    if opts["mapping.version"] is not None and opts.is_set("write.version"):
+    versioned = options.mapping_version is not None or options.write_version == "micro-batch"
+    if options.mapping_version is not None and version_set:
         raise OptionError("mapping.version and write.version both say where versions come from; keep one.")
     if versioned and not ids:
         raise OptionError("external versions (mapping.version, write.version=micro-batch) belong to documents "
@@ -115,32 +119,32 @@ def _doc_plan(opts: Options, schema: StructType) -> DocPlan:
         why = "the update API takes none" if operation != "create" else "create only succeeds once anyway"
         raise OptionError(f"write.operation={operation} cannot carry external versions ({why}): use "
                           "write.operation=index with whole documents, or drop the versions.")
-    version = opts["mapping.version"]
+    version = options.mapping_version
     if version is not None and not isinstance(schema[version].dataType, T.LongType | T.IntegerType | T.ShortType):
         raise OptionError(f"mapping.version '{version}' is {schema[version].dataType.simpleString()}; it must be a "
                           "long (or int) >= 0.")
-    for column in opts["mapping.text-columns"]:
+    for column in options.mapping_text_columns:
         if not isinstance(schema[column].dataType, T.StringType):
             raise OptionError(f"mapping.text-columns '{column}' is {schema[column].dataType.simpleString()}; only "
                               "string columns can be mapped as text.")
-    hidden = {*opts["mapping.exclude"], *(c for c in single.values() if c is not None)}
+    hidden = {*options.mapping_exclude, *(c for c in single.values() if c is not None)}
     source = tuple(c for c in names if c not in hidden)
-    return DocPlan(opts["index"], operation, source, ids, opts["mapping.routing"], version,
-                   opts["write.version"] == "micro-batch", opts["upsert.op-column"])
+    return DocPlan(options.index, operation, source, ids, options.mapping_routing, version,
+                   options.write_version == "micro-batch", options.upsert_op_column)
 
 
-def _ensure_index(conn: Connection, opts: Options, source: StructType) -> None:
+def _ensure_index(conn: Connection, options: WriteOptions, source: StructType) -> None:
     """The index exists (created from the schema with index.create=schema), and takes the DataFrame's fields."""
     index = conn.index
     status, _ = conn.request("HEAD", f"/{index}", ok=(404,))
     if status == 404:
-        how = opts["index.create"]
+        how = options.index_create
         if how == "never":
             raise OptionError(f"index '{index}' does not exist (index.create=never). Create it, or set "
                               "index.create=schema (a mapping from the DataFrame) or server (templates and dynamic "
                               "mapping).")
         if how == "schema":
-            body = {"mappings": mapping(source, frozenset(opts["mapping.text-columns"]))}
+            body = {"mappings": mapping(source, frozenset(options.mapping_text_columns))}
             status, answer = conn.request("PUT", f"/{index}", body, ok=(400,))
             if status == 400 and "resource_already_exists" not in str(answer):  # another writer made it first
                 raise OptionError(f"index '{index}' could not be created from the DataFrame's schema: {answer}")

@@ -31,6 +31,7 @@ from sluice.connector import (
     Encoded,
     Option,
     OptionError,
+    Options,
     RetryableError,
     RetryEntries,
     TaskWriter,
@@ -92,6 +93,30 @@ WRITE_SPEC = SINK_SPEC.extend(
     sink_batch_max_size=1000, sink_flush_buffer_size=5 * MiB, sink_requests_max_buffered=32_000,
     sink_mode=PARTITION_ORDERED,
 ).renamed("elasticsearch")
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The write options of format("elasticsearch") (WRITE_OPTIONS), parsed and checked once, one field per
+    option; `index`: the target (a connection option)."""
+
+    write_operation: str
+    mapping_id: tuple[str, ...]
+    mapping_routing: str | None
+    mapping_version: str | None
+    mapping_exclude: tuple[str, ...]
+    mapping_text_columns: tuple[str, ...]
+    write_version: str
+    upsert_op_column: str | None
+    write_refresh: str
+    write_error_index: str | None
+    index_create: str
+    connections_per_task: int
+    index: str
+
+    @classmethod
+    def of(cls, opts: Options) -> WriteOptions:
+        return opts.typed(cls, covering=WRITE_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -321,15 +346,16 @@ class Refresher(Committer):
 class ElasticsearchWritePlan(WritePlan):
     conn: Connection
     docs: DocPlan
+    write: WriteOptions
 
     @property
     def commits_on_driver(self) -> bool:
-        return self.options["write.refresh"] == "true"
+        return self.write.write_refresh == "true"
 
     def committer(self) -> Committer | None:
         return Refresher(self.conn)
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-        store = BulkStore(self.conn, self.docs, self.options["write.refresh"], self.options["write.error-index"],
-                          self.options["connections-per-task"])
+        store = BulkStore(self.conn, self.docs, self.write.write_refresh, self.write.write_error_index,
+                          self.write.connections_per_task)
         return TaskWriter(DocEncoder(self.docs, context), store)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -45,6 +46,26 @@ READ_OPTIONS = (
            "which; es.read.field.as.array.include)."),
 )
 READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The read options of format("elasticsearch") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the cluster and index."""
+
+    partitions: int | None
+    read_page_size: int
+    read_keep_alive: str
+    read_query: str | None
+    read_metadata: bool
+    read_array_columns: frozenset[str]
+    conn: Connection
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
+        opts = READ_SPEC.parse(raw)
+        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts),
+                          read_array_columns=frozenset(opts["read.array-columns"]))
 
 SCALARS = {"keyword": T.StringType(), "text": T.StringType(), "match_only_text": T.StringType(),
            "constant_keyword": T.StringType(), "wildcard": T.StringType(), "ip": T.StringType(),

@@ -9,11 +9,12 @@ from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
 from sluice.connectors.hbase._keys import KeyCodec
-from sluice.connectors.hbase._sink import DURABILITY, WRITE_SPEC, HBaseWritePlan, RowPlan
+from sluice.connectors.hbase._sink import DURABILITY, WRITE_SPEC, HBaseWritePlan, RowPlan, WriteOptions
 from sluice.connectors.hbase._source import (
     READ_SPEC,
     HBaseBatchReader,
     HBaseReader,
+    ReadOptions,
     RegionEnumerator,
     check_versions,
     stamp_column,
@@ -44,7 +45,7 @@ class HBaseDataSource(EngineDataSource):
         return tuple(opts["rowkey"])
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if opts["sink.transactional"]:
+        if SinkConfig.from_options(opts).transactional:
             raise OptionError(NO_TRANSACTIONS)
         return super().sink_config(opts, schema)
 
@@ -54,15 +55,16 @@ class HBaseDataSource(EngineDataSource):
         if overwrite:
             raise OptionError("format 'hbase' cannot overwrite a table atomically; truncate it first (truncate "
                               "'table' in the HBase shell), then use mode('append').")
+        options = WriteOptions.of(opts)
         names = schema.fieldNames()
-        special = {"upsert.op-column": opts["upsert.op-column"],
-                   "write.timestamp-column": opts["write.timestamp-column"]}
+        special = {"upsert.op-column": options.upsert_op_column,
+                   "write.timestamp-column": options.write_timestamp_column}
         for option, column in special.items():
             if column is not None and column not in names:
                 raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
-            if column is not None and column in opts["rowkey"]:
+            if column is not None and column in self.primary_key(opts):
                 raise OptionError(f"{option} '{column}' is a rowkey column; it must be a column of its own.")
-        if opts["write.timestamp-column"] and opts.is_set("write.timestamp"):
+        if options.write_timestamp_column and opts.is_set("write.timestamp"):
             raise OptionError("write.timestamp and write.timestamp-column both say where timestamps come from; "
                               "keep one.")
         catalog = Catalog.from_options(opts, [n for n in names if n not in special.values()])
@@ -70,23 +72,23 @@ class HBaseDataSource(EngineDataSource):
         key = KeyCodec.for_schema(catalog.key, arrow)
         for column, _ in catalog.cells:  # refuses a type no cell holds
             encoder(arrow.field(column).type, column, schema[column].dataType.simpleString())
-        stamp = opts["write.timestamp-column"]
+        stamp = options.write_timestamp_column
         if stamp and not (arrow.field(stamp).type == "int64" or str(arrow.field(stamp).type).startswith("timestamp")):
             raise OptionError(f"write.timestamp-column '{stamp}' is {schema[stamp].dataType.simpleString()}; it must "
                               "be a long (milliseconds since the epoch) or a timestamp.")
         conn = Connection.from_options(opts)
         facts = self._facts(conn, catalog.table)
         catalog.check_families(facts.families)
-        timestamp = "column" if stamp else opts["write.timestamp"]
+        timestamp = "column" if stamp else options.write_timestamp
         expiring = sorted(f.decode(errors="replace") for f in facts.ttl_families & catalog.families)
         if timestamp == "micro-batch" and expiring:
             raise OptionError(f"write.timestamp=micro-batch numbers cells by micro-batch, not by the clock, and "
                               f"families {expiring} of {catalog.table} have a time to live: HBase would expire the "
                               "cells at once. Use write.timestamp=client or a timestamp column.")
         starts = tuple(r.start for r in regions(conn, catalog.table) if r.start)
-        rows = RowPlan(catalog, key, starts, opts["upsert.op-column"], timestamp, stamp,
-                       opts["write.null-cells"] == "delete", DURABILITY[opts["write.durability"]],
-                       opts["write.max-cell-bytes"])
+        rows = RowPlan(catalog, key, starts, options.upsert_op_column, timestamp, stamp,
+                       options.write_null_cells == "delete", DURABILITY[options.write_durability],
+                       options.write_max_cell_bytes)
         return HBaseWritePlan(self.format_name, opts, schema, config, conn, rows)
 
     # ------------------------------------------------------------------ reading
@@ -99,15 +101,16 @@ class HBaseDataSource(EngineDataSource):
         from sluice.spark._compat import to_arrow_schema
 
         opts = READ_SPEC.parse(self.options)
+        options = ReadOptions.of(opts)
         arrow = to_arrow_schema(schema)
-        stamp = stamp_column(opts, arrow)
+        stamp = stamp_column(options, arrow)
         catalog = Catalog.from_options(opts, [n for n in schema.fieldNames() if n != stamp])
         key = KeyCodec.for_schema(catalog.key, arrow)
         conn = Connection.from_options(opts)
         facts = describe(conn, catalog.table)
         catalog.check_families(facts.families)
-        check_versions(opts["read.versions"], catalog, facts.max_versions)
-        reader = HBaseReader(conn, catalog, key, arrow, opts["read.rows-per-fetch"], time_range(opts),
-                             opts["read.versions"], stamp)
-        enumerator = RegionEnumerator(conn, catalog.table, opts["read.splits-per-region"])
+        check_versions(options.read_versions, catalog, facts.max_versions)
+        reader = HBaseReader(conn, catalog, key, arrow, options.read_rows_per_fetch,
+                             time_range(options.read_time_range), options.read_versions, stamp)
+        enumerator = RegionEnumerator(conn, catalog.table, options.read_splits_per_region)
         return HBaseBatchReader(enumerator, reader, None, reads=ReadObserver.on_driver(self.format_name))

@@ -34,6 +34,7 @@ from sluice.connector import (
     Encoded,
     Option,
     OptionError,
+    Options,
     RecordTooLargeError,
     SinkError,
     TaskWriter,
@@ -52,6 +53,7 @@ from sluice.connectors.hbase._wire import put_multiple, thrift_puts
 MICRO_BATCH_ROWS = 1 << 24  # rows one task may write in one micro-batch under write.timestamp=micro-batch
 MAX_ROW_KEY = 32_767  # HConstants.MAX_ROW_LENGTH
 DURABILITY = {"default": 0, "skip-wal": 1, "async-wal": 2, "sync-wal": 3, "fsync-wal": 4}  # TDurability
+
 
 WRITE_OPTIONS = (
     Option("write.timestamp", "choice", "client",
@@ -80,6 +82,22 @@ WRITE_SPEC = SINK_SPEC.extend(
     sink_mode=PARTITION_ORDERED, sink_batch_max_size=1000, sink_flush_buffer_size=4 << 20,
     sink_requests_max_inflight=16,
 ).renamed("hbase")
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The write options of format("hbase") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    write_timestamp: str
+    write_timestamp_column: str | None
+    write_null_cells: str
+    upsert_op_column: str | None
+    write_durability: str
+    write_max_cell_bytes: int
+
+    @classmethod
+    def of(cls, opts: Options) -> WriteOptions:
+        return opts.typed(cls, covering=WRITE_OPTIONS)
 
 
 @dataclass(frozen=True)

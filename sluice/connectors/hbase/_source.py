@@ -18,7 +18,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import Option, OptionError, OptionSpec, Split, SplitBatchReader, SplitEnumerator, SplitReader
+from sluice.connector import (
+    Option,
+    OptionError,
+    Options,
+    OptionSpec,
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitReader,
+)
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
 from sluice.connectors.hbase._cells import decoder
 from sluice.connectors.hbase._client import CONNECTION_OPTIONS, Connection, regions, thrift
@@ -38,6 +47,23 @@ READ_OPTIONS = (
            "timestamp) that gets the row's cell timestamp: its newest cell's, or the version's."),
 )
 READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The read options of format("hbase") (READ_OPTIONS), parsed and checked once, one field per option; `rowkey`:
+    the row key's columns (CATALOG_OPTIONS), which the timestamp column may not be."""
+
+    read_splits_per_region: int
+    read_rows_per_fetch: int
+    read_time_range: tuple[str, ...]
+    read_versions: int
+    read_timestamp_column: str | None
+    rowkey: tuple[str, ...]
+
+    @classmethod
+    def of(cls, opts: Options) -> ReadOptions:
+        return opts.typed(cls, covering=READ_OPTIONS, rowkey=opts["rowkey"])
 
 
 def successor(prefix: bytes) -> bytes | None:
@@ -224,9 +250,9 @@ class HBaseBatchReader(SplitBatchReader):
         yield from (f for f in filters if id(f) not in pushed)
 
 
-def stamp_column(opts: Any, schema: pa.Schema) -> str | None:
+def stamp_column(options: ReadOptions, schema: pa.Schema) -> str | None:
     """read.timestamp-column, checked against the schema and read.versions."""
-    column, versions = opts["read.timestamp-column"], opts["read.versions"]
+    column, versions = options.read_timestamp_column, options.read_versions
     if column is None:
         if versions > 1:
             raise OptionError(f"read.versions={versions} gives a row per version, and the versions of a row differ "
@@ -236,7 +262,7 @@ def stamp_column(opts: Any, schema: pa.Schema) -> str | None:
     if column not in schema.names:
         raise OptionError(f"read.timestamp-column '{column}' is not a column of the read's schema (columns: "
                           f"{schema.names}); add it, e.g. '{column} timestamp'.")
-    if column in opts["rowkey"]:
+    if column in options.rowkey:
         raise OptionError(f"read.timestamp-column '{column}' is a rowkey column; it must be a column of its own.")
     kind = schema.field(column).type
     if not (kind == pa.int64() or pa.types.is_timestamp(kind)):
@@ -256,8 +282,8 @@ def check_versions(versions: int, catalog: Catalog, kept: dict[bytes, int]) -> N
                           f"VERSIONS => {versions} in the HBase shell; it applies to cells written after).")
 
 
-def time_range(opts: Any) -> tuple[int, int] | None:
-    given = opts["read.time-range"]
+def time_range(given: tuple[str, ...]) -> tuple[int, int] | None:
+    """read.time-range (`given`) as (min, max) milliseconds, or None when not set."""
     if not given:
         return None
     try:
