@@ -47,16 +47,17 @@ class _Idle:
 
 @dataclass
 class Lease:
-    """A connection lent for a while: `release` gives it back to the pool when pooled and its user finished
-    cleanly, and closes it otherwise."""
+    """A connection lent for a while: `release` gives it back to the pool it came from when pooled and its user
+    finished cleanly, and closes it otherwise."""
 
+    pool: ConnectionPool
     key: PoolKey
     conn: Any
     pooled: bool
 
     def release(self, clean: bool) -> None:
         if clean and self.pooled:
-            POOL.give_back(self.key, self.conn)
+            self.pool.give_back(self.key, self.conn)
         else:
             _close(self.conn)
 
@@ -151,7 +152,7 @@ class ConnectionPool:
 
     def lease(self, key: PoolKey, connect: Callable[[], Any], pooled: bool) -> Lease:
         """A connection for `key`: from the pool when `pooled`, else a new one that its release closes."""
-        return Lease(key, self.take(key, connect) if pooled else self.open(key, connect), pooled)
+        return Lease(self, key, self.take(key, connect) if pooled else self.open(key, connect), pooled)
 
     @contextlib.contextmanager
     def connection(self, key: PoolKey, connect: Callable[[], Any], pooled: bool) -> Iterator[Any]:

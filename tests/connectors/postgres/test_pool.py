@@ -2,7 +2,6 @@
 what is closed instead, and a streaming query's micro-batches that connect once, not every trigger."""
 
 import multiprocessing
-import time
 import uuid
 
 import psycopg
@@ -12,6 +11,7 @@ from sluice.connectors.postgres._conn import Connection
 from sluice.connectors.postgres._pool import POOL, ConnectionPool
 from sluice.connectors.postgres._source import READ_SPEC
 from sluice.connectors.postgres.changes._slot import DECODING_SESSION
+from sluice.testing import LocalPostgres
 
 
 @pytest.fixture
@@ -29,14 +29,6 @@ def backend(conn) -> int:
         return cur.fetchone()[0]
 
 
-def wait_gone(pg, pid: int) -> None:
-    """The server ended the backend (closing a connection ends it asynchronously on the server)."""
-    deadline = time.monotonic() + 10
-    while pg.sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)) != [(0,)]:
-        assert time.monotonic() < deadline, f"backend {pid} still there"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("driver", ["psycopg", "adbc"])
 def test_a_connection_given_back_cleanly_is_lent_again_and_a_fresh_lease_without_pooling_is_not(conn_info, driver):
     key = conn_info.pool_key(driver)
@@ -52,16 +44,15 @@ def test_a_connection_given_back_cleanly_is_lent_again_and_a_fresh_lease_without
     assert POOL.idle_count() == 1, "an unpooled lease is closed at release, never kept"
 
 
-def test_a_failed_user_closes_its_connection(conn_info, pg):
-    key = conn_info.pool_key()
+def test_a_failed_user_closes_its_connection(conn_info):
     with pytest.raises(RuntimeError), conn_info.pooled() as conn:
         pid = backend(conn)
         raise RuntimeError("the task failed")
-    wait_gone(pg, pid)
+    assert conn.closed
     assert POOL.idle_count() == 0
     with conn_info.pooled() as conn:
         assert backend(conn) != pid
-    assert POOL.idle_count() == 1 and key
+    assert POOL.idle_count() == 1
 
 
 def test_a_connection_the_server_ended_while_idle_is_replaced_not_lent(conn_info, pg):
@@ -69,18 +60,18 @@ def test_a_connection_the_server_ended_while_idle_is_replaced_not_lent(conn_info
     next task: the idle connection fails its round trip and a new one is lent."""
     with conn_info.pooled("adbc") as conn:
         pid = backend(conn)
-    assert pg.sql("SELECT pg_terminate_backend(%s)", (pid,)) == [(True,)]
-    wait_gone(pg, pid)
+    # With a timeout, pg_terminate_backend returns once the backend has exited.
+    assert pg.sql("SELECT pg_terminate_backend(%s, 10000)", (pid,)) == [(True,)]
     with conn_info.pooled("adbc") as conn:
         assert backend(conn) != pid
 
 
-def test_an_open_transaction_is_never_kept_idle(conn_info, pg):
+def test_an_open_transaction_is_never_kept_idle(conn_info):
     lease = conn_info.lease(conn_info.pool_key(autocommit=False))
-    pid = backend(lease.conn)  # the SELECT opened a transaction
+    backend(lease.conn)  # the SELECT opened a transaction
     lease.release(clean=True)
     assert POOL.idle_count() == 0
-    wait_gone(pg, pid)
+    assert lease.conn.closed
 
 
 def test_connections_with_their_own_session_settings_are_kept_apart(conn_info):
@@ -97,14 +88,18 @@ def test_connections_with_their_own_session_settings_are_kept_apart(conn_info):
     lease.release(clean=True)
 
 
-def test_idle_connections_are_closed_after_the_idle_time(conn_info, pg):
+def test_idle_connections_are_closed_after_the_idle_time(conn_info):
     pool = ConnectionPool(idle_close_s=0.3)
     key = conn_info.pool_key()
     conn = pool.take(key, lambda: conn_info.open(key))
-    pid = backend(conn)
+    backend(conn)
     pool.give_back(key, conn)
     assert pool.idle_count() == 1
-    wait_gone(pg, pid)  # the reaper closed it: nothing took it within 0.3 s
+    reaper = pool._reaper
+    assert reaper is not None
+    reaper.join(30)  # it ends once it has closed every idle connection: nothing took this one within 0.3 s
+    assert not reaper.is_alive()
+    assert conn.closed
     assert pool.idle_count() == 0
 
 
@@ -142,20 +137,23 @@ def sluice_connections_logged(server) -> int:
                if "connection authorized" in line and "application_name=sluice" in line)
 
 
+@pytest.fixture(scope="module")
+def logged_pg():
+    """A server that logs every connection it authorizes (log_connections), for counting them."""
+    with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on", "log_connections": "on"}) as s:
+        yield s
+
+
 @pytest.mark.spark
-def test_a_change_stream_into_postgres_connects_once_not_every_micro_batch(spark, lpg, tmp_path):
+def test_a_change_stream_into_postgres_connects_once_not_every_micro_batch(spark, logged_pg, tmp_path):
     """Connections sluice opened while 8 micro-batches ran, as the server logged them (log_connections): without
     the pool each micro-batch opens 5 (the write's plan and its commit's, the fetch, its position check, the
     write); with it, the processes serving the query connected during the warm-up and use those."""
+    lpg = logged_pg
     with psycopg.connect(lpg.url, autocommit=True) as c:
-        c.execute("ALTER SYSTEM SET log_connections = on")
-        c.execute("SELECT pg_reload_conf()")
         c.execute("CREATE TABLE pool_src (id bigint PRIMARY KEY, v text)")
         c.execute("CREATE TABLE pool_dst (id bigint, v text)")
         c.execute("CREATE PUBLICATION pool_pub FOR TABLE pool_src")
-    deadline = time.monotonic() + 30
-    while psycopg.connect(lpg.url).execute("SHOW log_connections").fetchone()[0] != "on":  # the reload took
-        assert time.monotonic() < deadline
     query = (spark.readStream.format("postgres_changes")
              .options(url=lpg.url, table="pool_src", publication="pool_pub", slot=f"pool_{uuid.uuid4().hex[:8]}")
              .load().selectExpr("id", "v").writeStream.format("postgres").options(url=lpg.url, table="pool_dst")
