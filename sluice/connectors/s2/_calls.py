@@ -4,8 +4,9 @@ A streaming query asks for each stream's tail at every latestOffset, which Spark
 while there is nothing new. A new SDK client costs about 20 ms before its first request (it builds an SSL context
 and loads the CA store, also for plain-HTTP endpoints) against under a millisecond for a tail check on an open
 one; so a streaming read's enumerator keeps one client, on an event loop of its own (the SDK's clients belong to
-the loop they were opened on). A failed call closes the client: the next one opens a new client, so a restarted
-server or a rotated endpoint costs one reconnect. Batch reads plan once and use a client per call.
+the loop they were opened on). A restarted server costs a reconnect: the SDK's connection pool opens a new connection
+when the old one is gone (tests/connectors/s2/test_kept_client.py). Batch reads plan once and use a client per
+call.
 """
 
 from __future__ import annotations
@@ -44,11 +45,7 @@ class KeptClient:
             await client.__aenter__()
             self._client = client
             self.opened += 1
-        try:
-            return await call(self._client)
-        except BaseException:
-            await self._drop_client()
-            raise
+        return await call(self._client)
 
     async def _drop_client(self) -> None:
         client, self._client = self._client, None
