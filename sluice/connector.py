@@ -1,11 +1,12 @@
 """The connector SDK: everything a connector implements and may call, in one public module (docs/connectors.md).
 
-A sink is an `EngineDataSource` subclass with an `OptionSpec` and a `plan_write()` that returns a `WritePlan`;
+A sink is a `SinkDataSource` subclass with an `OptionSpec` and a `plan_write()` that returns a `WritePlan`;
 the plan's `open_task()` gives each Spark task an encoder (Arrow RecordBatch -> `Encoded`) and a `Store`
 (one `submit(batch)` per request; `BlockingStore` for blocking clients). Transactional sinks add a `Committer`.
 The engine does the buffering, batching (`BatchCreator`/`RequestBuffer`, FLIP-509), ordering, retries and
 back-pressure. A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served to Spark by
-`SplitBatchReader` / `SplitStreamReader` (FLIP-27). `register_format` makes a format known to
+`SplitBatchReader` / `SplitStreamReader` (FLIP-27) from a `SourceDataSource` subclass; a format that is both
+subclasses both. `register_format` makes a format known to
 `sluice.write()` and `sluice.register()`.
 
 Built-in connectors (ClickHouse, ...) are written on these names only.
@@ -47,10 +48,12 @@ from sluice.engine import (
     completed_future,
 )
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
-from sluice.spark._datasource import EngineArrowWriter, EngineDataSource, EngineStreamArrowWriter, task_context
 from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, check_writable, conform
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.spark._registry import add_format as register_format
+from sluice.spark._sink import SinkDataSource
+from sluice.spark._source import SourceDataSource
+from sluice.spark._writers import EngineArrowWriter, EngineStreamArrowWriter, task_context
 
 __all__ = [
     "DELETE_OPS",
@@ -71,7 +74,6 @@ __all__ = [
     "Encoded",
     "Encoder",
     "EngineArrowWriter",
-    "EngineDataSource",
     "EngineStreamArrowWriter",
     "ErrorKind",
     "KeyedRequestBuffer",
@@ -87,8 +89,10 @@ __all__ = [
     "RetryableError",
     "SimpleBatchCreator",
     "SinkConfig",
+    "SinkDataSource",
     "SinkError",
     "SluiceError",
+    "SourceDataSource",
     "Split",
     "SplitBatchReader",
     "SplitEnumerator",

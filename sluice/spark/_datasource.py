@@ -1,79 +1,34 @@
-"""Base classes that turn an engine-based store into a Spark Python Data Source with Arrow writers.
+"""The core every sluice format shares: its name, its option declarations, and refusing what it does not do.
 
-A connector subclasses `EngineDataSource` and implements:
-  - `write_spec` / `read_spec`  its options (usually SINK_SPEC.extend(...): the engine's sink.* options too),
-  - `plan_write()`   on the driver, once: validate, then return a `WritePlan` (sluice/spark/_plan.py) whose
-                     `open_task()` gives each task its encoder and Store, and whose `committer()` gives the
-                     driver its Committer for transactional writes,
-  - optionally `primary_key()`, `resolve_options()` and `partitioning()`.
-Everything a task needs travels in the plan; the DataSource keeps no state between calls.
+A format is a sink (`SinkDataSource`, sluice/spark/_sink.py), a split source (`SourceDataSource`,
+sluice/spark/_source.py), or both (`class HBaseDataSource(SinkDataSource, SourceDataSource)`). The core holds what
+either side needs; each side adds its own hooks. The DataSource keeps no state between Spark's calls but what
+`learn_once` caches for the one write or read it serves.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import uuid
-from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
-import numpy as np
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.types import StructType
+from pyspark.sql.datasource import DataSource
 
 from sluice._errors import OptionError
 from sluice._options import Options, OptionSpec
-from sluice.engine import (
-    PARTITION_ORDERED,
-    SINK_SPEC,
-    AsyncSinkWriter,
-    BatchCreator,
-    DequeRequestBuffer,
-    KeyedRequestBuffer,
-    PartitionKeyBatchCreator,
-    RequestBuffer,
-    RequestInfo,
-    SimpleBatchCreator,
-    SinkConfig,
-    WriteContext,
-    WriteStats,
-)
-from sluice.metrics._push import MetricsPusher
-from sluice.metrics._report import MetricsTarget, TaskIdentity
-from sluice.metrics._server import find_target
-from sluice.spark._compat import StreamArrowWriterBase
-from sluice.spark._encoding import check_writable, partition_buckets, partition_keys
-from sluice.spark._plan import TaskWriter, WritePlan
-from sluice.spark._summary import log_summary, save_summary
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 T = TypeVar("T")
 
-if TYPE_CHECKING:
-    import pyarrow as pa
 
-@dataclass
-class SluiceCommitMessage(WriterCommitMessage):
-    """What one task sends back to the driver: its statistics and the store's pre-commit message."""
-
-    stats: dict[str, Any]
-    store_message: Any
-    context: WriteContext
-
-
-class EngineDataSource(DataSource):
+class SluiceDataSource(DataSource):
     format_name: ClassVar[str] = "sluice"
-    # The store's hard limits, checked against the sink.* options on the driver: (record bytes, batch records,
-    # batch bytes); None = no limit.
-    store_limits: ClassVar[tuple[int | None, int | None, int | None]] = (None, None, None)
-    # Whether any column type is fine (sluice_null drops everything); else check_writable() refuses some.
-    writes_any_type: ClassVar[bool] = False
-    # The options of writes (usually SINK_SPEC.extend(...)) and of reads; None: sink.* only / not readable.
-    write_spec: ClassVar[OptionSpec | None] = None
+    # The options of spark.read / spark.readStream; None: the format is not read.
     read_spec: ClassVar[OptionSpec | None] = None
-    # A format that is only read (a change stream): every write is refused before anything else, naming the
-    # format to write with instead.
-    read_only: ClassVar[bool] = False
+    # A format that is only read (a change stream) refuses every write before anything else, naming how it is
+    # read and the format to write with instead.
+    read_api: ClassVar[str] = "spark.read"
     write_with: ClassVar[str | None] = None
 
     @classmethod
@@ -81,13 +36,9 @@ class EngineDataSource(DataSource):
         return cls.format_name
 
     @classmethod
-    def sink_spec(cls) -> OptionSpec:
-        return SINK_SPEC.renamed(cls.format_name)
-
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        """The options of writes: `write_spec`, else the engine's sink.* options alone."""
-        return cls.write_spec or cls.sink_spec()
+    def option_spec(cls) -> OptionSpec | None:
+        """The options of writes; None: the format is not written (sinks override)."""
+        return None
 
     @classmethod
     def read_option_spec(cls) -> OptionSpec | None:
@@ -95,11 +46,18 @@ class EngineDataSource(DataSource):
         return cls.read_spec
 
     def parsed(self) -> Options:
-        """The options of a write (every write path starts here)."""
-        if self.read_only:
-            instead = f"; write with format('{self.write_with}')" if self.write_with else ""
-            raise OptionError(f"format '{self.format_name}' is read-only (spark.readStream){instead}")
-        return self.option_spec().parse(self.options)
+        """The options of a write (every write path starts here): a format that is not written refuses."""
+        self._refuse_writes()
+
+    def _refuse_writes(self) -> NoReturn:
+        instead = f"; write with format('{self.write_with}')" if self.write_with else ""
+        raise OptionError(f"format '{self.format_name}' is read-only ({self.read_api}){instead}")
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        self._refuse_writes()
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        self._refuse_writes()
 
     def learn_once(self, key: Hashable, learn: Callable[[], T]) -> T:
         """What the driver learns about the target (a table's columns and keys), asked of the store once per planned
@@ -108,239 +66,3 @@ class EngineDataSource(DataSource):
         if key not in learned:
             learned[key] = learn()
         return learned[key]
-
-    # ---- connector hooks
-    def primary_key(self, opts: Options) -> tuple[str, ...]:
-        return ()
-
-    def resolve_options(self, opts: Options) -> Options:
-        """On the driver, before the write: fill in what comes from the driver's environment (e.g. tokens)."""
-        return opts
-
-    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
-        """Columns whose rows must share a task for the mode's guarantee; () = one task; None = any layout."""
-        config = self.sink_config(opts, schema)
-        return config.partition_key if config.mode == PARTITION_ORDERED else None
-
-    def write_order(self, opts: Options, schema: StructType) -> tuple[str, ...]:
-        """Columns `sluice.write` sorts each task's rows by after partitioning, so that a batch creator grouping
-        rows by them finds each group's rows together rather than scattered over the task; () = input order."""
-        return ()
-
-    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> WritePlan:
-        """On the driver, once per write: validate the schema, options and mode against the store, then return
-        the plan every task opens its writer from. Refuse what cannot be written here, before any task starts."""
-        raise NotImplementedError
-
-    def refuse_overwrite(self, overwrite: bool) -> None:
-        if overwrite:
-            raise OptionError(
-                f"format '{self.format_name}' does not support mode('overwrite'); use mode('append')."
-            )
-
-    # ---- Spark entry points
-    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        config = SinkConfig.from_options(opts)
-        if config.mode != PARTITION_ORDERED:
-            return config
-        key = config.partition_key or self.primary_key(opts)
-        if not key:
-            raise OptionError(
-                f"sink.mode=partition-ordered needs sink.partition-key (columns whose order is kept) for "
-                f"format '{self.format_name}'. Set .option('sink.partition-key', 'col1,col2')."
-            )
-        missing = [c for c in key if c not in schema.fieldNames()]
-        if missing:
-            option = "sink.partition-key" if config.partition_key else "primary-key"  # where the key came from
-            raise OptionError(
-                f"{option} column(s) {missing} are not in the DataFrame "
-                f"(columns: {schema.fieldNames()})."
-            )
-        return SinkConfig(**{**config.__dict__, "partition_key": tuple(key)})
-
-    def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
-        opts = self.resolve_options(self.parsed())
-        if streaming and opts.get("sink.write-id"):
-            raise OptionError("sink.write-id is for batch writes: a streaming query's writes are identified by its "
-                              "checkpoint (query id and batch id). Remove sink.write-id.")
-        if not self.writes_any_type:
-            check_writable(self.format_name, schema)
-        config = dataclasses.replace(self.sink_config(opts, schema), streaming=streaming)
-        config.check_store_limits(self.format_name, *self.store_limits)
-        plan = self.plan_write(opts, schema, config, overwrite)
-        if config.transactional and plan.committer() is None:
-            raise OptionError(
-                f"sink.transactional=true, but format '{self.format_name}' has no transactions; "
-                "remove sink.transactional."
-            )
-        check_batching(plan)
-        return plan
-
-    def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
-        plan = self._plan(schema, overwrite, streaming=False)
-        return EngineArrowWriter(plan, plan.options.get("sink.write-id") or uuid.uuid4().hex, find_target())
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
-        return EngineStreamArrowWriter(self._plan(schema, overwrite, streaming=True), uuid.uuid4().hex, find_target())
-
-
-def batching(plan: WritePlan) -> tuple[BatchCreator | None, RequestBuffer | None]:
-    """The write's BatchCreator and RequestBuffer: the sink.* options' classes, else the connector's; None =
-    the engine's default for the mode."""
-    config = plan.config
-    return (config.make_batch_creator() or plan.batch_creator(), config.make_request_buffer() or plan.request_buffer())
-
-
-def check_batching(plan: WritePlan) -> None:
-    """On the driver: a trial batch from an empty buffer, so a creator that cannot work with the buffer (e.g. a
-    per-key creator over an unkeyed buffer) fails here, naming the options, not in every task."""
-    creator, buffer = batching(plan)
-    if creator is None and buffer is None:
-        return
-    keyed = plan.config.mode == PARTITION_ORDERED
-    creator = creator or (PartitionKeyBatchCreator() if keyed else SimpleBatchCreator())
-    buffer = buffer or (KeyedRequestBuffer() if keyed else DequeRequestBuffer())
-    try:
-        creator.create_next_batch(RequestInfo(plan.config.max_batch_records, plan.config.max_batch_bytes, 0.0), buffer)
-    except Exception as e:
-        raise OptionError(f"sink.batch-creator / sink.request-buffer: {type(creator).__name__} cannot cut batches "
-                          f"from a {type(buffer).__name__} ({type(e).__name__}: {e}). Choose classes that work "
-                          "together (PartitionKeyBatchCreator needs KeyedRequestBuffer).") from None
-
-
-def task_context(write_id: str, streaming: bool = True) -> WriteContext:
-    """The task's identity in a write. A streaming write is its query's micro-batch (query id, batch id); a batch
-    write is `write_id` alone, also when it runs inside a streaming query's foreachBatch, whose jobs carry the
-    query's local properties: taken from those, every batch write of a query would share one identity, and a
-    store's replay detection would take the second for a replay of the first and drop it."""
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    if tc is None:
-        return WriteContext(write_id=write_id)
-    batch_id = tc.getLocalProperty("streaming.sql.batchId") if streaming else None
-    query_id = tc.getLocalProperty("sql.streaming.queryId") if streaming else None
-    return WriteContext(
-        write_id=query_id or write_id,
-        epoch=int(batch_id) if batch_id is not None else None,
-        partition_id=tc.partitionId(),
-        attempt=tc.attemptNumber(),
-        task_attempt_id=tc.taskAttemptId(),
-    )
-
-
-class _EngineWriterMixin:
-    """The Spark writer around a plan: tasks run the engine on the plan's encoder and store; the driver commits."""
-
-    streaming = False  # a streaming query's writer: tasks are identified by (query id, batch id)
-
-    def __init__(self, plan: WritePlan, write_id: str, metrics: MetricsTarget | None = None) -> None:
-        self.plan = plan
-        self.write_id = write_id
-        self.metrics = metrics  # where tasks report their write while it runs (sluice.metrics); None: nowhere
-
-    def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
-        context = task_context(self.write_id, self.streaming)
-        batches = (batch for batch in iterator if batch.num_rows)
-        first = next(batches, None)
-        if first is None:
-            # A task with no rows opens no connection or session (a write of 200 mostly empty partitions
-            # must not open 200 connections).
-            return SluiceCommitMessage(WriteStats(tasks=0).to_dict(), None, context)
-        task = self.plan.open_task(context)
-        creator, buffer = batching(self.plan)
-        pusher = self._pusher(context)
-        with AsyncSinkWriter(task.store, self.plan.config, context=context, batch_creator=creator, buffer=buffer,
-                             observer=pusher and pusher.offer) as writer:
-            try:
-                message = self._write_batches(writer, task, itertools.chain([first], batches))
-            finally:
-                if pusher is not None:
-                    pusher.close(writer.live())
-        return SluiceCommitMessage(writer.stats.to_dict(), message, context)
-
-    def _pusher(self, context: WriteContext) -> MetricsPusher | None:
-        if self.metrics is None:
-            return None
-        task = TaskIdentity(self.plan.format_name, context.write_id, context.partition_id or 0, context.attempt or 0,
-                            context.task_attempt_id or 0, context.epoch)
-        return MetricsPusher(self.metrics, task)
-
-    def _write_batches(self, writer: AsyncSinkWriter, task: TaskWriter, batches: Iterator[pa.RecordBatch]) -> Any:
-        config = self.plan.config
-        keyed = config.mode == PARTITION_ORDERED
-        for batch in batches:
-            encoded = task.encode(batch)
-            if not keyed:
-                writer.write_chunk(encoded.entries, encoded.sizes)
-                continue
-            if encoded.groups is not None:  # the store's own grouping (e.g. HBase's regions)
-                codes, names = encoded.groups, None
-            elif config.batch_by == "key":
-                codes, names = partition_keys(batch, config.partition_key)
-            else:
-                codes, names = partition_buckets(batch, config.partition_key, config.parallelism), None
-            if encoded.rows is not None and encoded.groups is None:  # the encoder kept only some rows
-                codes = np.asarray(codes)[np.asarray(encoded.rows, dtype=np.int64)]
-            writer.write_keyed(encoded.entries, encoded.sizes, codes, names)
-        return writer.finish()
-
-    def _epoch_context(self, done: list[SluiceCommitMessage], epoch: int | None) -> WriteContext:
-        """The write as the tasks saw it: streaming tasks know the query id, which the driver-side writer does not."""
-        write_id = done[0].context.write_id if done else self.write_id
-        return WriteContext(write_id=write_id, epoch=epoch)
-
-    def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
-        done = [m for m in messages if m is not None]
-        if self.plan.commits_on_driver:
-            committer = self.plan.committer()
-            assert committer is not None
-            ordered = sorted(done, key=lambda m: m.context.partition_id)
-            committer.commit([m.store_message for m in ordered if m.store_message is not None],
-                             self._epoch_context(done, epoch))
-        self._record(done, epoch, "committed")
-
-    def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
-        done = [m for m in messages if m is not None]
-        try:
-            committer = self.plan.committer() if self.plan.commits_on_driver else None
-            if committer is not None:
-                committer.abort([m.store_message for m in done if m.store_message is not None],
-                                 self._epoch_context(done, epoch))
-        finally:
-            # A failed write is the last write too: never leave the previous one's summary in its place.
-            self._record(done, epoch, "failed")
-
-    def _record(self, done: list[SluiceCommitMessage], epoch: int | None, status: str) -> None:
-        stats = WriteStats.merge([WriteStats.from_dict(m.stats) for m in done])
-        summary = {**stats.summary(), "status": status}
-        if epoch is not None:
-            summary["batch_id"] = epoch
-        save_summary(self.plan.format_name, summary)
-        where = f" batch {epoch}" if epoch is not None else ""
-        failed = " FAILED (tasks that finished before the failure)" if status == "failed" else ""
-        log_summary(f"{self.plan.format_name}{where}{failed}: {stats.summary_line()}")
-
-
-class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
-        return self._write(iterator)
-
-    def commit(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
-        self._commit(messages, None)
-
-    def abort(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
-        self._abort(messages, None)
-
-
-class EngineStreamArrowWriter(_EngineWriterMixin, StreamArrowWriterBase):
-    streaming = True
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
-        return self._write(iterator)
-
-    def commit(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        self._commit(messages, batchId)
-
-    def abort(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        self._abort(messages, batchId)

@@ -1,6 +1,6 @@
 """The connector shape: a write is planned once on the driver; every task opens its writer from the plan.
 
-`EngineDataSource.plan_write()` validates the write and returns an immutable, picklable `WritePlan`
+`SinkDataSource.plan_write()` validates the write and returns an immutable, picklable `WritePlan`
 (a connector subclasses it with what its tasks need: resolved connection, target table, ...). Spark
 pickles the plan to every task, which calls `plan.open_task(context)` for a `TaskWriter` (an encoder
 and a store), and the driver calls `plan.committer()` when the write commits on the driver. Nothing

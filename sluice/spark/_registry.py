@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sluice.spark._datasource import EngineDataSource
+    from sluice.spark._datasource import SluiceDataSource
 
 # format name -> "module:class"; imported on use so a connector's client library loads only when needed.
 BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
@@ -31,11 +31,12 @@ FORMATS: dict[str, str] = dict(BUILTIN_FORMATS)
 
 
 def add_format(format_name: str, target: str) -> None:
-    """Make another EngineDataSource ("module:class") known to register() and sluice.write()."""
+    """Make another format ("module:class": a SinkDataSource and/or SourceDataSource) known to register() and
+    sluice.write()."""
     FORMATS[format_name] = target
 
 
-def data_source_class(format_name: str) -> type[EngineDataSource]:
+def data_source_class(format_name: str) -> type[SluiceDataSource]:
     target = FORMATS.get(format_name)
     if target is None:
         from sluice._errors import OptionError

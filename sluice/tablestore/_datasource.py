@@ -7,15 +7,15 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     EngineArrowWriter,
-    EngineDataSource,
     EngineStreamArrowWriter,
     OptionError,
     Options,
     SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
     check_key_columns,
 )
 from sluice.meta import MetaService, check_url
-from sluice.metrics._reads import ReadObserver
 from sluice.tablestore._options import READ_SPEC, WRITE_SPEC
 from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
 from sluice.tablestore._source import (
@@ -27,7 +27,7 @@ from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import StoreTable
 
 
-class TableStoreDataSource(EngineDataSource):
+class TableStoreDataSource(SinkDataSource, SourceDataSource):
     """See sluice/tablestore/_source.py's docstring for usage."""
 
     format_name = "tablestore"
@@ -83,7 +83,7 @@ class TableStoreDataSource(EngineDataSource):
     def schema(self) -> StructType:
         from sluice.spark._compat import from_arrow_schema
 
-        opts = READ_SPEC.parse(self.options)
+        opts = self.read_options()
         schema = pa.schema(_table(opts).delta().schema().to_arrow())
         if opts["changes"]:
             schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CHANGE_COLUMNS)])
@@ -92,7 +92,7 @@ class TableStoreDataSource(EngineDataSource):
     # spark.readStream adds the change columns of Delta's change data feed (see TableStoreStreamReader).
 
     def streamReader(self, schema: StructType) -> TableStoreStreamReader:
-        opts = READ_SPEC.parse(self.options)
+        opts = self.read_options()
         for key in ("version", "barrier", "consistent-with"):
             if opts.is_set(key):
                 raise OptionError(f"option '{key}' is for batch reads; a streaming read follows the table barrier "
@@ -103,10 +103,10 @@ class TableStoreDataSource(EngineDataSource):
                               "stream it with option changes=true, which adds _change_type (insert, "
                               "update_preimage, update_postimage, delete) so updates are not counted twice")
         return TableStoreStreamReader(table, opts["meta"], schema, tuple(opts["aligned-with"]),
-                                      ReadObserver.on_driver(self.format_name))
+                                      self.read_observer())
 
     def reader(self, schema: StructType) -> TableStoreReader:
-        opts = READ_SPEC.parse(self.options)
+        opts = self.read_options()
         table = _table(opts)
         chosen = [k for k in ("version", "barrier", "consistent-with") if opts.is_set(k)]
         if len(chosen) > 1:
@@ -132,7 +132,7 @@ class TableStoreDataSource(EngineDataSource):
             version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
                 .versions[table.name]
         return TableStoreReader(table, version, schema, opts["max-partition-bytes"],
-                                ReadObserver.on_driver(self.format_name))
+                                self.read_observer())
 
 
 def _table(opts: Options) -> StoreTable:

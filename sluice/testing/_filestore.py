@@ -24,12 +24,12 @@ from sluice.connector import (
     BlockingStore,
     Committer,
     Encoded,
-    EngineDataSource,
     Option,
     Options,
     OptionSpec,
     RetryableError,
     SinkConfig,
+    SinkDataSource,
     TaskWriter,
     WriteContext,
     WritePlan,
@@ -124,7 +124,7 @@ TEST_OPTIONS = (
 )
 
 
-class FileStoreDataSource(EngineDataSource):
+class FileStoreDataSource(SinkDataSource):
     format_name = "sluice_test"
 
     @classmethod

@@ -9,10 +9,11 @@ from pyspark.sql.types import StructType
 from sluice.connector import (
     PARTITION_ORDERED,
     UNORDERED,
-    EngineDataSource,
     OptionError,
     Options,
     SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
 )
 from sluice.connectors.cassandra._session import Connection
 from sluice.connectors.cassandra._sink import WRITE_SPEC, CassandraWritePlan, RowPlan, WriteOptions
@@ -26,7 +27,6 @@ from sluice.connectors.cassandra._source import (
 )
 from sluice.connectors.cassandra._table import TableInfo, describe
 from sluice.connectors.cassandra._types import spark_type, write_problem
-from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: Cassandra has no transactions sluice could commit a write or micro-batch in. Every "
@@ -36,7 +36,7 @@ NO_TRANSACTIONS = (
 )
 
 
-class CassandraDataSource(EngineDataSource):
+class CassandraDataSource(SinkDataSource, SourceDataSource):
     """`format("cassandra")`: see the package docstring for usage."""
 
     format_name = "cassandra"
@@ -143,7 +143,7 @@ class CassandraDataSource(EngineDataSource):
         reader = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size,
                                  options.read_consistency)
         enumerator = CassandraEnumerator(conn, options.partitions, options.read_split_size_mb * 1024 * 1024)
-        return CassandraBatchReader(enumerator, reader, None, reads=ReadObserver.on_driver(self.format_name))
+        return CassandraBatchReader(enumerator, reader, None, reads=self.read_observer())
 
 
 def _check_special_types(schema: StructType, options: WriteOptions) -> None:

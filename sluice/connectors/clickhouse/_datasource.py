@@ -9,10 +9,11 @@ from pyspark.sql.types import StructType
 from sluice.connector import (
     PARTITION_ORDERED,
     UNORDERED,
-    EngineDataSource,
     OptionError,
     Options,
     SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
     SplitBatchReader,
 )
 from sluice.connectors.clickhouse._client import Connection
@@ -27,7 +28,6 @@ from sluice.connectors.clickhouse._source import (
 )
 from sluice.connectors.clickhouse._table import TableInfo, describe
 from sluice.connectors.clickhouse._types import CHType, write_problem
-from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: ClickHouse has no transaction sluice could commit a write or micro-batch in. For "
@@ -45,7 +45,7 @@ def check_compatible(schema: StructType, types: dict[str, CHType], table: str) -
             raise OptionError(f"{problem} ({table}).")
 
 
-class ClickHouseDataSource(EngineDataSource):
+class ClickHouseDataSource(SinkDataSource, SourceDataSource):
     """`format("clickhouse")`: see the package docstring for usage."""
 
     format_name = "clickhouse"
@@ -142,7 +142,7 @@ class ClickHouseDataSource(EngineDataSource):
 
         reader = ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, options.final))
         return SplitBatchReader(ClickHouseEnumerator(conn, info, types, options.partitions), reader, None,
-                                reads=ReadObserver.on_driver(self.format_name))
+                                reads=self.read_observer())
 
 
 def _deletes(op: str | None, schema: StructType, info: TableInfo, table: str) -> Deletes | None:

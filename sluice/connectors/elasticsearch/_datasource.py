@@ -7,7 +7,7 @@ from dataclasses import replace
 from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
-from sluice.connector import UNORDERED, EngineDataSource, OptionError, Options, SinkConfig
+from sluice.connector import UNORDERED, OptionError, Options, SinkConfig, SinkDataSource, SourceDataSource
 from sluice.connectors.elasticsearch._client import Cluster, Connection
 from sluice.connectors.elasticsearch._sink import WRITE_SPEC, DocPlan, ElasticsearchWritePlan, WriteOptions
 from sluice.connectors.elasticsearch._source import (
@@ -20,7 +20,6 @@ from sluice.connectors.elasticsearch._source import (
     spark_schema,
 )
 from sluice.connectors.elasticsearch._types import mapping
-from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: Elasticsearch and OpenSearch have no transactions across documents. Give documents "
@@ -30,7 +29,7 @@ NO_TRANSACTIONS = (
 ORDER_OPTIONS = ("sink.mode", "sink.partition-key", "sink.parallelism", "sink.flush-on-checkpoint", "sink.batch-by")
 
 
-class ElasticsearchDataSource(EngineDataSource):
+class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
     """`format("elasticsearch")`: see the package docstring for usage."""
 
     format_name = "elasticsearch"
@@ -90,7 +89,7 @@ class ElasticsearchDataSource(EngineDataSource):
         reader = SliceReader(conn, schema, options.read_page_size, options.read_keep_alive,
                              parse_query(options.read_query), options.read_metadata, kinds)
         return PitBatchReader(PitEnumerator(conn, options.partitions, options.read_keep_alive), reader, kinds,
-                              ReadObserver.on_driver(self.format_name))
+                              self.read_observer())
 
 
 def _doc_plan(options: WriteOptions, version_set: bool, schema: StructType) -> DocPlan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import EngineDataSource, OptionError, Options, SinkConfig
+from sluice.connector import OptionError, Options, SinkConfig, SinkDataSource, SourceDataSource
 from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
@@ -20,7 +20,6 @@ from sluice.connectors.hbase._source import (
     stamp_column,
     time_range,
 )
-from sluice.metrics._reads import ReadObserver
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: HBase has no transactions across rows sluice could commit a write or micro-batch "
@@ -30,7 +29,7 @@ NO_TRANSACTIONS = (
 )
 
 
-class HBaseDataSource(EngineDataSource):
+class HBaseDataSource(SinkDataSource, SourceDataSource):
     """`format("hbase")`: see the package docstring for usage."""
 
     format_name = "hbase"
@@ -100,7 +99,7 @@ class HBaseDataSource(EngineDataSource):
     def reader(self, schema: StructType) -> HBaseBatchReader:
         from sluice.spark._compat import to_arrow_schema
 
-        opts = READ_SPEC.parse(self.options)
+        opts = self.read_options()
         options = ReadOptions.of(opts)
         arrow = to_arrow_schema(schema)
         stamp = stamp_column(options, arrow)
@@ -113,4 +112,4 @@ class HBaseDataSource(EngineDataSource):
         reader = HBaseReader(conn, catalog, key, arrow, options.read_rows_per_fetch,
                              time_range(options.read_time_range), options.read_versions, stamp)
         enumerator = RegionEnumerator(conn, catalog.table, options.read_splits_per_region)
-        return HBaseBatchReader(enumerator, reader, None, reads=ReadObserver.on_driver(self.format_name))
+        return HBaseBatchReader(enumerator, reader, None, reads=self.read_observer())

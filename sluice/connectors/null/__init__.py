@@ -24,10 +24,10 @@ from sluice.connector import (
     Batch,
     Encoded,
     Encoder,
-    EngineDataSource,
     OptionError,
     Options,
     SinkConfig,
+    SinkDataSource,
     Store,
     TaskWriter,
     WriteContext,
@@ -70,7 +70,7 @@ class NullWritePlan(WritePlan):
         return TaskWriter(encode, NullStore())
 
 
-class NullDataSource(EngineDataSource):
+class NullDataSource(SinkDataSource):
     format_name = "sluice_null"
     writes_any_type = True
 

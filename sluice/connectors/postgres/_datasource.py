@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import PARTITION_ORDERED, EngineDataSource, Options, SinkConfig
+from sluice.connector import PARTITION_ORDERED, Options, SinkConfig, SinkDataSource, SourceDataSource
 from sluice.connectors.postgres._conn import Connection
 from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresWritePlan
 from sluice.connectors.postgres._source import (
@@ -20,7 +20,7 @@ from sluice.metrics._reads import ReadObserver
 from sluice.spark._compat import require
 
 
-class PostgresDataSource(EngineDataSource):
+class PostgresDataSource(SinkDataSource, SourceDataSource):
     """`format("postgres")`: see the package docstring for usage."""
 
     format_name = "postgres"

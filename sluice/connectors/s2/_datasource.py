@@ -11,10 +11,11 @@ from pyspark.sql.types import StructType
 from sluice.connector import (
     PARTITION_ORDERED,
     UNORDERED,
-    EngineDataSource,
     OptionError,
     Options,
     SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
     SplitBatchReader,
     SplitStreamReader,
     WriteContext,
@@ -32,7 +33,7 @@ ROUTED_PARALLELISM = 4096  # the most sink.parallelism allows: buckets ~ streams
 ROUTED_MAX_BUFFERED = 50_000
 
 
-class _S2Base(EngineDataSource):
+class _S2Base(SinkDataSource, SourceDataSource):
     kind: ClassVar[RecordKind] = RecordKind.APPEND
     read_spec = READ_SPEC
     write_spec = APPEND_SPEC

@@ -6,18 +6,18 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import EngineDataSource, OptionError
+from sluice.connector import OptionError, SourceDataSource
 from sluice.connectors.postgres.changes._options import CHANGES_SPEC, ChangeOptions
 from sluice.connectors.postgres.changes._publication import resolve, spark_schema
 from sluice.connectors.postgres.changes._stream import ChangeStreamReader
 
 
-class PostgresChangesDataSource(EngineDataSource):
+class PostgresChangesDataSource(SourceDataSource):
     """`spark.readStream.format("postgres_changes")`: see the package docstring; docs/postgres.md."""
 
     format_name = "postgres_changes"
     read_spec = CHANGES_SPEC
-    read_only = True
+    read_api = "spark.readStream"
     write_with = "postgres"
 
     def schema(self) -> StructType:

@@ -1,0 +1,29 @@
+"""`SourceDataSource`: a split source (FLIP-27, sluice/source) as the reader of a Spark Python Data Source.
+
+A source subclasses it, declares `read_spec` and implements `schema()` and `reader()` (a `SplitBatchReader` over
+its enumerator and split reader) and/or `streamReader()` (a `SplitStreamReader`). Options are parsed on the
+driver by `read_options()`; the enumerator and reader carry what executors need.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from sluice._options import Options, OptionSpec
+from sluice.metrics._reads import ReadObserver
+from sluice.spark._datasource import SluiceDataSource
+
+
+class SourceDataSource(SluiceDataSource):
+    read_spec: ClassVar[OptionSpec | None] = None
+
+    def read_options(self) -> Options:
+        """The options of this read, parsed and checked once on the driver."""
+        if self.read_spec is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no read_spec")
+        return self.read_spec.parse(self.options)
+
+    def read_observer(self, event_time: str | None = None) -> ReadObserver | None:
+        """The driver's observer of this read (live metrics; None when no collector runs; `event_time`: the
+        column of each row's event time)."""
+        return ReadObserver.on_driver(self.format_name, event_time=event_time)

@@ -1,0 +1,207 @@
+"""The tasks' side of a sink: Arrow writers that run the engine on a `WritePlan`'s encoder and store, and the
+driver's commit of what the tasks sent back (sluice/spark/_sink.py plans the write)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from sluice._errors import OptionError
+from sluice.engine import (
+    PARTITION_ORDERED,
+    AsyncSinkWriter,
+    BatchCreator,
+    DequeRequestBuffer,
+    KeyedRequestBuffer,
+    PartitionKeyBatchCreator,
+    RequestBuffer,
+    RequestInfo,
+    SimpleBatchCreator,
+    WriteContext,
+    WriteStats,
+)
+from sluice.metrics._push import MetricsPusher
+from sluice.metrics._report import MetricsTarget, TaskIdentity
+from sluice.spark._compat import StreamArrowWriterBase
+from sluice.spark._encoding import partition_buckets, partition_keys
+from sluice.spark._plan import TaskWriter, WritePlan
+from sluice.spark._summary import log_summary, save_summary
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+@dataclass
+class SluiceCommitMessage(WriterCommitMessage):
+    """What one task sends back to the driver: its statistics and the store's pre-commit message."""
+
+    stats: dict[str, Any]
+    store_message: Any
+    context: WriteContext
+
+
+def batching(plan: WritePlan) -> tuple[BatchCreator | None, RequestBuffer | None]:
+    """The write's BatchCreator and RequestBuffer: the sink.* options' classes, else the connector's; None =
+    the engine's default for the mode."""
+    config = plan.config
+    return (config.make_batch_creator() or plan.batch_creator(), config.make_request_buffer() or plan.request_buffer())
+
+
+def check_batching(plan: WritePlan) -> None:
+    """On the driver: a trial batch from an empty buffer, so a creator that cannot work with the buffer (e.g. a
+    per-key creator over an unkeyed buffer) fails here, naming the options, not in every task."""
+    creator, buffer = batching(plan)
+    if creator is None and buffer is None:
+        return
+    keyed = plan.config.mode == PARTITION_ORDERED
+    creator = creator or (PartitionKeyBatchCreator() if keyed else SimpleBatchCreator())
+    buffer = buffer or (KeyedRequestBuffer() if keyed else DequeRequestBuffer())
+    try:
+        creator.create_next_batch(RequestInfo(plan.config.max_batch_records, plan.config.max_batch_bytes, 0.0), buffer)
+    except Exception as e:
+        raise OptionError(f"sink.batch-creator / sink.request-buffer: {type(creator).__name__} cannot cut batches "
+                          f"from a {type(buffer).__name__} ({type(e).__name__}: {e}). Choose classes that work "
+                          "together (PartitionKeyBatchCreator needs KeyedRequestBuffer).") from None
+
+
+def task_context(write_id: str, streaming: bool = True) -> WriteContext:
+    """The task's identity in a write. A streaming write is its query's micro-batch (query id, batch id); a batch
+    write is `write_id` alone, also when it runs inside a streaming query's foreachBatch, whose jobs carry the
+    query's local properties: taken from those, every batch write of a query would share one identity, and a
+    store's replay detection would take the second for a replay of the first and drop it."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return WriteContext(write_id=write_id)
+    batch_id = tc.getLocalProperty("streaming.sql.batchId") if streaming else None
+    query_id = tc.getLocalProperty("sql.streaming.queryId") if streaming else None
+    return WriteContext(
+        write_id=query_id or write_id,
+        epoch=int(batch_id) if batch_id is not None else None,
+        partition_id=tc.partitionId(),
+        attempt=tc.attemptNumber(),
+        task_attempt_id=tc.taskAttemptId(),
+    )
+
+
+class _EngineWriterMixin:
+    """The Spark writer around a plan: tasks run the engine on the plan's encoder and store; the driver commits."""
+
+    streaming = False  # a streaming query's writer: tasks are identified by (query id, batch id)
+
+    def __init__(self, plan: WritePlan, write_id: str, metrics: MetricsTarget | None = None) -> None:
+        self.plan = plan
+        self.write_id = write_id
+        self.metrics = metrics  # where tasks report their write while it runs (sluice.metrics); None: nowhere
+
+    def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
+        context = task_context(self.write_id, self.streaming)
+        batches = (batch for batch in iterator if batch.num_rows)
+        first = next(batches, None)
+        if first is None:
+            # A task with no rows opens no connection or session (a write of 200 mostly empty partitions
+            # must not open 200 connections).
+            return SluiceCommitMessage(WriteStats(tasks=0).to_dict(), None, context)
+        task = self.plan.open_task(context)
+        creator, buffer = batching(self.plan)
+        pusher = self._pusher(context)
+        with AsyncSinkWriter(task.store, self.plan.config, context=context, batch_creator=creator, buffer=buffer,
+                             observer=pusher and pusher.offer) as writer:
+            try:
+                message = self._write_batches(writer, task, itertools.chain([first], batches))
+            finally:
+                if pusher is not None:
+                    pusher.close(writer.live())
+        return SluiceCommitMessage(writer.stats.to_dict(), message, context)
+
+    def _pusher(self, context: WriteContext) -> MetricsPusher | None:
+        if self.metrics is None:
+            return None
+        task = TaskIdentity(self.plan.format_name, context.write_id, context.partition_id or 0, context.attempt or 0,
+                            context.task_attempt_id or 0, context.epoch)
+        return MetricsPusher(self.metrics, task)
+
+    def _write_batches(self, writer: AsyncSinkWriter, task: TaskWriter, batches: Iterator[pa.RecordBatch]) -> Any:
+        config = self.plan.config
+        keyed = config.mode == PARTITION_ORDERED
+        for batch in batches:
+            encoded = task.encode(batch)
+            if not keyed:
+                writer.write_chunk(encoded.entries, encoded.sizes)
+                continue
+            if encoded.groups is not None:  # the store's own grouping (e.g. HBase's regions)
+                codes, names = encoded.groups, None
+            elif config.batch_by == "key":
+                codes, names = partition_keys(batch, config.partition_key)
+            else:
+                codes, names = partition_buckets(batch, config.partition_key, config.parallelism), None
+            if encoded.rows is not None and encoded.groups is None:  # the encoder kept only some rows
+                codes = np.asarray(codes)[np.asarray(encoded.rows, dtype=np.int64)]
+            writer.write_keyed(encoded.entries, encoded.sizes, codes, names)
+        return writer.finish()
+
+    def _epoch_context(self, done: list[SluiceCommitMessage], epoch: int | None) -> WriteContext:
+        """The write as the tasks saw it: streaming tasks know the query id, which the driver-side writer does not."""
+        write_id = done[0].context.write_id if done else self.write_id
+        return WriteContext(write_id=write_id, epoch=epoch)
+
+    def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
+        done = [m for m in messages if m is not None]
+        if self.plan.commits_on_driver:
+            committer = self.plan.committer()
+            assert committer is not None
+            ordered = sorted(done, key=lambda m: m.context.partition_id)
+            committer.commit([m.store_message for m in ordered if m.store_message is not None],
+                             self._epoch_context(done, epoch))
+        self._record(done, epoch, "committed")
+
+    def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
+        done = [m for m in messages if m is not None]
+        try:
+            committer = self.plan.committer() if self.plan.commits_on_driver else None
+            if committer is not None:
+                committer.abort([m.store_message for m in done if m.store_message is not None],
+                                 self._epoch_context(done, epoch))
+        finally:
+            # A failed write is the last write too: never leave the previous one's summary in its place.
+            self._record(done, epoch, "failed")
+
+    def _record(self, done: list[SluiceCommitMessage], epoch: int | None, status: str) -> None:
+        stats = WriteStats.merge([WriteStats.from_dict(m.stats) for m in done])
+        summary = {**stats.summary(), "status": status}
+        if epoch is not None:
+            summary["batch_id"] = epoch
+        save_summary(self.plan.format_name, summary)
+        where = f" batch {epoch}" if epoch is not None else ""
+        failed = " FAILED (tasks that finished before the failure)" if status == "failed" else ""
+        log_summary(f"{self.plan.format_name}{where}{failed}: {stats.summary_line()}")
+
+
+class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
+        self._commit(messages, None)
+
+    def abort(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
+        self._abort(messages, None)
+
+
+class EngineStreamArrowWriter(_EngineWriterMixin, StreamArrowWriterBase):
+    streaming = True
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._commit(messages, batchId)
+
+    def abort(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._abort(messages, batchId)
