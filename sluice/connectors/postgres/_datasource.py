@@ -6,7 +6,7 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import PARTITION_ORDERED, Options, SinkConfig, SinkDataSource, SourceDataSource
 from sluice.connectors.postgres._conn import Connection
-from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresWritePlan
+from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresWritePlan, WriteOptions
 from sluice.connectors.postgres._source import (
     READ_SPEC,
     PostgresBatchReader,
@@ -29,7 +29,7 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
     read_spec = READ_SPEC
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
-        return tuple(opts["primary-key"])
+        return WriteOptions.of(opts).primary_key
 
     def parsed(self) -> Options:
         raw = dict(self.options)
@@ -41,11 +41,12 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> PostgresWritePlan:
         from sluice.spark._compat import to_arrow_schema
 
+        write = WriteOptions.of(opts)
         conn_info = Connection.from_options(opts)
         staged = config.transactional or overwrite  # overwrite is always staged and committed by the driver
-        table = prepare_target(conn_info, opts, schema, to_arrow_schema(schema),
+        table = prepare_target(conn_info, write, schema, to_arrow_schema(schema),
                                overwrite=overwrite, staged=staged, pooled=config.streaming)
-        return PostgresWritePlan(self.format_name, opts, schema, config, conn_info, table, overwrite)
+        return PostgresWritePlan(self.format_name, opts, schema, config, conn_info, write, table, overwrite)
 
     # ------------------------------------------------------------------ reading
     def _read_options(self) -> tuple[Options, Connection]:

@@ -66,6 +66,21 @@ WRITE_OPTIONS = (
 )
 
 
+@dataclass(frozen=True)
+class WriteOptions:
+    """The write options of format("postgres") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    table: str
+    primary_key: tuple[str, ...]
+    upsert_op_column: str | None
+    create_table: bool
+    connections_per_task: int
+
+    @classmethod
+    def of(cls, opts: Options) -> WriteOptions:
+        return opts.typed(cls, covering=WRITE_OPTIONS)
+
+
 def _check_modes(opts: Options) -> None:
     if opts["primary-key"] and opts["sink.mode"] == UNORDERED and opts.is_set("sink.mode"):
         raise OptionError("primary-key with sink.mode=unordered: upserts of one key could overtake each other. Use "
@@ -276,6 +291,7 @@ class PostgresWritePlan(WritePlan):
     """The target as the driver prepared it (table created, staging table ready, per-chunk checks decided)."""
 
     conn_info: Connection
+    write: WriteOptions
     table: TablePlan
     overwrite: bool = False
 
@@ -291,7 +307,7 @@ class PostgresWritePlan(WritePlan):
             return Encoded(*rows.add(batch))
 
         return TaskWriter(encode, PostgresStore(self.conn_info, table, rows, context,
-                                                self.options["connections-per-task"], self.config.streaming))
+                                                self.write.connections_per_task, self.config.streaming))
 
     def committer(self) -> Committer:
         return PostgresCommitter(self.conn_info, self.table, self.config.streaming)

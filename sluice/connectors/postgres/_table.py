@@ -13,7 +13,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.types import (
@@ -35,8 +35,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.connector import DELETE_OPS_SQL, OptionError, check_key_columns
+from sluice.connector import DELETE_OPS_SQL, OptionError, Options, check_key_columns
 from sluice.connectors.postgres._conn import Connection, PostgresError, qualified, quote_ident, split_qualified
+
+if TYPE_CHECKING:
+    from sluice.connectors.postgres._sink import WriteOptions
 
 # Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).
 TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
@@ -281,14 +284,18 @@ def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:
     return [row[0] for row in cur.fetchall()]
 
 
-def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, arrow_schema: pa.Schema,
-                   *, overwrite: bool, staged: bool, pooled: bool = False) -> TablePlan:
+def prepare_target(conn_info: Connection, options: WriteOptions | Options, spark_schema: StructType,
+                   arrow_schema: pa.Schema, *, overwrite: bool, staged: bool, pooled: bool = False) -> TablePlan:
     """On the driver: create or check the table and return the plan. Raises before anything is written. `pooled`:
     a streaming query's plan, made every micro-batch (and again for its commit): from the process's pool, it
     costs a few round trips rather than an ADBC connection (~40 ms)."""
-    schema, table = split_qualified(opts["table"])
-    pk = tuple(opts["primary-key"])
-    op_column = opts["upsert.op-column"]
+    if isinstance(options, Options):  # a caller that parsed WRITE_SPEC itself and planned no write
+        from sluice.connectors.postgres._sink import WriteOptions  # _sink imports this module
+
+        options = WriteOptions.of(options)
+    schema, table = split_qualified(options.table)
+    pk = options.primary_key
+    op_column = options.upsert_op_column
     check_key_columns(spark_schema.fieldNames(), pk, op_column)
     if op_column and not pk:
         raise OptionError("upsert.op-column needs primary-key: deletes find their row by key")
@@ -301,7 +308,7 @@ def prepare_target(conn_info: Connection, opts: Any, spark_schema: StructType, a
         cur = conn.cursor()
         existing = table_columns(cur, schema, table)
         if existing is None:
-            if not opts["create-table"]:
+            if not options.create_table:
                 raise OptionError(f"table {schema}.{table} does not exist; create it, or set create-table=true to "
                                   "create it from the DataFrame's schema")
             cur.execute(create_table_sql(schema, table, StructType(data_fields), pk))
