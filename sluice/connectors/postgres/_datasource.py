@@ -13,6 +13,7 @@ from sluice.connectors.postgres._source import (
     PostgresEnumerator,
     PostgresPushdownReader,
     PostgresSplitReader,
+    ReadOptions,
     infer_schema,
 )
 from sluice.connectors.postgres._table import prepare_target
@@ -49,20 +50,20 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         return PostgresWritePlan(self.format_name, opts, schema, config, conn_info, write, table, overwrite)
 
     # ------------------------------------------------------------------ reading
-    def _read_options(self) -> tuple[Options, Connection]:
+    def _read_options(self) -> ReadOptions:
         opts = READ_SPEC.parse(self.options)
-        if opts["pushdown"]:
+        if opts["pushdown"]:  # refused before the connection options are resolved
             require("filter pushdown", "pushdown", "Remove it (Spark then filters the rows after reading them),")
-        return opts, Connection.from_options(opts)
+        return ReadOptions.of(opts)
 
     def schema(self) -> StructType:
-        opts, conn_info = self._read_options()
-        return infer_schema(conn_info, opts)[0]
+        options = self._read_options()
+        return infer_schema(options.conn, options)[0]
 
     def reader(self, schema: StructType) -> PostgresBatchReader:
-        opts, conn_info = self._read_options()
-        _, columns, primary_key = infer_schema(conn_info, opts)
-        kind = PostgresPushdownReader if opts["pushdown"] else PostgresBatchReader
-        return kind(PostgresEnumerator(conn_info, opts, columns, primary_key),
-                    PostgresSplitReader(conn_info, opts, columns, schema), None,
+        options = self._read_options()
+        _, columns, primary_key = infer_schema(options.conn, options)
+        kind = PostgresPushdownReader if options.pushdown else PostgresBatchReader
+        return kind(PostgresEnumerator(options.conn, options, columns, primary_key),
+                    PostgresSplitReader(options.conn, options, columns, schema), None,
                     reads=ReadObserver.on_driver(self.format_name))

@@ -26,6 +26,7 @@ import decimal
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -99,6 +100,25 @@ def _check_source(opts: Options) -> None:
 
 READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check_source,))
 
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The read options of format("postgres") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the server (its repr hides the password)."""
+
+    table: str | None
+    query: str | None
+    partition_column: str | None
+    num_partitions: int
+    consistent_snapshot: bool
+    pushdown: bool
+    snapshot_timeout_s: int
+    conn: Connection
+
+    @classmethod
+    def of(cls, opts: Options) -> ReadOptions:
+        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
+
 ROWS_PER_SPLIT = 250_000
 YIELD_ROWS = 65_536
 _INT_TYPES = frozenset({"smallint", "integer", "bigint"})
@@ -162,24 +182,24 @@ def spark_type(pg: str) -> tuple[DataType, str]:
     return StringType(), "text"  # varchar, uuid, json, interval, ...: their text form
 
 
-def _source_sql(opts: Options) -> tuple[str, str | None]:
+def _source_sql(options: ReadOptions) -> tuple[str, str | None]:
     """(FROM item aliased q, the table's quoted name or None for a query: ctid splits need a table)."""
-    if opts["table"]:
-        rel = qualified(*split_qualified(opts["table"]))
+    if options.table:
+        rel = qualified(*split_qualified(options.table))
         return f"{rel} q", rel
-    return f"({opts['query']}) q", None
+    return f"({options.query}) q", None
 
 
-def describe_columns(cur: Any, opts: Options) -> list[tuple[str, str]]:
+def describe_columns(cur: Any, options: ReadOptions) -> list[tuple[str, str]]:
     """(name, format_type) of the table's or the query's columns, read off the catalog."""
-    if opts["table"]:
-        schema, table = split_qualified(opts["table"])
+    if options.table:
+        schema, table = split_qualified(options.table)
         rel = qualified(schema, table)
         cur.execute("SELECT to_regclass(%s)::oid::bigint", (rel,))
         if cur.fetchone()[0] is None:
             raise OptionError(f"table {schema}.{table} does not exist (option 'table')")
     else:
-        cur.execute(f"CREATE TEMP VIEW sluice_query AS {opts['query']}")
+        cur.execute(f"CREATE TEMP VIEW sluice_query AS {options.query}")
         rel = "pg_temp.sluice_query"
     cur.execute("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
                 "to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (rel,))
@@ -286,10 +306,10 @@ def _from_number(kind: str, value: int) -> str:
 class PostgresEnumerator(SplitEnumerator):
     """Driver side: exports the snapshot, finds the key range or page count in it, and cuts the splits."""
 
-    def __init__(self, conn_info: Connection, opts: Options, columns: list[tuple[str, str]],
+    def __init__(self, conn_info: Connection, options: ReadOptions, columns: list[tuple[str, str]],
                  primary_key: list[str]) -> None:
         self.conn_info = conn_info
-        self.opts = opts
+        self.options = options
         self.columns = columns
         self.primary_key = primary_key
         self.where: list[str] = []
@@ -302,7 +322,7 @@ class PostgresEnumerator(SplitEnumerator):
 
     def _split_column(self) -> tuple[str, str] | None:
         types = dict(self.columns)
-        name = self.opts["partition-column"]
+        name = self.options.partition_column
         if name:
             if name not in types:
                 raise OptionError(f"partition-column '{name}' is not a column of the source (columns: {list(types)})")
@@ -316,8 +336,8 @@ class PostgresEnumerator(SplitEnumerator):
         return None
 
     def discover(self) -> list[Split]:
-        holder = SnapshotHolder(self.conn_info, self.opts["snapshot.timeout-s"]) \
-            if self.opts["consistent-snapshot"] else None
+        holder = SnapshotHolder(self.conn_info, self.options.snapshot_timeout_s) \
+            if self.options.consistent_snapshot else None
         try:
             splits = self.discover_in(holder.shared if holder is not None else None)
         except BaseException:
@@ -345,8 +365,8 @@ class PostgresEnumerator(SplitEnumerator):
         return [Split(f"split-{i}", {**info, "where": where}) for i, where in enumerate(wheres)]
 
     def _partitions_wanted(self, cur: Any, relation: str | None) -> int:
-        if self.opts["num-partitions"]:
-            return self.opts["num-partitions"]
+        if self.options.num_partitions:
+            return self.options.num_partitions
         if relation is None:
             return 8
         cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (relation,))
@@ -354,9 +374,9 @@ class PostgresEnumerator(SplitEnumerator):
         return max(1, min(64, -(-rows // ROWS_PER_SPLIT)))
 
     def _cut(self, cur: Any) -> list[str]:
-        source, relation = _source_sql(self.opts)
+        source, relation = _source_sql(self.options)
         column = self._split_column()
-        if column is None and (relation is None or self.opts["num-partitions"] == 1):
+        if column is None and (relation is None or self.options.num_partitions == 1):
             return ["true"]
         wanted = self._partitions_wanted(cur, relation)
         pushed = " AND ".join(self.where) or "true"
@@ -444,12 +464,12 @@ def quantile_edges(bounds: list[int], lo: int, hi: int, wanted: int) -> list[int
 class PostgresSplitReader(SplitReader):
     """Executor side: one split's rows, in the shared snapshot, cast to the declared schema."""
 
-    def __init__(self, conn_info: Connection, opts: Options, columns: list[tuple[str, str]],
+    def __init__(self, conn_info: Connection, options: ReadOptions, columns: list[tuple[str, str]],
                  schema: StructType) -> None:
         from sluice.spark._compat import to_arrow_schema
 
         self.conn_info = conn_info
-        self.opts = opts
+        self.options = options
         self.columns = columns
         self.schema = schema
         self.arrow_schema = to_arrow_schema(schema)
@@ -472,7 +492,7 @@ class PostgresSplitReader(SplitReader):
         return ", ".join(out) or "1 AS _"
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        source, _ = _source_sql(self.opts)
+        source, _ = _source_sql(self.options)
         where = " AND ".join([*self.where, split.info.get("where", "true")])
         sql = f"SELECT {self.select_list()} FROM {source} WHERE {where}"
         conn = self.conn_info.connect(autocommit=False)
@@ -530,14 +550,14 @@ class PostgresPushdownReader(PostgresBatchReader):
                 self.reader.where.append(sql)
 
 
-def infer_schema(conn_info: Connection, opts: Options) -> tuple[StructType, list[tuple[str, str]], list[str]]:
+def infer_schema(conn_info: Connection, options: ReadOptions) -> tuple[StructType, list[tuple[str, str]], list[str]]:
     """(Spark schema, (name, PostgreSQL type) columns, primary key) of the table or query."""
     conn = conn_info.connect_psycopg(autocommit=False)  # catalog queries only: psycopg connects ~8x faster
     try:
         cur = conn.cursor()
-        columns = describe_columns(cur, opts)
+        columns = describe_columns(cur, options)
         pk: list[str] = []
-        _, relation = _source_sql(opts)
+        _, relation = _source_sql(options)
         if relation is not None:
             cur.execute("SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
                         "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary",

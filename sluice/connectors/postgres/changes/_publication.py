@@ -11,7 +11,7 @@ from typing import Any
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from sluice.connector import OptionError, Options
+from sluice.connector import OptionError
 from sluice.connectors.postgres._conn import (
     Connection,
     PostgresError,
@@ -22,7 +22,7 @@ from sluice.connectors.postgres._conn import (
     sqlstate_of,
 )
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, XID
-from sluice.connectors.postgres._source import READ_SPEC, infer_schema, spark_type
+from sluice.connectors.postgres._source import READ_SPEC, ReadOptions, infer_schema, spark_type
 from sluice.connectors.postgres.changes._options import ChangeOptions
 
 log = logging.getLogger("sluice.postgres")
@@ -42,7 +42,7 @@ class ChangeStream:
     columns: dict[str, str]  # every table column over all tables -> PostgreSQL type
     table_columns: dict[str, tuple[tuple[str, str], ...]]
     primary_keys: dict[str, tuple[str, ...]]
-    table_options: dict[str, Options]  # each table's options for format("postgres")'s snapshot reader
+    table_options: dict[str, ReadOptions]  # each table's options for format("postgres")'s snapshot reader
 
     def peek(self, upto: str, count: int | None, slot: str | None = None) -> str:
         return _PEEK.format(slot=quote_literal(slot or self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
@@ -98,7 +98,7 @@ def resolve(options: ChangeOptions) -> ChangeStream:
                         table_options)
 
 
-def _describe(conn: Connection, table_options: dict[str, Options],
+def _describe(conn: Connection, table_options: dict[str, ReadOptions],
               column_lists: dict[str, list[str]] | None = None) -> tuple[dict[str, str], dict, dict]:
     """(column -> PostgreSQL type over all tables, each table's columns, each table's primary key). A table whose
     changes carry only some columns (`column_lists`, sent_columns) has those only, and the snapshot reads the same."""
@@ -121,11 +121,12 @@ def _describe(conn: Connection, table_options: dict[str, Options],
     return columns, table_columns, keys
 
 
-def table_opts(options: ChangeOptions, table: str, partitions: int | None = None) -> Options:
+def table_opts(options: ChangeOptions, table: str, partitions: int | None = None) -> ReadOptions:
     """The options of a batch read of one table in the snapshot (format("postgres")'s reader takes them)."""
-    return READ_SPEC.parse({**options.connection, "table": _quoted(table),
-                            "num-partitions": str(options.num_partitions if partitions is None else partitions),
-                            "snapshot.timeout-s": str(options.snapshot_timeout_s)})
+    raw = {**options.connection, "table": _quoted(table),
+           "num-partitions": str(options.num_partitions if partitions is None else partitions),
+           "snapshot.timeout-s": str(options.snapshot_timeout_s)}
+    return ReadOptions.of(READ_SPEC.parse(raw))
 
 
 def _quoted(table: str) -> str:

@@ -11,11 +11,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.connector import DataLossError, OptionError, Options, Split
+from sluice.connector import DataLossError, OptionError, Split
 from sluice.connectors.postgres._conn import PostgresError, qualified, sqlstate_of
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
-from sluice.connectors.postgres._source import PostgresEnumerator
+from sluice.connectors.postgres._source import PostgresEnumerator, ReadOptions
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream, table_opts
@@ -191,7 +191,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                 out += [SnapshotSplit(table, split.info["where"], rows // len(splits)) for split in splits]
         return tuple(out)
 
-    def _discover(self, table: str, read_opts: Options, shared: SharedSnapshot) -> list[Split]:
+    def _discover(self, table: str, read_opts: ReadOptions, shared: SharedSnapshot) -> list[Split]:
         """The snapshot splits of one table, cut as format("postgres")'s reader cuts them."""
         enumerator = PostgresEnumerator(self.stream.conn, read_opts, list(self.stream.table_columns[table]),
                                         list(self.stream.primary_keys[table]))
