@@ -139,3 +139,22 @@ def test_change_capture_reads_its_options_typed_and_never_shows_the_password():
     assert options.slot is None
     assert options.connection == {"url": "postgresql://u@h/db", "password": "s3cret"}
     assert "s3cret" not in repr(options)
+
+
+def test_postgres_reads_and_writes_its_options_typed_and_never_shows_the_password():
+    import pickle
+
+    from sluice.connectors.postgres._sink import WRITE_SPEC, WriteOptions
+    from sluice.connectors.postgres._source import READ_SPEC, ReadOptions
+
+    write = WriteOptions.of(WRITE_SPEC.parse({"url": "postgresql://u:s3cret@h/db", "table": "s.t",
+                                              "primary-key": "a, b", "connections-per-task": "4"}))
+    assert write == WriteOptions(table="s.t", primary_key=("a", "b"), upsert_op_column=None, create_table=False,
+                                 connections_per_task=4)
+    read = ReadOptions.of(READ_SPEC.parse({"url": "postgresql://u:s3cret@h:5433/db", "query": "SELECT 1",
+                                           "num-partitions": "3"}))
+    assert (read.table, read.query, read.partition_column, read.num_partitions) == (None, "SELECT 1", None, 3)
+    assert (read.consistent_snapshot, read.pushdown, read.snapshot_timeout_s) == (True, False, 600)
+    assert (read.conn.host, read.conn.port, read.conn.dbname, read.conn.password) == ("h", 5433, "db", "s3cret")
+    assert "s3cret" not in repr(read) and "s3cret" not in repr(write)
+    assert pickle.loads(pickle.dumps(read)) == read  # the split readers carry it to the executors
