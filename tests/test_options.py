@@ -144,8 +144,7 @@ def test_change_capture_reads_its_options_typed_and_never_shows_the_password():
 def test_postgres_reads_and_writes_its_options_typed_and_never_shows_the_password():
     import pickle
 
-    from sluice.connectors.postgres._sink import WRITE_SPEC, WriteOptions
-    from sluice.connectors.postgres._source import READ_SPEC, ReadOptions
+    from sluice.connectors.postgres._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 
     write = WriteOptions.of(WRITE_SPEC.parse({"url": "postgresql://u:s3cret@h/db", "table": "s.t",
                                               "primary-key": "a, b", "connections-per-task": "4"}))

@@ -1,4 +1,4 @@
-"""`format("postgres")`: the Spark data source; writes in _sink.py, reads in _source.py."""
+"""`format("postgres")`: the Spark data source; options in _options.py, writes in _sink.py, reads in _source.py."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import PARTITION_ORDERED, Options, SinkConfig, SinkDataSource, SourceDataSource
 from sluice.connectors.postgres._conn import Connection
-from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresWritePlan, WriteOptions
+from sluice.connectors.postgres._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.postgres._sink import PostgresWritePlan
 from sluice.connectors.postgres._source import (
-    READ_SPEC,
     PostgresBatchReader,
     PostgresEnumerator,
     PostgresPushdownReader,
     PostgresSplitReader,
-    ReadOptions,
     infer_schema,
 )
 from sluice.connectors.postgres._table import prepare_target

@@ -25,22 +25,16 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.connector import (
-    SINK_SPEC,
-    UNORDERED,
     ArrowRows,
     Batch,
     BlockingStore,
     Committer,
     Encoded,
-    Option,
-    OptionError,
-    Options,
     TaskWriter,
     WriteContext,
     WritePlan,
 )
 from sluice.connectors.postgres._conn import (
-    CONNECTION_OPTIONS,
     Connection,
     PostgresError,
     classify,
@@ -49,50 +43,12 @@ from sluice.connectors.postgres._conn import (
     quote_ident,
     quote_literal,
 )
+from sluice.connectors.postgres._options import WriteOptions
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._table import TablePlan, schema_digest
 
 log = logging.getLogger("sluice.postgres")
 MiB = 1024 * 1024
-
-WRITE_OPTIONS = (
-    Option("table", "str", None, "Target table, [schema.]name (quote odd names: '\"My Table\"').", required=True),
-    Option("primary-key", "list", (), "Key columns: rows are upserted (INSERT ... ON CONFLICT) by this key."),
-    Option("upsert.op-column", "str", None,
-           "Column whose value d, delete, D or -D deletes the row with that key (needs primary-key); not written."),
-    Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
-    Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
-           maximum=64),
-)
-
-
-@dataclass(frozen=True)
-class WriteOptions:
-    """The write options of format("postgres") (WRITE_OPTIONS), parsed and checked once, one field per option."""
-
-    table: str
-    primary_key: tuple[str, ...]
-    upsert_op_column: str | None
-    create_table: bool
-    connections_per_task: int
-
-    @classmethod
-    def of(cls, opts: Options) -> WriteOptions:
-        return opts.typed(cls, covering=WRITE_OPTIONS)
-
-
-def _check_modes(opts: Options) -> None:
-    if opts["primary-key"] and opts["sink.mode"] == UNORDERED and opts.is_set("sink.mode"):
-        raise OptionError("primary-key with sink.mode=unordered: upserts of one key could overtake each other. Use "
-                          "sink.mode=partition-ordered (the default with primary-key) or global-ordered.")
-
-
-WRITE_SPEC = SINK_SPEC.extend(
-    (*CONNECTION_OPTIONS, *WRITE_OPTIONS), (_check_modes,),
-    # COPY pays a fixed cost per statement: large batches (bench/postgres.py) amortize it.
-    sink_batch_max_size=50_000, sink_requests_max_buffered=200_000, sink_flush_buffer_size=32 * MiB,
-).renamed("postgres")
-
 
 class PostgresStore(BlockingStore):
     """One task's writer: a connection per I/O thread, one COPY (plus SQL) per engine batch."""

@@ -26,7 +26,6 @@ import decimal
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -52,10 +51,7 @@ if HAS_FILTER_PUSHDOWN:  # Spark 4.1+; on 4.0 option pushdown is refused and fil
     )
 
 from sluice.connector import (
-    Option,
     OptionError,
-    Options,
-    OptionSpec,
     Split,
     SplitBatchReader,
     SplitEnumerator,
@@ -63,7 +59,6 @@ from sluice.connector import (
     conform,
 )
 from sluice.connectors.postgres._conn import (
-    CONNECTION_OPTIONS,
     Connection,
     PostgresError,
     qualified,
@@ -71,53 +66,9 @@ from sluice.connectors.postgres._conn import (
     quote_literal,
     split_qualified,
 )
+from sluice.connectors.postgres._options import ReadOptions
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._table import TYPE_MAP
-
-READ_OPTIONS = (
-    Option("table", "str", None, "Table to read, [schema.]name (or use query)."),
-    Option("query", "str", None, "A SELECT to read instead of a table; it runs as a subquery."),
-    Option("partition-column", "str", None,
-           "Integer, date or timestamp column whose min..max range is cut into splits; default: a one-column "
-           "primary key of such a type, else (tables) heap page ranges."),
-    Option("num-partitions", "int", 0, "Splits to cut; 0 = about one per 250,000 rows (table statistics), "
-           "at most 64.", minimum=0, maximum=10_000),
-    Option("consistent-snapshot", "bool", True,
-           "All splits read one exported snapshot (one consistent picture); false = each split its own."),
-    Option("pushdown", "bool", False,
-           "Turn Spark's filters into the WHERE clause. Off by default: Spark 4.3 reuses a DataFrame's pushed-down "
-           "read for later queries on it (wrong rows); when on, load a new DataFrame per query."),
-    Option("snapshot.timeout-s", "int", 600,
-           "The shared snapshot is released after this many seconds without a split finishing (or when the "
-           "Spark driver exits); actions on the DataFrame after that fail: load it again.", minimum=5),
-)
-
-
-def _check_source(opts: Options) -> None:
-    if bool(opts["table"]) == bool(opts["query"]):
-        raise OptionError("set exactly one of 'table' and 'query' for spark.read.format('postgres')")
-
-
-READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check_source,))
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """The read options of format("postgres") (READ_OPTIONS), parsed and checked once, one field per option;
-    `conn`: the server (its repr hides the password)."""
-
-    table: str | None
-    query: str | None
-    partition_column: str | None
-    num_partitions: int
-    consistent_snapshot: bool
-    pushdown: bool
-    snapshot_timeout_s: int
-    conn: Connection
-
-    @classmethod
-    def of(cls, opts: Options) -> ReadOptions:
-        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
 
 ROWS_PER_SPLIT = 250_000
 YIELD_ROWS = 65_536

@@ -13,7 +13,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.types import (
@@ -35,11 +35,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.connector import DELETE_OPS_SQL, OptionError, Options, check_key_columns
+from sluice.connector import DELETE_OPS_SQL, OptionError, check_key_columns
 from sluice.connectors.postgres._conn import Connection, PostgresError, qualified, quote_ident, split_qualified
-
-if TYPE_CHECKING:
-    from sluice.connectors.postgres._sink import WriteOptions
+from sluice.connectors.postgres._options import WriteOptions
 
 # Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).
 TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
@@ -284,15 +282,11 @@ def _probe_types(cur: Any, arrow_schema: pa.Schema) -> list[str]:
     return [row[0] for row in cur.fetchall()]
 
 
-def prepare_target(conn_info: Connection, options: WriteOptions | Options, spark_schema: StructType,
+def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: StructType,
                    arrow_schema: pa.Schema, *, overwrite: bool, staged: bool, pooled: bool = False) -> TablePlan:
     """On the driver: create or check the table and return the plan. Raises before anything is written. `pooled`:
     a streaming query's plan, made every micro-batch (and again for its commit): from the process's pool, it
     costs a few round trips rather than an ADBC connection (~40 ms)."""
-    if isinstance(options, Options):  # a caller that parsed WRITE_SPEC itself and planned no write
-        from sluice.connectors.postgres._sink import WriteOptions  # _sink imports this module
-
-        options = WriteOptions.of(options)
     schema, table = split_qualified(options.table)
     pk = options.primary_key
     op_column = options.upsert_op_column

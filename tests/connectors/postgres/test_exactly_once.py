@@ -91,7 +91,8 @@ def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, pg, tmp_
 
 def test_a_replayed_epoch_is_a_no_op(spark, pg):
     from sluice.connectors.postgres._conn import Connection
-    from sluice.connectors.postgres._sink import WRITE_SPEC, PostgresCommitter
+    from sluice.connectors.postgres._options import WRITE_SPEC, WriteOptions
+    from sluice.connectors.postgres._sink import PostgresCommitter
     from sluice.connectors.postgres._table import prepare_target
     from sluice.engine import WriteContext
 
@@ -102,7 +103,8 @@ def test_a_replayed_epoch_is_a_no_op(spark, pg):
     conn = Connection.from_options(opts)
     from sluice.spark._compat import to_arrow_schema
 
-    plan = prepare_target(conn, opts, df.schema, to_arrow_schema(df.schema), overwrite=False, staged=True)
+    plan = prepare_target(conn, WriteOptions.of(opts), df.schema, to_arrow_schema(df.schema), overwrite=False,
+                          staged=True)
     stage = plan.stage_table
     pg.sql(f'INSERT INTO "{stage}" (id, _sluice_write, _sluice_epoch, _sluice_task, _sluice_attempt, _sluice_seq) '
            "SELECT g, 'q1', 7, 0, 11, g FROM generate_series(0, 4) g")

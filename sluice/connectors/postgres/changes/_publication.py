@@ -21,8 +21,9 @@ from sluice.connectors.postgres._conn import (
     split_qualified,
     sqlstate_of,
 )
+from sluice.connectors.postgres._options import READ_SPEC, ReadOptions
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, XID
-from sluice.connectors.postgres._source import READ_SPEC, ReadOptions, infer_schema, spark_type
+from sluice.connectors.postgres._source import infer_schema, spark_type
 from sluice.connectors.postgres.changes._options import ChangeOptions
 
 log = logging.getLogger("sluice.postgres")

@@ -13,9 +13,10 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import DataLossError, OptionError, Split
 from sluice.connectors.postgres._conn import PostgresError, qualified, sqlstate_of
+from sluice.connectors.postgres._options import ReadOptions
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
-from sluice.connectors.postgres._source import PostgresEnumerator, ReadOptions
+from sluice.connectors.postgres._source import PostgresEnumerator
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream, table_opts

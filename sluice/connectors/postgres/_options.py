@@ -1,0 +1,95 @@
+"""The options of format("postgres"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
+parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.connector import SINK_SPEC, UNORDERED, Option, OptionError, Options, OptionSpec
+from sluice.connectors.postgres._conn import CONNECTION_OPTIONS, Connection
+
+MiB = 1024 * 1024
+
+WRITE_OPTIONS = (
+    Option("table", "str", None, "Target table, [schema.]name (quote odd names: '\"My Table\"').", required=True),
+    Option("primary-key", "list", (), "Key columns: rows are upserted (INSERT ... ON CONFLICT) by this key."),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the row with that key (needs primary-key); not written."),
+    Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
+    Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
+           maximum=64),
+)
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The write options of format("postgres") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    table: str
+    primary_key: tuple[str, ...]
+    upsert_op_column: str | None
+    create_table: bool
+    connections_per_task: int
+
+    @classmethod
+    def of(cls, opts: Options) -> WriteOptions:
+        return opts.typed(cls, covering=WRITE_OPTIONS)
+
+
+def _check_modes(opts: Options) -> None:
+    if opts["primary-key"] and opts["sink.mode"] == UNORDERED and opts.is_set("sink.mode"):
+        raise OptionError("primary-key with sink.mode=unordered: upserts of one key could overtake each other. Use "
+                          "sink.mode=partition-ordered (the default with primary-key) or global-ordered.")
+
+
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *WRITE_OPTIONS), (_check_modes,),
+    # COPY pays a fixed cost per statement: large batches (bench/postgres.py) amortize it.
+    sink_batch_max_size=50_000, sink_requests_max_buffered=200_000, sink_flush_buffer_size=32 * MiB,
+).renamed("postgres")
+
+
+READ_OPTIONS = (
+    Option("table", "str", None, "Table to read, [schema.]name (or use query)."),
+    Option("query", "str", None, "A SELECT to read instead of a table; it runs as a subquery."),
+    Option("partition-column", "str", None,
+           "Integer, date or timestamp column whose min..max range is cut into splits; default: a one-column "
+           "primary key of such a type, else (tables) heap page ranges."),
+    Option("num-partitions", "int", 0, "Splits to cut; 0 = about one per 250,000 rows (table statistics), "
+           "at most 64.", minimum=0, maximum=10_000),
+    Option("consistent-snapshot", "bool", True,
+           "All splits read one exported snapshot (one consistent picture); false = each split its own."),
+    Option("pushdown", "bool", False,
+           "Turn Spark's filters into the WHERE clause. Off by default: Spark 4.3 reuses a DataFrame's pushed-down "
+           "read for later queries on it (wrong rows); when on, load a new DataFrame per query."),
+    Option("snapshot.timeout-s", "int", 600,
+           "The shared snapshot is released after this many seconds without a split finishing (or when the "
+           "Spark driver exits); actions on the DataFrame after that fail: load it again.", minimum=5),
+)
+
+
+def _check_source(opts: Options) -> None:
+    if bool(opts["table"]) == bool(opts["query"]):
+        raise OptionError("set exactly one of 'table' and 'query' for spark.read.format('postgres')")
+
+
+READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check_source,))
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The read options of format("postgres") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the server (its repr hides the password)."""
+
+    table: str | None
+    query: str | None
+    partition_column: str | None
+    num_partitions: int
+    consistent_snapshot: bool
+    pushdown: bool
+    snapshot_timeout_s: int
+    conn: Connection
+
+    @classmethod
+    def of(cls, opts: Options) -> ReadOptions:
+        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
