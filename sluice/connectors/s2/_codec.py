@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from sluice.connector import Encoded, OptionError, WriteContext, delete_mask
 from sluice.connectors.s2._kinds import RecordKind
-from sluice.connectors.s2._options import template_columns
+from sluice.connectors.s2._options import AppendWriteOptions, FormatWriteOptions, template_columns
 
 HEADERS_COLUMN = "headers"
 TIMESTAMP_COLUMN = "timestamp"
@@ -123,17 +123,17 @@ class _Stamper:
 class S2Encoder:
     """Callable: RecordBatch -> Encoded (entries, metered sizes; the rows kept, for upserts). One per Spark task."""
 
-    def __init__(self, kind: RecordKind, opts: Any, schema_names: Sequence[str], context: WriteContext,
+    def __init__(self, options: FormatWriteOptions, schema_names: Sequence[str], context: WriteContext,
                  stamp: bool) -> None:
         import s2_sdk
 
         self._record = s2_sdk.Record
-        self.kind = kind
-        self.router = StreamRouter(opts["s2.stream"], schema_names)
+        self.kind = options.kind
+        self.router = StreamRouter(options.s2_stream, schema_names)
         self.stamper = _Stamper(context) if stamp else None
         names = list(schema_names)
-        if kind is RecordKind.APPEND:
-            self.format = opts["format"]
+        if isinstance(options, AppendWriteOptions):
+            self.format = options.format
             self.headers_column = HEADERS_COLUMN if HEADERS_COLUMN in names else None
             self.timestamp_column = TIMESTAMP_COLUMN if TIMESTAMP_COLUMN in names else None
             data = [n for n in names if n not in (HEADERS_COLUMN, TIMESTAMP_COLUMN)]
@@ -150,9 +150,9 @@ class S2Encoder:
                     raise OptionError("the DataFrame has no column to put in the record body")
                 self.body_columns = data
         else:
-            self.key_columns = list(opts["primary-key"])
-            self.op_column = opts["upsert.op-column"]
-            self.reduce = opts["upsert.reduce"]
+            self.key_columns = list(options.primary_key)
+            self.op_column = options.upsert_op_column
+            self.reduce = options.upsert_reduce
             missing = [c for c in [*self.key_columns, *([self.op_column] if self.op_column else [])] if c not in names]
             if missing:
                 raise OptionError(f"column(s) {missing} named by primary-key/upsert.op-column are not in the "

@@ -22,7 +22,14 @@ from sluice.connector import (
 )
 from sluice.connectors.s2._codec import S2Encoder, StreamRouter
 from sluice.connectors.s2._kinds import RecordKind
-from sluice.connectors.s2._options import APPEND_SPEC, UPSERT_SPEC, Connection
+from sluice.connectors.s2._options import (
+    APPEND_SPEC,
+    UPSERT_SPEC,
+    AppendWriteOptions,
+    Connection,
+    FormatWriteOptions,
+    UpsertWriteOptions,
+)
 from sluice.connectors.s2._reader import S2Reader
 from sluice.connectors.s2._sink import S2WritePlan
 from sluice.connectors.s2._source import DEFAULT_SCHEMA, READ_SPEC, UPSERT_READ_SPEC, S2Enumerator
@@ -37,6 +44,8 @@ class _S2Base(SinkDataSource, SourceDataSource):
     kind: ClassVar[RecordKind] = RecordKind.APPEND
     read_spec = READ_SPEC
     write_spec = APPEND_SPEC
+    # The typed form of the write spec's options (the record kind comes with it).
+    write_options: ClassVar[type[FormatWriteOptions]] = AppendWriteOptions
     store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
 
     def resolve_options(self, opts: Options) -> Options:
@@ -48,13 +57,16 @@ class _S2Base(SinkDataSource, SourceDataSource):
         if overwrite:
             raise OptionError(f"format '{self.format_name}' cannot overwrite: S2 streams are append-only. "
                               "Use mode('append').")
+        write = self.write_options.of(opts)
         # Build an encoder once on the driver so column problems surface before any task starts.
-        S2Encoder(self.kind, opts, schema.fieldNames(), WriteContext(), stamp=False)
-        return S2WritePlan(self.format_name, opts, schema, config, self.kind)
+        S2Encoder(write, schema.fieldNames(), WriteContext(), stamp=False)
+        # From the options resolve_options filled in: executors need no S2_* environment of their own.
+        conn = Connection.from_options(opts, exactly_once=config.transactional)
+        return S2WritePlan(self.format_name, opts, schema, config, write, conn)
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
         config = super().sink_config(opts, schema)
-        columns = tuple(StreamRouter(opts["s2.stream"], schema.fieldNames()).columns)
+        columns = tuple(StreamRouter(self.write_options.of(opts).s2_stream, schema.fieldNames()).columns)
         if not columns or config.mode != UNORDERED:
             return config
         # Rows routed over a template (the sink-modes design's split table): batch per target stream, as FLIP-509's
@@ -67,9 +79,9 @@ class _S2Base(SinkDataSource, SourceDataSource):
             max_buffered=config.max_buffered if opts.is_set("sink.requests.max-buffered") else ROUTED_MAX_BUFFERED)
 
     def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
-        if opts["sink.transactional"]:
+        if SinkConfig.from_options(opts).transactional:
             # Exactly-once: each stream has one writer per micro-batch.
-            return tuple(StreamRouter(opts["s2.stream"], schema.fieldNames()).columns)
+            return tuple(StreamRouter(self.write_options.of(opts).s2_stream, schema.fieldNames()).columns)
         return super().partitioning(opts, schema)
 
     # ------------------------------------------------------------------ reading
@@ -117,6 +129,7 @@ class S2UpsertDataSource(_S2Base):
     kind = RecordKind.UPSERT
     write_spec = UPSERT_SPEC
     read_spec = UPSERT_READ_SPEC
+    write_options = UpsertWriteOptions
 
     def schema(self) -> str:
         raise OptionError("reading format 's2_upsert' needs a schema of the key and value columns: "
@@ -124,4 +137,4 @@ class S2UpsertDataSource(_S2Base):
                           "for streaming reads add '_op string' to get each change's action (u or d)")
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
-        return tuple(opts["primary-key"])
+        return UpsertWriteOptions.of(opts).primary_key

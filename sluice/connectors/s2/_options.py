@@ -6,9 +6,10 @@ import base64
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from sluice.connector import PARTITION_ORDERED, SINK_SPEC, Option, OptionError, Options, SluiceError
+from sluice.connectors.s2._kinds import RecordKind
 
 MIB = 1024 * 1024
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
@@ -82,6 +83,50 @@ APPEND_SPEC = SINK_SPEC.extend((*CONNECTION_OPTIONS, *SINK_ONLY_OPTIONS, *APPEND
 UPSERT_SPEC = SINK_SPEC.extend((*CONNECTION_OPTIONS, *SINK_ONLY_OPTIONS, *UPSERT_OPTIONS),
                                (_check_endpoints, _check_exactly_once),
                                sink_mode=PARTITION_ORDERED).renamed("s2_upsert")
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The write options both formats have (SINK_ONLY_OPTIONS), parsed and checked once, one field per option; each
+    format's own are in its subclass, whose `declared` every field and option must match."""
+
+    kind: ClassVar[RecordKind]
+    declared: ClassVar[tuple[Option, ...]] = SINK_ONLY_OPTIONS
+
+    s2_stream: str
+    s2_create_streams: bool
+    s2_create_basin: bool
+    s2_max_append_sessions: int
+    s2_stamp_writer: bool
+
+    @classmethod
+    def of(cls, opts: Options) -> Self:
+        return opts.typed(cls, covering=cls.declared)
+
+
+@dataclass(frozen=True)
+class AppendWriteOptions(WriteOptions):
+    """format("s2") (APPEND_SPEC): one record per row."""
+
+    kind = RecordKind.APPEND
+    declared = (*SINK_ONLY_OPTIONS, *APPEND_OPTIONS)
+
+    format: str
+
+
+@dataclass(frozen=True)
+class UpsertWriteOptions(WriteOptions):
+    """format("s2_upsert") (UPSERT_SPEC): the upsert changelog."""
+
+    kind = RecordKind.UPSERT
+    declared = (*SINK_ONLY_OPTIONS, *UPSERT_OPTIONS)
+
+    primary_key: tuple[str, ...]
+    upsert_op_column: str | None
+    upsert_reduce: bool
+
+
+FormatWriteOptions = AppendWriteOptions | UpsertWriteOptions  # what a write plan carries: one format's options
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from typing import Any
 from sluice.connector import Committer, TaskWriter, WriteContext, WritePlan
 from sluice.connectors.s2._codec import S2Encoder
 from sluice.connectors.s2._commits import append_commit_fences
-from sluice.connectors.s2._kinds import RecordKind
-from sluice.connectors.s2._options import Connection, explain_sdk_error
+from sluice.connectors.s2._options import Connection, FormatWriteOptions, explain_sdk_error
 from sluice.connectors.s2._store import S2Store
 
 log = logging.getLogger("sluice.s2")
@@ -55,18 +54,19 @@ class S2Committer(Committer):
 
 @dataclass(frozen=True)
 class S2WritePlan(WritePlan):
-    kind: RecordKind = RecordKind.APPEND
+    """`write`: the format's own options; `conn`: the basin, resolved on the driver (exactly-once writes with the
+    NO_SIDE_EFFECTS retry policy), for the tasks and the committer alike."""
+
+    write: FormatWriteOptions
+    conn: Connection
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-        opts = self.options
-        exactly_once = opts["sink.transactional"]
-        stamp = opts["s2.stamp-writer"] or exactly_once
-        encoder = S2Encoder(self.kind, opts, self.schema.fieldNames(), context, stamp)
-        store = S2Store(Connection.from_options(opts, exactly_once), opts["s2.stream"],
-                        create_streams=opts["s2.create-streams"], create_basin=opts["s2.create-basin"],
-                        exactly_once=exactly_once, max_sessions=opts["s2.max-append-sessions"])
+        write, exactly_once = self.write, self.config.transactional
+        encoder = S2Encoder(write, self.schema.fieldNames(), context, stamp=write.s2_stamp_writer or exactly_once)
+        store = S2Store(self.conn, write.s2_stream, create_streams=write.s2_create_streams,
+                        create_basin=write.s2_create_basin, exactly_once=exactly_once,
+                        max_sessions=write.s2_max_append_sessions)
         return TaskWriter(encoder, store)
 
     def committer(self) -> Committer:
-        exactly_once = self.options["sink.transactional"]
-        return S2Committer(Connection.from_options(self.options, True) if exactly_once else None)
+        return S2Committer(self.conn if self.config.transactional else None)
