@@ -21,7 +21,6 @@ from sluice.connector import (
     WriteContext,
 )
 from sluice.connectors.s2._codec import S2Encoder, StreamRouter
-from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import (
     APPEND_SPEC,
     UPSERT_SPEC,
@@ -32,7 +31,14 @@ from sluice.connectors.s2._options import (
 )
 from sluice.connectors.s2._reader import S2Reader
 from sluice.connectors.s2._sink import S2WritePlan
-from sluice.connectors.s2._source import DEFAULT_SCHEMA, READ_SPEC, UPSERT_READ_SPEC, S2Enumerator
+from sluice.connectors.s2._source import (
+    DEFAULT_SCHEMA,
+    READ_SPEC,
+    UPSERT_READ_SPEC,
+    ReadOptions,
+    S2Enumerator,
+    UpsertReadOptions,
+)
 from sluice.connectors.s2._store import S2Store
 from sluice.metrics._reads import ReadObserver
 
@@ -41,10 +47,10 @@ ROUTED_MAX_BUFFERED = 50_000
 
 
 class _S2Base(SinkDataSource, SourceDataSource):
-    kind: ClassVar[RecordKind] = RecordKind.APPEND
     read_spec = READ_SPEC
     write_spec = APPEND_SPEC
-    # The typed form of the write spec's options (the record kind comes with it).
+    # The typed form of each spec's options (the record kind comes with it).
+    read_options: ClassVar[type[ReadOptions]] = ReadOptions
     write_options: ClassVar[type[FormatWriteOptions]] = AppendWriteOptions
     store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
 
@@ -88,19 +94,21 @@ class _S2Base(SinkDataSource, SourceDataSource):
     def schema(self) -> str:
         return DEFAULT_SCHEMA
 
-    def _read_parts(self, schema: StructType, batch: bool) -> tuple[S2Enumerator, S2Reader, int | None, Options]:
+    def _read_parts(self, schema: StructType, batch: bool) -> tuple[S2Enumerator, S2Reader, int | None, ReadOptions]:
         opts = self.read_spec.parse(self.options)
         conn = Connection.from_options(opts)  # resolved on the driver; executors get it with the reader
-        materialize = batch and self.kind is RecordKind.UPSERT  # the latest row per key, as a table
-        if self.kind is RecordKind.UPSERT:
-            missing = [c for c in opts["primary-key"] if c not in schema.fieldNames()]
+        options = self.read_options.of(opts)
+        upsert = isinstance(options, UpsertReadOptions)
+        materialize = batch and upsert  # the latest row per key, as a table
+        if upsert:
+            missing = [c for c in options.primary_key if c not in schema.fieldNames()]
             if missing:
                 raise OptionError(f"primary-key column(s) {missing} are not in the schema {schema.simpleString()}")
-        per_partition = opts["s2.max-records-per-partition"] or None
+        per_partition = options.s2_max_records_per_partition or None
         if materialize:
             per_partition = None  # a stream is materialized as a whole
-        return (S2Enumerator(conn, opts, batch), S2Reader(conn, schema, opts, self.kind, materialize=materialize),
-                per_partition, opts)
+        return (S2Enumerator(conn, options, batch), S2Reader(conn, schema, options, materialize=materialize),
+                per_partition, options)
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, per_partition, _ = self._read_parts(schema, batch=True)
@@ -108,11 +116,11 @@ class _S2Base(SinkDataSource, SourceDataSource):
                                 reads=ReadObserver.on_driver(self.format_name, event_time="timestamp"))
 
     def streamReader(self, schema: StructType) -> SplitStreamReader:
-        enumerator, reader, per_partition, opts = self._read_parts(schema, batch=False)
-        what = opts["s2.streams"] or [f"{opts['s2.discovery-prefix'] or ''}*"]
-        return SplitStreamReader(enumerator, reader, per_partition, opts["max-records-per-trigger"],
-                                 opts["max-bytes-per-trigger"],
-                                 source=(self.format_name, f"{opts['s2.basin']}/{','.join(what)}"),
+        enumerator, reader, per_partition, options = self._read_parts(schema, batch=False)
+        what = options.s2_streams or [f"{options.s2_discovery_prefix or ''}*"]
+        return SplitStreamReader(enumerator, reader, per_partition, options.max_records_per_trigger,
+                                 options.max_bytes_per_trigger,
+                                 source=(self.format_name, f"{enumerator.conn.basin}/{','.join(what)}"),
                                  reads=ReadObserver.on_driver(self.format_name, event_time="timestamp"))
 
 
@@ -126,9 +134,9 @@ class S2UpsertDataSource(_S2Base):
     """An upsert changelog compatible with flink-connector-s2: @key and @action headers, body = non-key columns."""
 
     format_name = "s2_upsert"
-    kind = RecordKind.UPSERT
     write_spec = UPSERT_SPEC
     read_spec = UPSERT_READ_SPEC
+    read_options = UpsertReadOptions
     write_options = UpsertWriteOptions
 
     def schema(self) -> str:

@@ -12,8 +12,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from sluice.connector import (
     Option,
@@ -25,6 +26,7 @@ from sluice.connector import (
 )
 from sluice.connectors.s2._calls import KeptClient
 from sluice.connectors.s2._commits import committed_end, tail_and_last
+from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
 
 log = logging.getLogger("sluice.s2")
@@ -64,11 +66,57 @@ def _check_streams(opts: Options) -> None:
         raise OptionError("set exactly one of s2.streams (a list) or s2.discovery-prefix")
 
 
-READ_SPEC = OptionSpec("s2", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS), (_check_streams,))
-UPSERT_READ_SPEC = OptionSpec("s2_upsert", (
-    *CONNECTION_OPTIONS, *SOURCE_OPTIONS,
+UPSERT_SOURCE_OPTIONS = (
     Option("primary-key", "list", (), "Key columns: parsed from the @key header.", required=True),
-), (_check_streams,))
+)
+
+READ_SPEC = OptionSpec("s2", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS), (_check_streams,))
+UPSERT_READ_SPEC = OptionSpec("s2_upsert", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS),
+                              (_check_streams,))
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The read options of format("s2") (SOURCE_OPTIONS), parsed and checked once, one field per option; the
+    connection's are in Connection."""
+
+    kind: ClassVar[RecordKind] = RecordKind.APPEND
+    declared: ClassVar[tuple[Option, ...]] = SOURCE_OPTIONS
+
+    s2_streams: tuple[str, ...]
+    s2_discovery_prefix: str | None
+    s2_discovery_interval_ms: int
+    s2_start: str
+    s2_end: str
+    s2_read_committed: bool
+    fail_on_data_loss: bool
+    max_records_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    s2_max_records_per_partition: int
+    format: str
+    mode: str
+
+    @classmethod
+    def of(cls, opts: Options) -> Self:
+        return opts.typed(cls, covering=cls.declared)
+
+
+@dataclass(frozen=True)
+class UpsertReadOptions(ReadOptions):
+    """The read options of format("s2_upsert"): those of format("s2") and the key columns."""
+
+    kind = RecordKind.UPSERT
+    declared = (*SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS)
+
+    primary_key: tuple[str, ...]
+
+
+def read_options(opts: ReadOptions | Options) -> ReadOptions:
+    """`opts` as typed read options. Options parsed by READ_SPEC or UPSERT_READ_SPEC (as tools and tests hold them)
+    become the class of their spec; only UPSERT_READ_SPEC declares primary-key."""
+    if isinstance(opts, ReadOptions):
+        return opts
+    return (UpsertReadOptions if "primary-key" in opts else ReadOptions).of(opts)
 
 
 def parse_position(text: str, option: str) -> tuple[str, int | None]:
@@ -91,20 +139,21 @@ def parse_position(text: str, option: str) -> tuple[str, int | None]:
 
 
 class S2Enumerator(SplitEnumerator):
-    def __init__(self, conn: Connection, opts: Options, batch: bool) -> None:
+    def __init__(self, conn: Connection, opts: ReadOptions | Options, batch: bool) -> None:
+        options = read_options(opts)
         self.conn = conn
-        self.streams = tuple(opts["s2.streams"])
-        self.prefix = opts["s2.discovery-prefix"]
-        self.interval = opts["s2.discovery-interval-ms"] / 1000.0
-        self.start = parse_position(opts["s2.start"], "s2.start")
-        self.end = parse_position(opts["s2.end"], "s2.end") if batch else ("latest", None)
+        self.streams = options.s2_streams
+        self.prefix = options.s2_discovery_prefix
+        self.interval = options.s2_discovery_interval_ms / 1000.0
+        self.start = parse_position(options.s2_start, "s2.start")
+        self.end = parse_position(options.s2_end, "s2.end") if batch else ("latest", None)
         if self.end[0] == "earliest":
             raise OptionError("s2.end=earliest would read nothing; use latest, a seq num or a timestamp")
         if self.start[0] == self.end[0] and self.start[0] in ("seq", "timestamp") and self.start[1] > self.end[1]:
             # Refused as given, before positions are clamped to a stream's tail (which could hide it).
-            raise OptionError(f"s2.start={opts['s2.start']} is after s2.end={opts['s2.end']}: the read would return "
+            raise OptionError(f"s2.start={options.s2_start} is after s2.end={options.s2_end}: the read would return "
                               "nothing. Swap them, or check which one you meant.")
-        self.read_committed = opts["s2.read-committed"]
+        self.read_committed = options.s2_read_committed
         # A streaming read asks again every micro-batch (and every poll while idle): one client kept (_calls.py).
         self._kept = None if batch else KeptClient(conn)
         self._listed: list[Split] = []
