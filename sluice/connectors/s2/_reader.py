@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sluice.connector import DataLossError, OptionError, Options, SluiceError, Split, SplitReader
+from sluice.connector import DataLossError, OptionError, SluiceError, Split, SplitReader
 from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import Connection, explain_sdk_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
-from sluice.connectors.s2._source import ReadOptions, UpsertReadOptions, read_options
+from sluice.connectors.s2._source import ReadOptions
 
 log = logging.getLogger("sluice.s2")
 
@@ -47,12 +47,11 @@ def _headers_array(headers: list[list[tuple[bytes, bytes]]] | None, n: int, arro
 class S2Reader(SplitReader):
     """Reads seq nums [start, end) of a stream with one read session; yields Arrow batches of the schema."""
 
-    def __init__(self, conn: Connection, schema: Any, opts: ReadOptions | Options, *,
+    def __init__(self, conn: Connection, schema: Any, options: ReadOptions, *,
                  materialize: bool = False) -> None:
         """`materialize` (upserts, batch reads): the latest row per @key of each stream, without deleted keys."""
         from sluice.spark._compat import to_arrow_schema
 
-        options = read_options(opts)
         self.conn = conn
         self.kind = options.kind
         self.materialize = materialize
@@ -60,7 +59,6 @@ class S2Reader(SplitReader):
         self.json = options.format == "json" or self.kind is RecordKind.UPSERT
         self.failfast = options.mode == "FAILFAST"
         self.arrow_schema = to_arrow_schema(schema)
-        self.key_columns = options.primary_key if isinstance(options, UpsertReadOptions) else ()
         names = self.arrow_schema.names
         if self.json:
             self.data_fields = [f for f in self.arrow_schema if f.name not in META_COLUMNS and f.name not in

@@ -111,14 +111,6 @@ class UpsertReadOptions(ReadOptions):
     primary_key: tuple[str, ...]
 
 
-def read_options(opts: ReadOptions | Options) -> ReadOptions:
-    """`opts` as typed read options. Options parsed by READ_SPEC or UPSERT_READ_SPEC (as tools and tests hold them)
-    become the class of their spec; only UPSERT_READ_SPEC declares primary-key."""
-    if isinstance(opts, ReadOptions):
-        return opts
-    return (UpsertReadOptions if "primary-key" in opts else ReadOptions).of(opts)
-
-
 def parse_position(text: str, option: str) -> tuple[str, int | None]:
     """('earliest'|'latest', None), ('seq', n) or ('timestamp', epoch ms)."""
     value = text.strip()
@@ -139,8 +131,7 @@ def parse_position(text: str, option: str) -> tuple[str, int | None]:
 
 
 class S2Enumerator(SplitEnumerator):
-    def __init__(self, conn: Connection, opts: ReadOptions | Options, batch: bool) -> None:
-        options = read_options(opts)
+    def __init__(self, conn: Connection, options: ReadOptions, batch: bool) -> None:
         self.conn = conn
         self.streams = options.s2_streams
         self.prefix = options.s2_discovery_prefix

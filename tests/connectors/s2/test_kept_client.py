@@ -8,14 +8,14 @@ import s2_sdk
 
 from sluice.connector import Split
 from sluice.connectors.s2._options import Connection
-from sluice.connectors.s2._source import READ_SPEC, S2Enumerator
+from sluice.connectors.s2._source import READ_SPEC, ReadOptions, S2Enumerator
 from sluice.s2local import LocalS2
 
 
 def enumerator_over(server: LocalS2, basin: str, *, batch: bool) -> S2Enumerator:
     opts = READ_SPEC.parse({"s2.basin": basin, "s2.streams": "s", "s2.endpoints.account": server.url,
                             "s2.endpoints.basin": server.url, "s2.auth-token": "local"})
-    return S2Enumerator(Connection.from_options(opts), opts, batch=batch)
+    return S2Enumerator(Connection.from_options(opts), ReadOptions.of(opts), batch=batch)
 
 
 def append(server: LocalS2, basin: str, count: int) -> None:

@@ -13,7 +13,7 @@ import s2_sdk
 from sluice.connector import Batch, Split, WriteContext
 from sluice.connectors.s2._options import Connection
 from sluice.connectors.s2._sink import S2Committer
-from sluice.connectors.s2._source import READ_SPEC, S2Enumerator
+from sluice.connectors.s2._source import READ_SPEC, ReadOptions, S2Enumerator
 from sluice.connectors.s2._store import S2Store
 from tests.connectors.s2.conftest import read_stream
 
@@ -48,7 +48,7 @@ def task(s2_opts, epoch: int, ids: range, *, exactly_once: bool = True, commit: 
 
 def planned_end(s2_opts, floor: int = 0, **options) -> int:
     opts = READ_SPEC.parse(reading(s2_opts, **options))
-    enumerator = S2Enumerator(Connection.from_options(opts), opts, batch=False)
+    enumerator = S2Enumerator(Connection.from_options(opts), ReadOptions.of(opts), batch=False)
     try:
         return enumerator.end_positions([Split(STREAM)], {STREAM: floor})[STREAM]
     finally:

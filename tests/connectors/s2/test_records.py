@@ -11,7 +11,7 @@ from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, Struc
 from sluice.connectors.s2._options import Connection
 from sluice.connectors.s2._reader import S2Reader
 from sluice.connectors.s2._records import RecordColumns, fast_path_installed, protobuf_records
-from sluice.connectors.s2._source import READ_SPEC
+from sluice.connectors.s2._source import READ_SPEC, ReadOptions
 from sluice.source import Split
 from tests.connectors.s2.conftest import read_stream
 
@@ -44,7 +44,7 @@ def fill(server, basin, stream):
 def reader(server, basin, stream):
     opts = READ_SPEC.parse({"s2.basin": basin, "s2.streams": stream, "s2.endpoints.account": server.url,
                             "s2.endpoints.basin": server.url, "s2.auth-token": "local"})
-    return S2Reader(Connection.from_options(opts), SCHEMA, opts)
+    return S2Reader(Connection.from_options(opts), SCHEMA, ReadOptions.of(opts))
 
 
 def test_protobuf_read_path_gives_the_sdks_records(s2_local):
