@@ -16,7 +16,6 @@ from sluice.connectors.postgres._source import (
     infer_schema,
 )
 from sluice.connectors.postgres._table import prepare_target
-from sluice.metrics._reads import ReadObserver
 from sluice.spark._compat import require
 
 
@@ -49,20 +48,20 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         return PostgresWritePlan(self.format_name, opts, schema, config, conn_info, write, table, overwrite)
 
     # ------------------------------------------------------------------ reading
-    def _read_options(self) -> ReadOptions:
-        opts = READ_SPEC.parse(self.options)
+    def _typed_read_options(self) -> ReadOptions:
+        opts = self.read_options()
         if opts["pushdown"]:  # refused before the connection options are resolved
             require("filter pushdown", "pushdown", "Remove it (Spark then filters the rows after reading them),")
         return ReadOptions.of(opts)
 
     def schema(self) -> StructType:
-        options = self._read_options()
+        options = self._typed_read_options()
         return infer_schema(options.conn, options)[0]
 
     def reader(self, schema: StructType) -> PostgresBatchReader:
-        options = self._read_options()
+        options = self._typed_read_options()
         _, columns, primary_key = infer_schema(options.conn, options)
         kind = PostgresPushdownReader if options.pushdown else PostgresBatchReader
         return kind(PostgresEnumerator(options.conn, options, columns, primary_key),
                     PostgresSplitReader(options.conn, options, columns, schema), None,
-                    reads=ReadObserver.on_driver(self.format_name))
+                    reads=self.read_observer())

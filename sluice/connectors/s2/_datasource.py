@@ -40,7 +40,6 @@ from sluice.connectors.s2._source import (
     UpsertReadOptions,
 )
 from sluice.connectors.s2._store import S2Store
-from sluice.metrics._reads import ReadObserver
 
 ROUTED_PARALLELISM = 4096  # the most sink.parallelism allows: buckets ~ streams
 ROUTED_MAX_BUFFERED = 50_000
@@ -50,8 +49,8 @@ class _S2Base(SinkDataSource, SourceDataSource):
     read_spec = READ_SPEC
     write_spec = APPEND_SPEC
     # The typed form of each spec's options (the record kind comes with it).
-    read_options: ClassVar[type[ReadOptions]] = ReadOptions
-    write_options: ClassVar[type[FormatWriteOptions]] = AppendWriteOptions
+    read_options_type: ClassVar[type[ReadOptions]] = ReadOptions
+    write_options_type: ClassVar[type[FormatWriteOptions]] = AppendWriteOptions
     store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
 
     def resolve_options(self, opts: Options) -> Options:
@@ -63,7 +62,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
         if overwrite:
             raise OptionError(f"format '{self.format_name}' cannot overwrite: S2 streams are append-only. "
                               "Use mode('append').")
-        write = self.write_options.of(opts)
+        write = self.write_options_type.of(opts)
         # Build an encoder once on the driver so column problems surface before any task starts.
         S2Encoder(write, schema.fieldNames(), WriteContext(), stamp=False)
         # From the options resolve_options filled in: executors need no S2_* environment of their own.
@@ -72,7 +71,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
         config = super().sink_config(opts, schema)
-        columns = tuple(StreamRouter(self.write_options.of(opts).s2_stream, schema.fieldNames()).columns)
+        columns = tuple(StreamRouter(self.write_options_type.of(opts).s2_stream, schema.fieldNames()).columns)
         if not columns or config.mode != UNORDERED:
             return config
         # Rows routed over a template (the sink-modes design's split table): batch per target stream, as FLIP-509's
@@ -87,7 +86,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
     def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
         if SinkConfig.from_options(opts).transactional:
             # Exactly-once: each stream has one writer per micro-batch.
-            return tuple(StreamRouter(self.write_options.of(opts).s2_stream, schema.fieldNames()).columns)
+            return tuple(StreamRouter(self.write_options_type.of(opts).s2_stream, schema.fieldNames()).columns)
         return super().partitioning(opts, schema)
 
     # ------------------------------------------------------------------ reading
@@ -95,9 +94,9 @@ class _S2Base(SinkDataSource, SourceDataSource):
         return DEFAULT_SCHEMA
 
     def _read_parts(self, schema: StructType, batch: bool) -> tuple[S2Enumerator, S2Reader, int | None, ReadOptions]:
-        opts = self.read_spec.parse(self.options)
+        opts = self.read_options()
         conn = Connection.from_options(opts)  # resolved on the driver; executors get it with the reader
-        options = self.read_options.of(opts)
+        options = self.read_options_type.of(opts)
         upsert = isinstance(options, UpsertReadOptions)
         materialize = batch and upsert  # the latest row per key, as a table
         if upsert:
@@ -113,7 +112,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, per_partition, _ = self._read_parts(schema, batch=True)
         return SplitBatchReader(enumerator, reader, per_partition,
-                                reads=ReadObserver.on_driver(self.format_name, event_time="timestamp"))
+                                reads=self.read_observer(event_time="timestamp"))
 
     def streamReader(self, schema: StructType) -> SplitStreamReader:
         enumerator, reader, per_partition, options = self._read_parts(schema, batch=False)
@@ -121,7 +120,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
         return SplitStreamReader(enumerator, reader, per_partition, options.max_records_per_trigger,
                                  options.max_bytes_per_trigger,
                                  source=(self.format_name, f"{enumerator.conn.basin}/{','.join(what)}"),
-                                 reads=ReadObserver.on_driver(self.format_name, event_time="timestamp"))
+                                 reads=self.read_observer(event_time="timestamp"))
 
 
 class S2DataSource(_S2Base):
@@ -136,8 +135,8 @@ class S2UpsertDataSource(_S2Base):
     format_name = "s2_upsert"
     write_spec = UPSERT_SPEC
     read_spec = UPSERT_READ_SPEC
-    read_options = UpsertReadOptions
-    write_options = UpsertWriteOptions
+    read_options_type = UpsertReadOptions
+    write_options_type = UpsertWriteOptions
 
     def schema(self) -> str:
         raise OptionError("reading format 's2_upsert' needs a schema of the key and value columns: "
