@@ -9,6 +9,7 @@ from sluice.source._framework import (
     SplitStreamReader,
     cut,
 )
+from sluice.source._offset import SplitOffset
 
-__all__ = ["Split", "SplitBatchReader", "SplitEnumerator", "SplitPartition", "SplitReader", "SplitStreamReader",
-           "cut"]
+__all__ = ["Split", "SplitBatchReader", "SplitEnumerator", "SplitOffset", "SplitPartition", "SplitReader",
+           "SplitStreamReader", "cut"]

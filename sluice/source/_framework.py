@@ -3,7 +3,7 @@
 A `SplitEnumerator` runs on the driver: it finds splits (and, for streaming, new ones over time) and
 knows where each split's data starts and ends. A `SplitReader` runs on executors and reads one split
 between two positions as Arrow record batches. Positions are integers that grow (S2: seq nums). The
-offset Spark checkpoints is JSON: {"splits": {split id: next position}}. Everything read() needs travels
+offset Spark checkpoints is a `SplitOffset` (_offset.py) as JSON. Everything read() needs travels
 in the `SplitPartition`, so executors never depend on driver-side state, and a micro-batch replayed
 from the checkpoint reads exactly the same positions.
 """
@@ -22,6 +22,7 @@ from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
 from sluice.metrics._server import find_target
+from sluice.source._offset import SplitOffset
 from sluice.spark._compat import (
     AdmissionControlledReader,
     ReadAllAvailable,
@@ -164,8 +165,12 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
             self._splits.setdefault(split.split_id, split)
         return self._splits
 
+    # Spark hands offsets over and takes them back as dicts; inside, they are SplitOffsets.
+    def _offset(self, raw: dict) -> SplitOffset:
+        return SplitOffset.from_json(raw, self._source[0] if self._source is not None else None)
+
     def initialOffset(self) -> dict:
-        return {"splits": self.enumerator.start_positions(list(self._known().values()))}
+        return SplitOffset(self.enumerator.start_positions(list(self._known().values()))).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_records:
@@ -178,7 +183,11 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         self._target = self.enumerator.end_positions(list(self._known().values()))
 
     def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
-        positions = dict(start.get("splits", {}))
+        at = self._offset(start)
+        return self._latest(at, limit).json_or(at)
+
+    def _latest(self, start: SplitOffset, limit: ReadLimit) -> SplitOffset:
+        positions = dict(start.positions)
         splits = self._known() if self._target is None else {k: self._splits[k] for k in self._target}
         for sid, split in splits.items():
             positions.setdefault(sid, self.enumerator.new_split_position(split))
@@ -192,7 +201,7 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
                 end = min(end, self._target[sid])
             ends[sid] = max(begin, end)
         if isinstance(limit, ReadAllAvailable):
-            return {"splits": ends}
+            return SplitOffset(ends)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_records
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.max_bytes
         if max_rows:
@@ -207,7 +216,7 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
                     continue
                 ends[sid], used = self.enumerator.bytes_end(self._splits[sid], positions[sid], ends[sid], budget)
                 budget -= used
-        return {"splits": ends}
+        return SplitOffset(ends)
 
     @staticmethod
     def _share_rows(positions: dict[str, int], ends: dict[str, int], max_rows: int) -> dict[str, int]:
@@ -228,9 +237,9 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         return {sid: positions[sid] + take[sid] for sid in ends}
 
     def plan_partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        begin = start.get("splits", {})
+        begin = self._offset(start).positions
         out: list[InputPartition] = []
-        for sid, stop in sorted(end.get("splits", {}).items()):
+        for sid, stop in sorted(self._offset(end).positions.items()):
             split = self._splits.get(sid) or Split(sid)
             first = begin.get(sid, self.enumerator.new_split_position(split))
             out += cut(split, first, stop, self.max_per_partition)
@@ -244,7 +253,7 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any."""
         if self._lag.target is None or self._source is None:
             return
-        committed = end.get("splits", {})
+        committed = self._offset(end).positions
         behind = sum(max(0, head - committed.get(sid, head)) for sid, head in self._heads.items())
         self._lag.report(SourceReport(*self._source, None, behind, 0, "", "", time.time()))
 

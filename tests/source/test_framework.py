@@ -44,7 +44,7 @@ def test_row_budget_is_shared_fairly_and_unused_shares_go_around():
 
 def test_read_all_available_ignores_the_option_limit():
     reader = stream({"a": 500}, max_records=10)
-    assert reader.latestOffset(reader.initialOffset(), ReadAllAvailable()) == {"splits": {"a": 500}}
+    assert reader.latestOffset(reader.initialOffset(), ReadAllAvailable()) == {"v": 1, "splits": {"a": 500}}
 
 
 def test_available_now_never_goes_past_the_target_and_new_splits_start_at_zero():
@@ -54,12 +54,12 @@ def test_available_now_never_goes_past_the_target_and_new_splits_start_at_zero()
     reader.prepareForTriggerAvailableNow()
     ends["a"] = 80  # arrives after the query started
     ends["b"] = 7  # a new split, too
-    assert reader.latestOffset(offset, ReadMaxRows(1000)) == {"splits": {"a": 50}}
+    assert reader.latestOffset(offset, ReadMaxRows(1000)) == {"v": 1, "splits": {"a": 50}}
     plain = stream({"a": 50})
     first = plain.latestOffset(plain.initialOffset(), ReadAllAvailable())
     plain.enumerator.ends["b"] = 7
     second = plain.latestOffset(first, ReadAllAvailable())
-    assert second == {"splits": {"a": 50, "b": 7}}
+    assert second == {"v": 1, "splits": {"a": 50, "b": 7}}
     parts = plain.partitions(first, second)
     assert [(p.split.split_id, p.start, p.end) for p in parts] == [("b", 0, 7)]
     assert [(p.split.split_id, p.start, p.end) for p in plain.partitions(first, second)] == \

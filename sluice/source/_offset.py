@@ -1,0 +1,47 @@
+"""A split source's offset: one micro-batch boundary as Spark checkpoints it (JSON), typed on this side.
+
+Serialized form (version 1): {"v": 1, "splits": {split id: next position}}. Offsets written before the version
+field ({"splits": {...}}) are read as version 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice._errors import SluiceError  # not sluice.connector, which imports sluice.source
+
+OFFSET_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SplitOffset:
+    """Where a streaming read stands in each split it knows: the position after the last one read."""
+
+    positions: Mapping[str, int]  # split id -> next position (a copy)
+    raw: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # as Spark handed it over
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "positions", dict(self.positions))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": OFFSET_VERSION, "splits": dict(self.positions)}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], source: str | None = None) -> SplitOffset:
+        """`source`: the format reading it, named when the offset is refused."""
+        version = raw.get("v", 1)
+        if version != OFFSET_VERSION:
+            raise SluiceError(f"the checkpoint holds a {source or 'split source'} offset of version {version}, "
+                              f"written by another sluice; this one reads version {OFFSET_VERSION} ({raw}). Run "
+                              "the query with the sluice that wrote the checkpoint, or start over with a new "
+                              "checkpoint")
+        return cls({str(sid): int(at) for sid, at in raw.get("splits", {}).items()}, raw)
+
+    def json_or(self, start: SplitOffset) -> dict[str, Any]:
+        """This offset as Spark gets it, or `start` exactly as Spark gave it when no position moved: Spark runs a
+        micro-batch for any offset that differs from the last one, fields included."""
+        if self == start and start.raw is not None:
+            return start.raw
+        return self.to_json()

@@ -1,0 +1,64 @@
+"""A split source's offset (sluice/source/_offset.py): its one serialized form, today's checkpoints read back, a
+checkpoint of another version refused, and Spark's own offset handed back when nothing moved. No Spark."""
+
+import pytest
+
+from sluice.connector import SluiceError
+from sluice.source import Split, SplitEnumerator, SplitOffset, SplitReader, SplitStreamReader
+from sluice.spark._compat import ReadAllAvailable
+
+
+class Fixed(SplitEnumerator):
+    def __init__(self, ends):
+        self.ends = ends  # split id -> current end position
+
+    def discover(self):
+        return [Split(name) for name in self.ends]
+
+    def start_position(self, split):
+        return 0
+
+    def end_position(self, split):
+        return self.ends[split.split_id]
+
+
+class NoReader(SplitReader):
+    def read(self, split, start, end):
+        yield from ()
+
+
+def test_an_offset_round_trips_through_its_one_serialized_form():
+    for offset in (SplitOffset({}), SplitOffset({"a": 0}), SplitOffset({"s/1": 17, "s/2": 1 << 40})):
+        serialized = offset.to_json()
+        assert serialized["v"] == 1
+        assert SplitOffset.from_json(serialized) == offset
+    assert SplitOffset({"a": 5, "b": 7}).to_json() == {"v": 1, "splits": {"a": 5, "b": 7}}
+
+
+def test_an_offset_written_before_the_version_field_reads_as_version_one():
+    assert SplitOffset.from_json({"splits": {"a": 5, "b": 7}}) == SplitOffset({"a": 5, "b": 7})
+    assert SplitOffset.from_json({}) == SplitOffset({}), "no splits known yet"
+
+
+def test_an_offset_of_another_version_is_refused_naming_the_format_and_what_to_do():
+    with pytest.raises(SluiceError, match=r"s2 offset of version 2.*reads version 1.*new checkpoint"):
+        SplitOffset.from_json({"v": 2, "splits": {"a": 5}}, "s2")
+    with pytest.raises(SluiceError, match=r"split source offset of version 2"):
+        SplitOffset.from_json({"v": 2, "splits": {"a": 5}})
+
+
+def test_an_unmoved_offset_hands_spark_back_its_own_start_and_a_moved_one_the_new_form():
+    start = SplitOffset.from_json({"splits": {"a": 5}})  # as a checkpoint without the version field holds it
+    assert SplitOffset({"a": 5}).json_or(start) is start.raw, "no position moved: Spark's own offset, no empty batch"
+    assert SplitOffset({"a": 6}).json_or(start) == {"v": 1, "splits": {"a": 6}}
+    assert SplitOffset({"a": 5, "b": 0}).json_or(start) == {"v": 1, "splits": {"a": 5, "b": 0}}, "a new split"
+
+
+def test_a_restart_from_a_checkpoint_without_the_version_field_runs_no_extra_micro_batch():
+    reader = SplitStreamReader(Fixed({"a": 50, "b": 7}), NoReader(), None, None, None)
+    checkpointed = {"splits": {"a": 50, "b": 7}}  # the end of the last micro-batch, written before "v"
+    assert reader.latestOffset(checkpointed, ReadAllAvailable()) is checkpointed
+    reader.enumerator.ends["a"] = 60
+    moved = reader.latestOffset(checkpointed, ReadAllAvailable())
+    assert moved == {"v": 1, "splits": {"a": 60, "b": 7}}
+    assert [(p.split.split_id, p.start, p.end) for p in reader.partitions(checkpointed, moved)] == [("a", 50, 60)]
