@@ -41,6 +41,7 @@ from sluice.metrics._report import SourceReport
 from sluice.metrics._server import find_target
 from sluice.spark._compat import AdmissionControlledReader
 from sluice.tablestore._barriers import BarrierHandoff
+from sluice.tablestore._offset import BarrierOffset
 from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import StoreTable, TableStoreError
 
@@ -133,7 +134,8 @@ class VersionRange(InputPartition):
 class TableStoreStreamReader(AdmissionControlledReader):
     """Streaming read barrier by barrier: a micro-batch holds exactly the changes of the barriers it covers.
 
-    Offsets are {"barrier": B, "version": V}: V is the Delta version that completed B (from the MetaService).
+    Offsets are `BarrierOffset`s (_offset.py): barrier B and the Delta version V that completed it (from the
+    MetaService).
     With `aligned-with`, B is the barrier the MetaService fixed for the whole group of inputs from this start
     (MetaService.aligned_barrier), so the job's sources advance together.
     Rows are Delta's change data feed between the two versions: the table's columns plus `_change_type`
@@ -151,26 +153,30 @@ class TableStoreStreamReader(AdmissionControlledReader):
         self.reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
         self._lag = SourceReporter(find_target())  # how far behind the table's newest barrier, after each commit
 
+    # The methods Spark calls take and return dicts; inside, offsets are BarrierOffsets.
     def initialOffset(self) -> dict:
-        return {"barrier": 0, "version": 0}
+        return BarrierOffset(0, 0).to_json()
 
     def latest_offset(self, start: dict, limit: Any) -> dict:
+        at = BarrierOffset.from_json(start)
+        return self._latest(at).json_or(at)
+
+    def _latest(self, start: BarrierOffset) -> BarrierOffset:
         # Asked every trigger: read the newest barrier only, not the table's whole (growing) barrier history.
         meta = MetaService(self.meta)
         last = meta.last_barrier(self.table.name)
         if last is None:
             return start
         if not self.aligned_with:
-            return {"barrier": last[0], "version": last[1]}
-        begin = int(start["barrier"])
-        barrier = meta.aligned_barrier([self.table.name, *self.aligned_with], begin)
-        if barrier == begin:
+            return BarrierOffset(*last)
+        barrier = meta.aligned_barrier([self.table.name, *self.aligned_with], start.barrier)
+        if barrier == start.barrier:
             return start
-        return {"barrier": barrier, "version": meta.barrier_version(self.table.name, barrier)}
+        return BarrierOffset(barrier, meta.barrier_version(self.table.name, barrier))
 
     def plan_partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [VersionRange(self.table, int(start["version"]), int(end["version"]), int(end["barrier"]),
-                             BarrierHandoff(self.meta))]
+        first, last = BarrierOffset.from_json(start), BarrierOffset.from_json(end)
+        return [VersionRange(self.table, first.version, last.version, last.barrier, BarrierHandoff(self.meta))]
 
     def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return observed(self.reads, self._changes(partition))
@@ -193,9 +199,10 @@ class TableStoreStreamReader(AdmissionControlledReader):
         last = MetaService(self.meta).last_barrier(self.table.name)
         if last is None:
             return
+        done = BarrierOffset.from_json(end)
         self._lag.report(SourceReport(
-            "tablestore", self.table.name, None, None, 0, f"version {end['version']}", f"version {last[1]}",
-            time.time(), float(max(0, last[0] - int(end["barrier"])))))
+            "tablestore", self.table.name, None, None, 0, f"version {done.version}", f"version {last[1]}",
+            time.time(), float(max(0, last[0] - done.barrier))))
 
 
 def signed_change(column: str) -> str:

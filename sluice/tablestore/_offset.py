@@ -1,0 +1,42 @@
+"""A table-store stream's offset: one micro-batch boundary as Spark checkpoints it (JSON), typed on this side.
+
+Serialized form (version 1): {"v": 1, "barrier": B, "version": V}, V being the Delta version that completed
+barrier B (0 and 0 before the first). Offsets written before the version field are read as version 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.tablestore._table import TableStoreError
+
+OFFSET_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BarrierOffset:
+    """The barrier a table-store stream has read up to, and the Delta version that completed it."""
+
+    barrier: int
+    version: int
+    raw: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # as Spark handed it over
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": OFFSET_VERSION, "barrier": self.barrier, "version": self.version}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> BarrierOffset:
+        version = raw.get("v", 1)
+        if version != OFFSET_VERSION:
+            raise TableStoreError(f"the checkpoint holds a tablestore offset of version {version}, written by "
+                                  f"another sluice; this one reads version {OFFSET_VERSION} ({raw}). Run the query "
+                                  "with the sluice that wrote the checkpoint, or start over with a new checkpoint")
+        return cls(int(raw["barrier"]), int(raw["version"]), raw)
+
+    def json_or(self, start: BarrierOffset) -> dict[str, Any]:
+        """This offset as Spark gets it, or `start` exactly as Spark gave it when neither barrier nor version
+        moved: Spark runs a micro-batch for any offset that differs from the last one, fields included."""
+        if self == start and start.raw is not None:
+            return start.raw
+        return self.to_json()
