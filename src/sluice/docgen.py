@@ -9,7 +9,7 @@ from pathlib import Path
 from sluice._options import option_table
 from sluice.engine import SINK_OPTIONS
 
-OPTIONS_DOC = Path(__file__).resolve().parent.parent / "docs" / "options.md"
+OPTIONS_DOC = Path(__file__).resolve().parents[2] / "docs" / "options.md"  # src/sluice/docgen.py
 
 
 def render_options_doc() -> str:

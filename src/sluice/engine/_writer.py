@@ -1,7 +1,7 @@
 """AsyncSinkWriter: ring buffer -> buffer manager -> batches -> store, with the three modes of the sink-modes design.
 
 Threads: the caller's thread (a Spark task) pushes chunks of encoded entries into a small bounded ring
-(the seed's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
+(the sink-modes design's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
 other state: it admits chunks while fewer than `max_buffered` entries wait, cuts batches with the
 BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
 the AIMD rate limiter allows, handles completions (re-adding failed entries at the head), and reports the
