@@ -10,7 +10,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from sluice._errors import OptionError
 
@@ -138,6 +138,30 @@ class Options(Mapping[str, Any]):
         if unknown or uncovered:
             raise AssertionError(f"{cls.__name__}: fields {unknown} name no option; options {uncovered} have no field")
         return cls(**{n: extra[n] if n in extra else self._values[by_attr[n]] for n in names})
+
+
+class TypedOptions:
+    """Base of a format's typed options: a frozen dataclass with one field per option of `declared`, built once on
+    the driver from the parsed options (`of`), or from Spark's raw options through `spec` (`parse`). Fields that are
+    no option (a typed connection, a set made of a list) come from `derived`."""
+
+    declared: ClassVar[tuple[Option, ...]] = ()
+    spec: ClassVar[OptionSpec | None] = None
+
+    @classmethod
+    def of(cls, opts: Options) -> Self:
+        return opts.typed(cls, covering=cls.declared, **cls.derived(opts))
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> Self:
+        """Spark's options for this read or write, parsed and checked against `spec`, then typed."""
+        assert cls.spec is not None, f"{cls.__name__} has no spec to parse with"
+        return cls.of(cls.spec.parse(raw))
+
+    @classmethod
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        """The fields that are no option (or another form of one), from the parsed options; none by default."""
+        return {}
 
 
 Check = Callable[[Options], None]

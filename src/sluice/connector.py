@@ -23,7 +23,7 @@ from sluice._errors import (
     SluiceError,
     ThrottledError,
 )
-from sluice._options import Option, Options, OptionSpec, check_http_endpoint
+from sluice._options import Option, Options, OptionSpec, TypedOptions, check_http_endpoint
 from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
 from sluice.engine import (
     GLOBAL_ORDERED,
@@ -47,7 +47,15 @@ from sluice.engine import (
     WriteContext,
     completed_future,
 )
-from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
+from sluice.source import (
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitPartition,
+    SplitReader,
+    SplitStreamReader,
+    check_offset_version,
+)
 from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, check_writable, conform
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.spark._registry import add_format as register_format
@@ -102,12 +110,14 @@ __all__ = [
     "Store",
     "TaskWriter",
     "ThrottledError",
+    "TypedOptions",
     "WriteContext",
     "WritePlan",
     "binary_column",
     "body_column_name",
     "check_http_endpoint",
     "check_key_columns",
+    "check_offset_version",
     "check_writable",
     "completed_future",
     "conform",

@@ -1,26 +1,8 @@
 """The split framework without Spark: cutting, fair row budgets, AvailableNow and discovery."""
 
-from sluice.source import Split, SplitEnumerator, SplitReader, SplitStreamReader, cut
+from sluice.source import Split, SplitStreamReader, cut
 from sluice.spark._compat import ReadAllAvailable, ReadMaxRows
-
-
-class ListEnumerator(SplitEnumerator):
-    def __init__(self, ends):
-        self.ends = ends  # split id -> current end position
-
-    def discover(self):
-        return [Split(name) for name in self.ends]
-
-    def start_position(self, split):
-        return 0
-
-    def end_position(self, split):
-        return self.ends[split.split_id]
-
-
-class NoReader(SplitReader):
-    def read(self, split, start, end):
-        yield from ()
+from tests.source.helpers import ListEnumerator, NoReader
 
 
 def stream(ends, max_records=None):

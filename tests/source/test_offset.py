@@ -4,27 +4,9 @@ checkpoint of another version refused, and Spark's own offset handed back when n
 import pytest
 
 from sluice.connector import SluiceError
-from sluice.source import Split, SplitEnumerator, SplitOffset, SplitReader, SplitStreamReader
+from sluice.source import SplitOffset, SplitStreamReader
 from sluice.spark._compat import ReadAllAvailable
-
-
-class Fixed(SplitEnumerator):
-    def __init__(self, ends):
-        self.ends = ends  # split id -> current end position
-
-    def discover(self):
-        return [Split(name) for name in self.ends]
-
-    def start_position(self, split):
-        return 0
-
-    def end_position(self, split):
-        return self.ends[split.split_id]
-
-
-class NoReader(SplitReader):
-    def read(self, split, start, end):
-        yield from ()
+from tests.source.helpers import ListEnumerator, NoReader
 
 
 def test_an_offset_round_trips_through_its_one_serialized_form():
@@ -55,7 +37,7 @@ def test_an_unmoved_offset_hands_spark_back_its_own_start_and_a_moved_one_the_ne
 
 
 def test_a_restart_from_a_checkpoint_without_the_version_field_runs_no_extra_micro_batch():
-    reader = SplitStreamReader(Fixed({"a": 50, "b": 7}), NoReader(), None, None, None)
+    reader = SplitStreamReader(ListEnumerator({"a": 50, "b": 7}), NoReader(), None, None, None)
     checkpointed = {"splits": {"a": 50, "b": 7}}  # the end of the last micro-batch, written before "v"
     assert reader.latestOffset(checkpointed, ReadAllAvailable()) is checkpointed
     reader.enumerator.ends["a"] = 60

@@ -9,7 +9,7 @@ from sluice.source._framework import (
     SplitStreamReader,
     cut,
 )
-from sluice.source._offset import SplitOffset
+from sluice.source._offset import SplitOffset, check_offset_version
 
 __all__ = ["Split", "SplitBatchReader", "SplitEnumerator", "SplitOffset", "SplitPartition", "SplitReader",
-           "SplitStreamReader", "cut"]
+           "SplitStreamReader", "check_offset_version", "cut"]

@@ -15,6 +15,17 @@ from sluice._errors import SluiceError  # not sluice.connector, which imports sl
 OFFSET_VERSION = 1
 
 
+def check_offset_version(raw: Mapping[str, Any], what: str, current: int, *, error: type[SluiceError] = SluiceError,
+                         start_over: str = "a new checkpoint") -> None:
+    """Refuse a checkpointed offset of another version than `current` (one without "v", written before offsets had
+    versions, is version 1): another sluice wrote it, and reading it as this one's could skip or repeat data."""
+    version = raw.get("v", 1)
+    if version != current:
+        raise error(f"the checkpoint holds a {what} offset of version {version}, written by another sluice; this one "
+                    f"reads version {current} ({dict(raw)}). Run the query with the sluice that wrote the checkpoint, "
+                    f"or start over with {start_over}")
+
+
 @dataclass(frozen=True)
 class SplitOffset:
     """Where a streaming read stands in each split it knows: the position after the last one read."""
@@ -31,12 +42,7 @@ class SplitOffset:
     @classmethod
     def from_json(cls, raw: dict[str, Any], source: str | None = None) -> SplitOffset:
         """`source`: the format reading it, named when the offset is refused."""
-        version = raw.get("v", 1)
-        if version != OFFSET_VERSION:
-            raise SluiceError(f"the checkpoint holds a {source or 'split source'} offset of version {version}, "
-                              f"written by another sluice; this one reads version {OFFSET_VERSION} ({raw}). Run "
-                              "the query with the sluice that wrote the checkpoint, or start over with a new "
-                              "checkpoint")
+        check_offset_version(raw, source or "split source", OFFSET_VERSION)
         return cls({str(sid): int(at) for sid, at in raw.get("splits", {}).items()}, raw)
 
     def json_or(self, start: SplitOffset) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.source import check_offset_version
 from sluice.tablestore._table import TableStoreError
 
 OFFSET_VERSION = 1
@@ -27,11 +28,7 @@ class BarrierOffset:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> BarrierOffset:
-        version = raw.get("v", 1)
-        if version != OFFSET_VERSION:
-            raise TableStoreError(f"the checkpoint holds a tablestore offset of version {version}, written by "
-                                  f"another sluice; this one reads version {OFFSET_VERSION} ({raw}). Run the query "
-                                  "with the sluice that wrote the checkpoint, or start over with a new checkpoint")
+        check_offset_version(raw, "tablestore", OFFSET_VERSION, error=TableStoreError)
         return cls(int(raw["barrier"]), int(raw["version"]), raw)
 
     def json_or(self, start: BarrierOffset) -> dict[str, Any]:

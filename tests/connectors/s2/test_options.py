@@ -19,7 +19,6 @@ from sluice.connectors.s2._source import (
     UPSERT_READ_SPEC,
     ReadOptions,
     UpsertReadOptions,
-    read_options,
 )
 from sluice.engine import SinkConfig
 
@@ -45,11 +44,9 @@ def test_read_options_have_a_class_per_record_kind():
     read = ReadOptions.of(READ_SPEC.parse({**CONNECTION, "s2.streams": "a,b", "failOnDataLoss": "false"}))
     assert (read.kind, read.s2_streams, read.fail_on_data_loss, read.s2_start, read.format) == \
         (RecordKind.APPEND, ("a", "b"), False, "earliest", "binary")
-    upsert = read_options(UPSERT_READ_SPEC.parse({**CONNECTION, "s2.discovery-prefix": "p", "primary-key": "id"}))
-    assert isinstance(upsert, UpsertReadOptions)
+    upsert = UpsertReadOptions.parse({**CONNECTION, "s2.discovery-prefix": "p", "primary-key": "id"})
     assert (upsert.kind, upsert.primary_key, upsert.s2_discovery_prefix) == (RecordKind.UPSERT, ("id",), "p")
-    assert read_options(upsert) is upsert
-    assert type(read_options(READ_SPEC.parse({**CONNECTION, "s2.streams": "a"}))) is ReadOptions
+    assert UpsertReadOptions.spec is UPSERT_READ_SPEC and ReadOptions.spec is READ_SPEC
 
 
 def test_the_write_plan_travels_typed_and_never_shows_the_token():
@@ -60,4 +57,5 @@ def test_the_write_plan_travels_typed_and_never_shows_the_token():
     copy = pickle.loads(pickle.dumps(plan))
     assert (copy.write, copy.conn) == (plan.write, plan.conn) and copy.conn.token == "sekrit-token"
     assert "sekrit" not in repr(plan)
-    assert S2DataSource.write_options is AppendWriteOptions and S2UpsertDataSource.read_options is UpsertReadOptions
+    assert S2DataSource.write_options_type is AppendWriteOptions
+    assert S2UpsertDataSource.read_options_type is UpsertReadOptions

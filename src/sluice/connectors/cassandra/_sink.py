@@ -31,11 +31,11 @@ from sluice.connector import (
     Encoded,
     Option,
     OptionError,
-    Options,
     SinkError,
     Store,
     TaskWriter,
     ThrottledError,
+    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
@@ -80,8 +80,10 @@ WRITE_OPTIONS = (
 
 
 @dataclass(frozen=True)
-class WriteOptions:
+class WriteOptions(TypedOptions):
     """The write options of format("cassandra") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    declared = WRITE_OPTIONS
 
     consistency: str
     batch_grouping: str
@@ -91,10 +93,6 @@ class WriteOptions:
     write_ttl_column: str | None
     write_ignore_nulls: bool
     upsert_op_column: str | None
-
-    @classmethod
-    def of(cls, opts: Options) -> WriteOptions:
-        return opts.typed(cls, covering=WRITE_OPTIONS)
 
 
 # Partition-ordered by default: rows of one partition share a task (sluice.write repartitions by the key), so they

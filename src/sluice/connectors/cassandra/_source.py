@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,14 @@ from pyspark.sql.datasource import InputPartition
 from sluice.connector import (
     Option,
     OptionError,
+    Options,
     OptionSpec,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitPartition,
     SplitReader,
+    TypedOptions,
 )
 from sluice.connectors.cassandra._session import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, TUPLES, Connection, quote_ident
 from sluice.connectors.cassandra._table import TableInfo
@@ -44,9 +46,12 @@ READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS))
 
 
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadOptions(TypedOptions):
     """The read options of format("cassandra") (READ_OPTIONS), parsed and checked once, one field per option;
     `conn`: the cluster and table."""
+
+    declared = READ_OPTIONS
+    spec = READ_SPEC
 
     partitions: int | None
     read_split_size_mb: int
@@ -55,9 +60,8 @@ class ReadOptions:
     conn: Connection
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
-        opts = READ_SPEC.parse(raw)
-        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"conn": Connection.from_options(opts)}
 
 
 def estimated_bytes(conn: Connection) -> int:

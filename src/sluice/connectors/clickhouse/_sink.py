@@ -28,8 +28,8 @@ from sluice.connector import (
     BlockingStore,
     Encoded,
     Option,
-    Options,
     TaskWriter,
+    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
@@ -56,17 +56,15 @@ WRITE_OPTIONS = (
 
 
 @dataclass(frozen=True)
-class WriteOptions:
+class WriteOptions(TypedOptions):
     """The write options of format("clickhouse") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    declared = WRITE_OPTIONS
 
     connections_per_task: int
     insert_deduplicate: bool
     insert_async: bool
     upsert_op_column: str | None
-
-    @classmethod
-    def of(cls, opts: Options) -> WriteOptions:
-        return opts.typed(cls, covering=WRITE_OPTIONS)
 
 
 # ClickHouse wants few, large inserts (each one is a part on disk that merges later): large batches by default.

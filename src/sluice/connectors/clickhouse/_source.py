@@ -10,13 +10,23 @@ concurrent with writes may see some of them (docs/clickhouse.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import Option, OptionError, OptionSpec, Split, SplitEnumerator, SplitReader, conform
+from sluice.connector import (
+    Option,
+    OptionError,
+    Options,
+    OptionSpec,
+    Split,
+    SplitEnumerator,
+    SplitReader,
+    TypedOptions,
+    conform,
+)
 from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection, quote_ident
 from sluice.connectors.clickhouse._table import TableInfo
 from sluice.connectors.clickhouse._types import SIGNED, UNSIGNED, CHType, arrow_type, read_type
@@ -31,18 +41,20 @@ READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS))
 
 
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadOptions(TypedOptions):
     """The read options of format("clickhouse") (READ_OPTIONS), parsed and checked once, one field per option;
     `conn`: the server and table."""
+
+    declared = READ_OPTIONS
+    spec = READ_SPEC
 
     partitions: int
     final: bool | None
     conn: Connection
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
-        opts = READ_SPEC.parse(raw)
-        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"conn": Connection.from_options(opts)}
 
 RANGED = (*SIGNED, *UNSIGNED, "Date", "DateTime")
 

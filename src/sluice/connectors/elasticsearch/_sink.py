@@ -31,11 +31,11 @@ from sluice.connector import (
     Encoded,
     Option,
     OptionError,
-    Options,
     RetryableError,
     RetryEntries,
     TaskWriter,
     ThrottledError,
+    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
@@ -96,9 +96,11 @@ WRITE_SPEC = SINK_SPEC.extend(
 
 
 @dataclass(frozen=True)
-class WriteOptions:
+class WriteOptions(TypedOptions):
     """The write options of format("elasticsearch") (WRITE_OPTIONS), parsed and checked once, one field per
     option; `index`: the target (a connection option)."""
+
+    declared = WRITE_OPTIONS
 
     write_operation: str
     mapping_id: tuple[str, ...]
@@ -113,10 +115,6 @@ class WriteOptions:
     index_create: str
     connections_per_task: int
     index: str
-
-    @classmethod
-    def of(cls, opts: Options) -> WriteOptions:
-        return opts.typed(cls, covering=WRITE_OPTIONS)
 
 
 @dataclass(frozen=True)

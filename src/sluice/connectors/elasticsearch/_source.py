@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +24,13 @@ from pyspark.sql import types as T
 from sluice.connector import (
     Option,
     OptionError,
+    Options,
     OptionSpec,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
+    TypedOptions,
 )
 from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Cluster, Connection
 from sluice.metrics._reads import ReadObserver
@@ -49,9 +51,12 @@ READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS))
 
 
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadOptions(TypedOptions):
     """The read options of format("elasticsearch") (READ_OPTIONS), parsed and checked once, one field per option;
     `conn`: the cluster and index."""
+
+    declared = READ_OPTIONS
+    spec = READ_SPEC
 
     partitions: int | None
     read_page_size: int
@@ -62,10 +67,8 @@ class ReadOptions:
     conn: Connection
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
-        opts = READ_SPEC.parse(raw)
-        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts),
-                          read_array_columns=frozenset(opts["read.array-columns"]))
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"conn": Connection.from_options(opts), "read_array_columns": frozenset(opts["read.array-columns"])}
 
 SCALARS = {"keyword": T.StringType(), "text": T.StringType(), "match_only_text": T.StringType(),
            "constant_keyword": T.StringType(), "wildcard": T.StringType(), "ip": T.StringType(),

@@ -34,11 +34,11 @@ from sluice.connector import (
     Encoded,
     Option,
     OptionError,
-    Options,
     RecordTooLargeError,
     SinkError,
     TaskWriter,
     ThrottledError,
+    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
@@ -85,8 +85,10 @@ WRITE_SPEC = SINK_SPEC.extend(
 
 
 @dataclass(frozen=True)
-class WriteOptions:
+class WriteOptions(TypedOptions):
     """The write options of format("hbase") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    declared = WRITE_OPTIONS
 
     write_timestamp: str
     write_timestamp_column: str | None
@@ -94,10 +96,6 @@ class WriteOptions:
     upsert_op_column: str | None
     write_durability: str
     write_max_cell_bytes: int
-
-    @classmethod
-    def of(cls, opts: Options) -> WriteOptions:
-        return opts.typed(cls, covering=WRITE_OPTIONS)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from sluice.connector import (
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
+    TypedOptions,
 )
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
 from sluice.connectors.hbase._cells import decoder
@@ -50,9 +51,12 @@ READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OP
 
 
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadOptions(TypedOptions):
     """The read options of format("hbase") (READ_OPTIONS), parsed and checked once, one field per option; `rowkey`:
     the row key's columns (CATALOG_OPTIONS), which the timestamp column may not be."""
+
+    declared = READ_OPTIONS
+    spec = READ_SPEC
 
     read_splits_per_region: int
     read_rows_per_fetch: int
@@ -62,8 +66,8 @@ class ReadOptions:
     rowkey: tuple[str, ...]
 
     @classmethod
-    def of(cls, opts: Options) -> ReadOptions:
-        return opts.typed(cls, covering=READ_OPTIONS, rowkey=opts["rowkey"])
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"rowkey": opts["rowkey"]}
 
 
 def successor(prefix: bytes) -> bytes | None:

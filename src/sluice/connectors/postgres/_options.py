@@ -4,8 +4,9 @@ parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sluice.connector import SINK_SPEC, UNORDERED, Option, OptionError, Options, OptionSpec
+from sluice.connector import SINK_SPEC, UNORDERED, Option, OptionError, Options, OptionSpec, TypedOptions
 from sluice.connectors.postgres._conn import CONNECTION_OPTIONS, Connection
 
 MiB = 1024 * 1024
@@ -22,18 +23,16 @@ WRITE_OPTIONS = (
 
 
 @dataclass(frozen=True)
-class WriteOptions:
+class WriteOptions(TypedOptions):
     """The write options of format("postgres") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    declared = WRITE_OPTIONS
 
     table: str
     primary_key: tuple[str, ...]
     upsert_op_column: str | None
     create_table: bool
     connections_per_task: int
-
-    @classmethod
-    def of(cls, opts: Options) -> WriteOptions:
-        return opts.typed(cls, covering=WRITE_OPTIONS)
 
 
 def _check_modes(opts: Options) -> None:
@@ -77,9 +76,12 @@ READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check
 
 
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadOptions(TypedOptions):
     """The read options of format("postgres") (READ_OPTIONS), parsed and checked once, one field per option;
     `conn`: the server (its repr hides the password)."""
+
+    declared = READ_OPTIONS
+    spec = READ_SPEC
 
     table: str | None
     query: str | None
@@ -91,5 +93,5 @@ class ReadOptions:
     conn: Connection
 
     @classmethod
-    def of(cls, opts: Options) -> ReadOptions:
-        return opts.typed(cls, covering=READ_OPTIONS, conn=Connection.from_options(opts))
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"conn": Connection.from_options(opts)}

@@ -6,9 +6,9 @@ import base64
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
-from sluice.connector import PARTITION_ORDERED, SINK_SPEC, Option, OptionError, Options, SluiceError
+from sluice.connector import PARTITION_ORDERED, SINK_SPEC, Option, OptionError, Options, SluiceError, TypedOptions
 from sluice.connectors.s2._kinds import RecordKind
 
 MIB = 1024 * 1024
@@ -86,22 +86,18 @@ UPSERT_SPEC = SINK_SPEC.extend((*CONNECTION_OPTIONS, *SINK_ONLY_OPTIONS, *UPSERT
 
 
 @dataclass(frozen=True)
-class WriteOptions:
+class WriteOptions(TypedOptions):
     """The write options both formats have (SINK_ONLY_OPTIONS), parsed and checked once, one field per option; each
     format's own are in its subclass, whose `declared` every field and option must match."""
 
     kind: ClassVar[RecordKind]
-    declared: ClassVar[tuple[Option, ...]] = SINK_ONLY_OPTIONS
+    declared = SINK_ONLY_OPTIONS
 
     s2_stream: str
     s2_create_streams: bool
     s2_create_basin: bool
     s2_max_append_sessions: int
     s2_stamp_writer: bool
-
-    @classmethod
-    def of(cls, opts: Options) -> Self:
-        return opts.typed(cls, covering=cls.declared)
 
 
 @dataclass(frozen=True)

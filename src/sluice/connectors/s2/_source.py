@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from sluice.connector import (
     Option,
@@ -23,6 +23,7 @@ from sluice.connector import (
     OptionSpec,
     Split,
     SplitEnumerator,
+    TypedOptions,
 )
 from sluice.connectors.s2._calls import KeptClient
 from sluice.connectors.s2._commits import committed_end, tail_and_last
@@ -76,12 +77,13 @@ UPSERT_READ_SPEC = OptionSpec("s2_upsert", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS
 
 
 @dataclass(frozen=True)
-class ReadOptions:
+class ReadOptions(TypedOptions):
     """The read options of format("s2") (SOURCE_OPTIONS), parsed and checked once, one field per option; the
     connection's are in Connection."""
 
     kind: ClassVar[RecordKind] = RecordKind.APPEND
-    declared: ClassVar[tuple[Option, ...]] = SOURCE_OPTIONS
+    declared = SOURCE_OPTIONS
+    spec = READ_SPEC
 
     s2_streams: tuple[str, ...]
     s2_discovery_prefix: str | None
@@ -96,10 +98,6 @@ class ReadOptions:
     format: str
     mode: str
 
-    @classmethod
-    def of(cls, opts: Options) -> Self:
-        return opts.typed(cls, covering=cls.declared)
-
 
 @dataclass(frozen=True)
 class UpsertReadOptions(ReadOptions):
@@ -107,6 +105,7 @@ class UpsertReadOptions(ReadOptions):
 
     kind = RecordKind.UPSERT
     declared = (*SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS)
+    spec = UPSERT_READ_SPEC
 
     primary_key: tuple[str, ...]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import SluiceError
+from sluice.connector import check_offset_version
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot
 
@@ -59,11 +59,7 @@ class ChangeOffset:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ChangeOffset:
-        version = raw.get("v", 1)
-        if version != OFFSET_VERSION:
-            raise SluiceError(f"the checkpoint holds a postgres_changes offset of version {version}, written by "
-                              f"another sluice; this one reads version {OFFSET_VERSION} ({raw}). Run the query with "
-                              "the sluice that wrote the checkpoint, or start over with a new checkpoint and slot")
+        check_offset_version(raw, "postgres_changes", OFFSET_VERSION, start_over="a new checkpoint and slot")
         splits = raw.get("splits")
         return cls(parse_lsn(raw["lsn"]), raw.get("snapshot"), raw.get("channel"),
                    None if splits is None else tuple(SnapshotSplit(t, w, int(n)) for t, w, n in splits),

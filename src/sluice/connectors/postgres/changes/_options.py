@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from sluice.connector import Option, OptionError, Options, OptionSpec
+from sluice.connector import Option, OptionError, Options, OptionSpec, TypedOptions
 from sluice.connectors.postgres._conn import CONNECTION_OPTIONS, Connection
 
 CHANGES_OPTIONS = (
@@ -66,10 +67,13 @@ CHANGES_SPEC = OptionSpec("postgres_changes", (*CONNECTION_OPTIONS, *CHANGES_OPT
 
 
 @dataclass(frozen=True)
-class ChangeOptions:
+class ChangeOptions(TypedOptions):
     """The options of one change-capture query, parsed and checked (CHANGES_SPEC), one field per option of
     CHANGES_OPTIONS; `conn`: the database; `connection`: the connection options the user set, for the snapshot's
     format("postgres") reads (never shown: a password may be among them)."""
+
+    declared = CHANGES_OPTIONS
+    spec = CHANGES_SPEC
 
     table: tuple[str, ...]
     publication: str | None
@@ -88,8 +92,6 @@ class ChangeOptions:
     connection: Mapping[str, str] = field(repr=False)
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> ChangeOptions:
-        """A query's options (as Spark hands them over), parsed and checked once."""
-        opts = CHANGES_SPEC.parse(raw)
+    def derived(cls, opts: Options) -> dict[str, Any]:
         connection = {o.name: str(opts[o.name]) for o in CONNECTION_OPTIONS if opts.is_set(o.name)}
-        return opts.typed(cls, covering=CHANGES_OPTIONS, conn=Connection.from_options(opts), connection=connection)
+        return {"conn": Connection.from_options(opts), "connection": connection}
