@@ -47,15 +47,8 @@ from sluice.engine import (
     WriteContext,
     completed_future,
 )
-from sluice.source import (
-    Split,
-    SplitBatchReader,
-    SplitEnumerator,
-    SplitPartition,
-    SplitReader,
-    SplitStreamReader,
-    check_offset_version,
-)
+from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
+from sluice.source._offset import check_offset_version
 from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, check_writable, conform
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.spark._registry import add_format as register_format
