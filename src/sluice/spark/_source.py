@@ -7,16 +7,12 @@ driver by `read_options()`; the enumerator and reader carry what executors need.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from sluice._options import Options, OptionSpec
+from sluice._options import Options
 from sluice.metrics._reads import ReadObserver
 from sluice.spark._datasource import SluiceDataSource
 
 
 class SourceDataSource(SluiceDataSource):
-    read_spec: ClassVar[OptionSpec | None] = None
-
     def read_options(self) -> Options:
         """The options of this read, parsed and checked once on the driver."""
         if self.read_spec is None:
