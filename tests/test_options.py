@@ -157,3 +157,22 @@ def test_postgres_reads_and_writes_its_options_typed_and_never_shows_the_passwor
     assert (read.conn.host, read.conn.port, read.conn.dbname, read.conn.password) == ("h", 5433, "db", "s3cret")
     assert "s3cret" not in repr(read) and "s3cret" not in repr(write)
     assert pickle.loads(pickle.dumps(read)) == read  # the split readers carry it to the executors
+
+
+def test_the_table_store_reads_and_writes_its_options_typed_and_never_shows_the_secrets():
+    import pickle
+
+    from sluice.tablestore._options import ReadOptions, WriteOptions
+
+    secret = {"meta": "postgresql://u:s3cret@h/db", "storage.secret-access-key": "k3y", "warehouse": "s3://b/wh",
+              "storage.access-key-id": "id"}
+    write = WriteOptions.parse({"table": "t", "primary-key": "a, b", "auto-compact": "false", **secret})
+    assert (write.table, write.primary_key, write.auto_compact, write.job, write.job_named) == \
+        ("t", ("a", "b"), False, "batch", False)
+    assert WriteOptions.parse({"table": "t", "job": "batch"}).job_named, "set to its default is still set"
+    read = ReadOptions.parse({"table": "t", "barrier": "7", "aligned-with": "x,y", **secret})
+    assert (read.barrier, read.version, read.aligned_with, read.changes) == (7, None, ("x", "y"), False)
+    assert read.meta == secret["meta"]
+    for shown in (repr(write), repr(read)):
+        assert "s3cret" not in shown and "k3y" not in shown
+    assert pickle.loads(pickle.dumps(write)) == write  # the write plan carries it to the tasks

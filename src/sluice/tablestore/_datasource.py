@@ -16,7 +16,7 @@ from sluice.connector import (
     check_key_columns,
 )
 from sluice.meta import MetaService, check_url
-from sluice.tablestore._options import READ_SPEC, WRITE_SPEC
+from sluice.tablestore._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
 from sluice.tablestore._source import (
     CHANGE_COLUMNS,
@@ -47,26 +47,27 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
                    overwrite: bool) -> TableStoreWritePlan:
         from sluice.spark._compat import to_arrow_schema
 
-        table = _table(opts)
-        op = opts["upsert.op-column"]
-        check_key_columns(schema.fieldNames(), opts["primary-key"], op)
+        write = WriteOptions.of(opts)
+        table = _table(write, opts)
+        op = write.upsert_op_column
+        check_key_columns(schema.fieldNames(), write.primary_key, op)
         created = not table.exists()
-        if op and not opts["primary-key"] and (created or not table.primary_key()):
+        if op and not write.primary_key and (created or not table.primary_key()):
             raise OptionError("upsert.op-column needs a primary key (option primary-key)")
         arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]))
         if created:
-            check_url(opts["meta"])  # the commit needs it: refused before a table is made
-            table.create(arrow, tuple(opts["primary-key"]))
+            check_url(write.meta)  # the commit needs it: refused before a table is made
+            table.create(arrow, write.primary_key)
         else:
             table.check_schema(arrow)
-            if opts.is_set("primary-key") and tuple(opts["primary-key"]) != table.primary_key():
+            if opts.is_set("primary-key") and write.primary_key != table.primary_key():
                 raise OptionError(f"table '{table.name}' has primary key {list(table.primary_key())}; the write asks "
-                                  f"for {list(opts['primary-key'])}")
-        key = tuple(opts["primary-key"]) or table.primary_key()
-        return TableStoreWritePlan(self.format_name, opts, schema, config, table, key, created)
+                                  f"for {list(write.primary_key)}")
+        key = write.primary_key or table.primary_key()
+        return TableStoreWritePlan(self.format_name, opts, schema, config, table, write, key, created)
 
     def _refuse_overwrite(self, overwrite: bool, streaming: bool) -> None:
-        if overwrite and not (streaming and WRITE_SPEC.parse(self.options)["primary-key"]):
+        if overwrite and not (streaming and WriteOptions.parse(self.options).primary_key):
             raise OptionError("format 'tablestore' appends or upserts per barrier; mode('overwrite') is not "
                               "supported. Use mode('append'); a streaming aggregation writes in outputMode "
                               "'complete' to a table with a primary-key (each micro-batch upserts every group).")
@@ -84,8 +85,9 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
         from sluice.spark._compat import from_arrow_schema
 
         opts = self.read_options()
-        schema = pa.schema(_table(opts).delta().schema().to_arrow())
-        if opts["changes"]:
+        read = ReadOptions.of(opts)
+        schema = pa.schema(_table(read, opts).delta().schema().to_arrow())
+        if read.changes:
             schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CHANGE_COLUMNS)])
         return from_arrow_schema(schema)
 
@@ -97,44 +99,45 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
             if opts.is_set(key):
                 raise OptionError(f"option '{key}' is for batch reads; a streaming read follows the table barrier "
                                   "by barrier from its first version")
-        table = _table(opts)
+        read = ReadOptions.of(opts)
+        table = _table(read, opts)
         if table.primary_key() and "_change_type" not in schema.fieldNames():
             raise OptionError(f"table '{table.name}' is an upsert table (primary key {list(table.primary_key())}): "
                               "stream it with option changes=true, which adds _change_type (insert, "
                               "update_preimage, update_postimage, delete) so updates are not counted twice")
-        return TableStoreStreamReader(table, opts["meta"], schema, tuple(opts["aligned-with"]),
-                                      self.read_observer())
+        return TableStoreStreamReader(table, read.meta, schema, read.aligned_with, self.read_observer())
 
     def reader(self, schema: StructType) -> TableStoreReader:
         opts = self.read_options()
-        table = _table(opts)
+        read = ReadOptions.of(opts)
+        table = _table(read, opts)
         chosen = [k for k in ("version", "barrier", "consistent-with") if opts.is_set(k)]
         if len(chosen) > 1:
             raise OptionError(f"set at most one of version, barrier and consistent-with (got {', '.join(chosen)})")
-        version = opts["version"]
-        if opts["changes"]:
+        version = read.version
+        if read.changes:
             raise OptionError("option 'changes' is for streaming reads (spark.readStream)")
-        if opts["barrier"] is not None:
-            meta = MetaService(opts["meta"])
-            found = meta.barrier_version(table.name, opts["barrier"])
+        if read.barrier is not None:
+            meta = MetaService(read.meta)
+            found = meta.barrier_version(table.name, read.barrier)
             if found is None:
                 known = [b for b, _ in meta.barriers(table.name)]
-                if known and opts["barrier"] < known[0]:
-                    raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}, or it was "
+                if known and read.barrier < known[0]:
+                    raise OptionError(f"table '{table.name}' has not completed barrier {read.barrier}, or it was "
                                       f"forgotten: the oldest kept barrier is {known[0]} (the MetaService forgets "
                                       "barriers of versions older than log-retention-versions back, but any a "
                                       "consistent read may open). Read an older state by option 'version' while the "
                                       "table's log still has it.")
-                raise OptionError(f"table '{table.name}' has not completed barrier {opts['barrier']}; its barriers: "
+                raise OptionError(f"table '{table.name}' has not completed barrier {read.barrier}; its barriers: "
                                   f"{known[-5:]} (last 5)")
             version = found
-        elif opts["consistent-with"]:
-            version = MetaService(opts["meta"]).consistent_version([table.name, *opts["consistent-with"]]) \
+        elif read.consistent_with:
+            version = MetaService(read.meta).consistent_version([table.name, *read.consistent_with]) \
                 .versions[table.name]
-        return TableStoreReader(table, version, schema, opts["max-partition-bytes"],
-                                self.read_observer())
+        return TableStoreReader(table, version, schema, read.max_partition_bytes, self.read_observer())
 
 
-def _table(opts: Options) -> StoreTable:
-    """The named table in the warehouse the options name (resolved here, on the driver)."""
-    return StoreTable(opts["table"], Warehouse.resolve(opts["warehouse"], opts))
+def _table(typed: WriteOptions | ReadOptions, opts: Options) -> StoreTable:
+    """The named table in the warehouse the options name: `warehouse` and the storage.* options, resolved here, on
+    the driver (the Warehouse travels inside the table)."""
+    return StoreTable(typed.table, Warehouse.resolve(opts["warehouse"], opts))

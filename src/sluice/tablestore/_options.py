@@ -1,11 +1,21 @@
-"""The table store's options: one declaration each, for writes and reads."""
+"""The table store's options: one declaration each, for writes and reads, parsed once on the driver into the typed
+`WriteOptions` and `ReadOptions` the rest of the format reads.
+
+The warehouse and storage.* options are no field: `Warehouse.resolve` reads them at the parse boundary (where the
+table is opened), and the `Warehouse` it returns travels inside the `StoreTable`, its credentials out of every repr.
+"""
 
 from __future__ import annotations
 
-from sluice.connector import Option, OptionSpec
+from dataclasses import dataclass, field
+from typing import Any
 
-COMMON = (
-    Option("table", "str", None, "Table name (letters, digits, '_').", required=True),
+from sluice.connector import Option, Options, OptionSpec, TypedOptions
+
+TABLE = Option("table", "str", None, "Table name (letters, digits, '_').", required=True)
+META = Option("meta", "str", None, "MetaService database (SQLite path or postgresql:// URL); default $SLUICE_META, "
+              "else .sluice/meta.db.", secret=True)
+WAREHOUSE = (
     Option("warehouse", "str", None, "Where the tables live: a folder (local or shared), file:///folder or "
            "s3://bucket/prefix; default $SLUICE_WAREHOUSE, else .sluice/warehouse."),
     Option("storage.endpoint", "str", None, "s3:// warehouses: the S3 endpoint URL (an S3-compatible server); "
@@ -20,11 +30,9 @@ COMMON = (
            "default $AWS_SESSION_TOKEN.", secret=True),
     Option("storage.allow-http", "bool", None, "s3:// warehouses: allow a plain http:// endpoint; default true "
            "when storage.endpoint is http://."),
-    Option("meta", "str", None, "MetaService database (SQLite path or postgresql:// URL); default $SLUICE_META, "
-           "else .sluice/meta.db.", secret=True),
 )
-WRITE_SPEC = OptionSpec("tablestore", (
-    *COMMON,
+COMMON = (TABLE, *WAREHOUSE, META)
+WRITE_OPTIONS = (
     Option("primary-key", "list", (), "Key columns: writes are upserts (merge) by this key; set when the table is "
            "created."),
     Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored)."),
@@ -48,9 +56,8 @@ WRITE_SPEC = OptionSpec("tablestore", (
     Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "
            "same id (after a failure, or when unsure it committed) commits it once: it keeps its barrier, and a "
            "commit that landed is not repeated."),
-))
-READ_SPEC = OptionSpec("tablestore", (
-    *COMMON,
+)
+READ_OPTIONS = (
     Option("version", "int", None, "Read this Delta version.", minimum=0),
     Option("barrier", "int", None, "Read the version that completed this barrier.", minimum=0),
     Option("consistent-with", "list", (),
@@ -61,4 +68,50 @@ READ_SPEC = OptionSpec("tablestore", (
            "partitions of about this many bytes (a larger file is a partition alone).", minimum=1),
     Option("changes", "bool", False, "Add the change columns _change_type and _commit_version (Delta's change "
            "data feed); needed to stream an upsert table."),
-))
+)
+WRITE_SPEC = OptionSpec("tablestore", (*COMMON, *WRITE_OPTIONS))
+READ_SPEC = OptionSpec("tablestore", (*COMMON, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class WriteOptions(TypedOptions):
+    """The write options of format("tablestore") (TABLE, META, WRITE_OPTIONS), one field per option; `job_named`:
+    whether the user set `job` (a streaming query that did not writes as an implicit job named after itself)."""
+
+    declared = (TABLE, META, *WRITE_OPTIONS)
+    spec = WRITE_SPEC
+
+    table: str
+    meta: str | None = field(repr=False)  # a postgresql:// URL may carry a password
+    primary_key: tuple[str, ...]
+    upsert_op_column: str | None
+    job: str
+    writer_lease: int
+    checkpoint_interval: int
+    auto_compact: bool
+    compact_min_files: int
+    compact_target_bytes: int
+    log_retention_versions: int
+    write_id: str | None
+    job_named: bool
+
+    @classmethod
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"job_named": opts.is_set("job")}
+
+
+@dataclass(frozen=True)
+class ReadOptions(TypedOptions):
+    """The read options of format("tablestore") (TABLE, META, READ_OPTIONS), one field per option."""
+
+    declared = (TABLE, META, *READ_OPTIONS)
+    spec = READ_SPEC
+
+    table: str
+    meta: str | None = field(repr=False)  # a postgresql:// URL may carry a password
+    version: int | None
+    barrier: int | None
+    consistent_with: tuple[str, ...]
+    aligned_with: tuple[str, ...]
+    max_partition_bytes: int
+    changes: bool

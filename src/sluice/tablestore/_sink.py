@@ -30,6 +30,7 @@ from sluice.connector import (
 )
 from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
+from sluice.tablestore._options import WriteOptions
 from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
 
 MiB = 1024 * 1024
@@ -100,36 +101,37 @@ class TableStoreCommitter(Committer):
     """One Delta version per write or micro-batch, at its barrier; replays are detected by the table's app
     transaction (table.commit)."""
 
-    def __init__(self, table: StoreTable, opts: Any, created: bool) -> None:
-        self.table, self.opts, self.created = table, opts, created
+    def __init__(self, table: StoreTable, write: WriteOptions, created: bool) -> None:
+        self.table, self.write, self.created = table, write, created
 
     def commit(self, messages: list[Any], context: WriteContext) -> None:
         files = [StagedFile(**m) for m in messages if m]
-        meta = MetaService(self.opts["meta"])
+        write = self.write
+        meta = MetaService(write.meta)
         streaming = context.epoch is not None
         # An unregistered streaming query writes as an implicit job named after it.
-        name = f"query-{context.write_id[:8]}" if streaming and not self.opts.is_set("job") else self.opts["job"]
+        name = f"query-{context.write_id[:8]}" if streaming and not write.job_named else write.job
         try:  # one writer per table: this commit's job, or WriterConflictError naming the table's other writer
             writer = meta.claim_writer(self.table.name, name=name, query_id=context.write_id if streaming else None,
-                                       lease_s=self.opts["writer-lease"])
+                                       lease_s=write.writer_lease)
         except Exception:
             self.abort(messages, context)  # nothing of a refused writer stays in the table's folder
             raise
         if streaming:  # a micro-batch: the barrier its table-store input offered, else a new one
             app = context.write_id  # the streaming query's id
-            barrier = BarrierHandoff(self.opts["meta"]).take(app, context.epoch, [self.table.name])
-        elif self.opts["write-id"]:  # a re-run of this write gets the same barrier: its replay is detected
-            app = self.opts["write-id"]
-            barrier = BarrierHandoff(self.opts["meta"]).take(app, 0, [self.table.name])
+            barrier = BarrierHandoff(write.meta).take(app, context.epoch, [self.table.name])
+        elif write.write_id:  # a re-run of this write gets the same barrier: its replay is detected
+            app = write.write_id
+            barrier = BarrierHandoff(write.meta).take(app, 0, [self.table.name])
         else:
-            app = self.opts["job"]
+            app = write.job
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
         self.table.commit(files, job=app, barrier=barrier, meta=meta, job_id=writer,
-                          op_column=self.opts["upsert.op-column"], checkpoint_interval=self.opts["checkpoint-interval"],
-                          compact_min_files=self.opts["compact-min-files"] if self.opts["auto-compact"] else 0,
-                          compact_target_bytes=self.opts["compact-target-bytes"],
-                          log_retention=self.opts["log-retention-versions"])
+                          op_column=write.upsert_op_column, checkpoint_interval=write.checkpoint_interval,
+                          compact_min_files=write.compact_min_files if write.auto_compact else 0,
+                          compact_target_bytes=write.compact_target_bytes,
+                          log_retention=write.log_retention_versions)
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])
@@ -140,7 +142,8 @@ class TableStoreCommitter(Committer):
 @dataclass(frozen=True)
 class TableStoreWritePlan(WritePlan):
     table: StoreTable
-    key: tuple[str, ...]
+    write: WriteOptions
+    key: tuple[str, ...]  # the write's primary key, else the table's
     created: bool = False  # the plan made the table (it did not exist)
 
     def open_task(self, context: WriteContext) -> TaskWriter:
@@ -153,7 +156,7 @@ class TableStoreWritePlan(WritePlan):
         return TaskWriter(encode, ParquetStore(table, rows, context))
 
     def committer(self) -> Committer:
-        return TableStoreCommitter(self.table, self.options, self.created)
+        return TableStoreCommitter(self.table, self.write, self.created)
 
 
 def check_key(table: StoreTable, key: tuple[str, ...], batch: pa.RecordBatch) -> None:
