@@ -128,6 +128,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
 
     from sluice.meta import MetaService
     from sluice.tablestore import StoreTable, Warehouse
+    from sluice.tablestore._commit import BarrierCommit
 
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-ts-"))
     meta = MetaService(str(tmp / "meta.db"))
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
             start = (n % 5) * args.files * args.rows  # upserts overlap earlier keys
             files = stage(ours, f"data/w{n}", args.files, args.rows, start)
             t = time.perf_counter()
-            ours.commit(files, job="bench", barrier=1000 + n, meta=meta)
+            ours.commit(files, BarrierCommit("bench", 1000 + n), meta)
             sluice_ms.append((time.perf_counter() - t) * 1000)
 
             files = stage(plain, f"data/w{n}", args.files, args.rows, start)

@@ -14,6 +14,7 @@ import pytest
 import sluice
 from sluice.meta import MetaService
 from sluice.tablestore import StoreTable
+from sluice.tablestore._commit import BarrierCommit
 from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import StagedFile
 
@@ -100,7 +101,7 @@ def _commit_after_both_read(root: str, storage: tuple, meta: str, job: str, sync
     size = fs.get_file_info(table.file_path(relative)).size
     if not naive:
         # each writer records its barriers in its own MetaService: the race under test is the Delta commit's
-        table.commit([StagedFile(relative, size, 5)], job=job, barrier=1, meta=MetaService(f"{meta}-{job}"))
+        table.commit([StagedFile(relative, size, 5)], BarrierCommit(job, 1), MetaService(f"{meta}-{job}"))
         return
     version = table.delta().version() + 1
     add = {"add": {"path": relative, "size": size, "partitionValues": {}, "modificationTime": int(time.time() * 1000),

@@ -8,6 +8,7 @@ import pytest
 import sluice
 from sluice.meta import MetaService
 from sluice.tablestore import StoreTable, read_consistent
+from sluice.tablestore._commit import BarrierCommit, Upkeep
 from sluice.tablestore._table import StagedFile
 
 pytestmark = pytest.mark.spark
@@ -82,17 +83,17 @@ def test_a_replayed_barrier_is_not_committed_twice(spark, store, tmp_path):
 
     barrier = meta.batch_barrier("q1", 5, ["t"])
     assert meta.batch_barrier("q1", 5, ["t"]) == barrier, "a replayed micro-batch keeps its barrier"
-    first = table.commit([staged("a.parquet")], job="q1", barrier=barrier, meta=meta)
-    again = table.commit([staged("b.parquet")], job="q1", barrier=barrier, meta=meta)
+    first = table.commit([staged("a.parquet")], BarrierCommit("q1", barrier), meta)
+    again = table.commit([staged("b.parquet")], BarrierCommit("q1", barrier), meta)
     assert (first.replayed, again.replayed, again.version) == (False, True, first.version)
     assert read(spark, store, "t").count() == 15
     assert not (folder / "b.parquet").exists(), "the replay's files are removed"
     # The driver died between the Delta commit and the MetaService record: the replay records the barrier.
     second = meta.batch_barrier("q1", 6, ["t"])
-    landed = table.commit([staged("c.parquet")], job="q1", barrier=second, meta=meta)
+    landed = table.commit([staged("c.parquet")], BarrierCommit("q1", second), meta)
     with MetaService(store["meta"])._tx(write=True) as cur:
         cur.execute("DELETE FROM sluice_barriers WHERE table_name = ? AND barrier = ?", ("t", second))
-    replay = table.commit([staged("d.parquet")], job="q1", barrier=second, meta=meta)
+    replay = table.commit([staged("d.parquet")], BarrierCommit("q1", second), meta)
     assert replay.replayed and dict(meta.barriers("t"))[second] == landed.version
 
 
@@ -293,7 +294,7 @@ def test_a_job_with_two_inputs_advances_both_to_the_same_barrier(spark, store, t
         pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), folder / "p.parquet")
         staged = StagedFile(str((folder / "p.parquet").relative_to(table.root)), (folder / "p.parquet").stat().st_size,
                             len(ids))
-        table.commit([staged], job=f"ingest-{name}", barrier=barrier, meta=meta)
+        table.commit([staged], BarrierCommit(f"ingest-{name}", barrier), meta)
 
     for barrier in (1000, 2000, 3000):
         ingest("left", barrier, [barrier + i for i in range(3)])
@@ -402,8 +403,8 @@ def test_compaction_is_a_data_neutral_version_for_barrier_reads_and_change_feeds
         relative = f"data/b{n}/part.parquet"
         (table.root / relative).parent.mkdir(parents=True)
         pq.write_table(pa.table({"id": pa.array(range(n * 10, n * 10 + 10), pa.int64())}), table.root / relative)
-        table.commit([StagedFile(relative, (table.root / relative).stat().st_size, 10)], job="ingest",
-                     barrier=100 + n, meta=meta)
+        table.commit([StagedFile(relative, (table.root / relative).stat().st_size, 10)],
+                     BarrierCommit("ingest", 100 + n), meta)
     before = {b: sorted(table.delta(v).to_pyarrow_table().column("id").to_pylist()) for b, v in meta.barriers("small")}
     first, last = meta.barriers("small")[0][1], meta.barriers("small")[-1][1]
 
@@ -445,8 +446,8 @@ def test_log_retention_keeps_every_version_a_consistent_read_may_open(store):
         relative = f"data/b{n}/part.parquet"
         (up.root / relative).parent.mkdir(parents=True)
         pq.write_table(pa.table({"id": pa.array([n], pa.int64())}), up.root / relative)
-        up.commit([StagedFile(relative, (up.root / relative).stat().st_size, 1)], job="ingest", barrier=n, meta=meta,
-                  checkpoint_interval=10)
+        up.commit([StagedFile(relative, (up.root / relative).stat().st_size, 1)], BarrierCommit("ingest", n), meta,
+                  upkeep=Upkeep(checkpoint_interval=10))
     meta.complete_barrier("down", 12, 1)  # the downstream table is consistent with up's barrier 12 = version 12
     log = up.root / "_delta_log"
     assert (log / "00000000000000000000.json").exists() and len(list(log.glob("*.checkpoint.parquet"))) == 2
@@ -488,7 +489,7 @@ def test_a_long_compaction_prints_how_much_it_has_rewritten(store, caplog, monke
             (table.root / relative).parent.mkdir(parents=True)
             pq.write_table(pa.table({"v": np.random.default_rng(n).random(50_000)}), table.root / relative)
             sizes.append((table.root / relative).stat().st_size)
-            table.commit([StagedFile(relative, sizes[-1], 50_000)], job="ingest", barrier=n + 1, meta=meta)
+            table.commit([StagedFile(relative, sizes[-1], 50_000)], BarrierCommit("ingest", n + 1), meta)
         return table, sizes
 
     (quick, _), (table, sizes) = small_files_table("quick"), small_files_table("many")
@@ -528,8 +529,9 @@ def test_compaction_versions_count_toward_the_checkpoint_interval(store, monkeyp
             relative = f"data/b{n}/part.parquet"
             (table.root / relative).parent.mkdir(parents=True)
             pq.write_table(pa.table({"id": pa.array([n], pa.int64())}), table.root / relative)
-            table.commit([StagedFile(relative, (table.root / relative).stat().st_size, 1)], job=f"ingest-{name}",
-                         barrier=n, meta=meta, checkpoint_interval=5, compact_min_files=3)
+            table.commit([StagedFile(relative, (table.root / relative).stat().st_size, 1)],
+                         BarrierCommit(f"ingest-{name}", n), meta,
+                         upkeep=Upkeep(checkpoint_interval=5, compact_min_files=3))
             checkpoints = [int(p.name[:20]) for p in log.glob("*.checkpoint.parquet")]
             widest = max(widest, int(table.delta().version()) - max(checkpoints, default=0))
         compactions = [h["version"] for h in table.delta().history() if h.get("sluice.compaction")]

@@ -9,8 +9,9 @@ import pyarrow as pa
 
 from sluice.meta import MetaService
 from sluice.metrics._progress import ProgressLines
+from sluice.tablestore._commit import COMPACT_TARGET_BYTES
 from sluice.tablestore._storage import Warehouse
-from sluice.tablestore._table import COMPACT_TARGET_BYTES, StoreTable
+from sluice.tablestore._table import StoreTable
 
 AFTER_S = 5.0  # a compaction that ends sooner prints nothing
 EVERY_S = 5.0

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.connector import Option, Options, OptionSpec, TypedOptions
+from sluice.tablestore._commit import Upkeep
 
 TABLE = Option("table", "str", None, "Table name (letters, digits, '_').", required=True)
 META = Option("meta", "str", None, "MetaService database (SQLite path or postgresql:// URL); default $SLUICE_META, "
@@ -98,6 +99,11 @@ class WriteOptions(TypedOptions):
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
         return {"job_named": opts.is_set("job")}
+
+    def upkeep(self) -> Upkeep:
+        """The sink's maintenance of the table after each commit (auto-compact=false: no compaction)."""
+        return Upkeep(self.checkpoint_interval, self.compact_min_files if self.auto_compact else 0,
+                      self.compact_target_bytes, self.log_retention_versions)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from sluice.connector import (
 )
 from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
+from sluice.tablestore._commit import BarrierCommit
 from sluice.tablestore._options import WriteOptions
 from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
 
@@ -127,11 +128,8 @@ class TableStoreCommitter(Committer):
             app = write.job
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
-        self.table.commit(files, job=app, barrier=barrier, meta=meta, job_id=writer,
-                          op_column=write.upsert_op_column, checkpoint_interval=write.checkpoint_interval,
-                          compact_min_files=write.compact_min_files if write.auto_compact else 0,
-                          compact_target_bytes=write.compact_target_bytes,
-                          log_retention=write.log_retention_versions)
+        self.table.commit(files, BarrierCommit(app, barrier, writer), meta, op_column=write.upsert_op_column,
+                          upkeep=write.upkeep())
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from sluice.connector import DELETE_OPS_SQL, OptionError, SluiceError
 from sluice.meta import MetaService
+from sluice.tablestore._commit import CHECKPOINT_INTERVAL, COMPACT_TARGET_BYTES, DEFAULT_UPKEEP, BarrierCommit, Upkeep
 from sluice.tablestore._retention import oldest_needed_version, trim_log
 from sluice.tablestore._storage import Warehouse
 
@@ -37,13 +38,6 @@ def check_name(name: str) -> str:
     return name
 
 
-# Versions between Delta checkpoints (delta.checkpointInterval of Delta Lake on Spark; delta-rs uses 100): opening a
-# table reads the newest checkpoint and at most this many log entries after it (on object storage, one GET each).
-CHECKPOINT_INTERVAL = 10
-# Compaction: files below this size are small; they are rewritten into files of about this size.
-COMPACT_TARGET_BYTES = 128 * 1024 * 1024
-# Versions whose log entries the sink keeps when it trims the log (besides those consistent reads may need).
-LOG_RETENTION = 100
 # How long a checkpoint carries the removal of a file (Delta's default is a week: a table compacted every few minutes
 # would open tens of thousands of them). Vacuum deletes only removals the table still carries, in whole hours: the
 # sink's clean at every compaction gets them within this window, a `vacuum` run less often than this may not.
@@ -180,24 +174,22 @@ class StoreTable:
         on commit)."""
         return f"{DATA}/{write_id if epoch is None else f'{write_id}-e{epoch}'}"
 
-    def commit(self, files: list[StagedFile], *, job: str, barrier: int, meta: MetaService, job_id: str | None = None,
-               op_column: str | None = None, checkpoint_interval: int = CHECKPOINT_INTERVAL,
-               compact_min_files: int = 0, compact_target_bytes: int = COMPACT_TARGET_BYTES,
-               log_retention: int = LOG_RETENTION) -> Commit:
-        """Make `files` visible in one Delta version for `barrier` (append, or merge by the primary key); every
-        `checkpoint_interval` versions, a Delta checkpoint, so opening the table reads a checkpoint and the log after
-        it instead of the whole log; once the table has `compact_min_files` files smaller than
-        `compact_target_bytes` (0: never), a compaction right after the barrier's version (see `compact`), then
-        `clean` keeping the last `log_retention` versions and every version a consistent read may open."""
+    def commit(self, files: list[StagedFile], by: BarrierCommit, meta: MetaService, *, op_column: str | None = None,
+               upkeep: Upkeep = DEFAULT_UPKEEP) -> Commit:
+        """Make `files` visible in one Delta version for `by.barrier` (append, or merge by the primary key), then
+        the table's `upkeep`: a Delta checkpoint on its interval, so opening the table reads a checkpoint and the log
+        after it instead of the whole log; once enough small files pile up, a compaction right after the barrier's
+        version (see `compact`), then `clean` (see Upkeep)."""
         from deltalake.exceptions import CommitFailedError
 
+        barrier, interval, min_files = by.barrier, upkeep.checkpoint_interval, upkeep.compact_min_files
         dt = self.delta()
         for _ in range(COMMIT_ATTEMPTS):
-            done = dt.transaction_version(job)
+            done = dt.transaction_version(by.job)
             if done is not None and done >= barrier:
-                return self._replayed(dt, files, barrier, meta, job_id)
+                return self._replayed(dt, files, by, meta)
             try:
-                version = self._commit_once(dt, files, job, barrier, op_column)
+                version = self._commit_once(dt, files, by, op_column)
                 break
             except CommitFailedError:  # another commit took the next version first: commit on top of it
                 dt.update_incremental()
@@ -209,22 +201,22 @@ class StoreTable:
         # append is the one before it plus its own small files.
         current = int(dt.version()) == version
         small = 0
-        if compact_min_files:
-            small = small_files(dt, compact_target_bytes)
+        if min_files:
+            small = small_files(dt, upkeep.compact_target_bytes)
             if not current:
-                small += sum(1 for f in files if f.rows and f.size < compact_target_bytes)
-        if not current and (version % checkpoint_interval == 0 or small >= compact_min_files > 0):
+                small += sum(1 for f in files if f.rows and f.size < upkeep.compact_target_bytes)
+        if not current and (version % interval == 0 or small >= min_files > 0):
             dt.update_incremental()
-        if version % checkpoint_interval == 0:
+        if version % interval == 0:
             dt.create_checkpoint()
-        meta.complete_barrier(self.name, barrier, version, job_id)
+        meta.complete_barrier(self.name, barrier, version, by.job_id)
         # By the table's single writer, between two of its commits: a compaction never races one of them. Files and
         # log entries are cleaned at the same pace (kept: log_retention versions and all a consistent read may open).
-        if compact_min_files and small >= compact_min_files:
-            self.compact(compact_target_bytes, dt, checkpoint_interval)
-            self.clean(meta, keep_last=log_retention, dt=dt, checkpoint_interval=checkpoint_interval)
-        elif version % checkpoint_interval == 0:  # a table that never compacts (upserts rewrite their files) too
-            self.forget_barriers(meta, version - log_retention)
+        if min_files and small >= min_files:
+            self.compact(upkeep.compact_target_bytes, dt, interval)
+            self.clean(meta, keep_last=upkeep.log_retention, dt=dt, checkpoint_interval=interval)
+        elif version % interval == 0:  # a table that never compacts (upserts rewrite their files) too
+            self.forget_barriers(meta, version - upkeep.log_retention)
         return Commit(self.name, barrier, version, replayed=False)
 
     def forget_barriers(self, meta: MetaService, below_version: int) -> int:
@@ -268,14 +260,15 @@ class StoreTable:
             meta.prune_barriers(self.name, keep_from)
         return deleted + trim_log(self, keep_from, dry_run=dry_run)
 
-    def _commit_once(self, dt: Any, files: list[StagedFile], job: str, barrier: int, op_column: str | None) -> int:
+    def _commit_once(self, dt: Any, files: list[StagedFile], by: BarrierCommit, op_column: str | None) -> int:
         """One attempt at the version after `dt`'s; returns that version. No silent retry at a later version (so
         the version is known without reading the log again): a lost race raises CommitFailedError."""
         from deltalake import CommitProperties, Transaction
         from deltalake.transaction import AddAction
 
-        props = CommitProperties(custom_metadata={"sluice.barrier": str(barrier), "sluice.job": job},
-                                 app_transactions=[Transaction(app_id=job, version=barrier)], max_commit_retries=0)
+        props = CommitProperties(custom_metadata={"sluice.barrier": str(by.barrier), "sluice.job": by.job},
+                                 app_transactions=[Transaction(app_id=by.job, version=by.barrier)],
+                                 max_commit_retries=0)
         hooks = _hooks()
         key = self.primary_key(dt)
         if key:
@@ -289,15 +282,14 @@ class StoreTable:
                                     post_commithook_properties=hooks)
         return read + 1
 
-    def _replayed(self, dt: Any, files: list[StagedFile], barrier: int, meta: MetaService,
-                  job_id: str | None) -> Commit:
+    def _replayed(self, dt: Any, files: list[StagedFile], by: BarrierCommit, meta: MetaService) -> Commit:
         self._drop(files)
-        version = meta.barrier_version(self.name, barrier)
+        version = meta.barrier_version(self.name, by.barrier)
         if version is None:  # the commit landed but the driver died before recording it: record it now
-            version = next((h["version"] for h in dt.history() if h.get("sluice.barrier") == str(barrier)),
+            version = next((h["version"] for h in dt.history() if h.get("sluice.barrier") == str(by.barrier)),
                            dt.version())
-            meta.complete_barrier(self.name, barrier, version, job_id)
-        return Commit(self.name, barrier, version, replayed=True)
+            meta.complete_barrier(self.name, by.barrier, version, by.job_id)
+        return Commit(self.name, by.barrier, version, replayed=True)
 
     def compact(self, target_bytes: int = COMPACT_TARGET_BYTES, dt: Any = None,
                 checkpoint_interval: int = CHECKPOINT_INTERVAL) -> dict[str, Any]:
