@@ -143,14 +143,16 @@ class Options(Mapping[str, Any]):
 class TypedOptions:
     """Base of a format's typed options: a frozen dataclass with one field per option of `declared`, built once on
     the driver from the parsed options (`of`), or from Spark's raw options through `spec` (`parse`). Fields that are
-    no option (a typed connection, a set made of a list) come from `derived`."""
+    no option come from `conn_from` (the typed connection, field `conn`) and `derived` (others)."""
 
     declared: ClassVar[tuple[Option, ...]] = ()
     spec: ClassVar[OptionSpec | None] = None
+    conn_from: ClassVar[Callable[[Options], Any] | None] = None  # e.g. Connection.from_options: fills `conn`
 
     @classmethod
     def of(cls, opts: Options) -> Self:
-        return opts.typed(cls, covering=cls.declared, **cls.derived(opts))
+        made = {} if cls.conn_from is None else {"conn": cls.conn_from(opts)}
+        return opts.typed(cls, covering=cls.declared, **made, **cls.derived(opts))
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> Self:

@@ -20,7 +20,6 @@ from pyspark.sql.datasource import InputPartition
 from sluice.connector import (
     Option,
     OptionError,
-    Options,
     OptionSpec,
     Split,
     SplitBatchReader,
@@ -52,6 +51,7 @@ class ReadOptions(TypedOptions):
 
     declared = READ_OPTIONS
     spec = READ_SPEC
+    conn_from = Connection.from_options
 
     partitions: int | None
     read_split_size_mb: int
@@ -59,9 +59,6 @@ class ReadOptions(TypedOptions):
     read_consistency: str
     conn: Connection
 
-    @classmethod
-    def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"conn": Connection.from_options(opts)}
 
 
 def estimated_bytes(conn: Connection) -> int:

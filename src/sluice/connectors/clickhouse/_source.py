@@ -19,7 +19,6 @@ import pyarrow as pa
 from sluice.connector import (
     Option,
     OptionError,
-    Options,
     OptionSpec,
     Split,
     SplitEnumerator,
@@ -47,14 +46,12 @@ class ReadOptions(TypedOptions):
 
     declared = READ_OPTIONS
     spec = READ_SPEC
+    conn_from = Connection.from_options
 
     partitions: int
     final: bool | None
     conn: Connection
 
-    @classmethod
-    def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"conn": Connection.from_options(opts)}
 
 RANGED = (*SIGNED, *UNSIGNED, "Date", "DateTime")
 

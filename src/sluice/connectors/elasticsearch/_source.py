@@ -57,6 +57,7 @@ class ReadOptions(TypedOptions):
 
     declared = READ_OPTIONS
     spec = READ_SPEC
+    conn_from = Connection.from_options
 
     partitions: int | None
     read_page_size: int
@@ -68,7 +69,7 @@ class ReadOptions(TypedOptions):
 
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"conn": Connection.from_options(opts), "read_array_columns": frozenset(opts["read.array-columns"])}
+        return {"read_array_columns": frozenset(opts["read.array-columns"])}
 
 SCALARS = {"keyword": T.StringType(), "text": T.StringType(), "match_only_text": T.StringType(),
            "constant_keyword": T.StringType(), "wildcard": T.StringType(), "ip": T.StringType(),

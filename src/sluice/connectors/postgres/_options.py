@@ -4,7 +4,6 @@ parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sluice.connector import SINK_SPEC, UNORDERED, Option, OptionError, Options, OptionSpec, TypedOptions
 from sluice.connectors.postgres._conn import CONNECTION_OPTIONS, Connection
@@ -82,6 +81,7 @@ class ReadOptions(TypedOptions):
 
     declared = READ_OPTIONS
     spec = READ_SPEC
+    conn_from = Connection.from_options
 
     table: str | None
     query: str | None
@@ -92,6 +92,3 @@ class ReadOptions(TypedOptions):
     snapshot_timeout_s: int
     conn: Connection
 
-    @classmethod
-    def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"conn": Connection.from_options(opts)}

@@ -74,6 +74,7 @@ class ChangeOptions(TypedOptions):
 
     declared = CHANGES_OPTIONS
     spec = CHANGES_SPEC
+    conn_from = Connection.from_options
 
     table: tuple[str, ...]
     publication: str | None
@@ -94,4 +95,4 @@ class ChangeOptions(TypedOptions):
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
         connection = {o.name: str(opts[o.name]) for o in CONNECTION_OPTIONS if opts.is_set(o.name)}
-        return {"conn": Connection.from_options(opts), "connection": connection}
+        return {"connection": connection}
