@@ -13,6 +13,8 @@ def test_formats_and_options_commands():
     assert "sluice_null" in run("formats").stdout.split()
     out = run("options").stdout
     assert "| `sink.batch.max-size` | int | 1000 |" in out
+    read_only = run("options", "postgres_changes").stdout
+    assert read_only.startswith("Read only.") and "Writing:" not in read_only and "| `slot` |" in read_only
 
 
 def test_unknown_format_is_a_clear_error():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from sluice._errors import SluiceError  # not sluice.connector, which imports sluice.source
 
@@ -26,8 +26,24 @@ def check_offset_version(raw: Mapping[str, Any], what: str, current: int, *, err
                     f"or start over with {start_over}")
 
 
+class SparkOffset:
+    """An offset Spark hands over as a dict (kept in `raw`) and takes back from `to_json()`."""
+
+    raw: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def json_or(self, start: Self) -> dict[str, Any]:
+        """This offset as Spark gets it, or `start` exactly as Spark gave it when nothing moved: Spark runs a
+        micro-batch for any offset that differs from the last one, fields included (a "v" added since, too)."""
+        if self == start and start.raw is not None:
+            return start.raw
+        return self.to_json()
+
+
 @dataclass(frozen=True)
-class SplitOffset:
+class SplitOffset(SparkOffset):
     """Where a streaming read stands in each split it knows: the position after the last one read."""
 
     positions: Mapping[str, int]  # split id -> next position (a copy)
@@ -44,10 +60,3 @@ class SplitOffset:
         """`source`: the format reading it, named when the offset is refused."""
         check_offset_version(raw, source or "split source", OFFSET_VERSION)
         return cls({str(sid): int(at) for sid, at in raw.get("splits", {}).items()}, raw)
-
-    def json_or(self, start: SplitOffset) -> dict[str, Any]:
-        """This offset as Spark gets it, or `start` exactly as Spark gave it when no position moved: Spark runs a
-        micro-batch for any offset that differs from the last one, fields included."""
-        if self == start and start.raw is not None:
-            return start.raw
-        return self.to_json()

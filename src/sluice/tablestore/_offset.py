@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.source import check_offset_version
+from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.tablestore._table import TableStoreError
 
 OFFSET_VERSION = 1
 
 
 @dataclass(frozen=True)
-class BarrierOffset:
+class BarrierOffset(SparkOffset):
     """The barrier a table-store stream has read up to, and the Delta version that completed it."""
 
     barrier: int
@@ -30,10 +30,3 @@ class BarrierOffset:
     def from_json(cls, raw: dict[str, Any]) -> BarrierOffset:
         check_offset_version(raw, "tablestore", OFFSET_VERSION, error=TableStoreError)
         return cls(int(raw["barrier"]), int(raw["version"]), raw)
-
-    def json_or(self, start: BarrierOffset) -> dict[str, Any]:
-        """This offset as Spark gets it, or `start` exactly as Spark gave it when neither barrier nor version
-        moved: Spark runs a micro-batch for any offset that differs from the last one, fields included."""
-        if self == start and start.raw is not None:
-            return start.raw
-        return self.to_json()

@@ -60,7 +60,6 @@ class ReadOptions(TypedOptions):
     conn: Connection
 
 
-
 def estimated_bytes(conn: Connection) -> int:
     """The table's size as the contacted node estimates it (0 before its first estimate)."""
     rows = conn.session().execute(

@@ -71,6 +71,7 @@ class ReadOptions(TypedOptions):
     def derived(cls, opts: Options) -> dict[str, Any]:
         return {"read_array_columns": frozenset(opts["read.array-columns"])}
 
+
 SCALARS = {"keyword": T.StringType(), "text": T.StringType(), "match_only_text": T.StringType(),
            "constant_keyword": T.StringType(), "wildcard": T.StringType(), "ip": T.StringType(),
            "version": T.StringType(), "long": T.LongType(), "integer": T.IntegerType(), "short": T.ShortType(),

@@ -54,7 +54,6 @@ MICRO_BATCH_ROWS = 1 << 24  # rows one task may write in one micro-batch under w
 MAX_ROW_KEY = 32_767  # HConstants.MAX_ROW_LENGTH
 DURABILITY = {"default": 0, "skip-wal": 1, "async-wal": 2, "sync-wal": 3, "fsync-wal": 4}  # TDurability
 
-
 WRITE_OPTIONS = (
     Option("write.timestamp", "choice", "client",
            "Where cell timestamps (ms) come from: client (the executor's clock when the row is encoded; a later "

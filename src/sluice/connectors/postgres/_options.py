@@ -91,4 +91,3 @@ class ReadOptions(TypedOptions):
     pushdown: bool
     snapshot_timeout_s: int
     conn: Connection
-

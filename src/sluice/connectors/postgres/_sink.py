@@ -48,7 +48,6 @@ from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._table import TablePlan, schema_digest
 
 log = logging.getLogger("sluice.postgres")
-MiB = 1024 * 1024
 
 class PostgresStore(BlockingStore):
     """One task's writer: a connection per I/O thread, one COPY (plus SQL) per engine batch."""
