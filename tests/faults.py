@@ -3,7 +3,9 @@
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,42 @@ def _sockets_to(port: int) -> set[str]:
         if remote_port == port and fields[3] == "01":  # ESTABLISHED
             inodes.add(fields[9])
     return inodes
+
+
+class Striker(threading.Thread):
+    """A fault struck from a background thread while the test's write runs in the foreground; `join()` raises what
+    the strike raised (an assertion that the event never came), so a failed strike fails the test."""
+
+    def __init__(self, strike: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self._strike = strike
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._strike()
+        except BaseException as error:  # handed to join(): the test's thread raises it
+            self.error = error
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.is_alive():
+            raise AssertionError(f"the strike did not end within {timeout} s")
+        if self.error is not None:
+            raise self.error
+
+
+def wait_for_a_client(host: str, port: int, timeout: float = 120.0) -> None:
+    """While a killed server's port is free, stand in for it until a client connects, then drop that connection:
+    the event that proves a write met the outage (its request failed there), before the test heals the fault. A
+    server restarted straight after a kill may be back before the write reaches it, and the write never fails."""
+    with socket.create_server((host, port), reuse_port=False) as listener:
+        listener.settimeout(timeout)
+        try:
+            client, _ = listener.accept()
+        except TimeoutError:
+            raise AssertionError(f"no client reached {host}:{port} within {timeout:.0f} s of the outage") from None
+        client.close()
 
 
 def kill_python_workers(store_port: int | None = None) -> int:

@@ -15,7 +15,7 @@ import pytest
 import sluice
 from sluice.testing import LocalCassandra
 from sluice.testing._cassandra import self_signed_certificate
-from tests.faults import slow
+from tests.faults import Striker, slow, wait_for_a_client
 
 pytestmark = pytest.mark.spark
 
@@ -43,8 +43,9 @@ def options(server, table: str, **more: str) -> dict[str, str]:
             "username": server.username, "password": server.password, "ssl.ca-pem": server.ca_pem, **more}
 
 
-def kill_when_stored(node, session, table: str, rows: int, restart: bool) -> threading.Thread:
-    """In the background: once `rows` rows are in `table`, SIGKILL the node, then (if `restart`) start it again."""
+def kill_when_stored(node, session, table: str, rows: int, restart: bool) -> Striker:
+    """In the background: once `rows` rows are in `table`, SIGKILL the node, then (if `restart`) wait until a client
+    reaches its port during the outage and start it again."""
     server, _ = node
 
     def strike() -> None:
@@ -54,11 +55,12 @@ def kill_when_stored(node, session, table: str, rows: int, restart: bool) -> thr
             threading.Event().wait(0.05)  # polling the store for the event: the rows are there
         server.kill()
         if restart:
+            wait_for_a_client(server.host, server.port)
             server.start()
 
-    thread = threading.Thread(target=strike, daemon=True)
-    thread.start()
-    return thread
+    striker = Striker(strike)
+    striker.start()
+    return striker
 
 
 def paced_input(spark, session, table: str):
@@ -126,7 +128,7 @@ def test_a_stalled_node_times_requests_out_and_every_key_ends_at_its_last_change
         os.kill(server.pid, signal.SIGCONT)
 
     stalled = threading.Event()
-    striker = threading.Thread(target=stall, daemon=True)
+    striker = Striker(stall)
     striker.start()
     sluice.write(df, "cassandra", opts)
     striker.join(60)

@@ -13,7 +13,7 @@ import pytest
 import sluice
 from sluice.testing import LocalOpenSearch
 from tests.connectors.elasticsearch.conftest import Search
-from tests.faults import slow
+from tests.faults import Striker, slow, wait_for_a_client
 
 pytestmark = pytest.mark.spark
 
@@ -89,10 +89,11 @@ def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converg
             threading.Event().wait(0.05)  # polling the index for the event: the documents are there
         server.kill()
         struck.set()
+        wait_for_a_client(server.host, server.http_port)  # the write met the outage: only then heal it
         server.start()
 
     struck = threading.Event()
-    striker = threading.Thread(target=strike, daemon=True)
+    striker = Striker(strike)
     striker.start()
     sluice.write(df, "elasticsearch", opts)
     striker.join(180)

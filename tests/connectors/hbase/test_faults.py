@@ -9,7 +9,7 @@ import time
 import pytest
 
 import sluice
-from tests.faults import held_at
+from tests.faults import Striker, held_at, wait_for_a_client
 
 pytestmark = pytest.mark.spark
 
@@ -24,9 +24,10 @@ def write_held(spark, hold, options: dict[str, str]) -> None:
     df.write.format("hbase").options(**options).mode("append").save()
 
 
-def strike_gateway(hbase, table: str, hold, restart: bool) -> threading.Thread:
+def strike_gateway(hbase, table: str, hold, restart: bool) -> Striker:
     """In the background: once 300 rows are stored, kill the gateway, let the held input go on (into the outage),
-    then (if `restart`) start the gateway again on its port."""
+    then (if `restart`) wait until the write reaches the gateway's port during the outage and start the gateway
+    again on it."""
 
     def strike() -> None:
         try:
@@ -38,11 +39,12 @@ def strike_gateway(hbase, table: str, hold, restart: bool) -> threading.Thread:
         finally:
             hold.unlink()
         if restart:
+            wait_for_a_client(hbase.server.host, hbase.server.port)
             hbase.server.start_gateway()
 
-    thread = threading.Thread(target=strike, daemon=True)
-    thread.start()
-    return thread
+    striker = Striker(strike)
+    striker.start()
+    return striker
 
 
 def test_a_gateway_killed_and_restarted_mid_write_loses_nothing(spark, hbase, small_arrow_batches, tmp_path):
@@ -50,7 +52,9 @@ def test_a_gateway_killed_and_restarted_mid_write_loses_nothing(spark, hbase, sm
     hold = tmp_path / "hold"
     hold.touch()
     striker = strike_gateway(hbase, table, hold, restart=True)
-    write_held(spark, hold, hbase.opts(table, rowkey="id", family="d"))
+    # Retries enough to ride out the gateway's start (the outage lasts until a request has met it).
+    write_held(spark, hold, hbase.opts(table, rowkey="id", family="d",
+                                       **{"sink.max-retries": "30", "sink.retry-delay-ms": "200"}))
     striker.join()
     summary = sluice.last_write_summary("hbase")
     assert summary["retries"] >= 1, f"the write never met the outage: {summary}"
