@@ -6,8 +6,11 @@ the plan's `open_task()` gives each Spark task an encoder (Arrow RecordBatch -> 
 The engine does the buffering, batching (`BatchCreator`/`RequestBuffer`, FLIP-509), ordering, retries and
 back-pressure. A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served to Spark by
 `SplitBatchReader` / `SplitStreamReader` (FLIP-27) from a `SourceDataSource` subclass; a format that is both
-subclasses both. `register_format` makes a format known to
-`sluice.write()` and `sluice.register()`.
+subclasses both. A stream reader with per-trigger caps is an `AdmissionControlledReader`; reads report live
+metrics through the data source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`.
+`to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
+option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
+`sluice.register()`.
 
 Built-in connectors (ClickHouse, ...) are written on these names only.
 """
@@ -47,8 +50,24 @@ from sluice.engine import (
     WriteContext,
     completed_future,
 )
+from sluice.metrics._push import SourceReporter
+from sluice.metrics._reads import ReadObserver, observed
+from sluice.metrics._report import SourceReport
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
-from sluice.source._offset import check_offset_version
+from sluice.source._offset import SparkOffset, check_offset_version
+from sluice.spark._compat import (
+    HAS_FILTER_PUSHDOWN,
+    AdmissionControlledReader,
+    Filter,
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+    from_arrow_schema,
+    require,
+    to_arrow_schema,
+)
 from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, check_writable, conform
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.spark._registry import add_format as register_format
@@ -60,9 +79,11 @@ __all__ = [
     "DELETE_OPS",
     "DELETE_OPS_SQL",
     "GLOBAL_ORDERED",
+    "HAS_FILTER_PUSHDOWN",
     "PARTITION_ORDERED",
     "SINK_SPEC",
     "UNORDERED",
+    "AdmissionControlledReader",
     "AlignedBatchCreator",
     "ArrowRows",
     "Batch",
@@ -77,12 +98,18 @@ __all__ = [
     "EngineArrowWriter",
     "EngineStreamArrowWriter",
     "ErrorKind",
+    "Filter",
     "KeyedRequestBuffer",
     "Option",
     "OptionError",
     "OptionSpec",
     "Options",
     "PartitionKeyBatchCreator",
+    "ReadAllAvailable",
+    "ReadLimit",
+    "ReadMaxBytes",
+    "ReadMaxRows",
+    "ReadObserver",
     "RecordTooLargeError",
     "RequestBuffer",
     "RequestInfo",
@@ -94,6 +121,9 @@ __all__ = [
     "SinkError",
     "SluiceError",
     "SourceDataSource",
+    "SourceReport",
+    "SourceReporter",
+    "SparkOffset",
     "Split",
     "SplitBatchReader",
     "SplitEnumerator",
@@ -101,6 +131,7 @@ __all__ = [
     "SplitReader",
     "SplitStreamReader",
     "Store",
+    "SupportsTriggerAvailableNow",
     "TaskWriter",
     "ThrottledError",
     "TypedOptions",
@@ -116,6 +147,10 @@ __all__ = [
     "conform",
     "delete_mask",
     "first_null",
+    "from_arrow_schema",
+    "observed",
     "register_format",
+    "require",
     "task_context",
+    "to_arrow_schema",
 ]

@@ -14,8 +14,9 @@ runs there. Without one, nothing is sent. A collector that cannot be reached nev
         sluice.write(df, "postgres", {...})       # curl http://127.0.0.1:9464/metrics while it runs
 """
 
+from sluice.metrics._progress import ProgressLines
 from sluice.metrics._report import MetricsTarget, ReadReport, ReadStats, SourceReport, TaskIdentity, TaskReport
 from sluice.metrics._server import MetricsServer, find_target, serve
 
-__all__ = ["MetricsServer", "MetricsTarget", "ReadReport", "ReadStats", "SourceReport", "TaskIdentity", "TaskReport",
-           "find_target", "serve"]
+__all__ = ["MetricsServer", "MetricsTarget", "ProgressLines", "ReadReport", "ReadStats", "SourceReport", "TaskIdentity",
+           "TaskReport", "find_target", "serve"]

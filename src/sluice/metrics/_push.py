@@ -87,6 +87,13 @@ class SourceReporter:
     def __init__(self, target: MetricsTarget | None) -> None:
         self.target = target
 
+    @classmethod
+    def on_driver(cls) -> SourceReporter:
+        """The reporter of a stream started now: to the collector sluice.metrics.find_target finds, else nowhere."""
+        from sluice.metrics._server import find_target
+
+        return cls(find_target())
+
     def report(self, report: SourceReport) -> None:
         if self.target is None:
             return

@@ -14,6 +14,8 @@ from sluice.connector import (
     SinkDataSource,
     SourceDataSource,
     check_key_columns,
+    from_arrow_schema,
+    to_arrow_schema,
 )
 from sluice.meta import MetaService, check_url
 from sluice.tablestore._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
@@ -45,7 +47,6 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
     # ------------------------------------------------------------------ writing
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig,
                    overwrite: bool) -> TableStoreWritePlan:
-        from sluice.spark._compat import to_arrow_schema
 
         write = WriteOptions.of(opts)
         table = _table(write, opts)
@@ -82,7 +83,6 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
 
     # ------------------------------------------------------------------ reading
     def schema(self) -> StructType:
-        from sluice.spark._compat import from_arrow_schema
 
         opts = self.read_options()
         read = ReadOptions.of(opts)

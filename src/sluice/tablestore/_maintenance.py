@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.meta import MetaService
-from sluice.metrics._progress import ProgressLines
+from sluice.metrics import ProgressLines
 from sluice.tablestore._commit import COMPACT_TARGET_BYTES
 from sluice.tablestore._storage import Warehouse
 from sluice.tablestore._table import StoreTable

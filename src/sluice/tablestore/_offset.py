@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.source._offset import SparkOffset, check_offset_version
+from sluice.connector import SparkOffset, check_offset_version
 from sluice.tablestore._table import TableStoreError
 
 OFFSET_VERSION = 1

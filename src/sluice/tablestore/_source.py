@@ -33,13 +33,17 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.connector import conform, task_context
+from sluice.connector import (
+    AdmissionControlledReader,
+    ReadObserver,
+    SourceReport,
+    SourceReporter,
+    conform,
+    observed,
+    task_context,
+    to_arrow_schema,
+)
 from sluice.meta import MetaService
-from sluice.metrics._push import SourceReporter
-from sluice.metrics._reads import ReadObserver, observed
-from sluice.metrics._report import SourceReport
-from sluice.metrics._server import find_target
-from sluice.spark._compat import AdmissionControlledReader
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._offset import BarrierOffset
 from sluice.tablestore._storage import Warehouse
@@ -86,7 +90,6 @@ class TableStoreReader(DataSourceReader):
 
     def __init__(self, table: StoreTable, version: int | None, schema: StructType, target_bytes: int,
                  reads: ReadObserver | None = None) -> None:
-        from sluice.spark._compat import to_arrow_schema
 
         self.table, self.version, self.target_bytes = table, version, target_bytes
         self.arrow_schema = to_arrow_schema(schema)
@@ -146,12 +149,11 @@ class TableStoreStreamReader(AdmissionControlledReader):
 
     def __init__(self, table: StoreTable, meta: str | None, schema: StructType,
                  aligned_with: tuple[str, ...] = (), reads: ReadObserver | None = None) -> None:
-        from sluice.spark._compat import to_arrow_schema
 
         self.table, self.meta, self.aligned_with = table, meta, aligned_with
         self.arrow_schema = to_arrow_schema(schema)
         self.reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
-        self._lag = SourceReporter(find_target())  # how far behind the table's newest barrier, after each commit
+        self._lag = SourceReporter.on_driver()  # how far behind the table's newest barrier, after each commit
 
     # The methods Spark calls take and return dicts; inside, offsets are BarrierOffsets.
     def initialOffset(self) -> dict:

@@ -14,6 +14,7 @@ from sluice.connector import (
     SinkConfig,
     SinkDataSource,
     SourceDataSource,
+    to_arrow_schema,
 )
 from sluice.connectors.cassandra._session import Connection
 from sluice.connectors.cassandra._sink import WRITE_SPEC, CassandraWritePlan, RowPlan, WriteOptions
@@ -135,7 +136,6 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         return StructType([StructField(name, spark_type(kind, name)) for name, kind in info.columns.items()])
 
     def reader(self, schema: StructType) -> CassandraBatchReader:
-        from sluice.spark._compat import to_arrow_schema
 
         options, info = self._read_parts()
         conn = options.conn

@@ -15,6 +15,7 @@ from sluice.connector import (
     SinkDataSource,
     SourceDataSource,
     SplitBatchReader,
+    from_arrow_schema,
 )
 from sluice.connectors.clickhouse._client import Connection
 from sluice.connectors.clickhouse._sink import WRITE_SPEC, ClickHouseWritePlan, Deletes, InsertPlan, WriteOptions
@@ -125,7 +126,6 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         return options, describe(options.conn)
 
     def schema(self) -> StructType:
-        from sluice.spark._compat import from_arrow_schema
 
         _, info = self._read_parts()
         return from_arrow_schema(read_schema(info)[1])

@@ -26,14 +26,15 @@ from sluice.connector import (
     OptionError,
     Options,
     OptionSpec,
+    ReadObserver,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
     TypedOptions,
+    to_arrow_schema,
 )
 from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Cluster, Connection
-from sluice.metrics._reads import ReadObserver
 
 READ_OPTIONS = (
     Option("partitions", "int", None, "Splits (Spark partitions) of a read: slices of one point-in-time search; "
@@ -234,7 +235,6 @@ class SliceReader(SplitReader):
         return hit.get("_source", {}).get(field.name)
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        from sluice.spark._compat import to_arrow_schema
 
         arrow = to_arrow_schema(self.schema)
         body = self.body(split)

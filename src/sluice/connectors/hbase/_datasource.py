@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import OptionError, Options, SinkConfig, SinkDataSource, SourceDataSource
+from sluice.connector import OptionError, Options, SinkConfig, SinkDataSource, SourceDataSource, to_arrow_schema
 from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
@@ -49,7 +49,6 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         return super().sink_config(opts, schema)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> HBaseWritePlan:
-        from sluice.spark._compat import to_arrow_schema
 
         if overwrite:
             raise OptionError("format 'hbase' cannot overwrite a table atomically; truncate it first (truncate "
@@ -97,7 +96,6 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
                           "(family, columns options).")
 
     def reader(self, schema: StructType) -> HBaseBatchReader:
-        from sluice.spark._compat import to_arrow_schema
 
         opts = self.read_options()
         options = ReadOptions.of(opts)

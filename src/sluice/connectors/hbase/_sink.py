@@ -43,6 +43,7 @@ from sluice.connector import (
     WritePlan,
     delete_mask,
     first_null,
+    to_arrow_schema,
 )
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
 from sluice.connectors.hbase._cells import encoder
@@ -276,7 +277,6 @@ class HBaseWritePlan(WritePlan):
     rows: RowPlan
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-        from sluice.spark._compat import to_arrow_schema
 
         encode = RowEncoder(self.rows, context, to_arrow_schema(self.schema))
         store = HBaseStore(self.conn, self.rows.catalog.table, self.config.max_inflight,

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import PARTITION_ORDERED, Options, SinkConfig, SinkDataSource, SourceDataSource
+from sluice.connector import (
+    PARTITION_ORDERED,
+    Options,
+    SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
+    require,
+    to_arrow_schema,
+)
 from sluice.connectors.postgres._conn import Connection
 from sluice.connectors.postgres._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.postgres._sink import PostgresWritePlan
@@ -16,7 +24,6 @@ from sluice.connectors.postgres._source import (
     infer_schema,
 )
 from sluice.connectors.postgres._table import prepare_target
-from sluice.spark._compat import require
 
 
 class PostgresDataSource(SinkDataSource, SourceDataSource):
@@ -38,7 +45,6 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         return self.option_spec().parse(raw)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> PostgresWritePlan:
-        from sluice.spark._compat import to_arrow_schema
 
         write = WriteOptions.of(opts)
         conn_info = Connection.from_options(opts)

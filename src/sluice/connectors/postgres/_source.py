@@ -31,7 +31,28 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.types import ArrayType, ByteType, DataType, DecimalType, StringType, StructField, StructType
 
-from sluice.spark._compat import HAS_FILTER_PUSHDOWN, Filter
+from sluice.connector import (
+    HAS_FILTER_PUSHDOWN,
+    Filter,
+    OptionError,
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitReader,
+    conform,
+    to_arrow_schema,
+)
+from sluice.connectors.postgres._conn import (
+    Connection,
+    PostgresError,
+    qualified,
+    quote_ident,
+    quote_literal,
+    split_qualified,
+)
+from sluice.connectors.postgres._options import ReadOptions
+from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
+from sluice.connectors.postgres._table import TYPE_MAP
 
 if HAS_FILTER_PUSHDOWN:  # Spark 4.1+; on 4.0 option pushdown is refused and filter_sql never runs
     from pyspark.sql.datasource import (
@@ -49,26 +70,6 @@ if HAS_FILTER_PUSHDOWN:  # Spark 4.1+; on 4.0 option pushdown is refused and fil
         StringEndsWith,
         StringStartsWith,
     )
-
-from sluice.connector import (
-    OptionError,
-    Split,
-    SplitBatchReader,
-    SplitEnumerator,
-    SplitReader,
-    conform,
-)
-from sluice.connectors.postgres._conn import (
-    Connection,
-    PostgresError,
-    qualified,
-    quote_ident,
-    quote_literal,
-    split_qualified,
-)
-from sluice.connectors.postgres._options import ReadOptions
-from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
-from sluice.connectors.postgres._table import TYPE_MAP
 
 ROWS_PER_SPLIT = 250_000
 YIELD_ROWS = 65_536
@@ -417,7 +418,6 @@ class PostgresSplitReader(SplitReader):
 
     def __init__(self, conn_info: Connection, options: ReadOptions, columns: list[tuple[str, str]],
                  schema: StructType) -> None:
-        from sluice.spark._compat import to_arrow_schema
 
         self.conn_info = conn_info
         self.options = options

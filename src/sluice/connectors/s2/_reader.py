@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sluice.connector import DataLossError, OptionError, SluiceError, Split, SplitReader
+from sluice.connector import DataLossError, OptionError, SluiceError, Split, SplitReader, to_arrow_schema
 from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import Connection, explain_sdk_error
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
@@ -50,7 +50,6 @@ class S2Reader(SplitReader):
     def __init__(self, conn: Connection, schema: Any, options: ReadOptions, *,
                  materialize: bool = False) -> None:
         """`materialize` (upserts, batch reads): the latest row per @key of each stream, without deleted keys."""
-        from sluice.spark._compat import to_arrow_schema
 
         self.conn = conn
         self.kind = options.kind

@@ -7,6 +7,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from sluice.connector import OptionError, SourceDataSource
+from sluice.connectors.postgres._pgoutput import COMMIT_TIME
 from sluice.connectors.postgres.changes._options import CHANGES_SPEC, ChangeOptions
 from sluice.connectors.postgres.changes._publication import resolve, spark_schema
 from sluice.connectors.postgres.changes._stream import ChangeStreamReader
@@ -29,4 +30,4 @@ class PostgresChangesDataSource(SourceDataSource):
 
     def streamReader(self, schema: StructType) -> ChangeStreamReader:
         options = ChangeOptions.parse(self.options)
-        return ChangeStreamReader(resolve(options), options, schema)
+        return ChangeStreamReader(resolve(options), options, schema, self.read_observer(event_time=COMMIT_TIME))

@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.connector import DataLossError, Split
+from sluice.connector import DataLossError, Split, to_arrow_schema
 from sluice.connectors.postgres._conn import PostgresError, quote_literal, sqlstate_of
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
 from sluice.connectors.postgres._pool import Lease
@@ -23,7 +23,6 @@ from sluice.connectors.postgres._source import PostgresSplitReader, describe_col
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream
 from sluice.connectors.postgres.changes._slot import DECODING_SESSION, NO_FREE_SLOT, busy_retry
-from sluice.spark._compat import to_arrow_schema
 
 log = logging.getLogger("sluice.postgres")
 

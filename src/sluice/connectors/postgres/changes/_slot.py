@@ -9,11 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.connector import ConflictError, OptionError
+from sluice.connector import ConflictError, OptionError, SourceReport
 from sluice.connectors.postgres._conn import Connection, PostgresError, quote_ident, sqlstate_of
 from sluice.connectors.postgres._pgoutput import parse_lsn
 from sluice.connectors.postgres._snapshot_holder import holder_name
-from sluice.metrics._report import SourceReport
 
 log = logging.getLogger("sluice.postgres")
 

@@ -11,10 +11,22 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.connector import DataLossError, OptionError, Split
+from sluice.connector import (
+    AdmissionControlledReader,
+    DataLossError,
+    OptionError,
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadObserver,
+    SourceReporter,
+    Split,
+    SupportsTriggerAvailableNow,
+    observed,
+)
 from sluice.connectors.postgres._conn import PostgresError, qualified, sqlstate_of
 from sluice.connectors.postgres._options import ReadOptions
-from sluice.connectors.postgres._pgoutput import COMMIT_TIME, format_lsn, parse_lsn
+from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._source import PostgresEnumerator
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
@@ -22,16 +34,6 @@ from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream, table_opts
 from sluice.connectors.postgres.changes._read import ChangeReader, ChangesPartition, SnapshotPartition, snapshot_gone
 from sluice.connectors.postgres.changes._slot import SlotGuard, busy_retry, holder_of, slot_lag, slot_state
-from sluice.metrics._push import SourceReporter
-from sluice.metrics._reads import ReadObserver, observed
-from sluice.metrics._server import find_target
-from sluice.spark._compat import (
-    AdmissionControlledReader,
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 
 log = logging.getLogger("sluice.postgres")
 
@@ -44,7 +46,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
 
     cap_options = ("max-changes-per-trigger",)
 
-    def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType) -> None:
+    def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType,
+                 reads: ReadObserver | None = None) -> None:
         self.stream = stream
         self.options = options
         self.schema = schema
@@ -56,8 +59,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         self._guard = SlotGuard(stream.conn, stream.slot)  # held from the first offset on, released by stop()
         self._log_restart_points = options.slot_log_restart_point  # off when the server cannot
         self._nothing_before: int | None = None  # the WAL position up to which the last peek found no change
-        self._lag = SourceReporter(find_target())  # the slot's lag after each commit, to a metrics collector if any
-        self._reads = ReadObserver.on_driver("postgres_changes", event_time=COMMIT_TIME)  # what tasks fetch
+        self._lag = SourceReporter.on_driver()  # the slot's lag after each commit, to a metrics collector if any
+        self._reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
 
     # ------------------------------------------------------------------ driver
     def initialOffset(self) -> dict:
