@@ -70,15 +70,15 @@ def day(warehouse, meta_url: str, batches: int, compact: bool, storage: dict[str
 
     from sluice.connector import WriteContext
     from sluice.tablestore import StoreTable
-    from sluice.tablestore._options import WriteOptions
+    from sluice.tablestore._options import WRITE_SPEC, WriteOptions
     from sluice.tablestore._sink import TableStoreCommitter
 
     name = f"day_{'compacted' if compact else 'uncompacted'}"
     table = StoreTable(name, warehouse)
     table.create(pa.schema([("id", pa.int64()), ("v", pa.int64())]), ())
-    write = WriteOptions.parse({"table": name, "warehouse": warehouse.root, "meta": meta_url,
-                                "auto-compact": str(compact).lower(),
-                                "compact-min-files": str(compact_min_files), **storage})
+    write = WriteOptions.of(WRITE_SPEC.parse({"table": name, "warehouse": warehouse.root, "meta": meta_url,
+                                              "auto-compact": str(compact).lower(),
+                                              "compact-min-files": str(compact_min_files), **storage}))
     committer = TableStoreCommitter(table, write, created=False)
     query = f"bench-{name}"
     options = warehouse.storage_options()

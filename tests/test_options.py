@@ -94,7 +94,7 @@ def test_a_read_only_format_refuses_every_write_first_naming_the_format_to_write
 
     with pytest.raises(OptionError, match=r"format 'postgres_changes' is read-only \(spark.readStream\); write "
                                           r"with format\('postgres'\)"):
-        PostgresChangesDataSource(options={"url": "postgresql://h/db", "table": "t", "sink.mode": "x"}).parsed()
+        PostgresChangesDataSource(options={"url": "postgresql://h/db", "table": "t", "sink.mode": "x"}).write_options()
 
 
 def test_options_become_a_typed_object_whose_fields_are_the_declared_options():
@@ -131,10 +131,10 @@ def test_options_become_a_typed_object_whose_fields_are_the_declared_options():
 
 
 def test_change_capture_reads_its_options_typed_and_never_shows_the_password():
-    from sluice.connectors.postgres.changes._options import ChangeOptions
+    from sluice.connectors.postgres.changes._options import CHANGES_SPEC, ChangeOptions
 
-    options = ChangeOptions.parse({"url": "postgresql://u@h/db", "password": "s3cret", "table": "a,b",
-                                   "fetch-ranges": "3", "failOnDataLoss": "false"})
+    options = ChangeOptions.of(CHANGES_SPEC.parse({"url": "postgresql://u@h/db", "password": "s3cret", "table": "a,b",
+                                                   "fetch-ranges": "3", "failOnDataLoss": "false"}))
     assert (options.table, options.fetch_ranges, options.fail_on_data_loss) == (("a", "b"), 3, False)
     assert options.slot is None
     assert options.connection == {"url": "postgresql://u@h/db", "password": "s3cret"}
@@ -162,15 +162,16 @@ def test_postgres_reads_and_writes_its_options_typed_and_never_shows_the_passwor
 def test_the_table_store_reads_and_writes_its_options_typed_and_never_shows_the_secrets():
     import pickle
 
-    from sluice.tablestore._options import ReadOptions, WriteOptions
+    from sluice.tablestore._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 
     secret = {"meta": "postgresql://u:s3cret@h/db", "storage.secret-access-key": "k3y", "warehouse": "s3://b/wh",
               "storage.access-key-id": "id"}
-    write = WriteOptions.parse({"table": "t", "primary-key": "a, b", "auto-compact": "false", **secret})
+    write = WriteOptions.of(WRITE_SPEC.parse({"table": "t", "primary-key": "a, b", "auto-compact": "false", **secret}))
     assert (write.table, write.primary_key, write.auto_compact, write.job, write.job_named) == \
         ("t", ("a", "b"), False, "batch", False)
-    assert WriteOptions.parse({"table": "t", "job": "batch"}).job_named, "set to its default is still set"
-    read = ReadOptions.parse({"table": "t", "barrier": "7", "aligned-with": "x,y", **secret})
+    job_named = WriteOptions.of(WRITE_SPEC.parse({"table": "t", "job": "batch"})).job_named
+    assert job_named, "set to its default is still set"
+    read = ReadOptions.of(READ_SPEC.parse({"table": "t", "barrier": "7", "aligned-with": "x,y", **secret}))
     assert (read.barrier, read.version, read.aligned_with, read.changes) == (7, None, ("x", "y"), False)
     assert read.meta == secret["meta"]
     for shown in (repr(write), repr(read)):

@@ -142,23 +142,17 @@ class Options(Mapping[str, Any]):
 
 class TypedOptions:
     """Base of a format's typed options: a frozen dataclass with one field per option of `declared`, built once on
-    the driver from the parsed options (`of`), or from Spark's raw options through `spec` (`parse`). Fields that are
-    no option come from `conn_from` (the typed connection, field `conn`) and `derived` (others)."""
+    the driver from the parsed options, `of(opts)` (a data source's `write_options()` / `read_options()`, or the
+    `opts` its hooks are handed). Fields that are no option come from `conn_from` (the typed connection, field
+    `conn`) and `derived` (others)."""
 
     declared: ClassVar[tuple[Option, ...]] = ()
-    spec: ClassVar[OptionSpec | None] = None
     conn_from: ClassVar[Callable[[Options], Any] | None] = None  # e.g. Connection.from_options: fills `conn`
 
     @classmethod
     def of(cls, opts: Options) -> Self:
         made = {} if cls.conn_from is None else {"conn": cls.conn_from(opts)}
         return opts.typed(cls, covering=cls.declared, **made, **cls.derived(opts))
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> Self:
-        """Spark's options for this read or write, parsed and checked against `spec`, then typed."""
-        assert cls.spec is not None, f"{cls.__name__} has no spec to parse with"
-        return cls.of(cls.spec.parse(raw))
 
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:

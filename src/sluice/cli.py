@@ -24,9 +24,9 @@ def _options(args: argparse.Namespace) -> int:
         print(option_table(SINK_OPTIONS))
         return 0
     source = data_source_class(args.format)
-    write_spec = source.option_spec()
+    write_spec = source.write_spec
     print("Writing:\n\n" + option_table(write_spec.options) if write_spec else "Read only.")
-    read_spec = source.read_option_spec()
+    read_spec = source.read_spec
     if read_spec is not None:
         print("\nReading:\n\n" + option_table(read_spec.options))
     return 0

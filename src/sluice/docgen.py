@@ -29,14 +29,14 @@ def render_options_doc() -> str:
     shared = {o.name for o in SINK_OPTIONS}
     for name in sorted(BUILTIN_FORMATS):
         source = data_source_class(name)
-        write_spec = source.option_spec()
+        write_spec = source.write_spec
         parts += [f"## format(\"{name}\")", ""]
         if write_spec is None:
             parts += ["Read only.", ""]
         else:
             own = [o for o in write_spec.options if o.name not in shared]
             parts += ["Writing:", "", option_table(own) if own else "Only the shared sink options.", ""]
-        read_spec = source.read_option_spec()
+        read_spec = source.read_spec
         if read_spec is not None:
             parts += ["Reading (`spark.read` / `spark.readStream`):", "", option_table(read_spec.options), ""]
     return "\n".join(parts)

@@ -1,5 +1,9 @@
 """The core every sluice format shares: its name, its option declarations, and refusing what it does not do.
 
+Options are declared once per direction, as class attributes: `write_spec` (sinks; the engine's sink.* options alone
+when a sink declares none) and `read_spec` (sources). Spark's options become `Options` in one place per direction,
+`write_options()` and `read_options()`; a format's `TypedOptions` dataclass types them (`ReadOptions.of(opts)`).
+
 A format is a sink (`SinkDataSource`, sluice/spark/_sink.py), a split source (`SourceDataSource`,
 sluice/spark/_source.py), or both (`class HBaseDataSource(SinkDataSource, SourceDataSource)`). The core holds what
 either side needs; each side adds its own hooks. The DataSource keeps no state between Spark's calls but what
@@ -24,6 +28,8 @@ T = TypeVar("T")
 
 class SluiceDataSource(DataSource):
     format_name: ClassVar[str] = "sluice"
+    # The options of writes; None: the format is not written.
+    write_spec: ClassVar[OptionSpec | None] = None
     # The options of spark.read / spark.readStream; None: the format is not read.
     read_spec: ClassVar[OptionSpec | None] = None
     # A format that is only read (a change stream) refuses every write before anything else, naming how it is
@@ -35,17 +41,7 @@ class SluiceDataSource(DataSource):
     def name(cls) -> str:
         return cls.format_name
 
-    @classmethod
-    def option_spec(cls) -> OptionSpec | None:
-        """The options of writes; None: the format is not written (sinks override)."""
-        return None
-
-    @classmethod
-    def read_option_spec(cls) -> OptionSpec | None:
-        """The options of spark.read.format(name), for formats that can be read; None otherwise."""
-        return cls.read_spec
-
-    def parsed(self) -> Options:
+    def write_options(self) -> Options:
         """The options of a write (every write path starts here): a format that is not written refuses."""
         self._refuse_writes()
 

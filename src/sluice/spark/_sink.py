@@ -1,7 +1,8 @@
 """`SinkDataSource`: an engine-based store as the sink of a Spark Python Data Source with Arrow writers.
 
 A sink subclasses it and implements:
-  - `write_spec`   its options (usually SINK_SPEC.extend(...): the engine's sink.* options too),
+  - `write_spec`   its options (usually SINK_SPEC.extend(...): the engine's sink.* options too; a sink that
+                   declares none takes the sink.* options alone),
   - `plan_write()` on the driver, once: validate, then return a `WritePlan` (sluice/spark/_plan.py) whose
                    `open_task()` gives each task its encoder and Store, and whose `committer()` gives the
                    driver its Committer for transactional writes,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pyspark.sql.types import StructType
 
@@ -33,20 +34,15 @@ class SinkDataSource(SluiceDataSource):
     store_limits: ClassVar[tuple[int | None, int | None, int | None]] = (None, None, None)
     # Whether any column type is fine (sluice_null drops everything); else check_writable() refuses some.
     writes_any_type: ClassVar[bool] = False
-    # The options of writes (usually SINK_SPEC.extend(...)); None: the engine's sink.* options only.
-    write_spec: ClassVar[OptionSpec | None] = None
+    write_spec: ClassVar[OptionSpec]
 
-    @classmethod
-    def sink_spec(cls) -> OptionSpec:
-        return SINK_SPEC.renamed(cls.format_name)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.write_spec is None or cls.write_spec.options is SINK_SPEC.options:  # declared none: sink.* alone
+            cls.write_spec = SINK_SPEC.renamed(cls.format_name)
 
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        """The options of writes: `write_spec`, else the engine's sink.* options alone."""
-        return cls.write_spec or cls.sink_spec()
-
-    def parsed(self) -> Options:
-        return self.option_spec().parse(self.options)
+    def write_options(self) -> Options:
+        return self.write_spec.parse(self.options)
 
     # ---- connector hooks
     def primary_key(self, opts: Options) -> tuple[str, ...]:
@@ -98,7 +94,7 @@ class SinkDataSource(SluiceDataSource):
         return SinkConfig(**{**config.__dict__, "partition_key": tuple(key)})
 
     def _plan(self, schema: StructType, overwrite: bool, streaming: bool) -> WritePlan:
-        opts = self.resolve_options(self.parsed())
+        opts = self.resolve_options(self.write_options())
         if streaming and opts.get("sink.write-id"):
             raise OptionError("sink.write-id is for batch writes: a streaming query's writes are identified by its "
                               "checkpoint (query id and batch id). Remove sink.write-id.")

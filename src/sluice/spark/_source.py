@@ -2,7 +2,8 @@
 
 A source subclasses it, declares `read_spec` and implements `schema()` and `reader()` (a `SplitBatchReader` over
 its enumerator and split reader) and/or `streamReader()` (a `SplitStreamReader`). Options are parsed on the
-driver by `read_options()`; the enumerator and reader carry what executors need.
+driver by `read_options()` and typed by the format's `TypedOptions` (`ReadOptions.of(self.read_options())`); the
+enumerator and reader carry what executors need.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partiti
     from pyspark.sql.functions import monotonically_increasing_id
 
     source = data_source_class(format)(options={k: str(v) for k, v in options.items()})
-    opts = source.parsed()
+    opts = source.write_options()
     columns = source.partitioning(opts, df.schema)
     if columns is None:
         return df

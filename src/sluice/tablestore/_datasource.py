@@ -68,7 +68,7 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
         return TableStoreWritePlan(self.format_name, opts, schema, config, table, write, key, created)
 
     def _refuse_overwrite(self, overwrite: bool, streaming: bool) -> None:
-        if overwrite and not (streaming and WriteOptions.parse(self.options).primary_key):
+        if overwrite and not (streaming and WriteOptions.of(self.write_options()).primary_key):
             raise OptionError("format 'tablestore' appends or upserts per barrier; mode('overwrite') is not "
                               "supported. Use mode('append'); a streaming aggregation writes in outputMode "
                               "'complete' to a table with a primary-key (each micro-batch upserts every group).")

@@ -80,7 +80,6 @@ class WriteOptions(TypedOptions):
     whether the user set `job` (a streaming query that did not writes as an implicit job named after itself)."""
 
     declared = (TABLE, META, *WRITE_OPTIONS)
-    spec = WRITE_SPEC
 
     table: str
     meta: str | None = field(repr=False)  # a postgresql:// URL may carry a password
@@ -111,7 +110,6 @@ class ReadOptions(TypedOptions):
     """The read options of format("tablestore") (TABLE, META, READ_OPTIONS), one field per option."""
 
     declared = (TABLE, META, *READ_OPTIONS)
-    spec = READ_SPEC
 
     table: str
     meta: str | None = field(repr=False)  # a postgresql:// URL may carry a password

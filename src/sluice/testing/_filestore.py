@@ -20,13 +20,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from sluice.connector import (
+    SINK_SPEC,
     Batch,
     BlockingStore,
     Committer,
     Encoded,
     Option,
     Options,
-    OptionSpec,
     RetryableError,
     SinkConfig,
     SinkDataSource,
@@ -126,10 +126,7 @@ TEST_OPTIONS = (
 
 class FileStoreDataSource(SinkDataSource):
     format_name = "sluice_test"
-
-    @classmethod
-    def option_spec(cls) -> OptionSpec:
-        return cls.sink_spec().extend(TEST_OPTIONS)
+    write_spec = SINK_SPEC.extend(TEST_OPTIONS).renamed(format_name)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> WritePlan:
         self.refuse_overwrite(overwrite)

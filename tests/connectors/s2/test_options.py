@@ -44,9 +44,10 @@ def test_read_options_have_a_class_per_record_kind():
     read = ReadOptions.of(READ_SPEC.parse({**CONNECTION, "s2.streams": "a,b", "failOnDataLoss": "false"}))
     assert (read.kind, read.s2_streams, read.fail_on_data_loss, read.s2_start, read.format) == \
         (RecordKind.APPEND, ("a", "b"), False, "earliest", "binary")
-    upsert = UpsertReadOptions.parse({**CONNECTION, "s2.discovery-prefix": "p", "primary-key": "id"})
+    upsert = UpsertReadOptions.of(UPSERT_READ_SPEC.parse({**CONNECTION, "s2.discovery-prefix": "p",
+                                                          "primary-key": "id"}))
     assert (upsert.kind, upsert.primary_key, upsert.s2_discovery_prefix) == (RecordKind.UPSERT, ("id",), "p")
-    assert UpsertReadOptions.spec is UPSERT_READ_SPEC and ReadOptions.spec is READ_SPEC
+    assert S2UpsertDataSource.read_spec is UPSERT_READ_SPEC and S2DataSource.read_spec is READ_SPEC
 
 
 def test_the_write_plan_travels_typed_and_never_shows_the_token():

@@ -126,7 +126,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
 
     # ------------------------------------------------------------------ reading
     def _read_parts(self) -> tuple[ReadOptions, TableInfo]:
-        options = ReadOptions.parse(self.options)
+        options = ReadOptions.of(self.read_options())
         return options, describe(options.conn)
 
     def schema(self) -> StructType:

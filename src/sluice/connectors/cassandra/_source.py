@@ -50,7 +50,6 @@ class ReadOptions(TypedOptions):
     `conn`: the cluster and table."""
 
     declared = READ_OPTIONS
-    spec = READ_SPEC
     conn_from = Connection.from_options
 
     partitions: int | None

@@ -45,7 +45,6 @@ class ReadOptions(TypedOptions):
     `conn`: the server and table."""
 
     declared = READ_OPTIONS
-    spec = READ_SPEC
     conn_from = Connection.from_options
 
     partitions: int

@@ -65,7 +65,7 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
     def _read_parts(self) -> tuple[ReadOptions, StructType, dict[str, str]]:
         """The read's options, and the index's fields as a Spark schema (with each field's mapping type): the union
         of the mappings of every index the name covers (an alias or pattern may name several)."""
-        options = ReadOptions.parse(self.options)
+        options = ReadOptions.of(self.read_options())
         conn = options.conn
         _, answer = self.learn_once(("mapping", conn), lambda: conn.request("GET", f"/{conn.index}/_mapping"))
         properties: dict = {}

@@ -57,7 +57,6 @@ class ReadOptions(TypedOptions):
     `conn`: the cluster and index."""
 
     declared = READ_OPTIONS
-    spec = READ_SPEC
     conn_from = Connection.from_options
 
     partitions: int | None

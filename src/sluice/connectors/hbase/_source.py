@@ -56,7 +56,6 @@ class ReadOptions(TypedOptions):
     the row key's columns (CATALOG_OPTIONS), which the timestamp column may not be."""
 
     declared = READ_OPTIONS
-    spec = READ_SPEC
 
     read_splits_per_region: int
     read_rows_per_fetch: int

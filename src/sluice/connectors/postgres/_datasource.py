@@ -37,12 +37,12 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return WriteOptions.of(opts).primary_key
 
-    def parsed(self) -> Options:
+    def write_options(self) -> Options:
         raw = dict(self.options)
         keys = {k.lower() for k in raw}
         if "primary-key" in keys and "sink.mode" not in keys:
             raw["sink.mode"] = PARTITION_ORDERED  # upserts default to per-key order
-        return self.option_spec().parse(raw)
+        return self.write_spec.parse(raw)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> PostgresWritePlan:
 

@@ -80,7 +80,6 @@ class ReadOptions(TypedOptions):
     `conn`: the server (its repr hides the password)."""
 
     declared = READ_OPTIONS
-    spec = READ_SPEC
     conn_from = Connection.from_options
 
     table: str | None

@@ -83,7 +83,6 @@ class ReadOptions(TypedOptions):
 
     kind: ClassVar[RecordKind] = RecordKind.APPEND
     declared = SOURCE_OPTIONS
-    spec = READ_SPEC
 
     s2_streams: tuple[str, ...]
     s2_discovery_prefix: str | None
@@ -105,7 +104,6 @@ class UpsertReadOptions(ReadOptions):
 
     kind = RecordKind.UPSERT
     declared = (*SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS)
-    spec = UPSERT_READ_SPEC
 
     primary_key: tuple[str, ...]
 

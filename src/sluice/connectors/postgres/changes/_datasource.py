@@ -22,12 +22,12 @@ class PostgresChangesDataSource(SourceDataSource):
     write_with = "postgres"
 
     def schema(self) -> StructType:
-        return spark_schema(resolve(ChangeOptions.parse(self.options)))
+        return spark_schema(resolve(ChangeOptions.of(self.read_options())))
 
     def reader(self, schema: StructType) -> Any:
         raise OptionError("format 'postgres_changes' is a stream (spark.readStream); for a batch read of the tables "
                           "use format('postgres')")
 
     def streamReader(self, schema: StructType) -> ChangeStreamReader:
-        options = ChangeOptions.parse(self.options)
+        options = ChangeOptions.of(self.read_options())
         return ChangeStreamReader(resolve(options), options, schema, self.read_observer(event_time=COMMIT_TIME))

@@ -73,7 +73,6 @@ class ChangeOptions(TypedOptions):
     format("postgres") reads (never shown: a password may be among them)."""
 
     declared = CHANGES_OPTIONS
-    spec = CHANGES_SPEC
     conn_from = Connection.from_options
 
     table: tuple[str, ...]
