@@ -461,7 +461,7 @@ def test_log_retention_keeps_every_version_a_consistent_read_may_open(store):
     with pytest.raises(TableStoreError, match="no version 5"):
         up.delta(5)
     # Negative control: retention up to the newest checkpoint, blind to the consistent version, loses version 12.
-    trim_log(up, 25)
+    trim_log(up.warehouse, up.file_path("_delta_log"), 25)
     with pytest.raises(TableStoreError, match="no version 12"):
         up.delta(12)
 

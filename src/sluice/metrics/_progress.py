@@ -10,6 +10,7 @@ import time
 import urllib.request
 from types import TracebackType
 
+from sluice._driver import console_handler
 from sluice.metrics._push import auth_headers
 from sluice.metrics._report import MetricsTarget
 
@@ -89,7 +90,5 @@ class WriteProgress(ProgressLines):
 
 def say(line: str) -> None:
     """An INFO line users see without configuring logging (as the write summary's)."""
-    from sluice.spark._summary import console_handler
-
     console_handler(log)
     log.info(line)

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from sluice._driver import stats_dir  # the folder the driver's planning workers already share
 from sluice._errors import OptionError
 from sluice.metrics._collect import PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
 from sluice.metrics._report import MetricsTarget, ReadReport, SourceReport, TaskReport
@@ -35,8 +36,6 @@ def _is_loopback(host: str) -> bool:
 
 
 def _advertised_file() -> Path:
-    from sluice.spark._summary import stats_dir  # the folder the driver's planning workers already share
-
     return stats_dir() / _ADVERTISED
 
 

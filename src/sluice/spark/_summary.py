@@ -12,23 +12,15 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from sluice._driver import console_handler, stats_dir
 from sluice._errors import OptionError
 
 log = logging.getLogger("sluice.summary")
-
-
-def stats_dir() -> Path:
-    configured = os.environ.get("SLUICE_STATS_DIR")
-    if configured:
-        return Path(configured)
-    return Path(tempfile.gettempdir()) / f"sluice-stats-{os.getuid()}"
 
 
 def save_summary(format_name: str, summary: dict[str, Any]) -> None:
@@ -65,17 +57,6 @@ def read_last_summary(format_name: str | None = None, spark: Any = None) -> dict
         reader = reader.option("format", format_name)
     rows = reader.load().collect()
     return json.loads(rows[0]["summary"]) if rows and rows[0]["summary"] else None
-
-
-def console_handler(logger: logging.Logger) -> None:
-    """Where logging is not configured (a bare Spark Python worker, a plain script), give `logger`'s INFO lines a
-    place to go: stderr."""
-    if not logging.getLogger().handlers and not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
 
 
 def log_summary(line: str) -> None:

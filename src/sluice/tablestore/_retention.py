@@ -3,12 +3,8 @@ from there on needs (the sink's clean and `sluice table vacuum` both go by them)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sluice.meta import MetaService
-
-if TYPE_CHECKING:
-    from sluice.tablestore._table import StoreTable
+from sluice.tablestore._storage import Warehouse
 
 
 def oldest_needed_version(name: str, meta: MetaService) -> int | None:
@@ -24,13 +20,13 @@ def oldest_needed_version(name: str, meta: MetaService) -> int | None:
         return None
 
 
-def trim_log(table: StoreTable, keep_from: int, *, dry_run: bool = False) -> list[str]:
-    """Delete the Delta log entries no version from `keep_from` on needs: those before the newest checkpoint at or
-    below `keep_from` (that checkpoint and the entries after it open every such version). Returns their paths."""
+def trim_log(warehouse: Warehouse, log: str, keep_from: int, *, dry_run: bool = False) -> list[str]:
+    """Delete the entries of the Delta log in folder `log` that no version from `keep_from` on needs: those before
+    the newest checkpoint at or below `keep_from` (that checkpoint and the entries after it open every such
+    version). Returns their paths."""
     from pyarrow import fs as pafs
 
-    fs = table.warehouse.filesystem()
-    log = table.file_path("_delta_log")
+    fs = warehouse.filesystem()
     names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log)) if i.type == pafs.FileType.File]
     versioned = [(int(n[:20]), n) for n in names if n[:20].isdigit()]
     checkpoints = [v for v, n in versioned if ".checkpoint." in n and v <= keep_from]

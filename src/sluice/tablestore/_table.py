@@ -258,7 +258,7 @@ class StoreTable:
         self.checkpoint_if_crossed(dt, latest, checkpoint_interval)  # the vacuum's own versions, when it deleted
         if not dry_run:  # barriers of versions no consistent read can open any more: their rows go with the files
             meta.prune_barriers(self.name, keep_from)
-        return deleted + trim_log(self, keep_from, dry_run=dry_run)
+        return deleted + trim_log(self.warehouse, self.file_path("_delta_log"), keep_from, dry_run=dry_run)
 
     def _commit_once(self, dt: Any, files: list[StagedFile], by: BarrierCommit, op_column: str | None) -> int:
         """One attempt at the version after `dt`'s; returns that version. No silent retry at a later version (so
