@@ -12,9 +12,9 @@ def parse(**raw):
 
 
 def test_defaults_follow_flink_connector_s2():
-    config = SinkConfig.from_options(SINK_SPEC.parse({}))
-    assert (config.max_batch_records, config.max_batch_bytes, config.flush_timeout_ms) == (1000, 1048576, 1000)
-    assert (config.max_buffered, config.max_inflight, config.mode) == (2000, 500, "unordered")
+    config = SinkConfig.of(SINK_SPEC.parse({}))
+    assert (config.batch_max_size, config.flush_buffer_size, config.flush_buffer_timeout) == (1000, 1048576, 1000)
+    assert (config.requests_max_buffered, config.requests_max_inflight, config.mode) == (2000, 500, "unordered")
     assert (config.parallelism, config.max_retries, config.retry_delay_ms) == (16, 3, 1000)
 
 

@@ -127,14 +127,15 @@ class Options(Mapping[str, Any]):
             values[by_attr[attr]] = value
         return Options(values, self.explicit, self._secrets)
 
-    def typed(self, cls: type[T], covering: Iterable[Option] = (), **extra: Any) -> T:
-        """These options as the frozen dataclass `cls`, each field the option of its attribute name; `extra` fills
-        fields that are no option. A field that names neither, or an option of `covering` without a field, is a
-        programming error: the declarations and the type stay one list."""
-        by_attr = {attribute(k): k for k in self._values}
+    def typed(self, cls: type[T], covering: Iterable[Option] = (), prefix: str = "", **extra: Any) -> T:
+        """These options as the frozen dataclass `cls`, each field the option of its attribute name (without
+        `prefix`: 'sink.' makes sink.batch.max-size the field batch_max_size); `extra` fills fields that are no
+        option. A field that names neither, or an option of `covering` without a field, is a programming error: the
+        declarations and the type stay one list."""
+        by_attr = {attribute(k.removeprefix(prefix)): k for k in self._values if k.startswith(prefix)}
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(names - set(by_attr) - set(extra))
-        uncovered = sorted(o.name for o in covering if attribute(o.name) not in names)
+        uncovered = sorted(o.name for o in covering if attribute(o.name.removeprefix(prefix)) not in names)
         if unknown or uncovered:
             raise AssertionError(f"{cls.__name__}: fields {unknown} name no option; options {uncovered} have no field")
         return cls(**{n: extra[n] if n in extra else self._values[by_attr[n]] for n in names})
@@ -147,12 +148,13 @@ class TypedOptions:
     `conn`) and `derived` (others)."""
 
     declared: ClassVar[tuple[Option, ...]] = ()
+    prefix: ClassVar[str] = ""  # left out of the fields' names (SinkConfig: 'sink.')
     conn_from: ClassVar[Callable[[Options], Any] | None] = None  # e.g. Connection.from_options: fills `conn`
 
     @classmethod
     def of(cls, opts: Options) -> Self:
         made = {} if cls.conn_from is None else {"conn": cls.conn_from(opts)}
-        return opts.typed(cls, covering=cls.declared, **made, **cls.derived(opts))
+        return opts.typed(cls, covering=cls.declared, prefix=cls.prefix, **made, **cls.derived(opts))
 
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:

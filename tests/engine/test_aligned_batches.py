@@ -41,8 +41,8 @@ class FlakyStore(Store):
 def run(creator, seed: int, rows: int = 5_000) -> tuple[list[tuple[int, int]], int]:
     rng = random.Random(seed)
     store = FlakyStore(rng)
-    config = SinkConfig(max_batch_records=300, flush_timeout_ms=rng.choice([1, 5, 1000]), max_buffered=2_000,
-                        max_inflight=4, retry_delay_ms=1)
+    config = SinkConfig(batch_max_size=300, flush_buffer_timeout=rng.choice([1, 5, 1000]), requests_max_buffered=2_000,
+                        requests_max_inflight=4, retry_delay_ms=1)
     with AsyncSinkWriter(store, config, batch_creator=creator) as writer:
         start = 0
         while start < rows:  # the input arrives in chunks of random sizes (Spark's batches differ between runs)

@@ -9,7 +9,8 @@ from sluice import RetryableError
 from sluice.engine import AsyncSinkWriter, LiveStats, SinkConfig
 from tests.engine.helpers import ManualStore
 
-CONFIG = SinkConfig(retry_delay_ms=1, flush_timeout_ms=60_000, max_batch_records=2, max_buffered=10, max_inflight=1)
+CONFIG = SinkConfig(retry_delay_ms=1, flush_buffer_timeout=60_000, batch_max_size=2, requests_max_buffered=10,
+                    requests_max_inflight=1)
 
 
 def next_matching(reports: "queue.Queue[LiveStats]", predicate, timeout: float = 5.0) -> LiveStats:

@@ -26,9 +26,9 @@ def run(mode: str, w: dict, **extra):
     entries = [(key, seq) for seq, key in enumerate(w["keys"])]
     store = FlakyStore(fail_rate=w["fail"], throttle_rate=w["throttle"], max_delay_s=0.002, seed=w["seed"])
     config = SinkConfig(
-        mode=mode, max_batch_records=w["batch"], max_buffered=w["batch"] + w["buffered_extra"],
-        max_inflight=w["inflight"], parallelism=w["parallelism"], max_retries=100, retry_delay_ms=0,
-        flush_timeout_ms=5, max_batch_bytes=w["max_bytes"], **extra,
+        mode=mode, batch_max_size=w["batch"], requests_max_buffered=w["batch"] + w["buffered_extra"],
+        requests_max_inflight=w["inflight"], parallelism=w["parallelism"], max_retries=100, retry_delay_ms=0,
+        flush_buffer_timeout=5, flush_buffer_size=w["max_bytes"], **extra,
     )
     with AsyncSinkWriter(store, config) as writer:
         for start in range(0, len(entries), w["chunk"]):

@@ -9,7 +9,7 @@ from sluice.connector import RetryEntries
 from sluice.engine import AIMDRateLimiter, AsyncSinkWriter, PartitionKeyBatchCreator, SinkConfig
 from tests.engine.helpers import ManualStore, RecordingStore
 
-FAST = dict(retry_delay_ms=1, flush_timeout_ms=60_000)
+FAST = dict(retry_delay_ms=1, flush_buffer_timeout=60_000)
 
 
 def writer(store, **config):
@@ -18,7 +18,7 @@ def writer(store, **config):
 
 def test_batch_size_trigger_flushes_full_batches_only():
     store = ManualStore()
-    with writer(store, max_batch_records=3, max_buffered=10) as w:
+    with writer(store, batch_max_size=3, requests_max_buffered=10) as w:
         w.write_chunk(list(range(7)), [1] * 7)
         batches = store.wait_submits(1)
         assert batches[0].entries == [0, 1, 2]
@@ -32,7 +32,7 @@ def test_batch_size_trigger_flushes_full_batches_only():
 
 def test_byte_trigger_flushes_before_the_record_count_is_reached():
     store = RecordingStore()
-    with writer(store, max_batch_records=100, max_batch_bytes=50, max_buffered=200) as w:
+    with writer(store, batch_max_size=100, flush_buffer_size=50, requests_max_buffered=200) as w:
         w.write_chunk(list(range(6)), [20] * 6)
         w.flush()
     assert next(b.entries for b in store.batches) == [0, 1]
@@ -41,7 +41,7 @@ def test_byte_trigger_flushes_before_the_record_count_is_reached():
 
 def test_timeout_trigger_flushes_a_partial_batch():
     store = RecordingStore()
-    with AsyncSinkWriter(store, SinkConfig(max_batch_records=100, flush_timeout_ms=50)) as w:
+    with AsyncSinkWriter(store, SinkConfig(batch_max_size=100, flush_buffer_timeout=50)) as w:
         w.write_chunk(["a", "b"], [1, 1])
         deadline = time.monotonic() + 5
         while not store.batches and time.monotonic() < deadline:
@@ -52,7 +52,7 @@ def test_timeout_trigger_flushes_a_partial_batch():
 
 def test_checkpoint_waits_for_every_ack():
     store = ManualStore()
-    with writer(store, max_batch_records=100) as w:
+    with writer(store, batch_max_size=100) as w:
         w.write_chunk([1, 2, 3], [1, 1, 1])
         done = threading.Event()
         flusher = threading.Thread(target=lambda: (w.flush(), done.set()))
@@ -67,7 +67,7 @@ def test_checkpoint_waits_for_every_ack():
 
 def test_back_pressure_blocks_the_writer_while_the_buffer_is_full():
     store = ManualStore()
-    w = writer(store, max_batch_records=2, max_buffered=3, max_inflight=1)
+    w = writer(store, batch_max_size=2, requests_max_buffered=3, requests_max_inflight=1)
     wrote = []
 
     def produce():
@@ -91,7 +91,7 @@ def test_back_pressure_blocks_the_writer_while_the_buffer_is_full():
 
 def test_max_inflight_requests_is_honoured():
     store = ManualStore()
-    with writer(store, max_batch_records=1, max_buffered=100, max_inflight=3) as w:
+    with writer(store, batch_max_size=1, requests_max_buffered=100, requests_max_inflight=3) as w:
         w.write_chunk(list(range(10)), [1] * 10)
         store.wait_submits(1)
         time.sleep(0.2)
@@ -127,7 +127,7 @@ def test_aimd_window_grows_additively_and_halves_on_failure():
 
 def test_retryable_failure_resends_the_same_entries_first_and_counts_it():
     store = ManualStore()
-    with writer(store, max_batch_records=2, max_buffered=10, max_inflight=1) as w:
+    with writer(store, batch_max_size=2, requests_max_buffered=10, requests_max_inflight=1) as w:
         w.write_chunk(["a", "b", "c", "d"], [1] * 4)
         store.wait_submits(1)
         store.complete_all(RetryableError("try again"))
@@ -144,7 +144,7 @@ def test_retryable_failure_resends_the_same_entries_first_and_counts_it():
 def test_a_partly_refused_batch_resends_only_the_refused_entries_in_their_order():
     """Flink's retryForEntries: a bulk store (Elasticsearch) reports per entry; the stored ones are not sent again."""
     store = ManualStore()
-    with writer(store, max_batch_records=5, max_inflight=1) as w:
+    with writer(store, batch_max_size=5, requests_max_inflight=1) as w:
         w.write_chunk(["a", "b", "c", "d", "e"], [1, 2, 3, 4, 5])
         flusher = threading.Thread(target=w.flush)
         flusher.start()
@@ -160,7 +160,7 @@ def test_a_partly_refused_batch_resends_only_the_refused_entries_in_their_order(
 
 def test_throttles_are_retried_and_counted():
     store = ManualStore()
-    with writer(store, max_batch_records=5) as w:
+    with writer(store, batch_max_size=5) as w:
         w.write_chunk([1, 2], [1, 1])
         flusher = threading.Thread(target=w.flush)
         flusher.start()
@@ -174,7 +174,7 @@ def test_throttles_are_retried_and_counted():
 
 def test_exhausted_retries_fail_with_store_target_batch_size_and_cause():
     store = ManualStore()
-    w = writer(store, max_batch_records=5, max_retries=2)
+    w = writer(store, batch_max_size=5, max_retries=2)
     w.write_chunk([1, 2, 3], [1, 1, 1])
     result = {}
 
@@ -201,7 +201,7 @@ def test_exhausted_retries_fail_with_store_target_batch_size_and_cause():
 
 def test_fatal_error_fails_at_once_and_later_writes_raise():
     store = ManualStore()
-    w = writer(store, max_batch_records=1)
+    w = writer(store, batch_max_size=1)
     w.write_chunk(["x"], [1])
     store.wait_submits(1)
     store.complete_all(ValueError("schema mismatch"))
@@ -227,7 +227,7 @@ def test_a_store_that_raises_in_submit_is_handled_like_a_failed_future():
 
 def test_oversized_record_fails_naming_limit_and_size_and_sends_nothing():
     store = ManualStore(max_record_bytes=100)
-    with writer(store, max_batch_bytes=1000) as w:
+    with writer(store, flush_buffer_size=1000) as w:
         with pytest.raises(RecordTooLargeError, match=r"record 1 .* 150 bytes.*limit of 100 bytes"):
             w.write_chunk(["ok", "big"], [10, 150])
         w.flush()
@@ -236,7 +236,7 @@ def test_oversized_record_fails_naming_limit_and_size_and_sends_nothing():
 
 def test_global_ordered_keeps_one_request_in_flight():
     store = ManualStore()
-    with writer(store, mode="global-ordered", max_batch_records=1, max_inflight=50) as w:
+    with writer(store, mode="global-ordered", batch_max_size=1, requests_max_inflight=50) as w:
         w.write_chunk(list(range(5)), [1] * 5)
         for expected in range(5):
             batch = store.wait_submits(1)
@@ -248,7 +248,8 @@ def test_global_ordered_keeps_one_request_in_flight():
 
 def test_partition_ordered_runs_different_keys_concurrently_but_never_one_key_twice():
     store = ManualStore()
-    with writer(store, mode="partition-ordered", max_batch_records=1, max_buffered=100, max_inflight=10) as w:
+    with writer(store, mode="partition-ordered", batch_max_size=1, requests_max_buffered=100,
+                requests_max_inflight=10) as w:
         w.write_keyed(["a1", "b1", "a2", "b2"], [1] * 4, ["a", "b", "a", "b"])
         store.complete_all()  # grow the window past one batch
         time.sleep(0.2)
@@ -274,7 +275,8 @@ def test_partition_ordered_keys_linger_until_they_fill_a_batch(creator):
     first (3 for each of 100 keys) wait for each key's fourth. Cutting on the buffer's total instead (the
     control) sends 100 batches of 3 and 100 of 1."""
     store = RecordingStore()
-    cfg = SinkConfig(**FAST, mode="partition-ordered", max_batch_records=4, max_buffered=1000, max_inflight=500)
+    cfg = SinkConfig(**FAST, mode="partition-ordered", batch_max_size=4, requests_max_buffered=1000,
+                     requests_max_inflight=500)
     with AsyncSinkWriter(store, cfg, batch_creator=creator) as w:
         keys = [k for k in range(100) for _ in range(3)]
         w.write_keyed([f"{k}-first" for k in keys], [1] * 300, keys)
@@ -297,8 +299,8 @@ def test_a_timeout_flushes_what_was_buffered_then_keys_wait_again_though_the_buf
     Flushing until the buffer emptied sent c at once (and k's entry) as timeouts."""
     now = [0.0]
     store = ManualStore()
-    cfg = SinkConfig(**{**FAST, "flush_timeout_ms": 1000}, mode="partition-ordered", max_batch_records=4,
-                     max_buffered=100, max_inflight=10)
+    cfg = SinkConfig(**{**FAST, "flush_buffer_timeout": 1000}, mode="partition-ordered", batch_max_size=4,
+                     requests_max_buffered=100, requests_max_inflight=10)
     with AsyncSinkWriter(store, cfg, clock=lambda: now[0]) as w:
         w.write_keyed(["w"] * 4, [1] * 4, ["w"] * 4)  # one acknowledged batch opens the AIMD window to 14 entries
         store.wait_submits(1)
@@ -323,8 +325,8 @@ def test_a_timeout_flushes_what_was_buffered_then_keys_wait_again_though_the_buf
 
 def test_flush_on_checkpoint_holds_data_until_the_checkpoint():
     store = RecordingStore()
-    cfg = SinkConfig(mode="partition-ordered", flush_on_checkpoint=True, max_batch_records=2, max_buffered=100,
-                     flush_timeout_ms=10)
+    cfg = SinkConfig(mode="partition-ordered", flush_on_checkpoint=True, batch_max_size=2, requests_max_buffered=100,
+                     flush_buffer_timeout=10)
     with AsyncSinkWriter(store, cfg) as w:
         w.write_keyed(list(range(10)), [1] * 10, [0] * 10)
         time.sleep(0.2)
@@ -336,7 +338,7 @@ def test_flush_on_checkpoint_holds_data_until_the_checkpoint():
 
 def test_flush_on_checkpoint_still_bounds_memory_at_max_buffered():
     store = RecordingStore()
-    cfg = SinkConfig(mode="partition-ordered", flush_on_checkpoint=True, max_batch_records=2, max_buffered=4)
+    cfg = SinkConfig(mode="partition-ordered", flush_on_checkpoint=True, batch_max_size=2, requests_max_buffered=4)
     with AsyncSinkWriter(store, cfg) as w:
         for i in range(10):
             w.write_keyed([i], [1], [0])

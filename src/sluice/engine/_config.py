@@ -1,11 +1,13 @@
-"""The sink.* options every sluice sink shares, and the validated SinkConfig the engine runs on."""
+"""The sink.* options every sluice sink shares, and the validated SinkConfig the engine runs on: their typed form,
+one field per option (its name without 'sink.'), defaults as declared."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sluice._errors import OptionError
-from sluice._options import Option, Options, OptionSpec
+from sluice._options import Option, Options, OptionSpec, TypedOptions, attribute
 from sluice.engine._batch import BatchCreator
 from sluice.engine._buffer import RequestBuffer
 
@@ -125,25 +127,34 @@ def load_class(option: str, path: str, base: type) -> type:
 SINK_SPEC = OptionSpec("sink", SINK_OPTIONS, (_check_combinations,))
 
 
-@dataclass(frozen=True)
-class SinkConfig:
-    """What the engine needs, validated. Build with `SinkConfig.from_options` or directly in tests."""
+# Each field's default is its option's (direct construction, in the engine's own tests, starts from them too).
+_DEFAULT = {attribute(o.name.removeprefix("sink.")): o.default for o in SINK_OPTIONS}
 
-    max_batch_records: int = 1000
-    max_batch_bytes: int = MiB
-    flush_timeout_ms: int = 1000
-    max_buffered: int = 2000
-    max_inflight: int = 500
-    mode: str = UNORDERED
-    partition_key: tuple[str, ...] = ()
-    parallelism: int = 16
-    transactional: bool = False
-    flush_on_checkpoint: bool = False
-    max_retries: int = 3
-    retry_delay_ms: int = 1000
-    batch_by: str = "bucket"
-    batch_creator: str | None = None  # 'module:Class', instantiated per task
-    request_buffer: str | None = None
+
+@dataclass(frozen=True)
+class SinkConfig(TypedOptions):
+    """What the engine needs, validated: `SinkConfig.of(opts)` from a write's parsed options (or directly, in the
+    engine's own tests)."""
+
+    declared = SINK_OPTIONS
+    prefix = "sink."
+
+    batch_max_size: int = _DEFAULT["batch_max_size"]  # records per request
+    flush_buffer_size: int = _DEFAULT["flush_buffer_size"]  # bytes per request
+    flush_buffer_timeout: int = _DEFAULT["flush_buffer_timeout"]  # ms an entry may wait
+    requests_max_buffered: int = _DEFAULT["requests_max_buffered"]
+    requests_max_inflight: int = _DEFAULT["requests_max_inflight"]
+    mode: str = _DEFAULT["mode"]
+    partition_key: tuple[str, ...] = _DEFAULT["partition_key"]
+    parallelism: int = _DEFAULT["parallelism"]
+    batch_by: str = _DEFAULT["batch_by"]
+    batch_creator: str | None = _DEFAULT["batch_creator"]  # 'module:Class', instantiated per task
+    request_buffer: str | None = _DEFAULT["request_buffer"]
+    transactional: bool = _DEFAULT["transactional"]
+    flush_on_checkpoint: bool = _DEFAULT["flush_on_checkpoint"]
+    max_retries: int = _DEFAULT["max_retries"]
+    write_id: str | None = _DEFAULT["write_id"]
+    retry_delay_ms: int = _DEFAULT["retry_delay_ms"]
     # A streaming query's write: planned, run and committed again every micro-batch, so a store may keep its
     # connections between them (not an option: Spark decides).
     streaming: bool = False
@@ -153,24 +164,8 @@ class SinkConfig:
             raise OptionError(f"sink.mode must be one of {', '.join(MODES)}; got {self.mode!r}")
 
     @classmethod
-    def from_options(cls, opts: Options) -> SinkConfig:
-        return cls(
-            max_batch_records=opts["sink.batch.max-size"],
-            max_batch_bytes=opts["sink.flush-buffer.size"],
-            flush_timeout_ms=opts["sink.flush-buffer.timeout"],
-            max_buffered=opts["sink.requests.max-buffered"],
-            max_inflight=opts["sink.requests.max-inflight"],
-            mode=opts["sink.mode"],
-            partition_key=opts["sink.partition-key"],
-            parallelism=opts["sink.parallelism"],
-            transactional=opts["sink.transactional"],
-            flush_on_checkpoint=opts["sink.flush-on-checkpoint"],
-            max_retries=opts["sink.max-retries"],
-            retry_delay_ms=opts["sink.retry-delay-ms"],
-            batch_by=opts["sink.batch-by"],
-            batch_creator=opts["sink.batch-creator"],
-            request_buffer=opts["sink.request-buffer"],
-        )
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"streaming": False}
 
     def make_batch_creator(self) -> BatchCreator | None:
         """A new instance of the sink.batch-creator class, or None when the option is not set."""
@@ -184,23 +179,23 @@ class SinkConfig:
     @property
     def effective_max_inflight(self) -> int:
         # Global order means exactly one request in flight: the next one waits for the previous ack.
-        return 1 if self.mode == GLOBAL_ORDERED else self.max_inflight
+        return 1 if self.mode == GLOBAL_ORDERED else self.requests_max_inflight
 
     def check_store_limits(self, store_name: str, max_record_bytes: int | None, max_batch_records: int | None,
                            max_batch_bytes: int | None) -> None:
         """A store's hard limits bound the options (e.g. S2: <= 1000 records and <= 1 MiB per batch)."""
-        if max_batch_records is not None and self.max_batch_records > max_batch_records:
+        if max_batch_records is not None and self.batch_max_size > max_batch_records:
             raise OptionError(
-                f"sink.batch.max-size={self.max_batch_records} exceeds {store_name}'s limit of "
+                f"sink.batch.max-size={self.batch_max_size} exceeds {store_name}'s limit of "
                 f"{max_batch_records} records per request; use a value <= {max_batch_records}."
             )
-        if max_batch_bytes is not None and self.max_batch_bytes > max_batch_bytes:
+        if max_batch_bytes is not None and self.flush_buffer_size > max_batch_bytes:
             raise OptionError(
-                f"sink.flush-buffer.size={self.max_batch_bytes} exceeds {store_name}'s limit of "
+                f"sink.flush-buffer.size={self.flush_buffer_size} exceeds {store_name}'s limit of "
                 f"{max_batch_bytes} bytes per request; use a value <= {max_batch_bytes}."
             )
-        if max_record_bytes is not None and self.max_batch_bytes < max_record_bytes:
+        if max_record_bytes is not None and self.flush_buffer_size < max_record_bytes:
             raise OptionError(
-                f"sink.flush-buffer.size={self.max_batch_bytes} is smaller than {store_name}'s largest record "
+                f"sink.flush-buffer.size={self.flush_buffer_size} is smaller than {store_name}'s largest record "
                 f"({max_record_bytes} bytes), so a large record could never be sent; raise it to >= {max_record_bytes}."
             )

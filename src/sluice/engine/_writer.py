@@ -2,7 +2,7 @@
 
 Threads: the caller's thread (a Spark task) pushes chunks of encoded entries into a small bounded ring
 (the sink-modes design's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
-other state: it admits chunks while fewer than `max_buffered` entries wait, cuts batches with the
+other state: it admits chunks while fewer than `requests_max_buffered` entries wait, cuts batches with the
 BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
 the AIMD rate limiter allows, handles completions (re-adding failed entries at the head), and reports the
 write to an optional observer (live metrics) every few seconds.
@@ -83,7 +83,7 @@ class AsyncSinkWriter:
         self._keyed = config.mode == PARTITION_ORDERED
         self._buffer = buffer or (KeyedRequestBuffer() if self._keyed else DequeRequestBuffer())
         self._creator = batch_creator or (PartitionKeyBatchCreator() if self._keyed else SimpleBatchCreator())
-        self._limiter = AIMDRateLimiter(config.max_batch_records, config.effective_max_inflight)
+        self._limiter = AIMDRateLimiter(config.batch_max_size, config.effective_max_inflight)
         self._hold = config.flush_on_checkpoint
         self._clock = clock
         self._rng = rng or random.Random()
@@ -278,11 +278,11 @@ class AsyncSinkWriter:
     def _admissible(self) -> bool:
         if not self._ring or self._failure is not None:
             return False
-        return isinstance(self._ring[0], _Checkpoint) or self._buffer.size() < self.config.max_buffered
+        return isinstance(self._ring[0], _Checkpoint) or self._buffer.size() < self.config.requests_max_buffered
 
     def _admit(self, chunk: Chunk) -> None:
         if not self._buffer.size() and not self._hold:
-            self._deadline = self._clock() + self.config.flush_timeout_ms / 1000.0
+            self._deadline = self._clock() + self.config.flush_buffer_timeout / 1000.0
         self._buffer.add_chunk(chunk)
 
     def _wait_seconds(self) -> float | None:
@@ -302,8 +302,8 @@ class AsyncSinkWriter:
 
     def _request_info(self, now: float, partial: bool = True) -> RequestInfo:
         return RequestInfo(
-            self._limiter.batch_size_limit(self.config.max_batch_records),
-            self.config.max_batch_bytes, now, frozenset(self._busy_keys), bool(self._checkpoints), partial,
+            self._limiter.batch_size_limit(self.config.batch_max_size),
+            self.config.flush_buffer_size, now, frozenset(self._busy_keys), bool(self._checkpoints), partial,
         )
 
     def _flush_reason(self, limit: int) -> tuple[str, bool] | None:
@@ -320,14 +320,14 @@ class AsyncSinkWriter:
         if not self._hold:
             if size >= limit:
                 return "batch-size", not self._keyed
-            if self._buffer.total_size_bytes() >= self.config.max_batch_bytes:
+            if self._buffer.total_size_bytes() >= self.config.flush_buffer_size:
                 return "batch-bytes", not self._keyed
         return self._partial_reason()
 
     def _partial_reason(self) -> tuple[str, bool] | None:
         if self._checkpoints:
             return "checkpoint", True
-        if (self._hold or self._keyed) and self._buffer.size() >= self.config.max_buffered:
+        if (self._hold or self._keyed) and self._buffer.size() >= self.config.requests_max_buffered:
             return "buffer-full", True
         if self._timeout_flush:
             return "timeout", True
@@ -360,7 +360,7 @@ class AsyncSinkWriter:
                 self._timeout_left -= batch.record_count
                 if self._timeout_left <= 0:
                     self._timeout_flush = False
-                    self._deadline = now + self.config.flush_timeout_ms / 1000.0
+                    self._deadline = now + self.config.flush_buffer_timeout / 1000.0
         if not self._buffer.size():
             self._deadline = None
             self._timeout_flush = False

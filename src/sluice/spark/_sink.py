@@ -75,7 +75,7 @@ class SinkDataSource(SluiceDataSource):
 
     # ---- Spark entry points
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        config = SinkConfig.from_options(opts)
+        config = SinkConfig.of(opts)
         if config.mode != PARTITION_ORDERED:
             return config
         key = config.partition_key or self.primary_key(opts)

@@ -62,7 +62,7 @@ def check_batching(plan: WritePlan) -> None:
     creator = creator or (PartitionKeyBatchCreator() if keyed else SimpleBatchCreator())
     buffer = buffer or (KeyedRequestBuffer() if keyed else DequeRequestBuffer())
     try:
-        creator.create_next_batch(RequestInfo(plan.config.max_batch_records, plan.config.max_batch_bytes, 0.0), buffer)
+        creator.create_next_batch(RequestInfo(plan.config.batch_max_size, plan.config.flush_buffer_size, 0.0), buffer)
     except Exception as e:
         raise OptionError(f"sink.batch-creator / sink.request-buffer: {type(creator).__name__} cannot cut batches "
                           f"from a {type(buffer).__name__} ({type(e).__name__}: {e}). Choose classes that work "

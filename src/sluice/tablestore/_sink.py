@@ -37,8 +37,8 @@ from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
 MiB = 1024 * 1024
 # One file per task, written in order: one batch in flight (Parquet writers are sequential), large row groups,
 # no retry of a half-written file (a failed task is re-run by Spark and writes a new file).
-SINK_CONFIG = SinkConfig(max_batch_records=65_536, max_batch_bytes=64 * MiB, flush_timeout_ms=1000,
-                         max_buffered=262_144, mode=GLOBAL_ORDERED, transactional=True, max_retries=0)
+SINK_CONFIG = SinkConfig(batch_max_size=65_536, flush_buffer_size=64 * MiB, flush_buffer_timeout=1000,
+                         requests_max_buffered=262_144, mode=GLOBAL_ORDERED, transactional=True, max_retries=0)
 
 
 class ParquetStore(BlockingStore):

@@ -53,7 +53,7 @@ def test_read_options_have_a_class_per_record_kind():
 def test_the_write_plan_travels_typed_and_never_shows_the_token():
     opts = APPEND_SPEC.parse({**CONNECTION, "s2.stream": "s"})
     schema = StructType([StructField("id", LongType()), StructField("v", StringType())])
-    plan = S2WritePlan("s2", opts, schema, SinkConfig.from_options(opts), AppendWriteOptions.of(opts),
+    plan = S2WritePlan("s2", opts, schema, SinkConfig.of(opts), AppendWriteOptions.of(opts),
                        Connection.from_options(opts))
     copy = pickle.loads(pickle.dumps(plan))
     assert (copy.write, copy.conn) == (plan.write, plan.conn) and copy.conn.token == "sekrit-token"

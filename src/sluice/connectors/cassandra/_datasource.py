@@ -61,7 +61,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         return self._table(opts)[1].partition_key if WriteOptions.of(opts).batch_grouping == "partition" else ()
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.from_options(opts).transactional:  # refused before the cluster is asked anything
+        if SinkConfig.of(opts).transactional:  # refused before the cluster is asked anything
             raise OptionError(NO_TRANSACTIONS)
         config = super().sink_config(opts, schema)
         if WriteOptions.of(opts).batch_grouping != "partition":

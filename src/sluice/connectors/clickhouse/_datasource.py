@@ -65,7 +65,7 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         return info.sorting_key if info.replacing else ()
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.from_options(opts).transactional:  # refused before the server is asked anything
+        if SinkConfig.of(opts).transactional:  # refused before the server is asked anything
             raise OptionError(NO_TRANSACTIONS)
         config = super().sink_config(opts, schema)
         conn, info = self._table(opts)

@@ -173,4 +173,4 @@ class ClickHouseWritePlan(WritePlan):
         return TaskWriter(encode, ClickHouseStore(insert, rows, self.connections_per_task))
 
     def batch_creator(self) -> BatchCreator | None:
-        return AlignedBatchCreator(self.config.max_batch_records) if self.insert.deduplicate else None
+        return AlignedBatchCreator(self.config.batch_max_size) if self.insert.deduplicate else None

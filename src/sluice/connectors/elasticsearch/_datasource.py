@@ -41,11 +41,11 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         return tuple(opts["mapping.id"])
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.from_options(opts).transactional:
+        if SinkConfig.of(opts).transactional:
             raise OptionError(NO_TRANSACTIONS)
         if not self.primary_key(opts) and not any(opts.is_set(o) for o in ORDER_OPTIONS):
             # Generated ids: no document has a later change to keep in order.
-            return replace(SinkConfig.from_options(opts), mode=UNORDERED, partition_key=())
+            return replace(SinkConfig.of(opts), mode=UNORDERED, partition_key=())
         return super().sink_config(opts, schema)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig,

@@ -44,7 +44,7 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         return tuple(opts["rowkey"])
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.from_options(opts).transactional:
+        if SinkConfig.of(opts).transactional:
             raise OptionError(NO_TRANSACTIONS)
         return super().sink_config(opts, schema)
 

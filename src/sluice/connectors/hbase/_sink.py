@@ -279,6 +279,6 @@ class HBaseWritePlan(WritePlan):
     def open_task(self, context: WriteContext) -> TaskWriter:
 
         encode = RowEncoder(self.rows, context, to_arrow_schema(self.schema))
-        store = HBaseStore(self.conn, self.rows.catalog.table, self.config.max_inflight,
+        store = HBaseStore(self.conn, self.rows.catalog.table, self.config.requests_max_inflight,
                            context.partition_id)
         return TaskWriter(encode, store)

@@ -81,10 +81,11 @@ class _S2Base(SinkDataSource, SourceDataSource):
         return replace(
             config, mode=PARTITION_ORDERED, partition_key=columns,
             parallelism=config.parallelism if opts.is_set("sink.parallelism") else ROUTED_PARALLELISM,
-            max_buffered=config.max_buffered if opts.is_set("sink.requests.max-buffered") else ROUTED_MAX_BUFFERED)
+            requests_max_buffered=config.requests_max_buffered if opts.is_set("sink.requests.max-buffered")
+            else ROUTED_MAX_BUFFERED)
 
     def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
-        if SinkConfig.from_options(opts).transactional:
+        if SinkConfig.of(opts).transactional:
             # Exactly-once: each stream has one writer per micro-batch.
             return tuple(StreamRouter(self.write_options_type.of(opts).s2_stream, schema.fieldNames()).columns)
         return super().partitioning(opts, schema)
