@@ -8,8 +8,8 @@ from typing import Any
 
 from sluice._errors import OptionError
 from sluice._options import Option, Options, OptionSpec, TypedOptions, attribute
-from sluice.engine._batch import BatchCreator
-from sluice.engine._buffer import RequestBuffer
+from sluice.engine._batch import BatchCreator, PartitionKeyBatchCreator, SimpleBatchCreator
+from sluice.engine._buffer import DequeRequestBuffer, KeyedRequestBuffer, RequestBuffer
 
 UNORDERED = "unordered"
 PARTITION_ORDERED = "partition-ordered"
@@ -175,6 +175,13 @@ class SinkConfig(TypedOptions):
         """A new instance of the sink.request-buffer class, or None when the option is not set."""
         return load_class("sink.request-buffer", self.request_buffer, RequestBuffer)() if self.request_buffer \
             else None
+
+    def mode_batching(self) -> tuple[BatchCreator, RequestBuffer]:
+        """The mode's own BatchCreator and RequestBuffer, for a write whose options and connector choose none: per
+        partition key in partition-ordered mode, else in arrival order."""
+        if self.mode == PARTITION_ORDERED:
+            return PartitionKeyBatchCreator(), KeyedRequestBuffer()
+        return SimpleBatchCreator(), DequeRequestBuffer()
 
     @property
     def effective_max_inflight(self) -> int:

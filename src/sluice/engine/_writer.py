@@ -26,11 +26,9 @@ from sluice._errors import OptionError, RecordTooLargeError, RetryEntries, SinkE
 from sluice.engine._batch import (
     Batch,
     BatchCreator,
-    PartitionKeyBatchCreator,
     RequestInfo,
-    SimpleBatchCreator,
 )
-from sluice.engine._buffer import Chunk, DequeRequestBuffer, KeyedRequestBuffer, RequestBuffer
+from sluice.engine._buffer import Chunk, RequestBuffer
 from sluice.engine._config import PARTITION_ORDERED, SinkConfig
 from sluice.engine._ratelimit import AIMDRateLimiter
 from sluice.engine._stats import LiveStats, WriteStats
@@ -81,8 +79,9 @@ class AsyncSinkWriter:
         self.config = config
         self.context = context or WriteContext()
         self._keyed = config.mode == PARTITION_ORDERED
-        self._buffer = buffer or (KeyedRequestBuffer() if self._keyed else DequeRequestBuffer())
-        self._creator = batch_creator or (PartitionKeyBatchCreator() if self._keyed else SimpleBatchCreator())
+        mode_creator, mode_buffer = config.mode_batching()
+        self._buffer = buffer or mode_buffer
+        self._creator = batch_creator or mode_creator
         self._limiter = AIMDRateLimiter(config.batch_max_size, config.effective_max_inflight)
         self._hold = config.flush_on_checkpoint
         self._clock = clock

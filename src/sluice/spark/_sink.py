@@ -32,6 +32,9 @@ class SinkDataSource(SluiceDataSource):
     # The store's hard limits, checked against the sink.* options on the driver: (record bytes, batch records,
     # batch bytes); None = no limit.
     store_limits: ClassVar[tuple[int | None, int | None, int | None]] = (None, None, None)
+    # Why the store has no transactions and what gives exactly-once results instead: said when a write sets
+    # sink.transactional=true, before the store is asked anything. None: the plan's committer() decides.
+    no_transactions: ClassVar[str | None] = None
     # Whether any column type is fine (sluice_null drops everything); else check_writable() refuses some.
     writes_any_type: ClassVar[bool] = False
     write_spec: ClassVar[OptionSpec]
@@ -54,7 +57,7 @@ class SinkDataSource(SluiceDataSource):
 
     def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
         """Columns whose rows must share a task for the mode's guarantee; () = one task; None = any layout."""
-        config = self.sink_config(opts, schema)
+        config = self._sink_config(opts, schema)
         return config.partition_key if config.mode == PARTITION_ORDERED else None
 
     def write_order(self, opts: Options, schema: StructType) -> tuple[str, ...]:
@@ -74,6 +77,12 @@ class SinkDataSource(SluiceDataSource):
             )
 
     # ---- Spark entry points
+    def _sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
+        """The write's SinkConfig: a format without transactions refuses them first, then the connector decides."""
+        if self.no_transactions is not None and opts["sink.transactional"]:
+            raise OptionError(self.no_transactions)
+        return self.sink_config(opts, schema)
+
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
         config = SinkConfig.of(opts)
         if config.mode != PARTITION_ORDERED:
@@ -100,7 +109,7 @@ class SinkDataSource(SluiceDataSource):
                               "checkpoint (query id and batch id). Remove sink.write-id.")
         if not self.writes_any_type:
             check_writable(self.format_name, schema)
-        config = dataclasses.replace(self.sink_config(opts, schema), streaming=streaming)
+        config = dataclasses.replace(self._sink_config(opts, schema), streaming=streaming)
         config.check_store_limits(self.format_name, *self.store_limits)
         plan = self.plan_write(opts, schema, config, overwrite)
         if config.transactional and plan.committer() is None:

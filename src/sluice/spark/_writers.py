@@ -16,12 +16,8 @@ from sluice.engine import (
     PARTITION_ORDERED,
     AsyncSinkWriter,
     BatchCreator,
-    DequeRequestBuffer,
-    KeyedRequestBuffer,
-    PartitionKeyBatchCreator,
     RequestBuffer,
     RequestInfo,
-    SimpleBatchCreator,
     WriteContext,
     WriteStats,
 )
@@ -58,9 +54,8 @@ def check_batching(plan: WritePlan) -> None:
     creator, buffer = batching(plan)
     if creator is None and buffer is None:
         return
-    keyed = plan.config.mode == PARTITION_ORDERED
-    creator = creator or (PartitionKeyBatchCreator() if keyed else SimpleBatchCreator())
-    buffer = buffer or (KeyedRequestBuffer() if keyed else DequeRequestBuffer())
+    mode_creator, mode_buffer = plan.config.mode_batching()
+    creator, buffer = creator or mode_creator, buffer or mode_buffer
     try:
         creator.create_next_batch(RequestInfo(plan.config.batch_max_size, plan.config.flush_buffer_size, 0.0), buffer)
     except Exception as e:

@@ -41,6 +41,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
     """`format("cassandra")`: see the package docstring for usage."""
 
     format_name = "cassandra"
+    no_transactions = NO_TRANSACTIONS
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
@@ -61,8 +62,6 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         return self._table(opts)[1].partition_key if WriteOptions.of(opts).batch_grouping == "partition" else ()
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.of(opts).transactional:  # refused before the cluster is asked anything
-            raise OptionError(NO_TRANSACTIONS)
         config = super().sink_config(opts, schema)
         if WriteOptions.of(opts).batch_grouping != "partition":
             # Every row carries its write timestamp, so batches of any rows may go in any order: unordered, unless

@@ -50,6 +50,7 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
     """`format("clickhouse")`: see the package docstring for usage."""
 
     format_name = "clickhouse"
+    no_transactions = NO_TRANSACTIONS
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
@@ -65,8 +66,6 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         return info.sorting_key if info.replacing else ()
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.of(opts).transactional:  # refused before the server is asked anything
-            raise OptionError(NO_TRANSACTIONS)
         config = super().sink_config(opts, schema)
         conn, info = self._table(opts)
         if not info.replacing or info.version_column:

@@ -33,6 +33,7 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
     """`format("elasticsearch")`: see the package docstring for usage."""
 
     format_name = "elasticsearch"
+    no_transactions = NO_TRANSACTIONS
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
 
@@ -41,8 +42,6 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         return tuple(opts["mapping.id"])
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.of(opts).transactional:
-            raise OptionError(NO_TRANSACTIONS)
         if not self.primary_key(opts) and not any(opts.is_set(o) for o in ORDER_OPTIONS):
             # Generated ids: no document has a later change to keep in order.
             return replace(SinkConfig.of(opts), mode=UNORDERED, partition_key=())

@@ -33,6 +33,7 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
     """`format("hbase")`: see the package docstring for usage."""
 
     format_name = "hbase"
+    no_transactions = NO_TRANSACTIONS
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
 
@@ -42,11 +43,6 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         """The row key's columns: one key's changes share a task and keep their order."""
         return tuple(opts["rowkey"])
-
-    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        if SinkConfig.of(opts).transactional:
-            raise OptionError(NO_TRANSACTIONS)
-        return super().sink_config(opts, schema)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> HBaseWritePlan:
 
