@@ -108,7 +108,7 @@ def test_max_inflight_requests_is_honoured():
 
 
 def test_aimd_window_grows_additively_and_halves_on_failure():
-    limiter = AIMDRateLimiter(max_batch_records=100, max_inflight_requests=4)
+    limiter = AIMDRateLimiter(batch_max_size=100, max_inflight_requests=4)
     assert limiter.window == 100
     limiter.on_submit(100)
     assert limiter.should_block(1)

@@ -7,7 +7,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.engine._buffer import DequeRequestBuffer, KeyedRequestBuffer, RequestBuffer
+from sluice.engine._buffer import KeyedRequestBuffer, RequestBuffer
 
 
 @dataclass
@@ -56,7 +56,7 @@ class SimpleBatchCreator(BatchCreator):
         return Batch(taken.entries, taken.size_bytes, len(taken.entries), None, taken.attempt, taken.sizes)
 
     def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
-        return buffer.head_ready_at() if isinstance(buffer, DequeRequestBuffer) else 0.0
+        return buffer.head_ready_at()
 
 
 class AlignedBatchCreator(BatchCreator):
@@ -85,7 +85,7 @@ class AlignedBatchCreator(BatchCreator):
         return Batch(taken.entries, taken.size_bytes, len(taken.entries), None, taken.attempt, taken.sizes)
 
     def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
-        return buffer.head_ready_at() if isinstance(buffer, DequeRequestBuffer) else 0.0
+        return buffer.head_ready_at()
 
 
 class PartitionKeyBatchCreator(BatchCreator):

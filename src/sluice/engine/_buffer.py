@@ -60,6 +60,11 @@ class RequestBuffer(ABC):
     def buffered_state(self) -> list[tuple[Any, int]]:
         """Every buffered (entry, size) in send order: what a checkpoint would snapshot."""
 
+    def head_ready_at(self) -> float:
+        """Monotonic time before which the head entry must not be sent (a retry's backoff); 0.0: any time. A
+        buffer without one order of all entries (keyed) has no head: 0.0."""
+        return 0.0
+
     def add(self, entry: Any, size: int, prioritize: bool = False, key: Hashable = None) -> None:
         self.add_chunk(Chunk([entry], [size], key), prioritize)
 
