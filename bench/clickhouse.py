@@ -69,7 +69,7 @@ def client_runs(url: str, password: str, rows: int, rounds: int, fresh, count) -
     import pyarrow.compute as pc
 
     from sluice.connectors.clickhouse._client import Connection
-    from sluice.connectors.clickhouse._sink import WRITE_SPEC
+    from sluice.connectors.clickhouse._options import WRITE_SPEC
 
     ids = np.arange(rows, dtype=np.int64)
     arrow = pa.table({"id": ids, "k": (ids % 1000).astype(np.int32), "v": ids * 0.25,

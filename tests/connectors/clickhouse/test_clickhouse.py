@@ -147,7 +147,7 @@ def test_the_password_never_shows_and_can_come_from_the_environment(spark, ch, m
         sluice.write(spark.range(3), "clickhouse", {**ch.opts(table), "password": wrong})
     assert "refused user 'default': wrong user or password" in str(failure.value)
     assert wrong not in str(failure.value)
-    from sluice.connectors.clickhouse._sink import WRITE_SPEC
+    from sluice.connectors.clickhouse._options import WRITE_SPEC
 
     assert ch.password not in repr(WRITE_SPEC.parse(ch.opts(table)))
     plan = spark.read.format("clickhouse").options(**ch.opts(table)).load()._jdf.queryExecution().toString()

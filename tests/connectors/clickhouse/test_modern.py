@@ -215,7 +215,7 @@ def test_async_inserts_arrive(spark, ch):
 
 def test_timeouts_are_retried_and_readonly_is_not(ch):
     from sluice.connectors.clickhouse._client import ClickHouseError, ClickHouseRetryableError, Connection
-    from sluice.connectors.clickhouse._sink import WRITE_SPEC
+    from sluice.connectors.clickhouse._options import WRITE_SPEC
 
     conn = Connection.from_options(WRITE_SPEC.parse(ch.opts("t")))
     with pytest.raises(ClickHouseRetryableError, match=r"answered 408: Code: 159\."):  # TIMEOUT_EXCEEDED

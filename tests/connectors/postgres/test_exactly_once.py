@@ -90,7 +90,7 @@ def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, pg, tmp_
 
 
 def test_a_replayed_epoch_is_a_no_op(spark, pg):
-    from sluice.connectors.postgres._conn import Connection
+    from sluice.connectors.postgres._client import Connection
     from sluice.connectors.postgres._options import WRITE_SPEC, WriteOptions
     from sluice.connectors.postgres._sink import PostgresCommitter
     from sluice.connectors.postgres._table import prepare_target

@@ -8,7 +8,7 @@ import struct
 import pyarrow as pa
 import pytest
 
-from sluice.connectors.postgres._conn import PostgresError
+from sluice.connectors.postgres._client import PostgresError
 from sluice.connectors.postgres._pgoutput import (
     METADATA_FIELDS,
     ChangeDecoder,

@@ -7,7 +7,7 @@ import uuid
 import psycopg
 import pytest
 
-from sluice.connectors.postgres._conn import Connection
+from sluice.connectors.postgres._client import Connection
 from sluice.connectors.postgres._options import READ_SPEC
 from sluice.connectors.postgres._pool import POOL, ConnectionPool
 from sluice.connectors.postgres.changes._slot import DECODING_SESSION

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.spark
 
 
 def plan_of(df, options):
-    from sluice.connectors.postgres._conn import Connection
+    from sluice.connectors.postgres._client import Connection
     from sluice.connectors.postgres._options import WRITE_SPEC, WriteOptions
     from sluice.connectors.postgres._table import prepare_target
     from sluice.spark._compat import to_arrow_schema
@@ -200,7 +200,7 @@ def test_unreachable_server_and_wrong_password_fail_clearly_without_the_password
 
 
 def test_password_stays_out_of_reprs(pg):
-    from sluice.connectors.postgres._conn import Connection
+    from sluice.connectors.postgres._client import Connection
     from sluice.connectors.postgres._options import WRITE_SPEC
 
     opts = WRITE_SPEC.parse({"url": "postgresql://u:hunter2@h/db", "table": "t"})

@@ -7,8 +7,9 @@ import threading
 import s2_sdk
 
 from sluice.connector import Split
-from sluice.connectors.s2._options import Connection
-from sluice.connectors.s2._source import READ_SPEC, ReadOptions, S2Enumerator
+from sluice.connectors.s2._client import Connection
+from sluice.connectors.s2._options import READ_SPEC, ReadOptions
+from sluice.connectors.s2._source import S2Enumerator
 from sluice.s2local import LocalS2
 
 

@@ -4,22 +4,20 @@ import pickle
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from sluice.connectors.s2._client import Connection
 from sluice.connectors.s2._datasource import S2DataSource, S2UpsertDataSource
 from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import (
     APPEND_SPEC,
+    READ_SPEC,
+    UPSERT_READ_SPEC,
     UPSERT_SPEC,
     AppendWriteOptions,
-    Connection,
+    ReadOptions,
+    UpsertReadOptions,
     UpsertWriteOptions,
 )
 from sluice.connectors.s2._sink import S2WritePlan
-from sluice.connectors.s2._source import (
-    READ_SPEC,
-    UPSERT_READ_SPEC,
-    ReadOptions,
-    UpsertReadOptions,
-)
 from sluice.engine import SinkConfig
 
 CONNECTION = {"s2.basin": "typed-basin", "s2.auth-token": "sekrit-token", "s2.endpoints.account": "http://h:1",

@@ -11,9 +11,10 @@ import pytest
 import s2_sdk
 
 from sluice.connector import Batch, Split, WriteContext
-from sluice.connectors.s2._options import Connection
+from sluice.connectors.s2._client import Connection
+from sluice.connectors.s2._options import READ_SPEC, ReadOptions
 from sluice.connectors.s2._sink import S2Committer
-from sluice.connectors.s2._source import READ_SPEC, ReadOptions, S2Enumerator
+from sluice.connectors.s2._source import S2Enumerator
 from sluice.connectors.s2._store import S2Store
 from tests.connectors.s2.conftest import read_stream
 

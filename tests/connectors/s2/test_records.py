@@ -8,10 +8,10 @@ import pyarrow as pa
 import s2_sdk
 from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType, TimestampType
 
-from sluice.connectors.s2._options import Connection
+from sluice.connectors.s2._client import Connection
+from sluice.connectors.s2._options import READ_SPEC, ReadOptions
 from sluice.connectors.s2._reader import S2Reader
 from sluice.connectors.s2._records import RecordColumns, fast_path_installed, protobuf_records
-from sluice.connectors.s2._source import READ_SPEC, ReadOptions
 from sluice.source import Split
 from tests.connectors.s2.conftest import read_stream
 

@@ -212,7 +212,8 @@ def test_the_token_never_appears_in_errors(spark, s2_opts):
     reader = spark.read.format("s2").options(**connection)
     with pytest.raises(Exception, match=r"cannot reach S2 at http://127\.0\.0\.1:9 for 'check-tail or read'"):
         reader.option("s2.streams", "s").load().collect()
-    from sluice.connectors.s2._options import APPEND_SPEC, Connection
+    from sluice.connectors.s2._client import Connection
+    from sluice.connectors.s2._options import APPEND_SPEC
 
     parsed = APPEND_SPEC.parse(opts)
     assert "sekrit" not in repr(parsed) and "sekrit" not in repr(Connection.from_options(parsed))
@@ -220,7 +221,8 @@ def test_the_token_never_appears_in_errors(spark, s2_opts):
 
 def test_token_and_endpoints_come_from_the_environment(monkeypatch):
     """Resolved on the driver (Spark's planner worker, which inherits the environment the session started with)."""
-    from sluice.connectors.s2._options import APPEND_SPEC, Connection
+    from sluice.connectors.s2._client import Connection
+    from sluice.connectors.s2._options import APPEND_SPEC
 
     monkeypatch.setenv("S2_ACCESS_TOKEN", "from-env")
     monkeypatch.setenv("S2_ACCOUNT_ENDPOINT", "http://127.0.0.1:1")

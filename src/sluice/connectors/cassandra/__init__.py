@@ -12,7 +12,7 @@ one partition each (FLIP-509's case), routed token-aware; reads in token-range s
 Written only on the public connector SDK (`sluice.connector`). Guide: docs/cassandra.md.
 """
 
+from sluice.connectors.cassandra._client import CassandraError
 from sluice.connectors.cassandra._datasource import CassandraDataSource
-from sluice.connectors.cassandra._session import CassandraError
 
 __all__ = ["CassandraDataSource", "CassandraError"]

@@ -16,14 +16,13 @@ from sluice.connector import (
     SourceDataSource,
     to_arrow_schema,
 )
-from sluice.connectors.cassandra._session import Connection
-from sluice.connectors.cassandra._sink import WRITE_SPEC, CassandraWritePlan, RowPlan, WriteOptions
+from sluice.connectors.cassandra._client import Connection
+from sluice.connectors.cassandra._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.cassandra._sink import CassandraWritePlan, RowPlan
 from sluice.connectors.cassandra._source import (
-    READ_SPEC,
     CassandraBatchReader,
     CassandraEnumerator,
     CassandraReader,
-    ReadOptions,
     check_columns,
 )
 from sluice.connectors.cassandra._table import TableInfo, describe

@@ -25,84 +25,30 @@ import numpy as np
 import pyarrow as pa
 
 from sluice.connector import (
-    PARTITION_ORDERED,
-    SINK_SPEC,
     Batch,
     Encoded,
-    Option,
     OptionError,
     SinkError,
     Store,
     TaskWriter,
     ThrottledError,
-    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
     first_null,
 )
-from sluice.connectors.cassandra._session import (
-    CONNECTION_OPTIONS,
-    CONSISTENCY_LEVELS,
+from sluice.connectors.cassandra._client import (
     Connection,
     classify,
     quote_ident,
 )
+from sluice.connectors.cassandra._options import WriteOptions
 from sluice.connectors.cassandra._types import CQLType, python_values
 
 if TYPE_CHECKING:
     from cassandra.query import PreparedStatement
 
-GROUPINGS = ("partition", "mixed", "none")
-TIMESTAMPS = ("client", "micro-batch")
 MICRO_BATCH_ROWS = 1 << 32  # rows one task may write in one micro-batch under write.timestamp=micro-batch
-
-WRITE_OPTIONS = (
-    Option("consistency", "choice", "LOCAL_QUORUM", "Consistency level of every write.", choices=CONSISTENCY_LEVELS),
-    Option("batch.grouping", "choice", "partition",
-           "partition: each request is an UNLOGGED batch of one partition key's rows, routed to a replica of it "
-           "(sink.mode becomes partition-ordered by the table's partition key, sink.batch-by=key); mixed: batches "
-           "of rows of any partitions; none: every row its own statement, sent concurrently.", choices=GROUPINGS),
-    Option("write.timestamp", "choice", "client",
-           "Where each row's write timestamp comes from: client (the executor's clock when the row is encoded, "
-           "strictly increasing within a task) or micro-batch (streaming: the batch id and the row's position, so "
-           "a replayed batch never overwrites a later one's cells). See docs/cassandra.md.", choices=TIMESTAMPS),
-    Option("write.timestamp-column", "str", None,
-           "Column holding each row's write timestamp (long microseconds since the epoch, or a timestamp). Not "
-           "written."),
-    Option("write.ttl", "int", 0, "Seconds until written cells expire (0: never).", minimum=0, maximum=630_720_000),
-    Option("write.ttl-column", "str", None, "Column holding each row's TTL in seconds (int). Not written."),
-    Option("write.ignore-nulls", "bool", False,
-           "Leave a null cell unset (the stored value stays) instead of deleting it, as Cassandra does for null."),
-    Option("upsert.op-column", "str", None,
-           "Column whose value d, delete, D or -D deletes the row (by its whole primary key). Not written."),
-)
-
-
-@dataclass(frozen=True)
-class WriteOptions(TypedOptions):
-    """The write options of format("cassandra") (WRITE_OPTIONS), parsed and checked once, one field per option."""
-
-    declared = WRITE_OPTIONS
-
-    consistency: str
-    batch_grouping: str
-    write_timestamp: str
-    write_timestamp_column: str | None
-    write_ttl: int
-    write_ttl_column: str | None
-    write_ignore_nulls: bool
-    upsert_op_column: str | None
-
-
-# Partition-ordered by default: rows of one partition share a task (sluice.write repartitions by the key), so they
-# can share batches. Cassandra warns about batches over 5 KiB (batch_size_warn_threshold) and refuses them over
-# 50 KiB (batch_size_fail_threshold): small batches.
-WRITE_SPEC = SINK_SPEC.extend(
-    (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
-    sink_batch_max_size=100, sink_flush_buffer_size=4096, sink_requests_max_inflight=32,
-    sink_mode=PARTITION_ORDERED,
-).renamed("cassandra")
 
 
 @dataclass(frozen=True)

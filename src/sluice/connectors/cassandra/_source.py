@@ -18,45 +18,18 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from sluice.connector import (
-    Option,
     OptionError,
-    OptionSpec,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitPartition,
     SplitReader,
-    TypedOptions,
 )
-from sluice.connectors.cassandra._session import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, TUPLES, Connection, quote_ident
+from sluice.connectors.cassandra._client import TUPLES, Connection, quote_ident
 from sluice.connectors.cassandra._table import TableInfo
 from sluice.connectors.cassandra._types import CQLType, arrow_column, scalar_converter
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1  # Murmur3Partitioner's ring (it never produces MIN_TOKEN itself)
-
-READ_OPTIONS = (
-    Option("partitions", "int", None, "Splits (Spark partitions) of a read, as equal ranges of the token ring; "
-           "default: the table's estimated size / read.split-size-mb.", minimum=1, maximum=100_000),
-    Option("read.split-size-mb", "int", 64, "Estimated megabytes per split when partitions is not set.", minimum=1),
-    Option("read.fetch-size", "int", 5000, "Rows per page of a split's SELECT.", minimum=1, maximum=1_000_000),
-    Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads.", choices=CONSISTENCY_LEVELS),
-)
-READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS))
-
-
-@dataclass(frozen=True)
-class ReadOptions(TypedOptions):
-    """The read options of format("cassandra") (READ_OPTIONS), parsed and checked once, one field per option;
-    `conn`: the cluster and table."""
-
-    declared = READ_OPTIONS
-    conn_from = Connection.from_options
-
-    partitions: int | None
-    read_split_size_mb: int
-    read_fetch_size: int
-    read_consistency: str
-    conn: Connection
 
 
 def estimated_bytes(conn: Connection) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.connector import OptionError
-from sluice.connectors.cassandra._session import Connection, forget_session
+from sluice.connectors.cassandra._client import Connection, forget_session
 from sluice.connectors.cassandra._types import CQLType, parse
 
 

@@ -18,15 +18,9 @@ from sluice.connector import (
     from_arrow_schema,
 )
 from sluice.connectors.clickhouse._client import Connection
-from sluice.connectors.clickhouse._sink import WRITE_SPEC, ClickHouseWritePlan, Deletes, InsertPlan, WriteOptions
-from sluice.connectors.clickhouse._source import (
-    READ_SPEC,
-    ClickHouseEnumerator,
-    ClickHouseReader,
-    ReadOptions,
-    check_final,
-    read_schema,
-)
+from sluice.connectors.clickhouse._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.clickhouse._sink import ClickHouseWritePlan, Deletes, InsertPlan
+from sluice.connectors.clickhouse._source import ClickHouseEnumerator, ClickHouseReader, check_final, read_schema
 from sluice.connectors.clickhouse._table import TableInfo, describe
 from sluice.connectors.clickhouse._types import CHType, write_problem
 

@@ -20,58 +20,20 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from sluice.connector import (
-    SINK_SPEC,
     AlignedBatchCreator,
     ArrowRows,
     Batch,
     BatchCreator,
     BlockingStore,
     Encoded,
-    Option,
     TaskWriter,
-    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
 )
 from sluice.connectors.clickhouse._checks import check_chunk
-from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection, quote_ident
+from sluice.connectors.clickhouse._client import Connection, quote_ident
 from sluice.connectors.clickhouse._types import CHType
-
-MiB = 1024 * 1024
-
-WRITE_OPTIONS = (
-    Option("connections-per-task", "int", 2, "Concurrent INSERTs per Spark task.", minimum=1, maximum=32),
-    Option("insert.deduplicate", "bool", False,
-           "Exactly-once for retried tasks and replayed micro-batches through insert_deduplication_token: batches "
-           "are cut at fixed row positions and each carries a token ClickHouse applies once. The table must "
-           "deduplicate inserts (Replicated*/Shared* engines, or non_replicated_deduplication_window > 0)."),
-    Option("insert.async", "bool", False,
-           "ClickHouse's asynchronous inserts (async_insert=1, wait_for_async_insert=1): the server gathers many "
-           "small inserts into one part, and acknowledges each once it is written. For many small batches."),
-    Option("upsert.op-column", "str", None,
-           "Column whose value d, delete, D or -D deletes the row's key; a ReplacingMergeTree(ver, is_deleted) "
-           "table only. Not written."),
-)
-
-
-@dataclass(frozen=True)
-class WriteOptions(TypedOptions):
-    """The write options of format("clickhouse") (WRITE_OPTIONS), parsed and checked once, one field per option."""
-
-    declared = WRITE_OPTIONS
-
-    connections_per_task: int
-    insert_deduplicate: bool
-    insert_async: bool
-    upsert_op_column: str | None
-
-
-# ClickHouse wants few, large inserts (each one is a part on disk that merges later): large batches by default.
-WRITE_SPEC = SINK_SPEC.extend(
-    (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
-    sink_batch_max_size=100_000, sink_requests_max_buffered=400_000, sink_flush_buffer_size=64 * MiB,
-).renamed("clickhouse")
 
 
 @dataclass(frozen=True)

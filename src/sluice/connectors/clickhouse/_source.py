@@ -11,46 +11,20 @@ concurrent with writes may see some of them (docs/clickhouse.md).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from sluice.connector import (
-    Option,
     OptionError,
-    OptionSpec,
     Split,
     SplitEnumerator,
     SplitReader,
-    TypedOptions,
     conform,
 )
-from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection, quote_ident
+from sluice.connectors.clickhouse._client import Connection, quote_ident
 from sluice.connectors.clickhouse._table import TableInfo
 from sluice.connectors.clickhouse._types import SIGNED, UNSIGNED, CHType, arrow_type, read_type
-
-READ_OPTIONS = (
-    Option("partitions", "int", 4, "Splits (Spark partitions) of a read, by ranges of the sorting key's first "
-           "column; 1 when that column is not an integer, Date or DateTime.", minimum=1, maximum=10_000),
-    Option("final", "bool", None, "Read with FINAL (one row per key of a ReplacingMergeTree table); default: true "
-           "for ReplacingMergeTree tables, false otherwise."),
-)
-READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS))
-
-
-@dataclass(frozen=True)
-class ReadOptions(TypedOptions):
-    """The read options of format("clickhouse") (READ_OPTIONS), parsed and checked once, one field per option;
-    `conn`: the server and table."""
-
-    declared = READ_OPTIONS
-    conn_from = Connection.from_options
-
-    partitions: int
-    final: bool | None
-    conn: Connection
-
 
 RANGED = (*SIGNED, *UNSIGNED, "Date", "DateTime")
 

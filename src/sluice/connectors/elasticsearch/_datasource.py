@@ -9,12 +9,11 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import UNORDERED, OptionError, Options, SinkConfig, SinkDataSource, SourceDataSource
 from sluice.connectors.elasticsearch._client import Cluster, Connection
-from sluice.connectors.elasticsearch._sink import WRITE_SPEC, DocPlan, ElasticsearchWritePlan, WriteOptions
+from sluice.connectors.elasticsearch._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.elasticsearch._sink import DocPlan, ElasticsearchWritePlan
 from sluice.connectors.elasticsearch._source import (
-    READ_SPEC,
     PitBatchReader,
     PitEnumerator,
-    ReadOptions,
     SliceReader,
     parse_query,
     spark_schema,

@@ -23,98 +23,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import (
-    PARTITION_ORDERED,
-    SINK_SPEC,
     Batch,
     BlockingStore,
     Committer,
     Encoded,
-    Option,
     OptionError,
     RetryableError,
     RetryEntries,
     TaskWriter,
     ThrottledError,
-    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
     first_null,
 )
-from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Connection, ElasticsearchError
+from sluice.connectors.elasticsearch._client import Connection, ElasticsearchError
+from sluice.connectors.elasticsearch._options import WriteOptions
 from sluice.connectors.elasticsearch._types import json_rows
 
 log = logging.getLogger("sluice.elasticsearch")
 
-MiB = 1024 * 1024
-OPERATIONS = ("index", "create", "update", "upsert")
 MICRO_BATCH_ROWS = 1 << 32  # rows one task may write in one micro-batch under write.version=micro-batch
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # one, reused: cheaper
-
-WRITE_OPTIONS = (
-    Option("write.operation", "choice", "index",
-           "index: the row replaces the document; create: only new documents (an existing id is an error); update: "
-           "the row's fields are merged into an existing document; upsert: merged, or created when missing "
-           "(es.write.operation).", choices=OPERATIONS),
-    Option("mapping.id", "list", (),
-           "Columns whose values make the document id (es.mapping.id): one column's text, or several as a JSON "
-           "array, e.g. [\"eu\",42]. Without it the engine generates ids (index and create only).",),
-    Option("mapping.routing", "str", None, "Column whose value routes each document to its shard "
-           "(es.mapping.routing). Not written into the document."),
-    Option("mapping.version", "str", None,
-           "Column (long, >= 0) holding each document's external version (es.mapping.version): the engine keeps "
-           "the highest, so a replayed or late write never overwrites a newer one. Not written."),
-    Option("mapping.exclude", "list", (), "Columns not written into the document (es.mapping.exclude)."),
-    Option("mapping.text-columns", "list", (),
-           "String columns mapped as full-text `text` when sluice creates the index (others: `keyword`)."),
-    Option("write.version", "choice", "none",
-           "micro-batch (streaming): each row's external version is its micro-batch id and position, so a replayed "
-           "micro-batch never overwrites a later one. none: the engine's own versions (the last write wins).",
-           choices=("none", "micro-batch")),
-    Option("upsert.op-column", "str", None,
-           "Column whose value d, delete, D or -D deletes the document (by its id). Not written."),
-    Option("write.refresh", "choice", "false",
-           "true: refresh the index at Spark's commit of each write or micro-batch, so searches see it; wait_for: "
-           "every bulk request waits until its documents are searchable; false: the index's refresh_interval.",
-           choices=("false", "true", "wait_for")),
-    Option("write.error-index", "str", None,
-           "An index where documents the cluster refuses (mapping errors, conflicts) are written, with the "
-           "reason, instead of failing the write."),
-    Option("index.create", "choice", "schema",
-           "When the index is missing: schema creates it with a mapping derived from the DataFrame's schema; server "
-           "lets the cluster create it on the first write (index templates and dynamic mapping apply); never "
-           "fails the write.", choices=("schema", "server", "never")),
-    Option("connections-per-task", "int", 2, "Concurrent bulk requests per Spark task.", minimum=1, maximum=32),
-)
-# Bulk requests of 1,000 documents or 5 MiB (the size Elastic's tuning guide starts from). Partition-ordered by the
-# id columns by default (unordered when documents have no ids: the data source decides).
-WRITE_SPEC = SINK_SPEC.extend(
-    (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
-    sink_batch_max_size=1000, sink_flush_buffer_size=5 * MiB, sink_requests_max_buffered=32_000,
-    sink_mode=PARTITION_ORDERED,
-).renamed("elasticsearch")
-
-
-@dataclass(frozen=True)
-class WriteOptions(TypedOptions):
-    """The write options of format("elasticsearch") (WRITE_OPTIONS), parsed and checked once, one field per
-    option; `index`: the target (a connection option)."""
-
-    declared = WRITE_OPTIONS
-
-    write_operation: str
-    mapping_id: tuple[str, ...]
-    mapping_routing: str | None
-    mapping_version: str | None
-    mapping_exclude: tuple[str, ...]
-    mapping_text_columns: tuple[str, ...]
-    write_version: str
-    upsert_op_column: str | None
-    write_refresh: str
-    write_error_index: str | None
-    index_create: str
-    connections_per_task: int
-    index: str
 
 
 @dataclass(frozen=True)

@@ -15,62 +15,21 @@ import base64
 import datetime as dt
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import types as T
 
 from sluice.connector import (
-    Option,
     OptionError,
-    Options,
-    OptionSpec,
     ReadObserver,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
-    TypedOptions,
     to_arrow_schema,
 )
-from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Cluster, Connection
-
-READ_OPTIONS = (
-    Option("partitions", "int", None, "Splits (Spark partitions) of a read: slices of one point-in-time search; "
-           "default: the index's primary shards.", minimum=1, maximum=1024),
-    Option("read.page-size", "int", 2000, "Documents per search request of a split.", minimum=1, maximum=10_000),
-    Option("read.keep-alive", "str", "5m", "How long the point in time outlives each request (e.g. 5m, 1h)."),
-    Option("read.query", "str", None, "A query in the query DSL, as JSON ({\"match\": {\"title\": \"spark\"}}), "
-           "that documents must match too."),
-    Option("read.metadata", "bool", False, "Add a column _id with each document's id."),
-    Option("read.array-columns", "list", (),
-           "Fields read as arrays (a search-engine field may hold one value or several; the mapping does not say "
-           "which; es.read.field.as.array.include)."),
-)
-READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS))
-
-
-@dataclass(frozen=True)
-class ReadOptions(TypedOptions):
-    """The read options of format("elasticsearch") (READ_OPTIONS), parsed and checked once, one field per option;
-    `conn`: the cluster and index."""
-
-    declared = READ_OPTIONS
-    conn_from = Connection.from_options
-
-    partitions: int | None
-    read_page_size: int
-    read_keep_alive: str
-    read_query: str | None
-    read_metadata: bool
-    read_array_columns: frozenset[str]
-    conn: Connection
-
-    @classmethod
-    def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"read_array_columns": frozenset(opts["read.array-columns"])}
-
+from sluice.connectors.elasticsearch._client import Cluster, Connection
 
 SCALARS = {"keyword": T.StringType(), "text": T.StringType(), "match_only_text": T.StringType(),
            "constant_keyword": T.StringType(), "wildcard": T.StringType(), "ip": T.StringType(),

@@ -9,12 +9,11 @@ from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
 from sluice.connectors.hbase._keys import KeyCodec
-from sluice.connectors.hbase._sink import DURABILITY, WRITE_SPEC, HBaseWritePlan, RowPlan, WriteOptions
+from sluice.connectors.hbase._options import DURABILITY, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.hbase._sink import HBaseWritePlan, RowPlan
 from sluice.connectors.hbase._source import (
-    READ_SPEC,
     HBaseBatchReader,
     HBaseReader,
-    ReadOptions,
     RegionEnumerator,
     check_versions,
     stamp_column,

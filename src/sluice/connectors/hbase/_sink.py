@@ -27,75 +27,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import (
-    PARTITION_ORDERED,
-    SINK_SPEC,
     Batch,
     BlockingStore,
     Encoded,
-    Option,
     OptionError,
     RecordTooLargeError,
     SinkError,
     TaskWriter,
     ThrottledError,
-    TypedOptions,
     WriteContext,
     WritePlan,
     delete_mask,
     first_null,
     to_arrow_schema,
 )
-from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
+from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
-from sluice.connectors.hbase._client import CONNECTION_OPTIONS, Connection, thrift
+from sluice.connectors.hbase._client import Connection, thrift
 from sluice.connectors.hbase._keys import KeyCodec
 from sluice.connectors.hbase._wire import put_multiple, thrift_puts
 
 MICRO_BATCH_ROWS = 1 << 24  # rows one task may write in one micro-batch under write.timestamp=micro-batch
 MAX_ROW_KEY = 32_767  # HConstants.MAX_ROW_LENGTH
-DURABILITY = {"default": 0, "skip-wal": 1, "async-wal": 2, "sync-wal": 3, "fsync-wal": 4}  # TDurability
-
-WRITE_OPTIONS = (
-    Option("write.timestamp", "choice", "client",
-           "Where cell timestamps (ms) come from: client (the executor's clock when the row is encoded; a later "
-           "change of the same key in a task one step later) or micro-batch (streaming: the batch id and the "
-           "row's position, so a replayed batch never overwrites a later one's cells; not wall-clock times). "
-           "docs/hbase.md.", choices=("client", "micro-batch")),
-    Option("write.timestamp-column", "str", None,
-           "Column holding each row's cell timestamp (long milliseconds since the epoch, or a timestamp). Not "
-           "written."),
-    Option("write.null-cells", "choice", "skip",
-           "A null value: skip writes no cell (a stored one stays); delete deletes the stored cell (every version "
-           "at or below the row's timestamp), so the row holds what the DataFrame row holds.",
-           choices=("skip", "delete")),
-    Option("upsert.op-column", "str", None,
-           "Column whose value d, delete, D or -D deletes the row (every cell at or below the row's timestamp). "
-           "Not written."),
-    Option("write.durability", "choice", "default", "The puts' and deletes' write-ahead-log durability (HBase's "
-           "Durability); default: the table's.", choices=tuple(DURABILITY)),
-    Option("write.max-cell-bytes", "int", 10_485_760,
-           "Largest cell value sent: a larger one fails the write naming its row key and column, before it is "
-           "sent (the server's hbase.server.keyvalue.maxsize, 10 MiB by default).", minimum=1),
-)
-WRITE_SPEC = SINK_SPEC.extend(
-    (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *WRITE_OPTIONS),
-    sink_mode=PARTITION_ORDERED, sink_batch_max_size=1000, sink_flush_buffer_size=4 << 20,
-    sink_requests_max_inflight=16,
-).renamed("hbase")
-
-
-@dataclass(frozen=True)
-class WriteOptions(TypedOptions):
-    """The write options of format("hbase") (WRITE_OPTIONS), parsed and checked once, one field per option."""
-
-    declared = WRITE_OPTIONS
-
-    write_timestamp: str
-    write_timestamp_column: str | None
-    write_null_cells: str
-    upsert_op_column: str | None
-    write_durability: str
-    write_max_cell_bytes: int
 
 
 @dataclass(frozen=True)

@@ -19,54 +19,17 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.connector import (
-    Option,
     OptionError,
-    Options,
-    OptionSpec,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
-    TypedOptions,
 )
-from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
+from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import decoder
-from sluice.connectors.hbase._client import CONNECTION_OPTIONS, Connection, regions, thrift
+from sluice.connectors.hbase._client import Connection, regions, thrift
 from sluice.connectors.hbase._keys import KeyCodec
-
-READ_OPTIONS = (
-    Option("read.splits-per-region", "int", 1, "Splits (Spark partitions) per region: its key range cut into "
-           "this many equal byte ranges.", minimum=1, maximum=1024),
-    Option("read.rows-per-fetch", "int", 1000, "Rows per scanner call (and the scan's caching).", minimum=1,
-           maximum=1_000_000),
-    Option("read.time-range", "list", (), "min,max: only cells with min <= timestamp < max (milliseconds), e.g. "
-           "'0,1767225600000' to read the table as of a moment."),
-    Option("read.versions", "int", 1, "Versions of each row to read, newest first: above 1, a row per cell "
-           "timestamp holding the cells written at it (needs read.timestamp-column; the families must keep that "
-           "many versions).", minimum=1, maximum=10_000),
-    Option("read.timestamp-column", "str", None, "A column of the read's schema (long: milliseconds, or "
-           "timestamp) that gets the row's cell timestamp: its newest cell's, or the version's."),
-)
-READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS))
-
-
-@dataclass(frozen=True)
-class ReadOptions(TypedOptions):
-    """The read options of format("hbase") (READ_OPTIONS), parsed and checked once, one field per option; `rowkey`:
-    the row key's columns (CATALOG_OPTIONS), which the timestamp column may not be."""
-
-    declared = READ_OPTIONS
-
-    read_splits_per_region: int
-    read_rows_per_fetch: int
-    read_time_range: tuple[str, ...]
-    read_versions: int
-    read_timestamp_column: str | None
-    rowkey: tuple[str, ...]
-
-    @classmethod
-    def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"rowkey": opts["rowkey"]}
+from sluice.connectors.hbase._options import ReadOptions
 
 
 def successor(prefix: bytes) -> bytes | None:

@@ -22,7 +22,7 @@ Writes: see _sink.py for how each mode maps onto COPY, INSERT ... ON CONFLICT an
 Reads: see _source.py for splits, the shared snapshot and filter pushdown. Full guide: docs/postgres.md.
 """
 
-from sluice.connectors.postgres._conn import Connection, PostgresError
+from sluice.connectors.postgres._client import Connection, PostgresError
 from sluice.connectors.postgres._datasource import PostgresDataSource
 from sluice.connectors.postgres.changes import PostgresChangesDataSource
 

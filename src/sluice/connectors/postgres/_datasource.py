@@ -13,7 +13,7 @@ from sluice.connector import (
     require,
     to_arrow_schema,
 )
-from sluice.connectors.postgres._conn import Connection
+from sluice.connectors.postgres._client import Connection
 from sluice.connectors.postgres._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.postgres._sink import PostgresWritePlan
 from sluice.connectors.postgres._source import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.connector import SINK_SPEC, UNORDERED, Option, OptionError, Options, OptionSpec, TypedOptions
-from sluice.connectors.postgres._conn import CONNECTION_OPTIONS, Connection
+from sluice.connectors.postgres._client import CONNECTION_OPTIONS, Connection
 
 MiB = 1024 * 1024
 

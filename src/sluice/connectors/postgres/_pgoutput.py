@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.connectors.postgres._conn import PostgresError
+from sluice.connectors.postgres._client import PostgresError
 from sluice.connectors.postgres._pgtext import text_to_arrow
 
 log = logging.getLogger("sluice.postgres")

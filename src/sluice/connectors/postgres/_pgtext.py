@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.connectors.postgres._conn import PostgresError
+from sluice.connectors.postgres._client import PostgresError
 
 # +-infinity of dates and timestamps read as the last and first instant Spark holds, as the batch reader (and
 # Spark's JDBC reader) read them.

@@ -34,7 +34,7 @@ from sluice.connector import (
     WriteContext,
     WritePlan,
 )
-from sluice.connectors.postgres._conn import (
+from sluice.connectors.postgres._client import (
     Connection,
     PostgresError,
     classify,

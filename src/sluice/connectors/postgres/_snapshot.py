@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.connectors.postgres._conn import Connection, PostgresError
+from sluice.connectors.postgres._client import Connection, PostgresError
 
 
 @dataclass(frozen=True)

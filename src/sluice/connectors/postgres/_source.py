@@ -42,7 +42,7 @@ from sluice.connector import (
     conform,
     to_arrow_schema,
 )
-from sluice.connectors.postgres._conn import (
+from sluice.connectors.postgres._client import (
     Connection,
     PostgresError,
     qualified,

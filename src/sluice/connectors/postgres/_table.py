@@ -36,7 +36,7 @@ from pyspark.sql.types import (
 )
 
 from sluice.connector import DELETE_OPS_SQL, OptionError, check_key_columns
-from sluice.connectors.postgres._conn import Connection, PostgresError, qualified, quote_ident, split_qualified
+from sluice.connectors.postgres._client import Connection, PostgresError, qualified, quote_ident, split_qualified
 from sluice.connectors.postgres._options import WriteOptions
 
 # Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).

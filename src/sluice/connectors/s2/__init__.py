@@ -27,7 +27,7 @@ headers and an optional `timestamp` column the record timestamp. Upsert records 
 a JSON object: the byte format of flink-connector-s2's `s2-upsert` sink.
 """
 
+from sluice.connectors.s2._client import S2AccessError
 from sluice.connectors.s2._datasource import S2DataSource, S2UpsertDataSource
-from sluice.connectors.s2._options import S2AccessError
 
 __all__ = ["S2AccessError", "S2DataSource", "S2UpsertDataSource"]

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from sluice.connectors.s2._options import Connection
+from sluice.connectors.s2._client import Connection
 
 T = TypeVar("T")
 

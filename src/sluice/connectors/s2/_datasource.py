@@ -20,25 +20,22 @@ from sluice.connector import (
     SplitStreamReader,
     WriteContext,
 )
+from sluice.connectors.s2._client import Connection
 from sluice.connectors.s2._codec import S2Encoder, StreamRouter
 from sluice.connectors.s2._options import (
     APPEND_SPEC,
+    READ_SPEC,
+    UPSERT_READ_SPEC,
     UPSERT_SPEC,
     AppendWriteOptions,
-    Connection,
     FormatWriteOptions,
+    ReadOptions,
+    UpsertReadOptions,
     UpsertWriteOptions,
 )
 from sluice.connectors.s2._reader import S2Reader
 from sluice.connectors.s2._sink import S2WritePlan
-from sluice.connectors.s2._source import (
-    DEFAULT_SCHEMA,
-    READ_SPEC,
-    UPSERT_READ_SPEC,
-    ReadOptions,
-    S2Enumerator,
-    UpsertReadOptions,
-)
+from sluice.connectors.s2._source import DEFAULT_SCHEMA, S2Enumerator
 from sluice.connectors.s2._store import S2Store
 
 ROUTED_PARALLELISM = 4096  # the most sink.parallelism allows: buckets ~ streams

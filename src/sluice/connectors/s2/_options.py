@@ -1,36 +1,25 @@
-"""Options of the S2 formats (names from flink-connector-s2's README), and the connection they describe."""
+"""Options of the S2 formats (names from flink-connector-s2's README): declared once, and parsed once on the driver
+into the typed write options of each record kind and the read options; the connection's are in _client.py."""
 
 from __future__ import annotations
 
-import base64
-import os
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from sluice.connector import PARTITION_ORDERED, SINK_SPEC, Option, OptionError, Options, SluiceError, TypedOptions
+from sluice.connector import (
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    Option,
+    OptionError,
+    Options,
+    OptionSpec,
+    TypedOptions,
+)
+from sluice.connectors.s2._client import CONNECTION_OPTIONS
 from sluice.connectors.s2._kinds import RecordKind
 
-MIB = 1024 * 1024
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
-
-CONNECTION_OPTIONS = (
-    Option("s2.basin", "str", None, "Basin to write to (8-48 chars of a-z, 0-9, '-').", required=True),
-    Option("s2.auth-token", "str", None, "Access token; default: the S2_ACCESS_TOKEN environment variable.",
-           secret=True),
-    Option("s2.encryption-key", "str", None,
-           "Key of an encrypted basin's streams (base64 of 32 bytes), sent with every append and read; default: the "
-           "S2_ENCRYPTION_KEY environment variable.", secret=True),
-    Option("s2.endpoints.account", "str", None,
-           "Account endpoint, e.g. http://127.0.0.1:4243; default: S2_ACCOUNT_ENDPOINT, else s2.dev."),
-    Option("s2.endpoints.basin", "str", None,
-           "Basin endpoint ({basin} allowed in the host); default: S2_BASIN_ENDPOINT, else s2.dev."),
-    Option("s2.append-retry-policy", "choice", "ALL",
-           "SDK retries of appends: ALL (may duplicate) or NO_SIDE_EFFECTS.", choices=("ALL", "NO_SIDE_EFFECTS")),
-    Option("s2.max-retries", "int", 3, "SDK retries of one request (attempts - 1).", minimum=0, maximum=100),
-    Option("s2.retry-delay-ms", "int", 1000, "Longest SDK backoff between retries, in ms.", minimum=1),
-    Option("s2.compression", "choice", "none", "Compress requests and responses.", choices=("none", "zstd", "gzip")),
-)
 
 SINK_ONLY_OPTIONS = (
     Option("s2.stream", "str", None,
@@ -125,109 +114,76 @@ class UpsertWriteOptions(WriteOptions):
 FormatWriteOptions = AppendWriteOptions | UpsertWriteOptions  # what a write plan carries: one format's options
 
 
+SOURCE_OPTIONS = (
+    Option("s2.streams", "list", (), "Streams to read (comma-separated); or use s2.discovery-prefix."),
+    Option("s2.discovery-prefix", "str", None, "Read every stream whose name starts with this (new ones too)."),
+    Option("s2.discovery-interval-ms", "int", 10_000, "How often streaming reads look for new streams.", minimum=0),
+    Option("s2.start", "str", "earliest",
+           "earliest (first available record), latest (the tail), a seq num, or a timestamp (ISO 8601 or "
+           "timestamp:<epoch ms>)."),
+    Option("s2.end", "str", "latest", "Batch reads: where to stop (exclusive): latest, a seq num or a timestamp."),
+    Option("s2.read-committed", "bool", True,
+           "Read an exactly-once writer's streams up to the last micro-batch it committed, never part of one "
+           "(false: up to the tail, a micro-batch still being appended included)."),
+    Option("failOnDataLoss", "bool", True,
+           "Fail when records to read were trimmed or the stream deleted (false: warn and skip ahead)."),
+    Option("max-records-per-trigger", "int", None, "Streaming: most records per micro-batch.", minimum=1),
+    Option("max-bytes-per-trigger", "int", None, "Streaming: most metered bytes per micro-batch.", minimum=1),
+    Option("s2.max-records-per-partition", "int", 500_000,
+           "Cut a stream into partitions of at most this many records, read in parallel (0: never).", minimum=0),
+    Option("format", "choice", "binary",
+           "binary: the raw record (body as bytes); json: parse bodies into the columns of the given schema.",
+           choices=("binary", "json")),
+    Option("mode", "choice", "PERMISSIVE",
+           "format=json: PERMISSIVE (bad bodies give nulls and _corrupt_record) or FAILFAST (fail).",
+           choices=("PERMISSIVE", "FAILFAST")),
+)
+
+
+def _check_streams(opts: Options) -> None:
+    if bool(opts["s2.streams"]) == bool(opts["s2.discovery-prefix"]):
+        raise OptionError("set exactly one of s2.streams (a list) or s2.discovery-prefix")
+
+
+UPSERT_SOURCE_OPTIONS = (
+    Option("primary-key", "list", (), "Key columns: parsed from the @key header.", required=True),
+)
+
+
+READ_SPEC = OptionSpec("s2", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS), (_check_streams,))
+
+
+UPSERT_READ_SPEC = OptionSpec("s2_upsert", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS),
+                              (_check_streams,))
+
+
 @dataclass(frozen=True)
-class Connection:
-    """Everything needed to reach a basin; built on the driver, shipped to executors. repr hides the token."""
+class ReadOptions(TypedOptions):
+    """The read options of format("s2") (SOURCE_OPTIONS), parsed and checked once, one field per option; the
+    connection's are in Connection."""
 
-    basin: str
-    token: str
-    account_endpoint: str | None
-    basin_endpoint: str | None
-    retry_policy: str
-    max_retries: int
-    retry_delay_ms: int
-    compression: str
-    encryption_key: str | None = None
+    kind: ClassVar[RecordKind] = RecordKind.APPEND
+    declared = SOURCE_OPTIONS
 
-    def __repr__(self) -> str:
-        return f"Connection(basin={self.basin!r}, endpoint={self.account_endpoint or 's2.dev'}, token=<redacted>)"
-
-    @classmethod
-    def from_options(cls, opts: Options, exactly_once: bool = False) -> Connection:
-        token = opts["s2.auth-token"] or os.environ.get("S2_ACCESS_TOKEN")
-        if not token:
-            raise OptionError(
-                "no S2 access token: set .option('s2.auth-token', ...) or the S2_ACCESS_TOKEN environment variable "
-                "(any non-empty value for a local server started without --token)."
-            )
-        account = opts["s2.endpoints.account"] or os.environ.get("S2_ACCOUNT_ENDPOINT")
-        basin_endpoint = opts["s2.endpoints.basin"] or os.environ.get("S2_BASIN_ENDPOINT")
-        if (account is None) != (basin_endpoint is None):
-            raise OptionError("S2_ACCOUNT_ENDPOINT and S2_BASIN_ENDPOINT must be set together")
-        for name, url in (("account", account), ("basin", basin_endpoint)):
-            if url is not None and not url.startswith(("http://", "https://")):
-                raise OptionError(f"s2.endpoints.{name} must start with http:// or https://, got {url!r}")
-        basin = opts["s2.basin"]
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{6,46}[a-z0-9]", basin):
-            raise OptionError(f"s2.basin {basin!r} is not a basin name: 8-48 characters of a-z, 0-9 and '-', "
-                              "not starting or ending with '-'")
-        policy = "NO_SIDE_EFFECTS" if exactly_once else opts["s2.append-retry-policy"]
-        key = opts["s2.encryption-key"] or os.environ.get("S2_ENCRYPTION_KEY")
-        if key is not None:
-            try:
-                valid = len(base64.b64decode(key, validate=True)) == 32
-            except ValueError:
-                valid = False
-            if not valid:  # never echo the value: it is a key
-                raise OptionError("s2.encryption-key must be the base64 of a 32-byte key (e.g. "
-                                  "base64.b64encode(os.urandom(32))); the value given is not.")
-        return cls(basin, token, account, basin_endpoint, policy, opts["s2.max-retries"], opts["s2.retry-delay-ms"],
-                   opts["s2.compression"], key)
-
-    def stream(self, basin: Any, name: str) -> Any:
-        """The SDK's handle of one stream of `basin`, carrying the encryption key when there is one."""
-        return basin.stream(name, encryption_key=self.encryption_key)
-
-    def client(self):  # -> s2_sdk.S2
-        from datetime import timedelta
-
-        import s2_sdk
-
-        endpoints = None
-        if self.account_endpoint and self.basin_endpoint:
-            endpoints = s2_sdk.Endpoints(account=self.account_endpoint, basin=self.basin_endpoint)
-        retry = s2_sdk.Retry(
-            max_attempts=self.max_retries + 1,
-            max_base_delay=timedelta(milliseconds=self.retry_delay_ms),
-            min_base_delay=timedelta(milliseconds=min(100, self.retry_delay_ms)),
-            append_retry_policy=s2_sdk.AppendRetryPolicy[self.retry_policy],
-        )
-        compression = s2_sdk.Compression[self.compression.upper()]
-        return s2_sdk.S2(self.token, endpoints=endpoints, retry=retry, compression=compression)
+    s2_streams: tuple[str, ...]
+    s2_discovery_prefix: str | None
+    s2_discovery_interval_ms: int
+    s2_start: str
+    s2_end: str
+    s2_read_committed: bool
+    fail_on_data_loss: bool
+    max_records_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    s2_max_records_per_partition: int
+    format: str
+    mode: str
 
 
-class S2AccessError(SluiceError):
-    """S2 refused the access token for an operation (HTTP 401/403): a scope or token problem, never retried."""
+@dataclass(frozen=True)
+class UpsertReadOptions(ReadOptions):
+    """The read options of format("s2_upsert"): those of format("s2") and the key columns."""
 
+    kind = RecordKind.UPSERT
+    declared = (*SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS)
 
-def explain_sdk_error(error: BaseException, basin: str, stream: str | None, operation: str,
-                 conn: Connection | None = None) -> SluiceError | None:
-    """What to raise instead of an SDK error users hit often, naming the option involved: 401/403 (the operation,
-    basin and stream), an endpoint that cannot be reached, a stream or basin that is not there. None otherwise."""
-    status = getattr(error, "status_code", None)
-    if conn is not None and _is_unreachable(error):
-        return SluiceError(
-            f"cannot reach S2 at {conn.account_endpoint or 'https://aws.s2.dev (s2.dev)'} for '{operation}' on basin "
-            f"'{basin}' ({error.__cause__ or error}). Check s2.endpoints.account / s2.endpoints.basin (or "
-            "S2_ACCOUNT_ENDPOINT / S2_BASIN_ENDPOINT) and that the server runs and is reachable from every executor.")
-    code = getattr(error, "code", None)
-    if status == 404 and code in ("stream_not_found", "basin_not_found"):
-        what = f"stream '{stream}' of basin '{basin}'" if code == "stream_not_found" else f"basin '{basin}'"
-        option = "s2.streams (or s2.discovery-prefix)" if code == "stream_not_found" else "s2.basin"
-        return SluiceError(f"{what} does not exist ('{operation}'). Check {option}.")
-    if status not in (401, 403):
-        return None
-    where = f"basin '{basin}'" + (f", stream '{stream}'" if stream else "")
-    why = "the token is missing, wrong, expired or revoked" if status == 401 else "the token's scope does not allow it"
-    return S2AccessError(
-        f"S2 refused '{operation}' on {where} (HTTP {status} {getattr(error, 'code', '')}: {why}; server said: "
-        f"{getattr(error, 'message', error)}). Check s2.auth-token / S2_ACCESS_TOKEN and the token's scope: it needs "
-        f"the '{operation}' operation (or its op group) for this basin and stream.")
-
-
-def _is_unreachable(error: BaseException) -> bool:
-    """The SDK wraps transport failures (connection refused, DNS, TLS) in S2ClientError."""
-    import s2_sdk
-
-    cause = error.__cause__ if isinstance(error, s2_sdk.S2ClientError) else error
-    return type(cause).__name__ in ("ConnectError", "ConnectionRefusedError", "gaierror")
+    primary_key: tuple[str, ...]

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 
 from sluice.connector import DataLossError, OptionError, SluiceError, Split, SplitReader, to_arrow_schema
+from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._kinds import RecordKind
-from sluice.connectors.s2._options import Connection, explain_sdk_error
+from sluice.connectors.s2._options import ReadOptions
 from sluice.connectors.s2._records import RecordColumns, protobuf_records
-from sluice.connectors.s2._source import ReadOptions
 
 log = logging.getLogger("sluice.s2")
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.connector import Committer, TaskWriter, WriteContext, WritePlan
+from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._codec import S2Encoder
 from sluice.connectors.s2._commits import append_commit_fences
-from sluice.connectors.s2._options import Connection, FormatWriteOptions, explain_sdk_error
+from sluice.connectors.s2._options import FormatWriteOptions
 from sluice.connectors.s2._store import S2Store
 
 log = logging.getLogger("sluice.s2")

@@ -12,100 +12,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from sluice.connector import (
-    Option,
     OptionError,
-    Options,
-    OptionSpec,
     Split,
     SplitEnumerator,
-    TypedOptions,
 )
 from sluice.connectors.s2._calls import KeptClient
+from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._commits import committed_end, tail_and_last
-from sluice.connectors.s2._kinds import RecordKind
-from sluice.connectors.s2._options import CONNECTION_OPTIONS, Connection, explain_sdk_error
+from sluice.connectors.s2._options import ReadOptions
 
 log = logging.getLogger("sluice.s2")
 T = TypeVar("T")
 
 DEFAULT_SCHEMA = ("stream string, seq_num long, timestamp timestamp, "
                   "headers array<struct<name: binary, value: binary>>, body binary")
-
-SOURCE_OPTIONS = (
-    Option("s2.streams", "list", (), "Streams to read (comma-separated); or use s2.discovery-prefix."),
-    Option("s2.discovery-prefix", "str", None, "Read every stream whose name starts with this (new ones too)."),
-    Option("s2.discovery-interval-ms", "int", 10_000, "How often streaming reads look for new streams.", minimum=0),
-    Option("s2.start", "str", "earliest",
-           "earliest (first available record), latest (the tail), a seq num, or a timestamp (ISO 8601 or "
-           "timestamp:<epoch ms>)."),
-    Option("s2.end", "str", "latest", "Batch reads: where to stop (exclusive): latest, a seq num or a timestamp."),
-    Option("s2.read-committed", "bool", True,
-           "Read an exactly-once writer's streams up to the last micro-batch it committed, never part of one "
-           "(false: up to the tail, a micro-batch still being appended included)."),
-    Option("failOnDataLoss", "bool", True,
-           "Fail when records to read were trimmed or the stream deleted (false: warn and skip ahead)."),
-    Option("max-records-per-trigger", "int", None, "Streaming: most records per micro-batch.", minimum=1),
-    Option("max-bytes-per-trigger", "int", None, "Streaming: most metered bytes per micro-batch.", minimum=1),
-    Option("s2.max-records-per-partition", "int", 500_000,
-           "Cut a stream into partitions of at most this many records, read in parallel (0: never).", minimum=0),
-    Option("format", "choice", "binary",
-           "binary: the raw record (body as bytes); json: parse bodies into the columns of the given schema.",
-           choices=("binary", "json")),
-    Option("mode", "choice", "PERMISSIVE",
-           "format=json: PERMISSIVE (bad bodies give nulls and _corrupt_record) or FAILFAST (fail).",
-           choices=("PERMISSIVE", "FAILFAST")),
-)
-
-
-def _check_streams(opts: Options) -> None:
-    if bool(opts["s2.streams"]) == bool(opts["s2.discovery-prefix"]):
-        raise OptionError("set exactly one of s2.streams (a list) or s2.discovery-prefix")
-
-
-UPSERT_SOURCE_OPTIONS = (
-    Option("primary-key", "list", (), "Key columns: parsed from the @key header.", required=True),
-)
-
-READ_SPEC = OptionSpec("s2", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS), (_check_streams,))
-UPSERT_READ_SPEC = OptionSpec("s2_upsert", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS),
-                              (_check_streams,))
-
-
-@dataclass(frozen=True)
-class ReadOptions(TypedOptions):
-    """The read options of format("s2") (SOURCE_OPTIONS), parsed and checked once, one field per option; the
-    connection's are in Connection."""
-
-    kind: ClassVar[RecordKind] = RecordKind.APPEND
-    declared = SOURCE_OPTIONS
-
-    s2_streams: tuple[str, ...]
-    s2_discovery_prefix: str | None
-    s2_discovery_interval_ms: int
-    s2_start: str
-    s2_end: str
-    s2_read_committed: bool
-    fail_on_data_loss: bool
-    max_records_per_trigger: int | None
-    max_bytes_per_trigger: int | None
-    s2_max_records_per_partition: int
-    format: str
-    mode: str
-
-
-@dataclass(frozen=True)
-class UpsertReadOptions(ReadOptions):
-    """The read options of format("s2_upsert"): those of format("s2") and the key columns."""
-
-    kind = RecordKind.UPSERT
-    declared = (*SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS)
-
-    primary_key: tuple[str, ...]
 
 
 def parse_position(text: str, option: str) -> tuple[str, int | None]:

@@ -23,8 +23,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from sluice.connector import Batch, ErrorKind, RetryableError, SinkError, Store, ThrottledError, WriteContext
+from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._commits import opening_token
-from sluice.connectors.s2._options import MIB, Connection, explain_sdk_error
+
+MIB = 1024 * 1024
 
 RETRYABLE_STATUS = {408, 500, 502, 503, 504}
 MAX_APPEND_RECORDS = 1000  # S2's limit per append (and 1 MiB metered)

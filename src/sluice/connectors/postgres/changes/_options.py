@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.connector import Option, OptionError, Options, OptionSpec, TypedOptions
-from sluice.connectors.postgres._conn import CONNECTION_OPTIONS, Connection
+from sluice.connectors.postgres._client import CONNECTION_OPTIONS, Connection
 
 CHANGES_OPTIONS = (
     Option("table", "list", (), "Tables whose changes to stream, [schema.]name, comma-separated; or use "

@@ -12,7 +12,7 @@ from typing import Any
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from sluice.connector import OptionError
-from sluice.connectors.postgres._conn import (
+from sluice.connectors.postgres._client import (
     Connection,
     PostgresError,
     qualified,

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
 from sluice.connector import DataLossError, Split, to_arrow_schema
-from sluice.connectors.postgres._conn import PostgresError, quote_literal, sqlstate_of
+from sluice.connectors.postgres._client import PostgresError, quote_literal, sqlstate_of
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.connector import ConflictError, OptionError, SourceReport
-from sluice.connectors.postgres._conn import Connection, PostgresError, quote_ident, sqlstate_of
+from sluice.connectors.postgres._client import Connection, PostgresError, quote_ident, sqlstate_of
 from sluice.connectors.postgres._pgoutput import parse_lsn
 from sluice.connectors.postgres._snapshot_holder import holder_name
 

@@ -24,7 +24,7 @@ from sluice.connector import (
     SupportsTriggerAvailableNow,
     observed,
 )
-from sluice.connectors.postgres._conn import PostgresError, qualified, sqlstate_of
+from sluice.connectors.postgres._client import PostgresError, qualified, sqlstate_of
 from sluice.connectors.postgres._options import ReadOptions
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder

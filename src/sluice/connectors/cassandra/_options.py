@@ -1,0 +1,92 @@
+"""The options of format("cassandra"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
+parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.connector import (
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    Option,
+    OptionSpec,
+    TypedOptions,
+)
+from sluice.connectors.cassandra._client import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, Connection
+
+GROUPINGS = ("partition", "mixed", "none")
+TIMESTAMPS = ("client", "micro-batch")
+
+WRITE_OPTIONS = (
+    Option("consistency", "choice", "LOCAL_QUORUM", "Consistency level of every write.", choices=CONSISTENCY_LEVELS),
+    Option("batch.grouping", "choice", "partition",
+           "partition: each request is an UNLOGGED batch of one partition key's rows, routed to a replica of it "
+           "(sink.mode becomes partition-ordered by the table's partition key, sink.batch-by=key); mixed: batches "
+           "of rows of any partitions; none: every row its own statement, sent concurrently.", choices=GROUPINGS),
+    Option("write.timestamp", "choice", "client",
+           "Where each row's write timestamp comes from: client (the executor's clock when the row is encoded, "
+           "strictly increasing within a task) or micro-batch (streaming: the batch id and the row's position, so "
+           "a replayed batch never overwrites a later one's cells). See docs/cassandra.md.", choices=TIMESTAMPS),
+    Option("write.timestamp-column", "str", None,
+           "Column holding each row's write timestamp (long microseconds since the epoch, or a timestamp). Not "
+           "written."),
+    Option("write.ttl", "int", 0, "Seconds until written cells expire (0: never).", minimum=0, maximum=630_720_000),
+    Option("write.ttl-column", "str", None, "Column holding each row's TTL in seconds (int). Not written."),
+    Option("write.ignore-nulls", "bool", False,
+           "Leave a null cell unset (the stored value stays) instead of deleting it, as Cassandra does for null."),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the row (by its whole primary key). Not written."),
+)
+
+
+@dataclass(frozen=True)
+class WriteOptions(TypedOptions):
+    """The write options of format("cassandra") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    declared = WRITE_OPTIONS
+
+    consistency: str
+    batch_grouping: str
+    write_timestamp: str
+    write_timestamp_column: str | None
+    write_ttl: int
+    write_ttl_column: str | None
+    write_ignore_nulls: bool
+    upsert_op_column: str | None
+
+
+# Partition-ordered by default: rows of one partition share a task (sluice.write repartitions by the key), so they
+# can share batches. Cassandra warns about batches over 5 KiB (batch_size_warn_threshold) and refuses them over
+# 50 KiB (batch_size_fail_threshold): small batches.
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
+    sink_batch_max_size=100, sink_flush_buffer_size=4096, sink_requests_max_inflight=32,
+    sink_mode=PARTITION_ORDERED,
+).renamed("cassandra")
+
+
+READ_OPTIONS = (
+    Option("partitions", "int", None, "Splits (Spark partitions) of a read, as equal ranges of the token ring; "
+           "default: the table's estimated size / read.split-size-mb.", minimum=1, maximum=100_000),
+    Option("read.split-size-mb", "int", 64, "Estimated megabytes per split when partitions is not set.", minimum=1),
+    Option("read.fetch-size", "int", 5000, "Rows per page of a split's SELECT.", minimum=1, maximum=1_000_000),
+    Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads.", choices=CONSISTENCY_LEVELS),
+)
+
+
+READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions(TypedOptions):
+    """The read options of format("cassandra") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the cluster and table."""
+
+    declared = READ_OPTIONS
+    conn_from = Connection.from_options
+
+    partitions: int | None
+    read_split_size_mb: int
+    read_fetch_size: int
+    read_consistency: str
+    conn: Connection

@@ -1,0 +1,73 @@
+"""The options of format("clickhouse"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
+parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.connector import (
+    SINK_SPEC,
+    Option,
+    OptionSpec,
+    TypedOptions,
+)
+from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection
+
+MiB = 1024 * 1024
+
+WRITE_OPTIONS = (
+    Option("connections-per-task", "int", 2, "Concurrent INSERTs per Spark task.", minimum=1, maximum=32),
+    Option("insert.deduplicate", "bool", False,
+           "Exactly-once for retried tasks and replayed micro-batches through insert_deduplication_token: batches "
+           "are cut at fixed row positions and each carries a token ClickHouse applies once. The table must "
+           "deduplicate inserts (Replicated*/Shared* engines, or non_replicated_deduplication_window > 0)."),
+    Option("insert.async", "bool", False,
+           "ClickHouse's asynchronous inserts (async_insert=1, wait_for_async_insert=1): the server gathers many "
+           "small inserts into one part, and acknowledges each once it is written. For many small batches."),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the row's key; a ReplacingMergeTree(ver, is_deleted) "
+           "table only. Not written."),
+)
+
+
+@dataclass(frozen=True)
+class WriteOptions(TypedOptions):
+    """The write options of format("clickhouse") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    declared = WRITE_OPTIONS
+
+    connections_per_task: int
+    insert_deduplicate: bool
+    insert_async: bool
+    upsert_op_column: str | None
+
+
+# ClickHouse wants few, large inserts (each one is a part on disk that merges later): large batches by default.
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
+    sink_batch_max_size=100_000, sink_requests_max_buffered=400_000, sink_flush_buffer_size=64 * MiB,
+).renamed("clickhouse")
+
+
+READ_OPTIONS = (
+    Option("partitions", "int", 4, "Splits (Spark partitions) of a read, by ranges of the sorting key's first "
+           "column; 1 when that column is not an integer, Date or DateTime.", minimum=1, maximum=10_000),
+    Option("final", "bool", None, "Read with FINAL (one row per key of a ReplacingMergeTree table); default: true "
+           "for ReplacingMergeTree tables, false otherwise."),
+)
+
+
+READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions(TypedOptions):
+    """The read options of format("clickhouse") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the server and table."""
+
+    declared = READ_OPTIONS
+    conn_from = Connection.from_options
+
+    partitions: int
+    final: bool | None
+    conn: Connection

@@ -1,0 +1,125 @@
+"""The options of format("elasticsearch"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
+parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.connector import (
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    Option,
+    Options,
+    OptionSpec,
+    TypedOptions,
+)
+from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Connection
+
+MiB = 1024 * 1024
+OPERATIONS = ("index", "create", "update", "upsert")
+
+WRITE_OPTIONS = (
+    Option("write.operation", "choice", "index",
+           "index: the row replaces the document; create: only new documents (an existing id is an error); update: "
+           "the row's fields are merged into an existing document; upsert: merged, or created when missing "
+           "(es.write.operation).", choices=OPERATIONS),
+    Option("mapping.id", "list", (),
+           "Columns whose values make the document id (es.mapping.id): one column's text, or several as a JSON "
+           "array, e.g. [\"eu\",42]. Without it the engine generates ids (index and create only).",),
+    Option("mapping.routing", "str", None, "Column whose value routes each document to its shard "
+           "(es.mapping.routing). Not written into the document."),
+    Option("mapping.version", "str", None,
+           "Column (long, >= 0) holding each document's external version (es.mapping.version): the engine keeps "
+           "the highest, so a replayed or late write never overwrites a newer one. Not written."),
+    Option("mapping.exclude", "list", (), "Columns not written into the document (es.mapping.exclude)."),
+    Option("mapping.text-columns", "list", (),
+           "String columns mapped as full-text `text` when sluice creates the index (others: `keyword`)."),
+    Option("write.version", "choice", "none",
+           "micro-batch (streaming): each row's external version is its micro-batch id and position, so a replayed "
+           "micro-batch never overwrites a later one. none: the engine's own versions (the last write wins).",
+           choices=("none", "micro-batch")),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the document (by its id). Not written."),
+    Option("write.refresh", "choice", "false",
+           "true: refresh the index at Spark's commit of each write or micro-batch, so searches see it; wait_for: "
+           "every bulk request waits until its documents are searchable; false: the index's refresh_interval.",
+           choices=("false", "true", "wait_for")),
+    Option("write.error-index", "str", None,
+           "An index where documents the cluster refuses (mapping errors, conflicts) are written, with the "
+           "reason, instead of failing the write."),
+    Option("index.create", "choice", "schema",
+           "When the index is missing: schema creates it with a mapping derived from the DataFrame's schema; server "
+           "lets the cluster create it on the first write (index templates and dynamic mapping apply); never "
+           "fails the write.", choices=("schema", "server", "never")),
+    Option("connections-per-task", "int", 2, "Concurrent bulk requests per Spark task.", minimum=1, maximum=32),
+)
+
+
+# Bulk requests of 1,000 documents or 5 MiB (the size Elastic's tuning guide starts from). Partition-ordered by the
+# id columns by default (unordered when documents have no ids: the data source decides).
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *WRITE_OPTIONS),
+    sink_batch_max_size=1000, sink_flush_buffer_size=5 * MiB, sink_requests_max_buffered=32_000,
+    sink_mode=PARTITION_ORDERED,
+).renamed("elasticsearch")
+
+
+@dataclass(frozen=True)
+class WriteOptions(TypedOptions):
+    """The write options of format("elasticsearch") (WRITE_OPTIONS), parsed and checked once, one field per
+    option; `index`: the target (a connection option)."""
+
+    declared = WRITE_OPTIONS
+
+    write_operation: str
+    mapping_id: tuple[str, ...]
+    mapping_routing: str | None
+    mapping_version: str | None
+    mapping_exclude: tuple[str, ...]
+    mapping_text_columns: tuple[str, ...]
+    write_version: str
+    upsert_op_column: str | None
+    write_refresh: str
+    write_error_index: str | None
+    index_create: str
+    connections_per_task: int
+    index: str
+
+
+READ_OPTIONS = (
+    Option("partitions", "int", None, "Splits (Spark partitions) of a read: slices of one point-in-time search; "
+           "default: the index's primary shards.", minimum=1, maximum=1024),
+    Option("read.page-size", "int", 2000, "Documents per search request of a split.", minimum=1, maximum=10_000),
+    Option("read.keep-alive", "str", "5m", "How long the point in time outlives each request (e.g. 5m, 1h)."),
+    Option("read.query", "str", None, "A query in the query DSL, as JSON ({\"match\": {\"title\": \"spark\"}}), "
+           "that documents must match too."),
+    Option("read.metadata", "bool", False, "Add a column _id with each document's id."),
+    Option("read.array-columns", "list", (),
+           "Fields read as arrays (a search-engine field may hold one value or several; the mapping does not say "
+           "which; es.read.field.as.array.include)."),
+)
+
+
+READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions(TypedOptions):
+    """The read options of format("elasticsearch") (READ_OPTIONS), parsed and checked once, one field per option;
+    `conn`: the cluster and index."""
+
+    declared = READ_OPTIONS
+    conn_from = Connection.from_options
+
+    partitions: int | None
+    read_page_size: int
+    read_keep_alive: str
+    read_query: str | None
+    read_metadata: bool
+    read_array_columns: frozenset[str]
+    conn: Connection
+
+    @classmethod
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"read_array_columns": frozenset(opts["read.array-columns"])}

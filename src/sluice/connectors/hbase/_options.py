@@ -1,0 +1,101 @@
+"""The options of format("hbase"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
+parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.connector import (
+    PARTITION_ORDERED,
+    SINK_SPEC,
+    Option,
+    Options,
+    OptionSpec,
+    TypedOptions,
+)
+from sluice.connectors.hbase._catalog import CATALOG_OPTIONS
+from sluice.connectors.hbase._client import CONNECTION_OPTIONS
+
+DURABILITY = {"default": 0, "skip-wal": 1, "async-wal": 2, "sync-wal": 3, "fsync-wal": 4}  # TDurability
+
+WRITE_OPTIONS = (
+    Option("write.timestamp", "choice", "client",
+           "Where cell timestamps (ms) come from: client (the executor's clock when the row is encoded; a later "
+           "change of the same key in a task one step later) or micro-batch (streaming: the batch id and the "
+           "row's position, so a replayed batch never overwrites a later one's cells; not wall-clock times). "
+           "docs/hbase.md.", choices=("client", "micro-batch")),
+    Option("write.timestamp-column", "str", None,
+           "Column holding each row's cell timestamp (long milliseconds since the epoch, or a timestamp). Not "
+           "written."),
+    Option("write.null-cells", "choice", "skip",
+           "A null value: skip writes no cell (a stored one stays); delete deletes the stored cell (every version "
+           "at or below the row's timestamp), so the row holds what the DataFrame row holds.",
+           choices=("skip", "delete")),
+    Option("upsert.op-column", "str", None,
+           "Column whose value d, delete, D or -D deletes the row (every cell at or below the row's timestamp). "
+           "Not written."),
+    Option("write.durability", "choice", "default", "The puts' and deletes' write-ahead-log durability (HBase's "
+           "Durability); default: the table's.", choices=tuple(DURABILITY)),
+    Option("write.max-cell-bytes", "int", 10_485_760,
+           "Largest cell value sent: a larger one fails the write naming its row key and column, before it is "
+           "sent (the server's hbase.server.keyvalue.maxsize, 10 MiB by default).", minimum=1),
+)
+
+
+WRITE_SPEC = SINK_SPEC.extend(
+    (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *WRITE_OPTIONS),
+    sink_mode=PARTITION_ORDERED, sink_batch_max_size=1000, sink_flush_buffer_size=4 << 20,
+    sink_requests_max_inflight=16,
+).renamed("hbase")
+
+
+@dataclass(frozen=True)
+class WriteOptions(TypedOptions):
+    """The write options of format("hbase") (WRITE_OPTIONS), parsed and checked once, one field per option."""
+
+    declared = WRITE_OPTIONS
+
+    write_timestamp: str
+    write_timestamp_column: str | None
+    write_null_cells: str
+    upsert_op_column: str | None
+    write_durability: str
+    write_max_cell_bytes: int
+
+
+READ_OPTIONS = (
+    Option("read.splits-per-region", "int", 1, "Splits (Spark partitions) per region: its key range cut into "
+           "this many equal byte ranges.", minimum=1, maximum=1024),
+    Option("read.rows-per-fetch", "int", 1000, "Rows per scanner call (and the scan's caching).", minimum=1,
+           maximum=1_000_000),
+    Option("read.time-range", "list", (), "min,max: only cells with min <= timestamp < max (milliseconds), e.g. "
+           "'0,1767225600000' to read the table as of a moment."),
+    Option("read.versions", "int", 1, "Versions of each row to read, newest first: above 1, a row per cell "
+           "timestamp holding the cells written at it (needs read.timestamp-column; the families must keep that "
+           "many versions).", minimum=1, maximum=10_000),
+    Option("read.timestamp-column", "str", None, "A column of the read's schema (long: milliseconds, or "
+           "timestamp) that gets the row's cell timestamp: its newest cell's, or the version's."),
+)
+
+
+READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS))
+
+
+@dataclass(frozen=True)
+class ReadOptions(TypedOptions):
+    """The read options of format("hbase") (READ_OPTIONS), parsed and checked once, one field per option; `rowkey`:
+    the row key's columns (CATALOG_OPTIONS), which the timestamp column may not be."""
+
+    declared = READ_OPTIONS
+
+    read_splits_per_region: int
+    read_rows_per_fetch: int
+    read_time_range: tuple[str, ...]
+    read_versions: int
+    read_timestamp_column: str | None
+    rowkey: tuple[str, ...]
+
+    @classmethod
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"rowkey": opts["rowkey"]}
