@@ -7,7 +7,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.engine._buffer import KeyedRequestBuffer, RequestBuffer
+from sluice.engine._buffer import KeyedRequestBuffer, RequestBuffer, Taken
 
 
 @dataclass
@@ -20,6 +20,11 @@ class Batch:
     partition_key: Hashable = None
     attempt: int = 0  # 0 on the first submission, n on the n-th retry
     sizes: list[int] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def of(cls, taken: Taken, partition_key: Hashable = None) -> Batch:
+        """The batch of the entries a creator took from its buffer."""
+        return cls(taken.entries, taken.size_bytes, len(taken.entries), partition_key, taken.attempt, taken.sizes)
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class SimpleBatchCreator(BatchCreator):
         taken = buffer.take(request_info.batch_size, request_info.max_batch_bytes, request_info.now)
         if taken is None:
             return None
-        return Batch(taken.entries, taken.size_bytes, len(taken.entries), None, taken.attempt, taken.sizes)
+        return Batch.of(taken)
 
     def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
         return buffer.head_ready_at()
@@ -82,7 +87,7 @@ class AlignedBatchCreator(BatchCreator):
         taken = buffer.take(wanted, 1 << 62, request_info.now)
         if taken is None:
             return None
-        return Batch(taken.entries, taken.size_bytes, len(taken.entries), None, taken.attempt, taken.sizes)
+        return Batch.of(taken)
 
     def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
         return buffer.head_ready_at()
@@ -113,7 +118,7 @@ class PartitionKeyBatchCreator(BatchCreator):
         taken = buffer.take(request_info.batch_size, request_info.max_batch_bytes, request_info.now, best)
         if taken is None:
             return None
-        return Batch(taken.entries, taken.size_bytes, len(taken.entries), best, taken.attempt, taken.sizes)
+        return Batch.of(taken, best)
 
     def next_ready_at(self, request_info: RequestInfo, buffer: RequestBuffer) -> float:
         assert isinstance(buffer, KeyedRequestBuffer)

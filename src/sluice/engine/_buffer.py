@@ -83,13 +83,38 @@ class RequestBuffer(ABC):
         return self.size()
 
 
-class DequeRequestBuffer(RequestBuffer):
+class _ChunkBuffer(RequestBuffer):
+    """sluice's buffers: they count entries and bytes as chunks come and go, and hold chunks in send order."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._bytes = 0
+
+    def _chunks_in_order(self) -> Iterator[Chunk]:
+        raise NotImplementedError
+
+    def size(self) -> int:
+        return self._count
+
+    def total_size_bytes(self) -> int:
+        return self._bytes
+
+    def buffered_state(self) -> list[tuple[Any, int]]:
+        out: list[tuple[Any, int]] = []
+        for chunk in self._chunks_in_order():
+            out.extend(zip(chunk.entries[chunk.start:], chunk.sizes[chunk.start:], strict=True))
+        return out
+
+
+class DequeRequestBuffer(_ChunkBuffer):
     """FIFO buffer: the default, for unordered and globally ordered sinks."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._chunks: deque[Chunk] = deque()
-        self._count = 0
-        self._bytes = 0
+
+    def _chunks_in_order(self) -> Iterator[Chunk]:
+        return iter(self._chunks)
 
     def add_chunk(self, chunk: Chunk, prioritize: bool = False) -> None:
         if not len(chunk):
@@ -149,20 +174,8 @@ class DequeRequestBuffer(RequestBuffer):
         self._bytes -= total
         return Taken(entries, sizes, total, attempt)
 
-    def size(self) -> int:
-        return self._count
 
-    def total_size_bytes(self) -> int:
-        return self._bytes
-
-    def buffered_state(self) -> list[tuple[Any, int]]:
-        out: list[tuple[Any, int]] = []
-        for chunk in self._chunks:
-            out.extend(zip(chunk.entries[chunk.start:], chunk.sizes[chunk.start:], strict=True))
-        return out
-
-
-class KeyedRequestBuffer(RequestBuffer):
+class KeyedRequestBuffer(_ChunkBuffer):
     """Partition key -> FIFO list, for partition-ordered sinks (the sink-modes design, 3b).
 
     Keys are indexed by how many entries they hold, so that the fullest key is found without looking at every
@@ -171,12 +184,15 @@ class KeyedRequestBuffer(RequestBuffer):
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._lists: dict[Hashable, DequeRequestBuffer] = {}
         self._by_size: dict[int, dict[Hashable, None]] = {}  # entries held -> keys, in the order they got there
         self._sizes: list[int] = []  # the keys of _by_size, ascending
         self._delayed: set[Hashable] = set()  # keys holding entries in a retry backoff
-        self._count = 0
-        self._bytes = 0
+
+    def _chunks_in_order(self) -> Iterator[Chunk]:
+        for sub in self._lists.values():
+            yield from sub._chunks_in_order()
 
     def _move(self, key: Hashable, old: int, new: int) -> None:
         if old == new:
@@ -250,15 +266,3 @@ class KeyedRequestBuffer(RequestBuffer):
             if key in self._delayed and not sub.has_delayed():
                 self._delayed.discard(key)
         return taken
-
-    def size(self) -> int:
-        return self._count
-
-    def total_size_bytes(self) -> int:
-        return self._bytes
-
-    def buffered_state(self) -> list[tuple[Any, int]]:
-        out: list[tuple[Any, int]] = []
-        for sub in self._lists.values():
-            out.extend(sub.buffered_state())
-        return out

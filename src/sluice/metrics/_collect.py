@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from sluice.metrics._report import ReadReport, SourceReport, TaskReport
@@ -176,6 +176,15 @@ class SourceMetrics:
                                        timeout)
 
 
+def per_format(kind: type, declared: Iterable[tuple[str, str, str]], snapshot: dict[str, dict[str, float]]) -> Iterator:
+    """One metric family of `kind` per (name, doc, field) of `declared`, with each format's value of the field."""
+    for name, doc, field in declared:
+        family = kind(name, doc, labels=["format"])
+        for fmt, values in snapshot.items():
+            family.add_metric([fmt], values[field])
+        yield family
+
+
 class PrometheusCollector:
     """A prometheus_client collector over SinkMetrics and SourceMetrics: values computed at scrape time."""
 
@@ -190,30 +199,16 @@ class PrometheusCollector:
         yield from self._source_families(GaugeMetricFamily)
         yield from self._read_families(CounterMetricFamily, GaugeMetricFamily)
         snapshot = self.metrics.snapshot()
-        for name, doc, field in COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=["format"])
-            for fmt, values in snapshot.items():
-                family.add_metric([fmt], values[field])
-            yield family
         gauges = (*GAUGES, ("sluice_sink_currentSendTime", "The slowest running task's last request, in ms.",
                             "send_ms"), ("sluice_sink_tasksRunning", "Tasks writing now.", "tasks_running"))
-        for name, doc, field in gauges:
-            family = GaugeMetricFamily(name, doc, labels=["format"])
-            for fmt, values in snapshot.items():
-                family.add_metric([fmt], values[field])
-            yield family
-        family = CounterMetricFamily("sluice_sink_tasks", "Tasks whose write ended.", labels=["format"])
-        for fmt, values in snapshot.items():
-            family.add_metric([fmt], values["tasks_ended"])
-        yield family
+        yield from per_format(CounterMetricFamily, COUNTERS, snapshot)
+        yield from per_format(GaugeMetricFamily, gauges, snapshot)
+        yield from per_format(CounterMetricFamily, (("sluice_sink_tasks", "Tasks whose write ended.", "tasks_ended"),),
+                              snapshot)
 
     def _read_families(self, counter: type, gauge: type) -> Iterator:
         snapshot = self.reads.snapshot()
-        for name, doc, field in READ_COUNTERS:
-            family = counter(name, doc, labels=["format"])
-            for fmt, values in snapshot.items():
-                family.add_metric([fmt], values[field])
-            yield family
+        yield from per_format(counter, READ_COUNTERS, snapshot)
         lag = gauge("sluice_source_currentFetchEventTimeLag", "When the newest record a read task fetched was "
                     "committed, behind when it was fetched, ms (S2: record timestamps; change capture: commit times).",
                     labels=["format"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from sluice.engine import LiveStats
 
@@ -35,29 +35,42 @@ class TaskIdentity:
         return (self.format, self.write_id, self.partition, self.attempt, self.task_attempt_id, self.epoch)
 
 
-@dataclass(frozen=True)
-class TaskReport:
+class _TaskReportJson:
+    """A task's report as JSON, version 1: {"v": 1, "task": ..., <stats_key>: ..., "done": ...}."""
+
+    stats_type: ClassVar[type]
+    stats_key: ClassVar[str]  # the JSON key of the stats
+    kind: ClassVar[str]  # what errors call it: a task report, a read report
     task: TaskIdentity
-    stats: LiveStats
-    done: bool  # the task's write ended (committed or failed): its counters are final
+    stats: Any
+    done: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"v": 1, "task": dataclasses.asdict(self.task), "stats": dataclasses.asdict(self.stats),
+        return {"v": 1, "task": dataclasses.asdict(self.task), self.stats_key: dataclasses.asdict(self.stats),
                 "done": self.done}
 
     @classmethod
-    def from_json(cls, data: Any) -> TaskReport:
+    def from_json(cls, data: Any) -> Self:
         """Refuses anything but a version-1 report with every field (a ValueError naming what is wrong)."""
         if not isinstance(data, dict) or data.get("v") != 1:
-            raise ValueError("not a version-1 sluice task report")
+            raise ValueError(f"not a version-1 sluice {cls.kind} report")
         try:
-            task = TaskIdentity(**data["task"])
-            stats = LiveStats(**data["stats"])
+            task, stats = TaskIdentity(**data["task"]), cls.stats_type(**data[cls.stats_key])
         except (KeyError, TypeError) as e:
-            raise ValueError(f"a task report with missing or unknown fields: {e}") from None
+            raise ValueError(f"a {cls.kind} report with missing or unknown fields: {e}") from None
         if not isinstance(data.get("done"), bool):
-            raise ValueError("a task report without a boolean 'done'")
-        return cls(task, stats, data["done"])
+            raise ValueError(f"a {cls.kind} report without a boolean 'done'")
+        return cls(task, stats, data["done"])  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class TaskReport(_TaskReportJson):
+    stats_type = LiveStats
+    stats_key = "stats"
+    kind = "task"
+    task: TaskIdentity
+    stats: LiveStats
+    done: bool  # the task's write ended (committed or failed): its counters are final
 
 
 @dataclass(frozen=True)
@@ -74,26 +87,13 @@ class ReadStats:
 
 
 @dataclass(frozen=True)
-class ReadReport:
+class ReadReport(_TaskReportJson):
+    stats_type = ReadStats
+    stats_key = "read"
+    kind = "read"
     task: TaskIdentity  # write_id: the read's id, made when it is planned
     stats: ReadStats
     done: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {"v": 1, "task": dataclasses.asdict(self.task), "read": dataclasses.asdict(self.stats),
-                "done": self.done}
-
-    @classmethod
-    def from_json(cls, data: Any) -> ReadReport:
-        if not isinstance(data, dict) or data.get("v") != 1:
-            raise ValueError("not a version-1 sluice read report")
-        try:
-            task, stats = TaskIdentity(**data["task"]), ReadStats(**data["read"])
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"a read report with missing or unknown fields: {e}") from None
-        if not isinstance(data.get("done"), bool):
-            raise ValueError("a read report without a boolean 'done'")
-        return cls(task, stats, data["done"])
 
 
 @dataclass(frozen=True)
