@@ -111,3 +111,48 @@ def test_batch_creator_option_takes_effect_and_is_validated_on_the_driver(spark,
                                       "sink.batch-creator": "sluice.engine:PartitionKeyBatchCreator"})
     with pytest.raises(Exception, match=r"sink.batch-by only applies to sink.mode=partition-ordered"):
         sluice.write(rows, "dirlog", {"folder": str(default), "sink.batch-by": "key"})
+
+
+def test_the_guide_connectors_key_orders_partition_ordered_writes_without_sink_partition_key(spark, guide, tmp_path):
+    rows = keyed_rows(spark).coalesce(1)
+    sluice.write(rows, "dirlog", {"folder": str(tmp_path), "sink.mode": "partition-ordered", "key": "k",
+                                  "sink.batch-by": "key"})
+    assert sum(len(b) for b in batches(tmp_path)) == 3000
+    assert check_per_key(batches(tmp_path)) == (0, True), "the key's batches hold one key each, in order"
+    # Negative control: without the connector's key (primary_key) there is no partition key to keep.
+    with pytest.raises(Exception, match=r"sink.mode=partition-ordered needs sink.partition-key"):
+        sluice.write(rows, "dirlog", {"folder": str(tmp_path), "sink.mode": "partition-ordered"})
+
+
+def test_the_guide_connectors_stream_reader_caps_micro_batches_and_finds_new_files(spark, guide, tmp_path):
+    """The stream reader driven as Spark's streaming source runner drives it on the driver (offsets in, offsets
+    out; here in this process, which has the guide's module): every micro-batch within the cap, files written while
+    the stream runs found, every row read once."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    schema = StructType([StructField("id", LongType()), StructField("k", LongType())])
+    folder = tmp_path / "log"
+    folder.mkdir()
+    sluice.write(spark.range(1200).selectExpr("id", "id % 7 AS k"), "dirlog", {"folder": str(folder)})
+
+    def drain(reader, start: dict) -> tuple[dict, list[int], list[int]]:
+        """Micro-batches until nothing is new: the offset reached, each batch's row count, the ids read."""
+        sizes, ids = [], []
+        while (end := reader.latestOffset(start, reader.getDefaultReadLimit())) != start:
+            rows = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+            sizes.append(sum(b.num_rows for b in rows))
+            ids += [i for b in rows for i in b.column("id").to_pylist()]
+            reader.commit(end)
+            start = end
+        return start, sizes, ids
+
+    capped = guide.DirLogDataSource(options={"folder": str(folder), "max-records-per-trigger": "250"})
+    reader = capped.streamReader(schema)
+    at, sizes, ids = drain(reader, reader.initialOffset())
+    sluice.write(spark.range(1200, 1500).selectExpr("id", "id % 7 AS k"), "dirlog", {"folder": str(folder)})
+    _, more, more_ids = drain(reader, at)  # the new files are new splits, found while the stream runs
+    assert sorted(ids + more_ids) == list(range(1500))
+    assert max(sizes + more) <= 250 and len(sizes) >= 5 and more, (sizes, more)
+    # Negative control: without the cap, one micro-batch reads everything there is.
+    whole = guide.DirLogDataSource(options={"folder": str(folder)}).streamReader(schema)
+    assert drain(whole, whole.initialOffset())[1] == [1500]
