@@ -1,5 +1,6 @@
-"""The options of format("cassandra"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
-parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+"""The options of format("cassandra"), declared once and typed once on the driver: the cluster and table
+(_client.py's), how rows become statements and batches (consistency, grouping, timestamps, TTLs), how reads are
+split by token range."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The options of format("clickhouse"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
-parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+"""The options of format("clickhouse"), declared once and typed once on the driver: the server and table
+(_client.py's), how inserts are made (deduplication tokens, async inserts, deletes), how reads are split."""
 
 from __future__ import annotations
 

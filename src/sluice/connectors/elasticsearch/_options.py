@@ -1,5 +1,6 @@
-"""The options of format("elasticsearch"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
-parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+"""The options of format("elasticsearch"), declared once and typed once on the driver: the cluster and index
+(_client.py's), how columns map to documents (ids, routing, versions) and how bulk writes act, how sliced reads
+page."""
 
 from __future__ import annotations
 

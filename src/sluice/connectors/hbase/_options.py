@@ -1,5 +1,6 @@
-"""The options of format("hbase"): declared once (parsing, ranges, did-you-mean, redaction and docs follow), and
-parsed once on the driver into the typed `WriteOptions` and `ReadOptions` the rest of the connector reads."""
+"""The options of format("hbase"), declared once and typed once on the driver: the Thrift2 gateway and table
+(_client.py's), the columns' cells (_catalog.py's), the puts' timestamps and durability, how region scans are
+split and fetched."""
 
 from __future__ import annotations
 
