@@ -4,12 +4,15 @@ one field per option (its name without 'sink.'), defaults as declared."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice._errors import OptionError
 from sluice._options import Option, Options, OptionSpec, TypedOptions, attribute
 from sluice.engine._batch import BatchCreator, PartitionKeyBatchCreator, SimpleBatchCreator
 from sluice.engine._buffer import DequeRequestBuffer, KeyedRequestBuffer, RequestBuffer
+
+if TYPE_CHECKING:
+    from sluice.engine._store import Store
 
 UNORDERED = "unordered"
 PARTITION_ORDERED = "partition-ordered"
@@ -188,9 +191,11 @@ class SinkConfig(TypedOptions):
         # Global order means exactly one request in flight: the next one waits for the previous ack.
         return 1 if self.mode == GLOBAL_ORDERED else self.requests_max_inflight
 
-    def check_store_limits(self, store_name: str, max_record_bytes: int | None, max_batch_records: int | None,
-                           max_batch_bytes: int | None) -> None:
-        """A store's hard limits bound the options (e.g. S2: <= 1000 records and <= 1 MiB per batch)."""
+    def check_store_limits(self, store_name: str, store: Store | type[Store]) -> None:
+        """A store's hard limits, its class attributes, bound the options (e.g. S2: <= 1000 records and <= 1 MiB per
+        batch). Checked on the driver before a write (SinkDataSource.store_type) and by the engine as it starts."""
+        max_record_bytes, max_batch_records, max_batch_bytes = (store.max_record_bytes, store.max_batch_records,
+                                                                store.max_batch_bytes)
         if max_batch_records is not None and self.batch_max_size > max_batch_records:
             raise OptionError(
                 f"sink.batch.max-size={self.batch_max_size} exceeds {store_name}'s limit of "

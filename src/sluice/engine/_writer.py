@@ -73,8 +73,7 @@ class AsyncSinkWriter:
                 f"sink.transactional=true, but the {store.name} store has no transactions; "
                 "remove sink.transactional or use a transactional store."
             )
-        config.check_store_limits(store.name, store.max_record_bytes, store.max_batch_records,
-                                  store.max_batch_bytes)
+        config.check_store_limits(store.name, store)
         self.store = store
         self.config = config
         self.context = context or WriteContext()

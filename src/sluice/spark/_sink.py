@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 
 from sluice._errors import OptionError
 from sluice._options import Options, OptionSpec
-from sluice.engine import PARTITION_ORDERED, SINK_SPEC, SinkConfig
+from sluice.engine import PARTITION_ORDERED, SINK_SPEC, SinkConfig, Store
 from sluice.metrics._server import find_target
 from sluice.spark._datasource import SluiceDataSource
 from sluice.spark._encoding import check_writable
@@ -29,9 +29,9 @@ from sluice.spark._writers import EngineArrowWriter, EngineStreamArrowWriter, ch
 
 
 class SinkDataSource(SluiceDataSource):
-    # The store's hard limits, checked against the sink.* options on the driver: (record bytes, batch records,
-    # batch bytes); None = no limit.
-    store_limits: ClassVar[tuple[int | None, int | None, int | None]] = (None, None, None)
+    # The connector's Store class where it has hard limits (max_record_bytes, max_batch_records, max_batch_bytes):
+    # the sink.* options are checked against them on the driver, before any task. None: no limits.
+    store_type: ClassVar[type[Store] | None] = None
     # Why the store has no transactions and what gives exactly-once results instead: said when a write sets
     # sink.transactional=true, before the store is asked anything. None: the plan's committer() decides.
     no_transactions: ClassVar[str | None] = None
@@ -110,7 +110,8 @@ class SinkDataSource(SluiceDataSource):
         if not self.writes_any_type:
             check_writable(self.format_name, schema)
         config = dataclasses.replace(self._sink_config(opts, schema), streaming=streaming)
-        config.check_store_limits(self.format_name, *self.store_limits)
+        if self.store_type is not None:
+            config.check_store_limits(self.format_name, self.store_type)
         plan = self.plan_write(opts, schema, config, overwrite)
         if config.transactional and plan.committer() is None:
             raise OptionError(

@@ -48,7 +48,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
     # The typed form of each spec's options (the record kind comes with it).
     read_options_type: ClassVar[type[ReadOptions]] = ReadOptions
     write_options_type: ClassVar[type[FormatWriteOptions]] = AppendWriteOptions
-    store_limits = (S2Store.max_record_bytes, S2Store.max_batch_records, S2Store.max_batch_bytes)
+    store_type = S2Store
 
     def resolve_options(self, opts: Options) -> Options:
         conn = Connection.from_options(opts)  # reads S2_* from the driver's environment, validates
