@@ -21,7 +21,6 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
-from sluice.metrics._server import find_target
 from sluice.source._offset import SplitOffset
 from sluice.spark._compat import (
     AdmissionControlledReader,
@@ -157,7 +156,7 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None  # AvailableNow: never read past this
         self._source = source
         self._heads: dict[str, int] = {}  # each split's end as the last planning saw it
-        self._lag = SourceReporter(find_target() if source is not None else None)
+        self._lag = SourceReporter.on_driver() if source is not None else SourceReporter(None)
         self.reads = reads
 
     def _known(self) -> dict[str, Split]:
