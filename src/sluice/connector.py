@@ -70,6 +70,7 @@ from sluice.spark._compat import (
 )
 from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, check_writable, conform
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
+from sluice.spark._pushdown import check_pushdown, pushdown_option
 from sluice.spark._registry import add_format as register_format
 from sluice.spark._sink import SinkDataSource
 from sluice.spark._source import SourceDataSource
@@ -142,6 +143,7 @@ __all__ = [
     "check_http_endpoint",
     "check_key_columns",
     "check_offset_version",
+    "check_pushdown",
     "check_writable",
     "completed_future",
     "conform",
@@ -149,6 +151,7 @@ __all__ = [
     "first_null",
     "from_arrow_schema",
     "observed",
+    "pushdown_option",
     "register_format",
     "require",
     "task_context",

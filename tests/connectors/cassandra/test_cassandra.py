@@ -66,12 +66,15 @@ def test_filters_on_the_partition_key_and_first_clustering_column_are_read_by_ca
     table = cass.table(KEYED)
     df, rows = keyed_rows(spark, partitions=20, per_partition=6)
     sluice.write(df, "cassandra", cass.opts(table))
-    read = spark.read.format("cassandra").options(**cass.opts(table, partitions="4")).load()
 
-    def check(where: str, want) -> int:
+    def check(where: str, want, pushdown: str = "true") -> int:
+        read = spark.read.format("cassandra").options(**cass.opts(table, partitions="4", pushdown=pushdown)).load()
         got = read.where(where)
         assert sorted((r.pk, r.ck, r.v, r.amount) for r in got.collect()) == sorted(filter(want, rows)), where
         return got.rdd.getNumPartitions()
+
+    # Without pushdown (the default) Spark filters after reading every token range: the same rows.
+    assert check("pk = 3", lambda r: r[0] == 3, pushdown="false") == 4
 
     # The partition key fully given: the named partitions are read directly, one Spark partition, no token scan.
     assert check("pk = 3", lambda r: r[0] == 3) == 1

@@ -166,7 +166,7 @@ def test_reads_slice_a_point_in_time_prune_columns_and_push_exact_filters(spark,
     sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
     search.call("POST", f"/{index}/_refresh")
     read = spark.read.format("elasticsearch").options(**search.opts(index, **{
-        "read.array-columns": "tags", "read.page-size": "97", "read.metadata": "true"})).load()
+        "read.array-columns": "tags", "read.page-size": "97", "read.metadata": "true", "pushdown": "true"})).load()
     assert read.rdd.getNumPartitions() == 3  # one slice per primary shard
     want = {r.id: r.asDict(recursive=True) for r in df.selectExpr("CAST(id AS STRING) AS _id", "*").collect()}
     assert {r.id: r.asDict(recursive=True) for r in read.collect()} == want
@@ -182,6 +182,10 @@ def test_reads_slice_a_point_in_time_prune_columns_and_push_exact_filters(spark,
     titled = read.where("title = 'spark and search 7'").select("id")
     assert [r.id for r in titled.collect()] == [7]
     assert "Filter" in plan_filters(titled)  # text is analyzed: Spark compares it
+    unpushed = spark.read.format("elasticsearch").options(**search.opts(index)).load() \
+        .where("region = 'eu' AND id >= 500").select("id")
+    assert sorted(r.id for r in unpushed.collect()) == [i for i in range(500, 1000) if i % 4 == 0]
+    assert "Filter" in plan_filters(unpushed)  # pushdown off (the default): Spark filters what it read
     queried = spark.read.format("elasticsearch").options(**search.opts(index, **{
         "read.query": '{"match": {"title": "17"}}', "read.array-columns": "tags"})).load().select("id")
     assert [r.id for r in queried.collect()] == [17]

@@ -14,6 +14,7 @@ from sluice.connector import (
     SinkConfig,
     SinkDataSource,
     SourceDataSource,
+    check_pushdown,
     to_arrow_schema,
 )
 from sluice.connectors.cassandra._client import Connection
@@ -22,6 +23,7 @@ from sluice.connectors.cassandra._sink import CassandraWritePlan, RowPlan
 from sluice.connectors.cassandra._source import (
     CassandraBatchReader,
     CassandraEnumerator,
+    CassandraPushdownReader,
     CassandraReader,
     check_columns,
 )
@@ -125,6 +127,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
     # ------------------------------------------------------------------ reading
     def _read_parts(self) -> tuple[ReadOptions, TableInfo]:
         options = ReadOptions.of(self.read_options())
+        check_pushdown(options.pushdown)
         return options, describe(options.conn)
 
     def schema(self) -> StructType:
@@ -134,14 +137,14 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         return StructType([StructField(name, spark_type(kind, name)) for name, kind in info.columns.items()])
 
     def reader(self, schema: StructType) -> CassandraBatchReader:
-
         options, info = self._read_parts()
         conn = options.conn
         check_columns(info, schema.fieldNames(), conn)
         reader = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size,
                                  options.read_consistency)
         enumerator = CassandraEnumerator(conn, options.partitions, options.read_split_size_mb * 1024 * 1024)
-        return CassandraBatchReader(enumerator, reader, None, reads=self.read_observer())
+        kind = CassandraPushdownReader if options.pushdown else CassandraBatchReader
+        return kind(enumerator, reader, None, reads=self.read_observer())
 
 
 def _check_special_types(schema: StructType, options: WriteOptions) -> None:

@@ -12,6 +12,7 @@ from sluice.connector import (
     Option,
     OptionSpec,
     TypedOptions,
+    pushdown_option,
 )
 from sluice.connectors.cassandra._client import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, Connection
 
@@ -72,6 +73,7 @@ READ_OPTIONS = (
     Option("read.split-size-mb", "int", 64, "Estimated megabytes per split when partitions is not set.", minimum=1),
     Option("read.fetch-size", "int", 5000, "Rows per page of a split's SELECT.", minimum=1, maximum=1_000_000),
     Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads.", choices=CONSISTENCY_LEVELS),
+    pushdown_option("the CQL: = or IN on every partition key column, ranges of the first clustering column"),
 )
 
 
@@ -90,4 +92,5 @@ class ReadOptions(TypedOptions):
     read_split_size_mb: int
     read_fetch_size: int
     read_consistency: str
+    pushdown: bool
     conn: Connection

@@ -146,22 +146,26 @@ class CassandraReader(SplitReader):
 
 
 class CassandraBatchReader(SplitBatchReader):
-    """The batch read, with Spark's filters on the partition key and first clustering column pushed into CQL
-    (Spark 4.1+ hands Python readers their filters)."""
+    """The batch read: token-range splits, or one split when pushed filters name whole partition keys."""
 
     enumerator: CassandraEnumerator
     reader: CassandraReader
+
+    def partitions(self) -> Sequence[InputPartition]:
+        if self.reader.keyed:
+            return [SplitPartition(Split("partitions"), 0, 1)]
+        return super().partitions()
+
+
+class CassandraPushdownReader(CassandraBatchReader):
+    """pushdown=true: Spark's filters on the partition key and first clustering column go into the CQL (Spark 4.1+
+    hands Python readers their filters)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         taken = restrictions(list(filters), self.reader.info)
         pushed = {id(f) for f, _ in taken}
         self.reader.where = [r for _, r in taken]
         yield from (f for f in filters if id(f) not in pushed)
-
-    def partitions(self) -> Sequence[InputPartition]:
-        if self.reader.keyed:
-            return [SplitPartition(Split("partitions"), 0, 1)]
-        return super().partitions()
 
 
 def check_columns(info: TableInfo, names: list[str], conn: Connection) -> None:

@@ -7,13 +7,22 @@ from dataclasses import replace
 from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
-from sluice.connector import UNORDERED, OptionError, Options, SinkConfig, SinkDataSource, SourceDataSource
+from sluice.connector import (
+    UNORDERED,
+    OptionError,
+    Options,
+    SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
+    check_pushdown,
+)
 from sluice.connectors.elasticsearch._client import Cluster, Connection
 from sluice.connectors.elasticsearch._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.elasticsearch._sink import DocPlan, ElasticsearchWritePlan
 from sluice.connectors.elasticsearch._source import (
     PitBatchReader,
     PitEnumerator,
+    PitPushdownReader,
     SliceReader,
     parse_query,
     spark_schema,
@@ -64,6 +73,7 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         """The read's options, and the index's fields as a Spark schema (with each field's mapping type): the union
         of the mappings of every index the name covers (an alias or pattern may name several)."""
         options = ReadOptions.of(self.read_options())
+        check_pushdown(options.pushdown)
         conn = options.conn
         _, answer = self.learn_once(("mapping", conn), lambda: conn.request("GET", f"/{conn.index}/_mapping"))
         properties: dict = {}
@@ -86,8 +96,9 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
                               f"fields: {known.fieldNames()}.")
         reader = SliceReader(conn, schema, options.read_page_size, options.read_keep_alive,
                              parse_query(options.read_query), options.read_metadata, kinds)
-        return PitBatchReader(PitEnumerator(conn, options.partitions, options.read_keep_alive), reader, kinds,
-                              self.read_observer())
+        kind = PitPushdownReader if options.pushdown else PitBatchReader
+        return kind(PitEnumerator(conn, options.partitions, options.read_keep_alive), reader, kinds,
+                    self.read_observer())
 
 
 def _doc_plan(options: WriteOptions, version_set: bool, schema: StructType) -> DocPlan:

@@ -14,6 +14,7 @@ from sluice.connector import (
     Options,
     OptionSpec,
     TypedOptions,
+    pushdown_option,
 )
 from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Connection
 
@@ -99,6 +100,7 @@ READ_OPTIONS = (
     Option("read.array-columns", "list", (),
            "Fields read as arrays (a search-engine field may hold one value or several; the mapping does not say "
            "which; es.read.field.as.array.include)."),
+    pushdown_option("query-DSL filters on exact fields (keyword, numbers, dates, boolean, ip)"),
 )
 
 
@@ -119,6 +121,7 @@ class ReadOptions(TypedOptions):
     read_query: str | None
     read_metadata: bool
     read_array_columns: frozenset[str]
+    pushdown: bool
     conn: Connection
 
     @classmethod

@@ -212,8 +212,7 @@ class SliceReader(SplitReader):
 
 
 class PitBatchReader(SplitBatchReader):
-    """The batch read, with Spark's filters on exact-valued fields pushed into the query (Spark 4.1+ hands Python
-    readers their filters)."""
+    """The batch read: slices of one point-in-time search."""
 
     enumerator: PitEnumerator
     reader: SliceReader
@@ -222,6 +221,11 @@ class PitBatchReader(SplitBatchReader):
                  reads: ReadObserver | None) -> None:
         super().__init__(enumerator, reader, None, reads=reads)
         self.kinds = kinds  # each field's mapping type, by dotted path
+
+
+class PitPushdownReader(PitBatchReader):
+    """pushdown=true: Spark's filters on exact-valued fields go into the query (Spark 4.1+ hands Python readers their
+    filters)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         for f in filters:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import OptionError, Options, SinkConfig, SinkDataSource, SourceDataSource, to_arrow_schema
+from sluice.connector import (
+    OptionError,
+    Options,
+    SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
+    check_pushdown,
+    to_arrow_schema,
+)
 from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
@@ -13,6 +21,7 @@ from sluice.connectors.hbase._options import DURABILITY, READ_SPEC, WRITE_SPEC, 
 from sluice.connectors.hbase._sink import HBaseWritePlan, RowPlan
 from sluice.connectors.hbase._source import (
     HBaseBatchReader,
+    HBasePushdownReader,
     HBaseReader,
     RegionEnumerator,
     check_versions,
@@ -91,9 +100,9 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
                           "(family, columns options).")
 
     def reader(self, schema: StructType) -> HBaseBatchReader:
-
         opts = self.read_options()
         options = ReadOptions.of(opts)
+        check_pushdown(options.pushdown)
         arrow = to_arrow_schema(schema)
         stamp = stamp_column(options, arrow)
         catalog = Catalog.from_options(opts, [n for n in schema.fieldNames() if n != stamp])
@@ -105,4 +114,5 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         reader = HBaseReader(conn, catalog, key, arrow, options.read_rows_per_fetch,
                              time_range(options.read_time_range), options.read_versions, stamp)
         enumerator = RegionEnumerator(conn, catalog.table, options.read_splits_per_region)
-        return HBaseBatchReader(enumerator, reader, None, reads=self.read_observer())
+        kind = HBasePushdownReader if options.pushdown else HBaseBatchReader
+        return kind(enumerator, reader, None, reads=self.read_observer())

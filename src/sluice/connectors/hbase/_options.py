@@ -14,6 +14,7 @@ from sluice.connector import (
     Options,
     OptionSpec,
     TypedOptions,
+    pushdown_option,
 )
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS
 from sluice.connectors.hbase._client import CONNECTION_OPTIONS
@@ -77,6 +78,7 @@ READ_OPTIONS = (
            "many versions).", minimum=1, maximum=10_000),
     Option("read.timestamp-column", "str", None, "A column of the read's schema (long: milliseconds, or "
            "timestamp) that gets the row's cell timestamp: its newest cell's, or the version's."),
+    pushdown_option("the scans' key range (filters on the row key's first column)"),
 )
 
 
@@ -95,6 +97,7 @@ class ReadOptions(TypedOptions):
     read_time_range: tuple[str, ...]
     read_versions: int
     read_timestamp_column: str | None
+    pushdown: bool
     rowkey: tuple[str, ...]
 
     @classmethod

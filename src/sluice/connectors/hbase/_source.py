@@ -205,10 +205,15 @@ class RegionEnumerator(SplitEnumerator):
 
 
 class HBaseBatchReader(SplitBatchReader):
-    """The batch read, with Spark's filters on the row key's first column turned into the splits' key range."""
+    """The batch read: a split per region (or several)."""
 
     enumerator: RegionEnumerator
     reader: HBaseReader
+
+
+class HBasePushdownReader(HBaseBatchReader):
+    """pushdown=true: Spark's filters on the row key's first column become the splits' key range (Spark 4.1+ hands
+    Python readers their filters)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         self.enumerator.range, taken = key_range(list(filters), self.reader.key, self.reader.schema)

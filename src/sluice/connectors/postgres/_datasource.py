@@ -10,7 +10,7 @@ from sluice.connector import (
     SinkConfig,
     SinkDataSource,
     SourceDataSource,
-    require,
+    check_pushdown,
     to_arrow_schema,
 )
 from sluice.connectors.postgres._client import Connection
@@ -56,8 +56,7 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
     # ------------------------------------------------------------------ reading
     def _typed_read_options(self) -> ReadOptions:
         opts = self.read_options()
-        if opts["pushdown"]:  # refused before the connection options are resolved
-            require("filter pushdown", "pushdown", "Remove it (Spark then filters the rows after reading them),")
+        check_pushdown(opts["pushdown"])  # refused before the connection options are resolved
         return ReadOptions.of(opts)
 
     def schema(self) -> StructType:

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.connector import SINK_SPEC, UNORDERED, Option, OptionError, Options, OptionSpec, TypedOptions
+from sluice.connector import (
+    SINK_SPEC,
+    UNORDERED,
+    Option,
+    OptionError,
+    Options,
+    OptionSpec,
+    TypedOptions,
+    pushdown_option,
+)
 from sluice.connectors.postgres._client import CONNECTION_OPTIONS, Connection
 
 MiB = 1024 * 1024
@@ -57,9 +66,7 @@ READ_OPTIONS = (
            "at most 64.", minimum=0, maximum=10_000),
     Option("consistent-snapshot", "bool", True,
            "All splits read one exported snapshot (one consistent picture); false = each split its own."),
-    Option("pushdown", "bool", False,
-           "Turn Spark's filters into the WHERE clause. Off by default: Spark 4.3 reuses a DataFrame's pushed-down "
-           "read for later queries on it (wrong rows); when on, load a new DataFrame per query."),
+    pushdown_option("the WHERE clause"),
     Option("snapshot.timeout-s", "int", 600,
            "The shared snapshot is released after this many seconds without a split finishing (or when the "
            "Spark driver exits); actions on the DataFrame after that fail: load it again.", minimum=5),
