@@ -228,9 +228,10 @@ test-serial: test-main test-two-hop test-hbase test-soak test-postgres-versions 
 
 # The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own; 17
 # tests, 80 s alone) run last in make test's second job (make test-hbase runs them alone). The main suite runs the
-# HBase tests that need no server (tests/connectors/hbase/test_keys.py).
+# HBase tests that need no server (tests/connectors/hbase/test_keys.py); its deployment tests write and read every
+# format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
-test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
+test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-chromium lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
@@ -298,7 +299,7 @@ LINES_SKIP_4.2 := tests/deploy/test_cluster.py
 
 # The tests marked `lines` against the built wheel installed next to pyspark $(PYSPARK_<line>), run from a copy of
 # tests/ so that the checkout's sluice cannot stand in for the wheel. Writes build/lines/<line>.json.
-test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhouse
+test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhouse check-cassandra check-opensearch check-hbase
 	rm -rf build/lines/$* && mkdir -p build/lines/$*
 	PIP_CONSTRAINT= .venv-spark-$*/bin/pip wheel . --no-deps --no-build-isolation -q -w build/lines/$*/wheel
 	PIP_CONSTRAINT= .venv-spark-$*/bin/pip install -q --no-deps --force-reinstall build/lines/$*/wheel/sluice-*.whl

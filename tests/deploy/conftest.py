@@ -90,6 +90,10 @@ def spark_env(tmp: Path, **more: str) -> dict[str, str]:
     return env
 
 
+# The formats every_format.py writes and reads back, each True in its result when what was read is what was written.
+STORED = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "cassandra", "elasticsearch", "hbase",
+          "tablestore")
+
 # A deployment test starts Spark processes of its own: under make test's load (two jobs on two cores) one took 222 s
 # here and ran over 300 s on CI. A bound for a hung run, not a wait: each ends as soon as its run does.
 DEPLOY_TIMEOUT_S = 600
@@ -114,11 +118,29 @@ def run_every_format(python: str, cfg: dict, env: dict[str, str], timeout: float
 
 @pytest.fixture(scope="session")
 def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
-    """An S2 server, a ClickHouse server and the suite's PostgreSQL, as every_format.py takes them (tablestore meta
-    on PostgreSQL)."""
+    """An S2 server, a ClickHouse server, the suite's PostgreSQL (tablestore meta too), and the design's stores: a
+    Cassandra node, an OpenSearch node and an HBase with its Thrift2 gateway, each with the table every_format.py
+    writes into, as every_format.py takes them."""
+    from sluice.connectors.hbase._client import Connection, thrift
     from sluice.s2local import LocalS2
+    from sluice.testing import LocalCassandra, LocalHBase, LocalOpenSearch
     from tests.clickhouse_chdb import clickhouse_server
 
-    with LocalS2() as s2, clickhouse_server() as ch:
+    with LocalS2() as s2, clickhouse_server() as ch, LocalCassandra() as cassandra, LocalOpenSearch() as search, \
+            LocalHBase() as hbase:
+        with cassandra.cluster() as cluster:
+            session = cluster.connect()
+            session.execute("CREATE KEYSPACE deploy WITH replication = {'class': 'SimpleStrategy', "
+                            "'replication_factor': 1}")
+            session.execute("CREATE TABLE deploy.rows (id bigint PRIMARY KEY, name text)")
+        t = thrift()
+        table = t.TTableDescriptor(tableName=t.TTableName(ns=b"default", qualifier=b"deploy_rows"),
+                                   columns=[t.TColumnFamilyDescriptor(name=b"d")])
+        Connection((hbase.host,), hbase.port, 60.0).call("createTable", table, None)
         yield {"s2": s2.url, "pg": pg.url, "meta": pg.url, "ch": {"url": ch.url, "password": ch.password},
-               "warehouse": str(tmp_path_factory.mktemp("warehouse"))}
+               "warehouse": str(tmp_path_factory.mktemp("warehouse")),
+               "cassandra": {"host": cassandra.host, "port": str(cassandra.port), "keyspace": "deploy",
+                             "table": "rows"},
+               "search": {"nodes": search.url, "index": "deploy"},
+               "hbase": {"host": hbase.host, "port": str(hbase.port), "table": "default:deploy_rows", "rowkey": "id",
+                         "family": "d"}}

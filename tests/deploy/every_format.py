@@ -6,6 +6,8 @@ wheel, on a standalone cluster, and as a Spark Connect client. Its argument is a
             or "connect" (SparkSession.builder.remote(...), sluice imported only for last_write_summary)
   master / remote, conf      where the session goes
   s2, pg, ch, warehouse, meta    the stores (ch: ClickHouse's url and password)
+  cassandra, search, hbase       the design's stores: each format's options naming a table (index) made before
+                                 the run; every run rewrites the same keys with names of its own tag
   sql       also write and read through CREATE TEMPORARY VIEW ... USING (plain sessions)
 """
 
@@ -137,6 +139,18 @@ def run(spark, cfg: dict) -> dict:
     rows.write.format("clickhouse").options(**ch).mode("append").save()
     out["clickhouse"] = ids(spark.read.format("clickhouse").options(**ch).load()) == expected
     step.done("clickhouse")
+
+    # Upserts by key into tables shared by every run: the names carry this run's tag, so what is read back was
+    # written by this run.
+    tagged = spark.range(0, 100, 1, 4).selectExpr("id", f"concat('{tag}-', id) AS name")
+    writing = {"elasticsearch": {"mapping.id": "id", "write.refresh": "true"}}
+    for format_name, key in (("cassandra", "cassandra"), ("elasticsearch", "search"), ("hbase", "hbase")):
+        tagged.write.format(format_name).options(**cfg[key], **writing.get(format_name, {})).mode("append").save()
+        reading = spark.read.format(format_name).options(**cfg[key])
+        back = (reading.schema("id long, name string") if format_name == "hbase" else reading).load()
+        out[format_name] = sorted((int(r["id"]), r["name"]) for r in back.select("id", "name").collect()) \
+            == [(i, f"{tag}-{i}") for i in expected]
+        step.done(format_name)
 
     store = {"table": f"deploy_{tag}", "warehouse": cfg["warehouse"], "meta": cfg["meta"]}
     rows.write.format("tablestore").options(**store).mode("append").save()

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.deploy.conftest import DEPLOY_TIMEOUT_S, SPARK_HOME, Process, free_port, run_every_format, spark_env
+from tests.deploy.conftest import DEPLOY_TIMEOUT_S, SPARK_HOME, STORED, Process, free_port, run_every_format, spark_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.lines, pytest.mark.timeout(DEPLOY_TIMEOUT_S)]
 
@@ -52,6 +52,5 @@ def test_every_format_on_a_standalone_cluster_with_the_clusters_own_python(clust
     assert result["tasks_python"] == "cluster", result
     assert result["one_call_tasks"] == 4, result  # the input's 4 partitions, not spark.sql.shuffle.partitions
     assert result["sluice_null"] == 100 and result["s2_summary"] == 100
-    stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore")
-    assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result
+    assert {k: result[k] for k in STORED} == dict.fromkeys(STORED, True), result
     capability("standalone cluster", "yes")

@@ -3,7 +3,7 @@ matters: its own temp dir and SLUICE_STATS_DIR, so nothing the server's tasks wr
 
 import pytest
 
-from tests.deploy.conftest import DEPLOY_TIMEOUT_S, SPARK_HOME, Process, free_port, run_every_format, spark_env
+from tests.deploy.conftest import DEPLOY_TIMEOUT_S, SPARK_HOME, STORED, Process, free_port, run_every_format, spark_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.lines, pytest.mark.timeout(DEPLOY_TIMEOUT_S)]
 
@@ -35,6 +35,5 @@ def test_every_format_from_a_spark_connect_client_with_its_write_summaries(conne
     assert not (client / "stats").exists()
     assert (connect_server["home"] / "stats" / "s2.json").is_file()
     assert 1 <= result["one_call_tasks"] <= 4, result  # adaptive execution sized the shuffle, not 200 tasks
-    stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore")
-    assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result
+    assert {k: result[k] for k in STORED} == dict.fromkeys(STORED, True), result
     capability("spark connect", "yes")

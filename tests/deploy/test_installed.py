@@ -16,7 +16,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.deploy.conftest import DEPLOY_TIMEOUT_S, run_every_format, spark_env
+from tests.deploy.conftest import DEPLOY_TIMEOUT_S, STORED, run_every_format, spark_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.lines, pytest.mark.timeout(DEPLOY_TIMEOUT_S)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_the_wheel_in_a_fresh_virtualenv_writes_and_reads_every_format_without_r
     assert result["sluice_imported"] is False  # the driver's Python never imported sluice
     assert result["sluice_null"] == 100 and result["s2_summary"] == 100
     capability("zero-registration", "yes")
-    stored = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "tablestore", "sql")
+    stored = (*STORED, "sql")
     assert {k: result[k] for k in stored} == dict.fromkeys(stored, True), result
     capability("batch every format", "yes")
     capability("sql views", "yes")
