@@ -83,7 +83,6 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
 
     # ------------------------------------------------------------------ reading
     def schema(self) -> StructType:
-
         opts = self.read_options()
         read = ReadOptions.of(opts)
         schema = pa.schema(_table(read, opts).delta().schema().to_arrow())

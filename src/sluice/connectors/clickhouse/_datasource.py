@@ -119,7 +119,6 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         return options, describe(options.conn)
 
     def schema(self) -> StructType:
-
         _, info = self._read_parts()
         return from_arrow_schema(read_schema(info)[1])
 

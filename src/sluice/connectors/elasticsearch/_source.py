@@ -193,7 +193,6 @@ class SliceReader(SplitReader):
         return hit.get("_source", {}).get(field.name)
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
-
         arrow = to_arrow_schema(self.schema)
         body = self.body(split)
         while True:

@@ -53,7 +53,6 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         return tuple(opts["rowkey"])
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> HBaseWritePlan:
-
         if overwrite:
             raise OptionError("format 'hbase' cannot overwrite a table atomically; truncate it first (truncate "
                               "'table' in the HBase shell), then use mode('append').")

@@ -230,7 +230,6 @@ class HBaseWritePlan(WritePlan):
     rows: RowPlan
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-
         encode = RowEncoder(self.rows, context, to_arrow_schema(self.schema))
         store = HBaseStore(self.conn, self.rows.catalog.table, self.config.requests_max_inflight,
                            context.partition_id)

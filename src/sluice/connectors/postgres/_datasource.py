@@ -45,7 +45,6 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         return self.write_spec.parse(raw)
 
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> PostgresWritePlan:
-
         write = WriteOptions.of(opts)
         conn_info = Connection.from_options(opts)
         staged = config.transactional or overwrite  # overwrite is always staged and committed by the driver
