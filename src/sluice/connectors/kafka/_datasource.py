@@ -47,7 +47,10 @@ class KafkaDataSource(SinkDataSource):
                               "marker needs one topic known before the write.")
         plan = KafkaWritePlan(self.format_name, opts, schema, config, write, columns, 0, frozenset(), marker_topic,
                               self.check_marker)
-        validate_client(plan.producer_config())
+        trial = plan.producer_config()
+        if config.transactional:  # librdkafka checks the transactional settings together (no broker is asked)
+            trial["transactional.id"] = "sluice-settings-check"
+        validate_client(trial)
         cluster = probe(write, [write.topic] if write.topic else [])
         return KafkaWritePlan(self.format_name, opts, schema, config, write, columns, cluster.record_limit,
                               cluster.topics, marker_topic, self.check_marker)
