@@ -10,7 +10,7 @@ from pyspark.sql import types as T
 
 from sluice.connector import OptionError, SinkError
 from sluice.connectors.kafka._options import ClientSettings, WriteOptions
-from sluice.connectors.kafka._txn import connection_settings, kafka_error
+from sluice.connectors.kafka._txn import connection_settings, describe
 
 COLUMNS = ("key", "value", "headers", "topic", "partition", "timestamp")
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
@@ -82,7 +82,7 @@ def validate_client(config: dict[str, Any]) -> None:
     try:
         Producer({**config, "log_level": 0}).close()
     except KafkaException as e:
-        message = str(kafka_error(e) or e)
+        message = describe(e)
         raise OptionError(f"the Kafka client refuses the kafka.* settings: {message}. Options prefixed kafka. are "
                           "librdkafka's settings (its CONFIGURATION.md), not the Java client's.") from None
 
@@ -98,7 +98,7 @@ def probe(write: WriteOptions, topics: list[str]) -> Cluster:
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as e:
-        raise unreachable(client, write.timeout_ms, kafka_error(e) or e, errors) from None
+        raise unreachable(client, write.timeout_ms, e, errors) from None
     existing = frozenset(t for t, m in metadata.topics.items() if m.error is None)
     missing = [t for t in topics if t not in existing]
     if missing:
@@ -116,15 +116,15 @@ def probe(write: WriteOptions, topics: list[str]) -> Cluster:
         import logging
 
         logging.getLogger("sluice.kafka").info("kafka: %s unknown (%s); assuming Kafka's default %d", wanted,
-                                               client.scrub(str(e)), limit)
+                                               client.scrub(describe(e)), limit)
     return Cluster(existing, limit)
 
 
 def unreachable(client: ClientSettings, timeout_ms: int, error: Any, seen: list[Any]) -> SinkError:
     """No metadata within the timeout: name the servers and what librdkafka saw (refused, authentication, TLS)."""
-    reasons = sorted({client.scrub(str(e)) for e in seen})[:3]
+    reasons = sorted({client.scrub(describe(e)) for e in seen})[:3]
     seen_text = f" librdkafka reported: {'; '.join(reasons)}." if reasons else ""
     return SinkError(
         f"kafka: no broker of kafka.bootstrap.servers={client.bootstrap_servers} answered within {timeout_ms} ms "
-        f"(timeout-ms): {client.scrub(str(error))}.{seen_text} Check the addresses, that the brokers run, and "
+        f"(timeout-ms): {client.scrub(describe(error))}.{seen_text} Check the addresses, that the brokers run, and "
         "kafka.security.protocol / kafka.sasl.* for the listener.", store="kafka", target=client.bootstrap_servers)

@@ -62,7 +62,7 @@ _OWNED = {
     "key.serializer": "the key column is written as its bytes (string columns as UTF-8)",
     "value.serializer": "the value column is written as its bytes (string columns as UTF-8)",
 }
-_SECRET = re.compile(r"password|secret|key\.pem|private|token|credential", re.IGNORECASE)
+_SECRET = re.compile(r"password|secret|key\.pem|private|token|credential|oauthbearer\.config", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,8 @@ PASSTHROUGH_OPTION = Option(
     PASSTHROUGH, "str", None,
     "Any other librdkafka producer setting, prefixed: kafka.compression.type=zstd, kafka.linger.ms=20, "
     "kafka.security.protocol=SASL_SSL, kafka.sasl.mechanism=SCRAM-SHA-512, kafka.sasl.username=... . Checked by "
-    "librdkafka before the write. Settings whose name holds password/secret/token/key.pem are redacted. sluice "
-    "sets transactional.id and enable.idempotence itself.")
+    "librdkafka before the write. Settings whose name holds password, secret, token, key.pem or "
+    "oauthbearer.config are redacted. sluice sets transactional.id and enable.idempotence itself.")
 
 
 def _check_transactional(opts: Options) -> None:

@@ -32,7 +32,7 @@ from sluice.connector import (
     completed_future,
 )
 from sluice.connectors.kafka._options import ClientSettings
-from sluice.connectors.kafka._txn import FencedError, Transaction, TxnIdentity, kafka_error
+from sluice.connectors.kafka._txn import FencedError, Transaction, TxnIdentity, describe, kafka_error
 
 log = logging.getLogger("sluice.kafka")
 
@@ -117,12 +117,36 @@ class KafkaStore(Store):
         self.context = context
         self.producer = self._new_producer(context)
         if self.transaction_spec is not None:
-            prefix, marker_topic = self.transaction_spec
-            identity = TxnIdentity.of(prefix, marker_topic, context)
-            self.txn = Transaction(self.producer, identity, self.client, self.timeout_s, self.check_marker)
-            self.skip = not self.txn.start()
+            self._start_transaction(context)
         self._poller = threading.Thread(target=self._poll, name="sluice-kafka-poll", daemon=True)
         self._poller.start()
+
+    def _start_transaction(self, context: WriteContext) -> None:
+        """Fence, read the marker, begin. A producer whose init_transactions timed out (a coordinator moving during
+        a broker failure) is dropped and a new one tries once more: librdkafka leaves a transactional producer
+        whose initialization failed in a state it may not leave."""
+        prefix, marker_topic = self.transaction_spec  # type: ignore[misc]
+        identity = TxnIdentity.of(prefix, marker_topic, context)
+        for attempt in (1, 2):
+            self.txn = Transaction(self.producer, identity, self.client, self.timeout_s, self.check_marker)
+            try:
+                self.skip = not self.txn.start()
+                return
+            except FencedError:
+                raise
+            except SinkError as e:
+                err = kafka_error(e.cause) if e.cause is not None else None
+                if attempt == 2 or err is None or not (err.retriable() or err.code() in _timeouts()):
+                    raise
+                log.warning("kafka: %s; trying once more with a new producer", e)
+                self._drop_producer()
+                self.producer = self._new_producer(context)
+
+    def _drop_producer(self) -> None:
+        if self.producer is not None:
+            self.producer.purge()  # a failed task's records are sent again by its retry: do not wait for them
+            self.producer.close()
+            self.producer = None
 
     def _new_producer(self, context: WriteContext) -> Any:
         from confluent_kafka import Producer
@@ -137,7 +161,7 @@ class KafkaStore(Store):
         """librdkafka's global errors (brokers down, authentication, fatal idempotence errors), on the poll thread."""
         if err.fatal():
             self._fatal = err
-        log.warning("kafka producer: %s", self.client.scrub(str(err)))
+        log.warning("kafka producer: %s", self.client.scrub(describe(err)))
 
     def _poll(self) -> None:
         poll = self.producer.poll
@@ -157,7 +181,8 @@ class KafkaStore(Store):
             self.rows.release(batch.entries)
             return completed_future()
         if self._fatal is not None:
-            return completed_future(DeliveryError(f"the producer failed for good: {self._fatal}", self._fatal))
+            fatal = self._fatal
+            return completed_future(DeliveryError(f"the producer failed for good: {describe(fatal)}", fatal))
         table = self.rows.table(batch.entries)
         future: Future[None] = Future()
         acks = _Acks(future, lambda a: self._settle(a, batch))
@@ -201,7 +226,7 @@ class KafkaStore(Store):
             return
         err, topic, partition, key = acks.error
         where = f"topic {topic} partition {partition}, key {show_key(key)}" if topic else "producing"
-        acks.future.set_exception(DeliveryError(f"kafka refused a record ({where}): {self.client.scrub(str(err))}",
+        acks.future.set_exception(DeliveryError(f"kafka refused a record ({where}): {self.client.scrub(describe(err))}",
                                                 err))
 
     def classify(self, error: BaseException) -> ErrorKind:
@@ -215,9 +240,9 @@ class KafkaStore(Store):
             return ErrorKind.RETRYABLE
         from confluent_kafka import KafkaError
 
-        timed_out = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
-                     KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
-        return ErrorKind.RETRYABLE if getattr(err, "code", lambda: None)() in timed_out else ErrorKind.FATAL
+        passing = _timeouts() | {KafkaError._MSG_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
+                                 KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
+        return ErrorKind.RETRYABLE if getattr(err, "code", lambda: None)() in passing else ErrorKind.FATAL
 
     def explain(self, error: SinkError) -> SinkError:
         cause = error.cause
@@ -254,11 +279,14 @@ class KafkaStore(Store):
             return
         if self.txn is not None:
             self.txn.abort()  # a failed task: nothing of it becomes visible
-        try:
-            self.producer.flush(0 if self.txn is not None else self.timeout_s)
-        finally:
-            self.producer.close()
-            self.producer = None
+        self._drop_producer()  # after a successful task nothing is outstanding; after a failure, what is stays unsent
+
+
+def _timeouts() -> set[int]:
+    from confluent_kafka import KafkaError
+
+    return {KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE,
+            KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TRANSPORT}
 
 
 def _bytes_column(table: pa.Table, name: str) -> list[bytes | None]:

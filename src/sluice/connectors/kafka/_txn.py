@@ -69,6 +69,12 @@ def kafka_error(exc: BaseException) -> Any:
     return args[0] if args and hasattr(args[0], "code") else None
 
 
+def describe(error: Any) -> str:
+    """librdkafka's text of a KafkaError or KafkaException (its code name and reason), else str()."""
+    err = error if hasattr(error, "code") and hasattr(error, "str") else kafka_error(error)
+    return f"{err.name()}: {err.str()}" if err is not None else str(error)
+
+
 class Transaction:
     """One task's Kafka transaction on its producer, with the marker that makes its commit happen once."""
 
@@ -135,7 +141,7 @@ class Transaction:
             self.producer.abort_transaction(self.timeout_s)
         except Exception as e:
             log.warning("kafka: aborting the transaction of %s failed (%s); the task's retry aborts it",
-                        self.identity.transactional_id, self.client.scrub(str(e)))
+                        self.identity.transactional_id, self.client.scrub(describe(e)))
 
     def _call(self, what: str, fn: Any, *args: Any) -> None:
         """A transactional call, repeated while librdkafka says it may be (e.g. a coordinator moving) until
@@ -157,7 +163,7 @@ class Transaction:
     def _failure(self, what: str, error: BaseException | None, detail: str | None = None) -> SinkError:
         err = kafka_error(error) if error is not None else None
         ident = self.identity
-        text = detail or self.client.scrub(str(err if err is not None else error))
+        text = detail or self.client.scrub(describe(error))
         if err is not None and err.code() in _fenced_codes():
             return FencedError(
                 f"kafka: transactional.id {ident.transactional_id} was taken over by a newer producer during "
