@@ -8,8 +8,7 @@ from collections import Counter
 
 import pytest
 
-from sluice.testing import LocalKafkaCluster
-from tests.connectors.kafka.conftest import read_committed
+from sluice.testing import LocalKafkaCluster, read_committed
 from tests.faults import held_at
 
 pytestmark = pytest.mark.spark

@@ -18,7 +18,7 @@ import pytest
 
 import sluice
 from sluice.connectors.kafka import FencedError, KafkaDataSource
-from tests.connectors.kafka.conftest import read_committed
+from sluice.testing import read_committed
 from tests.faults import fails_while, held_at, kill_python_workers
 
 pytestmark = pytest.mark.spark
@@ -37,7 +37,7 @@ def unchecked(spark):
     return UncheckedKafka.format_name
 
 
-def new_topic(kafka, partitions=2):
+def make_topic(kafka, partitions=2):
     name = f"eo-{uuid.uuid4().hex[:10]}"
     kafka.create_topic(name, partitions=partitions)
     return name
@@ -95,7 +95,7 @@ def test_a_python_worker_killed_mid_task(spark, kafka, small_arrow_batches, tmp_
     """The killed attempt's transaction is aborted by the retry's init_transactions (transaction.timeout-ms is 10
     minutes: the test ends long before the broker would abort it, so readers were never blocked on it). Switched off
     (at-least-once), the rows the killed attempt had sent are there twice."""
-    topic, hold = new_topic(kafka, partitions=1), tmp_path / "hold"
+    topic, hold = make_topic(kafka, partitions=1), tmp_path / "hold"
     hold.touch()
     df = spark.range(0, 3000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
         .mapInArrow(held_at(1500, str(hold), 50, 0.02), "id long, pad string") \
@@ -125,7 +125,7 @@ def test_a_transaction_a_killed_writer_left_open_is_aborted_on_restart(kafka):
     transactional id per attempt (FLINK-34554's unbounded ids) leaves the transaction open and the readers stuck at
     it until the broker's transaction.timeout.ms."""
     for same_id in (True, False):
-        topic = new_topic(kafka, partitions=1)
+        topic = make_topic(kafka, partitions=1)
         killed_id = f"dead-{uuid.uuid4().hex[:8]}"
         script = textwrap.dedent(f"""
             import os
@@ -197,7 +197,7 @@ def test_a_zombie_task_is_fenced(kafka):
     whose commit fails with FencedError; only the retry's records are visible. Negative control: attempts with
     different transactional ids (other prefixes) both commit."""
     for fenced in (True, False):
-        topic = new_topic(kafka, partitions=1)
+        topic = make_topic(kafka, partitions=1)
         old = store_for(kafka, topic, "w1", 0, prefix="p-old" if not fenced else None)
         send(old, ["a", "b"])
         new = store_for(kafka, topic, "w1", 0, prefix="p-new" if not fenced else None)
@@ -216,7 +216,7 @@ def test_a_zombie_task_is_fenced(kafka):
 def test_a_committed_epoch_is_not_written_again(kafka):
     """The marker: a task of an epoch its transactional id committed before sends nothing; a later epoch writes;
     another write id (another marker) writes. Negative control: the marker not checked, the replay duplicates."""
-    topic = new_topic(kafka, partitions=1)
+    topic = make_topic(kafka, partitions=1)
     skipped = []
     for epoch in (0, 0, 1, 0):  # epoch 0, its replay, epoch 1, a replay of 0 from an older checkpoint
         task = store_for(kafka, topic, "query-a", epoch)
@@ -241,7 +241,7 @@ def replay(spark, kafka, tmp_path, fmt, older_copy: bool):
     between the two (older_copy=False: the checkpoint itself loses the commit), or the query is restarted from a copy
     of the checkpoint taken before its commit (older_copy=True: after batch 1 ran on the original). Returns the
     (records, distinct, duplicates) read_committed readers see at the end."""
-    topic = new_topic(kafka)
+    topic = make_topic(kafka)
     src, checkpoint, backup = tmp_path / "src", tmp_path / "checkpoint", tmp_path / "backup"
     src.mkdir()
 
@@ -280,7 +280,7 @@ def test_a_batch_write_rerun_with_its_write_id_completes_once(spark, kafka, tmp_
     """Task 0 commits, task 1 fails for good: task 0's rows are visible (tasks commit their own transactions). The
     re-run with the same sink.write-id sends task 1's rows only; another re-run sends nothing. Negative controls: a
     new write id writes everything again; the marker switched off duplicates task 0's rows."""
-    marker, topic = tmp_path / "fail", new_topic(kafka)
+    marker, topic = tmp_path / "fail", make_topic(kafka)
     marker.touch()
     rows = spark.range(0, 2000, 1, 2).select(fails_while(marker, 1500)("id").alias("id")) \
         .selectExpr("CAST(id AS STRING) AS value")

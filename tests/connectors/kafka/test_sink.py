@@ -8,12 +8,12 @@ from collections import defaultdict
 import pytest
 
 import sluice
-from tests.connectors.kafka.conftest import read_committed
+from sluice.testing import read_committed
 
 pytestmark = pytest.mark.spark
 
 
-def new_topic(kafka, partitions=2, **config):
+def make_topic(kafka, partitions=2, **config):
     name = f"t-{uuid.uuid4().hex[:10]}"
     kafka.create_topic(name, partitions=partitions, config=config or None)
     return name
@@ -27,7 +27,7 @@ def opts(kafka, topic=None, **more):
 
 
 def test_a_batch_write_lands_once_per_row(spark, kafka):
-    topic = new_topic(kafka)
+    topic = make_topic(kafka)
     df = spark.range(0, 3000, 1, 2).selectExpr("CAST(id AS STRING) AS key", "CAST(id * 10 AS STRING) AS value")
     df.write.format("sluice_kafka").options(**opts(kafka, topic)).mode("append").save()
     records = read_committed(kafka.client_config(), topic)
@@ -39,7 +39,7 @@ def test_a_batch_write_lands_once_per_row(spark, kafka):
 def test_keys_land_where_javas_partitioner_puts_them(spark, kafka):
     """murmur2 of the key, as Spark's Kafka sink and Java producers choose the partition (librdkafka's own default
     would not): the partition of a few keys computed by Kafka's Utils.murmur2 (positive % 3)."""
-    topic = new_topic(kafka, partitions=3)
+    topic = make_topic(kafka, partitions=3)
     spark.createDataFrame([("a", "1"), ("b", "2"), ("c", "3"), ("sluice", "4")], "key string, value string") \
         .write.format("sluice_kafka").options(**opts(kafka, topic)).mode("append").save()
     placed = {r.key: r.partition for r in read_committed(kafka.client_config(), topic)}
@@ -75,20 +75,20 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
 
 
 def test_a_topic_per_row(spark, kafka):
-    a, b = new_topic(kafka), new_topic(kafka)
+    a, b = make_topic(kafka), make_topic(kafka)
     df = spark.range(0, 100, 1, 2).selectExpr(f"IF(id % 3 = 0, '{a}', '{b}') AS topic", "CAST(id AS STRING) AS value")
     df.write.format("sluice_kafka").options(**opts(kafka)).mode("append").save()
     assert sorted(int(r.value) for r in read_committed(kafka.client_config(), a)) == list(range(0, 100, 3))
     assert sorted(int(r.value) for r in read_committed(kafka.client_config(), b)) == \
         [i for i in range(100) if i % 3]
     # The topic option overrides the column, as in Spark's Kafka sink.
-    c = new_topic(kafka)
+    c = make_topic(kafka)
     df.write.format("sluice_kafka").options(**opts(kafka, c)).mode("append").save()
     assert len(read_committed(kafka.client_config(), c)) == 100
 
 
 def test_headers_partition_and_timestamp_columns(spark, kafka):
-    topic = new_topic(kafka, partitions=3)
+    topic = make_topic(kafka, partitions=3)
     df = spark.createDataFrame(
         [(b"k1", b"v1", [("trace", b"t-1"), ("n", b"1")], 2, "2026-01-02 03:04:05.678"),
          (None, None, [], None, None),
@@ -111,7 +111,7 @@ def test_headers_partition_and_timestamp_columns(spark, kafka):
 
 
 def test_partition_ordered_keeps_each_keys_order(spark, kafka):
-    topic = new_topic(kafka, partitions=3)
+    topic = make_topic(kafka, partitions=3)
     df = spark.range(0, 6000, 1, 2).selectExpr("CAST(id % 50 AS STRING) AS key", "CAST(id AS STRING) AS value")
     sluice.write(df, "sluice_kafka", opts(kafka, topic, **{"sink.mode": "partition-ordered",
                                                            "sink.batch.max-size": "100"}))
@@ -132,7 +132,7 @@ def test_an_unknown_topic_is_refused_before_the_write(spark, kafka):
 
 
 def test_an_unknown_topic_in_the_topic_column_is_refused_naming_it(spark, kafka):
-    known = new_topic(kafka)
+    known = make_topic(kafka)
     df = spark.range(0, 10, 1, 1).selectExpr(f"IF(id < 5, '{known}', 'not-there') AS topic",
                                              "CAST(id AS STRING) AS value")
     with pytest.raises(Exception, match="topic 'not-there' \\(column 'topic'\\) does not exist"):
@@ -157,7 +157,7 @@ def test_unreachable_servers_fail_within_the_timeout_naming_them(spark):
 
 
 def test_a_record_over_the_topics_limit_is_refused_naming_its_key_and_the_limit(spark, kafka):
-    topic = new_topic(kafka, partitions=1, **{"max.message.bytes": "2000"})
+    topic = make_topic(kafka, partitions=1, **{"max.message.bytes": "2000"})
     df = spark.range(0, 10, 1, 1).selectExpr("concat('order-', id) AS key",
                                              "IF(id = 7, repeat('x', 3000), 'small') AS value")
     with pytest.raises(Exception, match="key 'order-7' is 3089 bytes, over the limit of 2000 bytes"):
@@ -172,7 +172,7 @@ def test_a_record_over_the_topics_limit_is_refused_naming_its_key_and_the_limit(
     (["CAST(id AS STRING) AS value", "CAST(id AS STRING) AS headers"], "column 'headers' is string"),
 ])
 def test_wrong_columns_are_refused_before_the_write(spark, kafka, select, message):
-    topic = new_topic(kafka)
+    topic = make_topic(kafka)
     with pytest.raises(Exception, match=message):
         spark.range(3).selectExpr(*select).write.format("sluice_kafka").options(**opts(kafka, topic)) \
             .mode("append").save()
@@ -186,7 +186,7 @@ def test_wrong_columns_are_refused_before_the_write(spark, kafka, select, messag
     ({"transaction.timeout-ms": "5000"}, "only applies to sink.transactional=true"),
 ])
 def test_bad_options_are_refused_before_the_write(spark, kafka, extra, message):
-    topic = new_topic(kafka)
+    topic = make_topic(kafka)
     with pytest.raises(Exception, match=message):
         spark.range(3).selectExpr("CAST(id AS STRING) AS value").write.format("sluice_kafka") \
             .options(**opts(kafka, topic, **extra)).mode("append").save()
