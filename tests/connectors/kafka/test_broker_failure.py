@@ -28,7 +28,7 @@ def leader_of(cluster, topic) -> int:
 def written(cluster, topic) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**cluster.client_config(), "group.id": "watermarks"})
+    consumer = Consumer({**cluster.client_config(), "group.id": "watermarks", "isolation.level": "read_uncommitted"})
     try:
         return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
     finally:

@@ -58,7 +58,7 @@ def written(kafka, topic) -> int:
     """Records in the topic's logs, committed or not (the high watermarks): what the writer has sent so far."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**kafka.client_config(), "group.id": "watermarks"})
+    consumer = Consumer({**kafka.client_config(), "group.id": "watermarks", "isolation.level": "read_uncommitted"})
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
@@ -189,7 +189,8 @@ def send(task, values):
     from sluice.engine import Batch
 
     encoded = task.encode(pa.RecordBatch.from_pydict({"value": pa.array(values, pa.string())}))
-    task.store.submit(Batch(list(encoded.entries), list(encoded.sizes))).result(60)
+    entries, sizes = list(encoded.entries), list(encoded.sizes)
+    task.store.submit(Batch(entries, sum(sizes), len(entries), sizes=sizes)).result(60)
 
 
 def test_a_zombie_task_is_fenced(kafka):

@@ -143,10 +143,14 @@ class KafkaStore(Store):
                 self.producer = self._new_producer(context)
 
     def _drop_producer(self) -> None:
-        if self.producer is not None:
-            self.producer.purge()  # a failed task's records are sent again by its retry: do not wait for them
-            self.producer.close()
-            self.producer = None
+        producer, self.producer = self.producer, None
+        if producer is None:
+            return
+        try:
+            producer.purge()  # a failed task's records are sent again by its retry: do not wait for them
+            producer.close()
+        except Exception as e:  # a fenced producer refuses even these; its handle goes with the object
+            log.debug("kafka: closing the producer: %s", describe(e))
 
     def _new_producer(self, context: WriteContext) -> Any:
         from confluent_kafka import Producer
