@@ -19,7 +19,7 @@ import pytest
 import sluice
 from sluice.connectors.kafka import FencedError, KafkaDataSource
 from sluice.testing import read_committed
-from tests.faults import fails_while, held_at, kill_python_workers
+from tests.faults import held_at, kill_python_workers
 
 pytestmark = pytest.mark.spark
 
@@ -244,7 +244,7 @@ def replay(spark, kafka, tmp_path, fmt, older_copy: bool):
     (records, distinct, duplicates) read_committed readers see at the end."""
     topic = make_topic(kafka)
     src, checkpoint, backup = tmp_path / "src", tmp_path / "checkpoint", tmp_path / "backup"
-    src.mkdir()
+    src.mkdir(parents=True)
 
     def run(where):
         query = (spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(src))
@@ -277,14 +277,39 @@ def test_a_replayed_micro_batch_is_not_written_again(spark, kafka, tmp_path, unc
     assert distinct == expected and dupes == 500, "negative control: without the marker, batch 0 lands twice"
 
 
+def fails_once_committed(marker, at_id: int, config: dict, topic: str, committed: int):
+    """A UDF returning id that, while `marker` exists, raises at `at_id`, but only once `committed` records of `topic`
+    are visible to read_committed readers (another task's commit): the write fails after that task committed."""
+    from pyspark.sql.functions import udf
+
+    path = str(marker)
+
+    @udf("long")
+    def guard(i):
+        import os
+        import threading
+
+        from sluice.testing import count_committed
+
+        if i == at_id and os.path.exists(path):
+            for _ in range(600):
+                if count_committed(config, topic) >= committed:
+                    raise RuntimeError(f"injected failure at id {i}")
+                threading.Event().wait(0.1)  # another process's commit: polled
+            raise AssertionError(f"{committed} records were not committed to {topic} within 60 s")
+        return i
+
+    return guard
+
+
 def test_a_batch_write_rerun_with_its_write_id_completes_once(spark, kafka, tmp_path, unchecked):
     """Task 0 commits, task 1 fails for good: task 0's rows are visible (tasks commit their own transactions). The
     re-run with the same sink.write-id sends task 1's rows only; another re-run sends nothing. Negative controls: a
     new write id writes everything again; the marker switched off duplicates task 0's rows."""
     marker, topic = tmp_path / "fail", make_topic(kafka)
     marker.touch()
-    rows = spark.range(0, 2000, 1, 2).select(fails_while(marker, 1500)("id").alias("id")) \
-        .selectExpr("CAST(id AS STRING) AS value")
+    rows = spark.range(0, 2000, 1, 2).select(fails_once_committed(marker, 1500, kafka.client_config(), topic, 1000)
+                                             ("id").alias("id")).selectExpr("CAST(id AS STRING) AS value")
     options = eo_options(kafka, topic, **{"sink.write-id": "nightly-2026-11-27"})
     with pytest.raises(Exception, match="injected failure at id 1500"):
         sluice.write(rows, "sluice_kafka", options)
