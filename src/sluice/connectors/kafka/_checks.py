@@ -98,6 +98,7 @@ def probe(write: WriteOptions, topics: list[str]) -> Cluster:
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as e:
+        admin.poll(0.5)  # serves error_cb: what librdkafka saw on the way (refused, authentication, TLS)
         raise unreachable(client, write.timeout_ms, e, errors) from None
     existing = frozenset(t for t, m in metadata.topics.items() if m.error is None)
     missing = [t for t in topics if t not in existing]
@@ -124,7 +125,16 @@ def unreachable(client: ClientSettings, timeout_ms: int, error: Any, seen: list[
     """No metadata within the timeout: name the servers and what librdkafka saw (refused, authentication, TLS)."""
     reasons = sorted({client.scrub(describe(e)) for e in seen})[:3]
     seen_text = f" librdkafka reported: {'; '.join(reasons)}." if reasons else ""
+    if any(e.code() == _authentication() for e in seen):
+        seen_text += (" Authentication failed: check kafka.sasl.mechanism, kafka.sasl.username and "
+                      "kafka.sasl.password (the password is not shown).")
     return SinkError(
         f"kafka: no broker of kafka.bootstrap.servers={client.bootstrap_servers} answered within {timeout_ms} ms "
         f"(timeout-ms): {client.scrub(describe(error))}.{seen_text} Check the addresses, that the brokers run, and "
         "kafka.security.protocol / kafka.sasl.* for the listener.", store="kafka", target=client.bootstrap_servers)
+
+
+def _authentication() -> int:
+    from confluent_kafka import KafkaError
+
+    return KafkaError._AUTHENTICATION
