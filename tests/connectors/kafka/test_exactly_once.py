@@ -161,7 +161,7 @@ def commit_ten(kafka, topic, transactional_id):
     producer.commit_transaction(30)
 
 
-def store_for(kafka, topic, write_id, epoch, partition=0, prefix=None, check_marker=True):
+def store_for(kafka, topic, write_id, epoch, partition=0, prefix=None, check_marker=True, **more):
     """One task's KafkaStore, opened as Spark's task would open it (no Spark)."""
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -170,7 +170,7 @@ def store_for(kafka, topic, write_id, epoch, partition=0, prefix=None, check_mar
     from sluice.connectors.kafka._options import WRITE_SPEC, WriteOptions
     from sluice.connectors.kafka._sink import KafkaWritePlan
 
-    raw = eo_options(kafka, topic)
+    raw = eo_options(kafka, topic, **more)
     if prefix:
         raw["transactional-id-prefix"] = prefix
     options = KafkaDataSource(raw).parsed()
@@ -204,7 +204,7 @@ def test_a_zombie_task_is_fenced(kafka):
         new = store_for(kafka, topic, "w1", 0, prefix="p-new" if not fenced else None)
         send(new, ["a", "b"])
         if fenced:
-            with pytest.raises(FencedError, match="was taken over by a newer producer"):
+            with pytest.raises(FencedError, match="a newer attempt of this task"):
                 old.store.pre_commit()
         else:
             old.store.pre_commit()
@@ -212,6 +212,34 @@ def test_a_zombie_task_is_fenced(kafka):
         old.store.close()
         new.store.close()
         assert counted(kafka, topic) == ((2, 2, 0) if fenced else (4, 2, 2))
+
+
+def test_a_lone_producer_fenced_by_the_brokers_transaction_timeout_is_told_so(kafka):
+    """confluent-kafka's pitfall: a transaction open longer than transaction.timeout.ms is aborted by the broker,
+    which fences its producer though no other exists; the error says that, and nothing of it is visible."""
+    topic = make_topic(kafka, partitions=1)
+    task = store_for(kafka, topic, "slow", 0, **{"transaction.timeout-ms": "1000"})
+    send(task, ["late"])
+    deadline = time.monotonic() + 60
+    while lso_held(kafka, topic) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the broker aborts on its own clock (transaction.abort.timed.out.transaction.cleanup)
+    with pytest.raises(FencedError, match=r"longer than transaction.timeout-ms \(1000\)"):
+        task.store.pre_commit()
+    task.store.close()
+    assert read_committed(kafka.client_config(), topic) == []
+
+
+def lso_held(kafka, topic) -> bool:
+    """Whether an open transaction still holds the partition's last stable offset below its end."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    config = {**kafka.client_config(), "group.id": "lso", "isolation.level": "read_committed"}
+    consumer = Consumer(config)
+    try:
+        lso = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
+    return lso < written(kafka, topic)
 
 
 def test_a_committed_epoch_is_not_written_again(kafka):

@@ -32,7 +32,14 @@ from sluice.connector import (
     completed_future,
 )
 from sluice.connectors.kafka._options import ClientSettings
-from sluice.connectors.kafka._txn import FencedError, Transaction, TxnIdentity, describe, kafka_error
+from sluice.connectors.kafka._txn import (
+    FencedError,
+    Transaction,
+    TxnIdentity,
+    coordinator_moving,
+    describe,
+    kafka_error,
+)
 
 log = logging.getLogger("sluice.kafka")
 
@@ -128,7 +135,8 @@ class KafkaStore(Store):
         prefix, marker_topic = self.transaction_spec  # type: ignore[misc]
         identity = TxnIdentity.of(prefix, marker_topic, context)
         for attempt in (1, 2):
-            self.txn = Transaction(self.producer, identity, self.client, self.timeout_s, self.check_marker)
+            self.txn = Transaction(self.producer, identity, self.client, self.timeout_s, self.check_marker,
+                                   self.producer_config.get("transaction.timeout.ms", 60_000))
             try:
                 self.skip = not self.txn.start()
                 return
@@ -136,7 +144,7 @@ class KafkaStore(Store):
                 raise
             except SinkError as e:
                 err = kafka_error(e.cause) if e.cause is not None else None
-                if attempt == 2 or err is None or not (err.retriable() or err.code() in _timeouts()):
+                if attempt == 2 or err is None or not (err.retriable() or err.code() in coordinator_moving()):
                     raise
                 log.warning("kafka: %s; trying once more with a new producer", e)
                 self._drop_producer()
@@ -244,7 +252,7 @@ class KafkaStore(Store):
             return ErrorKind.RETRYABLE
         from confluent_kafka import KafkaError
 
-        passing = _timeouts() | {KafkaError._MSG_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
+        passing = coordinator_moving() | {KafkaError._MSG_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
                                  KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
         return ErrorKind.RETRYABLE if getattr(err, "code", lambda: None)() in passing else ErrorKind.FATAL
 
@@ -285,12 +293,6 @@ class KafkaStore(Store):
             self.txn.abort()  # a failed task: nothing of it becomes visible
         self._drop_producer()  # after a successful task nothing is outstanding; after a failure, what is stays unsent
 
-
-def _timeouts() -> set[int]:
-    from confluent_kafka import KafkaError
-
-    return {KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE,
-            KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TRANSPORT}
 
 
 def _bytes_column(table: pa.Table, name: str) -> list[bytes | None]:

@@ -79,8 +79,10 @@ class Transaction:
     """One task's Kafka transaction on its producer, with the marker that makes its commit happen once."""
 
     def __init__(self, producer: Any, identity: TxnIdentity, client: ClientSettings, timeout_s: float,
-                 check_marker: bool = True) -> None:
+                 check_marker: bool = True, transaction_timeout_ms: int = 60_000) -> None:
         self.producer = producer
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.began = 0.0
         self.identity = identity
         self.client = client
         self.timeout_s = timeout_s
@@ -97,6 +99,7 @@ class Transaction:
                      self.identity.transactional_id, self.identity.epoch)
             return False
         self.producer.begin_transaction()  # local: no request, no timeout
+        self.began = time.monotonic()
         self.open = True
         return True
 
@@ -106,11 +109,18 @@ class Transaction:
         ident = self.identity
         consumer = Consumer({**connection_settings(self.client), "group.id": ident.group,
                              "isolation.level": "read_committed", "enable.auto.commit": False})
+        deadline = time.monotonic() + self.timeout_s
         try:
-            try:
-                found = consumer.committed([TopicPartition(ident.marker_topic, 0)], timeout=self.timeout_s)
-            except Exception as e:
-                raise self._failure("reading the commit marker", e) from None
+            while True:  # a group coordinator still loading or moving answers with retriable errors
+                try:
+                    found = consumer.committed([TopicPartition(ident.marker_topic, 0)],
+                                               timeout=max(0.1, deadline - time.monotonic()))
+                    break
+                except Exception as e:
+                    err = kafka_error(e)
+                    passing = err is not None and (err.retriable() or err.code() in coordinator_moving())
+                    if not passing or time.monotonic() >= deadline:
+                        raise self._failure("reading the commit marker", e) from None
             self.group_metadata = consumer.consumer_group_metadata()
         finally:
             consumer.close()
@@ -158,6 +168,8 @@ class Transaction:
                     continue
                 if err is not None and err.txn_requires_abort():
                     self.abort()
+                elif err is not None and err.fatal():
+                    self.open = False  # a fenced or failed producer can abort nothing; the broker or a retry will
                 raise self._failure(what, e) from None
 
     def _failure(self, what: str, error: BaseException | None, detail: str | None = None) -> SinkError:
@@ -165,11 +177,19 @@ class Transaction:
         ident = self.identity
         text = detail or self.client.scrub(describe(error))
         if err is not None and err.code() in _fenced_codes():
+            open_ms = int((time.monotonic() - self.began) * 1000) if self.began else 0
+            if open_ms >= self.transaction_timeout_ms:  # a lone producer is fenced too when the broker aborts
+                why = (f"the transaction was open {open_ms} ms, longer than transaction.timeout-ms "
+                       f"({self.transaction_timeout_ms}), so the broker aborted it and bumped the producer's epoch. "
+                       "Raise transaction.timeout-ms (up to the brokers' transaction.max.timeout.ms) or make tasks "
+                       "smaller")
+            else:
+                why = ("a newer attempt of this task, or another write with the same transactional-id-prefix, took "
+                       "its transactional.id over. Give concurrently running writes different "
+                       "transactional-id-prefix values")
             return FencedError(
-                f"kafka: transactional.id {ident.transactional_id} was taken over by a newer producer during "
-                f"{what} (a newer attempt of this task, or another write with the same transactional-id-prefix); "
-                f"this attempt's transaction is aborted and none of its records are visible. Give concurrently "
-                f"running writes different transactional-id-prefix values. ({text})",
+                f"kafka: transactional.id {ident.transactional_id} was fenced during {what}: {why}. This attempt's "
+                f"transaction is aborted and none of its records are visible. ({text})",
                 store="kafka", target=ident.marker_topic, cause=error)
         return SinkError(
             f"kafka: {what} of the transaction of {ident.transactional_id} (epoch {ident.epoch}) failed: {text}. "
@@ -182,3 +202,11 @@ def _fenced_codes() -> set[int]:
     from confluent_kafka import KafkaError
 
     return {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+
+def coordinator_moving() -> set[int]:
+    """Errors of a coordinator that is loading, moving or unreachable for now: worth asking again."""
+    from confluent_kafka import KafkaError
+
+    return {KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE,
+            KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TRANSPORT}
