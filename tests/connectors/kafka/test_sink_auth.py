@@ -40,3 +40,24 @@ def test_a_wrong_password_fails_before_the_write_without_showing_it(spark, scram
         writer.save()
     assert wrong not in str(error.value) and scram.password not in str(error.value)
     assert read_committed(scram.client_config(), topic) == []
+
+
+def test_the_password_is_in_no_plan_progress_or_command_line(spark, scram, tmp_path, capsys):
+    import subprocess
+
+    topic = f"auth-{uuid.uuid4().hex[:8]}"
+    scram.create_topic(topic)
+    src = tmp_path / "in"
+    spark.range(0, 50, 1, 1).selectExpr("CAST(id AS STRING) AS value").write.parquet(str(src))
+    query = (spark.readStream.schema("value string").parquet(str(src)).writeStream.format("sluice_kafka")
+             .options(**sink_options(scram, scram.password)).option("topic", topic)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    capsys.readouterr()
+    query.explain(extended=True)
+    plan = capsys.readouterr().out
+    commands = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "sluice_kafka" in plan and len(read_committed(scram.client_config(), topic)) == 50
+    for shown in (plan, str(query.lastProgress), str(query.recentProgress), commands):
+        assert scram.password not in shown
