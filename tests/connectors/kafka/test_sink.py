@@ -200,3 +200,11 @@ def test_secrets_stay_out_of_the_plan_and_errors(spark, kafka):
                               "kafka.ssl.keystore.password": "store-secret", "kafka.sasl.oauthbearer.config": "x"})
     shown = repr(source.parsed())
     assert "hunter2-secret" not in shown and "store-secret" not in shown and "<redacted>" in shown
+
+
+def test_a_partition_the_topic_lacks_fails_the_write_naming_it(spark, kafka):
+    topic = make_topic(kafka, partitions=2)
+    df = spark.range(0, 1, 1, 1).selectExpr("'k' AS key", "'v' AS value", "5 AS partition")
+    with pytest.raises(Exception, match="the partition column names a partition the topic does not have"):
+        df.write.format("sluice_kafka").options(**opts(kafka, topic)).mode("append").save()
+    assert read_committed(kafka.client_config(), topic) == []
