@@ -11,6 +11,7 @@ from confluent_kafka.admin import NewPartitions
 
 from sluice.connectors.kafka import KafkaSourceDataSource
 from sluice.spark._compat import HAS_ADMISSION_CONTROL
+from sluice.testing import LocalKafka
 
 pytestmark = pytest.mark.spark
 
@@ -136,6 +137,24 @@ def test_one_partition_cut_into_ranges_reads_in_parallel(spark, kafka, new_topic
         .option("max-records-per-partition", "100").load()
     assert df.rdd.getNumPartitions() == 11
     assert sorted(r.offset for r in df.select("offset").collect()) == list(range(1050))
+
+
+def test_sasl_ssl_with_the_ca_in_the_options_and_a_wrong_password(spark, capsys):
+    with LocalKafka(sasl="SCRAM-SHA-512", tls=True, heap_mb=256) as secured:
+        secured.create_topic("s", 2)
+        produce(secured, "s", values(25))
+        options = {"kafka.bootstrap.servers": secured.bootstrap_servers, "kafka.security.protocol": "SASL_SSL",
+                   "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.username": secured.username,
+                   "kafka.sasl.password": secured.password, "kafka.ssl.ca.pem": secured.ca_pem, "subscribe": "s"}
+        df = spark.read.format(FORMAT).options(**options).load()
+        assert df.count() == 25  # the CA travels in the options (executors have no file of it)
+        df.explain(True)
+        assert secured.password not in capsys.readouterr().out
+        wrong = "wrong-password-1234"
+        with pytest.raises(Exception, match="authentication failed") as failed:
+            spark.read.format(FORMAT).options(**options).option("kafka.sasl.password", wrong) \
+                .option("timeout-ms", "5000").load().collect()
+        assert wrong not in str(failed.value) and secured.password not in str(failed.value)
 
 
 @pytest.mark.parametrize(("extra", "message"), [

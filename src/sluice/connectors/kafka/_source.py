@@ -44,26 +44,35 @@ class KafkaEnumerator(SplitEnumerator):
         self.timeout = options.timeout_ms / 1000
         self.interval = options.discovery_interval_ms / 1000
         self._admin: Any = None
+        self._errors: list[Any] = []
         self._splits: list[Split] = []
         self._listed_at = float("-inf")
         self._seen: set[str] = set()  # topics listed before: one missing now was deleted
         self._started = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_admin": None}  # the client stays on the driver
+        return {**self.__dict__, "_admin": None, "_errors": []}  # the client stays on the driver
 
     # ------------------------------------------------------------------ the cluster
     def _client(self) -> Any:
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient(self.options.client.config(**{"socket.timeout.ms": self.options.timeout_ms}))
+            self._errors: list[Any] = []  # what librdkafka reported on its own (failed authentication, ...)
+            self._admin = AdminClient(self.options.client.config(**{
+                "socket.timeout.ms": self.options.timeout_ms, "error_cb": self._errors.append}))
         return self._admin
 
     def _failure(self, what: str, error: BaseException) -> SluiceError:
+        from confluent_kafka import KafkaError
+
         servers = self.options.client.bootstrap_servers
+        if self._admin is not None:
+            self._admin.poll(0)  # serves the error callbacks queued meanwhile
+        signed_in = [e for e in self._errors if e.code() == KafkaError._AUTHENTICATION]
+        why = f"authentication failed: {signed_in[-1].str()}" if signed_in else str(error)
         return SluiceError(self.options.client.scrub(
-            f"Kafka at {servers} did not answer {what} within timeout-ms={self.options.timeout_ms} ({error}). Check "
+            f"Kafka at {servers} did not answer {what} within timeout-ms={self.options.timeout_ms} ({why}). Check "
             "kafka.bootstrap.servers and the security settings (kafka.security.protocol, kafka.sasl.*), or raise "
             "timeout-ms."))
 
