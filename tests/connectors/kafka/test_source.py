@@ -130,6 +130,24 @@ def test_start_and_end_by_offset_and_timestamp(spark, kafka, new_topic, opts):
         read(startingOffsets=f'{{"{topic}": {{"0": 25}}}}', endingOffsets=f'{{"{topic}": {{"0": 20}}}}').collect()
 
 
+def test_deleted_offsets_fail_the_read_unless_told_to_skip_them(spark, kafka, new_topic, opts):
+    from confluent_kafka import TopicPartition
+
+    topic = new_topic()
+    produce(kafka, topic, values(100))
+    admin = kafka.admin()
+    for future in admin.delete_records([TopicPartition(topic, 0, 50)]).values():  # as retention would
+        future.result(30)
+
+    def read(**more):
+        return spark.read.format(FORMAT).options(**opts).option("subscribe", topic) \
+            .option("startingOffsets", f'{{"{topic}": {{"0": 10}}}}').options(**more).load()
+
+    with pytest.raises(Exception, match=f"offset 10 of {topic}:0 was deleted \\(the partition starts at 50 now\\)"):
+        read().collect()
+    assert sorted(r.offset for r in read(failOnDataLoss="false").collect()) == list(range(50, 100))
+
+
 def test_one_partition_cut_into_ranges_reads_in_parallel(spark, kafka, new_topic, opts):
     topic = new_topic()
     produce(kafka, topic, values(1050))

@@ -7,13 +7,16 @@ max-records-per-partition). Client settings are `kafka.*`, as for writes (_clien
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import Option, OptionError, Options, OptionSpec, TypedOptions
+from sluice.connector import DataLossError, Option, OptionError, Options, OptionSpec, TypedOptions
 from sluice.connectors.kafka._client import CLIENT_OPTIONS, PASSTHROUGH, ClientSettings, client_settings, with_declared
+
+log = logging.getLogger("sluice.kafka")
 
 FORMAT_NAME = "sluice_kafka"  # decided with the sink (docs/kafka.md: why not "kafka")
 EARLIEST, LATEST = -2, -1  # in startingOffsets/endingOffsets JSON, as Spark's Kafka source reads them
@@ -170,6 +173,13 @@ class ReadOptions(TypedOptions):
                     else parse_positions(opts["startingOffsets"], "startingOffsets", "earliest"))
         return {"client": with_declared(opts, opts[PASSTHROUGH] or ClientSettings()), "starting": starting,
                 "ending": parse_positions(opts["endingOffsets"], "endingOffsets", "latest")}
+
+    def data_lost(self, what: str, instead: str) -> None:
+        """Records to read are gone (`what`): a DataLossError, or with failOnDataLoss=false a warning, and the read
+        does `instead` ("go on without it")."""
+        if self.fail_on_data_loss:
+            raise DataLossError(f"{what}. Set .option('failOnDataLoss', 'false') to {instead} (a warning instead).")
+        log.warning("%s; failOnDataLoss=false: %s", what, instead)
 
     @property
     def read_committed(self) -> bool:

@@ -10,7 +10,6 @@ records, which a read_committed consumer never sees.
 
 from __future__ import annotations
 
-import logging
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -19,11 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import DataLossError, OptionError, SluiceError, Split, SplitReader
+from sluice.connector import OptionError, SluiceError, Split, SplitReader
 from sluice.connectors.kafka._read_options import ReadOptions
 from sluice.connectors.kafka._source import topic_partition
-
-log = logging.getLogger("sluice.kafka")
 
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -58,7 +55,7 @@ class KafkaSplitReader(SplitReader):
                               "value after loading, e.g. from_json(CAST(value AS STRING), schema)")
         self.config = options.consumer_config()
         self.scrub = options.client.scrub
-        self.fail_on_data_loss = options.fail_on_data_loss
+        self.options = options
         self.timeout = options.timeout_ms / 1000
         self.arrow_schema = to_arrow_schema(schema)
 
@@ -105,17 +102,12 @@ class KafkaSplitReader(SplitReader):
         if code == KafkaError._PARTITION_EOF:
             return True
         if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-            what = f"offsets of {sid} from {position} were deleted before they were read (range {start}..{end - 1})"
-            if self.fail_on_data_loss:
-                raise DataLossError(f"{what}. Set .option('failOnDataLoss', 'false') to skip them (a warning "
-                                    "instead).")
-            log.warning("%s; skipping them (failOnDataLoss=false)", what)
+            self.options.data_lost(f"offsets of {sid} from {position} were deleted before they were read (range "
+                                   f"{start}..{end - 1})", "skip them")
             return True
         if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION):
-            what = f"{sid} was deleted while it was read (offsets {position}..{end - 1} not read)"
-            if self.fail_on_data_loss:
-                raise DataLossError(f"{what}. Set .option('failOnDataLoss', 'false') to go on without it.")
-            log.warning("%s; going on without it (failOnDataLoss=false)", what)
+            self.options.data_lost(f"{sid} was deleted while it was read (offsets {position}..{end - 1} not read)",
+                                   "go on without it")
             return True
         if error.fatal() or not error.retriable():
             raise SluiceError(self.scrub(f"reading {sid} at offset {position}: {error.str()} ({error.name()})"))

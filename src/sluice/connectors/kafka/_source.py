@@ -10,16 +10,13 @@ records than its length, and records behind on the metrics count them as offsets
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sluice.connector import DataLossError, OptionError, SluiceError, Split, SplitEnumerator
+from sluice.connector import OptionError, SluiceError, Split, SplitEnumerator
 from sluice.connectors.kafka._discovery import TopicDiscovery
 from sluice.connectors.kafka._read_options import EARLIEST, LATEST, Positions, ReadOptions
-
-log = logging.getLogger("sluice.kafka")
 
 
 def split_of(topic: str, partition: int) -> Split:
@@ -138,12 +135,9 @@ class KafkaEnumerator(SplitEnumerator):
         return self._splits
 
     def _topics_deleted(self, topics: list[str]) -> None:
-        what = f"topic(s) {topics} were deleted while the query read them ({self.discovery.describe()})"
-        if self.options.fail_on_data_loss:
-            raise DataLossError(f"{what}: their records not read yet are gone. Restart the query from a new "
-                                "checkpoint, or set .option('failOnDataLoss', 'false') to go on without them (a "
-                                "warning instead).")
-        log.warning("%s; going on without them (failOnDataLoss=false)", what)
+        self.options.data_lost(f"topic(s) {topics} were deleted while the query read them "
+                               f"({self.discovery.describe()}): their records not read yet are gone. Restart the "
+                               "query from a new checkpoint", "go on without them")
 
     # ------------------------------------------------------------------ positions
     @staticmethod
@@ -193,10 +187,8 @@ class KafkaEnumerator(SplitEnumerator):
 
     def _given(self, sid: str, offset: int, earliest: int, latest: int) -> int:
         if offset < earliest:
-            what = f"offset {offset} of {sid} was deleted (the partition starts at {earliest} now)"
-            if self.options.fail_on_data_loss:
-                raise DataLossError(f"{what}. Set .option('failOnDataLoss', 'false') to start at {earliest} instead.")
-            log.warning("%s; starting at %d (failOnDataLoss=false)", what, earliest)
+            self.options.data_lost(f"offset {offset} of {sid} was deleted (the partition starts at {earliest} now)",
+                                   f"start at {earliest}")
             return earliest
         return min(offset, latest)
 
