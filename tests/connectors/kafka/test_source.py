@@ -182,6 +182,7 @@ def test_sasl_ssl_with_the_ca_in_the_options_and_a_wrong_password(spark, capsys)
     ({"subscribe": "a", "startingOffsets": '{"b": {"0": 1}}'}, r"startingOffsets names topic\(s\) \['b'\]"),
     ({"subscribe": "a", "kafka.group.id": "g"}, "Spark's checkpoint holds them"),
     ({"subscribe": "a", "subscirbe": "b"}, "subscribe"),
+    ({"subscribe": "a", "kafka.fetch.max.bytez": "1"}, 'refused by the Kafka client: .*"fetch.max.bytez"'),
     ({"subscribe": "no_such_topic"}, r"topic\(s\) \['no_such_topic'\] do not exist"),
 ])
 def test_bad_read_options(spark, opts, extra, message):

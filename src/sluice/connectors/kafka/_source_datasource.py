@@ -12,6 +12,18 @@ from sluice.connectors.kafka._reader import KafkaSplitReader, spark_schema
 from sluice.connectors.kafka._source import KafkaEnumerator
 
 
+def check_consumer_settings(options: ReadOptions) -> None:
+    """librdkafka checks the consumer's settings when one is made (no broker is asked): on the driver, so that a
+    misspelt `kafka.*` setting fails the query before any task starts."""
+    from confluent_kafka import Consumer, KafkaException
+
+    try:
+        Consumer(options.consumer_config()).close()
+    except KafkaException as error:
+        raise OptionError(options.client.scrub(f"a kafka.* setting was refused by the Kafka client: "
+                                               f"{error.args[0].str()}")) from None
+
+
 def discovery_of(options: ReadOptions) -> TopicDiscovery:
     if options.subscribe_pattern:
         return TopicPattern(options.subscribe_pattern)
@@ -32,6 +44,7 @@ class KafkaSourceDataSource(SourceDataSource):
 
     def _parts(self, schema: StructType, batch: bool) -> tuple[KafkaEnumerator, KafkaSplitReader, ReadOptions]:
         options = ReadOptions.of(self.read_options())
+        check_consumer_settings(options)
         return KafkaEnumerator(options, discovery_of(options), batch), KafkaSplitReader(options, schema), options
 
     def reader(self, schema: StructType) -> SplitBatchReader:
