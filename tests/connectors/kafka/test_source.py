@@ -294,3 +294,36 @@ def test_a_topic_deleted_under_a_running_query_is_reported(spark, kafka, new_top
             assert query.isActive and query.exception() is None
     finally:
         query.stop()
+
+
+def test_streaming_read_goes_on_through_a_broker_killed(spark, tmp_path):
+    from sluice.testing import LocalKafkaCluster
+
+    with LocalKafkaCluster(brokers=3) as cluster:
+        cluster.create_topic("replicated", 2)
+        config = cluster.client_config(acks="all")
+
+        def produce_all(start, n):
+            producer = Producer(config)
+            for i in range(start, start + n):
+                producer.produce("replicated", value=f"v{i}".encode(), partition=i % 2)
+            assert producer.flush(60) == 0
+
+        produce_all(0, 2000)
+        query = (spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+                 .option("subscribe", "replicated").option("max-records-per-trigger", "300").load()
+                 .selectExpr("CAST(value AS STRING) AS value").writeStream.format("memory").queryName("failover")
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds")
+                 .start())
+        try:
+            wait_for(lambda: spark.table("failover").count() >= 600, what="the first micro-batches")
+            leader = cluster.admin().list_topics("replicated", timeout=10).topics["replicated"].partitions[0].leader
+            next(b for b in cluster.brokers if b.node_id == leader).kill()
+            produce_all(2000, 1000)
+            wait_for(lambda: spark.table("failover").count() >= 3000 or query.exception() is not None,
+                     what="every row, the leader's partition read from its new leader")
+            assert query.exception() is None
+        finally:
+            query.stop()
+        got = sorted(int(r.value[1:]) for r in spark.table("failover").collect())
+        assert got == list(range(3000))

@@ -18,6 +18,8 @@ from sluice.connector import OptionError, SluiceError, Split, SplitEnumerator
 from sluice.connectors.kafka._discovery import TopicDiscovery
 from sluice.connectors.kafka._read_options import EARLIEST, LATEST, Positions, ReadOptions
 
+LOOKUP_SECONDS = 3.0  # one ListOffsets attempt (timeout-ms bounds them all)
+
 
 def split_of(topic: str, partition: int) -> Split:
     return Split(f"{topic}:{partition}")
@@ -84,33 +86,50 @@ class KafkaEnumerator(SplitEnumerator):
         return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
     def _offsets(self, specs: Mapping[tuple[str, int], Any]) -> dict[tuple[str, int], int]:
-        """One ListOffsets request: (topic, partition) -> OffsetSpec, answered with offsets (-1: no record matched
-        a timestamp). A topic deleted meanwhile is reported (failOnDataLoss); with failOnDataLoss=false its
-        partitions answer 0, which the split framework reads as nothing more to read."""
-        from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+        """A ListOffsets request, (topic, partition) -> OffsetSpec, answered with offsets (-1: no record matched a
+        timestamp); partitions whose leader moved are asked again, within timeout-ms. A topic deleted meanwhile is
+        reported (failOnDataLoss); with failOnDataLoss=false its partitions answer 0, which the split framework
+        reads as nothing more to read."""
+        from confluent_kafka import OFFSET_INVALID, IsolationLevel, KafkaError, KafkaException, TopicPartition
 
-        if not specs:
-            return {}
         level = IsolationLevel.READ_COMMITTED if self.options.read_committed else IsolationLevel.READ_UNCOMMITTED
-        futures = self._client().list_offsets({TopicPartition(t, p): spec for (t, p), spec in specs.items()},
-                                               isolation_level=level, request_timeout=self.timeout)
         found: dict[tuple[str, int], int] = {}
         gone: set[str] = set()
-        for tp, future in futures.items():
-            try:
-                found[(tp.topic, tp.partition)] = future.result().offset
-            except KafkaException as error:
-                code = error.args[0].code() if error.args else None
-                if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION):
-                    gone.add(tp.topic)
-                else:
-                    raise self._failure(f"a ListOffsets request for {tp.topic}:{tp.partition}", error) from None
+        asked = dict(specs)
+        deadline = time.monotonic() + self.timeout
+        while asked:
+            # A short request, asked again: the client's metadata may still name a leader that died, and the
+            # client then answers OFFSET_INVALID for that partition after the whole request timeout.
+            futures = self._client().list_offsets({TopicPartition(t, p): spec for (t, p), spec in asked.items()},
+                                                   isolation_level=level,
+                                                   request_timeout=max(0.1, min(LOOKUP_SECONDS, self.timeout)))
+            for tp, future in futures.items():
+                key = (tp.topic, tp.partition)
+                try:
+                    offset = future.result().offset
+                except KafkaException as error:
+                    code = error.args[0].code() if error.args else None
+                    if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+                                KafkaError._UNKNOWN_PARTITION):
+                        gone.add(tp.topic)
+                        asked.pop(key)
+                        continue
+                    if time.monotonic() > deadline:
+                        raise self._failure(f"a ListOffsets request for {tp.topic}:{tp.partition}", error) from None
+                    continue
+                if offset != OFFSET_INVALID:
+                    found[key] = offset
+                    asked.pop(key)
+            if asked:
+                if time.monotonic() > deadline:
+                    raise self._failure(f"a ListOffsets request for {sorted(asked)}", TimeoutError("no leader"))
+                self._topics()  # fresh metadata: the partitions' leaders now
         if gone:
             self._listed_at = float("-inf")
             self.discover()  # reports the deletion: fails, or (failOnDataLoss=false) warns and drops the topics
-            for tp in futures:  # nothing to read there any more: every position of theirs is 0 (empty ranges)
-                if tp.topic in gone:
-                    found[(tp.topic, tp.partition)] = 0
+            for key in specs:  # nothing to read there any more: every position of theirs is 0 (empty ranges)
+                if key[0] in gone:
+                    found[key] = 0
         return found
 
     # ------------------------------------------------------------------ splits
