@@ -327,3 +327,30 @@ def test_streaming_read_goes_on_through_a_broker_killed(spark, tmp_path):
             query.stop()
         got = sorted(int(r.value[1:]) for r in spark.table("failover").collect())
         assert got == list(range(3000))
+
+
+def test_streaming_read_reports_records_event_time_lag_and_offsets_behind(spark, kafka, new_topic, opts, tmp_path):
+    import sluice.metrics
+
+    topic = new_topic(partitions=2)
+    produce(kafka, topic, values(100), partition=0)
+    produce(kafka, topic, values(100), partition=1)
+    with sluice.metrics.serve() as server:
+        query = (spark.readStream.format(FORMAT).options(**opts).option("subscribe", topic)
+                 .option("max-records-per-trigger", "80").load().selectExpr("offset").writeStream.format("memory")
+                 .queryName("metered").option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+        def reported():
+            reads = server.reads.snapshot().get(FORMAT, {})
+            sources = [r for r in server.sources.snapshot() if r.format == FORMAT]
+            # Spark commits a micro-batch's offsets when it plans the next: the last report is of the one before
+            # the last micro-batch (80 + 80 of 200 read then: 40 behind).
+            return reads.get("records") == 200 and [r.pending_records for r in sources][-1:] == [40]
+
+        wait_for(reported, timeout=30, what="the reads' and the source's reports")
+        reads = server.reads.snapshot()[FORMAT]
+        assert reads["event_lag_ms"] >= 0  # now minus the newest record's timestamp (currentFetchEventTimeLag)
+        assert [r.source for r in server.sources.snapshot() if r.format == FORMAT][-1] == topic
