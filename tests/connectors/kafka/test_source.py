@@ -108,6 +108,20 @@ def test_read_committed_skips_aborted_and_open_transactions(spark, kafka, new_to
     assert read().count() == 10 + 10 + 5 + 3
 
 
+def test_assign_reads_the_partitions_named(spark, kafka, new_topic, opts):
+    topic = new_topic(partitions=3)
+    for p in range(3):
+        produce(kafka, topic, values(10, prefix=f"p{p}-"), partition=p)
+
+    def read(assign):
+        return spark.read.format(FORMAT).options(**opts).option("assign", assign).load()
+
+    got = read(f'{{"{topic}": [0, 2]}}').collect()
+    assert sorted((r.partition, r.offset) for r in got) == [(p, o) for p in (0, 2) for o in range(10)]
+    with pytest.raises(Exception, match=rf"assign names partition\(s\) \['{topic}:5'\] that do not exist"):
+        read(f'{{"{topic}": [5]}}').collect()
+
+
 def test_start_and_end_by_offset_and_timestamp(spark, kafka, new_topic, opts):
     topic = new_topic(partitions=2)
     produce(kafka, topic, values(30), partition=0)
@@ -180,6 +194,8 @@ def test_sasl_ssl_with_the_ca_in_the_options_and_a_wrong_password(spark, capsys)
     ({"subscribe": "a", "subscribePattern": "b"}, "set exactly one of subscribe"),
     ({"subscribe": "a", "startingOffsets": "{bad"}, "startingOffsets='{bad'"),
     ({"subscribe": "a", "startingOffsets": '{"b": {"0": 1}}'}, r"startingOffsets names topic\(s\) \['b'\]"),
+    ({"assign": '{"a": [0]}', "subscribe": "a"}, "set exactly one of subscribe"),
+    ({"assign": "[0]"}, "assign='\\[0\\]': use JSON like"),
     ({"subscribe": "a", "kafka.group.id": "g"}, "Spark's checkpoint holds them"),
     ({"subscribe": "a", "subscirbe": "b"}, "subscribe"),
     ({"subscribe": "a", "kafka.fetch.max.bytez": "1"}, 'refused by the Kafka client: .*"fetch.max.bytez"'),

@@ -28,6 +28,9 @@ READ_OPTIONS = (
     Option("subscribePattern", "str", None,
            "Read every topic whose whole name matches this regular expression (Python's re), topics created while a "
            "query runs too."),
+    Option("assign", "str", None,
+           'Read exactly these partitions, JSON as Spark\'s Kafka source takes it: {"orders": [0, 1]} (partitions '
+           "added later are not read). Or subscribe, or subscribePattern."),
     Option("startingOffsets", "str", "earliest",
            'earliest, latest, or JSON per partition as Spark\'s Kafka source takes it: {"orders": {"0": 23, "1": -2}} '
            "(-2: earliest, -1: latest; a partition left out starts at earliest). Streaming: where a new query "
@@ -113,9 +116,24 @@ def parse_positions(text: str, option: str, default: str) -> Positions:
     return Positions(default, offsets=offsets)
 
 
+def parse_assign(text: str) -> dict[str, tuple[int, ...]]:
+    try:
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict) or not all(isinstance(v, list) for v in parsed.values()):
+            raise ValueError("not an object of lists")
+        assigned = {str(topic): tuple(int(p) for p in partitions) for topic, partitions in parsed.items()}
+    except (ValueError, TypeError):
+        raise OptionError(f'assign={text!r}: use JSON like {{"orders": [0, 1]}} (topics to partition '
+                          "numbers)") from None
+    if not assigned or any(not ps or min(ps) < 0 for ps in assigned.values()):
+        raise OptionError(f"assign={text!r}: name at least one partition (numbers from 0) of each topic")
+    return assigned
+
+
 def _check_topics(opts: Options) -> None:
-    if bool(opts["subscribe"]) == bool(opts["subscribePattern"]):
-        raise OptionError("set exactly one of subscribe (a list of topics) or subscribePattern (a regular expression)")
+    if sum(1 for key in ("subscribe", "subscribePattern", "assign") if opts[key]) != 1:
+        raise OptionError("set exactly one of subscribe (a list of topics), subscribePattern (a regular expression) "
+                          'or assign (partitions: {"orders": [0, 1]})')
     if opts["subscribePattern"]:
         try:
             re.compile(opts["subscribePattern"])
@@ -126,12 +144,13 @@ def _check_topics(opts: Options) -> None:
         raise OptionError("set startingOffsets or startingTimestamp, not both")
     starting = parse_positions(opts["startingOffsets"], "startingOffsets", "earliest")
     ending = parse_positions(opts["endingOffsets"], "endingOffsets", "latest")
-    if opts["subscribe"]:
+    read = set(opts["subscribe"]) or (set(parse_assign(opts["assign"])) if opts["assign"] else None)
+    if read is not None:
         for name, positions in (("startingOffsets", starting), ("endingOffsets", ending)):
-            others = sorted(positions.topics() - set(opts["subscribe"]))
+            others = sorted(positions.topics() - read)
             if others:
-                raise OptionError(f"{name} names topic(s) {others} that subscribe does not read "
-                                  f"({', '.join(opts['subscribe'])})")
+                raise OptionError(f"{name} names topic(s) {others} that the read does not cover "
+                                  f"({', '.join(sorted(read))})")
 
 
 READ_SPEC = OptionSpec(FORMAT_NAME, (*CLIENT_OPTIONS, PASSTHROUGH_OPTION, *READ_OPTIONS), (_check_topics,))
@@ -153,6 +172,7 @@ class ReadOptions(TypedOptions):
 
     subscribe: tuple[str, ...]
     subscribe_pattern: str | None
+    assign: str | None
     starting_offsets: str
     starting_timestamp: int | None
     ending_offsets: str
@@ -166,13 +186,15 @@ class ReadOptions(TypedOptions):
     client: ClientSettings
     starting: Positions
     ending: Positions
+    assigned: Mapping[str, tuple[int, ...]] | None
 
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
         starting = (Positions("timestamp", opts["startingTimestamp"]) if opts["startingTimestamp"] is not None
                     else parse_positions(opts["startingOffsets"], "startingOffsets", "earliest"))
         return {"client": with_declared(opts, opts[PASSTHROUGH] or ClientSettings()), "starting": starting,
-                "ending": parse_positions(opts["endingOffsets"], "endingOffsets", "latest")}
+                "ending": parse_positions(opts["endingOffsets"], "endingOffsets", "latest"),
+                "assigned": parse_assign(opts["assign"]) if opts["assign"] else None}
 
     def data_lost(self, what: str, instead: str) -> None:
         """Records to read are gone (`what`): a DataLossError, or with failOnDataLoss=false a warning, and the read

@@ -144,11 +144,12 @@ class KafkaEnumerator(SplitEnumerator):
                                   f"{self.options.client.bootstrap_servers}; check subscribe (topics are not "
                                   "created by reading)")
         picked = self.discovery.pick(listed)
-        gone = sorted(self._seen - set(picked))
+        topics = {t for t, _ in picked}
+        gone = sorted(self._seen - topics)
         if gone:
             self._topics_deleted(gone)
-        self._seen = set(picked)
-        self._splits = [split_of(t, p) for t in picked for p in range(listed[t])]
+        self._seen = topics
+        self._splits = [split_of(t, p) for t, p in picked]
         self._listed_at = time.monotonic()
         self._started = True
         return self._splits

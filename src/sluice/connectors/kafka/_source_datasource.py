@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql.types import StructType
 
 from sluice.connector import OptionError, Options, SourceDataSource, SplitBatchReader, SplitStreamReader
-from sluice.connectors.kafka._discovery import TopicDiscovery, TopicList, TopicPattern
+from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
 from sluice.connectors.kafka._read_options import FORMAT_NAME, READ_SPEC, ReadOptions, parse_read_options
 from sluice.connectors.kafka._reader import KafkaSplitReader, spark_schema
 from sluice.connectors.kafka._source import KafkaEnumerator
@@ -25,6 +25,8 @@ def check_consumer_settings(options: ReadOptions) -> None:
 
 
 def discovery_of(options: ReadOptions) -> TopicDiscovery:
+    if options.assigned:
+        return PartitionList(options.assigned)
     if options.subscribe_pattern:
         return TopicPattern(options.subscribe_pattern)
     return TopicList(options.subscribe)
