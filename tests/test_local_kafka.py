@@ -19,14 +19,11 @@ def kafka():
         yield server
 
 
-@pytest.fixture
-def new_topic(kafka):
-    def make(partitions: int = 1, config: dict | None = None) -> str:
-        name = f"t_{uuid.uuid4().hex[:10]}"
-        kafka.create_topic(name, partitions, config)
-        return name
-
-    return make
+def new_topic(kafka, partitions: int = 1) -> str:
+    """A topic of its own for a test."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(name, partitions)
+    return name
 
 
 def produce(config: dict, topic: str, count: int, *, start: int = 0, **settings) -> None:
@@ -39,9 +36,9 @@ def produce(config: dict, topic: str, count: int, *, start: int = 0, **settings)
     assert errors == []
 
 
-def test_produce_and_read(kafka, new_topic):
+def test_produce_and_read(kafka):
     assert kafka.bootstrap_servers == f"127.0.0.1:{kafka.port}" and kafka.pid
-    topic = new_topic(partitions=3)
+    topic = new_topic(kafka, 3)
     produce(kafka.client_config(), topic, 90)
     records = read_committed(kafka.client_config(), topic)
     assert sorted(r.value for r in records) == sorted(f"v{i}".encode() for i in range(90))
@@ -66,8 +63,8 @@ def test_unknown_topic_is_not_created(kafka):
     assert topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
-def test_transactions_read_committed(kafka, new_topic):
-    topic = new_topic(partitions=2)
+def test_transactions_read_committed(kafka):
+    topic = new_topic(kafka, 2)
     producer = Producer(kafka.client_config(**{"transactional.id": f"tx-{topic}"}))
     producer.init_transactions(30)
     producer.begin_transaction()
@@ -89,8 +86,8 @@ def test_transactions_read_committed(kafka, new_topic):
     assert count_committed(kafka.client_config(), topic) == 5
 
 
-def test_open_transaction_holds_back_read_committed(kafka, new_topic):
-    topic = new_topic()
+def test_open_transaction_holds_back_read_committed(kafka):
+    topic = new_topic(kafka)
     produce(kafka.client_config(), topic, 2)
     producer = Producer(kafka.client_config(**{"transactional.id": f"tx-{topic}"}))
     producer.init_transactions(30)
@@ -103,8 +100,8 @@ def test_open_transaction_holds_back_read_committed(kafka, new_topic):
     assert [r.value for r in read_committed(kafka.client_config(), topic)] == [b"v0", b"v1", b"open", b"v2", b"v3"]
 
 
-def test_kill_and_restart_keep_records(kafka, new_topic):
-    topic = new_topic(partitions=2)
+def test_kill_and_restart_keep_records(kafka):
+    topic = new_topic(kafka, 2)
     produce(kafka.client_config(), topic, 40, acks="all")
     pid, port = kafka.pid, kafka.port
     kafka.kill()
