@@ -173,10 +173,10 @@ def store_for(kafka, topic, write_id, epoch, partition=0, prefix=None, check_mar
     raw = eo_options(kafka, topic, **more)
     if prefix:
         raw["transactional-id-prefix"] = prefix
-    options = KafkaDataSource(raw).parsed()
+    options = KafkaDataSource(raw).write_options()
     assert WRITE_SPEC.format_name == "sluice_kafka"
     plan = KafkaWritePlan("sluice_kafka", options, StructType([StructField("value", StringType())]),
-                          SinkConfig.from_options(options), WriteOptions.of(options),
+                          SinkConfig.of(options), WriteOptions.of(options),
                           RecordColumns(False, False, False, False, False), 1_048_588, frozenset([topic]), topic,
                           check_marker)
     context = WriteContext(write_id=write_id, epoch=epoch, partition_id=partition)

@@ -198,7 +198,7 @@ def test_secrets_stay_out_of_the_plan_and_errors(spark, kafka):
     source = KafkaDataSource({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": "t",
                               "kafka.sasl.password": "hunter2-secret", "kafka.sasl.username": "u",
                               "kafka.ssl.keystore.password": "store-secret", "kafka.sasl.oauthbearer.config": "x"})
-    shown = repr(source.parsed())
+    shown = repr(source.write_options())
     assert "hunter2-secret" not in shown and "store-secret" not in shown and "<redacted>" in shown
 
 

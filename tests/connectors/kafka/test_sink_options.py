@@ -14,14 +14,14 @@ BASE = {"kafka.bootstrap.servers": "b1:9092,b2:9092", "topic": "orders"}
 
 
 def parsed(**more):
-    return KafkaDataSource({**BASE, **more}).parsed()
+    return KafkaDataSource({**BASE, **more}).write_options()
 
 
 def test_kafka_settings_pass_through_and_secrets_are_redacted():
     opts = parsed(**{"kafka.linger.ms": "20", "kafka.sasl.username": "app", "kafka.sasl.password": "pw-secret",
                      "kafka.sasl.oauthbearer.config": "token-secret"})
     write = WriteOptions.of(opts)
-    assert write.client.settings == {"bootstrap.servers": "b1:9092,b2:9092", "linger.ms": "20",
+    assert dict(write.client) == {"bootstrap.servers": "b1:9092,b2:9092", "linger.ms": "20",
                                      "sasl.username": "app", "sasl.password": "pw-secret",
                                      "sasl.oauthbearer.config": "token-secret"}
     for shown in (repr(opts), repr(write), str(write.client)):
@@ -41,7 +41,7 @@ def test_kafka_settings_pass_through_and_secrets_are_redacted():
 ])
 def test_bad_options_are_refused(raw, message):
     with pytest.raises(OptionError, match=message):
-        KafkaDataSource(raw).parsed()
+        KafkaDataSource(raw).write_options()
 
 
 HEADERS = T.ArrayType(T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))

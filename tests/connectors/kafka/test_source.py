@@ -9,18 +9,18 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewPartitions
 
-from sluice.connectors.kafka import KafkaSourceDataSource
+from sluice.connectors.kafka import KafkaDataSource
 from sluice.spark._compat import HAS_ADMISSION_CONTROL
 from sluice.testing import LocalKafka
 
 pytestmark = pytest.mark.spark
 
-FORMAT = KafkaSourceDataSource.format_name
+FORMAT = KafkaDataSource.format_name
 
 
 @pytest.fixture(scope="module", autouse=True)
 def registered(spark):
-    spark.dataSource.register(KafkaSourceDataSource)
+    spark.dataSource.register(KafkaDataSource)
 
 
 @pytest.fixture

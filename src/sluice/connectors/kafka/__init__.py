@@ -24,8 +24,7 @@ timestampType, and headers with includeHeaders. `kafka.*` options are librdkafka
 """
 
 from sluice.connectors.kafka._datasource import KafkaDataSource
-from sluice.connectors.kafka._source_datasource import KafkaSourceDataSource
 from sluice.connectors.kafka._store import DeliveryError
 from sluice.connectors.kafka._txn import FencedError
 
-__all__ = ["DeliveryError", "FencedError", "KafkaDataSource", "KafkaSourceDataSource"]
+__all__ = ["DeliveryError", "FencedError", "KafkaDataSource"]

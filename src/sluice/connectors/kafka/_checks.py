@@ -9,7 +9,8 @@ from typing import Any
 from pyspark.sql import types as T
 
 from sluice.connector import OptionError, SinkError
-from sluice.connectors.kafka._options import ClientSettings, WriteOptions
+from sluice.connectors.kafka._client import ClientSettings
+from sluice.connectors.kafka._options import WriteOptions
 from sluice.connectors.kafka._txn import connection_settings, describe
 
 COLUMNS = ("key", "value", "headers", "topic", "partition", "timestamp")

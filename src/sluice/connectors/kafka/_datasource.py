@@ -1,5 +1,7 @@
-"""`format("sluice_kafka")`: the Spark data source; options in _options.py, driver checks in _checks.py, writes in
-_sink.py (the plan and committer), _store.py (the producer) and _txn.py (exactly-once)."""
+"""`format("sluice_kafka")`: the Spark data source, writes and reads. Options in _options.py (client settings in
+_client.py); writes: driver checks in _checks.py, the plan and committer in _sink.py, the producer in _store.py,
+exactly-once in _txn.py; reads: the split enumerator in _source.py (partitions found by _discovery.py), the split
+reader in _reader.py."""
 
 from __future__ import annotations
 
@@ -7,24 +9,54 @@ from typing import ClassVar
 
 from pyspark.sql.types import StructType
 
-from sluice.connector import PARTITION_ORDERED, OptionError, Options, SinkConfig, SinkDataSource
+from sluice.connector import (
+    PARTITION_ORDERED,
+    OptionError,
+    Options,
+    SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
+    SplitBatchReader,
+    SplitStreamReader,
+)
 from sluice.connectors.kafka._checks import check_columns, probe, validate_client
-from sluice.connectors.kafka._options import PASSTHROUGH, WRITE_SPEC, WriteOptions, client_settings
+from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
+from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.kafka._reader import KafkaSplitReader, spark_schema
 from sluice.connectors.kafka._sink import KafkaWritePlan
+from sluice.connectors.kafka._source import KafkaEnumerator
 
 
-class KafkaDataSource(SinkDataSource):
+def check_consumer_settings(options: ReadOptions) -> None:
+    """librdkafka checks the consumer's settings when one is made (no broker is asked): on the driver, so that a
+    misspelt `kafka.*` setting fails the query before any task starts."""
+    from confluent_kafka import Consumer, KafkaException
+
+    try:
+        Consumer(options.consumer_config()).close()
+    except KafkaException as error:
+        raise OptionError(options.client.scrub(f"a kafka.* setting was refused by the Kafka client: "
+                                               f"{error.args[0].str()}")) from None
+
+
+def discovery_of(options: ReadOptions) -> TopicDiscovery:
+    if options.assigned:
+        return PartitionList(options.assigned)
+    if options.subscribe_pattern:
+        return TopicPattern(options.subscribe_pattern)
+    return TopicList(options.subscribe)
+
+
+class KafkaDataSource(SinkDataSource, SourceDataSource):
     """`format("sluice_kafka")`: see the package docstring for usage."""
 
-    format_name = "sluice_kafka"
+    format_name = FORMAT_NAME
     write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
     # The exactly-once marker check (_txn.py); the tests' negative controls subclass this with False.
     check_marker: ClassVar[bool] = True
 
-    def parsed(self) -> Options:
-        spec = self.option_spec()
-        rest, client = client_settings(self.options, {o.name.lower() for o in spec.options})
-        return spec.parse(rest).with_values(**{PASSTHROUGH.replace(".", "_"): client})
+    # writes
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return ("key",)  # partition-ordered keeps each Kafka key's order unless sink.partition-key says otherwise
@@ -54,3 +86,27 @@ class KafkaDataSource(SinkDataSource):
         cluster = probe(write, [write.topic] if write.topic else [])
         return KafkaWritePlan(self.format_name, opts, schema, config, write, columns, cluster.record_limit,
                               cluster.topics, marker_topic, self.check_marker)
+
+    # reads
+
+    def schema(self) -> str:
+        return spark_schema(ReadOptions.of(self.read_options()).include_headers)
+
+    def _read_parts(self, schema: StructType, batch: bool) -> tuple[KafkaEnumerator, KafkaSplitReader, ReadOptions]:
+        options = ReadOptions.of(self.read_options())
+        check_consumer_settings(options)
+        return KafkaEnumerator(options, discovery_of(options), batch), KafkaSplitReader(options, schema), options
+
+    def reader(self, schema: StructType) -> SplitBatchReader:
+        enumerator, reader, options = self._read_parts(schema, batch=True)
+        return SplitBatchReader(enumerator, reader, options.max_records_per_partition or None,
+                                reads=self.read_observer(event_time="timestamp"))
+
+    def streamReader(self, schema: StructType) -> SplitStreamReader:
+        if any(k.lower() == "endingoffsets" for k in self.options):
+            raise OptionError("endingOffsets is for batch reads (spark.read); a stream reads on as records come")
+        enumerator, reader, options = self._read_parts(schema, batch=False)
+        return SplitStreamReader(enumerator, reader, options.max_records_per_partition or None,
+                                 options.max_records_per_trigger, None,
+                                 source=(self.format_name, enumerator.discovery.describe()),
+                                 reads=self.read_observer(event_time="timestamp"))

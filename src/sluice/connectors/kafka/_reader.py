@@ -18,8 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import OptionError, SluiceError, Split, SplitReader
-from sluice.connectors.kafka._read_options import ReadOptions
+from sluice.connector import OptionError, SluiceError, Split, SplitReader, to_arrow_schema
+from sluice.connectors.kafka._options import ReadOptions
 from sluice.connectors.kafka._source import topic_partition
 
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
@@ -47,8 +47,6 @@ class KafkaSplitReader(SplitReader):
     """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema."""
 
     def __init__(self, options: ReadOptions, schema: Any) -> None:
-        from sluice.spark._compat import to_arrow_schema
-
         unknown = [n for n in schema.fieldNames() if n not in COLUMNS]
         if unknown:
             raise OptionError(f"column(s) {unknown} are not Kafka record columns ({', '.join(COLUMNS)}); parse the "

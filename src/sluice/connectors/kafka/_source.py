@@ -16,7 +16,7 @@ from typing import Any
 
 from sluice.connector import OptionError, SluiceError, Split, SplitEnumerator
 from sluice.connectors.kafka._discovery import TopicDiscovery
-from sluice.connectors.kafka._read_options import EARLIEST, LATEST, Positions, ReadOptions
+from sluice.connectors.kafka._options import EARLIEST, LATEST, Positions, ReadOptions
 
 LOOKUP_SECONDS = 3.0  # one ListOffsets attempt (timeout-ms bounds them all)
 

@@ -31,7 +31,7 @@ from sluice.connector import (
     WriteContext,
     completed_future,
 )
-from sluice.connectors.kafka._options import ClientSettings
+from sluice.connectors.kafka._client import ClientSettings
 from sluice.connectors.kafka._txn import (
     FencedError,
     Transaction,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.connector import SinkError, WriteContext
-from sluice.connectors.kafka._options import ClientSettings
+from sluice.connectors.kafka._client import ClientSettings
 
 log = logging.getLogger("sluice.kafka")
 
@@ -60,7 +60,7 @@ class FencedError(SinkError):
 
 
 def connection_settings(client: ClientSettings) -> dict[str, str]:
-    return {k: v for k, v in client.settings.items() if k.startswith(_CONNECTION_PREFIXES)}
+    return {k: v for k, v in client.items() if k.startswith(_CONNECTION_PREFIXES)}
 
 
 def kafka_error(exc: BaseException) -> Any:
