@@ -102,12 +102,13 @@ SECRET_SETTING = re.compile(r"password|secret|token|credential|private|key\.pem|
                             re.IGNORECASE)
 
 
-class PrefixSettings(Mapping[str, Any]):
-    """The settings a prefix option collected (`kafka.*`: {"bootstrap.servers": ..., "linger.ms": ...}); its repr
-    and `scrub` hide the values of settings whose name says they are a secret (SECRET_SETTING)."""
+class _Shown(Mapping[str, Any]):
+    """A read-only mapping whose repr shows "<redacted>" for the set values of the keys `_secret` names."""
 
-    def __init__(self, values: Mapping[str, Any] = ()) -> None:
-        self._values = dict(values)
+    _values: dict[str, Any]
+
+    def _secret(self, key: str) -> bool:
+        raise NotImplementedError
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -119,20 +120,31 @@ class PrefixSettings(Mapping[str, Any]):
         return len(self._values)
 
     def __repr__(self) -> str:
-        shown = {k: ("<redacted>" if SECRET_SETTING.search(k) else v) for k, v in self._values.items()}
+        shown = {k: ("<redacted>" if self._secret(k) and v else v) for k, v in self._values.items()}
         return f"{type(self).__name__}({shown})"
 
     __str__ = __repr__
 
+
+class PrefixSettings(_Shown):
+    """The settings a prefix option collected (`kafka.*`: {"bootstrap.servers": ..., "linger.ms": ...}); its repr
+    and `scrub` hide the values of settings whose name says they are a secret (SECRET_SETTING)."""
+
+    def __init__(self, values: Mapping[str, Any] = ()) -> None:
+        self._values = dict(values)
+
+    def _secret(self, key: str) -> bool:
+        return SECRET_SETTING.search(key) is not None
+
     def scrub(self, text: str) -> str:
         """`text` without any secret value of these settings (a client's messages may echo a setting)."""
         for key, value in self._values.items():
-            if SECRET_SETTING.search(key) and value:
+            if self._secret(key) and value:
                 text = text.replace(str(value), "<redacted>")
         return text
 
 
-class Options(Mapping[str, Any]):
+class Options(_Shown):
     """Parsed, validated options. Secrets are masked in repr/str; `explicit` holds the keys the user set."""
 
     def __init__(self, values: dict[str, Any], explicit: frozenset[str], secrets: frozenset[str]) -> None:
@@ -140,20 +152,8 @@ class Options(Mapping[str, Any]):
         self.explicit = explicit
         self._secrets = secrets
 
-    def __getitem__(self, key: str) -> Any:
-        return self._values[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __repr__(self) -> str:
-        shown = {k: ("<redacted>" if k in self._secrets and v else v) for k, v in self._values.items()}
-        return f"Options({shown})"
-
-    __str__ = __repr__
+    def _secret(self, key: str) -> bool:
+        return key in self._secrets
 
     def is_set(self, key: str) -> bool:
         return key in self.explicit
