@@ -18,11 +18,6 @@ pytestmark = pytest.mark.spark
 FORMAT = KafkaDataSource.format_name
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered(spark):
-    spark.dataSource.register(KafkaDataSource)
-
-
 @pytest.fixture
 def opts(kafka):
     return {"kafka.bootstrap.servers": kafka.bootstrap_servers}
