@@ -254,6 +254,7 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgre
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
+	check-kafka
 	check-chromium lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
@@ -327,7 +328,8 @@ LINES_SKIP_4.2 := tests/deploy/test_cluster.py
 
 # The tests marked `lines` against the built wheel installed next to pyspark $(PYSPARK_<line>), run from a copy of
 # tests/ so that the checkout's sluice cannot stand in for the wheel. Writes build/lines/<line>.json.
-test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhouse check-cassandra check-opensearch check-hbase
+test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhouse check-cassandra check-opensearch check-hbase \
+	check-kafka
 	rm -rf build/lines/$* && mkdir -p build/lines/$*
 	PIP_CONSTRAINT= .venv-spark-$*/bin/pip wheel . --no-deps --no-build-isolation -q -w build/lines/$*/wheel
 	PIP_CONSTRAINT= .venv-spark-$*/bin/pip install -q --no-deps --force-reinstall build/lines/$*/wheel/sluice-*.whl
