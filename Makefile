@@ -7,9 +7,9 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: s2-proto test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: s2-proto test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-chromium
+	check-kafka check-chromium
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -176,6 +176,28 @@ check-hbase: check-java
 	} || { rm -rf "$$pom"; echo "fetching Apache HBase $(HBASE_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
+# Apache Kafka for the tests (src/sluice/testing/_kafka.py): the broker (kafka_2.13, which runs KRaft's controller too)
+# and its runtime dependencies, with log4j 2's binding for SLF4J and log4j-core (Kafka declares no logging backend:
+# without one the broker logs nothing), from Maven Central into lib/ of a cache folder outside the checkout. Pinned in
+# _kafka.py's KAFKA_VERSION and LOG4J_VERSION; SLUICE_KAFKA_HOME moves the folder. The stamp file is written last.
+KAFKA_VERSION := $(shell sed -n 's/^KAFKA_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_kafka.py)
+KAFKA_LOG4J_VERSION := $(shell sed -n 's/^LOG4J_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_kafka.py)
+SLUICE_KAFKA_HOME ?= $(HOME)/.cache/sluice/kafka-$(KAFKA_VERSION)
+maven_dep = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(3)</version></dependency>
+
+check-kafka: check-java
+	@test -n "$(KAFKA_VERSION)" && test -n "$(KAFKA_LOG4J_VERSION)" || { \
+	  echo "no KAFKA_VERSION or LOG4J_VERSION in src/sluice/testing/_kafka.py" >&2; exit 1; }
+	@test -f "$(SLUICE_KAFKA_HOME)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching Kafka needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching Apache Kafka $(KAFKA_VERSION) and its dependencies from Maven Central into $(SLUICE_KAFKA_HOME)"; \
+	  home="$(SLUICE_KAFKA_HOME)" && pom=$$(mktemp -d) && rm -rf "$$home/lib" && \
+	  $(call MAVEN_POM,kafka-server,$(call maven_dep,org.apache.kafka,kafka_2.13,$(KAFKA_VERSION))$(call maven_dep,org.apache.logging.log4j,log4j-slf4j-impl,$(KAFKA_LOG4J_VERSION))$(call maven_dep,org.apache.logging.log4j,log4j-core,$(KAFKA_LOG4J_VERSION))) > $$pom/server.xml && \
+	  mvn -q -B -f $$pom/server.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$$home/lib" && \
+	  rm -rf $$pom && test -f "$$home/lib/kafka_2.13-$(KAFKA_VERSION).jar" && touch "$$home/.complete"; \
+	} || { rm -rf "$$pom"; echo "fetching Apache Kafka $(KAFKA_VERSION) from Maven Central failed (see above)" >&2; \
+	  exit 1; }
+
 # The page's browser test (tests/ui/test_page.py) drives Debian's chromium with Playwright (never a browser Playwright
 # downloads itself).
 check-chromium:
@@ -208,7 +230,7 @@ s2-proto: $(STAMP)
 # both jobs need is installed first, one at a time (apt-get and pip each take a lock). The capability table is
 # checked last: it reads the main run's results. Every test's seconds land in build/junit/ (the time budget's ledger).
 TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
-	check-hbase check-chromium check-postgres-versions lint
+	check-hbase check-kafka check-chromium check-postgres-versions lint
 test: $(TEST_SETUP)
 	$(MAKE) -j2 test-main test-lines-then-versions
 	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
@@ -216,15 +238,15 @@ test: $(TEST_SETUP)
 # Its output goes to a file, shown whole when it ends (between the main suite's lines, which stream).
 LINES_THEN_VERSIONS_LOG := build/lines-then-versions.log
 test-lines-then-versions: $(TEST_SETUP)
-	@mkdir -p build && echo "the older Spark lines, the other PostgreSQL versions, the two-hop pipelines and HBase run" \
+	@mkdir -p build && echo "the older Spark lines, the other PostgreSQL versions, the two-hop pipelines, HBase and Kafka run" \
 	  "next to the main suite;" \
 	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
-	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop test-hbase test-soak \
+	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop test-hbase test-kafka test-soak \
 	  > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
-	  rc=$$?; echo "===== the older Spark lines, the other PostgreSQL versions, two-hop and HBase: exit $$rc ====="; \
+	  rc=$$?; echo "===== the older Spark lines, the other PostgreSQL versions, two-hop, HBase and Kafka: exit $$rc ====="; \
 	  cat $(LINES_THEN_VERSIONS_LOG); echo "===== end of $(LINES_THEN_VERSIONS_LOG) ====="; exit $$rc
 
-test-serial: test-main test-two-hop test-hbase test-soak test-postgres-versions test-spark-lines
+test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgres-versions test-spark-lines
 
 # The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own; 17
 # tests, 80 s alone) run last in make test's second job (make test-hbase runs them alone). The main suite runs the
@@ -232,10 +254,11 @@ test-serial: test-main test-two-hop test-hbase test-soak test-postgres-versions 
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
+	check-kafka
 	check-chromium lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
-	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS))
+	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(KAFKA_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS))
 
 # The table store's two-hop pipelines (3 tests, ~3.5 min) run in make test's second job, after the PostgreSQL
 # versions: that job ended ~7 min before the main suite (2026-11-26: 2,150 s against 2,587 s), the longer of the two.
@@ -245,6 +268,12 @@ test-two-hop: $(STAMP) check-java check-postgres
 
 test-hbase: $(STAMP) check-java check-hbase
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
+
+# The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, and the connector's) run in make
+# test's second job, after HBase's (make test-kafka runs them alone).
+KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka
+test-kafka: $(STAMP) check-java check-kafka
+	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 
 # The bank pipeline under random faults (bench/soak.py): a short seeded run (90 s of faults, ~4 min in all) last in
 # make test's second job; `make soak MINUTES=30` is the long run, with its report (SEED=, FAULT_EVERY= too).
@@ -299,7 +328,8 @@ LINES_SKIP_4.2 := tests/deploy/test_cluster.py
 
 # The tests marked `lines` against the built wheel installed next to pyspark $(PYSPARK_<line>), run from a copy of
 # tests/ so that the checkout's sluice cannot stand in for the wheel. Writes build/lines/<line>.json.
-test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhouse check-cassandra check-opensearch check-hbase
+test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhouse check-cassandra check-opensearch check-hbase \
+	check-kafka
 	rm -rf build/lines/$* && mkdir -p build/lines/$*
 	PIP_CONSTRAINT= .venv-spark-$*/bin/pip wheel . --no-deps --no-build-isolation -q -w build/lines/$*/wheel
 	PIP_CONSTRAINT= .venv-spark-$*/bin/pip install -q --no-deps --force-reinstall build/lines/$*/wheel/sluice-*.whl

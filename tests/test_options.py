@@ -1,7 +1,7 @@
 import pytest
 
 from sluice import OptionError
-from sluice._options import Option, OptionSpec
+from sluice._options import Option, OptionSpec, option_table
 from sluice.engine import SINK_SPEC, SinkConfig
 
 SECRET_SPEC = SINK_SPEC.extend([Option("store.password", "str", None, "Password.", secret=True)])
@@ -62,6 +62,36 @@ def test_secrets_never_show_in_repr_or_errors():
     with pytest.raises(OptionError) as info:
         bad.parse({"store.token-ttl": "hunter2"})
     assert "hunter2" not in str(info.value)
+
+
+CLIENT_SPEC = OptionSpec("client", (Option("client.servers", "str", None, "Servers.", required=True),
+                                    Option("client.*", "prefix", None, "Any other client setting."),
+                                    Option("timeout-ms", "int", 100, "Timeout.")))
+
+
+def test_a_prefix_option_collects_every_key_under_it_into_one_value_hiding_secrets():
+    opts = CLIENT_SPEC.parse({"client.servers": "a:1", "client.linger.ms": "20", "client.sasl.password": "pw-1",
+                              "client.ssl.key.password": "pw-2", "client.ssl.keystore.password": "pw-3",
+                              "client.sasl.oauthbearer.client.secret": "pw-4", "timeout-ms": "5"})
+    settings = opts["client.*"]
+    assert dict(settings) == {"servers": "a:1", "linger.ms": "20", "sasl.password": "pw-1",
+                              "ssl.key.password": "pw-2", "ssl.keystore.password": "pw-3",
+                              "sasl.oauthbearer.client.secret": "pw-4"}
+    assert opts["client.servers"] == "a:1" and opts["timeout-ms"] == 5 and opts.is_set("client.*")
+    for shown in (repr(opts), str(opts), repr(settings)):
+        assert "a:1" in shown and not any(f"pw-{n}" in shown for n in range(1, 5))
+    assert settings.scrub("login pw-1 failed") == "login <redacted> failed"
+    assert dict(CLIENT_SPEC.parse({"client.servers": "a:1"})["client.*"]) == {"servers": "a:1"}
+    with pytest.raises(OptionError, match="Did you mean 'timeout-ms'") as info:
+        CLIENT_SPEC.parse({"client.servers": "a:1", "timeout-m": "5", "client.sasl.password": "pw-1"})
+    assert "pw-1" not in str(info.value) and "client.*" in str(info.value)
+    with pytest.raises(OptionError, match=r"Did you mean 'client\.servers'"):
+        CLIENT_SPEC.parse({"clent.servers": "a:1"})
+    with pytest.raises(OptionError, match="needs option"):
+        CLIENT_SPEC.parse({"client.other": "x"})
+    assert "| `client.*` | prefix | (none) | any client.<setting> |" in option_table(CLIENT_SPEC.options)
+    with pytest.raises(AssertionError, match="prefix option"):
+        OptionSpec("bad", (Option("client.*", "str", None, "Not a prefix kind."),))
 
 
 def test_required_options_are_named():

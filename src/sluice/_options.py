@@ -20,7 +20,9 @@ _FALSE = {"false", "0", "no", "off"}
 
 @dataclass(frozen=True)
 class Option:
-    """One declared option. `kind` is one of: int, bool, str, choice, list."""
+    """One declared option. `kind` is one of: int, bool, str, choice, list, prefix. A prefix option is named
+    `<prefix>.*` and collects every key under `<prefix>.` into one `PrefixSettings` (the prefix left off), those the
+    spec declares on their own included, with their parsed value: a client's pass-through settings."""
 
     name: str
     kind: str
@@ -79,6 +81,8 @@ class Option:
             return f"{low}..{high}" if (low or high) else "any"
         if self.kind == "list":
             return "comma-separated"
+        if self.kind == "prefix":
+            return f"any {self.name[:-1]}<setting>"
         return "text"
 
     def default_text(self) -> str:
@@ -93,13 +97,18 @@ class Option:
         return str(self.default)
 
 
-class Options(Mapping[str, Any]):
-    """Parsed, validated options. Secrets are masked in repr/str; `explicit` holds the keys the user set."""
+# Settings under a prefix whose name says they hold a secret: redacted wherever the settings are shown.
+SECRET_SETTING = re.compile(r"password|secret|token|credential|private|key\.pem|jaas|oauthbearer\.config",
+                            re.IGNORECASE)
 
-    def __init__(self, values: dict[str, Any], explicit: frozenset[str], secrets: frozenset[str]) -> None:
-        self._values = values
-        self.explicit = explicit
-        self._secrets = secrets
+
+class _Shown(Mapping[str, Any]):
+    """A read-only mapping whose repr shows "<redacted>" for the set values of the keys `_secret` names."""
+
+    _values: dict[str, Any]
+
+    def _secret(self, key: str) -> bool:
+        raise NotImplementedError
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -111,10 +120,40 @@ class Options(Mapping[str, Any]):
         return len(self._values)
 
     def __repr__(self) -> str:
-        shown = {k: ("<redacted>" if k in self._secrets and v else v) for k, v in self._values.items()}
-        return f"Options({shown})"
+        shown = {k: ("<redacted>" if self._secret(k) and v else v) for k, v in self._values.items()}
+        return f"{type(self).__name__}({shown})"
 
     __str__ = __repr__
+
+
+class PrefixSettings(_Shown):
+    """The settings a prefix option collected (`kafka.*`: {"bootstrap.servers": ..., "linger.ms": ...}); its repr
+    and `scrub` hide the values of settings whose name says they are a secret (SECRET_SETTING)."""
+
+    def __init__(self, values: Mapping[str, Any] = ()) -> None:
+        self._values = dict(values)
+
+    def _secret(self, key: str) -> bool:
+        return SECRET_SETTING.search(key) is not None
+
+    def scrub(self, text: str) -> str:
+        """`text` without any secret value of these settings (a client's messages may echo a setting)."""
+        for key, value in self._values.items():
+            if self._secret(key) and value:
+                text = text.replace(str(value), "<redacted>")
+        return text
+
+
+class Options(_Shown):
+    """Parsed, validated options. Secrets are masked in repr/str; `explicit` holds the keys the user set."""
+
+    def __init__(self, values: dict[str, Any], explicit: frozenset[str], secrets: frozenset[str]) -> None:
+        self._values = values
+        self.explicit = explicit
+        self._secrets = secrets
+
+    def _secret(self, key: str) -> bool:
+        return key in self._secrets
 
     def is_set(self, key: str) -> bool:
         return key in self.explicit
@@ -169,6 +208,7 @@ T = TypeVar("T")
 def attribute(name: str) -> str:
     """An option's name as a Python attribute: '_' for '.' and '-', snake_case for camelCase (failOnDataLoss ->
     fail_on_data_loss)."""
+    name = name.removesuffix(".*")  # a prefix option: kafka.* -> kafka
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).replace(".", "_").replace("-", "_").lower()
 
 
@@ -188,6 +228,9 @@ class OptionSpec:
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise AssertionError(f"options declared twice: {sorted(dupes)}")
+        bad = [o.name for o in self.options if (o.kind == "prefix") != o.name.endswith(".*")]
+        if bad:
+            raise AssertionError(f"a prefix option is named '<prefix>.*' and only it: {bad}")
 
     def extend(self, options: Iterable[Option] = (), checks: Iterable[Check] = (), **defaults: Any) -> OptionSpec:
         """A spec with more options/checks; `defaults` overrides defaults by option name (dots as _)."""
@@ -211,18 +254,26 @@ class OptionSpec:
         raise KeyError(name)
 
     def parse(self, raw: Mapping[str, Any]) -> Options:
-        declared = {o.name.lower(): o for o in self.options}
+        declared = {o.name.lower(): o for o in self.options if o.kind != "prefix"}
+        prefixes = {o.name[:-1].lower(): o for o in self.options if o.kind == "prefix"}  # "kafka." -> kafka.*
         values: dict[str, Any] = {o.name: o.default for o in self.options}
+        collected: dict[str, dict[str, Any]] = {o.name: {} for o in prefixes.values()}
         explicit = set()
         for key, value in raw.items():
             low = key.lower()
             if low in self.passthrough:
                 continue
             opt = declared.get(low)
-            if opt is None:
+            prefix = next((p for p in prefixes if low.startswith(p) and len(low) > len(p)), None)
+            if opt is None and prefix is None:
                 raise OptionError(self._unknown_message(key))
-            values[opt.name] = opt.parse(value)
-            explicit.add(opt.name)
+            if opt is not None:
+                values[opt.name] = opt.parse(value)
+                explicit.add(opt.name)
+            if prefix is not None:
+                collected[prefixes[prefix].name][key[len(prefix):]] = values[opt.name] if opt else str(value)
+                explicit.add(prefixes[prefix].name)
+        values.update({name: PrefixSettings(settings) for name, settings in collected.items()})
         missing = [o.name for o in self.options if o.required and o.name not in explicit]
         if missing:
             hint = ""

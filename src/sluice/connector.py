@@ -26,7 +26,7 @@ from sluice._errors import (
     SluiceError,
     ThrottledError,
 )
-from sluice._options import Option, Options, OptionSpec, TypedOptions, check_http_endpoint
+from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
 from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
 from sluice.engine import (
     GLOBAL_ORDERED,
@@ -106,6 +106,7 @@ __all__ = [
     "OptionSpec",
     "Options",
     "PartitionKeyBatchCreator",
+    "PrefixSettings",
     "ReadAllAvailable",
     "ReadLimit",
     "ReadMaxBytes",

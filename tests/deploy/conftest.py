@@ -92,7 +92,7 @@ def spark_env(tmp: Path, **more: str) -> dict[str, str]:
 
 # The formats every_format.py writes and reads back, each True in its result when what was read is what was written.
 STORED = ("s2", "s2_upsert", "postgres", "postgres_changes", "clickhouse", "cassandra", "elasticsearch", "hbase",
-          "tablestore")
+          "tablestore", "sluice_kafka")
 
 # A deployment test starts Spark processes of its own: under make test's load (two jobs on two cores) one took 222 s
 # here and ran over 300 s on CI. A bound for a hung run, not a wait: each ends as soon as its run does.
@@ -120,14 +120,14 @@ def run_every_format(python: str, cfg: dict, env: dict[str, str], timeout: float
 def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
     """An S2 server, a ClickHouse server, the suite's PostgreSQL (tablestore meta too), and the design's stores: a
     Cassandra node, an OpenSearch node and an HBase with its Thrift2 gateway, each with the table every_format.py
-    writes into, as every_format.py takes them."""
+    writes into, and a Kafka broker (every_format.py makes a topic per run), as every_format.py takes them."""
     from sluice.connectors.hbase._client import Connection, thrift
     from sluice.s2local import LocalS2
-    from sluice.testing import LocalCassandra, LocalHBase, LocalOpenSearch
+    from sluice.testing import LocalCassandra, LocalHBase, LocalKafka, LocalOpenSearch
     from tests.clickhouse_chdb import clickhouse_server
 
     with LocalS2() as s2, clickhouse_server() as ch, LocalCassandra() as cassandra, LocalOpenSearch() as search, \
-            LocalHBase() as hbase:
+            LocalHBase() as hbase, LocalKafka() as kafka:
         with cassandra.cluster() as cluster:
             session = cluster.connect()
             session.execute("CREATE KEYSPACE deploy WITH replication = {'class': 'SimpleStrategy', "
@@ -143,4 +143,5 @@ def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
                              "table": "rows"},
                "search": {"nodes": search.url, "index": "deploy"},
                "hbase": {"host": hbase.host, "port": str(hbase.port), "table": "default:deploy_rows", "rowkey": "id",
-                         "family": "d"}}
+                         "family": "d"},
+               "kafka": kafka.bootstrap_servers}

@@ -8,6 +8,7 @@ wheel, on a standalone cluster, and as a Spark Connect client. Its argument is a
   s2, pg, ch, warehouse, meta    the stores (ch: ClickHouse's url and password)
   cassandra, search, hbase       the design's stores: each format's options naming a table (index) made before
                                  the run; every run rewrites the same keys with names of its own tag
+  kafka     a Kafka broker's bootstrap servers: each run makes a topic of its own
   sql       also write and read through CREATE TEMPORARY VIEW ... USING (plain sessions)
 """
 
@@ -151,6 +152,22 @@ def run(spark, cfg: dict) -> dict:
         out[format_name] = sorted((int(r["id"]), r["name"]) for r in back.select("id", "name").collect()) \
             == [(i, f"{tag}-{i}") for i in expected]
         step.done(format_name)
+
+    # Exactly-once into a topic of this run's own (the sink never creates topics), read back by a batch read
+    # (read_committed by default).
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    kafka = {"kafka.bootstrap.servers": cfg["kafka"]}
+    topic = f"deploy-{tag}"
+    admin = AdminClient({"bootstrap.servers": cfg["kafka"]})  # kept while its request runs
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(60)
+    rows.selectExpr("CAST(id AS STRING) AS key", "name AS value").write.format("sluice_kafka").options(**kafka) \
+        .option("topic", topic).option("sink.mode", "global-ordered").option("sink.transactional", "true") \
+        .mode("append").save()
+    back = spark.read.format("sluice_kafka").options(**kafka).option("subscribe", topic).load() \
+        .selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value").collect()
+    out["sluice_kafka"] = sorted((int(r["key"]), r["value"]) for r in back) == [(i, f"n{i}") for i in expected]
+    step.done("sluice_kafka")
 
     store = {"table": f"deploy_{tag}", "warehouse": cfg["warehouse"], "meta": cfg["meta"]}
     rows.write.format("tablestore").options(**store).mode("append").save()

@@ -24,6 +24,7 @@ BUILTIN_FORMATS: Mapping[str, str] = MappingProxyType({
     "cassandra": "sluice.connectors.cassandra:CassandraDataSource",
     "elasticsearch": "sluice.connectors.elasticsearch:ElasticsearchDataSource",
     "hbase": "sluice.connectors.hbase:HBaseDataSource",
+    "sluice_kafka": "sluice.connectors.kafka:KafkaDataSource",
     "tablestore": "sluice.tablestore:TableStoreDataSource",
 })
 # What register() and sluice.write() know: the built-ins plus any added with add_format (e.g. test formats).
@@ -52,6 +53,7 @@ DISCOVERY_MODULES: Mapping[str, str] = MappingProxyType({
     "postgres": "pyspark_sluice_postgres", "postgres_changes": "pyspark_sluice_postgres_changes",
     "clickhouse": "pyspark_sluice_clickhouse", "cassandra": "pyspark_sluice_cassandra",
     "elasticsearch": "pyspark_sluice_elasticsearch", "hbase": "pyspark_sluice_hbase",
+    "sluice_kafka": "pyspark_sluice_kafka",
     "tablestore": "pyspark_sluice_tablestore",
     "sluice_summary": "pyspark_sluice_summary",
 })

@@ -1,0 +1,112 @@
+"""`format("sluice_kafka")`: the Spark data source, writes and reads. Options in _options.py (client settings in
+_client.py); writes: driver checks in _checks.py, the plan and committer in _sink.py, the producer in _store.py,
+exactly-once in _txn.py; reads: the split enumerator in _source.py (partitions found by _discovery.py), the split
+reader in _reader.py."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pyspark.sql.types import StructType
+
+from sluice.connector import (
+    PARTITION_ORDERED,
+    OptionError,
+    Options,
+    SinkConfig,
+    SinkDataSource,
+    SourceDataSource,
+    SplitBatchReader,
+    SplitStreamReader,
+)
+from sluice.connectors.kafka._checks import check_columns, probe, validate_client
+from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
+from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.kafka._reader import KafkaSplitReader, spark_schema
+from sluice.connectors.kafka._sink import KafkaWritePlan
+from sluice.connectors.kafka._source import KafkaEnumerator
+
+
+def check_consumer_settings(options: ReadOptions) -> None:
+    """librdkafka checks the consumer's settings when one is made (no broker is asked): on the driver, so that a
+    misspelt `kafka.*` setting fails the query before any task starts."""
+    from confluent_kafka import Consumer, KafkaException
+
+    try:
+        Consumer(options.consumer_config()).close()
+    except KafkaException as error:
+        raise OptionError(options.client.scrub(f"a kafka.* setting was refused by the Kafka client: "
+                                               f"{error.args[0].str()}")) from None
+
+
+def discovery_of(options: ReadOptions) -> TopicDiscovery:
+    if options.assigned:
+        return PartitionList(options.assigned)
+    if options.subscribe_pattern:
+        return TopicPattern(options.subscribe_pattern)
+    return TopicList(options.subscribe)
+
+
+class KafkaDataSource(SinkDataSource, SourceDataSource):
+    """`format("sluice_kafka")`: see the package docstring for usage."""
+
+    format_name = FORMAT_NAME
+    write_spec = WRITE_SPEC
+    read_spec = READ_SPEC
+    # The exactly-once marker check (_txn.py); the tests' negative controls subclass this with False.
+    check_marker: ClassVar[bool] = True
+
+    # writes
+
+    def primary_key(self, opts: Options) -> tuple[str, ...]:
+        return ("key",)  # partition-ordered keeps each Kafka key's order unless sink.partition-key says otherwise
+
+    def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
+        if (opts["sink.mode"] == PARTITION_ORDERED and not opts["sink.partition-key"]
+                and "key" not in schema.fieldNames()):
+            raise OptionError("sink.mode=partition-ordered keeps each key's records in order, but the DataFrame has no "
+                              "'key' column; add one, or name the ordering columns in sink.partition-key.")
+        return super().sink_config(opts, schema)
+
+    def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> KafkaWritePlan:
+        self.refuse_overwrite(overwrite)
+        write = WriteOptions.of(opts)
+        columns = check_columns(schema, write.topic)
+        marker_topic = write.topic
+        if config.transactional and marker_topic is None:
+            raise OptionError("sink.transactional=true with a topic column: set .option('topic', ...) too (it then "
+                              "overrides the column), or write each topic in a write of its own; the task's commit "
+                              "marker needs one topic known before the write.")
+        plan = KafkaWritePlan(self.format_name, opts, schema, config, write, columns, 0, frozenset(), marker_topic,
+                              self.check_marker)
+        trial = plan.producer_config()
+        if config.transactional:  # librdkafka checks the transactional settings together (no broker is asked)
+            trial["transactional.id"] = "sluice-settings-check"
+        validate_client(trial)
+        cluster = probe(write, [write.topic] if write.topic else [])
+        return KafkaWritePlan(self.format_name, opts, schema, config, write, columns, cluster.record_limit,
+                              cluster.topics, marker_topic, self.check_marker)
+
+    # reads
+
+    def schema(self) -> str:
+        return spark_schema(ReadOptions.of(self.read_options()).include_headers)
+
+    def _read_parts(self, schema: StructType, batch: bool) -> tuple[KafkaEnumerator, KafkaSplitReader, ReadOptions]:
+        options = ReadOptions.of(self.read_options())
+        check_consumer_settings(options)
+        return KafkaEnumerator(options, discovery_of(options), batch), KafkaSplitReader(options, schema), options
+
+    def reader(self, schema: StructType) -> SplitBatchReader:
+        enumerator, reader, options = self._read_parts(schema, batch=True)
+        return SplitBatchReader(enumerator, reader, options.max_records_per_partition or None,
+                                reads=self.read_observer(event_time="timestamp"))
+
+    def streamReader(self, schema: StructType) -> SplitStreamReader:
+        if any(k.lower() == "endingoffsets" for k in self.options):
+            raise OptionError("endingOffsets is for batch reads (spark.read); a stream reads on as records come")
+        enumerator, reader, options = self._read_parts(schema, batch=False)
+        return SplitStreamReader(enumerator, reader, options.max_records_per_partition or None,
+                                 options.max_records_per_trigger, None,
+                                 source=(self.format_name, enumerator.discovery.describe()),
+                                 reads=self.read_observer(event_time="timestamp"))

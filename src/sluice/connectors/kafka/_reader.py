@@ -1,0 +1,137 @@
+"""Reading Kafka on the executors: one consumer per Spark partition, assigned to one topic partition at the range's
+first offset (Consumer.assign, no consumer group), fetching with consume(num_messages) and handing Spark Arrow
+batches with the columns Spark's Kafka source has.
+
+Where a range ends: at the first record at or past its end offset, or at the partition's end (librdkafka's partition
+EOF, which under read_committed is the last stable offset). The end was at most the partition's end when it was
+planned, so one of the two always comes, also when the range's last offsets are transaction markers or aborted
+records, which a read_committed consumer never sees.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
+from typing import Any
+
+import pyarrow as pa
+
+from sluice.connector import OptionError, SluiceError, Split, SplitReader, to_arrow_schema
+from sluice.connectors.kafka._options import ReadOptions
+from sluice.connectors.kafka._source import topic_partition
+
+COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
+SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+          "timestampType int")
+HEADERS = "headers array<struct<key: string, value: binary>>"
+FETCH_RECORDS = 10_000  # records asked of the client per consume() call (one Arrow batch at most)
+
+
+def spark_schema(include_headers: bool) -> str:
+    return f"{SCHEMA}, {HEADERS}" if include_headers else SCHEMA
+
+
+def headers_array(headers: list[list[tuple[str, bytes | None]] | None], arrow_type: pa.DataType) -> pa.Array:
+    """list<struct<key, value>> from flat arrays and offsets."""
+    offsets = pa.array([0, *accumulate(len(h) if h else 0 for h in headers)], pa.int32())
+    flat = [pair for h in headers if h for pair in h]
+    item = arrow_type.value_type
+    values = pa.StructArray.from_arrays([pa.array([k for k, _ in flat], pa.string()),
+                                         pa.array([v for _, v in flat], pa.binary())], fields=list(item))
+    return pa.ListArray.from_arrays(offsets, values, type=arrow_type)
+
+
+class KafkaSplitReader(SplitReader):
+    """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema."""
+
+    def __init__(self, options: ReadOptions, schema: Any) -> None:
+        unknown = [n for n in schema.fieldNames() if n not in COLUMNS]
+        if unknown:
+            raise OptionError(f"column(s) {unknown} are not Kafka record columns ({', '.join(COLUMNS)}); parse the "
+                              "value after loading, e.g. from_json(CAST(value AS STRING), schema)")
+        self.config = options.consumer_config()
+        self.scrub = options.client.scrub
+        self.options = options
+        self.timeout = options.timeout_ms / 1000
+        self.arrow_schema = to_arrow_schema(schema)
+
+    def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        from confluent_kafka import Consumer, TopicPartition
+
+        topic, partition = topic_partition(split.split_id)
+        consumer = Consumer(self.config)
+        try:
+            consumer.assign([TopicPartition(topic, partition, start)])
+            position = start
+            progressed = time.monotonic()
+            while position < end:
+                messages = consumer.consume(FETCH_RECORDS, timeout=min(1.0, self.timeout))
+                records = [m for m in messages if m.error() is None]
+                finished = False
+                for m in messages:
+                    if m.error() is not None:
+                        finished |= self._handle(m.error(), split.split_id, position, start, end)
+                if records:
+                    offsets = [m.offset() for m in records]
+                    if offsets[-1] >= end:  # offsets increase: cut without testing each one
+                        cut = bisect_left(offsets, end)
+                        records, offsets, finished = records[:cut], offsets[:cut], True
+                    if records:
+                        yield self._to_arrow(topic, partition, records, offsets)
+                        position = offsets[-1] + 1
+                    progressed = time.monotonic()
+                if finished:
+                    return
+                if time.monotonic() - progressed > self.timeout:
+                    raise SluiceError(self.scrub(
+                        f"reading {split.split_id} (offsets {start}..{end - 1}) made no progress at offset {position} "
+                        f"for timeout-ms={int(self.timeout * 1000)}: are the brokers at "
+                        f"{self.config['bootstrap.servers']} up? Raise timeout-ms to wait longer."))
+        finally:
+            consumer.close()
+
+    def _handle(self, error: Any, sid: str, position: int, start: int, end: int) -> bool:
+        """An error event of the consumer: True when it ends the range (the partition's end)."""
+        from confluent_kafka import KafkaError
+
+        code = error.code()
+        if code == KafkaError._PARTITION_EOF:
+            return True
+        if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            self.options.data_lost(f"offsets of {sid} from {position} were deleted before they were read (range "
+                                   f"{start}..{end - 1})", "skip them")
+            return True
+        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION):
+            self.options.data_lost(f"{sid} was deleted while it was read (offsets {position}..{end - 1} not read)",
+                                   "go on without it")
+            return True
+        if error.fatal() or not error.retriable():
+            raise SluiceError(self.scrub(f"reading {sid} at offset {position}: {error.str()} ({error.name()})"))
+        return False  # librdkafka retries transient errors itself
+
+    def _to_arrow(self, topic: str, partition: int, records: list[Any], offsets: list[int]) -> pa.RecordBatch:
+        n = len(records)
+        names = self.arrow_schema.names
+        columns: dict[str, pa.Array] = {}
+        if "key" in names:
+            columns["key"] = pa.array([m.key() for m in records], pa.binary())
+        if "value" in names:
+            columns["value"] = pa.array([m.value() for m in records], pa.binary())
+        if "topic" in names:
+            columns["topic"] = pa.repeat(pa.scalar(topic, pa.string()), n)
+        if "partition" in names:
+            columns["partition"] = pa.repeat(pa.scalar(partition, pa.int32()), n)
+        if "offset" in names:
+            columns["offset"] = pa.array(offsets, pa.int64())
+        if "timestamp" in names or "timestampType" in names:
+            stamps = [m.timestamp() for m in records]
+            columns["timestamp"] = pa.array([ms for _, ms in stamps], pa.int64()).cast(
+                pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
+            # librdkafka's types are Kafka's TimestampType ids + 1 (0: none, 1: create time, 2: log append time).
+            columns["timestampType"] = pa.array([kind - 1 for kind, _ in stamps], pa.int32())
+        if "headers" in names:
+            columns["headers"] = headers_array([m.headers() for m in records], self.arrow_schema.field("headers").type)
+        return pa.RecordBatch.from_arrays([columns[name].cast(self.arrow_schema.field(name).type) for name in names],
+                                          schema=self.arrow_schema)

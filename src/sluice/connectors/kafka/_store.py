@@ -1,0 +1,324 @@
+"""The Kafka store: one confluent_kafka.Producer per task, a produce call per record, acknowledgements counted per
+engine batch.
+
+The engine's buffer-manager thread calls `submit(batch)`: the batch's rows come back from the task's Arrow rows
+as a few Python lists (one per column, the arguments produce() needs anyway) and go to `produce` in a tight loop; the
+last argument is the batch's counter, whose `delivered` runs on the poll thread for every record and resolves the
+batch's Future once all of them are acknowledged (one Future per batch, none per record). librdkafka batches per
+partition itself (linger.ms), so an engine batch is only the unit acknowledgements are tracked by.
+
+Every mode uses the idempotent producer: librdkafka's own retries neither duplicate nor reorder a partition's
+records. sink.transactional wraps the task in one Kafka transaction (_txn.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.connector import (
+    ArrowRows,
+    Batch,
+    ErrorKind,
+    RetryableError,
+    SinkError,
+    Store,
+    WriteContext,
+    completed_future,
+)
+from sluice.connectors.kafka._client import ClientSettings
+from sluice.connectors.kafka._txn import (
+    FencedError,
+    Transaction,
+    TxnIdentity,
+    coordinator_moving,
+    describe,
+    kafka_error,
+)
+
+log = logging.getLogger("sluice.kafka")
+
+NO_PARTITION = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
+
+
+class DeliveryError(Exception):
+    """A record Kafka did not take; `error` is librdkafka's KafkaError, `key` the record's key."""
+
+    def __init__(self, message: str, error: Any) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class _Acks:
+    """One engine batch's acknowledgements. `delivered` runs on the poll thread only, so its count needs no lock;
+    `expected` is set by the submitting thread once every record was handed to produce()."""
+
+    __slots__ = ("acked", "done", "error", "expected", "future", "lock", "on_done")
+
+    def __init__(self, future: Future[None], on_done: Any) -> None:
+        self.acked = 0
+        self.expected = -1
+        self.error: Any = None
+        self.future = future
+        self.lock = threading.Lock()
+        self.done = False
+        self.on_done = on_done
+
+    def delivered(self, err: Any, msg: Any) -> None:
+        if err is not None and self.error is None:
+            self.error = (err, msg.topic(), msg.partition(), msg.key())
+        self.acked += 1
+        if self.acked == self.expected:
+            self.finish()
+
+    def all_produced(self, count: int) -> None:
+        self.expected = count
+        if self.acked >= count:
+            self.finish()
+
+    def finish(self) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+        self.on_done(self)
+
+
+class KafkaStore(Store):
+    name = "kafka"
+    supports_transactions = True
+
+    def __init__(self, client: ClientSettings, columns: Any, rows: ArrowRows, *, topic: str | None,
+                 producer_config: dict[str, Any], timeout_ms: int, transaction: tuple[str, str] | None,
+                 check_marker: bool = True) -> None:
+        """`transaction`: (transactional-id prefix, marker topic) of exactly-once writes, else None."""
+        self.client = client
+        self.columns = columns
+        self.rows = rows
+        self.topic = topic
+        self.producer_config = producer_config
+        self.timeout_s = timeout_ms / 1000.0
+        self.transaction_spec = transaction
+        self.check_marker = check_marker
+        self.producer: Any = None
+        self.txn: Transaction | None = None
+        self.skip = False  # exactly-once replay of a committed epoch: acknowledge without sending
+        self.records = 0
+        self.skipped = 0
+        self.context = WriteContext()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._fatal: Any = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.client.bootstrap_servers} topic {self.topic or '(topic column)'}"
+
+    # ------------------------------------------------------------------ life cycle
+    def open(self, context: WriteContext) -> None:
+        self.context = context
+        self.producer = self._new_producer(context)
+        if self.transaction_spec is not None:
+            self._start_transaction(context)
+        self._poller = threading.Thread(target=self._poll, name="sluice-kafka-poll", daemon=True)
+        self._poller.start()
+
+    def _start_transaction(self, context: WriteContext) -> None:
+        """Fence, read the marker, begin. A producer whose init_transactions timed out (a coordinator moving during
+        a broker failure) is dropped and a new one tries once more: librdkafka leaves a transactional producer
+        whose initialization failed in a state it may not leave."""
+        prefix, marker_topic = self.transaction_spec  # type: ignore[misc]
+        identity = TxnIdentity.of(prefix, marker_topic, context)
+        for attempt in (1, 2):
+            self.txn = Transaction(self.producer, identity, self.client, self.timeout_s, self.check_marker,
+                                   self.producer_config.get("transaction.timeout.ms", 60_000))
+            try:
+                self.skip = not self.txn.start()
+                return
+            except FencedError:
+                raise
+            except SinkError as e:
+                err = kafka_error(e.cause) if e.cause is not None else None
+                if attempt == 2 or err is None or not (err.retriable() or err.code() in coordinator_moving()):
+                    raise
+                log.warning("kafka: %s; trying once more with a new producer", e)
+                self._drop_producer()
+                self.producer = self._new_producer(context)
+
+    def _drop_producer(self) -> None:
+        producer, self.producer = self.producer, None
+        if producer is None:
+            return
+        try:
+            producer.purge()  # a failed task's records are sent again by its retry: do not wait for them
+            producer.close()
+        except Exception as e:  # a fenced producer refuses even these; its handle goes with the object
+            log.debug("kafka: closing the producer: %s", describe(e))
+
+    def _new_producer(self, context: WriteContext) -> Any:
+        from confluent_kafka import Producer
+
+        config = dict(self.producer_config)
+        if self.transaction_spec is not None:
+            config["transactional.id"] = f"{self.transaction_spec[0]}-{context.partition_id}"
+        config["error_cb"] = self._on_error
+        return Producer(config)
+
+    def _on_error(self, err: Any) -> None:
+        """librdkafka's global errors (brokers down, authentication, fatal idempotence errors), on the poll thread."""
+        if err.fatal():
+            self._fatal = err
+        log.warning("kafka producer: %s", self.client.scrub(describe(err)))
+
+    def _poll(self) -> None:
+        poll = self.producer.poll
+        while not self._stop.is_set():
+            poll(0.05)
+
+    def topic_exists(self, topic: str) -> bool:
+        """One metadata request for a topic the driver did not see (a topic column naming a new one)."""
+        metadata = self.producer.list_topics(topic, timeout=self.timeout_s)
+        found = metadata.topics.get(topic)
+        return found is not None and found.error is None
+
+    # ------------------------------------------------------------------ writing
+    def submit(self, batch: Batch) -> Future[None]:
+        if self.skip:
+            self.skipped += batch.record_count
+            self.rows.release(batch.entries)
+            return completed_future()
+        if self._fatal is not None:
+            fatal = self._fatal
+            return completed_future(DeliveryError(f"the producer failed for good: {describe(fatal)}", fatal))
+        table = self.rows.table(batch.entries)
+        future: Future[None] = Future()
+        acks = _Acks(future, lambda a: self._settle(a, batch))
+        try:
+            produced = self._produce(table, acks.delivered)
+        except Exception as e:
+            acks.error = acks.error or (kafka_error(e) or e, None, None, None)
+            produced = getattr(e, "produced", 0)
+        acks.all_produced(produced)
+        return future
+
+    def _produce(self, table: pa.Table, callback: Any) -> int:
+        """Every row of `table` handed to produce(), in order; the count handed over."""
+        columns = self.columns
+        n = table.num_rows
+        values = _bytes_column(table, "value")
+        keys = _bytes_column(table, "key") if columns.key else [None] * n
+        topics = [self.topic] * n if self.topic else table.column("topic").to_pylist()
+        partitions = (pc.fill_null(table.column("partition"), NO_PARTITION).to_pylist() if columns.partition
+                      else [NO_PARTITION] * n)
+        stamps = _millis(table.column("timestamp")) if columns.timestamp else [0] * n
+        headers = _headers(table.column("headers")) if columns.headers else [None] * n
+        produce, room = self.producer.produce, self._stop
+        i = 0
+        while True:
+            try:
+                for i in range(i, n):  # noqa: B020 - resumes where a full queue stopped it
+                    produce(topics[i], values[i], keys[i], partitions[i], callback, None, stamps[i], headers[i])
+                return n
+            except BufferError:  # librdkafka's queue is full: the poll thread drains it
+                room.wait(0.005)
+            except Exception as e:
+                e.produced = i  # type: ignore[attr-defined]
+                raise
+
+    def _settle(self, acks: _Acks, batch: Batch) -> None:
+        if acks.error is None:
+            self.rows.release(batch.entries)
+            self.records += batch.record_count
+            acks.future.set_result(None)
+            return
+        err, topic, partition, key = acks.error
+        where = f"topic {topic} partition {partition}, key {show_key(key)}" if topic else "producing"
+        acks.future.set_exception(DeliveryError(f"kafka refused a record ({where}): {self.client.scrub(describe(err))}",
+                                                err))
+
+    def classify(self, error: BaseException) -> ErrorKind:
+        if isinstance(error, RetryableError):
+            return ErrorKind.RETRYABLE
+        if self.txn is not None or not isinstance(error, DeliveryError):
+            return ErrorKind.FATAL  # a failed record makes the transaction abortable: the task's retry re-sends
+        err = error.error
+        retriable = getattr(err, "retriable", None)
+        if callable(retriable) and retriable() and not err.fatal():
+            return ErrorKind.RETRYABLE
+        from confluent_kafka import KafkaError
+
+        passing = coordinator_moving() | {KafkaError._MSG_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
+                                 KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
+        return ErrorKind.RETRYABLE if getattr(err, "code", lambda: None)() in passing else ErrorKind.FATAL
+
+    def explain(self, error: SinkError) -> SinkError:
+        cause = error.cause
+        if isinstance(cause, DeliveryError):
+            from confluent_kafka import KafkaError
+
+            hint = {
+                KafkaError.UNKNOWN_TOPIC_OR_PART: "the topic does not exist (topics are not created by the sink)",
+                KafkaError._UNKNOWN_TOPIC: "the topic does not exist (topics are not created by the sink)",
+                KafkaError._UNKNOWN_PARTITION: "the partition column names a partition the topic does not have",
+                KafkaError.TOPIC_AUTHORIZATION_FAILED: "the user may not write to this topic",
+            }.get(getattr(cause.error, "code", lambda: None)())
+            if hint:
+                return SinkError(f"{cause}: {hint}.", store=self.name, target=self.target,
+                                 batch_records=error.batch_records, cause=cause)
+        return error
+
+    def pre_commit(self) -> Any:
+        message = {"partition": self.context.partition_id, "records": self.records, "skipped": self.skipped}
+        if self.txn is not None:
+            if not self.skip:
+                self._stop.set()  # commit_transaction serves the delivery callbacks itself from here on
+                if self._poller is not None:
+                    self._poller.join()
+                self.txn.commit()
+            message["transactional_id"] = self.txn.identity.transactional_id
+        return message
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join()
+        if self.producer is None:
+            return
+        if self.txn is not None:
+            self.txn.abort()  # a failed task: nothing of it becomes visible
+        self._drop_producer()  # after a successful task nothing is outstanding; after a failure, what is stays unsent
+
+
+
+def _bytes_column(table: pa.Table, name: str) -> list[bytes | None]:
+    column = table.column(name)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = column.cast(pa.binary() if pa.types.is_string(column.type) else pa.large_binary())
+    return column.to_pylist()
+
+
+def _millis(column: pa.ChunkedArray) -> list[int]:
+    """Timestamps as epoch milliseconds; null: 0 (librdkafka's "now")."""
+    unit = {"s": 1000, "ms": 1, "us": 1 / 1000, "ns": 1 / 1_000_000}[column.type.unit]
+    raw = pc.fill_null(column.cast(pa.int64()), 0)
+    scaled = pc.multiply(raw, 1000) if unit == 1000 else raw if unit == 1 else pc.divide(raw, int(1 / unit))
+    return scaled.to_pylist()
+
+
+def _headers(column: pa.ChunkedArray) -> list[list[tuple[str, bytes]] | None]:
+    return [None if row is None else [(h["key"], h["value"]) for h in row] for row in column.to_pylist()]
+
+
+def show_key(key: Any) -> str:
+    if key is None:
+        return "null"
+    text = key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+__all__ = ["DeliveryError", "FencedError", "KafkaStore"]

@@ -1,0 +1,73 @@
+"""Exactly-once into Kafka across a broker killed mid-transaction, on three brokers (replication factor 3,
+min.insync.replicas=2): the leader of the topic's partition is SIGKILLed while the task's transaction is open."""
+
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from sluice.testing import LocalKafkaCluster, read_committed
+from tests.faults import held_at
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalKafkaCluster(brokers=3) as running:
+        yield running
+
+
+def leader_of(cluster, topic) -> int:
+    metadata = cluster.admin().list_topics(topic, timeout=30)
+    return metadata.topics[topic].partitions[0].leader
+
+
+def written(cluster, topic) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**cluster.client_config(), "group.id": "watermarks", "isolation.level": "read_uncommitted"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
+    finally:
+        consumer.close()
+
+
+def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tmp_path):
+    topic, hold = f"eo-{uuid.uuid4().hex[:10]}", tmp_path / "hold"
+    cluster.create_topic(topic, partitions=1)
+    hold.touch()
+    df = spark.range(0, 3000, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad") \
+        .mapInArrow(held_at(1500, str(hold), 50, 0.02), "id long, pad string") \
+        .selectExpr("concat(CAST(id AS STRING), ':', pad) AS value")  # ~1 KB: reaches the writer as it is made
+    seen = {}
+
+    def strike():
+        try:
+            deadline = time.monotonic() + 120
+            while written(cluster, topic) < 300 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the broker's log grows in another process: polled
+            leader = leader_of(cluster, topic)
+            broker = next(b for b in cluster.brokers if b.node_id == leader)
+            broker.kill()
+            seen["killed"] = leader
+        finally:
+            hold.unlink()
+
+    striker = threading.Thread(target=strike)
+    striker.start()
+    options = {"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": topic, "sink.mode": "global-ordered",
+               "sink.transactional": "true", "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50",
+               "timeout-ms": "60000"}
+    try:
+        df.write.format("sluice_kafka").options(**options).mode("append").save()
+    finally:
+        striker.join()
+    assert "killed" in seen
+    values = [int(r.value.split(b':')[0]) for r in read_committed(cluster.client_config(), topic)]
+    counts = Counter(values)
+    assert (len(values), len(counts)) == (3000, 3000), f"{len(values) - len(counts)} duplicates"
+    assert values == list(range(3000)), "exactly once, and in order"
+    next(b for b in cluster.brokers if b.node_id == seen["killed"]).start()
