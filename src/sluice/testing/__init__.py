@@ -31,7 +31,9 @@ from sluice.testing._elasticsearch import LocalElasticsearch
 from sluice.testing._filestore import FileStoreDataSource, read_file_store, register
 from sluice.testing._flaky import FlakyStore
 from sluice.testing._hbase import LocalHBase
-from sluice.testing._kafka import KafkaRecord, LocalKafka, LocalKafkaCluster, count_committed, read_committed
+from sluice.testing._kafka import LocalKafka
+from sluice.testing._kafka_cluster import LocalKafkaCluster
+from sluice.testing._kafka_reads import KafkaRecord, count_committed, read_committed
 from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._proxy import TcpProxy

@@ -3,9 +3,10 @@
 `LocalKafka()` is one node that is both broker and controller (a one-voter KRaft quorum): it writes a
 server.properties into a temporary folder, formats the folder's log directory (`kafka.tools.StorageTool format`)
 and starts `kafka.Kafka` on it, every port a free loopback port. It is ready once its admin API answers a metadata
-request that lists it as a broker. `LocalKafkaCluster(brokers=3)` is three such nodes forming a three-voter quorum
-(one node may die and the quorum, and every topic, lives on), with replication factor 3 and `min.insync.replicas=2`
-as the defaults of created topics and of the transaction state log.
+request that lists it as a broker. `LocalKafkaCluster(brokers=3)` (_kafka_cluster.py) is three such nodes forming
+a three-voter quorum (one node may die and the quorum, and every topic, lives on), with replication factor 3 and
+`min.insync.replicas=2` as the defaults of created topics and of the transaction state log. `read_committed`
+(_kafka_reads.py) reads a topic back as a `read_committed` consumer sees it.
 
 The broker is `kafka_2.13` and its runtime dependencies from Maven Central, with log4j 2's SLF4J binding and
 log4j-core (Kafka declares no logging backend: without one the broker logs nothing): `make check-kafka` puts them
@@ -37,8 +38,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import Any
 
 from sluice.testing._cassandra import self_signed_certificate
 from sluice.testing._jvm import JvmServer
@@ -399,108 +399,3 @@ class LocalKafka(KafkaNode):
                  **broker_config: Any) -> None:
         super().__init__(_Quorum(1), 1, sasl=sasl, tls=tls, heap_mb=heap_mb, start_timeout=start_timeout,
                          broker_config=broker_config)
-
-
-class LocalKafkaCluster(_Clients):
-    """Context manager: `brokers` nodes, each broker and controller, one KRaft quorum of them all; topics default to
-    replication factor 3 and `min.insync.replicas=2` (so does the transaction state log). `.brokers[i]` is a node
-    with `kill()`, `start()`, `stop(keep_data=True)`; with three, one may be down and writes with acks=all go on."""
-
-    def __init__(self, brokers: int = 3, heap_mb: int = 384, *, start_timeout: float = 120,
-                 **broker_config: Any) -> None:
-        if brokers < 3:
-            raise ValueError(f"a cluster needs 3 brokers or more (replication factor 3), not {brokers}")
-        quorum = _Quorum(brokers)
-        self.brokers = [KafkaNode(quorum, node, heap_mb=heap_mb, start_timeout=start_timeout,
-                                  broker_config=broker_config) for node in range(1, brokers + 1)]
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return ",".join(b.bootstrap_servers for b in self.brokers)
-
-    def _addresses(self) -> list[str]:
-        return [b.bootstrap_servers for b in self.brokers if b.pid is not None]
-
-    def start(self) -> Self:
-        """Start every node at once (each waits for the quorum, which needs most of them up)."""
-        errors: list[BaseException] = []
-
-        def start(node: KafkaNode) -> None:
-            try:
-                node.start()
-            except BaseException as e:
-                errors.append(e)
-
-        threads = [threading.Thread(target=start, args=(b,)) for b in self.brokers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            self.stop()
-            raise errors[0]
-        return self
-
-    def stop(self) -> None:
-        """Kill every node and delete their folders."""
-        for b in self.brokers:
-            b.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.stop()
-
-
-class KafkaRecord(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    timestamp: int  # milliseconds since the epoch
-
-
-def read_committed(config: dict[str, Any], topic: str, *, isolation: str = "read_committed",
-                   timeout: float = 60) -> list[KafkaRecord]:
-    """Every record of every partition of `topic`, from the beginning to the end a `read_committed` consumer sees
-    (the last stable offset: records of open transactions and everything after them are not read yet), in partition
-    then offset order. `isolation="read_uncommitted"` reads to the end of the log, aborted records included."""
-    import uuid
-
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-
-    consumer = Consumer({**config, "group.id": f"sluice-read-{uuid.uuid4().hex}", "isolation.level": isolation,
-                         "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
-        if metadata.error is not None:
-            raise KafkaException(metadata.error)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
-        pending = set(metadata.partitions)
-        records: list[KafkaRecord] = []
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic!r}: partitions {sorted(pending)} did not reach their end within "
-                                   f"{timeout:.0f} s")
-            for m in consumer.consume(10_000, timeout=0.5):
-                error = m.error()
-                if error is None:
-                    records.append(KafkaRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                               list(m.headers() or []), m.timestamp()[1]))
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(m.partition())
-                else:
-                    raise KafkaException(error)
-        return sorted(records, key=lambda r: (r.partition, r.offset))
-    finally:
-        consumer.close()
-
-
-def count_committed(config: dict[str, Any], topic: str, *, timeout: float = 60) -> int:
-    """How many records of `topic` a `read_committed` consumer reads (read_committed's notes)."""
-    return len(read_committed(config, topic, timeout=timeout))

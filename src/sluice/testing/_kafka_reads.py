@@ -1,0 +1,58 @@
+"""What a test reads back from a LocalKafka: every record of a topic as a `read_committed` consumer sees it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+
+class KafkaRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp: int  # milliseconds since the epoch
+
+
+def read_committed(config: dict[str, Any], topic: str, *, isolation: str = "read_committed",
+                   timeout: float = 60) -> list[KafkaRecord]:
+    """Every record of every partition of `topic`, from the beginning to the end a `read_committed` consumer sees
+    (the last stable offset: records of open transactions and everything after them are not read yet), in partition
+    then offset order. `isolation="read_uncommitted"` reads to the end of the log, aborted records included."""
+    import uuid
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+    consumer = Consumer({**config, "group.id": f"sluice-read-{uuid.uuid4().hex}", "isolation.level": isolation,
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
+        pending = set(metadata.partitions)
+        records: list[KafkaRecord] = []
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic!r}: partitions {sorted(pending)} did not reach their end within "
+                                   f"{timeout:.0f} s")
+            for m in consumer.consume(10_000, timeout=0.5):
+                error = m.error()
+                if error is None:
+                    records.append(KafkaRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                               list(m.headers() or []), m.timestamp()[1]))
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(m.partition())
+                else:
+                    raise KafkaException(error)
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def count_committed(config: dict[str, Any], topic: str, *, timeout: float = 60) -> int:
+    """How many records of `topic` a `read_committed` consumer reads (read_committed's notes)."""
+    return len(read_committed(config, topic, timeout=timeout))
