@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -12,16 +13,27 @@ from sluice._errors import OptionError
 
 
 def binary_column(batch: pa.RecordBatch, name: str) -> tuple[list[bytes], list[int]]:
-    """Entries = the values of one string/binary column as bytes; sizes = their byte lengths."""
+    """Entries = the values of one string/binary column as bytes; sizes = their byte lengths.
+
+    A string column is viewed as binary (same buffers, no copy) and the sizes are the differences of its offsets:
+    the only per-row work is making the bytes objects. (Arrow's compute kernels and to_numpy would do the same
+    in more passes, and to_numpy imports pandas into every Python worker on its first batch.)"""
     column = batch.column(name)
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        column = column.cast(pa.binary() if pa.types.is_string(column.type) else pa.large_binary())
     if column.null_count:
         raise OptionError(
             f"column '{name}' has {column.null_count} null value(s) in this batch; a record body cannot be null. "
             "Filter them out or fill them (e.g. F.coalesce(col, F.lit(''))) before writing."
         )
-    sizes = pc.binary_length(column).to_numpy(zero_copy_only=False).tolist()
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        column = column.view(pa.binary() if pa.types.is_string(kind) else pa.large_binary())
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        width = 8 if pa.types.is_large_binary(column.type) else 4
+        offsets = np.frombuffer(column.buffers()[1], dtype=np.int64 if width == 8 else np.int32,
+                                count=len(column) + 1, offset=column.offset * width)
+        sizes = np.diff(offsets).tolist()
+    else:  # other layouts (e.g. binary views): Arrow measures them
+        sizes = pc.binary_length(column).to_numpy(zero_copy_only=False).tolist()
     return column.to_pylist(), sizes
 
 
@@ -73,7 +85,6 @@ def partition_keys(batch: pa.RecordBatch, columns: Sequence[str]) -> tuple[Any, 
     """Exact partition keys of every row, as (integer codes, key per code): one code per distinct key value
     (a value, or a tuple for several columns, as Arrow gives them to Python), computed vectorized, so rows
     group as fast as hash buckets do."""
-    import numpy as np
     import pandas as pd
 
     missing = [c for c in columns if c not in batch.schema.names]
@@ -123,7 +134,6 @@ class ArrowRows:
 
     def _runs(self, entries: Sequence[int]) -> list[tuple[int, Any]]:
         """(batch start, numpy row numbers) per run of entries that fall in one RecordBatch, in entry order."""
-        import numpy as np
 
         rows = np.asarray(entries, dtype=np.int64)
         with self._lock:
@@ -134,7 +144,6 @@ class ArrowRows:
                 zip(np.split(rows, cuts), np.split(owner, cuts), strict=True)]
 
     def table(self, entries: Sequence[int]) -> pa.Table:
-        import numpy as np
 
         pieces = []
         for start, rows in self._runs(entries):

@@ -1,0 +1,28 @@
+"""binary_column: a string/binary column's values as bytes entries with their byte sizes, read from the column's
+buffers (offsets), so slices of a batch (Spark hands them over) and multi-byte UTF-8 must come out right."""
+
+import pyarrow as pa
+import pytest
+
+from sluice._errors import OptionError
+from sluice.spark._encoding import binary_column
+
+VALUES = ["", "é", "abc" * 50, "x", "日本語"]
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+@pytest.mark.parametrize("start", [0, 1, 3])
+def test_entries_are_the_values_as_bytes_and_sizes_their_byte_lengths(kind, start):
+    raw = VALUES if pa.types.is_string(kind) or pa.types.is_large_string(kind) else [v.encode() for v in VALUES]
+    batch = pa.RecordBatch.from_arrays([pa.array(raw, kind)], names=["body"]).slice(start, 2)
+    entries, sizes = binary_column(batch, "body")
+    expected = [v.encode() for v in VALUES[start:start + 2]]
+    assert entries == expected
+    assert sizes == [len(v) for v in expected]  # bytes, not characters: "é" is 2
+    assert all(type(e) is bytes for e in entries) and all(type(s) is int for s in sizes)
+
+
+def test_a_null_body_is_refused_naming_the_column():
+    batch = pa.RecordBatch.from_arrays([pa.array(["a", None])], names=["payload"])
+    with pytest.raises(OptionError, match="column 'payload' has 1 null"):
+        binary_column(batch, "payload")
