@@ -119,7 +119,10 @@ class AsyncSinkWriter:
         self.write_chunk([entry], [size], key)
 
     def write_chunk(self, entries: list[Any], sizes: Sequence[int], key: Hashable = None) -> None:
-        """Add entries (in order) that share one partition key. Blocks while the buffer is full."""
+        """Add entries (in order) that share one partition key. Blocks while the buffer is full.
+
+        The writer keeps lists as they are given (a copy per chunk was a pass over every row): do not change them
+        after handing them over."""
         if entries:
             self._put(self._chunk(entries, sizes, key))
 
@@ -137,7 +140,8 @@ class AsyncSinkWriter:
                     "chunk was sent.",
                     store=self.store.name, target=self.store.target, batch_records=1,
                 )
-        return Chunk(list(entries), list(sizes), key if self._keyed else None)
+        return Chunk(entries if type(entries) is list else list(entries),
+                     sizes if type(sizes) is list else list(sizes), key if self._keyed else None)
 
     def write_keyed(self, entries: list[Any], sizes: Sequence[int], keys: Sequence[Hashable],
                     names: Sequence[Hashable] | None = None) -> None:
@@ -374,6 +378,11 @@ class AsyncSinkWriter:
             future = self.store.submit(batch)
         except BaseException as error:  # a store that raises instead of failing the future
             future = completed_future(error)
+        if future.done() and not future.cancelled() and future.exception() is None:
+            # Acknowledged already (a store that holds nothing in flight): counted here, not sent round through the
+            # completion queue, which cost a lock, a notify and a turn of the loop per batch.
+            self._on_complete(batch, started, future)
+            return
         future.add_done_callback(lambda f: self._post_completion(batch, started, f))
 
     def _post_completion(self, batch: Batch, started: float, future: Future[None]) -> None:
