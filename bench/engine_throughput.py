@@ -8,16 +8,29 @@
    collector each second, alternating, medians.
 4. With --read-metrics: a Spark batch read of a table-store table (`format("tablestore")`, summed so every row
    crosses into the JVM) with and without a collector its read tasks report to, alternating, medians.
+5. With --before REV: part 2 for this checkout and for commit REV (from a git worktree), each in its own process and
+   Spark session, alternating (checkout, REV, checkout, ...) --sessions times; medians of every session's figures.
+
+Part 2 also gives the CPU seconds of the bench's own Python workers and JVM per write (bench/_cpu.py), medians: on a
+shared machine they move less than wall times.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from datetime import date
+from pathlib import Path
+
+from _cpu import clocked_tree
+from _floor import register_bare_writer, rows_frame
 
 from sluice.engine import AsyncSinkWriter, SinkConfig, Store, completed_future
 
@@ -72,46 +85,30 @@ def metrics_overhead(entries: int, rounds: int) -> dict:
 
 
 def spark_ratio(rows: int, rounds: int) -> dict:
-    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-
     import sluice
     import sluice.metrics
 
-    class CountingWriter(DataSourceArrowWriter):
-        def write(self, iterator):
-            n = 0
-            for batch in iterator:
-                n += batch.num_rows
-            return WriterCommitMessage()
-
-    class CountingSource(DataSource):
-        @classmethod
-        def name(cls):
-            return "bench_count"
-
-        def writer(self, schema, overwrite):
-            return CountingWriter()
-
     spark = sluice.session("sluice-bench", **{"spark.sql.shuffle.partitions": "2"})
-    spark.dataSource.register(CountingSource)
-    df = spark.range(0, rows, 1, 2).selectExpr("concat(lpad(cast(id AS string), 20, '0'), repeat('x', 80)) AS body")
-    df = df.cache()
-    df.count()
+    register_bare_writer(spark)
+    df = rows_frame(spark, rows)
 
-    def timed(fmt: str) -> float:
-        start = time.perf_counter()
-        df.write.format(fmt).mode("append").save()
-        return time.perf_counter() - start
+    cpu: dict[str, list[dict[str, float]]] = {}
+
+    def timed(fmt: str, label: str | None = None) -> float:
+        took, used = clocked_tree(lambda: df.write.format(fmt).mode("append").save(), {})
+        cpu.setdefault(label or fmt, []).append(used)
+        return took
 
     def timed_with_metrics() -> float:
         with sluice.metrics.serve() as server:
-            took = timed("sluice_null")
+            took = timed("sluice_null", "sluice_null with metrics")
             reported = server.metrics.snapshot()["sluice_null"]["records"]
         assert reported == rows, f"the collector heard of {reported} records of {rows}"
         return took
 
     timed("bench_count")
     timed("sluice_null")  # warm-up: Python workers, imports
+    cpu.clear()
     bare, engine, metered = [], [], []
     for _ in range(rounds):
         bare.append(timed("bench_count"))
@@ -123,8 +120,13 @@ def spark_ratio(rows: int, rounds: int) -> dict:
     bare_rate = rows / statistics.median(bare)
     engine_rate_ = rows / statistics.median(engine)
     metered_rate = rows / statistics.median(metered)
+    def cpu_median(fmt: str, component: str) -> float:
+        return round(statistics.median(used.get(component, 0.0) for used in cpu[fmt]), 2)
+
     return {
         "rows": rows, "rounds": rounds,
+        "cpu_s_per_write": {fmt: {part: cpu_median(fmt, part) for part in ("python_workers", "spark_jvm")}
+                            for fmt in cpu},
         "bare_arrow_writer_rows_per_s": round(bare_rate),
         "sluice_engine_rows_per_s": round(engine_rate_),
         "sluice_engine_with_metrics_rows_per_s": round(metered_rate),
@@ -173,6 +175,62 @@ def read_ratio(rows: int, rounds: int) -> dict:
             "without_seconds": [round(t, 3) for t in plain], "with_seconds": [round(t, 3) for t in observed]}
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def session_run(tree: Path | None, rows: int, rounds: int) -> dict:
+    """Part 2 in a child process: this checkout's sluice (tree None), or the one in worktree `tree`."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree / "src")  # the child and its Spark workers import that sluice
+    out = subprocess.run([sys.executable, __file__, "--child", "--rows", str(rows), "--rounds", str(rounds)],
+                         env=env, cwd=tree or ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"the bench in {tree or ROOT} exited with {out.returncode}:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def before_after(rev: str, rows: int, rounds: int, sessions: int) -> dict:
+    """Part 2 alternating between this checkout and commit `rev`, one Spark session each time."""
+    tree = Path(tempfile.mkdtemp(prefix="sluice-before-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+    # Spark's workers import every top-level pyspark_* module on their path; a module `rev` lacks would import the
+    # checkout's connector from `rev`'s sluice: an empty stand-in in the tree comes first on the path.
+    for module in (ROOT / "src").glob("pyspark_*.py"):
+        if not (tree / "src" / module.name).exists():
+            (tree / "src" / module.name).write_text(f"# {module.stem} does not exist at {rev}.\n")
+    runs: dict[str, list[dict]] = {"after": [], "before": []}
+    try:
+        for _ in range(sessions):
+            runs["after"].append(session_run(None, rows, rounds))
+            runs["before"].append(session_run(tree, rows, rounds))
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+
+    def median(side: str, *path: str) -> float:
+        values = []
+        for run in runs[side]:
+            for key in path:
+                run = run[key]
+            values.append(run)
+        return statistics.median(values)
+
+    out: dict = {"rev": rev, "rows": rows, "rounds_per_session": rounds, "sessions_each": sessions}
+    for side in ("after", "before"):
+        out[side] = {
+            "bare_arrow_writer_rows_per_s": round(median(side, "bare_arrow_writer_rows_per_s")),
+            "sluice_engine_rows_per_s": round(median(side, "sluice_engine_rows_per_s")),
+            "ratio_engine_to_bare": round(median(side, "ratio_engine_to_bare"), 3),
+            "ratio_metrics_on_to_off": round(median(side, "ratio_metrics_on_to_off"), 3),
+            "python_worker_cpu_s": {fmt: median(side, "cpu_s_per_write", fmt, "python_workers")
+                                    for fmt in runs[side][0]["cpu_s_per_write"]},
+            "ratios_per_session": [run["ratio_engine_to_bare"] for run in runs[side]],
+        }
+    out["engine_after_vs_before"] = round(out["after"]["sluice_engine_rows_per_s"]
+                                          / out["before"]["sluice_engine_rows_per_s"], 3)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=2_000_000)
@@ -181,7 +239,16 @@ def main() -> int:
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--metrics", action="store_true", help="also the engine alone with and without metrics")
     parser.add_argument("--read-metrics", action="store_true", help="also a Spark read with and without metrics")
+    parser.add_argument("--before", metavar="REV", help="part 2 alternating with commit REV's sluice (see above)")
+    parser.add_argument("--sessions", type=int, default=3, help="with --before: Spark sessions of each side")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:  # one side of --before: part 2 alone, its JSON on the last line
+        print(json.dumps(spark_ratio(args.rows, args.rounds)))
+        return 0
+    if args.before:
+        print(json.dumps(before_after(args.before, args.rows, args.rounds, args.sessions), indent=2))
+        return 0
     result = {
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
         "python": platform.python_version(),
