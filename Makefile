@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: s2-proto test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-kafka check-chromium
+	check-kafka check-chromium check-flink
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -86,6 +86,33 @@ check-cassandra: check-java
 	  test -f "$(SLUICE_CASSANDRA_HOME)/lib/cassandra-all-$(CASSANDRA_VERSION).jar" && \
 	  touch "$(SLUICE_CASSANDRA_HOME)/.complete"; \
 	} || { rm -rf "$$pom"; echo "fetching Apache Cassandra $(CASSANDRA_VERSION) from Maven Central failed (see above)" >&2; \
+	  exit 1; }
+
+# Apache Flink for bench/flink_floor.py (not the tests): flink-connector-base (AsyncSinkWriter), flink-streaming-java
+# and flink-clients (a local MiniCluster) with their runtime dependencies from Maven Central, into a cache folder
+# outside the checkout. The version is pinned in one place, bench/flink_floor.py's FLINK_VERSION; SLUICE_FLINK_HOME
+# moves the folder (the bench reads the same variable). The stamp file is written last, as for Cassandra.
+FLINK_VERSION := $(shell sed -n 's/^FLINK_VERSION = "\(.*\)"$$/\1/p' bench/flink_floor.py)
+SLUICE_FLINK_HOME ?= $(HOME)/.cache/sluice/flink-$(FLINK_VERSION)
+check-flink: check-java
+	@test -n "$(FLINK_VERSION)" || { echo "no FLINK_VERSION in bench/flink_floor.py" >&2; exit 1; }
+	@command -v javac >/dev/null 2>&1 || { echo "bench/flink_floor.py compiles its Java main: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
+	@test -f "$(SLUICE_FLINK_HOME)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching Flink needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching Apache Flink $(FLINK_VERSION) (connector-base, streaming-java, clients) from Maven Central into $(SLUICE_FLINK_HOME)"; \
+	  pom=$$(mktemp -d) && rm -rf "$(SLUICE_FLINK_HOME)/lib" && \
+	  printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
+	    '<groupId>sluice.bench</groupId><artifactId>flink-floor</artifactId><version>0</version>' \
+	    '<packaging>pom</packaging><dependencies>' \
+	    '<dependency><groupId>org.apache.flink</groupId><artifactId>flink-connector-base</artifactId><version>$(FLINK_VERSION)</version></dependency>' \
+	    '<dependency><groupId>org.apache.flink</groupId><artifactId>flink-streaming-java</artifactId><version>$(FLINK_VERSION)</version></dependency>' \
+	    '<dependency><groupId>org.apache.flink</groupId><artifactId>flink-clients</artifactId><version>$(FLINK_VERSION)</version></dependency>' \
+	    '</dependencies></project>' > $$pom/pom.xml && \
+	  mvn -q -B -f $$pom/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory="$(SLUICE_FLINK_HOME)/lib" && rm -rf $$pom && \
+	  test -f "$(SLUICE_FLINK_HOME)/lib/flink-connector-base-$(FLINK_VERSION).jar" && \
+	  touch "$(SLUICE_FLINK_HOME)/.complete"; \
+	} || { rm -rf "$$pom"; echo "fetching Apache Flink $(FLINK_VERSION) from Maven Central failed (see above)" >&2; \
 	  exit 1; }
 
 # OpenSearch for the tests (src/sluice/testing/_opensearch.py): the server jar and its runtime dependencies (with the
