@@ -79,7 +79,7 @@ def test_back_pressure_blocks_the_writer_while_the_buffer_is_full():
     producer.start()
     store.wait_submits(1)
     time.sleep(0.3)
-    # 2 in flight + at most 3 buffered + the small ring (4 chunks) + the one being put: never all 20.
+    # 2 in flight + at most 3 buffered + the small ring (2 chunks) + the one being put: never all 20.
     assert len(wrote) < 12
     while producer.is_alive() or store.pending:
         store.complete_all()
