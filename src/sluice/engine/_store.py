@@ -113,10 +113,21 @@ class Committer(ABC):
         """Discard what the tasks prepared."""
 
 
-def completed_future(error: BaseException | None = None) -> Future[None]:
+def _acknowledged() -> Future[None]:
     fut: Future[None] = Future()
+    fut.set_result(None)
+    return fut
+
+
+# One finished future serves every success: it can no longer change (set_result, set_exception and cancel refuse or
+# do nothing once it is done), and a Future costs a condition variable and two locks per batch to make.
+_ACKNOWLEDGED = _acknowledged()
+
+
+def completed_future(error: BaseException | None = None) -> Future[None]:
+    """A finished future: acknowledged (shared, immutable) or failed with `error`."""
     if error is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(error)
+        return _ACKNOWLEDGED
+    fut: Future[None] = Future()
+    fut.set_exception(error)
     return fut
