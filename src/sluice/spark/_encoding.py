@@ -144,7 +144,6 @@ class ArrowRows:
                 zip(np.split(rows, cuts), np.split(owner, cuts), strict=True)]
 
     def table(self, entries: Sequence[int]) -> pa.Table:
-
         pieces = []
         for start, rows in self._runs(entries):
             with self._lock:
