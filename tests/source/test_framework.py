@@ -46,3 +46,30 @@ def test_available_now_never_goes_past_the_target_and_new_splits_start_at_zero()
     assert [(p.split.split_id, p.start, p.end) for p in parts] == [("b", 0, 7)]
     assert [(p.split.split_id, p.start, p.end) for p in plain.partitions(first, second)] == \
         [("b", 0, 7)]  # replaying the same offsets plans the same partitions
+
+
+def test_an_enumerator_implements_one_of_each_pair_of_position_methods_and_gets_the_other():
+    import pytest
+
+    from sluice.source import SplitEnumerator
+
+    class Batched(SplitEnumerator):  # asks its store once for many splits
+        def discover(self):
+            return [Split("a"), Split("b")]
+
+        def start_positions(self, splits):
+            return {s.split_id: 1 for s in splits}
+
+        def end_positions(self, splits, starts=None):
+            return {s.split_id: 10 for s in splits}
+
+    batched = Batched()
+    assert (batched.start_position(Split("a")), batched.end_position(Split("b"))) == (1, 10)
+    assert ListEnumerator({"a": 7}).end_positions([Split("a")]) == {"a": 7}  # one at a time, made into many
+    with pytest.raises(TypeError, match=r"Neither must implement end_position\(\) or end_positions\(\)"):
+        class Neither(SplitEnumerator):  # would recurse between the two forever
+            def discover(self):
+                return []
+
+            def start_position(self, split):
+                return 0

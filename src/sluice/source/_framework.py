@@ -52,19 +52,33 @@ class SplitPartition(InputPartition):
 
 
 class SplitEnumerator(ABC):
-    """Driver side: which splits exist and where their data is."""
+    """Driver side: which splits exist and where their data is. Positions come one split at a time
+    (`start_position`, `end_position`) or many at once (`start_positions`, `end_positions`: a store asked once):
+    implement one of each pair, and the other is made from it."""
+
+    # Each pair, (one split, many splits): a concrete enumerator overrides at least one of the two.
+    _PAIRS = (("start_position", "start_positions"), ("end_position", "end_positions"))
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "__abstractmethods__", None):
+            return  # still abstract (no discover): checked on its concrete subclasses
+        for one, many in cls._PAIRS:
+            if getattr(cls, one) is getattr(SplitEnumerator, one) and \
+                    getattr(cls, many) is getattr(SplitEnumerator, many):
+                raise TypeError(f"{cls.__name__} must implement {one}() or {many}()")
 
     @abstractmethod
     def discover(self) -> list[Split]:
         """The splits that exist now (streaming calls it again to find new ones)."""
 
-    @abstractmethod
     def start_position(self, split: Split) -> int:
         """Where reading of a split known at query start begins."""
+        return self.start_positions([split])[split.split_id]
 
-    @abstractmethod
     def end_position(self, split: Split) -> int:
         """The position after the last readable record now (batch reads: the end fixed at planning)."""
+        return self.end_positions([split])[split.split_id]
 
     def start_positions(self, splits: Sequence[Split]) -> dict[str, int]:
         """start_position of many splits; override to ask the store once instead of once per split."""

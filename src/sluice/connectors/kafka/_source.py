@@ -212,12 +212,6 @@ class KafkaEnumerator(SplitEnumerator):
             return earliest
         return min(offset, latest)
 
-    def start_position(self, split: Split) -> int:
-        return self.start_positions([split])[split.split_id]
-
-    def end_position(self, split: Split) -> int:
-        return self.end_positions([split])[split.split_id]
-
     def start_positions(self, splits: Sequence[Split]) -> dict[str, int]:
         return {sid: found[0] for sid, found in self._resolve(splits, self.start).items()}
 

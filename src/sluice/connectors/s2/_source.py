@@ -153,12 +153,6 @@ class S2Enumerator(SplitEnumerator):
             return {}
         return dict(zip([s.split_id for s in splits], self._with_client(resolve_all), strict=True))
 
-    def start_position(self, split: Split) -> int:
-        return self.start_positions([split])[split.split_id]
-
-    def end_position(self, split: Split) -> int:
-        return self.end_positions([split])[split.split_id]
-
     def start_positions(self, splits: Sequence[Split]) -> dict[str, int]:
         return {sid: found[0] for sid, found in self._resolve(splits, self.start).items()}
 
