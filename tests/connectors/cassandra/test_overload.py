@@ -53,3 +53,53 @@ def test_an_overloaded_node_slows_the_write_down_and_every_row_is_stored(spark, 
 def test_without_retries_the_overload_fails_the_write_and_says_so(spark, server):
     with pytest.raises(Exception, match=r"(?s)sink\.max-retries=0.*overloaded.*lower sink\.requests\.max-inflight"):
         write(spark, server, "refused", **{"sink.max-retries": "0"})
+
+
+
+def test_a_task_connecting_while_the_node_is_overloaded_waits_for_it(server):
+    """A task's connection and prepares are a few requests before any row: a node whose rate limiter another
+    task just emptied refuses them too (the test above once failed so: the second task's connection was refused
+    before the first task's write failed). They are repeated until the node takes them; without that (the negative
+    control, the bare connection) they fail."""
+    import threading
+
+    from cassandra.cluster import NoHostAvailable
+
+    from sluice.connectors.cassandra._client import Connection, _connect, _overloaded, while_overloaded
+
+    conn = Connection(hosts=(server.host,), port=server.port, keyspace="overload", table="t", username=None,
+                      timeout_s=30.0)
+    attempts: list[int] = []
+    unexpected: list[BaseException] = []
+    refusing = threading.Event()
+
+    def attempt():
+        attempts.append(1)
+        return _connect(conn)
+
+    with server.cluster() as cluster:
+        session = cluster.connect()
+
+        def hammer() -> None:  # keeps the node's limiter empty until the retried connection was refused twice
+            while len(attempts) < 3 and not unexpected:
+                for f in [session.execute_async("SELECT now() FROM system.local") for _ in range(200)]:
+                    try:
+                        f.result()
+                    except BaseException as e:
+                        if not _overloaded(e):  # refusing what is over its limit is the point; nothing else is
+                            unexpected.append(e)
+                        refusing.set()
+
+        thread = threading.Thread(target=hammer)
+        thread.start()
+        try:
+            assert refusing.wait(30), "the node never refused a request over its limit"
+            with pytest.raises(NoHostAvailable, match="overloaded"):
+                _connect(conn)
+            retried = while_overloaded(attempt, conn, "connect")
+        finally:
+            attempts.extend([1, 1, 1])  # stops the hammer whatever happened
+            thread.join()
+        retried.cluster.shutdown()
+    assert not unexpected
+    assert len(attempts) >= 2 + 3  # the node refused the retried connection at least once before taking it

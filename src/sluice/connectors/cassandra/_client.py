@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, ThrottledError
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
+
+T = TypeVar("T")
 
 CONSISTENCY_LEVELS = ("ANY", "ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE")
 
@@ -97,7 +101,7 @@ def session_for(conn: Connection) -> Session:
     with _SESSIONS_LOCK:
         session = _SESSIONS.get(key)
         if session is None or session.is_shutdown:
-            session = _SESSIONS[key] = _connect(conn)
+            session = _SESSIONS[key] = while_overloaded(lambda: _connect(conn), conn, "connect")
         return session
 
 
@@ -136,8 +140,41 @@ def _connect(conn: Connection) -> Session:
         return cluster.connect()
     except NoHostAvailable as e:
         cluster.shutdown()
+        if _overloaded(e):
+            raise  # while_overloaded waits the node's rate limiter out
         raise CassandraError(f"cannot connect to Cassandra at {conn.display}: {_describe_no_host(e, conn)}",
                              store="cassandra", target=conn.display) from None
+
+
+def _overloaded(error: BaseException) -> bool:
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.protocol import OverloadedErrorMessage
+
+    if isinstance(error, NoHostAvailable):
+        causes = list(getattr(error, "errors", {}).values())
+        return bool(causes) and all(isinstance(c, OverloadedErrorMessage) for c in causes)
+    return isinstance(error, OverloadedErrorMessage)
+
+
+def while_overloaded(call: Callable[[], T], conn: Connection, what: str) -> T:
+    """`call` (a connection or a prepare: a few requests per task, before any row is written) repeated while the
+    nodes refuse it as overloaded, for up to request.timeout-ms. The write's own requests are retried by the engine
+    within sink.max-retries; these are not the write's, and a node whose rate limiter (native_transport_max_requests
+    _per_second) another write just emptied refills it within a second."""
+    deadline = time.monotonic() + conn.timeout_s
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not _overloaded(e):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise CassandraError(f"cannot {what} at {conn.display}: the nodes refused it as overloaded for "
+                                     f"{conn.timeout_s:g} s (request.timeout-ms); lower sink.requests.max-inflight "
+                                     "of the writes that share them", store="cassandra", target=conn.display) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def _describe_no_host(error: Any, conn: Connection) -> str:

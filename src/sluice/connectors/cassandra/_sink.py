@@ -41,6 +41,7 @@ from sluice.connectors.cassandra._client import (
     Connection,
     classify,
     quote_ident,
+    while_overloaded,
 )
 from sluice.connectors.cassandra._options import WriteOptions
 from sluice.connectors.cassandra._types import CQLType, python_values
@@ -248,7 +249,7 @@ def prepared(conn: Connection, cql: str, consistency: int) -> PreparedStatement:
     key = (id(session), cql)
     statement = _PREPARED.get(key)
     if statement is None:
-        statement = session.prepare(cql)
+        statement = while_overloaded(lambda: session.prepare(cql), conn, "prepare a statement")
         statement.consistency_level = consistency
         statement.is_idempotent = True  # every statement carries its own timestamp: repeating it changes nothing
         _PREPARED[key] = statement
