@@ -3,6 +3,7 @@ an exactly-once batch write counted by a read_committed consumer, the same write
 nothing (the commit marker, KIP-447's offsets in a transaction), and the source reading it all back. One broker of
 each version, started for its test."""
 
+import re
 import uuid
 
 import pytest
@@ -37,3 +38,9 @@ def test_an_exactly_once_write_is_read_back_on_each_kafka_line(spark, version):
         back = spark.read.format("sluice_kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers) \
             .option("subscribe", topic).load().selectExpr("CAST(value AS STRING) AS value").collect()
         assert sorted(int(r.value) for r in back) == list(range(ROWS))
+
+
+def test_a_version_the_tests_do_not_pin_is_refused_naming_the_pinned_ones():
+    pinned = ", ".join(KAFKA_VERSIONS)
+    with pytest.raises(ValueError, match=re.escape(f"'2.8.2' is not one the tests pin: one of {pinned}")):
+        LocalKafka(version="2.8.2")
