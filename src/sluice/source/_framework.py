@@ -160,8 +160,8 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
                  max_records: int | None, max_bytes: int | None, *, source: tuple[str, str] | None = None,
                  reads: ReadObserver | None = None) -> None:
         """`source`: (format, what is read) to report how far the query is behind to a metrics collector
-        (sluice.metrics), in positions, which are records where a position is a record (S2's seq nums); `reads`:
-        where read tasks report what they fetch."""
+        (sluice.metrics), per split and in all, in positions, which are records where a position is a record (S2's
+        seq nums, Kafka's offsets); `reads`: where read tasks report what they fetch."""
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
