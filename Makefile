@@ -193,25 +193,23 @@ check-hbase: check-java
 
 # Apache Kafka for the tests (src/sluice/testing/_kafka.py): the broker (kafka_2.13, which runs KRaft's controller too)
 # and its runtime dependencies, with log4j 2's binding for SLF4J and log4j-core (Kafka declares no logging backend:
-# without one the broker logs nothing), from Maven Central into lib/ of a cache folder outside the checkout. Pinned in
-# _kafka.py's KAFKA_VERSION and LOG4J_VERSION; SLUICE_KAFKA_HOME moves the folder. The stamp file is written last.
+# without one the broker logs nothing), from Maven Central into lib/ of a cache folder outside the checkout, one per
+# version. Pinned in _kafka.py's KAFKA_VERSION (every test's broker), OTHER_KAFKA_VERSIONS (older lines a few tests
+# also run on) and LOG4J_VERSION; SLUICE_KAFKA_HOME moves KAFKA_VERSION's folder.
 KAFKA_VERSION := $(shell sed -n 's/^KAFKA_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_kafka.py)
+OTHER_KAFKA_VERSIONS := $(shell sed -n 's/^OTHER_KAFKA_VERSIONS = (\(.*\))$$/\1/p' src/sluice/testing/_kafka.py | tr -d '",')
 KAFKA_LOG4J_VERSION := $(shell sed -n 's/^LOG4J_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_kafka.py)
 SLUICE_KAFKA_HOME ?= $(HOME)/.cache/sluice/kafka-$(KAFKA_VERSION)
-maven_dep = <dependency><groupId>$(1)</groupId><artifactId>$(2)</artifactId><version>$(3)</version></dependency>
+kafka_jars = $(call maven_dependency,org.apache.kafka,kafka_2.13,$(1))$(call maven_dependency,org.apache.logging.log4j,log4j-slf4j-impl,$(KAFKA_LOG4J_VERSION))$(call maven_dependency,org.apache.logging.log4j,log4j-core,$(KAFKA_LOG4J_VERSION))
 
-check-kafka: check-java
+check-kafka: check-java $(addprefix check-kafka-,$(OTHER_KAFKA_VERSIONS))
 	@test -n "$(KAFKA_VERSION)" && test -n "$(KAFKA_LOG4J_VERSION)" || { \
 	  echo "no KAFKA_VERSION or LOG4J_VERSION in src/sluice/testing/_kafka.py" >&2; exit 1; }
-	@test -f "$(SLUICE_KAFKA_HOME)/.complete" || { \
-	  command -v mvn >/dev/null 2>&1 || { echo "fetching Kafka needs Maven: apt-get install -y maven" >&2; exit 1; }; \
-	  echo "fetching Apache Kafka $(KAFKA_VERSION) and its dependencies from Maven Central into $(SLUICE_KAFKA_HOME)"; \
-	  home="$(SLUICE_KAFKA_HOME)" && pom=$$(mktemp -d) && rm -rf "$$home/lib" && \
-	  $(call MAVEN_POM,kafka-server,$(call maven_dep,org.apache.kafka,kafka_2.13,$(KAFKA_VERSION))$(call maven_dep,org.apache.logging.log4j,log4j-slf4j-impl,$(KAFKA_LOG4J_VERSION))$(call maven_dep,org.apache.logging.log4j,log4j-core,$(KAFKA_LOG4J_VERSION))) > $$pom/server.xml && \
-	  mvn -q -B -f $$pom/server.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$$home/lib" && \
-	  rm -rf $$pom && test -f "$$home/lib/kafka_2.13-$(KAFKA_VERSION).jar" && touch "$$home/.complete"; \
-	} || { rm -rf "$$pom"; echo "fetching Apache Kafka $(KAFKA_VERSION) from Maven Central failed (see above)" >&2; \
-	  exit 1; }
+	$(call maven_fetch,Apache Kafka $(KAFKA_VERSION),$(SLUICE_KAFKA_HOME),$(call kafka_jars,$(KAFKA_VERSION)),kafka_2.13-$(KAFKA_VERSION).jar)
+
+# An older line of OTHER_KAFKA_VERSIONS (make check-kafka fetches each).
+check-kafka-%: check-java
+	$(call maven_fetch,Apache Kafka $*,$(HOME)/.cache/sluice/kafka-$*,$(call kafka_jars,$*),kafka_2.13-$*.jar)
 
 # The page's browser test (tests/ui/test_page.py) drives Debian's chromium with Playwright (never a browser Playwright
 # downloads itself).

@@ -164,3 +164,73 @@ def test_read_counters_add_ended_tasks_and_the_lag_is_the_newest_reports():
     found = reads.snapshot()["s2"]
     assert (found["records"], found["bytes"], found["tasks_running"], found["tasks_ended"]) == (170, 1700, 1, 1)
     assert (found["event_lag_ms"], found["lag_at"]) == (250.0, 10.0)
+
+
+def labelled(server) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics by name and all its labels (the per-split series have three)."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_a_split_sources_report_and_read_tasks_give_figures_per_split():
+    """A split source's report (typed SplitLags over HTTP) becomes a series per split beside the total; read tasks
+    that name their split give each split its own fetch lag; the page's join puts both on one row per split."""
+    import pyarrow as pa
+
+    from sluice.metrics import SourceReport, SplitLag
+    from sluice.metrics._collect import split_views
+    from sluice.metrics._push import SourceReporter
+    from sluice.metrics._reads import ReadObserver
+
+    now_us = int(time.time() * 1_000_000)
+    def batch(age_s: int):
+        return pa.record_batch({"timestamp": pa.array([now_us - age_s * 1_000_000], pa.timestamp("us"))})
+
+    splits = (SplitLag("orders:0", 60, 100, 40), SplitLag("orders:1", 20, 20, 0))
+    with sluice.metrics.serve() as server:
+        SourceReporter(server.target).report(SourceReport("sluice_kafka", "orders", None, 40, 0, "", "", time.time(),
+                                                          splits=splits))
+        observer = ReadObserver.on_driver("sluice_kafka", event_time="timestamp")
+        list(observer.observed(iter([batch(3600)]), "orders:0"))
+        list(observer.observed(iter([batch(5)]), "orders:1"))
+        list(observer.observed(iter([batch(7)])))  # a task of no split: the format's lag only
+        [report] = server.sources.snapshot()
+        lags = server.reads.split_lags()
+        found = labelled(server)
+        as_json = json.loads(urllib.request.urlopen(server.url + "/metrics.json", timeout=5).read())
+    assert report.splits == splits  # typed again on the collector's side, not dicts
+    pending = "sluice_source_split_pendingRecords"
+    assert found[(pending, (("format", "sluice_kafka"), ("source", "orders"), ("split", "orders:0")))] == 40
+    assert found[(pending, (("format", "sluice_kafka"), ("source", "orders"), ("split", "orders:1")))] == 0
+    assert found[("sluice_source_pendingRecords", (("format", "sluice_kafka"), ("source", "orders")))] == 40
+    fetch = "sluice_source_split_currentFetchEventTimeLag"
+    assert 3_600_000 <= found[(fetch, (("format", "sluice_kafka"), ("split", "orders:0")))] < 3_660_000
+    assert 5_000 <= found[(fetch, (("format", "sluice_kafka"), ("split", "orders:1")))] < 60_000
+    assert [lag.split for lag in lags] == ["orders:0", "orders:1"]
+    assert 7_000 <= found[("sluice_source_currentFetchEventTimeLag", (("format", "sluice_kafka"),))] < 60_000
+    assert [s["split"] for s in as_json["sources"][0]["splits"]] == ["orders:0", "orders:1"]
+    views = split_views([report], lags)
+    assert [(v.split, v.pending_records, v.position, v.head) for v in views] == [("orders:0", 40, 60, 100),
+                                                                                 ("orders:1", 0, 20, 20)]
+    assert views[0].fetch_lag_ms >= 3_600_000 > views[1].fetch_lag_ms
+
+
+def test_a_split_source_report_with_a_malformed_split_is_refused():
+    with pytest.raises(ValueError, match="missing or unknown fields"):
+        sluice.metrics.SourceReport.from_json({"v": 1, "source": {
+            "format": "s2", "source": "b/s", "pending_bytes": None, "pending_records": 1, "retained_bytes": 0,
+            "position": "", "head": "", "at": 0.0, "splits": [{"split": "s", "head": 3}]}})
+
+
+def test_a_split_fetch_lag_is_the_newest_report_of_that_split():
+    from sluice.metrics import ReadReport, ReadStats
+    from sluice.metrics._collect import ReadMetrics
+
+    reads = ReadMetrics()
+    reads.add(ReadReport(task(0, "s2"), ReadStats(1, 10, 1, 250.0, at=10.0, split="a"), done=True))
+    reads.add(ReadReport(task(1, "s2"), ReadStats(1, 10, 1, 900.0, at=5.0, split="a"), done=True))  # older
+    reads.add(ReadReport(task(2, "s2"), ReadStats(1, 10, 1, 40.0, at=6.0, split="b"), done=True))
+    reads.add(ReadReport(task(3, "s2"), ReadStats(1, 10, 1, None, at=12.0, split="b"), done=True))  # no lag: kept
+    assert [(lag.split, lag.lag_ms, lag.at) for lag in reads.split_lags()] == [("a", 250.0, 10.0), ("b", 40.0, 6.0)]

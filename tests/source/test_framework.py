@@ -73,3 +73,33 @@ def test_an_enumerator_implements_one_of_each_pair_of_position_methods_and_gets_
 
             def start_position(self, split):
                 return 0
+
+
+def test_a_committed_micro_batch_reports_each_splits_records_behind_and_their_sum():
+    """The framework's driver side tells a metrics collector, per split, where the commit stands against the head
+    the last planning saw (a split source gets it without code of its own); its read tasks name their split."""
+    import time
+
+    import pyarrow as pa
+
+    import sluice.metrics
+    from sluice.metrics import SplitLag
+    from sluice.metrics._reads import ReadObserver
+
+    class StampedReader(NoReader):
+        def read(self, split, start, end):
+            yield pa.record_batch({"timestamp": pa.array([int(time.time() * 1000) - 60_000], pa.timestamp("ms"))})
+
+    ends = {"a": 100, "b": 10}
+    with sluice.metrics.serve() as server:
+        reader = SplitStreamReader(ListEnumerator(ends), StampedReader(), None, 40, None, source=("fmt", "two splits"),
+                                   reads=ReadObserver.on_driver("fmt", event_time="timestamp"))
+        first = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())  # a: 30, b: 10
+        reader.commit(first)
+        for partition in reader.partitions(reader.initialOffset(), first):
+            list(reader.read(partition))
+        [report] = server.sources.snapshot()
+        lags = server.reads.split_lags()
+    assert report.splits == (SplitLag("a", 30, 100, 70), SplitLag("b", 10, 10, 0))
+    assert report.pending_records == 70  # the total, as before
+    assert [lag.split for lag in lags] == ["a", "b"] and all(60_000 <= lag.lag_ms < 120_000 for lag in lags)

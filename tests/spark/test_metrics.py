@@ -144,7 +144,13 @@ def test_an_s2_query_reports_the_records_it_is_behind_and_catches_up(spark, tmp_
             query.stop()
         text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
         reads = server.reads.snapshot()["s2"]
+        [report] = [r for r in server.sources.snapshot() if r.source == source]
+        lags = [lag for lag in server.reads.split_lags() if lag.format == "s2"]
     assert f'sluice_source_pendingRecords{{format="s2",source="{source}"}}' in text
+    # The split framework's per-split view, S2's without code of its own: the stream is the split.
+    assert [(s.split, s.pending_records) for s in report.splits] == [("events", report.pending_records)]
+    assert f'sluice_source_split_pendingRecords{{format="s2",source="{source}",split="events"}}' in text
+    assert [lag.split for lag in lags] == ["events"] and 0 <= lags[0].lag_ms < 600_000
     # S2's record timestamps (when the store took each record): how old the newest fetched record was.
     assert reads["records"] >= 200 and 0 <= reads["event_lag_ms"] < 600_000
 

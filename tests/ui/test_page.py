@@ -106,3 +106,36 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
         finally:
             query_a.stop()
             query_b.stop()
+
+
+def test_the_page_shows_each_split_of_a_streaming_source_with_its_own_lag(tmp_path):
+    """A split source's report (as the split framework's driver side sends it) and its read tasks' fetch lags (as
+    they send them) become one row per split: records behind, how old the newest fetched record was, positions."""
+    assert CHROMIUM.exists(), "the browser test needs Debian's chromium: make check-chromium (apt-get install chromium)"
+    import pyarrow as pa
+    from playwright.sync_api import sync_playwright
+
+    from sluice.metrics import SplitLag
+    from sluice.metrics._reads import ReadObserver
+
+    with serve_ui(str(tmp_path / "meta.db")) as server:
+        splits = (SplitLag("orders:0", 60, 100, 40), SplitLag("orders:1", 20, 20, 0))
+        SourceReporter(server.target).report(SourceReport("sluice_kafka", "orders", None, 40, 0, "", "", time.time(),
+                                                          splits=splits))
+        observer = ReadObserver.on_driver("sluice_kafka", event_time="timestamp")
+        now_ms = int(time.time() * 1000)
+        for split, age_ms in (("orders:0", 3_600_000), ("orders:1", 4_000)):
+            stamp = pa.array([now_ms - age_ms], pa.timestamp("ms"))
+            list(observer.observed(iter([pa.record_batch({"timestamp": stamp})]), split))
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(server.url + "/")
+            page.wait_for_selector('#splits tr[data-name="orders:1"]', timeout=30_000)
+            shown = {split: [cell(page, "splits", split, column) for column in range(2, 8)]
+                     for split in ("orders:0", "orders:1")}
+            browser.close()
+    assert shown["orders:0"][:3] == ["orders", "sluice_kafka", "40"] and shown["orders:0"][4:] == ["60", "100"]
+    assert shown["orders:1"][:3] == ["orders", "sluice_kafka", "0"] and shown["orders:1"][4:] == ["20", "20"]
+    assert 3600.0 <= float(shown["orders:0"][3].removesuffix(" s")) < 3700.0  # the newest record an hour behind
+    assert 4.0 <= float(shown["orders:1"][3].removesuffix(" s")) < 100.0

@@ -1,7 +1,7 @@
 """Live metrics of sluice writes while they run (issue 31), exposed to Prometheus.
 
 Reads report too: every read task what it fetched (records, bytes) and, where records carry their commit time, how
-old the newest one was when fetched (sluice.metrics._reads).
+old the newest one was when fetched (sluice.metrics._reads); split sources (Kafka, S2) per split as well.
 
 Executors are other machines: each task's engine reports its write every second (`sluice.engine.LiveStats`) to a
 pusher thread, which POSTs the latest report to a collector on the driver; the collector folds the tasks' reports
@@ -15,8 +15,16 @@ runs there. Without one, nothing is sent. A collector that cannot be reached nev
 """
 
 from sluice.metrics._progress import ProgressLines
-from sluice.metrics._report import MetricsTarget, ReadReport, ReadStats, SourceReport, TaskIdentity, TaskReport
+from sluice.metrics._report import (
+    MetricsTarget,
+    ReadReport,
+    ReadStats,
+    SourceReport,
+    SplitLag,
+    TaskIdentity,
+    TaskReport,
+)
 from sluice.metrics._server import MetricsServer, find_target, serve
 
-__all__ = ["MetricsServer", "MetricsTarget", "ProgressLines", "ReadReport", "ReadStats", "SourceReport", "TaskIdentity",
-           "TaskReport", "find_target", "serve"]
+__all__ = ["MetricsServer", "MetricsTarget", "ProgressLines", "ReadReport", "ReadStats", "SourceReport", "SplitLag",
+           "TaskIdentity", "TaskReport", "find_target", "serve"]

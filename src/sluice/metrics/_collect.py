@@ -38,6 +38,7 @@ READ_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("sluice_source_numBytesIn", "Arrow bytes of the batches read tasks fetched.", "bytes"),
 )
 _RETIRED_KEPT = 10_000  # keys of ended tasks remembered, to ignore their late reports
+_SPLITS_KEPT = 10_000  # splits whose fetch lag is remembered (the least recently reported go first)
 
 
 @dataclass
@@ -124,23 +125,49 @@ class SinkMetrics(TaskMetrics):
         return {"send_ms": max(sends) if sends else 0.0}
 
 
+@dataclass(frozen=True)
+class SplitFetchLag:
+    """Flink's currentFetchEventTimeLag of one split (a Kafka topic partition, an S2 stream): the newest report,
+    among the read tasks of that split, that had an event time."""
+
+    format: str
+    split: str
+    lag_ms: float
+    at: float  # epoch seconds of that report
+
+
 class ReadMetrics(TaskMetrics):
-    """Reads: records and bytes fetched; the event-time lag of the newest report that had one (read tasks of a
-    stream are short: the lag outlives them, as Flink's currentFetchEventTimeLag is the last fetched record's)."""
+    """Reads: records and bytes fetched; the event-time lag of the newest report that had one, per format and, for
+    split sources, per split (read tasks of a stream are short: the lag outlives them, as Flink's
+    currentFetchEventTimeLag is the last fetched record's)."""
 
     counters = tuple(field for _, _, field in READ_COUNTERS)
 
     def __init__(self, stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(stale_after_s, clock)
         self._lags: dict[str, tuple[float, float]] = {}  # format -> (report time, lag ms)
+        self._split_lags: OrderedDict[tuple[str, str], SplitFetchLag] = OrderedDict()  # (format, split) -> newest
 
     def add(self, report: TaskReport | ReadReport) -> None:
         lag, at = getattr(report.stats, "event_lag_ms", None), report.stats.at
         if lag is not None:
+            fmt, split = report.task.format, getattr(report.stats, "split", None)
             with self._lock:
-                if at >= self._lags.get(report.task.format, (0.0, 0.0))[0]:
-                    self._lags[report.task.format] = (at, lag)
+                if at >= self._lags.get(fmt, (0.0, 0.0))[0]:
+                    self._lags[fmt] = (at, lag)
+                if split is not None:
+                    known = self._split_lags.get((fmt, split))
+                    if known is None or at >= known.at:
+                        self._split_lags[(fmt, split)] = SplitFetchLag(fmt, split, lag, at)
+                        self._split_lags.move_to_end((fmt, split))
+                        while len(self._split_lags) > _SPLITS_KEPT:
+                            self._split_lags.popitem(last=False)
         super().add(report)
+
+    def split_lags(self) -> list[SplitFetchLag]:
+        """Every split's fetch lag, by format and split."""
+        with self._lock:
+            return sorted(self._split_lags.values(), key=lambda lag: (lag.format, lag.split))
 
     def _extra(self, format_name: str, live: list) -> dict[str, float | None]:
         at, lag = self._lags.get(format_name, (None, None))
@@ -174,6 +201,28 @@ class SourceMetrics:
         with self._lock:
             return self._lock.wait_for(lambda: predicate(sorted(self._latest.values(), key=lambda r: r.source)),
                                        timeout)
+
+
+@dataclass(frozen=True)
+class SplitView:
+    """One split of a streaming split source, as the page shows it: how far behind its head it is, in records
+    (the source's report) and in time (its read tasks' currentFetchEventTimeLag)."""
+
+    format: str
+    source: str
+    split: str
+    position: int
+    head: int
+    pending_records: int
+    fetch_lag_ms: float | None  # None: no read task of the split reported an event time yet
+    at: float  # when the source reported, epoch seconds
+
+
+def split_views(reports: Iterable[SourceReport], lags: Iterable[SplitFetchLag]) -> list[SplitView]:
+    """The splits of every source report, each with its read tasks' fetch lag (same format and split id)."""
+    fetched = {(lag.format, lag.split): lag.lag_ms for lag in lags}
+    return [SplitView(r.format, r.source, s.split, s.position, s.head, s.pending_records,
+                      fetched.get((r.format, s.split)), r.at) for r in reports for s in r.splits]
 
 
 def per_format(kind: type, declared: Iterable[tuple[str, str, str]], snapshot: dict[str, dict[str, float]]) -> Iterator:
@@ -219,6 +268,11 @@ class PrometheusCollector:
             running.add_metric([fmt], values["tasks_running"])
         yield lag
         yield running
+        per_split = gauge("sluice_source_split_currentFetchEventTimeLag", "currentFetchEventTimeLag of one split of "
+                          "a split source (Kafka: a topic partition; S2: a stream), ms.", labels=["format", "split"])
+        for found in self.reads.split_lags():
+            per_split.add_metric([found.format, found.split], found.lag_ms)
+        yield per_split
 
     def _source_families(self, gauge: type) -> Iterator:
         reports = self.sources.snapshot()
@@ -237,3 +291,10 @@ class PrometheusCollector:
                 if value(report) is not None:  # what a source cannot tell is left out, never shown as 0
                     family.add_metric([report.format, report.source], value(report))
             yield family
+        per_split = gauge("sluice_source_split_pendingRecords", "Records one split of a split source is behind its "
+                          "head (Kafka: a topic partition's offsets; S2: a stream's seq nums).",
+                          labels=["format", "source", "split"])
+        for report in reports:
+            for split in report.splits:
+                per_split.add_metric([report.format, report.source, split.split], split.pending_records)
+        yield per_split

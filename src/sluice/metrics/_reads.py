@@ -1,5 +1,6 @@
 """Read tasks report what they fetch (Flink's source metrics: numRecordsIn, numBytesIn, currentFetchEventTimeLag),
-so a long batch read shows its progress and a stream how fresh its records are, on the page and at /metrics.
+so a long batch read shows its progress and a stream how fresh its records are, on the page and at /metrics; a
+split source's tasks name their split, so the lag is also told per split (a Kafka topic partition, an S2 stream).
 
 A `ReadObserver` is made on the driver when a read is planned (no collector found: no observer, nothing is
 counted) and travels to the executors inside the reader; `observed()` wraps a task's batches. Counting is per
@@ -39,8 +40,9 @@ class ReadObserver:
         target = find_target()
         return cls(format_name, target, uuid.uuid4().hex, event_time) if target is not None else None
 
-    def observed(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """A read task's batches, counted and reported while they pass (an executor)."""
+    def observed(self, batches: Iterator[Any], split: str | None = None) -> Iterator[Any]:
+        """A read task's batches, counted and reported while they pass (an executor). `split`: the split the task
+        reads (a split source's), so that its fetch lag is also told per split."""
         pusher = MetricsPusher(self.target, self._task(), ReadReport)
         records = size = count = 0
         last: Any = None
@@ -52,11 +54,11 @@ class ReadObserver:
                 count += 1
                 last = batch
                 if time.monotonic() >= next_report:
-                    pusher.offer(ReadStats(records, size, count, self._lag_ms(last), time.time()))
+                    pusher.offer(ReadStats(records, size, count, self._lag_ms(last), time.time(), split))
                     next_report = time.monotonic() + REPORT_EVERY_S
                 yield batch
         finally:
-            pusher.close(ReadStats(records, size, count, self._lag_ms(last), time.time()))
+            pusher.close(ReadStats(records, size, count, self._lag_ms(last), time.time(), split))
 
     def _lag_ms(self, batch: Any) -> float | None:
         """Now minus the newest commit time in `batch` (Flink's currentFetchEventTimeLag)."""
@@ -82,6 +84,6 @@ class ReadObserver:
                             int(batch_id) if batch_id is not None else None)
 
 
-def observed(observer: ReadObserver | None, batches: Iterator[Any]) -> Iterator[Any]:
-    """`batches`, reported to the collector when a read has an observer."""
-    return batches if observer is None else observer.observed(batches)
+def observed(observer: ReadObserver | None, batches: Iterator[Any], split: str | None = None) -> Iterator[Any]:
+    """`batches`, reported to the collector when a read has an observer (`split`: the split they are of, if any)."""
+    return batches if observer is None else observer.observed(batches, split)

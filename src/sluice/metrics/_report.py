@@ -84,6 +84,7 @@ class ReadStats:
     batches: int
     event_lag_ms: float | None  # None: the records carry no commit time
     at: float  # epoch seconds
+    split: str | None = None  # the split the task reads (a split source's: Kafka's "<topic>:<partition>"), else None
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,22 @@ class ReadReport(_TaskReportJson):
 
 
 @dataclass(frozen=True)
+class SplitLag:
+    """One split of a split source (a Kafka topic partition, an S2 stream) in a `SourceReport`: its committed
+    position against its head as the last planning saw it."""
+
+    split: str  # the split's id: Kafka's "<topic>:<partition>", S2's stream name
+    position: int  # the committed position (Kafka: the next offset to read; S2: the next seq num)
+    head: int  # the position after the last readable record
+    pending_records: int  # head - position, in positions (which are records where a position is a record)
+
+
+@dataclass(frozen=True)
 class SourceReport:
     """How far a streaming source is behind its store's head, sent by the source's driver side after each
     micro-batch it commits. PostgreSQL change capture: the slot's confirmed position against the server's WAL
-    (bytes); split sources (S2): the committed positions against the heads the last planning saw (records); the
-    table store: the committed barrier against the table's newest (time)."""
+    (bytes); split sources (Kafka, S2): the committed positions against the heads the last planning saw (records),
+    in all and per split (`splits`); the table store: the committed barrier against the table's newest (time)."""
 
     format: str
     source: str  # what is read: a replication slot, a basin's streams
@@ -113,6 +125,7 @@ class SourceReport:
     at: float  # epoch seconds
     time_behind_ms: float | None = None  # the head's time minus the committed position's (the table store's
     # barriers are commit times); None: the source cannot tell
+    splits: tuple[SplitLag, ...] = ()  # a split source's splits, each on its own; (): not a split source
 
     def to_json(self) -> dict[str, Any]:
         return {"v": 1, "source": dataclasses.asdict(self)}
@@ -121,7 +134,9 @@ class SourceReport:
     def from_json(cls, data: Any) -> SourceReport:
         if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("source"), dict):
             raise ValueError("not a version-1 sluice source report")
+        fields = dict(data["source"])
         try:
-            return cls(**data["source"])
+            fields["splits"] = tuple(SplitLag(**split) for split in fields.get("splits", ()))
+            return cls(**fields)
         except TypeError as e:
             raise ValueError(f"a source report with missing or unknown fields: {e}") from None

@@ -114,7 +114,8 @@ class MetricsServer:
 
         async def metrics_json(request: Request) -> Response:
             return JSONResponse({"sinks": self.metrics.snapshot(), "reads": self.reads.snapshot(),
-                                 "sources": [dataclasses.asdict(r) for r in self.sources.snapshot()]})
+                                 "sources": [dataclasses.asdict(r) for r in self.sources.snapshot()],
+                                 "split_fetch_lags": [dataclasses.asdict(lag) for lag in self.reads.split_lags()]})
 
         extra = list(self._extra_routes(self)) if self._extra_routes else []
         return Starlette(routes=[

@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
-from sluice.metrics._report import SourceReport
+from sluice.metrics._report import SourceReport, SplitLag
 from sluice.source._offset import SplitOffset
 from sluice.spark._compat import (
     AdmissionControlledReader,
@@ -147,7 +147,8 @@ class SplitBatchReader(DataSourceReader):
 
     def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
         if partition.end > partition.start:
-            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end))
+            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end),
+                                partition.split.split_id)
 
 
 class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
@@ -159,8 +160,8 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
                  max_records: int | None, max_bytes: int | None, *, source: tuple[str, str] | None = None,
                  reads: ReadObserver | None = None) -> None:
         """`source`: (format, what is read) to report how far the query is behind to a metrics collector
-        (sluice.metrics), in positions, which are records where a position is a record (S2's seq nums); `reads`:
-        where read tasks report what they fetch."""
+        (sluice.metrics), per split and in all, in positions, which are records where a position is a record (S2's
+        seq nums, Kafka's offsets); `reads`: where read tasks report what they fetch."""
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
@@ -260,15 +261,21 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
         if partition.end > partition.start:
-            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end))
+            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end),
+                                partition.split.split_id)
 
     def commit(self, end: dict) -> None:
-        """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any."""
+        """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any:
+        each split's committed position against its head as the last planning saw it, and their sum."""
         if self._lag.target is None or self._source is None:
             return
         committed = self._offset(end).positions
-        behind = sum(max(0, head - committed.get(sid, head)) for sid, head in self._heads.items())
-        self._lag.report(SourceReport(*self._source, None, behind, 0, "", "", time.time()))
+        splits = []
+        for sid, head in sorted(self._heads.items()):
+            position = committed.get(sid, head)
+            splits.append(SplitLag(sid, position, head, max(0, head - position)))
+        behind = sum(split.pending_records for split in splits)
+        self._lag.report(SourceReport(*self._source, None, behind, 0, "", "", time.time(), splits=tuple(splits)))
 
     def stop(self) -> None:
         self.enumerator.close()

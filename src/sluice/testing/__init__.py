@@ -13,10 +13,10 @@
   `make check-elasticsearch`) on loopback, without authentication.
 - `LocalHBase`: a real, throwaway Apache HBase 2.6 server in standalone mode with its Thrift2 gateway (the jars from
   Maven Central, fetched by `make check-hbase`) on loopback; the gateway can be killed and restarted mid-write.
-- `LocalKafka`: a real, throwaway Apache Kafka 4.1 node (broker and controller, KRaft; the jars from Maven Central,
-  fetched by `make check-kafka`) on loopback, optionally with SASL (PLAIN, SCRAM-SHA-512) and TLS; restartable on its
-  data. `LocalKafkaCluster`: three of them in one quorum (replication factor 3, `min.insync.replicas=2`).
-  `read_committed`/`count_committed`: what a `read_committed` consumer reads of a topic.
+- `LocalKafka`: a real, throwaway Apache Kafka 4.1 node (or 3.9: `version=`; broker and controller, KRaft; the jars
+  from Maven Central, fetched by `make check-kafka`) on loopback, optionally with SASL (PLAIN, SCRAM-SHA-512) and
+  TLS; restartable on its data. `LocalKafkaCluster`: three of them in one quorum (replication factor 3,
+  `min.insync.replicas=2`). `read_committed`/`count_committed`: what a `read_committed` consumer reads of a topic.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
 - `TcpProxy`: a loopback TCP proxy that stalls or cuts the connections through it (the network between Spark and a
   store, for fault tests and the soak).

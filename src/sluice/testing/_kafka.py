@@ -10,8 +10,9 @@ a three-voter quorum (one node may die and the quorum, and every topic, lives on
 
 The broker is `kafka_2.13` and its runtime dependencies from Maven Central, with log4j 2's SLF4J binding and
 log4j-core (Kafka declares no logging backend: without one the broker logs nothing): `make check-kafka` puts them
-into ~/.cache/sluice/kafka-<KAFKA_VERSION>/lib, or into $SLUICE_KAFKA_HOME/lib when that is set. The jar set has no
-command-line tools: topics and SCRAM users are made through confluent-kafka's AdminClient.
+into ~/.cache/sluice/kafka-<version>/lib for every pinned version (KAFKA_VERSIONS), KAFKA_VERSION's into
+$SLUICE_KAFKA_HOME/lib when that is set. The jar set has no command-line tools: topics and SCRAM users are made
+through confluent-kafka's AdminClient.
 
 A test server's settings: one node needs replication factor 1 and `min.isr` 1 for its internal topics (else
 `init_transactions` and consumer groups time out), few partitions for them (a quick first transaction), no
@@ -45,9 +46,12 @@ from sluice.testing._jvm import JvmServer
 from sluice.testing._jvm import find_java as jvm_java
 from sluice.testing._postgres import free_port
 
-# The one place the versions are pinned: the Makefile's check-kafka reads these two lines.
+# The one place the versions are pinned: the Makefile's check-kafka reads these three lines. KAFKA_VERSION is every
+# test's broker; OTHER_KAFKA_VERSIONS are the older lines a few tests also run on (LocalKafka(version=...)).
 KAFKA_VERSION = "4.1.2"
+OTHER_KAFKA_VERSIONS = ("3.9.2",)
 LOG4J_VERSION = "2.24.3"
+KAFKA_VERSIONS = (KAFKA_VERSION, *OTHER_KAFKA_VERSIONS)
 INSTALL_HINT = "fetch it from Maven Central with: make check-kafka"
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-512")
 USERNAME = "sluice"
@@ -66,18 +70,19 @@ logger.request.level = WARN
 """
 
 
-def kafka_home() -> Path:
-    """The folder `make check-kafka` fills: $SLUICE_KAFKA_HOME, else ~/.cache/sluice/kafka-<version>."""
-    home = os.environ.get("SLUICE_KAFKA_HOME")
-    return Path(home) if home else Path.home() / ".cache" / "sluice" / f"kafka-{KAFKA_VERSION}"
+def kafka_home(version: str = KAFKA_VERSION) -> Path:
+    """The folder `make check-kafka` fills for `version`: ~/.cache/sluice/kafka-<version> ($SLUICE_KAFKA_HOME
+    instead, for KAFKA_VERSION)."""
+    home = os.environ.get("SLUICE_KAFKA_HOME") if version == KAFKA_VERSION else None
+    return Path(home) if home else Path.home() / ".cache" / "sluice" / f"kafka-{version}"
 
 
-def find_classpath() -> str:
+def find_classpath(version: str = KAFKA_VERSION) -> str:
     """The jars `make check-kafka` fetched (RuntimeError saying how, when it has not)."""
-    home = kafka_home()
+    home = kafka_home(version)
     lib = home / "lib"
-    if not ((home / ".complete").is_file() and (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file()):
-        raise RuntimeError(f"Apache Kafka {KAFKA_VERSION} was not found in {home}; {INSTALL_HINT}")
+    if not ((home / ".complete").is_file() and (lib / f"kafka_2.13-{version}.jar").is_file()):
+        raise RuntimeError(f"Apache Kafka {version} was not found in {home}; {INSTALL_HINT}")
     return os.pathsep.join(str(j) for j in sorted(lib.glob("*.jar")))
 
 
@@ -185,10 +190,15 @@ class KafkaNode(JvmServer, _Clients):
     logs = ("server.log",)
 
     def __init__(self, quorum: _Quorum, node_id: int, *, sasl: str | None = None, tls: bool = False,
-                 heap_mb: int = 512, start_timeout: float = 90, broker_config: dict[str, Any] | None = None) -> None:
+                 heap_mb: int = 512, start_timeout: float = 90, broker_config: dict[str, Any] | None = None,
+                 version: str = KAFKA_VERSION) -> None:
         if sasl is not None and sasl not in SASL_MECHANISMS:
             raise ValueError(f"sasl must be one of {', '.join(SASL_MECHANISMS)} or None, not {sasl!r}")
+        if version not in KAFKA_VERSIONS:
+            raise ValueError(f"Kafka {version!r} is not one the tests pin: one of {', '.join(KAFKA_VERSIONS)} "
+                             "(src/sluice/testing/_kafka.py; make check-kafka fetches them)")
         super().__init__(start_timeout)
+        self.version = version
         self.quorum, self.node_id, self.sasl, self.tls, self.heap_mb = quorum, node_id, sasl, tls, heap_mb
         self.broker_config = dict(broker_config or {})
         self.username: str | None = USERNAME if sasl else None
@@ -299,7 +309,7 @@ class KafkaNode(JvmServer, _Clients):
             "-XX:TieredStopAtLevel=1", "-XX:+PerfDisableSharedMem", "-Djava.awt.headless=true",
             "-Djava.net.preferIPv4Stack=true", f"-Djava.io.tmpdir={self._dir / 'tmp'}",
             f"-Dkafka.logs.dir={self._dir}", f"-Dlog4j2.configurationFile={self._dir / 'log4j2.properties'}",
-            "-cp", find_classpath(), main, *args,
+            "-cp", find_classpath(self.version), main, *args,
         ]
 
     def _write_config(self) -> None:
@@ -320,7 +330,7 @@ class KafkaNode(JvmServer, _Clients):
         return self._jvm(self.heap_mb, "kafka.Kafka", str(self._dir / "server.properties"))
 
     def _check_installed(self) -> None:
-        find_classpath()
+        find_classpath(self.version)
         find_java()
         try:
             import confluent_kafka  # noqa: F401  (the readiness check's client)
@@ -393,9 +403,10 @@ class KafkaNode(JvmServer, _Clients):
 class LocalKafka(KafkaNode):
     """Context manager: a fresh one-node Kafka (broker and controller); `.bootstrap_servers`, `client_config()`,
     `create_topic()`, `admin()`; `kill()`/`stop(keep_data=True)` then `start()` bring it back on the same port and
-    data. `broker_config`: more server.properties settings (dotted keys: `LocalKafka(**{"a.b": 1})`)."""
+    data. `broker_config`: more server.properties settings (dotted keys: `LocalKafka(**{"a.b": 1})`). `version`:
+    one of KAFKA_VERSIONS (the same KRaft settings serve 4.1 and 3.9)."""
 
     def __init__(self, sasl: str | None = None, tls: bool = False, heap_mb: int = 512, *, start_timeout: float = 90,
-                 **broker_config: Any) -> None:
+                 version: str = KAFKA_VERSION, **broker_config: Any) -> None:
         super().__init__(_Quorum(1), 1, sasl=sasl, tls=tls, heap_mb=heap_mb, start_timeout=start_timeout,
-                         broker_config=broker_config)
+                         broker_config=broker_config, version=version)

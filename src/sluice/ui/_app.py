@@ -9,6 +9,7 @@ from importlib.resources import files
 from typing import Any
 
 from sluice.meta import MetaService
+from sluice.metrics._collect import split_views
 from sluice.metrics._server import MetricsServer
 from sluice.ui._state import as_time, consistent_point, read_state
 
@@ -32,8 +33,10 @@ def ui_routes(meta_url: str | None, include_ended: bool = True):
             sources = [{**dataclasses.asdict(r), "reported": as_time(r.at)} for r in server.sources.snapshot()]
             reads = {fmt: {**values, "reported": as_time(values["lag_at"])}
                      for fmt, values in server.reads.snapshot().items()}
+            splits = [{**dataclasses.asdict(v), "reported": as_time(v.at)}
+                      for v in split_views(server.sources.snapshot(), server.reads.split_lags())]
             return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot(), "sources": sources,
-                                 "reads": reads})
+                                 "splits": splits, "reads": reads})
 
         async def consistent(request: Request) -> Response:
             tables = [t for t in request.query_params.get("tables", "").split(",") if t]
