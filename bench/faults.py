@@ -13,6 +13,8 @@ the end of the output, and in docs/reliability.md):
   its node SIGKILLed mid-write and started again on its data (a LocalCassandra; about a minute to start).
 - driver-kill: a streaming query (one input file per micro-batch, bench/stream_driver.py) has its driver's whole
   process group SIGKILLed after a few micro-batches and is started again on the same checkpoint.
+- clickhouse, opensearch, hbase: the worker, rerun and driver-kill faults on each of these stores, and its server
+  killed mid-write and started again on its data (HBase: the Thrift2 gateway, and the server); bench/_faults_stores.py.
 """
 
 from __future__ import annotations
@@ -39,8 +41,13 @@ from pathlib import Path
 # package (which LocalCassandra and format("cassandra") import).
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the stores' helpers and the chdb stand-in
+sys.path.append(str(Path(__file__).resolve().parent))  # last: bench/_faults_stores.py, behind the installed packages
+
+import _faults_stores as stores  # noqa: E402
 import psycopg  # noqa: E402
 import s2_sdk  # noqa: E402
+from _faults_stores import STORE_FAULTS, Bench  # noqa: E402
 
 import sluice  # noqa: E402
 from sluice.testing import LocalCassandra, LocalPostgres  # noqa: E402
@@ -146,7 +153,7 @@ def landed(struck: list[float], ended: float) -> str:
     return "struck mid-write" if struck[0] < ended else "strike came after the write (not a valid run)"
 
 
-FAULTS = ("worker", "rerun", "tablestore", "s2-restart", "pg-terminate", "cassandra", "driver-kill")
+FAULTS = ("worker", "rerun", "tablestore", "s2-restart", "pg-terminate", "cassandra", "driver-kill", *STORE_FAULTS)
 STREAM_FILES = 10  # micro-batches of the streaming scenario
 KILL_AFTER_BATCHES = 3
 DRIVER = Path(__file__).with_name("stream_driver.py")
@@ -388,10 +395,16 @@ def main() -> int:
                     base, "cassandra", {**cass, "table": table}, paced(PAUSE)))
                 record("cassandra-restart", "cassandra", cass_ids(table), note)
 
+        inputs = work / "stream-input"
+
+        def stream_input() -> Path:
+            if not inputs.exists():
+                base.repartition(STREAM_FILES).write.parquet(str(inputs))
+            return inputs
+
         if want("driver-kill"):
             # ---- driver-kill: a streaming driver is SIGKILLed mid-stream and restarted from its checkpoint
-            inputs = work / "stream-input"
-            base.repartition(STREAM_FILES).write.parquet(str(inputs))
+            stream_input()
             targets: dict[str, tuple[str, dict, Callable[[], list[int]]]] = {}
             for name, (fmt, extra) in s2_modes.items():
                 basin = f"faults-{uuid.uuid4().hex[:10]}"
@@ -414,6 +427,11 @@ def main() -> int:
                     raise RuntimeError(f"the restarted driver for {name} failed: {restarted.stderr.decode()[-3000:]}")
                 record("driver-kill", name, read_ids(), f"killed while micro-batch {committed} of {STREAM_FILES} was "
                                                         "being written")
+        bench = Bench(base, n, work, stream_input, write, strike_at, paced(PAUSE), expect_failure,
+                      kill_driver_after, run_driver, record)
+        for store in STORE_FAULTS:
+            if want(store):
+                stores.run(bench, store)
         spark.stop()
     s2.kill()
     print(json.dumps({"date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
