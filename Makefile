@@ -363,7 +363,7 @@ demo: $(STAMP) check-java check-postgres
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
-bench: $(STAMP) check-java check-postgres check-clickhouse check-postgres-versions
+bench: $(STAMP) check-java check-postgres check-clickhouse check-postgres-versions check-cassandra check-opensearch check-hbase
 	$(PY) bench/engine_throughput.py
 	$(PY) bench/s2_server.py
 	$(PY) bench/s2_sink.py
