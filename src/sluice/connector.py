@@ -72,6 +72,7 @@ from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, c
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.spark._pushdown import check_pushdown, pushdown_option
 from sluice.spark._registry import add_format as register_format
+from sluice.spark._replay import ReplayGuard
 from sluice.spark._sink import SinkDataSource
 from sluice.spark._source import SourceDataSource
 from sluice.spark._writers import EngineArrowWriter, EngineStreamArrowWriter, task_context
@@ -113,6 +114,7 @@ __all__ = [
     "ReadMaxRows",
     "ReadObserver",
     "RecordTooLargeError",
+    "ReplayGuard",
     "RequestBuffer",
     "RequestInfo",
     "RetryEntries",

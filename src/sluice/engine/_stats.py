@@ -51,6 +51,7 @@ class WriteStats:
     tasks: int = 1
     flush_reasons: Counter = field(default_factory=Counter)
     latency_buckets: Counter = field(default_factory=Counter)
+    replays_skipped: int = 0  # tasks of a micro-batch the sink had committed before (a replay), written nothing
 
     def record_latency(self, seconds: float) -> None:
         self.latency_buckets[_bucket(seconds)] += 1
@@ -73,6 +74,7 @@ class WriteStats:
             "throttles": self.throttles, "peak_inflight": self.peak_inflight, "tasks": self.tasks,
             "flush_reasons": dict(self.flush_reasons),
             "latency_buckets": {str(k): v for k, v in self.latency_buckets.items()},
+            "replays_skipped": self.replays_skipped,
         }
 
     @classmethod
@@ -80,7 +82,7 @@ class WriteStats:
         return cls(
             data["records"], data["bytes"], data["batches"], data["retries"], data["throttles"],
             data["peak_inflight"], data.get("tasks", 1), Counter(data["flush_reasons"]),
-            Counter({int(k): v for k, v in data["latency_buckets"].items()}),
+            Counter({int(k): v for k, v in data["latency_buckets"].items()}), data.get("replays_skipped", 0),
         )
 
     @classmethod
@@ -96,6 +98,7 @@ class WriteStats:
             out.tasks += part.tasks
             out.flush_reasons.update(part.flush_reasons)
             out.latency_buckets.update(part.latency_buckets)
+            out.replays_skipped += part.replays_skipped
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -107,6 +110,7 @@ class WriteStats:
             "flush_reasons": dict(sorted(self.flush_reasons.items())),
             "submit_latency_p50_ms": None if p50 is None else round(p50, 3),
             "submit_latency_p99_ms": None if p99 is None else round(p99, 3),
+            "replays_skipped": self.replays_skipped,
         }
 
     def summary_line(self) -> str:

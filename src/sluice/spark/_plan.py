@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice._options import Options
 from sluice.engine import BatchCreator, Committer, RequestBuffer, SinkConfig, Store, WriteContext
+from sluice.spark._replay import ReplayGuard
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,6 +75,11 @@ class WritePlan:
 
     def committer(self) -> Committer | None:
         """On the driver: the Committer of transactional writes, or None when the connector has none."""
+        return None
+
+    def replay_guard(self) -> ReplayGuard | None:
+        """For streaming writes: where the sink keeps the last micro-batch it committed, so that an older one
+        replayed later writes nothing (_replay.py); None: a replay is written again."""
         return None
 
     def batch_creator(self) -> BatchCreator | None:

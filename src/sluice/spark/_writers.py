@@ -97,6 +97,10 @@ class _EngineWriterMixin:
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         context = task_context(self.write_id, self.streaming)
+        if self._replayed(context):
+            for _ in iterator:  # Spark sends the partition whatever the task does with it
+                pass
+            return SluiceCommitMessage(WriteStats(tasks=0, replays_skipped=1).to_dict(), None, context)
         batches = (batch for batch in iterator if batch.num_rows)
         first = next(batches, None)
         if first is None:
@@ -114,6 +118,14 @@ class _EngineWriterMixin:
                 if pusher is not None:
                     pusher.close(writer.live())
         return SluiceCommitMessage(writer.stats.to_dict(), message, context)
+
+    def _replayed(self, context: WriteContext) -> bool:
+        """A micro-batch the sink's replay guard says was committed already (a replay from an older checkpoint)."""
+        guard = self.plan.replay_guard() if context.epoch is not None else None
+        if guard is None:
+            return False
+        last = guard.last_committed(context.write_id)
+        return last is not None and context.epoch <= last
 
     def _pusher(self, context: WriteContext) -> MetricsPusher | None:
         if self.metrics is None:
@@ -154,6 +166,9 @@ class _EngineWriterMixin:
             ordered = sorted(done, key=lambda m: m.context.partition_id)
             committer.commit([m.store_message for m in ordered if m.store_message is not None],
                              self._epoch_context(done, epoch))
+        guard = self.plan.replay_guard() if epoch is not None else None
+        if guard is not None:
+            guard.mark_committed(self._epoch_context(done, epoch).write_id, epoch)
         self._record(done, epoch, "committed")
 
     def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:

@@ -100,13 +100,43 @@ def test_a_replayed_micro_batch_never_overwrites_a_later_one(spark, search, tmp_
 
         after_batch_1, replayed = replay_first_micro_batch(
             spark, tmp_path / versions, "id int, v string", batch, "elasticsearch",
-            search.opts(index, **{"mapping.id": "id", "write.version": versions}),
+            search.opts(index, **{"mapping.id": "id", "write.version": versions, "write.replay-guard": "false"}),
             lambda: {d["v"] for d in search.docs(index).values()})
         assert after_batch_1 == {"batch 1"}
         return replayed
 
     assert replay("micro-batch") == {"batch 1"}
     assert replay("none") == {"batch 0"}
+
+
+def test_a_replay_after_the_index_forgot_a_delete_brings_nothing_back(spark, search, tmp_path):
+    """The same replay of micro-batch 0 after micro-batch 1 deleted half its documents, into an index that keeps a
+    delete's version for no time (index.gc_deletes=0s, and refreshed: the default 60 s only delays this). The
+    replay guard's marker says micro-batch 1 was committed, so the replay writes nothing; without the guard (the
+    negative control) the deleted documents come back, external versions and all."""
+
+    def replay(guard: str) -> tuple[set[int], set[int]]:
+        index = search.index_name()
+        search.call("PUT", f"/{index}", {"settings": {"index.gc_deletes": "0s", "number_of_replicas": 0}})
+
+        def batch(n: int) -> pa.Table:
+            ids = range(10) if n == 0 else range(0, 10, 2)
+            return pa.table({"id": pa.array(ids, pa.int32()), "op": ["u" if n == 0 else "d"] * len(ids)})
+
+        def stored() -> set[int]:
+            search.call("POST", f"/{index}/_flush")  # with the refresh in docs(): the deletes' versions pruned
+            return {int(i) for i in search.docs(index)}
+
+        return replay_first_micro_batch(
+            spark, tmp_path / guard, "id int, op string", batch, "elasticsearch",
+            search.opts(index, **{"mapping.id": "id", "write.version": "micro-batch", "upsert.op-column": "op",
+                                  "write.replay-guard": guard}), stored)
+
+    odd = set(range(1, 10, 2))
+    assert replay("true") == (odd, odd)
+    summary = sluice.last_write_summary("elasticsearch")
+    assert summary["replays_skipped"] >= 1 and summary["records"] == 0, summary
+    assert replay("false") == (odd, set(range(10)))
 
 
 def test_write_refresh_true_makes_the_write_searchable_at_commit(spark, search):

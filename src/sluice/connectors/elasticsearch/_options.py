@@ -41,6 +41,12 @@ WRITE_OPTIONS = (
            "micro-batch (streaming): each row's external version is its micro-batch id and position, so a replayed "
            "micro-batch never overwrites a later one. none: the engine's own versions (the last write wins).",
            choices=("none", "micro-batch")),
+    Option("write.replay-guard", "bool", True,
+           "Streaming: keep the last micro-batch committed per query in write.replay-guard-index, and write nothing "
+           "for an older one replayed (a restart from an older checkpoint copy), so a replay never brings back a "
+           "document a later micro-batch deleted, however long ago (a delete's version lasts index.gc_deletes)."),
+    Option("write.replay-guard-index", "str", "sluice-replay-guard",
+           "The index of write.replay-guard's markers: a document per query and target index."),
     Option("upsert.op-column", "str", None,
            "Column whose value d, delete, D or -D deletes the document (by its id). Not written."),
     Option("write.refresh", "choice", "false",
@@ -81,6 +87,8 @@ class WriteOptions(TypedOptions):
     mapping_exclude: tuple[str, ...]
     mapping_text_columns: tuple[str, ...]
     write_version: str
+    write_replay_guard: bool
+    write_replay_guard_index: str
     upsert_op_column: str | None
     write_refresh: str
     write_error_index: str | None

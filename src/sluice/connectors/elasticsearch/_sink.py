@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ from sluice.connector import (
     Committer,
     Encoded,
     OptionError,
+    ReplayGuard,
     RetryableError,
     RetryEntries,
     TaskWriter,
@@ -271,6 +273,26 @@ class Refresher(Committer):
 
 
 @dataclass(frozen=True)
+class IndexReplayGuard(ReplayGuard):
+    """write.replay-guard: a document per query and target in `index` holds the last micro-batch committed, as its
+    external version (version_type=external_gte: a replay that marks again never lowers it)."""
+
+    conn: Connection
+    index: str
+
+    def _doc(self, write_id: str) -> str:
+        return f"/{self.index}/_doc/{quote(f'{write_id}:{self.conn.index}', safe='')}"
+
+    def last_committed(self, write_id: str) -> int | None:
+        status, body = self.conn.request("GET", self._doc(write_id), ok=(404,))
+        return None if status == 404 else int(body["_version"])
+
+    def mark_committed(self, write_id: str, epoch: int) -> None:
+        self.conn.request("PUT", self._doc(write_id), {"query": write_id, "index": self.conn.index, "batch": epoch},
+                          ok=(409,), version=epoch, version_type="external_gte")
+
+
+@dataclass(frozen=True)
 class ElasticsearchWritePlan(WritePlan):
     conn: Connection
     docs: DocPlan
@@ -282,6 +304,10 @@ class ElasticsearchWritePlan(WritePlan):
 
     def committer(self) -> Committer | None:
         return Refresher(self.conn)
+
+    def replay_guard(self) -> ReplayGuard | None:
+        return IndexReplayGuard(self.conn, self.write.write_replay_guard_index) if self.write.write_replay_guard \
+            else None
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         store = BulkStore(self.conn, self.docs, self.write.write_refresh, self.write.write_error_index,
