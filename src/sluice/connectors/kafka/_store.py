@@ -1,11 +1,15 @@
-"""The Kafka store: one confluent_kafka.Producer per task, a produce call per record, acknowledgements counted per
-engine batch.
+"""The Kafka store: one confluent_kafka.Producer per task, a produce call per record, acknowledgements tracked per
+engine batch without a Python call per record.
 
-The engine's buffer-manager thread calls `submit(batch)`: the batch's rows come back from the task's Arrow rows
-as a few Python lists (one per column, the arguments produce() needs anyway) and go to `produce` in a tight loop; the
-last argument is the batch's counter, whose `delivered` runs on the poll thread for every record and resolves the
-batch's Future once all of them are acknowledged (one Future per batch, none per record). librdkafka batches per
-partition itself (linger.ms), so an engine batch is only the unit acknowledgements are tracked by.
+The engine's buffer-manager thread calls `submit(batch)`: the batch's rows come back from the task's Arrow rows as a
+few Python lists (the arguments produce() needs anyway) and go to `produce` in a tight loop. The producer runs with
+librdkafka's `delivery.report.only.error`: a record Kafka took costs no delivery report (a Python callback with a
+Message object per record was the largest share of a task's CPU, bench/kafka.py's profile), and a record it refused
+calls its batch's `delivered` with the error. A batch is acknowledged once every record produced before it was
+handed over is out of the producer (rd_kafka_outq_len reaches 0 after a poll that served every error report): the
+poll thread settles, at that moment, every batch fully produced before it looked. The engine bounds the records in
+flight (its window), so the producer's queue drains between windows and every batch is settled; librdkafka batches
+per partition itself (linger.ms), so an engine batch is only the unit acknowledgements are tracked by.
 
 Every mode uses the idempotent producer: librdkafka's own retries neither duplicate nor reorder a partition's
 records. sink.transactional wraps the task in one Kafka transaction (_txn.py).
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
@@ -55,38 +60,20 @@ class DeliveryError(Exception):
 
 
 class _Acks:
-    """One engine batch's acknowledgements. `delivered` runs on the poll thread only, so its count needs no lock;
-    `expected` is set by the submitting thread once every record was handed to produce()."""
+    """One engine batch's outcome. `delivered` runs on the poll thread, for refused records only (the producer reports
+    errors only); `produced` is set by the submitting thread once every record was handed to produce()."""
 
-    __slots__ = ("acked", "done", "error", "expected", "future", "lock", "on_done")
+    __slots__ = ("error", "future", "produced", "settle")
 
-    def __init__(self, future: Future[None], on_done: Any) -> None:
-        self.acked = 0
-        self.expected = -1
+    def __init__(self, future: Future[None], settle: Any) -> None:
         self.error: Any = None
         self.future = future
-        self.lock = threading.Lock()
-        self.done = False
-        self.on_done = on_done
+        self.produced = -1
+        self.settle = settle
 
     def delivered(self, err: Any, msg: Any) -> None:
         if err is not None and self.error is None:
             self.error = (err, msg.topic(), msg.partition(), msg.key())
-        self.acked += 1
-        if self.acked == self.expected:
-            self.finish()
-
-    def all_produced(self, count: int) -> None:
-        self.expected = count
-        if self.acked >= count:
-            self.finish()
-
-    def finish(self) -> None:
-        with self.lock:
-            if self.done:
-                return
-            self.done = True
-        self.on_done(self)
 
 
 class KafkaStore(Store):
@@ -114,6 +101,9 @@ class KafkaStore(Store):
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._fatal: Any = None
+        # Batches whose records were all handed to produce(), not settled yet; the submitting thread appends, the
+        # poll thread settles (deque appends and pops are atomic).
+        self._unsettled: deque[_Acks] = deque()
 
     @property
     def target(self) -> str:
@@ -167,6 +157,8 @@ class KafkaStore(Store):
         if self.transaction_spec is not None:
             config["transactional.id"] = f"{self.transaction_spec[0]}-{context.partition_id}"
         config["error_cb"] = self._on_error
+        # Acknowledgements come from the producer's queue draining (module docstring): no report per record taken.
+        config["delivery.report.only.error"] = True
         return Producer(config)
 
     def _on_error(self, err: Any) -> None:
@@ -176,9 +168,17 @@ class KafkaStore(Store):
         log.warning("kafka producer: %s", self.client.scrub(describe(err)))
 
     def _poll(self) -> None:
-        poll = self.producer.poll
-        while not self._stop.is_set():
-            poll(0.05)
+        """Serve librdkafka's events (error reports, errors), and settle the batches handed over once nothing produced
+        before them is outstanding. With batches waiting, the producer's queue is looked at every millisecond: a
+        taken record raises no event that would end a longer poll early."""
+        producer, unsettled, stop = self.producer, self._unsettled, self._stop
+        while not stop.is_set():
+            producer.poll(0.001 if unsettled else 0.05)
+            waiting = len(unsettled)  # counted before the queue is looked at: those were produced before it
+            if waiting and len(producer) == 0:
+                for _ in range(waiting):
+                    acks = unsettled.popleft()
+                    acks.settle(acks)
 
     def topic_exists(self, topic: str) -> bool:
         """One metadata request for a topic the driver did not see (a topic column naming a new one)."""
@@ -199,11 +199,11 @@ class KafkaStore(Store):
         future: Future[None] = Future()
         acks = _Acks(future, lambda a: self._settle(a, batch))
         try:
-            produced = self._produce(table, acks.delivered)
+            acks.produced = self._produce(table, acks.delivered)
         except Exception as e:
             acks.error = acks.error or (kafka_error(e) or e, None, None, None)
-            produced = getattr(e, "produced", 0)
-        acks.all_produced(produced)
+            acks.produced = getattr(e, "produced", 0)
+        self._unsettled.append(acks)
         return future
 
     def _produce(self, table: pa.Table, callback: Any) -> int:
@@ -212,17 +212,25 @@ class KafkaStore(Store):
         n = table.num_rows
         values = _bytes_column(table, "value")
         keys = _bytes_column(table, "key") if columns.key else [None] * n
-        topics = [self.topic] * n if self.topic else table.column("topic").to_pylist()
-        partitions = (pc.fill_null(table.column("partition"), NO_PARTITION).to_pylist() if columns.partition
-                      else [NO_PARTITION] * n)
-        stamps = _millis(table.column("timestamp")) if columns.timestamp else [0] * n
-        headers = _headers(table.column("headers")) if columns.headers else [None] * n
         produce, room = self.producer.produce, self._stop
+        plain = self.topic and not (columns.partition or columns.timestamp or columns.headers)
+        if plain:  # the usual write: a fixed topic, key and value only; fewer arguments parsed per record
+            topic = self.topic
+        else:
+            topics = [self.topic] * n if self.topic else table.column("topic").to_pylist()
+            partitions = (pc.fill_null(table.column("partition"), NO_PARTITION).to_pylist() if columns.partition
+                          else [NO_PARTITION] * n)
+            stamps = _millis(table.column("timestamp")) if columns.timestamp else [0] * n
+            headers = _headers(table.column("headers")) if columns.headers else [None] * n
         i = 0
         while True:
             try:
-                for i in range(i, n):  # noqa: B020 - resumes where a full queue stopped it
-                    produce(topics[i], values[i], keys[i], partitions[i], callback, None, stamps[i], headers[i])
+                if plain:
+                    for i in range(i, n):  # noqa: B020 - resumes where a full queue stopped it
+                        produce(topic, values[i], keys[i], NO_PARTITION, callback)
+                else:
+                    for i in range(i, n):  # noqa: B020
+                        produce(topics[i], values[i], keys[i], partitions[i], callback, None, stamps[i], headers[i])
                 return n
             except BufferError:  # librdkafka's queue is full: the poll thread drains it
                 room.wait(0.005)
