@@ -1,8 +1,9 @@
 """Freshness benchmark: how long a committed change takes to reach its target, measured as a new user would.
 
-Run: `.venv/bin/python bench/latency.py [--hops pg-pg,chain] [--rates 1000,10000,50000] [--chain-rates 1000,10000]
-[--seconds 30] [--warmup 10]` (starts a throwaway PostgreSQL with wal_level=logical and a local S2 server; nothing else
-should run).
+Run: `.venv/bin/python bench/latency.py [--hops pg-pg,chain,kafka] [--rates 1000,10000,50000] [--chain-rates
+1000,10000] [--kafka-rates 1000,10000] [--seconds 30] [--warmup 10]` (starts a throwaway PostgreSQL with
+wal_level=logical and a local S2 server, and for `kafka` a LocalKafka broker; nothing else should run). The kafka hop
+needs Spark's Kafka connector, served for the 4.0-4.2 lines: `.venv-spark-4.2/bin/python bench/latency.py --hops kafka`.
 
 The hop: a writer thread commits transactions of 10, 100 or 500 rows, 100 a second (1k, 10k, 50k changes/s), into
 `src`; `spark.readStream.format("postgres_changes")` with the default trigger copies them into `dst`
@@ -24,6 +25,10 @@ table-store version (from the table's history), and its arrival in `dst_chain`; 
 of two consecutive stamps.
 The anchor (unless --no-debezium): Debezium's embedded engine (bench/_debezium.py, from Maven Central) on the same
 table and load through a slot of its own, from commit to its consumer callback, measured in the same run.
+The Kafka hop (`--hops kafka`, bench/_kafka_latency.py): Kafka -> PostgreSQL freshness, from a message's send time
+to the commit that made its row visible, through sluice's and Spark's Kafka sources in micro-batches, Spark's real-time
+mode into a Python `foreach`, and a plain confluent-kafka consumer loop; then what real-time mode does with sluice's
+Python data sources (Spark's error text).
 Spark's own floor on this machine, the same query shape with nothing to do: the median micro-batch cycle
 (triggerExecution) of a minimal Python streaming source into a Python sink, and of the JVM's `rate` source into
 `noop`. Spark's own figures come from `query.recentProgress`.
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import os
 import platform
@@ -44,6 +50,7 @@ import time
 from datetime import date, datetime
 from pathlib import Path
 
+import _kafka_latency
 import psycopg
 from _debezium import DEBEZIUM_VERSION, Debezium
 from _spark_floor import spark_floor
@@ -56,7 +63,9 @@ PUBLICATION = "latency_pub"
 # The server as users run it where latency is measured: synchronous_commit on (PostgreSQL's default; the test servers
 # turn it off for speed). Off, a commit's WAL is flushed by the WAL writer up to wal_writer_delay (200 ms) later, and
 # logical decoding (sluice's peek, Debezium's walsender alike) reads only flushed WAL.
-SERVER_SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "synchronous_commit": "on"}
+# track_commit_timestamp: the Kafka hop's arrival is the commit time of a row's transaction (pg_xact_commit_timestamp).
+SERVER_SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "synchronous_commit": "on",
+                   "track_commit_timestamp": "on"}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -318,10 +327,12 @@ def _epoch(timestamp: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hops", default="pg-pg,chain", help="pg-pg (PostgreSQL -> PostgreSQL) and/or chain "
-                        "(PostgreSQL -> S2 -> table store -> PostgreSQL)")
+    parser.add_argument("--hops", default="pg-pg,chain", help="pg-pg (PostgreSQL -> PostgreSQL), chain "
+                        "(PostgreSQL -> S2 -> table store -> PostgreSQL) and/or kafka (Kafka -> PostgreSQL)")
     parser.add_argument("--rates", default="1000,10000,50000", help="changes/s of the pg-pg hop, comma-separated")
     parser.add_argument("--chain-rates", default="1000,10000", help="changes/s of the chain, comma-separated")
+    parser.add_argument("--kafka-rates", default="1000,10000", help="messages/s of the kafka hop, comma-separated")
+    parser.add_argument("--kafka-paths", default=",".join(_kafka_latency.PATHS), help="the kafka hop's paths")
     parser.add_argument("--no-debezium", action="store_true", help="leave out the anchor: Debezium's embedded "
                         f"engine {DEBEZIUM_VERSION} beside the pg-pg hop (fetched from Maven Central once)")
     parser.add_argument("--changes-option", action="append", default=[], metavar="KEY=VALUE",
@@ -334,18 +345,25 @@ def main() -> None:
 
     import sluice
     from sluice.s2local import LocalS2
-    from sluice.testing import LocalPostgres
+    from sluice.testing import LocalKafka, LocalPostgres
 
     hops = set(args.hops.split(","))
-    if hops - {"pg-pg", "chain"}:
-        parser.error(f"--hops: unknown {sorted(hops - {'pg-pg', 'chain'})}; choose pg-pg and/or chain")
+    if hops - {"pg-pg", "chain", "kafka"}:
+        parser.error(f"--hops: unknown {sorted(hops - {'pg-pg', 'chain', 'kafka'})}; choose pg-pg, chain, kafka")
+    kafka_paths = args.kafka_paths.split(",") if "kafka" in hops else []
+    if set(kafka_paths) - set(_kafka_latency.PATHS):
+        parser.error(f"--kafka-paths: unknown {sorted(set(kafka_paths) - set(_kafka_latency.PATHS))}; choose from "
+                     f"{', '.join(_kafka_latency.PATHS)}")
+    kafka_conf = _kafka_latency.spark_kafka_conf(pyspark.__version__) if "kafka" in hops else {}
     results: dict = {"date": date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {platform.machine()}",
-                     "pyspark": pyspark.__version__, "rates": [], "chain": []}
+                     "pyspark": pyspark.__version__, "load_average_start": os.getloadavg(), "rates": [], "chain": [],
+                     "kafka": [], "spark_kafka": kafka_conf.get("spark.jars.packages")}
     with tempfile.TemporaryDirectory(prefix="sluice-latency-") as workdir, \
-            LocalPostgres(settings=SERVER_SETTINGS) as pg, LocalS2() as s2:
+            LocalPostgres(settings=SERVER_SETTINGS) as pg, LocalS2() as s2, \
+            (LocalKafka() if "kafka" in hops else contextlib.nullcontext()) as kafka:
         results["postgres"] = pg.version or "default"
         results["changes_options"] = args.changes_option
-        spark = sluice.session("bench-latency")
+        spark = sluice.session("bench-latency", **kafka_conf)
         try:
             results["spark_floor"] = spark_floor(spark, workdir)
             print(json.dumps(results["spark_floor"]), file=sys.stderr, flush=True)
@@ -358,8 +376,18 @@ def main() -> None:
                 figures = measure_chain(spark, pg.url, s2.url, rate, args.seconds, args.warmup, workdir)
                 print(json.dumps(figures), file=sys.stderr, flush=True)
                 results["chain"].append(figures)
+            for rate in (int(r) for r in args.kafka_rates.split(",")) if kafka_paths else ():
+                for path in kafka_paths:
+                    figures = _kafka_latency.measure(spark, kafka, pg.url, path, rate, args.seconds, args.warmup,
+                                                     workdir)
+                    print(json.dumps(figures), file=sys.stderr, flush=True)
+                    results["kafka"].append(figures)
+            if kafka_paths:
+                results["realtime_refusals"] = _kafka_latency.refusals(spark, kafka, pg.url, workdir)
+                print(json.dumps(results["realtime_refusals"]), file=sys.stderr, flush=True)
         finally:
             spark.stop()
+    results["load_average_end"] = os.getloadavg()
     print(json.dumps(results, indent=2))
 
 
