@@ -185,24 +185,44 @@ class ConsumerLoop:
     server's password never on a command line)."""
 
     def __init__(self, config: dict, topic: str, pg_url: str, table: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        import tempfile
+
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in stop(); not a pipe, which could fill
+        self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=self.log,
+                                     stderr=self.log, text=True)
         self.proc.stdin.write(json.dumps({"config": config, "topic": topic, "url": pg_url, "table": table}))
         self.proc.stdin.close()
 
+    def _output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
     def check(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"the consumer loop exited ({self.proc.returncode}): {self.proc.stderr.read()[-2000:]}")
+            raise RuntimeError(f"the consumer loop exited ({self.proc.returncode}): {self._output()}")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(60)
-        assert code == 0, f"the consumer loop failed ({code}): {self.proc.stderr.read()[-2000:]}"
+        try:
+            code = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # faulthandler: where it is stuck, into its output
+            time.sleep(1)
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"the consumer loop did not stop within 30 s of SIGTERM: {self._output()}") from None
+        finally:
+            output = self._output()
+            self.log.close()
+        assert code == 0, f"the consumer loop failed ({code}): {output}"
 
 
 def consumer_main() -> None:
+    import faulthandler
+
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+    faulthandler.register(signal.SIGUSR1)
     settings = json.loads(sys.stdin.read())
     halt = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: halt.set())

@@ -63,9 +63,9 @@ PUBLICATION = "latency_pub"
 # The server as users run it where latency is measured: synchronous_commit on (PostgreSQL's default; the test servers
 # turn it off for speed). Off, a commit's WAL is flushed by the WAL writer up to wal_writer_delay (200 ms) later, and
 # logical decoding (sluice's peek, Debezium's walsender alike) reads only flushed WAL.
-# track_commit_timestamp: the Kafka hop's arrival is the commit time of a row's transaction (pg_xact_commit_timestamp).
-SERVER_SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "synchronous_commit": "on",
-                   "track_commit_timestamp": "on"}
+SERVER_SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "synchronous_commit": "on"}
+# The Kafka hop's arrival is the commit time of a row's transaction (pg_xact_commit_timestamp).
+KAFKA_SERVER_SETTINGS = {"track_commit_timestamp": "on"}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -359,7 +359,8 @@ def main() -> None:
                      "pyspark": pyspark.__version__, "load_average_start": os.getloadavg(), "rates": [], "chain": [],
                      "kafka": [], "spark_kafka": kafka_conf.get("spark.jars.packages")}
     with tempfile.TemporaryDirectory(prefix="sluice-latency-") as workdir, \
-            LocalPostgres(settings=SERVER_SETTINGS) as pg, LocalS2() as s2, \
+            LocalPostgres(settings={**SERVER_SETTINGS, **(KAFKA_SERVER_SETTINGS if kafka_paths else {})}) as pg, \
+            LocalS2() as s2, \
             (LocalKafka() if "kafka" in hops else contextlib.nullcontext()) as kafka:
         results["postgres"] = pg.version or "default"
         results["changes_options"] = args.changes_option
