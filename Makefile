@@ -290,13 +290,13 @@ test-kafka: $(STAMP) check-java check-kafka
 # The bank pipeline under random faults (bench/soak.py): a short seeded run (90 s of faults, ~4 min in all) last in
 # make test's second job; `make soak MINUTES=30` is the long run, with its report (SEED=, FAULT_EVERY= too).
 SOAK_TESTS := tests/soak
-test-soak: $(STAMP) check-java check-postgres
+test-soak: $(STAMP) check-java check-postgres check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(SOAK_TESTS)
 
 MINUTES ?= 30
 SEED ?= 7
 FAULT_EVERY ?= 30
-soak: $(STAMP) check-java check-postgres
+soak: $(STAMP) check-java check-postgres check-kafka
 	mkdir -p build
 	$(PY) bench/soak.py --minutes $(MINUTES) --seed $(SEED) --fault-every $(FAULT_EVERY) --report build/soak-report.json
 

@@ -1,4 +1,4 @@
-"""The soak's Spark driver: the bank pipeline's three streaming queries (bench/soak.py starts this process, kills it
+"""The soak's Spark driver: the bank pipeline's five streaming queries (bench/soak.py starts this process, kills it
 and starts it again on the same checkpoints). A query that fails is started again from its checkpoint a second
 later, as the supervisor of a production job would; every start and failure is a line on stdout.
 
@@ -14,6 +14,13 @@ Hops, each in the mode a careful user picks:
    of absolute values: PostgreSQL in one transaction (global-ordered, transactional) whose write id holds the
    micro-batch's id, so a replayed micro-batch commits nothing; ClickHouse into a ReplacingMergeTree(v), where a
    replayed micro-batch's rows (the same images) collapse.
+4. S2 `bank` -> the Kafka topic `bank` with `sluice_kafka`, exactly-once (global-ordered, transactional: one Kafka
+   transaction per micro-batch, its commit marker a consumer group's offset), one record per change keyed by the
+   account, one writer (coalesce(1)) into a topic of one partition: a transaction's records become visible
+   together only within a partition (each partition's last stable offset moves when its own commit marker is
+   written), so the next hop never reads part of a micro-batch.
+5. Kafka `bank` (read_committed) -> the table store's `balances_kafka` (upsert by id, one barrier per micro-batch):
+   the Kafka branch, whose copy is held to the same invariant.
 
     python bench/_soak_driver.py CONFIG.json
 """
@@ -74,7 +81,27 @@ def main() -> int:
         return feed.writeStream.foreachBatch(copy).option("checkpointLocation", str(checkpoints / "to-targets")) \
             .start()
 
-    starts = {"pg-to-s2": pg_to_s2, "s2-to-store": s2_to_store, "to-targets": store_to_targets}
+    kafka = {"kafka.bootstrap.servers": config["kafka"]["bootstrap"]}
+
+    def s2_to_kafka():
+        rows = spark.readStream.format("s2_upsert").options(**s2).option("s2.streams", "bank") \
+            .option("primary-key", "id").schema("id int, balance long, v long, _op string").load()
+        records = rows.coalesce(1).selectExpr("CAST(id AS STRING) AS key",
+                                              "to_json(struct(id, balance, v, _op)) AS value")
+        return records.writeStream.format("sluice_kafka").options(**kafka).options(**{
+                "topic": config["kafka"]["topic"], "sink.mode": "global-ordered", "sink.transactional": "true"}) \
+            .option("checkpointLocation", str(checkpoints / "s2-to-kafka")).start()
+
+    def kafka_to_store():
+        rows = spark.readStream.format("sluice_kafka").options(**kafka).option("subscribe", config["kafka"]["topic"]) \
+            .load().selectExpr("from_json(CAST(value AS STRING), 'id int, balance long, v long, _op string') AS r") \
+            .select("r.*")
+        return rows.writeStream.format("tablestore").options(**{**store, "table": "balances_kafka"}) \
+            .options(**{"primary-key": "id", "upsert.op-column": "_op"}) \
+            .option("checkpointLocation", str(checkpoints / "kafka-to-store")).start()
+
+    starts = {"pg-to-s2": pg_to_s2, "s2-to-store": s2_to_store, "to-targets": store_to_targets,
+              "s2-to-kafka": s2_to_kafka, "kafka-to-store": kafka_to_store}
     running: dict[str, object] = {}
     while True:
         for name, start in starts.items():

@@ -18,7 +18,7 @@ from _soak_bank import Fault, Run
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULT_KINDS = ("s2-kill", "pg-backends", "pg-replication", "pg-restart", "ch-restart", "worker-kill", "driver-kill",
-               "net-stall", "net-cut", "meta-down")
+               "net-stall", "net-cut", "meta-down", "kafka-broker")
 
 
 class Driver:
@@ -104,6 +104,12 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+def disk_bytes(path: Path) -> int:
+    """The disk a folder's files take: Kafka preallocates each segment's index files (10 MB, sparse), so their
+    sizes say little."""
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
 class Faults:
     def __init__(self, env: dict, run: Run, rnd: random.Random) -> None:
         self.env, self.run, self.rnd = env, run, rnd
@@ -184,6 +190,14 @@ class Faults:
     def _net_cut(self) -> str:
         return f"{self.env['proxy'].cut()} connections"
 
+    def _kafka_broker(self) -> str:
+        """SIGKILL of the Kafka broker mid-transaction (the S2 -> Kafka hop writes one per micro-batch), restarted
+        1-3 s later on its data and port."""
+        self.env["kafka"].kill()
+        time.sleep(self.rnd.uniform(1, 3))
+        self.env["kafka"].start()
+        return f"back in {self.env['kafka'].start_seconds:.1f} s"
+
     def _meta_down(self) -> str:
         seconds = self.rnd.uniform(2, 5)
         self._sql("ALTER DATABASE meta ALLOW_CONNECTIONS false")
@@ -200,6 +214,7 @@ def growth(env: dict, work: Path) -> dict[str, float]:
     import psycopg
 
     driver: Driver = env["driver"]
+    kafka = env["kafka"]
     with psycopg.connect(env["admin_url"].rsplit("/", 1)[0] + "/meta", autocommit=True) as conn:
         tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
         meta_rows = sum(conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables)
@@ -210,7 +225,8 @@ def growth(env: dict, work: Path) -> dict[str, float]:
             "s2_server_rss_bytes": rss_bytes([env["s2"].process.pid] if env["s2"].process else []),
             "checkpoint_bytes": folder_bytes(work / "checkpoints"), "s2_data_bytes": folder_bytes(work / "s2"),
             "s2_stored_bytes": s2_stored_bytes(env["s2"]), "warehouse_bytes": folder_bytes(work / "warehouse"),
-            "meta_rows": meta_rows}
+            "kafka_broker_rss_bytes": rss_bytes([kafka.pid] if kafka.pid else []),
+            "kafka_data_bytes": disk_bytes(kafka.folder / "data") if kafka.folder else 0, "meta_rows": meta_rows}
 
 
 def s2_stored_bytes(s2: Any) -> int:

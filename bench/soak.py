@@ -1,5 +1,6 @@
 """The whole pipeline under fire (issue 32): a bank in PostgreSQL, streamed through S2 and the table store into
-PostgreSQL and ClickHouse copies, while faults strike at random times; the bank's invariant is checked all along.
+PostgreSQL and ClickHouse copies, and from S2 through Kafka into a second table-store table (the Kafka branch,
+issue 50), while faults strike at random times; the bank's invariant is checked all along.
 
     .venv/bin/python bench/soak.py --minutes 30 --seed 7          # make soak MINUTES=30
     .venv/bin/python bench/soak.py --minutes 2 --fault-every 8    # the short run make test makes
@@ -17,28 +18,34 @@ the pipeline terminated), pg-replication (the walsender terminated), pg-restart 
 and start), ch-restart (the ClickHouse server), worker-kill (the driver's Python workers SIGKILLed mid-task),
 driver-kill (the Spark driver SIGKILLed and started again on its checkpoints), net-stall (2-5 s of silence
 between Spark and PostgreSQL, through a TCP proxy), net-cut (every connection through the proxy reset), meta-down
-(the MetaService's database refuses connections for 2-5 s, its sessions terminated).
+(the MetaService's database refuses connections for 2-5 s, its sessions terminated), kafka-broker (SIGKILL of the
+Kafka broker, mid-transaction of the S2 -> Kafka hop, restarted 1-3 s later on its data). --first strikes the kinds
+it names first, in that order (the short run of make test strikes the broker once whatever the seed draws).
 
 Checked all along and at the end (the verdict is the exit code: 0 holds, 1 violated):
-- at every barrier the table store completes, `balances` read at that barrier holds every account and the
-  constant total (no transaction torn or half-applied);
+- at every barrier the table store completes, `balances` and the Kafka branch's `balances_kafka` read at that
+  barrier hold every account and the constant total (no transaction torn or half-applied);
 - whenever the PostgreSQL copy is read, it holds every account and the constant total (it is written in one
   transaction per micro-batch);
-- the S2 stream holds every account's changes exactly once and in order (v = 1, 2, ... with no gap and no repeat
-  from the snapshot on): no lost and no duplicated transfer;
-- at the end, after the writers stop, the table store, the PostgreSQL copy and the ClickHouse copy equal
+- the S2 stream, and the Kafka topic as a read_committed consumer reads it, hold every account's changes exactly
+  once and in order (v = 1, 2, ... with no gap and no repeat from the snapshot on): no lost and no duplicated
+  transfer;
+- at the end, after the writers stop, both table-store tables, the PostgreSQL copy and the ClickHouse copy equal
   `accounts` row for row, and the replication slot's lag returns to near zero.
 Reported: transfers committed, faults by kind, recovery time per fault (from the fault to the first change
-committed after it arriving in the PostgreSQL copy), latency p50/p99 outside fault windows, and the growth per hour
+committed after it arriving in the PostgreSQL copy; for kafka-broker, in a barrier of `balances_kafka`, read every
+second), latency p50/p99 outside fault windows, and the growth per hour
 over the run's second half (sampled every minute) of memory (the S2 server; the driver over its longest life, as a
 killed driver starts small again), checkpoints, S2's data (its folder, and the stream's storage metric; the stream
-keeps 10 minutes, S2_RETENTION_S), the warehouse and the MetaService's rows, with the samples at a quarter, half,
-three quarters and the end.
+keeps 10 minutes, S2_RETENTION_S), the Kafka broker's memory and data (the topic keeps 10 minutes too), the
+warehouse and the MetaService's rows, with the samples at a quarter, half, three quarters and the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import json
 import random
 import signal
@@ -47,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,10 +63,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.clickhouse_chdb: the ClickHouse server the tests use
 
 from _soak_bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers  # noqa: E402 (after the path is set)
-from _soak_checks import check_s2_stream, wait_equal, watch_barriers, watch_copy  # noqa: E402
+from _soak_checks import check_kafka_topic, check_s2_stream, wait_equal, watch_barriers, watch_copy  # noqa: E402
 from _soak_faults import FAULT_KINDS, Driver, Faults, growth  # noqa: E402
 
 FAULTS = FAULT_KINDS
+
+
+@contextlib.contextmanager
+def started_beside(server: Any) -> Iterator[concurrent.futures.Future]:
+    """A JVM server starting in a thread while the other servers start (the broker takes ~10 s); stopped at the
+    end whatever happened."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(server.start)
+        try:
+            yield starting
+        finally:
+            concurrent.futures.wait([starting])
+            server.stop()
 
 
 def sample_growth(env: dict, work: Path) -> dict[str, float]:
@@ -73,6 +94,10 @@ def sample_growth(env: dict, work: Path) -> dict[str, float]:
 
 SAMPLE_EVERY_S = 60.0
 S2_RETENTION_S = 600  # the stream's retention age: a careful user bounds a stream that is a buffer between hops
+KAFKA_TOPIC = "bank"
+# The topic, a buffer between hops like the S2 stream, keeps as long; segments roll every minute so retention can
+# delete them (it deletes whole segments only). One partition: see bench/_soak_driver.py's hop 4.
+KAFKA_TOPIC_CONFIG = {"retention.ms": str(S2_RETENTION_S * 1000), "segment.ms": "60000"}
 
 
 @dataclass(frozen=True)
@@ -129,11 +154,13 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=40.0, help="transfers a second, over two writers")
     ap.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
     ap.add_argument("--faults", default=",".join(FAULTS), help=f"kinds to strike, of {', '.join(FAULTS)}")
+    ap.add_argument("--first", default="", help="kinds to strike first, in this order, before the random ones")
     ap.add_argument("--catch-up-s", type=float, default=240.0, help="how long the copies may take at the end")
     ap.add_argument("--report", type=Path, help="also write the report here, as JSON")
     args = ap.parse_args()
     kinds = [k for k in args.faults.split(",") if k]
-    unknown = sorted(set(kinds) - set(FAULTS))
+    first = [k for k in args.first.split(",") if k]
+    unknown = sorted(set(kinds + first) - set(FAULTS))
     if unknown:
         ap.error(f"unknown fault kind(s) {unknown}; choose from {', '.join(FAULTS)}")
 
@@ -143,7 +170,7 @@ def main() -> int:
     import psycopg
 
     from sluice.s2local import LocalS2
-    from sluice.testing import LocalPostgres, TcpProxy
+    from sluice.testing import LocalKafka, LocalPostgres, TcpProxy
     from tests.clickhouse_chdb import ChdbClickHouse
 
     rnd = random.Random(args.seed)
@@ -157,8 +184,9 @@ def main() -> int:
                 "fsync": "on", "synchronous_commit": "on"}
     stop_load, stop_watch = threading.Event(), threading.Event()
     threads: list[threading.Thread] = []
-    with LocalPostgres(settings=settings) as pg, LocalS2(data_dir=work / "s2") as s2, ChdbClickHouse() as ch, \
-            TcpProxy(pg.port) as proxy:
+    with started_beside(LocalKafka(heap_mb=384)) as kafka_starting, LocalPostgres(settings=settings) as pg, \
+            LocalS2(data_dir=work / "s2") as s2, ChdbClickHouse() as ch, TcpProxy(pg.port) as proxy:
+        kafka = kafka_starting.result()
         direct = pg.url
         via_proxy = direct.replace(f":{pg.port}/", f":{proxy.port}/")
         with psycopg.connect(direct, autocommit=True) as conn:
@@ -168,25 +196,29 @@ def main() -> int:
                          (TOTAL_PER_ACCOUNT, args.accounts - 1))
             conn.execute("INSERT INTO accounts VALUES (%s, 0, 0)", (marker_id,))
             conn.execute("CREATE TABLE balances_copy (id int PRIMARY KEY, balance bigint, v bigint)")
+        kafka.create_topic(KAFKA_TOPIC, 1, KAFKA_TOPIC_CONFIG)
         ch.sql("CREATE TABLE balances_copy (id Int32, balance Int64, v Int64) ENGINE = ReplacingMergeTree(v) "
                "ORDER BY id")
         meta_url = via_proxy.rsplit("/", 1)[0] + "/meta"
         config = {"pg_url": via_proxy, "meta": meta_url, "warehouse": str(work / "warehouse"),
                   "checkpoints": str(work / "checkpoints"), "ch_url": ch.url, "ch_password": ch.password,
+                  "kafka": {"bootstrap": kafka.bootstrap_servers, "topic": KAFKA_TOPIC},
                   "s2": {"s2.basin": "sluice-soak", "s2.endpoints.account": s2.url,
                          "s2.endpoints.basin": s2.url, "s2.auth-token": s2.access_token}}
         (work / "config.json").write_text(json.dumps(config))
         create_basin(s2, config["s2"]["s2.basin"])
         driver = Driver(work / "config.json", work / "driver.log")
-        env = {"pg": pg, "s2": s2, "ch": ch, "proxy": proxy, "driver": driver, "warehouse": str(work / "warehouse"),
+        env = {"pg": pg, "s2": s2, "ch": ch, "kafka": kafka, "proxy": proxy, "driver": driver,
+               "warehouse": str(work / "warehouse"),
                "admin_url": direct + "?application_name=soak-admin", "pipeline_url": direct}
         writer_url = direct + "?application_name=soak-writer"
         threads += [threading.Thread(target=transfers, args=(writer_url, run, args.accounts, args.rate / 2, seed,
                                                              stop_load), daemon=True) for seed in (1, 2)]
         threads.append(threading.Thread(target=marker, args=(writer_url, run, marker_id, stop_load), daemon=True))
         watchers = [threading.Thread(target=watch_copy, args=(writer_url, run, marker_id, stop_watch), daemon=True),
-                    threading.Thread(target=watch_barriers, args=(meta_url, str(work / "warehouse"), run, stop_watch),
-                                     daemon=True)]
+                    *(threading.Thread(target=watch_barriers, args=(meta_url, str(work / "warehouse"), table, run,
+                                                                    stop_watch, mark), daemon=True)
+                      for table, mark in (("balances", None), ("balances_kafka", marker_id)))]
         try:
             driver.start()
             for t in threads + watchers:
@@ -212,8 +244,9 @@ def main() -> int:
                 if now >= sample_at:
                     samples.append(Sample(now - warm, driver.starts, sample_growth(env, work)))
                     sample_at = now + SAMPLE_EVERY_S
-                if kinds and now >= next_at:
-                    strike = threading.Thread(target=faults.strike, args=(rnd.choice(kinds),), daemon=True)
+                if (kinds or first) and now >= next_at:
+                    kind = first.pop(0) if first else rnd.choice(kinds)
+                    strike = threading.Thread(target=faults.strike, args=(kind,), daemon=True)
                     strike.start()
                     strikes.append(strike)
                     next_at = now + rnd.expovariate(1 / args.fault_every)
@@ -239,7 +272,7 @@ def main() -> int:
             stop_load.set()
             stop_watch.set()
             driver.stop()
-        for problem in check_s2_stream(s2, accounts):
+        for problem in check_s2_stream(s2, accounts) + check_kafka_topic(kafka, KAFKA_TOPIC, accounts):
             run.violate(problem)
     quiet = [lat for committed, lat in run.latencies if committed > warm and not any(
         f.at - 1 <= committed <= (f.recovered or time.monotonic()) for f in run.faults)]
@@ -253,7 +286,8 @@ def main() -> int:
         "seed": args.seed, "minutes": args.minutes, "accounts": args.accounts, "transfers": run.transfers,
         "faults": len(run.faults),
         "faults_by_kind": {k: {"count": len(v), "recovery_s": [round(f.recovered - f.at, 1) if f.recovered else None
-                                                                for f in v]} for k, v in sorted(by_kind.items())},
+                                                                for f in v],
+                               "notes": [f.note for f in v]} for k, v in sorted(by_kind.items())},
         "not_recovered": [f"{f.kind} at {f.at - run.started:.0f} s" for f in run.faults if f.recovered is None],
         "driver_starts": driver.starts, "barriers_checked": run.barriers_checked, "copy_reads": run.copy_reads,
         "latency_outside_faults_s": {"samples": len(quiet),
