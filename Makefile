@@ -287,8 +287,9 @@ KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka
 test-kafka: $(STAMP) check-java check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 
-# The bank pipeline under random faults (bench/soak.py): a short seeded run (90 s of faults, ~4 min in all) last in
-# make test's second job; `make soak MINUTES=30` is the long run, with its report (SEED=, FAULT_EVERY= too).
+# The bank pipeline under random faults (bench/soak.py), with its Kafka branch (hence check-kafka): a short seeded run
+# (90 s of faults, ~4 min in all) last in make test's second job; `make soak MINUTES=30` is the long run, with its
+# report (SEED=, FAULT_EVERY= too).
 SOAK_TESTS := tests/soak
 test-soak: $(STAMP) check-java check-postgres check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(SOAK_TESTS)
