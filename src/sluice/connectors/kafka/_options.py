@@ -51,7 +51,8 @@ PRODUCER_OWNED = {
     "transactional.id": "set sink.transactional=true (and transactional-id-prefix); sluice gives each task its id",
     "enable.idempotence": "every mode uses the idempotent producer (retries never reorder or duplicate a record)",
     "transaction.timeout.ms": "use the option transaction.timeout-ms",
-    "delivery.report.only.error": "the sink counts every delivery to know when a batch is stored",
+    "delivery.report.only.error": "the sink sets it itself (a batch is stored once the producer's queue drained "
+                                  "after it; only failed records are reported)",
     "sasl.jaas.config": "librdkafka takes kafka.sasl.username and kafka.sasl.password (and kafka.sasl.mechanism)",
     "key.serializer": "the key column is written as its bytes (string columns as UTF-8)",
     "value.serializer": "the value column is written as its bytes (string columns as UTF-8)",
