@@ -265,6 +265,63 @@ def test_a_committed_epoch_is_not_written_again(kafka):
     assert sorted(r.value for r in read_committed(kafka.client_config(), topic)) == [b"e0", b"e0", b"e0", b"e1"]
 
 
+def commit_uncounted(kafka, topic, write_id, values):
+    """Task 0 of epoch 0 committed with a marker that does not count its records (as sluice wrote markers before
+    they counted them): the mechanism of the next test switched off."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    consumer = Consumer({**kafka.client_config(), "group.id": f"sluice-eos-{write_id}-0",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    group = consumer.consumer_group_metadata()
+    producer = Producer({**kafka.client_config(), "transactional.id": f"sluice-{write_id}-0"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value.encode())
+    producer.send_offsets_to_transaction([TopicPartition(topic, 0, 1)], group, 30)
+    producer.commit_transaction(30)
+    consumer.close()
+
+
+def test_an_attempt_whose_input_ended_early_is_completed_by_its_retry(kafka):
+    """Spark ends a Python writer's input when the step feeding it in the same task fails, and pyarrow takes the
+    shortened stream for a whole one: that attempt may commit the records it had (docs/kafka.md). The marker counts
+    them, so the retry, with the whole input, sends only the rest, and a later replay nothing. Negative control: a
+    marker without the count (the mechanism off) makes the retry skip the whole task, and the rest is lost."""
+    values = [f"r{i}" for i in range(10)]
+    topic = make_topic(kafka, partitions=1)
+    first = store_for(kafka, topic, "cut-short", 0)
+    send(first, values[:4])  # the attempt whose input ended after 4 records, committed
+    first.store.pre_commit()
+    first.store.close()
+    skipped = []
+    for _ in range(2):  # the retry, then a replay of the epoch
+        task = store_for(kafka, topic, "cut-short", 0)
+        for part in (values[:3], values[3:7], values[7:]):  # a batch across the first attempt's end
+            send(task, part)
+        skipped.append(task.store.pre_commit()["skipped"])
+        task.store.close()
+    later = store_for(kafka, topic, "cut-short", 1)  # epoch 1, of 3 records: its marker counts 3
+    send(later, ["s0", "s1", "s2"])
+    later.store.pre_commit()
+    later.store.close()
+    task = store_for(kafka, topic, "cut-short", 0)  # epoch 0 replayed after epoch 1: all of it is in Kafka
+    send(task, values)
+    skipped.append(task.store.pre_commit()["skipped"])
+    task.store.close()
+    assert skipped == [4, 10, 10]
+    assert sorted(r.value.decode() for r in read_committed(kafka.client_config(), topic)) == sorted(
+        [*values, "s0", "s1", "s2"])
+
+    topic = make_topic(kafka, partitions=1)
+    commit_uncounted(kafka, topic, "uncounted", values[:4])
+    task = store_for(kafka, topic, "uncounted", 0)
+    send(task, values)
+    assert task.store.pre_commit()["skipped"] == 10
+    task.store.close()
+    assert len(read_committed(kafka.client_config(), topic)) == 4  # six records lost
+
+
 def replay(spark, kafka, tmp_path, fmt, older_copy: bool):
     """Micro-batch 0 committed into Kafka by its tasks but not in the checkpoint's commit log: the driver was killed
     between the two (older_copy=False: the checkpoint itself loses the commit), or the query is restarted from a copy

@@ -94,7 +94,10 @@ class KafkaStore(Store):
         self.check_marker = check_marker
         self.producer: Any = None
         self.txn: Transaction | None = None
-        self.skip = False  # exactly-once replay of a committed epoch: acknowledge without sending
+        # Exactly-once: how many of the task's first records an earlier attempt of this epoch committed (a replay;
+        # None: all of them), acknowledged without being sent; `seen` counts the task's records so far, in order.
+        self.committed_before: int | None = 0
+        self.seen = 0
         self.records = 0
         self.skipped = 0
         self.context = WriteContext()
@@ -128,7 +131,7 @@ class KafkaStore(Store):
             self.txn = Transaction(self.producer, identity, self.client, self.timeout_s, self.check_marker,
                                    self.producer_config.get("transaction.timeout.ms", 60_000))
             try:
-                self.skip = not self.txn.start()
+                self.committed_before = self.txn.start()
                 return
             except FencedError:
                 raise
@@ -188,16 +191,23 @@ class KafkaStore(Store):
 
     # ------------------------------------------------------------------ writing
     def submit(self, batch: Batch) -> Future[None]:
-        if self.skip:
-            self.skipped += batch.record_count
+        n = batch.record_count
+        before = n if self.committed_before is None else max(0, min(n, self.committed_before - self.seen))
+        self.seen += n
+        self.skipped += before
+        if before == n:
             self.rows.release(batch.entries)
             return completed_future()
         if self._fatal is not None:
             fatal = self._fatal
             return completed_future(DeliveryError(f"the producer failed for good: {describe(fatal)}", fatal))
+        if self.txn is not None and not self.txn.open:
+            self.txn.begin()  # the first record past those an earlier attempt committed
         table = self.rows.table(batch.entries)
+        if before:
+            table = table.slice(before)
         future: Future[None] = Future()
-        acks = _Acks(future, lambda a: self._settle(a, batch))
+        acks = _Acks(future, lambda a: self._settle(a, batch, n - before))
         try:
             acks.produced = self._produce(table, acks.delivered)
         except Exception as e:
@@ -238,10 +248,10 @@ class KafkaStore(Store):
                 e.produced = i  # type: ignore[attr-defined]
                 raise
 
-    def _settle(self, acks: _Acks, batch: Batch) -> None:
+    def _settle(self, acks: _Acks, batch: Batch, sent: int) -> None:
         if acks.error is None:
             self.rows.release(batch.entries)
-            self.records += batch.record_count
+            self.records += sent
             acks.future.set_result(None)
             return
         err, topic, partition, key = acks.error
@@ -283,11 +293,16 @@ class KafkaStore(Store):
     def pre_commit(self) -> Any:
         message = {"partition": self.context.partition_id, "records": self.records, "skipped": self.skipped}
         if self.txn is not None:
-            if not self.skip:
+            if self.txn.open:
                 self._stop.set()  # commit_transaction serves the delivery callbacks itself from here on
                 if self._poller is not None:
                     self._poller.join()
-                self.txn.commit()
+                self.txn.commit(self.seen)
+            elif self.committed_before is not None and self.seen < self.committed_before:
+                log.warning("kafka: %s epoch %s: an earlier attempt committed %d records, this one has %d: the "
+                            "task's input is not the first run's (a replay needs the same rows in the same order)",
+                            self.txn.identity.transactional_id, self.txn.identity.epoch, self.committed_before,
+                            self.seen)
             message["transactional_id"] = self.txn.identity.transactional_id
         return message
 

@@ -12,9 +12,16 @@ A task's open:
    than after transaction.timeout.ms; waits for one that was committing to finish.
 2. the marker, read by a read_committed consumer (KIP-447: offsets still pending in a transaction are waited for):
    an offset > epoch means this task's records of this epoch are in Kafka already (a replay after a driver crash,
-   a restart from an older checkpoint, a batch write re-run with its sink.write-id): the task sends nothing.
-3. else `begin_transaction()`.
-pre_commit: flush, marker, commit. A failure aborts the transaction and fails the task; Spark's retry starts at 1.
+   a restart from an older checkpoint, a batch write re-run with its sink.write-id), as many as the marker's
+   metadata says ("records=N"): the task sends none of its first N records.
+3. `begin_transaction()`, at once or (a marker of this epoch) when a record past the first N is to be sent.
+pre_commit: flush, marker (with the count of the task's records), commit. A failure aborts the transaction and fails
+the task; Spark's retry starts at 1.
+
+Why the count: Spark ends a Python writer's input when the operator feeding it in the same task fails (a UDF that
+raises, a shuffle fetch that fails), and pyarrow reads an Arrow stream that stops at a message boundary as complete;
+such an attempt may commit the records it had. Its retry, with the whole input, sends the rest (the same rows in the
+same order, as every replay needs) instead of skipping the task.
 
 What bounds the transactional ids (FLINK-34554: one id per attempt or checkpoint piles producer state up on the
 brokers until transactional.id.expiration.ms): one per task partition of the write, reused by every epoch and retry.
@@ -54,6 +61,25 @@ class TxnIdentity:
                    marker_topic, context.epoch if context.epoch is not None else 0)
 
 
+RECORDS = "records="  # the marker's metadata: how many of the task's records its epoch committed
+
+
+@dataclass(frozen=True)
+class CommittedMark:
+    """A task's marker as read back: the last epoch it committed and how many records (None: a marker written
+    without the count, by an older sluice)."""
+
+    epoch: int
+    records: int | None
+
+    @classmethod
+    def of(cls, found: Any) -> CommittedMark | None:
+        if found.offset < 0:
+            return None
+        meta = found.metadata or ""
+        return cls(found.offset - 1, int(meta[len(RECORDS):]) if meta.startswith(RECORDS) else None)
+
+
 class FencedError(SinkError):
     """Another producer took this task's transactional id over: a newer attempt of the task, or another write with
     the same transactional-id-prefix."""
@@ -90,20 +116,27 @@ class Transaction:
         self.group_metadata: Any = None
         self.open = False  # a transaction begun and neither committed nor aborted
 
-    def start(self) -> bool:
-        """Fence, read the marker, begin. False: this task's epoch is committed already; send nothing."""
+    def start(self) -> int | None:
+        """Fence and read the marker; how many of the task's first records are committed already: 0 (none: the
+        transaction is begun), N (this epoch's marker counts N: `begin()` once a later record is to be sent), or
+        None (all: a later epoch's marker, or one without a count)."""
         self._call("init_transactions", self.producer.init_transactions)
-        committed = self._committed_epoch()
-        if self.check_marker and committed is not None and committed >= self.identity.epoch:
-            log.info("kafka: %s epoch %s was committed before (a replay): its records are in Kafka, none are sent",
-                     self.identity.transactional_id, self.identity.epoch)
-            return False
+        committed = self._committed_mark()
+        if self.check_marker and committed is not None and committed.epoch >= self.identity.epoch:
+            # A later epoch's marker: this epoch finished whole before Spark went on (the count is the later one's).
+            records = committed.records if committed.epoch == self.identity.epoch else None
+            log.info("kafka: %s epoch %s was committed before (a replay): %s of its records are in Kafka",
+                     self.identity.transactional_id, self.identity.epoch, "all" if records is None else records)
+            return records
+        self.begin()
+        return 0
+
+    def begin(self) -> None:
         self.producer.begin_transaction()  # local: no request, no timeout
         self.began = time.monotonic()
         self.open = True
-        return True
 
-    def _committed_epoch(self) -> int | None:
+    def _committed_mark(self) -> CommittedMark | None:
         from confluent_kafka import Consumer, TopicPartition
 
         ident = self.identity
@@ -124,18 +157,18 @@ class Transaction:
             self.group_metadata = consumer.consumer_group_metadata()
         finally:
             consumer.close()
-        offset = found[0].offset
-        return offset - 1 if offset >= 0 else None
+        return CommittedMark.of(found[0])
 
-    def commit(self) -> None:
-        """Flush, mark this epoch committed, commit: records and marker become visible together."""
+    def commit(self, records: int) -> None:
+        """Flush, mark this epoch committed with the task's `records` (those sent now and those an earlier attempt
+        committed), commit: records and marker become visible together."""
         from confluent_kafka import TopicPartition
 
         ident = self.identity
         left = self.producer.flush(self.timeout_s)
         if left:
             raise self._failure("flushing", None, f"{left} record(s) were not acknowledged within timeout-ms")
-        marker = [TopicPartition(ident.marker_topic, 0, ident.epoch + 1)]
+        marker = [TopicPartition(ident.marker_topic, 0, ident.epoch + 1, f"{RECORDS}{records}")]
         self._call("send_offsets_to_transaction", self.producer.send_offsets_to_transaction, marker,
                    self.group_metadata)
         self._call("commit_transaction", self.producer.commit_transaction)
