@@ -85,7 +85,9 @@ class KafkaSplitReader(SplitReader):
             progressed = time.monotonic()
             while position < end:
                 with gc_paused():
-                    messages = consumer.consume(FETCH_RECORDS, timeout=min(1.0, self.timeout))
+                    # Never more than the range holds: consume() returns once it has as many as asked, else only at
+                    # its timeout, which a micro-batch's last fetch would otherwise always wait out.
+                    messages = consumer.consume(min(FETCH_RECORDS, end - position), timeout=min(1.0, self.timeout))
                 records = [m for m in messages if m.error() is None]
                 finished = False
                 for m in messages:
