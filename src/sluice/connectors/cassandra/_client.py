@@ -100,9 +100,18 @@ def session_for(conn: Connection) -> Session:
     key = (conn.hosts, conn.port, conn.username, conn.password, conn.ssl, conn.ca_pem, conn.local_dc)
     with _SESSIONS_LOCK:
         session = _SESSIONS.get(key)
+        if session is not None and not session.is_shutdown and _all_down(session):
+            # Every node is down for this session (a restart, or connections lost to refusals): its reconnection
+            # waits out a backoff, while a new session asks the nodes now (a Spark task retried in this worker).
+            session.cluster.shutdown()
         if session is None or session.is_shutdown:
             session = _SESSIONS[key] = while_overloaded(lambda: _connect(conn), conn, "connect")
         return session
+
+
+def _all_down(session: Session) -> bool:
+    hosts = session.cluster.metadata.all_hosts()
+    return bool(hosts) and all(host.is_up is False for host in hosts)
 
 
 def forget_session(conn: Connection) -> None:
