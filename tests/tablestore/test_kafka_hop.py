@@ -17,7 +17,7 @@ import pytest
 
 import sluice.tablestore
 from sluice.meta import MetaService
-from sluice.testing import LocalKafka, read_committed
+from sluice.testing import LocalKafka, count_written, read_committed
 from tests.faults import Striker, held_at, kill_python_workers
 
 pytestmark = pytest.mark.spark
@@ -35,18 +35,6 @@ def kafka():
         yield server
 
 
-def written(kafka, topic) -> int:
-    """Offsets in the topic's logs, committed, aborted or open (the high watermarks)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**kafka.client_config(), "group.id": "watermarks", "isolation.level": "read_uncommitted"})
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
-    finally:
-        consumer.close()
-
-
 def kill_writer_when_sent(kafka, topic, offsets: int, hold) -> Striker:
     """Once the broker's log has `offsets` offsets (some of the held attempt's records are in its open
     transaction), SIGKILL the Python worker of the sink (the one connected to the broker) and let the input go on:
@@ -56,7 +44,7 @@ def kill_writer_when_sent(kafka, topic, offsets: int, hold) -> Striker:
     def strike():
         deadline = time.monotonic() + 120
         try:
-            while written(kafka, topic) < offsets:
+            while count_written(kafka.client_config(), topic) < offsets:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"the sink did not send {offsets} offsets into {topic} within 120 s")
                 time.sleep(0.05)  # the broker's log grows in another process: polled
@@ -141,7 +129,8 @@ def test_a_kafka_topic_into_the_table_store_is_read_consistently_at_every_barrie
             striker = None
             if w == 1:  # one task, whose first attempt is killed after sending some of its legs
                 hold.touch()
-                striker = kill_writer_when_sent(kafka, topic, written(kafka, topic) + ABORTED_AT_LEAST, hold)
+                sent = count_written(kafka.client_config(), topic)
+                striker = kill_writer_when_sent(kafka, topic, sent + ABORTED_AT_LEAST, hold)
                 df = legs(spark, first, tasks=1).mapInArrow(held_at(2 * first + HOLD_AT, str(hold), 25, 0),
                                                             "id long, pad string")
             as_records(df).write.format("sluice_kafka").options(**sink) \

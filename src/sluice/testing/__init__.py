@@ -16,7 +16,8 @@
 - `LocalKafka`: a real, throwaway Apache Kafka 4.1 node (or 3.9: `version=`; broker and controller, KRaft; the jars
   from Maven Central, fetched by `make check-kafka`) on loopback, optionally with SASL (PLAIN, SCRAM-SHA-512) and
   TLS; restartable on its data. `LocalKafkaCluster`: three of them in one quorum (replication factor 3,
-  `min.insync.replicas=2`). `read_committed`/`count_committed`: what a `read_committed` consumer reads of a topic.
+  `min.insync.replicas=2`). `read_committed`/`count_committed`: what a `read_committed` consumer reads of a topic;
+  `count_written`: the offsets its logs hold, committed or not.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
 - `TcpProxy`: a loopback TCP proxy that stalls or cuts the connections through it (the network between Spark and a
   store, for fault tests and the soak).
@@ -33,7 +34,7 @@ from sluice.testing._flaky import FlakyStore
 from sluice.testing._hbase import LocalHBase
 from sluice.testing._kafka import LocalKafka
 from sluice.testing._kafka_cluster import LocalKafkaCluster
-from sluice.testing._kafka_reads import KafkaRecord, count_committed, read_committed
+from sluice.testing._kafka_reads import KafkaRecord, count_committed, count_written, read_committed
 from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._proxy import TcpProxy
@@ -41,4 +42,4 @@ from sluice.testing._s3 import LocalS3
 
 __all__ = ["FileStoreDataSource", "FlakyStore", "KafkaRecord", "LocalCassandra", "LocalClickHouse",
            "LocalElasticsearch", "LocalHBase", "LocalKafka", "LocalKafkaCluster", "LocalOpenSearch", "LocalPostgres",
-           "LocalS3", "TcpProxy", "count_committed", "read_committed", "read_file_store", "register"]
+           "LocalS3", "TcpProxy", "count_committed", "count_written", "read_committed", "read_file_store", "register"]

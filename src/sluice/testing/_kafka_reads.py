@@ -1,4 +1,5 @@
-"""What a test reads back from a LocalKafka: every record of a topic as a `read_committed` consumer sees it."""
+"""What a test reads back from a LocalKafka: every record of a topic as a `read_committed` consumer sees it, and how
+many offsets its logs hold, committed or not."""
 
 from __future__ import annotations
 
@@ -56,3 +57,16 @@ def read_committed(config: dict[str, Any], topic: str, *, isolation: str = "read
 def count_committed(config: dict[str, Any], topic: str, *, timeout: float = 60) -> int:
     """How many records of `topic` a `read_committed` consumer reads (read_committed's notes)."""
     return len(read_committed(config, topic, timeout=timeout))
+
+
+def count_written(config: dict[str, Any], topic: str, *, timeout: float = 30) -> int:
+    """Offsets in the logs of every partition of `topic`, committed, aborted or open (the high watermarks): what
+    writers have sent so far, transaction markers included."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**config, "group.id": "sluice-watermarks", "isolation.level": "read_uncommitted"})
+    try:
+        parts = consumer.list_topics(topic, timeout=timeout).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in parts)
+    finally:
+        consumer.close()

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from sluice.testing import LocalKafkaCluster, read_committed
+from sluice.testing import LocalKafkaCluster, count_written, read_committed
 from tests.faults import held_at
 
 pytestmark = pytest.mark.spark
@@ -25,16 +25,6 @@ def leader_of(cluster, topic) -> int:
     return metadata.topics[topic].partitions[0].leader
 
 
-def written(cluster, topic) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**cluster.client_config(), "group.id": "watermarks", "isolation.level": "read_uncommitted"})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
-    finally:
-        consumer.close()
-
-
 def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tmp_path):
     topic, hold = f"eo-{uuid.uuid4().hex[:10]}", tmp_path / "hold"
     cluster.create_topic(topic, partitions=1)
@@ -47,7 +37,7 @@ def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tm
     def strike():
         try:
             deadline = time.monotonic() + 120
-            while written(cluster, topic) < 300 and time.monotonic() < deadline:
+            while count_written(cluster.client_config(), topic) < 300 and time.monotonic() < deadline:
                 time.sleep(0.05)  # the broker's log grows in another process: polled
             leader = leader_of(cluster, topic)
             broker = next(b for b in cluster.brokers if b.node_id == leader)

@@ -18,7 +18,7 @@ import pytest
 
 import sluice
 from sluice.connectors.kafka import FencedError, KafkaDataSource
-from sluice.testing import read_committed
+from sluice.testing import count_written, read_committed
 from tests.faults import held_at, kill_python_workers
 
 pytestmark = pytest.mark.spark
@@ -54,18 +54,6 @@ def counted(kafka, topic) -> tuple[int, int, int]:
     return len(values), len(set(values)), sum(c - 1 for c in Counter(values).values())
 
 
-def written(kafka, topic) -> int:
-    """Records in the topic's logs, committed or not (the high watermarks): what the writer has sent so far."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**kafka.client_config(), "group.id": "watermarks", "isolation.level": "read_uncommitted"})
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
-    finally:
-        consumer.close()
-
-
 def broker_port(kafka) -> int:
     return int(kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)[1])
 
@@ -77,9 +65,9 @@ def strike_when_written(kafka, topic, at_least, hold):
     def strike():
         try:
             deadline = time.monotonic() + 120
-            while written(kafka, topic) < at_least and time.monotonic() < deadline:
+            while count_written(kafka.client_config(), topic) < at_least and time.monotonic() < deadline:
                 time.sleep(0.05)  # the broker's log grows in another process: polled
-            seen["written"] = written(kafka, topic)
+            seen["written"] = count_written(kafka.client_config(), topic)
             seen["visible"] = counted(kafka, topic)[0]
             seen["workers"] = kill_python_workers(broker_port(kafka))
         finally:
@@ -140,7 +128,7 @@ def test_a_transaction_a_killed_writer_left_open_is_aborted_on_restart(kafka):
             os._exit(0)  # killed: no commit, no abort
         """)
         subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
-        assert written(kafka, topic) == 100
+        assert count_written(kafka.client_config(), topic) == 100
         store_id = killed_id if same_id else f"fresh-{uuid.uuid4().hex[:8]}"
         commit_ten(kafka, topic, store_id)
         values = [r.value for r in read_committed(kafka.client_config(), topic, timeout=10)]
@@ -239,7 +227,7 @@ def lso_held(kafka, topic) -> bool:
         lso = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
     finally:
         consumer.close()
-    return lso < written(kafka, topic)
+    return lso < count_written(kafka.client_config(), topic)
 
 
 def test_a_committed_epoch_is_not_written_again(kafka):
