@@ -153,16 +153,21 @@ class DequeRequestBuffer(_ChunkBuffer):
             attempt = chunk.attempt
             room = max_records - len(entries)
             window = chunk.sizes[chunk.start:chunk.start + room]
-            sums = list(accumulate(window, initial=total))
-            n = bisect_right(sums, max_bytes) - 1  # how many fit under max_bytes
-            if n == 0 and not entries:
-                n = 1  # an entry larger than max_bytes still goes, alone, so nothing is stuck
-            if n == 0:
-                break
+            window_bytes = sum(window)
+            if total + window_bytes <= max_bytes:  # the usual case: the whole window fits, no per-entry pass
+                n, taken_bytes = len(window), window_bytes
+            else:
+                sums = list(accumulate(window, initial=total))
+                n = bisect_right(sums, max_bytes) - 1  # how many fit under max_bytes
+                if n == 0 and not entries:
+                    n = 1  # an entry larger than max_bytes still goes, alone, so nothing is stuck
+                if n == 0:
+                    break
+                taken_bytes = sums[n] - total
             end = chunk.start + n
             entries.extend(chunk.entries[chunk.start:end])
-            sizes.extend(window[:n])
-            total = sums[n]
+            sizes.extend(window if n == len(window) else window[:n])
+            total += taken_bytes
             chunk.start = end
             if not len(chunk):
                 self._chunks.popleft()
