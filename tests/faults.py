@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,21 @@ class Striker(threading.Thread):
             raise AssertionError(f"the strike did not end within {timeout} s")
         if self.error is not None:
             raise self.error
+
+
+def poll_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Call `predicate` until it returns something true, and return that; fail naming `what` after `timeout` s.
+
+    For state that lives in another process and has no notification to wait on (a broker's high watermarks, the
+    MetaService's barriers, a query's progress seen through its sink): polled, never slept through blindly."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(interval)
 
 
 def wait_for_a_client(host: str, port: int, timeout: float = 120.0) -> None:

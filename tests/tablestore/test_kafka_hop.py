@@ -8,7 +8,6 @@ transaction. Negative controls: the same pipeline reading `read_uncommitted` sto
 too (transfers with more than two legs at the barriers, each aborted record a second copy at the end); capped
 micro-batches (`max-records-per-trigger`) end inside transactions, and barriers hold half transfers."""
 
-import time
 import uuid
 from collections import Counter
 
@@ -18,7 +17,7 @@ import pytest
 import sluice.tablestore
 from sluice.meta import MetaService
 from sluice.testing import LocalKafka, count_written, read_committed
-from tests.faults import Striker, held_at, kill_python_workers
+from tests.faults import Striker, held_at, kill_python_workers, poll_until
 
 pytestmark = pytest.mark.spark
 
@@ -42,12 +41,9 @@ def kill_writer_when_sent(kafka, topic, offsets: int, hold) -> Striker:
     port = int(kafka.bootstrap_servers.rsplit(":", 1)[1])
 
     def strike():
-        deadline = time.monotonic() + 120
         try:
-            while count_written(kafka.client_config(), topic) < offsets:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"the sink did not send {offsets} offsets into {topic} within 120 s")
-                time.sleep(0.05)  # the broker's log grows in another process: polled
+            poll_until(lambda: count_written(kafka.client_config(), topic) >= offsets, 120,
+                       f"the sink sending {offsets} offsets into {topic}")
             assert kill_python_workers(port) >= 1, "no Python worker of the sink was connected to the broker"
         finally:
             hold.unlink()
@@ -137,10 +133,8 @@ def test_a_kafka_topic_into_the_table_store_is_read_consistently_at_every_barrie
                 .option("sink.write-id", f"bank-{read}-{w}").mode("append").save()
             if striker is not None:
                 striker.join(60)
-            before, deadline = len(seen), time.monotonic() + 120
-            while len(meta.barriers("legs")) <= before:  # the stream takes the write: a barrier at each of them
-                assert time.monotonic() < deadline, f"no barrier after write {w} within 120 s"
-                time.sleep(0.1)  # the query commits in Spark's threads: polled
+            before = len(seen)  # the stream takes the write: a barrier at each of them
+            poll_until(lambda n=before: len(meta.barriers("legs")) > n, 120, f"a barrier after write {w}", 0.1)
             found, n = problems_at_barriers(meta, table, seen)  # read while the stream goes on
             problems, checked = problems + found, checked + n
         query.processAllAvailable()

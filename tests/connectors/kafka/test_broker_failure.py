@@ -1,15 +1,13 @@
 """Exactly-once into Kafka across a broker killed mid-transaction, on three brokers (replication factor 3,
 min.insync.replicas=2): the leader of the topic's partition is SIGKILLed while the task's transaction is open."""
 
-import threading
-import time
 import uuid
 from collections import Counter
 
 import pytest
 
 from sluice.testing import LocalKafkaCluster, count_written, read_committed
-from tests.faults import held_at
+from tests.faults import Striker, held_at, poll_until
 
 pytestmark = pytest.mark.spark
 
@@ -36,9 +34,8 @@ def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tm
 
     def strike():
         try:
-            deadline = time.monotonic() + 120
-            while count_written(cluster.client_config(), topic) < 300 and time.monotonic() < deadline:
-                time.sleep(0.05)  # the broker's log grows in another process: polled
+            poll_until(lambda: count_written(cluster.client_config(), topic) >= 300, 120,
+                       f"the sink sending 300 records into {topic}")
             leader = leader_of(cluster, topic)
             broker = next(b for b in cluster.brokers if b.node_id == leader)
             broker.kill()
@@ -46,7 +43,7 @@ def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tm
         finally:
             hold.unlink()
 
-    striker = threading.Thread(target=strike)
+    striker = Striker(strike)
     striker.start()
     options = {"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": topic, "sink.mode": "global-ordered",
                "sink.transactional": "true", "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50",

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from collections import Counter
@@ -19,7 +18,7 @@ import pytest
 import sluice
 from sluice.connectors.kafka import FencedError, KafkaDataSource
 from sluice.testing import count_written, read_committed
-from tests.faults import held_at, kill_python_workers
+from tests.faults import Striker, held_at, kill_python_workers, poll_until
 
 pytestmark = pytest.mark.spark
 
@@ -64,18 +63,17 @@ def strike_when_written(kafka, topic, at_least, hold):
 
     def strike():
         try:
-            deadline = time.monotonic() + 120
-            while count_written(kafka.client_config(), topic) < at_least and time.monotonic() < deadline:
-                time.sleep(0.05)  # the broker's log grows in another process: polled
+            poll_until(lambda: count_written(kafka.client_config(), topic) >= at_least, 120,
+                       f"the sink sending {at_least} records into {topic}")
             seen["written"] = count_written(kafka.client_config(), topic)
             seen["visible"] = counted(kafka, topic)[0]
             seen["workers"] = kill_python_workers(broker_port(kafka))
         finally:
             hold.unlink()
 
-    thread = threading.Thread(target=strike)
-    thread.start()
-    return thread, seen
+    striker = Striker(strike)
+    striker.start()
+    return striker, seen
 
 
 @pytest.mark.parametrize("transactional", [True, False], ids=["exactly-once", "negative-control-at-least-once"])
@@ -208,9 +206,8 @@ def test_a_lone_producer_fenced_by_the_brokers_transaction_timeout_is_told_so(ka
     topic = make_topic(kafka, partitions=1)
     task = store_for(kafka, topic, "slow", 0, **{"transaction.timeout-ms": "1000"})
     send(task, ["late"])
-    deadline = time.monotonic() + 60
-    while lso_held(kafka, topic) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the broker aborts on its own clock (transaction.abort.timed.out.transaction.cleanup)
+    # The broker aborts on its own clock (transaction.abort.timed.out.transaction.cleanup).
+    poll_until(lambda: not lso_held(kafka, topic), 60, "the broker aborting the timed-out transaction", 0.2)
     with pytest.raises(FencedError, match=r"longer than transaction.timeout-ms \(1000\)"):
         task.store.pre_commit()
     task.store.close()

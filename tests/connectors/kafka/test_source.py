@@ -12,6 +12,7 @@ from confluent_kafka.admin import NewPartitions
 from sluice.connectors.kafka import KafkaDataSource
 from sluice.spark._compat import HAS_ADMISSION_CONTROL
 from sluice.testing import LocalKafka
+from tests.faults import poll_until
 
 pytestmark = pytest.mark.spark
 
@@ -39,14 +40,6 @@ def transactional(kafka, topic):
 
 def values(n, start=0, prefix="v"):
     return [f"{prefix}{i}".encode() for i in range(start, start + n)]
-
-
-def wait_for(predicate, timeout=90, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)  # polled: the condition is a query's or a broker's progress in other processes
 
 
 def test_batch_read_has_the_columns_of_sparks_kafka_source(spark, kafka, new_topic, opts):
@@ -122,7 +115,7 @@ def test_start_and_end_by_offset_and_timestamp(spark, kafka, new_topic, opts):
     produce(kafka, topic, values(30), partition=0)
     produce(kafka, topic, values(30, prefix="w"), partition=1)
     middle = int(time.time() * 1000)
-    wait_for(lambda: int(time.time() * 1000) > middle + 5, what="the clock to move")
+    poll_until(lambda: int(time.time() * 1000) > middle + 5, 90, "the clock to move", 0.2)
     produce(kafka, topic, values(7, 30), partition=0)
 
     def read(**more):
@@ -230,14 +223,14 @@ def test_streaming_reads_as_rows_come_and_restarts_from_the_checkpoint(spark, ka
 
     query = start({"processingTime": "200 milliseconds"})
     try:
-        wait_for(lambda: written() >= 200, what="the first 200 rows")
+        poll_until(lambda: written() >= 200, 90, "the first 200 rows", 0.2)
         producer = transactional(kafka, topic)  # rows produced while it runs, one aborted transaction among them
         producer.begin_transaction()
         for value in values(20, prefix="aborted"):
             producer.produce(topic, value=value, partition=1)
         producer.abort_transaction(30)
         produce(kafka, topic, values(40, 150), partition=0)
-        wait_for(lambda: written() >= 240, what="the rows produced while the query ran")
+        poll_until(lambda: written() >= 240, 90, "the rows produced while the query ran", 0.2)
         sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
         assert query.exception() is None
     finally:
@@ -264,15 +257,15 @@ def test_streaming_picks_up_new_partitions_and_topics(spark, kafka, opts, tmp_pa
              .writeStream.format("memory").queryName(prefix).option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(processingTime="200 milliseconds").start())
     try:
-        wait_for(lambda: spark.table(prefix).count() >= 20, what="the first topic's rows")
+        poll_until(lambda: spark.table(prefix).count() >= 20, 90, "the first topic's rows", 0.2)
         admin = kafka.admin()
         admin.create_partitions([NewPartitions(f"{prefix}_a", 2)])[f"{prefix}_a"].result(30)
-        wait_for(lambda: len(kafka.admin().list_topics(f"{prefix}_a", timeout=10).topics[f"{prefix}_a"].partitions)
-                 == 2, what="the new partition")
+        poll_until(lambda: len(kafka.admin().list_topics(f"{prefix}_a", timeout=10).topics[f"{prefix}_a"].partitions)
+                   == 2, 90, "the new partition", 0.2)
         produce(kafka, f"{prefix}_a", values(5, prefix="new-partition"), partition=1)
         kafka.create_topic(f"{prefix}_b", 1)  # created while the query runs
         produce(kafka, f"{prefix}_b", values(7))
-        wait_for(lambda: spark.table(prefix).count() >= 32, what="the new partition's and topic's rows")
+        poll_until(lambda: spark.table(prefix).count() >= 32, 90, "the new partition's and topic's rows", 0.2)
         assert query.exception() is None
     finally:
         query.stop()
@@ -293,15 +286,15 @@ def test_a_topic_deleted_under_a_running_query_is_reported(spark, kafka, new_top
              .selectExpr("topic", "offset").writeStream.format("memory").queryName(name)
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds").start())
     try:
-        wait_for(lambda: spark.table(name).count() >= 20, what="the rows before the deletion")
+        poll_until(lambda: spark.table(name).count() >= 20, 90, "the rows before the deletion", 0.2)
         admin = kafka.admin()  # alive until the deletion is done
         admin.delete_topics([topic])[topic].result(30)
         if fail_on_data_loss:
-            wait_for(lambda: query.exception() is not None or not query.isActive, what="the query to fail")
+            poll_until(lambda: query.exception() is not None or not query.isActive, 90, "the query to fail", 0.2)
             assert f"topic(s) ['{topic}'] were deleted while the query read them" in str(query.exception())
         else:  # the negative control: told to go on, it reads the other topic on
             produce(kafka, other, values(5, 10))
-            wait_for(lambda: spark.table(name).count() >= 25, what="the other topic's new rows")
+            poll_until(lambda: spark.table(name).count() >= 25, 90, "the other topic's new rows", 0.2)
             assert query.isActive and query.exception() is None
     finally:
         query.stop()
@@ -327,12 +320,12 @@ def test_streaming_read_goes_on_through_a_broker_killed(spark, tmp_path):
                  .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds")
                  .start())
         try:
-            wait_for(lambda: spark.table("failover").count() >= 600, what="the first micro-batches")
+            poll_until(lambda: spark.table("failover").count() >= 600, 90, "the first micro-batches", 0.2)
             leader = cluster.admin().list_topics("replicated", timeout=10).topics["replicated"].partitions[0].leader
             next(b for b in cluster.brokers if b.node_id == leader).kill()
             produce_all(2000, 1000)
-            wait_for(lambda: spark.table("failover").count() >= 3000 or query.exception() is not None,
-                     what="every row, the leader's partition read from its new leader")
+            poll_until(lambda: spark.table("failover").count() >= 3000 or query.exception() is not None, 90,
+                       "every row, the leader's partition read from its new leader", 0.2)
             assert query.exception() is None
         finally:
             query.stop()
@@ -361,7 +354,7 @@ def test_streaming_read_reports_records_event_time_lag_and_offsets_behind(spark,
             # the last micro-batch (80 + 80 of 200 read then: 40 behind).
             return reads.get("records") == 200 and [r.pending_records for r in sources][-1:] == [40]
 
-        wait_for(reported, timeout=30, what="the reads' and the source's reports")
+        poll_until(reported, 30, "the reads' and the source's reports", 0.2)
         reads = server.reads.snapshot()[FORMAT]
         assert reads["event_lag_ms"] >= 0  # now minus the newest record's timestamp (currentFetchEventTimeLag)
         assert [r.source for r in server.sources.snapshot() if r.format == FORMAT][-1] == topic

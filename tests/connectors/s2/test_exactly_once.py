@@ -2,29 +2,31 @@
 streaming query is killed mid-batch and restarted from its checkpoint. Counts duplicates and missing rows."""
 
 import json
-import time
 from collections import Counter
 
 import pytest
+import s2_sdk
 from pyspark.errors import StreamingQueryException
 
 from tests.connectors.s2.conftest import read_stream
-from tests.faults import dying_stream, held_at, kill_python_workers
+from tests.faults import dying_stream, held_at, kill_python_workers, poll_until
 
 pytestmark = pytest.mark.spark
 
 
+def records_in(server, basin, stream) -> int:
+    """The stream's records so far; 0 while the sink has not created it or its basin yet."""
+    try:
+        return len(read_stream(server, basin, stream))
+    except s2_sdk.S2ServerError as error:
+        if error.code not in ("basin_not_found", "stream_not_found"):
+            raise
+        return 0
+
+
 def wait_for_records(server, basin, stream, at_least: int, timeout: float = 60) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            n = len(read_stream(server, basin, stream))
-        except Exception:
-            n = 0
-        if n >= at_least:
-            return n
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {at_least} records reached {stream} in {timeout} s")
+    return poll_until(lambda: (n := records_in(server, basin, stream)) >= at_least and n, timeout,
+                      f"{at_least} records reaching {stream}")
 
 
 def eo_options(s2_opts, stream):
