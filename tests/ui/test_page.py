@@ -32,7 +32,8 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
     store = {"warehouse": str(tmp_path / "wh"), "meta": str(tmp_path / "meta.db")}
     spark.createDataFrame([(0, 0, 1.0)], "id long, customer long, amount double").write.format("tablestore") \
         .option("table", "orders").option("primary-key", "id").options(**store).mode("append").save()
-    with serve_ui(store["meta"]) as server:  # before the queries start: their writes report to it
+    # Before the queries start: their writes report to it. A chart point every half second, for the test's sake.
+    with serve_ui(store["meta"], chart_interval_s=0.5) as server:
         job_a = sluice.tablestore.register_job(spark, "A", sources=[], sinks=["orders"], meta=store["meta"])
         query_a = job_a.watch(
             spark.readStream.format("rate").option("rowsPerSecond", 50).load()
@@ -87,6 +88,17 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
                 page.wait_for_selector('#sources tr[data-name="orders"]', timeout=60_000)
                 assert cell(page, "sources", "orders", 2) == "tablestore"
                 assert re.fullmatch(r"\d+\.\d s", cell(page, "sources", "orders", 5))
+
+                # The charts of the last minutes: the writes' records/s and job B's time behind, each a line of
+                # several points (one per sample), drawn from the collector's own history.
+                for series in ("sink:tablestore:records_per_s", "source:tablestore orders:time_behind_ms"):
+                    page.wait_for_function("(key) => { const c = document.querySelector("
+                                           "`#charts .chart[data-series=\"${key}\"]`); "
+                                           "return c && Number(c.dataset.points) >= 3; }", arg=series, timeout=60_000)
+                points = page.get_attribute('#charts .chart[data-series="sink:tablestore:records_per_s"] polyline',
+                                            "points")
+                assert len(points.split()) >= 3 and any(float(p.split(",")[1]) < 58 for p in points.split()), \
+                    f"records/s never above 0 on the chart: {points}"
 
                 page.fill("#consistent-tables", "orders,totals")
                 page.click("#consistent-form button")

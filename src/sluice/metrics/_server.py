@@ -20,6 +20,7 @@ from typing import Any
 from sluice._driver import stats_dir  # the folder the driver's planning workers already share
 from sluice._errors import OptionError
 from sluice.metrics._collect import PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
+from sluice.metrics._history import MetricsHistory
 from sluice.metrics._report import MetricsTarget, ReadReport, SourceReport, TaskReport
 
 log = logging.getLogger("sluice.metrics")
@@ -57,7 +58,8 @@ class MetricsServer:
     """Live metrics of every sluice write planned on this machine while it runs (see `serve`)."""
 
     def __init__(self, host: str, port: int, advertise: str | None, token: str | None,
-                 extra_routes: Callable[[MetricsServer], Sequence[Any]] | None = None) -> None:
+                 extra_routes: Callable[[MetricsServer], Sequence[Any]] | None = None,
+                 history_interval_s: float = 5.0) -> None:
         if not _is_loopback(host) and not token:
             raise OptionError(f"sluice.metrics.serve(host={host!r}) without token: anyone who can reach it could "
                               "push fake metrics and read them. Pass token='...' (tasks send it, Prometheus scrapes "
@@ -65,6 +67,8 @@ class MetricsServer:
         self.metrics = SinkMetrics()
         self.sources = SourceMetrics()
         self.reads = ReadMetrics()
+        # The page's charts: samples of the above every history_interval_s, the last 15 minutes of them.
+        self.history = MetricsHistory(self.metrics, self.sources, self.reads, interval_s=history_interval_s)
         self._token = token
         self._extra_routes = extra_routes  # more Starlette routes on the same server (sluice ui's page)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -117,12 +121,16 @@ class MetricsServer:
                                  "sources": [dataclasses.asdict(r) for r in self.sources.snapshot()],
                                  "split_fetch_lags": [dataclasses.asdict(lag) for lag in self.reads.split_lags()]})
 
+        async def history(request: Request) -> Response:
+            return JSONResponse(self.history.to_json())
+
         extra = list(self._extra_routes(self)) if self._extra_routes else []
         return Starlette(routes=[
             Route("/push", receiver(TaskReport.from_json, self.metrics.add), methods=["POST"]),
             Route("/push/source", receiver(SourceReport.from_json, self.sources.add), methods=["POST"]),
             Route("/push/read", receiver(ReadReport.from_json, self.reads.add), methods=["POST"]),
-            Route("/metrics", guarded(metrics)), Route("/metrics.json", guarded(metrics_json)), *extra])
+            Route("/metrics", guarded(metrics)), Route("/metrics.json", guarded(metrics_json)),
+            Route("/metrics/history.json", guarded(history)), *extra])
 
     def guarded(self, answer: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
         """A Starlette endpoint that answers 401 unless the request is `authorized`."""
@@ -165,6 +173,7 @@ class MetricsServer:
     def start(self) -> MetricsServer:
         self._thread.start()
         self._started.wait()
+        self.history.start()
         path = _advertised_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -179,6 +188,7 @@ class MetricsServer:
         if self._closed:
             return
         self._closed = True
+        self.history.close()
         try:
             path = _advertised_file()
             if json.loads(path.read_text()).get("pid") == os.getpid():

@@ -52,7 +52,9 @@ def ui_routes(meta_url: str | None, include_ended: bool = True):
 
 
 def serve_ui(meta: str | None = None, host: str = "127.0.0.1", port: int = 0, *, advertise: str | None = None,
-             token: str | None = None, include_ended: bool = True) -> MetricsServer:
+             token: str | None = None, include_ended: bool = True, chart_interval_s: float = 5.0) -> MetricsServer:
     """The page at the returned server's `.url`, and the live-metrics collector every write planned on this machine
-    reports to (see sluice.metrics.serve). Loopback by default; any other address needs a token."""
-    return MetricsServer(host, port, advertise, token, extra_routes=ui_routes(meta, include_ended)).start()
+    reports to (see sluice.metrics.serve). Loopback by default; any other address needs a token. The page's charts
+    show the last 15 minutes, a point every `chart_interval_s`."""
+    return MetricsServer(host, port, advertise, token, extra_routes=ui_routes(meta, include_ended),
+                         history_interval_s=chart_interval_s).start()
