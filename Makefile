@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: s2-proto test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-kafka check-chromium check-flink
+	check-kafka check-chromium check-flink check-promtool
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -223,6 +223,21 @@ check-chromium:
 	  fi; \
 	fi
 
+# promtool checks and unit-tests the documented alerting rules (docs/prometheus/sluice-alerts.yml): Debian's prometheus
+# package, pinned here, downloaded (not installed: no service) and only its promtool unpacked into the cache.
+PROMTOOL_DEB := 2.42.0+ds-5+deb12u1
+PROMTOOL_DIR := $(HOME)/.cache/sluice/promtool-$(firstword $(subst +, ,$(PROMTOOL_DEB)))
+export SLUICE_PROMTOOL := $(PROMTOOL_DIR)/promtool
+check-promtool:
+	@if ! test -x $(PROMTOOL_DIR)/promtool; then \
+	  command -v apt-get >/dev/null 2>&1 || { echo "promtool comes from Debian's prometheus package ($(PROMTOOL_DEB)): apt-get download prometheus=$(PROMTOOL_DEB)" >&2; exit 1; }; \
+	  echo "fetching promtool from Debian's prometheus $(PROMTOOL_DEB)"; \
+	  tmp=$$(mktemp -d) && cd $$tmp && { apt-get download -qq prometheus=$(PROMTOOL_DEB) 2>/dev/null || \
+	    { apt-get update -qq && apt-get download -qq prometheus=$(PROMTOOL_DEB) 2>/dev/null; }; } && \
+	  dpkg-deb -x prometheus_*.deb x && mkdir -p $(PROMTOOL_DIR) && cp x/usr/bin/promtool $(PROMTOOL_DIR)/promtool.tmp && \
+	  mv $(PROMTOOL_DIR)/promtool.tmp $(PROMTOOL_DIR)/promtool && cd / && rm -rf $$tmp || exit 1; \
+	fi
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 
@@ -243,7 +258,7 @@ s2-proto: $(STAMP)
 # both jobs need is installed first, one at a time (apt-get and pip each take a lock). The capability table is
 # checked last: it reads the main run's results. Every test's seconds land in build/junit/ (the time budget's ledger).
 TEST_SETUP := $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch \
-	check-hbase check-kafka check-chromium check-postgres-versions lint
+	check-hbase check-kafka check-chromium check-promtool check-postgres-versions lint
 test: $(TEST_SETUP)
 	$(MAKE) -j2 test-main test-lines-then-versions
 	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
@@ -267,7 +282,7 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgre
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-kafka check-chromium lint
+	check-kafka check-chromium check-promtool lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
 	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(KAFKA_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS))
