@@ -1,4 +1,4 @@
-"""The `sluice` command. Subcommands: formats, options, s2 serve, meta, table, postgres."""
+"""The `sluice` command. Subcommands: formats, options, s2 serve, meta, table, postgres, ui, doctor."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_table(sub)
     _add_postgres(sub)
     _add_ui(sub)
+    _add_doctor(sub)
     return parser
 
 
@@ -83,6 +84,55 @@ def _ui(args: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
     return 0
+
+
+def _add_doctor(sub: Any) -> None:
+    doctor = sub.add_parser("doctor", help="what pipelines left in each store (slots, staged rows, open transactions, "
+                            "writer claims), whose it is, whether it is safe to remove; --fix removes it")
+    doctor.add_argument("--meta", default=None, help="database: a SQLite path or postgresql:// URL (default "
+                        "$SLUICE_META, else .sluice/meta.db)")
+    doctor.add_argument("--postgres", metavar="URL", help="postgresql://user@host:port/dbname to examine; the "
+                        "password comes from PGPASSWORD (never on the command line, where ps shows it)")
+    doctor.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers to examine")
+    doctor.add_argument("--kafka-open-after", type=float, default=60.0, metavar="SECONDS",
+                        help="report transactions open at least this long (default 60)")
+    doctor.add_argument("--dead-after", type=float, default=None, metavar="SECONDS",
+                        help="treat a job recorded running as dead after this long without a sign of life (unless "
+                        "its pid runs on this host); default: never")
+    doctor.add_argument("--fix", action="store_true", help="remove what belongs to stopped or dead jobs, asking first")
+    doctor.add_argument("--yes", action="store_true", help="with --fix: do not ask about the items safe to remove "
+                        "(anything else is still asked about)")
+    doctor.set_defaults(run=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import time
+
+    from sluice.doctor import Doctor, Stores
+
+    doctor = Doctor(args.meta, Stores(args.postgres, args.kafka, args.kafka_open_after), args.dead_after)
+    findings = doctor.examine()
+    now = time.time()
+    for finding in findings:
+        print(finding.line(now))
+    safe = sum(f.verdict.safe for f in findings)
+    print(f"{len(findings)} item(s), {safe} safe to remove" + ("" if args.fix or not safe else
+                                                              "; sluice doctor --fix removes them"))
+    if not args.fix:
+        return 0
+
+    def ask(question: str) -> bool:
+        try:
+            return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+        except (EOFError, OSError):  # no terminal: nothing is removed without --yes
+            print()
+            return False
+
+    failed = 0
+    for action in doctor.fix(findings, ask, yes=args.yes):
+        failed += action.what.startswith("refused")
+        print(f"{'done' if action.done else 'not done'}: {action.finding.kind} {action.finding.name}: {action.what}")
+    return 1 if failed else 0
 
 
 def _add_postgres(sub: Any) -> None:

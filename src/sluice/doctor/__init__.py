@@ -1,0 +1,28 @@
+"""`sluice doctor`: what the pipelines of a MetaService left in each store, what it costs, whose it is, and whether
+removing it is safe; `--fix` removes what belongs to stopped (or dead) jobs.
+
+    from sluice.doctor import Doctor, Stores
+    doctor = Doctor("postgresql://.../meta", Stores(postgres="postgresql://user@db/app", kafka="broker:9092"))
+    for finding in doctor.examine():
+        print(finding.line(time.time()))
+
+One concern per module: _owners (whose a leftover is and whether its job still runs), _postgres (replication
+slots, staged rows of transactional writes), _kafka (open transactions, sluice's transactional ids), _tablestore
+(writer claims, barriers in progress), _run (a round: examine, fix).
+"""
+
+from sluice.doctor._model import (
+    KAFKA_TXN,
+    PG_SLOT,
+    PG_STAGED,
+    TABLE_BARRIER,
+    TABLE_CLAIM,
+    Action,
+    Finding,
+    Owner,
+    Verdict,
+)
+from sluice.doctor._run import Doctor, Stores
+
+__all__ = ["KAFKA_TXN", "PG_SLOT", "PG_STAGED", "TABLE_BARRIER", "TABLE_CLAIM", "Action", "Doctor", "Finding",
+           "Owner", "Stores", "Verdict"]
