@@ -43,7 +43,8 @@ def test_a_dead_jobs_claim_and_barrier_are_fixed_and_a_live_jobs_claim_is_left(t
     assert cli(["doctor", "--meta", url]) == 0
     out = capsys.readouterr().out
     assert f"tablestore-writer-claim  ledger  in MetaService({url})" in out
-    assert f"owner: job {dead.job_id} (dead-writer), running, host {dead.host} pid {dead.pid} (no such process now)" in out
+    assert (f"owner: job {dead.job_id} (dead-writer), running, host {dead.host} pid {dead.pid} "
+            "(no such process now)") in out
     assert "its pid is gone from this host" in out and "give --dead-after SECONDS" in out
     assert "archive" not in out, "an ended job claims nothing"
     assert "0 safe to remove" in out
@@ -53,6 +54,7 @@ def test_a_dead_jobs_claim_and_barrier_are_fixed_and_a_live_jobs_claim_is_left(t
     assert f"tablestore-barrier-in-progress  barrier {barrier} of query {dead_query}" in out
     assert "micro-batch 7 got barrier" in out and "not yet completed by ledger" in out
     assert "safe to remove: yes (its job is recorded running but is dead: no such process on this host" in out
+    assert f"owner: job {live.job_id} (live-writer), running" in out
     assert f"safe to remove: no (its job runs (pid {os.getpid()} on this host))" in out, "the live job: not safe"
 
     # --fix without --yes asks about everything, and a "no" removes nothing.
