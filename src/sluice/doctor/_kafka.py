@@ -18,10 +18,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sluice.connectors.kafka import MARKER_GROUP_PREFIX, default_transactional_prefix
 from sluice.doctor._model import KAFKA_TXN, Finding, Verdict
 from sluice.doctor._owners import Owners
 
-MARKER_GROUP = "sluice-eos-"  # + <write id>-<task partition> (sluice.connectors.kafka._txn.TxnIdentity)
 TIMEOUT_S = 15.0
 
 
@@ -48,7 +48,7 @@ def examine(bootstrap: str, owners: Owners, open_after_s: float) -> list[Finding
         owner = owners.by_query.get(query_id)
         if owner is None:
             continue
-        txn_ids = tuple(f"sluice-{query_id}-{n}" for n in sorted(tasks))
+        txn_ids = tuple(f"{default_transactional_prefix(query_id)}-{n}" for n in sorted(tasks))
         found.append(Finding(
             KAFKA_TXN, bootstrap, f"transactional ids {', '.join(txn_ids)}",
             "may hold one of the open transactions above (Kafka aborts it only after transaction.timeout.ms)",
@@ -102,8 +102,8 @@ def _sluice_transactional_ids(admin: Any) -> dict[str, set[int]]:
     ids: dict[str, set[int]] = {}
     for group in listing.valid:
         name = group.group_id
-        if name.startswith(MARKER_GROUP):
-            write_id, _, task = name[len(MARKER_GROUP):].rpartition("-")
+        if name.startswith(MARKER_GROUP_PREFIX):
+            write_id, _, task = name[len(MARKER_GROUP_PREFIX):].rpartition("-")
             if task.isdigit():
                 ids.setdefault(write_id, set()).add(int(task))
     return ids
