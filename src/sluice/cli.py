@@ -168,7 +168,8 @@ def _postgres_slots(args: argparse.Namespace) -> int:
 
     for slot in list_slots(_pg_connection(args), args.prefix):
         print(f"{slot.name}  database={slot.database}  query={slot.query or 'none'}  confirmed={slot.confirmed}  "
-              f"retained_wal_bytes={slot.retained_bytes}  wal_status={slot.wal_status}")
+              f"retained_wal_bytes={slot.retained_bytes}  wal_status={slot.wal_status}"
+              + (f"  inactive_since={slot.inactive_since}" if slot.inactive_since else ""))
     return 0
 
 

@@ -92,6 +92,8 @@ def test_a_stopped_querys_slot_and_staged_rows_are_removed_and_a_running_querys_
     assert f"sluice_unowned_{suffix}" in out and "safe to remove: no (no job of the MetaService owns it" in out
     findings = {f.name: f for f in Doctor(meta_url, Stores(postgres=url)).examine() if f.kind == PG_SLOT}
     assert findings[f"sluice_orders_{suffix}"].figures["retained_bytes"] > 0
+    if sql(lpg.url, "SHOW server_version_num")[0][0] >= "170000":
+        assert "inactive since" in findings[f"sluice_orders_{suffix}"].cost
 
     assert cli(["doctor", "--meta", meta_url, "--postgres", url, "--fix", "--yes"]) == 0
     out = capsys.readouterr().out

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import sql
+
 from sluice.connectors.postgres import Connection
-from sluice.connectors.postgres._client import qualified
-from sluice.connectors.postgres.changes import drop_slot
-from sluice.connectors.postgres.changes._slot import slot_holder
+from sluice.connectors.postgres.changes import drop_slot, list_slots
 from sluice.doctor._model import PG_SLOT, PG_STAGED, Finding, Verdict
 from sluice.doctor._owners import Owners
 from sluice.meta import MetaService
@@ -18,31 +18,26 @@ SLOT_PREFIX = "sluice_"  # sluice's default slot names; slots a job recorded as 
 
 
 def examine(conn: Connection, meta: MetaService, owners: Owners) -> list[Finding]:
+    found = _slots(conn, meta, owners)
     with conn.connect_psycopg() as pg:
-        return _slots(pg, conn, meta, owners) + _staged(pg, conn, owners)
+        return found + _staged(pg, conn, owners)
 
 
-def _slots(pg: Any, conn: Connection, meta: MetaService, owners: Owners) -> list[Finding]:
+def _slots(conn: Connection, meta: MetaService, owners: Owners) -> list[Finding]:
     held = {h.name: h.job_id for h in meta.holdings() if h.kind == PG_SLOT and h.location == conn.dbname}
-    # to_jsonb(s): inactive_since exists from PostgreSQL 17 on; older servers give null.
-    rows = pg.execute("SELECT slot_name::text, active, coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), "
-                      "0)::bigint, wal_status, to_jsonb(s) ->> 'inactive_since' FROM pg_replication_slots s "
-                      "WHERE slot_type = 'logical' AND NOT temporary AND database = current_database() ORDER BY 1"
-                      ).fetchall()
     found = []
-    for name, active, retained, wal_status, inactive_since in rows:
-        if name not in held and not name.startswith(SLOT_PREFIX):
+    for slot in list_slots(conn, prefix=""):
+        if slot.database != conn.dbname or (slot.name not in held and not slot.name.startswith(SLOT_PREFIX)):
             continue
-        owner = owners.by_job.get(held[name]) if name in held else None
-        holder = slot_holder(pg, name)
-        if holder is not None or active:
-            verdict = Verdict(False, f"a running query holds it ({holder or 'a session decodes it now'})")
+        owner = owners.by_job.get(held[slot.name]) if slot.name in held else None
+        if slot.query is not None or slot.active:
+            verdict = Verdict(False, f"a running query holds it ({slot.query or 'a session decodes it now'})")
         else:
             verdict = owners.verdict(owner)
-        since = f", inactive since {inactive_since}" if inactive_since else ""
-        found.append(Finding(PG_SLOT, conn.describe(), name,
-                             f"retains {retained:,} bytes of WAL (wal_status {wal_status}){since}", owner, verdict,
-                             {"retained_bytes": float(retained)}, (name,)))
+        since = f", inactive since {slot.inactive_since}" if slot.inactive_since else ""
+        found.append(Finding(PG_SLOT, conn.describe(), slot.name,
+                             f"retains {slot.retained_bytes:,} bytes of WAL (wal_status {slot.wal_status}){since}",
+                             owner, verdict, {"retained_bytes": float(slot.retained_bytes)}, (slot.name,)))
     return found
 
 
@@ -52,9 +47,9 @@ def _staged(pg: Any, conn: Connection, owners: Owners) -> list[Finding]:
                         "ORDER BY 1, 2").fetchall()
     found = []
     for schema, table in tables:
-        stage = qualified(schema, table)
-        for write_id, rows, epochs in pg.execute(f"SELECT _sluice_write, count(*), count(DISTINCT _sluice_epoch) "
-                                                 f"FROM {stage} GROUP BY 1 ORDER BY 1").fetchall():
+        query = sql.SQL("SELECT _sluice_write, count(*), count(DISTINCT _sluice_epoch) FROM {} GROUP BY 1 "
+                        "ORDER BY 1").format(sql.Identifier(schema, table))
+        for write_id, rows, epochs in pg.execute(query).fetchall():
             owner = owners.by_query.get(write_id) or owners.by_job.get(write_id)
             found.append(Finding(PG_STAGED, conn.describe(), f"{schema}.{table} write {write_id}",
                                  f"{rows:,} staged row(s) of {epochs} uncommitted epoch(s)", owner,
@@ -70,6 +65,6 @@ def remove(conn: Connection, meta: MetaService, finding: Finding) -> str:
         return f"dropped replication slot {slot} (and its publication, if sluice created it)"
     schema, table, write_id = finding.handle
     with conn.connect_psycopg() as pg:
-        deleted = pg.execute(f"DELETE FROM {qualified(schema, table)} WHERE _sluice_write = %s",
+        deleted = pg.execute(sql.SQL("DELETE FROM {} WHERE _sluice_write = %s").format(sql.Identifier(schema, table)),
                              (write_id,)).rowcount
     return f"deleted {deleted:,} staged row(s) of write {write_id} from {schema}.{table}"
