@@ -216,7 +216,7 @@ def test_a_jobs_holdings_and_last_signs_of_life_are_recorded_and_renewed(meta_ur
     job = meta.register_job("cdc", sources=[], sinks=["orders"], query_id="q-1")
     started = meta.last_signs_of_life()[job.job_id]
     assert started == job.started_at
-    with pytest.raises(MetaError, match="no job 'nobody' .* to hold postgres-slot 'sluice_x'"):
+    with pytest.raises(MetaError, match=r"no job 'nobody' .* to hold postgres-slot 'sluice_x'"):
         meta.record_holding("nobody", "postgres-slot", "app", "sluice_x")
     meta.record_holding(job.job_id, "postgres-slot", "app", "sluice_x")
     (held,) = meta.holdings()
