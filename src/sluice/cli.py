@@ -65,6 +65,14 @@ def _add_ui(sub: Any) -> None:
     ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free one)")
     ui.add_argument("--advertise", default=None, help="the name executors reach this machine by (for their metrics)")
     ui.add_argument("--running-only", action="store_true", help="hide jobs that ended")
+    ui.add_argument("--doctor-postgres", metavar="URL", help="also run sluice doctor on this database (password from "
+                    "PGPASSWORD): its findings on the page and as sluice_doctor_* gauges")
+    ui.add_argument("--doctor-kafka", metavar="BOOTSTRAP", help="also run sluice doctor on these Kafka brokers")
+    ui.add_argument("--doctor-every", type=float, default=60.0, metavar="SECONDS",
+                    help="seconds between the doctor's rounds (default 60)")
+    ui.add_argument("--doctor", action="store_true", help="run sluice doctor on the MetaService alone (implied by "
+                    "--doctor-postgres / --doctor-kafka)")
+    ui.add_argument("--dead-after", type=float, default=None, metavar="SECONDS", help="the doctor's --dead-after")
     ui.set_defaults(run=_ui)
 
 
@@ -73,16 +81,25 @@ def _ui(args: argparse.Namespace) -> int:
     import os
     import threading
 
+    from sluice.doctor import Doctor, DoctorWatch, Stores
     from sluice.ui import serve_ui
 
     # The token comes from the environment, never the command line, where `ps` would show it.
     token = os.environ.get("SLUICE_UI_TOKEN") or None
-    with serve_ui(args.meta, args.host, args.port, advertise=args.advertise, token=token,
-                  include_ended=not args.running_only) as server:
-        shown = f"{server.url}/?token=..." if token else f"{server.url}/"
-        print(f"sluice ui at {shown} (Prometheus: {server.url}/metrics); Ctrl-C ends it", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+    watch = None
+    if args.doctor or args.doctor_postgres or args.doctor_kafka:
+        watch = DoctorWatch(Doctor(args.meta, Stores(args.doctor_postgres, args.doctor_kafka), args.dead_after),
+                            args.doctor_every).start()
+    try:
+        with serve_ui(args.meta, args.host, args.port, advertise=args.advertise, token=token,
+                      include_ended=not args.running_only, doctor=watch) as server:
+            shown = f"{server.url}/?token=..." if token else f"{server.url}/"
+            print(f"sluice ui at {shown} (Prometheus: {server.url}/metrics); Ctrl-C ends it", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
+    finally:
+        if watch is not None:
+            watch.stop()
     return 0
 
 
