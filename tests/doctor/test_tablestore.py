@@ -76,3 +76,9 @@ def test_a_dead_jobs_claim_and_barrier_are_fixed_and_a_live_jobs_claim_is_left(t
     assert by_name(meta, "live-writer").status == RUNNING, "the live job's claim survives"
     meta.register_job("next-writer", sources=[], sinks=["ledger"])  # the table can be written again
     assert [f.name for f in Doctor(url, Stores(), dead_after=0).examine()] == ["balances", "ledger"]
+
+    # What is not safe goes only on an explicit yes to its own question.
+    doctor = Doctor(url, Stores(), dead_after=0)
+    live_claim = [f for f in doctor.examine() if f.name == "balances"]
+    (action,) = doctor.fix(live_claim, lambda q: q.startswith(f"NOT SAFE: {TABLE_CLAIM} balances"), yes=True)
+    assert action.done and by_name(meta, "live-writer").status == RELEASED
