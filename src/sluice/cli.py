@@ -68,10 +68,11 @@ def _add_ui(sub: Any) -> None:
     ui.add_argument("--doctor-postgres", metavar="URL", help="also run sluice doctor on this database (password from "
                     "PGPASSWORD): its findings on the page and as sluice_doctor_* gauges")
     ui.add_argument("--doctor-kafka", metavar="BOOTSTRAP", help="also run sluice doctor on these Kafka brokers")
+    ui.add_argument("--doctor-s2-basin", metavar="BASIN", help="also run sluice doctor on this S2 basin")
     ui.add_argument("--doctor-every", type=float, default=60.0, metavar="SECONDS",
                     help="seconds between the doctor's rounds (default 60)")
     ui.add_argument("--doctor", action="store_true", help="run sluice doctor on the MetaService alone (implied by "
-                    "--doctor-postgres / --doctor-kafka)")
+                    "--doctor-postgres / --doctor-kafka / --doctor-s2-basin)")
     ui.add_argument("--dead-after", type=float, default=None, metavar="SECONDS", help="the doctor's --dead-after")
     ui.set_defaults(run=_ui)
 
@@ -87,9 +88,9 @@ def _ui(args: argparse.Namespace) -> int:
     # The token comes from the environment, never the command line, where `ps` would show it.
     token = os.environ.get("SLUICE_UI_TOKEN") or None
     watch = None
-    if args.doctor or args.doctor_postgres or args.doctor_kafka:
-        watch = DoctorWatch(Doctor(args.meta, Stores(args.doctor_postgres, args.doctor_kafka), args.dead_after),
-                            args.doctor_every).start()
+    if args.doctor or args.doctor_postgres or args.doctor_kafka or args.doctor_s2_basin:
+        stores = Stores(args.doctor_postgres, args.doctor_kafka, s2_basin=args.doctor_s2_basin)
+        watch = DoctorWatch(Doctor(args.meta, stores, args.dead_after), args.doctor_every).start()
     try:
         with serve_ui(args.meta, args.host, args.port, advertise=args.advertise, token=token,
                       include_ended=not args.running_only, doctor=watch) as server:
@@ -113,6 +114,9 @@ def _add_doctor(sub: Any) -> None:
     doctor.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers to examine")
     doctor.add_argument("--kafka-open-after", type=float, default=60.0, metavar="SECONDS",
                         help="report transactions open at least this long (default 60)")
+    doctor.add_argument("--s2-basin", metavar="BASIN", help="S2 basin to examine (token from S2_ACCESS_TOKEN, "
+                        "endpoints from S2_ACCOUNT_ENDPOINT / S2_BASIN_ENDPOINT)")
+    doctor.add_argument("--s2-prefix", default="", metavar="PREFIX", help="only the basin's streams with this prefix")
     doctor.add_argument("--dead-after", type=float, default=None, metavar="SECONDS",
                         help="treat a job recorded running as dead after this long without a sign of life (unless "
                         "its pid runs on this host); default: never")
@@ -127,7 +131,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from sluice.doctor import Doctor, Stores
 
-    doctor = Doctor(args.meta, Stores(args.postgres, args.kafka, args.kafka_open_after), args.dead_after)
+    doctor = Doctor(args.meta, Stores(args.postgres, args.kafka, args.kafka_open_after, args.s2_basin, args.s2_prefix),
+                    args.dead_after)
     findings = doctor.examine()
     now = time.time()
     for finding in findings:

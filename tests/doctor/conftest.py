@@ -14,3 +14,11 @@ def lpg():
 def kafka():
     with LocalKafka() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def s2():
+    from sluice.s2local import LocalS2
+
+    with LocalS2() as server:
+        yield server

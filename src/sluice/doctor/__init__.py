@@ -7,15 +7,16 @@ removing it is safe; `--fix` removes what belongs to stopped (or dead) jobs.
         print(finding.line(time.time()))
 
 One concern per module: _owners (whose a leftover is and whether its job still runs), _postgres (replication
-slots, staged rows of transactional writes), _kafka (open transactions, sluice's transactional ids), _tablestore
-(writer claims, barriers in progress), _run (a round: examine, fix), _watch (rounds on the metrics server:
-sluice_doctor_* gauges and the page's section).
+slots, staged rows of transactional writes), _kafka (open transactions, sluice's transactional ids), _s2
+(micro-batches never committed), _tablestore (writer claims, barriers in progress), _run (a round: examine, fix),
+_watch (rounds on the metrics server: sluice_doctor_* gauges and the page's section).
 """
 
 from sluice.doctor._model import (
     KAFKA_TXN,
     PG_SLOT,
     PG_STAGED,
+    S2_OPEN,
     TABLE_BARRIER,
     TABLE_CLAIM,
     Action,
@@ -26,5 +27,5 @@ from sluice.doctor._model import (
 from sluice.doctor._run import Doctor, Stores
 from sluice.doctor._watch import DoctorWatch
 
-__all__ = ["KAFKA_TXN", "PG_SLOT", "PG_STAGED", "TABLE_BARRIER", "TABLE_CLAIM", "Action", "Doctor", "DoctorWatch",
-           "Finding", "Owner", "Stores", "Verdict"]
+__all__ = ["KAFKA_TXN", "PG_SLOT", "PG_STAGED", "S2_OPEN", "TABLE_BARRIER", "TABLE_CLAIM", "Action", "Doctor",
+           "DoctorWatch", "Finding", "Owner", "Stores", "Verdict"]

@@ -11,6 +11,7 @@ PG_STAGED = "postgres-staged-rows"
 KAFKA_TXN = "kafka-open-transaction"
 TABLE_CLAIM = "tablestore-writer-claim"
 TABLE_BARRIER = "tablestore-barrier-in-progress"
+S2_OPEN = "s2-uncommitted-micro-batch"
 
 
 @dataclass(frozen=True)

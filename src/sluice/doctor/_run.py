@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice._errors import SluiceError
-from sluice.doctor import _kafka, _postgres, _tablestore
+from sluice.doctor import _kafka, _postgres, _s2, _tablestore
 from sluice.doctor._model import KAFKA_TXN, PG_SLOT, PG_STAGED, Action, Finding
 from sluice.doctor._owners import Owners
 from sluice.meta import MetaService
@@ -19,6 +19,8 @@ class Stores:
     postgres: str | None = None
     kafka: str | None = None  # bootstrap servers
     kafka_open_after_s: float = 60.0  # report transactions open at least this long
+    s2_basin: str | None = None  # token and endpoints from S2_ACCESS_TOKEN, S2_ACCOUNT_ENDPOINT, S2_BASIN_ENDPOINT
+    s2_prefix: str = ""  # the basin's streams with this prefix
 
 
 class Doctor:
@@ -27,6 +29,7 @@ class Doctor:
         self.stores = stores
         self.dead_after = dead_after
         self._pg = _pg_connection(stores.postgres) if stores.postgres else None
+        self._s2 = _s2.connection(stores.s2_basin) if stores.s2_basin else None
 
     def examine(self) -> list[Finding]:
         owners = Owners(self.meta, self.dead_after)
@@ -35,6 +38,8 @@ class Doctor:
             found += _postgres.examine(self._pg, self.meta, owners)
         if self.stores.kafka:
             found += _kafka.examine(self.stores.kafka, owners, self.stores.kafka_open_after_s)
+        if self._s2 is not None:
+            found += _s2.examine(self._s2, owners, self.stores.s2_prefix)
         return found
 
     def fix(self, findings: list[Finding], ask: Callable[[str], bool], yes: bool = False) -> list[Action]:

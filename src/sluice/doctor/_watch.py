@@ -86,7 +86,9 @@ class DoctorWatch:
                 ("sluice_doctor_open_transaction_age_seconds", "age_s", "How long a Kafka partition's oldest open "
                  "transaction has held read_committed readers back, seconds."),
                 ("sluice_doctor_open_transaction_records", "records", "Records past a Kafka partition's last "
-                 "stable offset.")):
+                 "stable offset."),
+                ("sluice_doctor_s2_uncommitted_records", "uncommitted_records", "Records of an S2 exactly-once "
+                 "micro-batch opened and never committed.")):
             gauge = GaugeMetricFamily(metric, text, labels=labels)
             for f in findings:
                 if figure in f.figures:
