@@ -7,7 +7,9 @@ import uuid
 
 import psycopg
 import pyarrow as pa
+import pytest
 
+from sluice import OptionError
 from sluice.cli import main as cli
 from sluice.connectors.postgres import PostgresChangesDataSource
 from sluice.connectors.postgres.changes import list_slots
@@ -59,6 +61,13 @@ def test_a_stopped_querys_slot_and_staged_rows_are_removed_and_a_running_querys_
     live = stream(lpg.url, table=f"items_{suffix}", snapshot="false", slot=f"sluice_items_{suffix}",
                   job=running.job_id, meta=meta_url)
     unowned = stream(lpg.url, table=f"items_{suffix}", snapshot="false", slot=f"sluice_unowned_{suffix}")  # no 'job'
+    nobodys = stream(lpg.url, table=f"items_{suffix}", snapshot="false", slot=f"sluice_nobody_{suffix}", job="nobody",
+                     meta=meta_url)
+    with pytest.raises(OptionError, match=r"option 'job' \(nobody\): no job 'nobody' in MetaService"):
+        nobodys.initialOffset()  # a holding names a job the MetaService knows
+    nobodys.stop()
+    assert not sql(lpg.url, f"SELECT 1 FROM pg_replication_slots WHERE slot_name = 'sluice_nobody_{suffix}'"), \
+        "refused before its slot was made"
     old_start, live_start = old.initialOffset(), live.initialOffset()
     unowned.initialOffset()
     unowned.stop()

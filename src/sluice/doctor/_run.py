@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice._errors import SluiceError
+from sluice.connectors.postgres import Connection
 from sluice.doctor import _kafka, _postgres, _s2, _tablestore
 from sluice.doctor._model import KAFKA_TXN, PG_SLOT, PG_STAGED, Action, Finding
 from sluice.doctor._owners import Owners
@@ -73,11 +74,10 @@ class Doctor:
         return _tablestore.remove(self.meta, finding)
 
 
-def _pg_connection(url: str) -> object:
+def _pg_connection(url: str) -> Connection:
     from urllib.parse import urlsplit
 
     from sluice import OptionError
-    from sluice.connectors.postgres import Connection
     from sluice.connectors.postgres.changes import CHANGES_SPEC
 
     if urlsplit(url).password:

@@ -20,6 +20,7 @@ from sluice.connector import (
     ReadLimit,
     ReadMaxRows,
     ReadObserver,
+    SluiceError,
     SourceReporter,
     Split,
     SupportsTriggerAvailableNow,
@@ -73,7 +74,10 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         an existing slot whose snapshot is still held gives the same answer."""
         self._guard.hold()
         if self._owner is not None:
-            self._owner.beat(force=True)
+            try:
+                self._owner.beat(force=True)
+            except SluiceError as e:
+                raise OptionError(f"option 'job' ({self._owner.job_id}): {e}") from None
         if self._initial is None:
             self._initial = self._first_offset()
         return self._initial.to_json()
@@ -316,7 +320,11 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         if self._lag.target is not None and (lag := slot_lag(pg, s.slot)) is not None:
             self._lag.report(lag)
         if self._owner is not None:
-            self._owner.beat()
+            try:
+                self._owner.beat()
+            except Exception as e:  # the query goes on; its slot then looks silent to sluice doctor
+                log.warning("recording slot %s as job %s's in the MetaService failed: %s", s.slot,
+                            self._owner.job_id, e)
 
     def stop(self) -> None:
         if self._holder is not None:
