@@ -231,3 +231,10 @@ def test_a_jobs_holdings_and_last_signs_of_life_are_recorded_and_renewed(meta_ur
     assert meta.last_signs_of_life()[job.job_id] >= renewed.seen_at
     meta.forget_holding("postgres-slot", "app", "sluice_x")
     assert meta.holdings() == []
+    before = meta.last_signs_of_life()[job.job_id]
+    meta.record_sign_of_life(job.job_id)  # its driver: the query made progress
+    assert meta.last_signs_of_life()[job.job_id] > before
+    meta.finish_job(job.job_id)
+    ended = meta.last_signs_of_life()[job.job_id]
+    meta.record_sign_of_life(job.job_id)
+    assert meta.last_signs_of_life()[job.job_id] == ended, "an ended job's driver says nothing any more"

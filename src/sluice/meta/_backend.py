@@ -37,7 +37,9 @@ SCHEMA = (
 # Columns added after the first release: (table, column, type), added to an older database when missing.
 ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),
                   # An ended job's sources and sinks (JSON): its edge rows are dropped, its history shown.
-                  ("sluice_jobs", "ended_tables", "TEXT"))
+                  ("sluice_jobs", "ended_tables", "TEXT"),
+                  # A running job's last sign of life from its driver (a watched query's progress, _holdings.py).
+                  ("sluice_jobs", "seen_at", "DOUBLE PRECISION"))
 
 
 

@@ -1,5 +1,6 @@
 """What a job holds in a store outside the table store (a PostgreSQL replication slot), and each job's last sign of
-life: what `sluice doctor` needs to say whose a leftover is and whether that job still runs.
+life: what `sluice doctor` needs to say whose a leftover is and whether that job still runs. A watched job's driver
+also records its query's progress (record_sign_of_life, at most every HEARTBEAT_S).
 
 A holding is recorded by the job's driver (format("postgres_changes") with option 'job') when its query starts and
 again at most every HEARTBEAT_S while it commits micro-batches; that time is the job's sign of life, beside its
@@ -49,11 +50,18 @@ class HoldingLedger(Transactions):
             cur.execute("SELECT kind, location, name, job_id, seen_at FROM sluice_job_holdings ORDER BY 1, 2, 3")
             return [Holding(*row) for row in cur.fetchall()]
 
+    def record_sign_of_life(self, job_id: str) -> None:
+        """A running job's driver says it is alive (sluice.tablestore's JobHandle.watch: its query's progress)."""
+        with self._tx(write=True) as cur:
+            cur.execute("UPDATE sluice_jobs SET seen_at = ? WHERE job_id = ? AND status = 'running'",
+                        (time.time(), job_id))
+
     def last_signs_of_life(self) -> dict[str, float]:
-        """Each job's latest recorded activity: its start, its last table-store commit, its holdings' renewals."""
+        """Each job's latest recorded activity: its start, its driver's last sign of life, its last table-store
+        commit, its holdings' renewals."""
         with self._tx() as cur:
-            cur.execute("SELECT job_id, started_at FROM sluice_jobs")
-            signs = {job_id: started for job_id, started in cur.fetchall()}
+            cur.execute("SELECT job_id, started_at, seen_at FROM sluice_jobs")
+            signs = {job_id: max(started, seen or started) for job_id, started, seen in cur.fetchall()}
             cur.execute("SELECT job_id, max(committed_at) FROM sluice_barriers WHERE job_id IS NOT NULL "
                         "GROUP BY job_id")
             rows = cur.fetchall()
