@@ -8,10 +8,13 @@ import uuid
 import psycopg
 import pyarrow as pa
 import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from sluice import OptionError
 from sluice.cli import main as cli
-from sluice.connectors.postgres import PostgresChangesDataSource
+from sluice.connectors.postgres import Connection, PostgresChangesDataSource
+from sluice.connectors.postgres._options import WRITE_SPEC, WriteOptions
+from sluice.connectors.postgres._table import prepare_target
 from sluice.connectors.postgres.changes import list_slots
 from sluice.doctor import PG_SLOT, Doctor, Stores
 from sluice.meta import RUNNING, MetaService
@@ -40,8 +43,19 @@ def micro_batch(reader, start):
     return end, pa.Table.from_batches(batches, schema=to_arrow_schema(reader.schema)).to_pylist()
 
 
+def staging_table(url, table):
+    """The staging table sluice's driver makes for a transactional write into `table` (format("postgres") with
+    sink.transactional), as it plans the write."""
+    schema = StructType([StructField("id", LongType()), StructField("v", StringType())])
+    opts = WRITE_SPEC.parse({"url": url, "table": table, "create-table": "true", "sink.mode": "global-ordered",
+                             "sink.transactional": "true"})
+    return prepare_target(Connection.from_options(opts), WriteOptions.of(opts), schema, to_arrow_schema(schema),
+                          overwrite=False, staged=True).stage_table
+
+
 def stage(url, table, write_id, rows):
-    """Rows a task of write `write_id` staged for epoch 0, as sluice's transactional sink tags them."""
+    """Rows a task of write `write_id` staged for epoch 0 and its driver never committed (the query stopped
+    first), tagged as sluice's tasks tag them."""
     values = ", ".join(f"({i}, 'v', '{write_id}', 0, 0, 1, {i})" for i in range(rows))
     sql(url, f"INSERT INTO {table} VALUES {values}")
 
@@ -78,9 +92,7 @@ def test_a_stopped_querys_slot_and_staged_rows_are_removed_and_a_running_querys_
     old.stop()
     meta.finish_job(stopped.job_id)  # the query stopped and its job ended (JobHandle.watch does this)
     sql(lpg.url, f"INSERT INTO orders_{suffix} SELECT g, 'b' FROM generate_series(2, 2000) g")  # WAL the slot keeps
-    staging = f"sluice_stage_{suffix}0000"
-    sql(lpg.url, f"CREATE TABLE {staging} (id int, v text, _sluice_write text, _sluice_epoch bigint, "
-                 "_sluice_task int, _sluice_attempt bigint, _sluice_seq bigint)")
+    staging = staging_table(lpg.url, f"orders_copy_{suffix}")
     stage(lpg.url, staging, stopped_q, 3)
     stage(lpg.url, staging, running_q, 2)
 
