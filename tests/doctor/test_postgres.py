@@ -3,6 +3,7 @@ a transactional write of that job left (its tasks staged, its driver never commi
 slot and its job's in-flight staged rows. Each is reported with its MetaService job; --fix drops the stopped job's
 slot and rows, and the running query's slot and rows survive it, the query streaming on."""
 
+import os
 import uuid
 
 import psycopg
@@ -115,6 +116,17 @@ def test_a_stopped_querys_slot_and_staged_rows_are_removed_and_a_running_querys_
     assert findings[f"sluice_orders_{suffix}"].figures["retained_bytes"] > 0
     if sql(lpg.url, "SHOW server_version_num")[0][0] >= "170000":
         assert "inactive since" in findings[f"sluice_orders_{suffix}"].cost
+
+    # The question waited while the stopped query was restarted under a new job: the verdict is taken again before
+    # anything is removed, and what its query left is the running job's now.
+    doctor = Doctor(meta_url, Stores(postgres=url))
+    findings = [f for f in doctor.examine() if f.verdict.safe]
+    restarted = meta.register_job("cdc-restarted", sources=[], sinks=["orders_copy"], query_id=stopped_q)
+    actions = doctor.fix(findings, lambda q: True, yes=True)
+    assert [a.what for a in actions] == [f"refused: not safe any more: its job runs (pid {os.getpid()} on this "
+                                         "host)"] * 2
+    assert sql(lpg.url, f"SELECT count(*) FROM {staging} WHERE _sluice_write = '{stopped_q}'") == [(3,)]
+    meta.finish_job(restarted.job_id)
 
     assert cli(["doctor", "--meta", meta_url, "--postgres", url, "--fix", "--yes"]) == 0
     out = capsys.readouterr().out

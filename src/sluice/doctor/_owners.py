@@ -47,6 +47,13 @@ class Owners:
                 # A query restarted under a new job keeps its id: the newest job is the owner.
                 self.by_query[job.query_id] = owner
 
+    def now_of(self, owner: Owner, by_query: bool) -> Owner | None:
+        """`owner` as the MetaService has it now; with `by_query`, the newest job of its query (a query restarted
+        under a new job takes over what its last run left in the stores)."""
+        if by_query and owner.query_id and owner.query_id in self.by_query:
+            return self.by_query[owner.query_id]
+        return self.by_job.get(owner.job_id)
+
     def verdict(self, owner: Owner | None) -> Verdict:
         if owner is None:
             return Verdict(False, "no job of the MetaService owns it; remove it by hand once sure no query needs it")

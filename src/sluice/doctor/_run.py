@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sluice._errors import SluiceError
 from sluice.connectors.postgres import Connection
 from sluice.doctor import _kafka, _postgres, _s2, _tablestore
-from sluice.doctor._model import KAFKA_TXN, PG_SLOT, PG_STAGED, Action, Finding
+from sluice.doctor._model import KAFKA_TXN, PG_SLOT, PG_STAGED, TABLE_BARRIER, TABLE_CLAIM, Action, Finding, Verdict
 from sluice.doctor._owners import Owners
 from sluice.meta import MetaService
 
@@ -58,11 +58,21 @@ class Doctor:
             if not go:
                 actions.append(Action(finding, False, "left as it is"))
                 continue
+            if finding.verdict.safe and not (now := self._still_safe(finding)).safe:
+                actions.append(Action(finding, False, f"refused: not safe any more: {now.why}"))
+                continue
             try:
                 actions.append(Action(finding, True, self._remove(finding)))
             except SluiceError as e:
                 actions.append(Action(finding, False, f"refused: {e}"))
         return actions
+
+    def _still_safe(self, finding: Finding) -> Verdict:
+        """The verdict again, from the MetaService as it is now: a question may have waited while the job was
+        restarted (its query under a new job owns what the last run left, except the last run's claim)."""
+        assert finding.owner is not None  # nothing without an owner is safe
+        owners = Owners(self.meta, self.dead_after)
+        return owners.verdict(owners.now_of(finding.owner, finding.kind not in (TABLE_CLAIM, TABLE_BARRIER)))
 
     def _remove(self, finding: Finding) -> str:
         if finding.kind in (PG_SLOT, PG_STAGED):
