@@ -296,9 +296,9 @@ test-two-hop: $(STAMP) check-java check-postgres
 test-hbase: $(STAMP) check-java check-hbase
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
 
-# The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, and the connector's) run in make
-# test's second job, after HBase's (make test-kafka runs them alone).
-KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka
+# The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, the connector's and sluice doctor's)
+# run in make test's second job, after HBase's (make test-kafka runs them alone).
+KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/test_kafka.py
 test-kafka: $(STAMP) check-java check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 

@@ -1,4 +1,4 @@
-"""The `sluice` command. Subcommands: formats, options, s2 serve, meta, table, postgres."""
+"""The `sluice` command. Subcommands: formats, options, s2 serve, meta, table, postgres, ui, doctor."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_table(sub)
     _add_postgres(sub)
     _add_ui(sub)
+    _add_doctor(sub)
     return parser
 
 
@@ -64,6 +65,15 @@ def _add_ui(sub: Any) -> None:
     ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free one)")
     ui.add_argument("--advertise", default=None, help="the name executors reach this machine by (for their metrics)")
     ui.add_argument("--running-only", action="store_true", help="hide jobs that ended")
+    ui.add_argument("--doctor-postgres", metavar="URL", help="also run sluice doctor on this database (password from "
+                    "PGPASSWORD): its findings on the page and as sluice_doctor_* gauges")
+    ui.add_argument("--doctor-kafka", metavar="BOOTSTRAP", help="also run sluice doctor on these Kafka brokers")
+    ui.add_argument("--doctor-s2-basin", metavar="BASIN", help="also run sluice doctor on this S2 basin")
+    ui.add_argument("--doctor-every", type=float, default=60.0, metavar="SECONDS",
+                    help="seconds between the doctor's rounds (default 60)")
+    ui.add_argument("--doctor", action="store_true", help="run sluice doctor on the MetaService alone (implied by "
+                    "--doctor-postgres / --doctor-kafka / --doctor-s2-basin)")
+    ui.add_argument("--dead-after", type=float, default=None, metavar="SECONDS", help="the doctor's --dead-after")
     ui.set_defaults(run=_ui)
 
 
@@ -72,17 +82,79 @@ def _ui(args: argparse.Namespace) -> int:
     import os
     import threading
 
+    from sluice.doctor import Doctor, DoctorWatch, Stores
     from sluice.ui import serve_ui
 
     # The token comes from the environment, never the command line, where `ps` would show it.
     token = os.environ.get("SLUICE_UI_TOKEN") or None
-    with serve_ui(args.meta, args.host, args.port, advertise=args.advertise, token=token,
-                  include_ended=not args.running_only) as server:
-        shown = f"{server.url}/?token=..." if token else f"{server.url}/"
-        print(f"sluice ui at {shown} (Prometheus: {server.url}/metrics); Ctrl-C ends it", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+    watch = None
+    if args.doctor or args.doctor_postgres or args.doctor_kafka or args.doctor_s2_basin:
+        stores = Stores(args.doctor_postgres, args.doctor_kafka, s2_basin=args.doctor_s2_basin)
+        watch = DoctorWatch(Doctor(args.meta, stores, args.dead_after), args.doctor_every).start()
+    try:
+        with serve_ui(args.meta, args.host, args.port, advertise=args.advertise, token=token,
+                      include_ended=not args.running_only, doctor=watch) as server:
+            shown = f"{server.url}/?token=..." if token else f"{server.url}/"
+            print(f"sluice ui at {shown} (Prometheus: {server.url}/metrics); Ctrl-C ends it", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
+    finally:
+        if watch is not None:
+            watch.stop()
     return 0
+
+
+def _add_doctor(sub: Any) -> None:
+    doctor = sub.add_parser("doctor", help="what pipelines left in each store (slots, staged rows, open transactions, "
+                            "writer claims), whose it is, whether it is safe to remove; --fix removes it")
+    doctor.add_argument("--meta", default=None, help="database: a SQLite path or postgresql:// URL (default "
+                        "$SLUICE_META, else .sluice/meta.db)")
+    doctor.add_argument("--postgres", metavar="URL", help="postgresql://user@host:port/dbname to examine; the "
+                        "password comes from PGPASSWORD (never on the command line, where ps shows it)")
+    doctor.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers to examine")
+    doctor.add_argument("--kafka-open-after", type=float, default=60.0, metavar="SECONDS",
+                        help="report transactions open at least this long (default 60)")
+    doctor.add_argument("--s2-basin", metavar="BASIN", help="S2 basin to examine (token from S2_ACCESS_TOKEN, "
+                        "endpoints from S2_ACCOUNT_ENDPOINT / S2_BASIN_ENDPOINT)")
+    doctor.add_argument("--s2-prefix", default="", metavar="PREFIX", help="only the basin's streams with this prefix")
+    doctor.add_argument("--dead-after", type=float, default=None, metavar="SECONDS",
+                        help="treat a job recorded running as dead after this long without a sign of life (unless "
+                        "its pid runs on this host); default: never")
+    doctor.add_argument("--fix", action="store_true", help="remove what belongs to stopped or dead jobs, asking first")
+    doctor.add_argument("--yes", action="store_true", help="with --fix: do not ask about the items safe to remove "
+                        "(anything else is still asked about)")
+    doctor.set_defaults(run=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import time
+
+    from sluice.doctor import Doctor, Stores
+
+    doctor = Doctor(args.meta, Stores(args.postgres, args.kafka, args.kafka_open_after, args.s2_basin, args.s2_prefix),
+                    args.dead_after)
+    findings = doctor.examine()
+    now = time.time()
+    for finding in findings:
+        print(finding.line(now))
+    safe = sum(f.verdict.safe for f in findings)
+    print(f"{len(findings)} item(s), {safe} safe to remove" + ("" if args.fix or not safe else
+                                                              "; sluice doctor --fix removes them"))
+    if not args.fix:
+        return 0
+
+    def ask(question: str) -> bool:
+        try:
+            return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+        except (EOFError, OSError):  # no terminal: nothing is removed without --yes
+            print()
+            return False
+
+    failed = 0
+    for action in doctor.fix(findings, ask, yes=args.yes):
+        failed += action.what.startswith("refused")
+        print(f"{'done' if action.done else 'not done'}: {action.finding.kind} {action.finding.name}: {action.what}")
+    return 1 if failed else 0
 
 
 def _add_postgres(sub: Any) -> None:
@@ -118,7 +190,8 @@ def _postgres_slots(args: argparse.Namespace) -> int:
 
     for slot in list_slots(_pg_connection(args), args.prefix):
         print(f"{slot.name}  database={slot.database}  query={slot.query or 'none'}  confirmed={slot.confirmed}  "
-              f"retained_wal_bytes={slot.retained_bytes}  wal_status={slot.wal_status}")
+              f"retained_wal_bytes={slot.retained_bytes}  wal_status={slot.wal_status}"
+              + (f"  inactive_since={slot.inactive_since}" if slot.inactive_since else ""))
     return 0
 
 

@@ -50,6 +50,7 @@ from sluice.engine import (
     WriteContext,
     completed_future,
 )
+from sluice.meta import HoldingHeartbeat
 from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
@@ -101,6 +102,7 @@ __all__ = [
     "EngineStreamArrowWriter",
     "ErrorKind",
     "Filter",
+    "HoldingHeartbeat",
     "KeyedRequestBuffer",
     "Option",
     "OptionError",

@@ -209,3 +209,32 @@ def test_a_session_whose_client_vanished_mid_transaction_is_ended_by_the_server(
         assert conn.execute("SHOW search_path").fetchone() == ("meta_x",)  # the URL's own options kept
     with Backend(pg.url + "?options=-cidle_in_transaction_session_timeout%3D5s").connect() as conn:
         assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("5s",)
+
+
+def test_a_jobs_holdings_and_last_signs_of_life_are_recorded_and_renewed(meta_url):
+    meta = MetaService(meta_url)
+    job = meta.register_job("cdc", sources=[], sinks=["orders"], query_id="q-1")
+    started = meta.last_signs_of_life()[job.job_id]
+    assert started == job.started_at
+    with pytest.raises(MetaError, match=r"no job 'nobody' .* to hold postgres-slot 'sluice_x'"):
+        meta.record_holding("nobody", "postgres-slot", "app", "sluice_x")
+    meta.record_holding(job.job_id, "postgres-slot", "app", "sluice_x")
+    (held,) = meta.holdings()
+    assert (held.kind, held.location, held.name, held.job_id) == ("postgres-slot", "app", "sluice_x", job.job_id)
+    meta.record_holding(job.job_id, "postgres-slot", "app", "sluice_x")  # renewed, still one row
+    (renewed,) = meta.holdings()
+    assert renewed.seen_at >= held.seen_at and meta.last_signs_of_life()[job.job_id] == renewed.seen_at
+    barrier = meta.batch_barrier("q-1", 4, ["orders"])
+    meta.batch_barrier("q-1", 3, ["orders"])
+    assert meta.last_batch_barriers() == {"q-1": (4, barrier)}
+    meta.complete_barrier("orders", barrier, 1, job_id=job.job_id)
+    assert meta.last_signs_of_life()[job.job_id] >= renewed.seen_at
+    meta.forget_holding("postgres-slot", "app", "sluice_x")
+    assert meta.holdings() == []
+    before = meta.last_signs_of_life()[job.job_id]
+    meta.record_sign_of_life(job.job_id)  # its driver: the query made progress
+    assert meta.last_signs_of_life()[job.job_id] > before
+    meta.finish_job(job.job_id)
+    ended = meta.last_signs_of_life()[job.job_id]
+    meta.record_sign_of_life(job.job_id)
+    assert meta.last_signs_of_life()[job.job_id] == ended, "an ended job's driver says nothing any more"

@@ -12,6 +12,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluice.doctor._model import KAFKA_TXN, Finding, Verdict
+from sluice.doctor._watch import DoctorWatch
 from sluice.engine import LiveStats
 from sluice.metrics import SourceReport, SplitLag, TaskIdentity, TaskReport
 from sluice.metrics._collect import PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
@@ -40,7 +42,7 @@ def promtool(*args: str) -> str:
 
 
 def test_the_rules_pass_prometheus_checker_and_their_unit_tests():
-    assert "SUCCESS: 6 rules found" in promtool("check", "rules", str(RULES))
+    assert "SUCCESS: 9 rules found" in promtool("check", "rules", str(RULES))
     assert "SUCCESS" in promtool("test", "rules", RULE_TESTS.name)
 
 
@@ -54,8 +56,20 @@ def test_every_metric_the_rules_read_is_one_the_collector_exposes():
                                     time_behind_ms=5.0, splits=(SplitLag("orders:0", 1, 2, 1),)))
     reads.add(ReadReport(TaskIdentity("sluice_kafka", "r", 0, 0, 2, None),
                                 ReadStats(10, 100, 1, 20.0, time.time(), "orders:0"), done=False))
+    # sluice doctor's gauges, from a watch whose round found one item of each figure the gauges carry.
+    figures = {"retained_bytes": 1, "rows": 1, "age_s": 1, "records": 1, "uncommitted_records": 1}
+
+    class OneRound:
+        def examine(self) -> list[Finding]:
+            return [Finding(KAFKA_TXN, "kafka", "orders:0", "records held back", None, Verdict(True, "stopped"),
+                            figures)]
+
+    watch = DoctorWatch(OneRound()).start()
+    assert watch.wait_round(30)
+    watch.stop()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrometheusCollector(sinks, sources, reads))
+    registry.register(watch)
     exposed = {sample.name for family in text_string_to_metric_families(generate_latest(registry).decode())
                for sample in family.samples}
     read = set(re.findall(r"\b(sluice_[A-Za-z_]+)\b", "\n".join(

@@ -30,11 +30,16 @@ SCHEMA = (
     # Which table feeds which through some job, ever: kept when jobs end (vacuum and consistent reads need it), one
     # row per pair however many runs.
     "CREATE TABLE IF NOT EXISTS sluice_lineage (source TEXT NOT NULL, sink TEXT NOT NULL, PRIMARY KEY (source, sink))",
+    # What a job holds in another store (a replication slot), and when it last said so (_holdings.py).
+    "CREATE TABLE IF NOT EXISTS sluice_job_holdings (kind TEXT NOT NULL, location TEXT NOT NULL, name TEXT NOT NULL, "
+    "job_id TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (kind, location, name))",
 )
 # Columns added after the first release: (table, column, type), added to an older database when missing.
 ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),
                   # An ended job's sources and sinks (JSON): its edge rows are dropped, its history shown.
-                  ("sluice_jobs", "ended_tables", "TEXT"))
+                  ("sluice_jobs", "ended_tables", "TEXT"),
+                  # A running job's last sign of life from its driver (a watched query's progress, _holdings.py).
+                  ("sluice_jobs", "seen_at", "DOUBLE PRECISION"))
 
 
 

@@ -58,6 +58,13 @@ class BarrierLedger(Lineage):
             _insert_batch_barrier(cur, query_id, batch_id, floor)
             return floor
 
+    def last_batch_barriers(self) -> dict[str, tuple[int, int]]:
+        """Each query's newest micro-batch and the barrier it was given: (batch id, barrier)."""
+        with self._tx() as cur:
+            cur.execute("SELECT b.query_id, b.batch_id, b.barrier FROM sluice_batch_barriers b WHERE b.batch_id = "
+                        "(SELECT max(batch_id) FROM sluice_batch_barriers l WHERE l.query_id = b.query_id)")
+            return {query_id: (batch_id, barrier) for query_id, batch_id, barrier in cur.fetchall()}
+
     def record_batch_barrier(self, query_id: str, batch_id: int, barrier: int) -> None:
         """A job reading table-store tables: micro-batch `batch_id` processes input up to `barrier` (its read
         tasks record it; its sink then commits with that barrier). The same batch always maps to one barrier."""

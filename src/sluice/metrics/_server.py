@@ -59,7 +59,7 @@ class MetricsServer:
 
     def __init__(self, host: str, port: int, advertise: str | None, token: str | None,
                  extra_routes: Callable[[MetricsServer], Sequence[Any]] | None = None,
-                 history_interval_s: float = 5.0) -> None:
+                 history_interval_s: float = 5.0, collectors: Sequence[Any] = ()) -> None:
         if not _is_loopback(host) and not token:
             raise OptionError(f"sluice.metrics.serve(host={host!r}) without token: anyone who can reach it could "
                               "push fake metrics and read them. Pass token='...' (tasks send it, Prometheus scrapes "
@@ -71,6 +71,7 @@ class MetricsServer:
         self.history = MetricsHistory(self.metrics, self.sources, self.reads, interval_s=history_interval_s)
         self._token = token
         self._extra_routes = extra_routes  # more Starlette routes on the same server (sluice ui's page)
+        self._collectors = tuple(collectors)  # more prometheus_client collectors on /metrics (sluice doctor's)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
@@ -99,6 +100,8 @@ class MetricsServer:
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(PrometheusCollector(self.metrics, self.sources, self.reads))
+        for collector in self._collectors:
+            registry.register(collector)
 
         guarded = self.guarded
 

@@ -5,20 +5,27 @@
 
 Registration refuses a second writer of a sink table and a cycle (see sluice.meta). A StreamingQueryListener
 marks the job finished (or failed, with the query's exception) when its query terminates, which frees its
-tables. A job whose driver died without that is released with `sluice meta release-job JOB`.
+tables, and records the job's sign of life as its query makes progress (at most every 30 s; `sluice doctor`'s
+--dead-after counts from it). A job whose driver died without that is released with `sluice meta release-job JOB`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from sluice.meta import FAILED, FINISHED, Job, MetaService
 
+log = logging.getLogger("sluice.tablestore")
+HEARTBEAT_S = 30.0  # a watched job's sign of life is written at most this often (sluice doctor's --dead-after)
+
 _WATCHED: dict[str, tuple[str | None, str]] = {}  # query id -> (meta url, job id)
 _LOCK = threading.Lock()
 _LISTENING: set[int] = set()  # sessions (by id) with the listener installed
+_BEATEN: dict[str, float] = {}  # query id -> when its job's last sign of life was written (monotonic)
 
 
 class JobHandle:
@@ -52,9 +59,25 @@ def register_job(spark: Any, name: str, sources: Iterable[str], sinks: Iterable[
 def _finish(query_id: str, exception: Any) -> None:
     with _LOCK:
         found = _WATCHED.pop(query_id, None)
+        _BEATEN.pop(query_id, None)
     if found is not None:
         meta, job_id = found
         MetaService(meta).finish_job(job_id, FAILED if exception else FINISHED)
+
+
+def _beat(query_id: str) -> None:
+    """The query made progress (or is idle and alive): its job's sign of life, at most every HEARTBEAT_S."""
+    with _LOCK:
+        found = _WATCHED.get(query_id)
+        now = time.monotonic()
+        if found is None or now - _BEATEN.get(query_id, -HEARTBEAT_S) < HEARTBEAT_S:
+            return
+        _BEATEN[query_id] = now
+    meta, job_id = found
+    try:
+        MetaService(meta).record_sign_of_life(job_id)
+    except Exception as e:  # the query goes on; its job then looks silent to sluice doctor
+        log.warning("recording job %s's sign of life in the MetaService failed: %s", job_id, e)
 
 
 def _install_listener(spark: Any) -> None:
@@ -65,10 +88,10 @@ def _install_listener(spark: Any) -> None:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
-            pass
+            _beat(str(event.progress.id))
 
         def onQueryIdle(self, event: Any) -> None:
-            pass
+            _beat(str(event.id))
 
         def onQueryTerminated(self, event: Any) -> None:
             _finish(str(event.id), event.exception)

@@ -8,14 +8,16 @@ import dataclasses
 from importlib.resources import files
 from typing import Any
 
+from sluice.doctor import DoctorWatch
 from sluice.meta import MetaService
 from sluice.metrics._collect import split_views
 from sluice.metrics._server import MetricsServer
 from sluice.ui._state import as_time, consistent_point, read_state
 
 
-def ui_routes(meta_url: str | None, include_ended: bool = True):
-    """The page's routes for a MetricsServer: / (the page), /api/state, /api/consistent?tables=a,b."""
+def ui_routes(meta_url: str | None, include_ended: bool = True, doctor: DoctorWatch | None = None):
+    """The page's routes for a MetricsServer: / (the page), /api/state, /api/consistent?tables=a,b, /api/doctor (the
+    doctor's last findings; {"enabled": false} without one)."""
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
@@ -45,16 +47,22 @@ def ui_routes(meta_url: str | None, include_ended: bool = True):
                                     status_code=400)
             return JSONResponse(await asyncio.to_thread(consistent_point, meta, tables))
 
+        async def findings(request: Request) -> Response:
+            return JSONResponse({"enabled": False} if doctor is None else {"enabled": True, **doctor.to_json()})
+
         return [Route("/", server.guarded(index)), Route("/api/state", server.guarded(state)),
-                Route("/api/consistent", server.guarded(consistent))]
+                Route("/api/consistent", server.guarded(consistent)), Route("/api/doctor", server.guarded(findings))]
 
     return build
 
 
 def serve_ui(meta: str | None = None, host: str = "127.0.0.1", port: int = 0, *, advertise: str | None = None,
-             token: str | None = None, include_ended: bool = True, chart_interval_s: float = 5.0) -> MetricsServer:
+             token: str | None = None, include_ended: bool = True, doctor: DoctorWatch | None = None,
+             chart_interval_s: float = 5.0) -> MetricsServer:
     """The page at the returned server's `.url`, and the live-metrics collector every write planned on this machine
-    reports to (see sluice.metrics.serve). Loopback by default; any other address needs a token. The page's charts
-    show the last 15 minutes, a point every `chart_interval_s`."""
-    return MetricsServer(host, port, advertise, token, extra_routes=ui_routes(meta, include_ended),
+    reports to (see sluice.metrics.serve). Loopback by default; any other address needs a token. `doctor`: a started
+    DoctorWatch whose findings the page shows and /metrics exports (sluice_doctor_*); the caller stops it. The page's
+    charts show the last 15 minutes, a point every `chart_interval_s`."""
+    return MetricsServer(host, port, advertise, token, extra_routes=ui_routes(meta, include_ended, doctor),
+                         collectors=(doctor,) if doctor is not None else (),
                          history_interval_s=chart_interval_s).start()

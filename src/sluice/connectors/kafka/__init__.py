@@ -25,6 +25,6 @@ timestampType, and headers with includeHeaders. `kafka.*` options are librdkafka
 
 from sluice.connectors.kafka._datasource import KafkaDataSource
 from sluice.connectors.kafka._store import DeliveryError
-from sluice.connectors.kafka._txn import FencedError
+from sluice.connectors.kafka._txn import MARKER_GROUP_PREFIX, FencedError, default_transactional_prefix
 
-__all__ = ["DeliveryError", "FencedError", "KafkaDataSource"]
+__all__ = ["MARKER_GROUP_PREFIX", "DeliveryError", "FencedError", "KafkaDataSource", "default_transactional_prefix"]

@@ -35,6 +35,7 @@ from sluice.connector import (
 from sluice.connectors.kafka._checks import RecordColumns
 from sluice.connectors.kafka._options import WriteOptions
 from sluice.connectors.kafka._store import KafkaStore, show_key
+from sluice.connectors.kafka._txn import default_transactional_prefix
 
 log = logging.getLogger("sluice.kafka")
 
@@ -141,7 +142,7 @@ class KafkaWritePlan(WritePlan):
         return config
 
     def transactional_prefix(self, context: WriteContext) -> str:
-        return self.write.transactional_id_prefix or f"sluice-{context.write_id}"
+        return self.write.transactional_id_prefix or default_transactional_prefix(context.write_id)
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         rows = ArrowRows()

@@ -46,6 +46,15 @@ _CONNECTION_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "ssl_
                         "connections.", "enable.sasl", "https.")
 
 
+MARKER_GROUP_PREFIX = "sluice-eos-"  # + <write id>-<task partition>: the group whose offset marks a task's commits
+
+
+def default_transactional_prefix(write_id: str) -> str:
+    """The tasks' transactional.id prefix when the user sets no transactional-id-prefix (sluice doctor finds a
+    job's ids by it)."""
+    return f"sluice-{write_id}"
+
+
 @dataclass(frozen=True)
 class TxnIdentity:
     """Who commits what: the transactional id of the task's producer and the marker of its commit."""
@@ -57,8 +66,9 @@ class TxnIdentity:
 
     @classmethod
     def of(cls, prefix: str, marker_topic: str, context: WriteContext) -> TxnIdentity:
-        return cls(f"{prefix}-{context.partition_id}", f"sluice-eos-{context.write_id}-{context.partition_id}",
-                   marker_topic, context.epoch if context.epoch is not None else 0)
+        group = f"{MARKER_GROUP_PREFIX}{context.write_id}-{context.partition_id}"
+        return cls(f"{prefix}-{context.partition_id}", group, marker_topic,
+                   context.epoch if context.epoch is not None else 0)
 
 
 RECORDS = "records="  # the marker's metadata: how many of the task's records its epoch committed

@@ -27,7 +27,10 @@ headers and an optional `timestamp` column the record timestamp. Upsert records 
 a JSON object: the byte format of flink-connector-s2's `s2-upsert` sink.
 """
 
-from sluice.connectors.s2._client import S2AccessError
+from sluice.connectors.s2._client import Connection, S2AccessError
+from sluice.connectors.s2._commits import commit_token, uncommitted
 from sluice.connectors.s2._datasource import S2DataSource, S2UpsertDataSource
+from sluice.connectors.s2._options import READ_SPEC
 
-__all__ = ["S2AccessError", "S2DataSource", "S2UpsertDataSource"]
+__all__ = ["READ_SPEC", "Connection", "S2AccessError", "S2DataSource", "S2UpsertDataSource", "commit_token",
+           "uncommitted"]

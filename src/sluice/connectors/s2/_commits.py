@@ -116,6 +116,19 @@ async def committed_end(stream: Any, tail: int, floor: int, last: Any | None = N
     return floor if opened else tail
 
 
+async def uncommitted(stream: Any) -> tuple[int, int, str | None]:
+    """(committed end, tail, the last commit fence's token) of `stream`: what `sluice doctor` reports when an
+    exactly-once micro-batch was opened there and never committed (committed end < tail). The token (None: no
+    commit fence before the end) names the write that committed last: `commit_token(write_id, epoch)`."""
+    tail, last = await tail_and_last(stream)
+    end = await committed_end(stream, tail, 0, last)
+    if end == tail or end == 0:
+        return end, tail, None
+    (fence,) = await _records_between(stream, end - 1, end)
+    token = _fence_token(fence)
+    return end, tail, token.decode() if token is not None and token.startswith(COMMIT_FENCE_PREFIX.encode()) else None
+
+
 async def _records_between(stream: Any, begin: int, end: int) -> list[Any]:
     """Records [begin, end) in order (several reads when the bytes limit of one read cuts it short)."""
     import s2_sdk

@@ -55,12 +55,21 @@ CHANGES_OPTIONS = (
            "writes the one before. 1 = one fetch per micro-batch. A copy takes a replication slot "
            "(max_replication_slots) while it is read; with none free the range is fetched from the slot itself "
            "(slower, with a warning).", minimum=1, maximum=16),
+    Option("job", "str", None,
+           "The MetaService job this query belongs to (its job_id): the driver records the slot as that job's when "
+           "the query starts and about every 30 s while it runs, so `sluice doctor` names the slot's owner and "
+           "`--fix` drops the slot only once that job has stopped."),
+    Option("meta", "str", None, "With 'job': the MetaService's database (SQLite path or postgresql:// URL, read by the "
+           "driver only); default $SLUICE_META, else .sluice/meta.db.", secret=True),
 )
 
 
 def _check(opts: Options) -> None:
     if not opts["table"] and not opts["publication"]:
         raise OptionError("format('postgres_changes') needs option 'table' (tables to stream) or 'publication'")
+    if opts.is_set("meta") and not opts["job"]:
+        raise OptionError("option 'meta' only applies with option 'job' (the MetaService job that owns the slot); "
+                          "set .option('job', <job_id>) or remove 'meta'")
 
 
 CHANGES_SPEC = OptionSpec("postgres_changes", (*CONNECTION_OPTIONS, *CHANGES_OPTIONS), (_check,))
@@ -88,6 +97,8 @@ class ChangeOptions(TypedOptions):
     num_partitions: int
     snapshot_timeout_s: int
     fetch_ranges: int
+    job: str | None
+    meta: str | None
     conn: Connection
     connection: Mapping[str, str] = field(repr=False)
 

@@ -207,17 +207,19 @@ class SlotInfo:
     retained_bytes: int
     wal_status: str | None
     query: str | None = None  # the running query holding it (slot_holder), if any
+    inactive_since: str | None = None  # PostgreSQL 17+: since when no session used it (None while in use, or older)
 
 
 def list_slots(conn: Connection, prefix: str = "sluice_") -> list[SlotInfo]:
     """The logical replication slots whose names start with `prefix` (sluice's default names), with retained WAL."""
     with conn.connect_psycopg() as pg:
+        # to_jsonb(s): inactive_since exists from PostgreSQL 17 on; older servers give null.
         rows = pg.execute("SELECT slot_name::text, database::text, active, confirmed_flush_lsn::text, "
-                          "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint, wal_status "
-                          "FROM pg_replication_slots WHERE slot_type = 'logical' AND NOT temporary "
-                          "AND starts_with(slot_name, %s) "
+                          "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint, wal_status, "
+                          "to_jsonb(s) ->> 'inactive_since' FROM pg_replication_slots s WHERE slot_type = 'logical' "
+                          "AND NOT temporary AND starts_with(slot_name, %s) "
                           "ORDER BY 1", (prefix,)).fetchall()
-        return [SlotInfo(*row, query=slot_holder(pg, row[0])) for row in rows]
+        return [SlotInfo(*row[:6], query=slot_holder(pg, row[0]), inactive_since=row[6]) for row in rows]
 
 
 def drop_slot(conn: Connection, slot: str, *, publication: bool = True, force: bool = False) -> None:

@@ -14,11 +14,13 @@ from pyspark.sql.types import StructType
 from sluice.connector import (
     AdmissionControlledReader,
     DataLossError,
+    HoldingHeartbeat,
     OptionError,
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     ReadObserver,
+    SluiceError,
     SourceReporter,
     Split,
     SupportsTriggerAvailableNow,
@@ -61,12 +63,21 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         self._nothing_before: int | None = None  # the WAL position up to which the last peek found no change
         self._lag = SourceReporter.on_driver()  # the slot's lag after each commit, to a metrics collector if any
         self._reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
+        # The slot recorded as the MetaService job's (option 'job'), for `sluice doctor`: at the start and while
+        # micro-batches commit.
+        self._owner = (HoldingHeartbeat(options.meta, options.job, "postgres-slot", stream.conn.dbname, stream.slot)
+                       if options.job else None)
 
     # ------------------------------------------------------------------ driver
     def initialOffset(self) -> dict:
         """Where micro-batch 0 starts. Spark asks again when it replays micro-batch 0 (same run or a restart), so
         an existing slot whose snapshot is still held gives the same answer."""
         self._guard.hold()
+        if self._owner is not None:
+            try:
+                self._owner.beat(force=True)
+            except SluiceError as e:
+                raise OptionError(f"option 'job' ({self._owner.job_id}): {e}") from None
         if self._initial is None:
             self._initial = self._first_offset()
         return self._initial.to_json()
@@ -308,6 +319,12 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                                           (s.slot, format_lsn(at.lsn))), f"advancing slot '{s.slot}'", s.conn)
         if self._lag.target is not None and (lag := slot_lag(pg, s.slot)) is not None:
             self._lag.report(lag)
+        if self._owner is not None:
+            try:
+                self._owner.beat()
+            except Exception as e:  # the query goes on; its slot then looks silent to sluice doctor
+                log.warning("recording slot %s as job %s's in the MetaService failed: %s", s.slot,
+                            self._owner.job_id, e)
 
     def stop(self) -> None:
         if self._holder is not None:
