@@ -20,7 +20,8 @@ PASSWORD = "scram-Pw-7f3c9e1d"
 
 @pytest.fixture(scope="module")
 def secured():
-    with LocalPostgres(tls=True, password=PASSWORD) as server:
+    with LocalPostgres(tls=True, password=PASSWORD, settings={"wal_level": "logical", "synchronous_commit": "on"}) \
+            as server:
         yield server
 
 
@@ -97,3 +98,27 @@ def test_the_ca_file_is_this_machines_own_and_named_by_its_content(secured):
     assert path.read_text() == secured.ca_pem and ca_file(secured.ca_pem) == path
     assert ca_file(TestCA().pem) != path
     assert "sslrootcert=" + quote(str(path), safe="") in _conn(options(secured)).uri()
+
+
+def test_change_capture_over_tls_snapshot_and_stream(secured):
+    """postgres_changes: its replication connection, the snapshot holder (a process of its own) and the reads all
+    connect with the CA of the options (the server takes nothing else)."""
+    from sluice.connectors.postgres import PostgresChangesDataSource
+    from tests.connectors.postgres.test_changes import batch
+
+    with psycopg.connect(secured.url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE tls_cdc (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO tls_cdc SELECT g, 'before' FROM generate_series(1, 50) g")
+    source = PostgresChangesDataSource({**options(secured), "table": "tls_cdc"})
+    reader = source.streamReader(source.schema())
+    start = reader.initialOffset()
+    end, first = batch(reader, start)
+    assert sorted(first.column("id").to_pylist()) == list(range(1, 51))  # the snapshot
+    reader.commit(end)
+    with psycopg.connect(secured.url, autocommit=True) as conn:
+        conn.execute("UPDATE tls_cdc SET v = 'after' WHERE id <= 5")
+    end2, changes = batch(reader, end)
+    assert sorted((r["_op"], r["id"], r["v"]) for r in changes.to_pylist()) == [("update", i, "after")
+                                                                                for i in range(1, 6)]
+    reader.commit(end2)
+    reader.stop()
