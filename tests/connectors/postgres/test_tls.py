@@ -122,3 +122,12 @@ def test_change_capture_over_tls_snapshot_and_stream(secured):
                                                                                 for i in range(1, 6)]
     reader.commit(end2)
     reader.stop()
+
+
+def test_tls_asked_of_a_server_without_it_is_refused_never_downgraded(pg):
+    conn = _conn({"url": pg.url, "sslmode": "verify-full"})
+    with pytest.raises(Exception, match=r"127\.0\.0\.1:\d+/\w+: sslmode=verify-full asks for TLS, but the server does "
+                                        "not offer it; sluice does not fall back to plaintext"):
+        conn.connect_psycopg()
+    with _conn({"url": pg.url}).connect_psycopg() as plain:  # the control: the same server, plaintext asked
+        assert plain.execute("SELECT 1").fetchone() == (1,)
