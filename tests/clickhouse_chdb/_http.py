@@ -174,12 +174,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--data", required=True, help="the engine's data folder (one server per folder)")
+    parser.add_argument("--certfile", help="serve HTTPS with this certificate chain (PEM; with --keyfile)")
+    parser.add_argument("--keyfile", help="the private key of --certfile (PEM)")
     parser.epilog = f"The password of the user default is ${PASSWORD_VARIABLE} (empty when unset)."
     args = parser.parse_args(argv)
     engine = Engine(str(Path(args.data).resolve()), os.environ.get(PASSWORD_VARIABLE, ""))
     server = Server((args.host, args.port), engine)
+    scheme = "http"
+    if args.certfile:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.certfile, args.keyfile)
+        # the handshake happens in the request's thread (its first read), not in the accepting one
+        server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        scheme = "https"
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    print(f"chdb stand-in for ClickHouse {engine.version} on http://{args.host}:{args.port}", flush=True)
+    print(f"chdb stand-in for ClickHouse {engine.version} on {scheme}://{args.host}:{args.port}", flush=True)
     try:
         server.serve_forever()
     finally:

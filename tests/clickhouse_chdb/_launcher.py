@@ -18,11 +18,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class ChdbClickHouse(ClickHouseHTTP):
     """Context manager: the stand-in in a subprocess of its own; `.url` is its HTTP endpoint, `.password` the
-    default user's (the surface of sluice.testing.LocalClickHouse)."""
+    default user's (the surface of sluice.testing.LocalClickHouse). `tls=True`: HTTPS only, with a certificate for
+    127.0.0.1/localhost that a throwaway CA signed (`.ca_pem`, what clients trust; sluice.testing._tls), or for
+    `tls_names` only (then `.url` names the first)."""
+
+    def __init__(self, *, password: str = "sluice-test-pw", tls: bool = False,
+                 tls_names: tuple[str, ...] = ()) -> None:
+        super().__init__(password=password, tls=tls)
+        self.tls_names = tls_names
+        if tls_names:
+            self.host = tls_names[0]
 
     def __enter__(self) -> ChdbClickHouse:
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-chdb-"))
         self.port = free_port()
+        if self.tls:
+            from sluice.testing._tls import TestCA
+
+            ca = TestCA("sluice test CA (clickhouse)")
+            self.ca_pem = ca.pem
+            ca.server_certificate(*(self.tls_names and (self.tls_names,))).write(self._dir)
         self._launch()
         return self
 
@@ -40,11 +55,16 @@ class ChdbClickHouse(ClickHouseHTTP):
         with log.open("ab") as out:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.clickhouse_chdb", "--port", str(self.port), "--data",
-                 str(self._dir / "data")],
+                 str(self._dir / "data"), *self._certificate_arguments()],
                 cwd=ROOT, env={**os.environ, PASSWORD_VARIABLE: self.password, "PYTHONPATH": os.pathsep.join(filter(
                     None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(log, "the chdb stand-in")
+
+    def _certificate_arguments(self) -> list[str]:
+        assert self._dir is not None
+        return ["--certfile", str(self._dir / "server.crt"), "--keyfile", str(self._dir / "server.key")] \
+            if self.tls else []
 
 
 def clickhouse_server() -> Any:

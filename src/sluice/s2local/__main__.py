@@ -20,6 +20,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require 'authorization: Bearer TOKEN', TOKEN read from this file (or set {TOKEN_ENV})")
     parser.add_argument("--token", help="the token itself (discouraged: every `ps` listing shows it; use "
                                         f"--token-file or {TOKEN_ENV})")
+    parser.add_argument("--certfile", type=Path, help="serve HTTPS with this certificate (PEM; with --keyfile)")
+    parser.add_argument("--keyfile", type=Path, help="the private key of --certfile (PEM)")
     parser.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
 
 
@@ -33,7 +35,10 @@ def serve_from_args(args: argparse.Namespace) -> int:
         print(f"WARNING: --token puts the token in every process listing; use --token-file or {TOKEN_ENV}.",
               file=sys.stderr, flush=True)
         token = args.token
-    run_server(args.host, args.port, None if args.in_memory else args.data_dir, token, args.ready_file)
+    if (args.certfile is None) != (args.keyfile is None):
+        raise SystemExit("--certfile and --keyfile go together")
+    run_server(args.host, args.port, None if args.in_memory else args.data_dir, token, args.ready_file,
+               args.certfile, args.keyfile)
     return 0
 
 

@@ -54,8 +54,10 @@ def _tolerate_data_for_closed_streams() -> None:
 
 
 def run_server(host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = Path(".sluice/s2"),
-               token: str | None = None, ready_file: Path | None = None) -> None:
-    """Serve until SIGINT/SIGTERM. `data_dir=None` keeps everything in memory."""
+               token: str | None = None, ready_file: Path | None = None, certfile: Path | None = None,
+               keyfile: Path | None = None) -> None:
+    """Serve until SIGINT/SIGTERM. `data_dir=None` keeps everything in memory; `certfile` and `keyfile` (PEM): HTTPS
+    (HTTP/2 by ALPN, as the SDK asks) instead of plaintext HTTP/2."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
@@ -83,8 +85,11 @@ def run_server(host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = P
     config.accesslog = None
     config.loglevel = "WARNING"
     config.graceful_timeout = 2
+    if certfile is not None:
+        config.certfile, config.keyfile = str(certfile), str(keyfile)
     where = "in memory" if data_dir is None else f"data in {data_dir}"
-    print(f"sluice s2 server listening on http://{host}:{actual} ({where})", flush=True)
+    scheme = "https" if certfile is not None else "http"
+    print(f"sluice s2 server listening on {scheme}://{host}:{actual} ({where})", flush=True)
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(str(actual))
@@ -101,10 +106,13 @@ class LocalS2:
             client = s2_sdk.S2("any-token", endpoints=s2.endpoints)
         with LocalS2(data_dir=".sluice/s2") as s2:  # durable
             ...
+
+    `tls=True`: HTTPS with a certificate for 127.0.0.1/localhost that a throwaway CA signed (sluice.testing._tls);
+    `.ca_pem` is what a client trusts (format("s2")'s s2.ssl.ca-pem; the SDK alone trusts only the system's CAs).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, token: str | None = None,
-                 host: str = "127.0.0.1", startup_timeout: float = 30.0, port: int = 0) -> None:
+                 host: str = "127.0.0.1", startup_timeout: float = 30.0, port: int = 0, tls: bool = False) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.token = token
         self.host = host
@@ -112,12 +120,15 @@ class LocalS2:
         self.requested_port = port  # 0: any free port
         self.port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
+        self.tls = tls
+        self.ca_pem = ""
+        self._tls_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
         if self.port is None:
             raise RuntimeError("the local S2 server is not running")
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def endpoints(self):  # -> s2_sdk.Endpoints
@@ -136,6 +147,7 @@ class LocalS2:
             cmd = [sys.executable, "-m", "sluice.s2local", "--host", self.host, "--port", str(self.requested_port),
                    "--ready-file", str(ready)]
             cmd += ["--data-dir", str(self.data_dir)] if self.data_dir is not None else ["--in-memory"]
+            cmd += self._certificate_arguments()
             env = dict(os.environ)
             if self.token:
                 env[TOKEN_ENV] = self.token  # not on the command line, where `ps` would show it
@@ -151,6 +163,20 @@ class LocalS2:
             self.port = int(ready.read_text())
         return self
 
+    def _certificate_arguments(self) -> list[str]:
+        """--certfile/--keyfile of a certificate made at the first start (a restart keeps it), or none."""
+        if not self.tls:
+            return []
+        if self._tls_dir is None:
+            from sluice.testing._tls import TestCA
+
+            self._tls_dir = tempfile.TemporaryDirectory(prefix="sluice-s2-tls-")
+            ca = TestCA("sluice test CA (s2)")
+            self.ca_pem = ca.pem
+            ca.server_certificate().write(Path(self._tls_dir.name))
+        folder = Path(self._tls_dir.name)
+        return ["--certfile", str(folder / "server.crt"), "--keyfile", str(folder / "server.key")]
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -160,6 +186,9 @@ class LocalS2:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        if self._tls_dir is not None:
+            self._tls_dir.cleanup()
+            self._tls_dir = None
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no flush; for crash tests."""

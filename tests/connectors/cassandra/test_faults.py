@@ -163,5 +163,6 @@ def test_tls_is_required_and_the_nodes_certificate_is_checked_against_ssl_ca_pem
         sluice.write(df, "cassandra", {**plain, "ssl.ca-pem": other_ca})
     message = str(unverified.value)
     assert "ssl.ca-pem" in message and "certificate" in message, message
+    assert f"{server.host}:{server.port}" in message and "TLS failed" in message, message  # the node, and what failed
     for secret in (server.password, other_ca.splitlines()[1], server.ca_pem.splitlines()[1]):
         assert secret not in message

@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import os
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sluice.connector import Option, Options, RetryableError, SinkError, check_http_endpoint
+from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, check_http_endpoint
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -22,6 +23,9 @@ CONNECTION_OPTIONS = (
     Option("database", "str", "default", "Database of the table."),
     Option("table", "str", None, "Table name (plain name; quoted for you).", required=True),
     Option("http.timeout-ms", "int", 300_000, "Timeout of one HTTP request.", minimum=1000),
+    Option("ssl.ca-pem", "str", None,
+           "PEM text of the CA that signed an https:// url's certificate (text, not a path: executors cannot read "
+           "the driver's files); default: the system's CAs. The certificate and host name are always checked."),
 )
 
 
@@ -67,13 +71,22 @@ class Connection:
     table: str
     timeout_s: float
     password: str | None = field(default=None, repr=False)
+    ca_pem: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
         url = check_http_endpoint("url", opts["url"], "http://host:8123",
                                   "the options user and password (or CLICKHOUSE_PASSWORD)")
         password = opts["password"] if opts["password"] is not None else os.environ.get("CLICKHOUSE_PASSWORD")
-        return cls(url, opts["user"], opts["database"], opts["table"], opts["http.timeout-ms"] / 1000, password)
+        ca = opts["ssl.ca-pem"]
+        if ca is not None:
+            if "-----BEGIN CERTIFICATE-----" not in ca:
+                raise OptionError("ssl.ca-pem must be the CA's certificate as PEM text (-----BEGIN CERTIFICATE-----"
+                                  "...), not a path: executors cannot read the driver's files")
+            if not url.startswith("https://"):
+                raise OptionError(f"ssl.ca-pem is set but url {url} is plain http://: use https://, or remove "
+                                  "ssl.ca-pem")
+        return cls(url, opts["user"], opts["database"], opts["table"], opts["http.timeout-ms"] / 1000, password, ca)
 
     @property
     def target(self) -> str:
@@ -98,9 +111,13 @@ class Connection:
         else:
             url, data = f"{self.url}/?query={quote(sql)}&{params}", body
         try:
-            response = _pool().request("POST", url, body=data, headers=self._headers(), preload_content=not stream,
-                                       timeout=self.timeout_s, retries=False)
+            response = _pool(self.ca_pem).request("POST", url, body=data, headers=self._headers(),
+                                                  preload_content=not stream, timeout=self.timeout_s, retries=False)
         except Exception as e:  # urllib3's connection errors: the server is down or restarting
+            if "CERTIFICATE_VERIFY_FAILED" in str(e):  # a certificate does not change between attempts
+                raise ClickHouseError(f"TLS: ClickHouse at {self.url} presented a certificate that was refused "
+                                      f"({self.scrub(str(e))}). Check ssl.ca-pem holds the CA that signed it and that "
+                                      "the url's host is a name the certificate lists.") from None
             raise ClickHouseRetryableError(f"ClickHouse at {self.url} is unreachable: {self.scrub(str(e))}") from None
         if response.status != 200:
             text = self.scrub(response.data.decode(errors="replace") if not stream else response.read().decode(
@@ -153,14 +170,22 @@ def _unescape(value: str) -> str:
     return re.sub(r"\\[tn\\'0bfr]", lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
 
 
-_POOL: Any = None
+_POOLS: dict[str | None, Any] = {}
+_POOLS_LOCK = threading.Lock()
 
 
-def _pool() -> Any:
-    """One connection pool per process (tasks of one Python worker share it); thread-safe."""
-    global _POOL
-    if _POOL is None:
+def _pool(ca_pem: str | None) -> Any:
+    """One connection pool per process and CA (tasks of one Python worker share it); thread-safe. Its TLS context
+    checks the certificate and the host name (ssl.create_default_context), against the CA given or the system's."""
+    pool = _POOLS.get(ca_pem)
+    if pool is None:
+        import ssl
+
         import urllib3
 
-        _POOL = urllib3.PoolManager(maxsize=16, block=False)
-    return _POOL
+        with _POOLS_LOCK:
+            pool = _POOLS.get(ca_pem)
+            if pool is None:
+                context = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
+                pool = _POOLS[ca_pem] = urllib3.PoolManager(maxsize=16, block=False, ssl_context=context)
+    return pool

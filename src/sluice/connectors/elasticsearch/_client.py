@@ -116,6 +116,10 @@ class Connection:
             response = _pool(self.ca_pem).request(method, url, body=data, headers=self._headers(ndjson),
                                                   timeout=self.timeout_s, retries=False)
         except Exception as e:  # urllib3's connection and timeout errors: the node is down, restarting or slow
+            if "CERTIFICATE_VERIFY_FAILED" in str(e):  # a certificate does not change between attempts
+                raise ElasticsearchError(f"TLS: {base} presented a certificate that was refused ({self.scrub(str(e))})."
+                                         " Check ssl.ca-pem holds the CA that signed it and that the node's host is a "
+                                         "name the certificate lists.") from None
             raise RetryableError(f"{base} is unreachable or did not answer in time: {self.scrub(str(e))}") from None
         text = response.data
         try:

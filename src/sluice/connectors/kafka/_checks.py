@@ -129,10 +129,18 @@ def unreachable(client: ClientSettings, timeout_ms: int, error: Any, seen: list[
     if any(e.code() == _authentication() for e in seen):
         seen_text += (" Authentication failed: check kafka.sasl.mechanism, kafka.sasl.username and "
                       "kafka.sasl.password (the password is not shown).")
+    if any(e.code() == _ssl() for e in seen):
+        seen_text += " TLS failed: check that kafka.ssl.ca.pem holds the CA that signed the brokers' certificates."
     return SinkError(
         f"kafka: no broker of kafka.bootstrap.servers={client.bootstrap_servers} answered within {timeout_ms} ms "
         f"(timeout-ms): {client.scrub(describe(error))}.{seen_text} Check the addresses, that the brokers run, and "
         "kafka.security.protocol / kafka.sasl.* for the listener.", store="kafka", target=client.bootstrap_servers)
+
+
+def _ssl() -> int:
+    from confluent_kafka import KafkaError
+
+    return KafkaError._SSL
 
 
 def _authentication() -> int:

@@ -67,9 +67,13 @@ class KafkaEnumerator(SplitEnumerator):
 
         servers = self.options.client.bootstrap_servers
         if self._admin is not None:
-            self._admin.poll(0)  # serves the error callbacks queued meanwhile
+            self._admin.poll(0 if self._errors else 0.5)  # serves the error callbacks queued meanwhile
         signed_in = [e for e in self._errors if e.code() == KafkaError._AUTHENTICATION]
+        tls = [e for e in self._errors if e.code() == KafkaError._SSL]
         why = f"authentication failed: {signed_in[-1].str()}" if signed_in else str(error)
+        if tls and not signed_in:
+            why = f"TLS failed: {tls[-1].str()}; check that kafka.ssl.ca.pem holds the CA that signed the brokers' " \
+                  "certificates"
         return SluiceError(self.options.client.scrub(
             f"Kafka at {servers} did not answer {what} within timeout-ms={self.options.timeout_ms} ({why}). Check "
             "kafka.bootstrap.servers and the security settings (kafka.security.protocol, kafka.sasl.*), or raise "

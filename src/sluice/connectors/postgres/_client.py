@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from sluice.connector import Option, OptionError, Options, RetryableError, SluiceError, ThrottledError
 from sluice.connectors.postgres._pool import POOL, Lease, PoolKey
+from sluice.connectors.postgres._tls import TLS_OPTIONS, explain_failure, libpq_params, resolve
 
 CONNECTION_OPTIONS = (
     Option("url", "str", None, "postgresql://user@host:port/dbname (a password in it is redacted everywhere); "
@@ -30,6 +31,7 @@ CONNECTION_OPTIONS = (
     Option("connect.timeout-s", "int", 10, "Seconds to wait for one connection attempt.", minimum=1, maximum=3600),
     Option("connect.retries", "int", 3, "Retries of a failed connection attempt (backoff 0.5 s, doubling).",
            minimum=0, maximum=20),
+    *TLS_OPTIONS,
 )
 
 
@@ -97,6 +99,8 @@ class Connection:
     connect_timeout_s: int = 10
     connect_retries: int = 3
     params: tuple[tuple[str, str], ...] = ()
+    sslmode: str = "disable"
+    ca_pem: str | None = None
 
     def __repr__(self) -> str:
         return f"Connection({self.describe()}, password=<redacted>)"
@@ -134,8 +138,9 @@ class Connection:
             url_password = None
         password = opts["password"] or url_password or os.environ.get("PGPASSWORD")
         params.pop("password", None)
+        sslmode, ca_pem = resolve(opts, params, host)
         return cls(host, port, dbname, user, password, opts["connect.timeout-s"], opts["connect.retries"],
-                   tuple(sorted(params.items())))
+                   tuple(sorted(params.items())), sslmode, ca_pem)
 
     def uri(self) -> str:
         auth = quote(self.user, safe="")
@@ -144,6 +149,7 @@ class Connection:
         query = dict(self.params)
         query.setdefault("connect_timeout", str(self.connect_timeout_s))
         query.setdefault("application_name", "sluice")
+        query.update(libpq_params(self.sslmode, self.ca_pem))  # always explicit: never libpq's sslmode=prefer
         qs = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items())
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"postgresql://{auth}@{host}:{self.port}/{quote(self.dbname, safe='')}?{qs}"
@@ -192,6 +198,10 @@ class Connection:
                 return connect()
             except Exception as e:
                 last = e
+                tls = explain_failure(self.scrub(e), self.sslmode)
+                if tls:  # a certificate does not change between attempts
+                    raise PostgresError(f"cannot connect to {self.describe()}: {tls}",
+                                        sqlstate=sqlstate_of(e)) from None
                 if attempt == self.connect_retries or not is_connection_error(e):
                     break
                 time.sleep(delay)

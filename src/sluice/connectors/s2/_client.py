@@ -22,6 +22,9 @@ CONNECTION_OPTIONS = (
            "Account endpoint, e.g. http://127.0.0.1:4243; default: S2_ACCOUNT_ENDPOINT, else s2.dev."),
     Option("s2.endpoints.basin", "str", None,
            "Basin endpoint ({basin} allowed in the host); default: S2_BASIN_ENDPOINT, else s2.dev."),
+    Option("s2.ssl.ca-pem", "str", None,
+           "PEM text of the CA that signed an https:// endpoint's certificate (text, not a path), trusted besides "
+           "the system's CAs; the certificate and host name are always checked."),
     Option("s2.append-retry-policy", "choice", "ALL",
            "SDK retries of appends: ALL (may duplicate) or NO_SIDE_EFFECTS.", choices=("ALL", "NO_SIDE_EFFECTS")),
     Option("s2.max-retries", "int", 3, "SDK retries of one request (attempts - 1).", minimum=0, maximum=100),
@@ -43,6 +46,7 @@ class Connection:
     retry_delay_ms: int
     compression: str
     encryption_key: str | None = None
+    ca_pem: str | None = None
 
     def __repr__(self) -> str:
         return f"Connection(basin={self.basin!r}, endpoint={self.account_endpoint or 's2.dev'}, token=<redacted>)"
@@ -76,8 +80,17 @@ class Connection:
             if not valid:  # never echo the value: it is a key
                 raise OptionError("s2.encryption-key must be the base64 of a 32-byte key (e.g. "
                                   "base64.b64encode(os.urandom(32))); the value given is not.")
+        ca = opts["s2.ssl.ca-pem"]
+        if ca is not None:
+            if "-----BEGIN CERTIFICATE-----" not in ca:
+                raise OptionError("s2.ssl.ca-pem must be the CA's certificate as PEM text (-----BEGIN CERTIFICATE-----"
+                                  "...), not a path: executors cannot read the driver's files")
+            if not (account or "https://").startswith("https://") or not (basin_endpoint or "https://").startswith(
+                    "https://"):
+                raise OptionError("s2.ssl.ca-pem is set but the endpoints are http:// (plaintext): use https:// "
+                                  "endpoints, or remove s2.ssl.ca-pem")
         return cls(basin, token, account, basin_endpoint, policy, opts["s2.max-retries"], opts["s2.retry-delay-ms"],
-                   opts["s2.compression"], key)
+                   opts["s2.compression"], key, ca)
 
     def stream(self, basin: Any, name: str) -> Any:
         """The SDK's handle of one stream of `basin`, carrying the encryption key when there is one."""
@@ -98,7 +111,26 @@ class Connection:
             append_retry_policy=s2_sdk.AppendRetryPolicy[self.retry_policy],
         )
         compression = s2_sdk.Compression[self.compression.upper()]
-        return s2_sdk.S2(self.token, endpoints=endpoints, retry=retry, compression=compression)
+        client = s2_sdk.S2(self.token, endpoints=endpoints, retry=retry, compression=compression)
+        if self.ca_pem:
+            trust(client, self.ca_pem)
+        return client
+
+
+def trust(client: Any, ca_pem: str) -> None:
+    """Add a CA to what an SDK client trusts. s2-sdk 0.13 has no parameter for it: its connection pool makes one
+    ssl.create_default_context() (system CAs, certificate and host name checked, ALPN h2) and uses it for every
+    https:// connection; the CA is added to that context before any connection is made. Another SDK version may
+    keep it elsewhere: then this fails loudly instead of connecting without the CA."""
+    import ssl
+
+    context = getattr(getattr(client, "_pool", None), "_ssl_context", None)
+    if not isinstance(context, ssl.SSLContext) or context.verify_mode != ssl.CERT_REQUIRED \
+            or not context.check_hostname:
+        raise SluiceError("s2.ssl.ca-pem: this s2-sdk version keeps its TLS settings where sluice does not find "
+                          "them (sluice knows s2-sdk 0.13's); install the CA in every executor's system trust store "
+                          "(or SSL_CERT_FILE) instead, and leave s2.ssl.ca-pem unset")
+    context.load_verify_locations(cadata=ca_pem)
 
 
 class S2AccessError(SluiceError):
@@ -110,6 +142,11 @@ def explain_sdk_error(error: BaseException, basin: str, stream: str | None, oper
     """What to raise instead of an SDK error users hit often, naming the option involved: 401/403 (the operation,
     basin and stream), an endpoint that cannot be reached, a stream or basin that is not there. None otherwise."""
     status = getattr(error, "status_code", None)
+    if conn is not None and _is_certificate_failure(error):
+        return SluiceError(
+            f"TLS: S2 at {conn.account_endpoint or 'https://aws.s2.dev (s2.dev)'} presented a certificate that was "
+            f"refused for '{operation}' on basin '{basin}' ({error.__cause__ or error}). Check s2.ssl.ca-pem holds the "
+            "CA that signed it and that the endpoint's host is a name the certificate lists.")
     if conn is not None and _is_unreachable(error):
         return SluiceError(
             f"cannot reach S2 at {conn.account_endpoint or 'https://aws.s2.dev (s2.dev)'} for '{operation}' on basin "
@@ -128,6 +165,15 @@ def explain_sdk_error(error: BaseException, basin: str, stream: str | None, oper
         f"S2 refused '{operation}' on {where} (HTTP {status} {getattr(error, 'code', '')}: {why}; server said: "
         f"{getattr(error, 'message', error)}). Check s2.auth-token / S2_ACCESS_TOKEN and the token's scope: it needs "
         f"the '{operation}' operation (or its op group) for this basin and stream.")
+
+
+def _is_certificate_failure(error: BaseException) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:  # the SDK wraps the ssl error in ConnectError, then in S2ClientError
+        if "CERTIFICATE_VERIFY_FAILED" in str(seen) or "certificate verify failed" in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _is_unreachable(error: BaseException) -> bool:
