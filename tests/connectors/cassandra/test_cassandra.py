@@ -10,6 +10,8 @@ import pyarrow as pa
 import pytest
 
 import sluice
+from sluice.connectors.cassandra._client import CassandraError, Connection
+from sluice.connectors.cassandra._replay import KeyspaceReplayGuard
 from tests.faults import replay_first_micro_batch
 
 pytestmark = pytest.mark.spark
@@ -230,6 +232,15 @@ def test_a_replay_after_compaction_purged_the_tombstones_brings_no_deleted_row_b
     summary = sluice.last_write_summary("cassandra")
     assert summary["replays_skipped"] >= 1 and summary["records"] == 0, summary
     assert replay("false") == (odd, set(range(10)))
+
+
+def test_a_guard_table_of_other_columns_is_an_error_naming_the_option(cass):
+    """The tasks' read of the marker (as a streaming task makes it) from a table that is not a guard table."""
+    other = cass.table("id int PRIMARY KEY, v text")
+    conn = Connection((cass.server.host,), cass.server.port, "sluice", cass.table("id int PRIMARY KEY"), None, 10.0)
+    with pytest.raises(CassandraError, match=r"write\.replay-guard-table.*query text, target text, micro_batch"):
+        KeyspaceReplayGuard(conn, other).last_committed("a-query")
+    assert KeyspaceReplayGuard(conn, "t_missing").last_committed("a-query") is None  # made at the first commit
 
 
 def test_bad_input_is_refused_naming_what_to_change(spark, cass):

@@ -223,6 +223,9 @@ def test_bad_input_is_refused_naming_what_to_change(spark, hbase):
     expiring = hbase.table(ttl=3600)
     with pytest.raises(Exception, match=r"families \['d'\] .* have a time to live"):
         sluice.write(df, "hbase", hbase.opts(expiring, rowkey="id", family="d", **{"write.timestamp": "micro-batch"}))
+    guard = hbase.table(families=("m",), ttl=3600)  # a time to live would expire the markers at once
+    with pytest.raises(Exception, match=r"write\.replay-guard-table .* without a time to live"):
+        sluice.write(df, "hbase", hbase.opts(table, rowkey="id", family="d", **{"write.replay-guard-table": guard}))
 
 
 def test_a_time_range_reads_the_cells_written_in_it(spark, hbase):

@@ -50,12 +50,14 @@ class KeyspaceReplayGuard(ReplayGuard):
         return found.one() is not None
 
     def _refused(self, error: Exception) -> Exception:
-        from cassandra import InvalidRequest
+        from cassandra import RequestValidationException
 
-        if isinstance(error, InvalidRequest):
-            return CassandraError(f"the replay guard's table {self._name} refused its marker ({error}): it must have "
-                                  f"the columns ({GUARD_COLUMNS}). Name another table with write.replay-guard-table "
-                                  "or drop this one (sluice creates it).", store="cassandra", target=self.conn.display)
+        if isinstance(error, RequestValidationException):  # a table of other columns, or a missing permission
+            return CassandraError(f"the replay guard's table {self._name} (write.replay-guard-table) refused its "
+                                  f"marker ({type(error).__name__}: {error}). It must have the columns "
+                                  f"({GUARD_COLUMNS}), and the user CREATE on the keyspace (or an administrator "
+                                  "creates the table) and SELECT and MODIFY on it; or set write.replay-guard=false.",
+                                  store="cassandra", target=self.conn.display)
         return classify(error, self.conn)
 
     def last_committed(self, write_id: str) -> int | None:
