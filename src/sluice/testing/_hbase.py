@@ -367,10 +367,9 @@ class LocalHBase(JvmServer):
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 60,
                               stdin=subprocess.DEVNULL, cwd=self._dir)
         if done.returncode:
-            tail = (self._dir / "logs" / "compact.log")
-            log = tail.read_text()[-3000:] if tail.exists() else ""
-            raise RuntimeError(f"the major compaction of {table} failed ({done.returncode}):\n"
-                               f"{done.stderr[-3000:]}{log}")
+            log = self._dir / "logs" / "compact.log"
+            raise RuntimeError(f"the major compaction of {table} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+                               f"{log.read_text()[-3000:] if log.exists() else ''}")
 
     def kill_gateway(self) -> None:
         """SIGKILL the Thrift2 gateway, as a crash would (the server keeps running)."""
