@@ -1,7 +1,6 @@
 """Exactly-once into Kafka across a broker killed mid-transaction, on three brokers (replication factor 3,
 min.insync.replicas=2): the leader of the topic's partition is SIGKILLed while the task's transaction is open."""
 
-import threading
 import time
 import uuid
 from collections import Counter
@@ -9,7 +8,7 @@ from collections import Counter
 import pytest
 
 from sluice.testing import LocalKafkaCluster, count_written, read_committed
-from tests.faults import held_at
+from tests.faults import Striker, held_at
 
 pytestmark = pytest.mark.spark
 
@@ -37,7 +36,8 @@ def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tm
     def strike():
         try:
             deadline = time.monotonic() + 120
-            while count_written(cluster.client_config(), topic) < 300 and time.monotonic() < deadline:
+            while count_written(cluster.client_config(), topic) < 300:
+                assert time.monotonic() < deadline, "the write never sent 300 records: no transaction to strike"
                 time.sleep(0.05)  # the broker's log grows in another process: polled
             leader = leader_of(cluster, topic)
             broker = next(b for b in cluster.brokers if b.node_id == leader)
@@ -46,7 +46,7 @@ def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tm
         finally:
             hold.unlink()
 
-    striker = threading.Thread(target=strike)
+    striker = Striker(strike)  # its join() raises what the strike raised
     striker.start()
     options = {"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": topic, "sink.mode": "global-ordered",
                "sink.transactional": "true", "sink.batch.max-size": "50", "sink.flush-buffer.timeout": "50",
