@@ -79,16 +79,38 @@ def poll_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 
 def wait_for_a_client(host: str, port: int, timeout: float = 120.0) -> None:
-    """While a killed server's port is free, stand in for it until a client connects, then drop that connection:
-    the event that proves a write met the outage (its request failed there), before the test heals the fault. A
-    server restarted straight after a kill may be back before the write reaches it, and the write never fails."""
+    """While a killed server's port is free, stand in for it until a client of another process (the write's Spark
+    workers) connects, then drop that connection: the event that proves a write met the outage (its request failed
+    there), before the test heals the fault. A server restarted straight after a kill may be back before the write
+    reaches it, and the write never fails. The test's own clients are dropped and not counted: a Cassandra
+    session's control connection, for one, reconnects on its own schedule, without any write."""
+    deadline = time.monotonic() + timeout
     with socket.create_server((host, port), reuse_port=False) as listener:
-        listener.settimeout(timeout)
+        while True:
+            listener.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                client, peer = listener.accept()
+            except TimeoutError:
+                raise AssertionError(f"no client of the write reached {host}:{port} within {timeout:.0f} s of the "
+                                     "outage") from None
+            ours = _ours(peer[1])  # asked while the client's socket is still open
+            client.close()
+            if not ours:
+                return
+
+
+def _ours(local_port: int) -> bool:
+    """Whether the TCP socket whose local port is `local_port` (a client's) is this process's (/proc/net/tcp)."""
+    inodes = {line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+              if int(line.split()[1].split(":")[1], 16) == local_port}
+    for fd in os.listdir("/proc/self/fd"):
         try:
-            client, _ = listener.accept()
-        except TimeoutError:
-            raise AssertionError(f"no client reached {host}:{port} within {timeout:.0f} s of the outage") from None
-        client.close()
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
 
 
 def kill_python_workers(store_port: int | None = None) -> int:

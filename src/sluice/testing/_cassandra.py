@@ -1,8 +1,8 @@
 """A throwaway Apache Cassandra server for tests and benchmarks: the real server (a JVM), on loopback.
 
-One module just past ~400 lines on purpose: its parts (configuration, JVM command line, class-data sharing,
-readiness, TLS keystore, peers of a cluster) all serve one object's life cycle and share its folder and ports; the
-process's life cycle itself (start, kill, stop) is _jvm.py's, shared with LocalOpenSearch.
+One module past ~400 lines on purpose: its parts (configuration, JVM command line, class-data sharing,
+readiness, TLS keystore, peers of a cluster, nodetool over its JMX port) all serve one object and share its folder
+and ports; the process's life cycle itself (start, kill, stop) is _jvm.py's, shared with LocalOpenSearch.
 
 `LocalCassandra()` writes a minimal cassandra.yaml into a temporary folder and starts one Cassandra node there with
 its native (CQL) port and its storage port on free loopback ports, a small heap and no JMX, then stops it and
@@ -25,6 +25,10 @@ A cluster of several nodes: one per loopback address (127.0.0.1, 127.0.0.2, ...)
 `seeds=[first.storage_endpoint]` ("host:storage_port"; since Cassandra 4.0 every node may have its own storage
 port), one after the other (a node joining while another joins fails), each followed by `wait_for_peers()` on it
 and on the nodes before it. They join without bootstrapping (`auto_bootstrap: false`), right for an empty cluster.
+
+`jmx=True` opens local JMX on a free port of 127.0.0.1 (`.jmx_port`; no JMX otherwise), for `nodetool(...)`:
+Cassandra's own nodetool from the server's jars (`nodetool("flush", "ks", "t")`, `nodetool("compact", ...)`), for
+tests of what the server forgets at a compaction.
 
 `auth=True` turns on password authentication: after start a superuser `sluice` (`.username`, `.password`) is made,
 and `cluster()` signs in with it. `kill()` and `start()` kill the server and start it again on the same folder and
@@ -191,7 +195,7 @@ class LocalCassandra(JvmServer):
                  commitlog_sync: str = "periodic", fsync: bool = False, heap: str = "512m", num_tokens: int = 16,
                  batch_size_warn_threshold_kib: int = 5, batch_size_fail_threshold_kib: int = 50,
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 180,
-                 port: int = 0, storage_port: int = 0, tls: bool = False,
+                 port: int = 0, storage_port: int = 0, tls: bool = False, jmx: bool = False,
                  settings: dict[str, str | int | bool] | None = None) -> None:
         if commitlog_sync not in COMMITLOG_SYNC:
             raise ValueError(f"commitlog_sync must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog_sync!r}")
@@ -217,6 +221,8 @@ class LocalCassandra(JvmServer):
         self._ports_wanted = (port, storage_port)
         self.port = 0  # native transport (CQL)
         self.storage_port = 0  # node to node
+        self.jmx = jmx
+        self.jmx_port = 0  # local JMX (with jmx=True), on 127.0.0.1 whatever `host` is
         self._cds_dump: tuple[Path, Path] | None = None  # (the archive the server writes at exit, its final name)
 
     @property
@@ -236,6 +242,8 @@ class LocalCassandra(JvmServer):
         self.storage_port = storage_port or _free_port(self.host)
         while self.storage_port == self.port:
             self.storage_port = _free_port(self.host)
+        if self.jmx:
+            self.jmx_port = self.jmx_port or free_port()
         config = CONFIG.format(
             cluster_name=self.cluster_name, num_tokens=self.num_tokens, host=self.host, port=self.port,
             storage_port=self.storage_port, seeds=",".join(self.seeds or [self.storage_endpoint]), dir=self._dir,
@@ -302,7 +310,8 @@ class LocalCassandra(JvmServer):
             f"-Dcassandra.storagedir={self._dir}", f"-Dcassandra.logdir={self._dir}",
             f"-Dlogback.configurationFile=file://{self._dir}/logback.xml",
             f"-Dcassandra.triggers_dir={self._dir}/triggers",
-            # No JMX: without cassandra.jmx.local.port / cassandra.jmx.remote.port the server opens no JMX port.
+            # No JMX unless asked: without cassandra.jmx.local.port the server opens no JMX port.
+            *([f"-Dcassandra.jmx.local.port={self.jmx_port}"] if self.jmx else []),
             # A quick start for one node: no wait for gossip to settle, no ring delay, the default superuser made
             # at once (not after 10 s), cheap password hashes, and the memtable's per-row overhead given (the value
             # 5.0.9 measures on Java 17) rather than measured at start by sizing 100,000 rows (4 s).
@@ -319,6 +328,21 @@ class LocalCassandra(JvmServer):
     def _check_installed(self) -> None:
         find_classpath()
         find_java()
+
+    def nodetool(self, *args: str, timeout: float = 300) -> str:
+        """Run Cassandra's nodetool (org.apache.cassandra.tools.NodeTool, from the server's jars) on this node,
+        through its local JMX port (`jmx=True`); its output (RuntimeError with it when it fails). Flush and compact
+        wait until the work is done."""
+        if not self.jmx or self.pid is None or self._dir is None:
+            raise RuntimeError("nodetool needs a running LocalCassandra(jmx=True)")
+        command = [find_java(), "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *JVM17_FLAGS,
+                   f"-Dlogback.configurationFile=file://{self._dir}/logback.xml", "-cp", find_classpath(),
+                   "org.apache.cassandra.tools.NodeTool", "-h", "127.0.0.1", "-p", str(self.jmx_port), *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if done.returncode:
+            raise RuntimeError(f"nodetool {' '.join(args)} failed ({done.returncode}): "
+                               f"{(done.stdout + done.stderr)[-3000:]}")
+        return done.stdout
 
     def _after_ready(self) -> None:
         if self.auth:

@@ -27,6 +27,10 @@ processes (for example `{"hbase.client.keyvalue.maxsize": 0}`: the gateway's own
 the region server's, `hbase.server.keyvalue.maxsize`, both 10 MiB by default). The gateway closes a connection idle
 for 60 s (`hbase.thrift.server.socket.read.timeout`), as a deployed one does.
 
+Tests of what HBase forgets: `major_compact(table)` flushes a table and major-compacts it, which drops its delete
+markers and the cells they masked. The Thrift2 gateway offers no compaction, so it runs HBase's own Admin API in a
+third JVM (Java's single-file source launch of COMPACT_JAVA, on the server's classpath and hbase-site.xml).
+
 Fault tests: `kill_gateway()`, `start_gateway()` and `restart_gateway()` kill the gateway (SIGKILL, as a crash would)
 and start it again on the same port, while the server keeps running; `kill()` and `start()` do the same to both.
 `stop()` kills both too: HMaster in standalone mode stops its ZooKeeper before its region server, which then waits
@@ -81,6 +85,38 @@ log4j.logger.org.apache.hadoop.metrics2=WARN
 log4j.logger.org.apache.zookeeper=WARN
 """
 READY_LINE = b"master.HMaster: Master has completed initialization"
+
+# Admin.majorCompact only queues the compaction; it is done once the region server has reported a major compaction
+# newer than the one before (getLastMajorCompactionTimestamp, from its load reports) and none runs any more.
+COMPACT_JAVA = """\
+import org.apache.hadoop.hbase.HBaseConfiguration;
+import org.apache.hadoop.hbase.TableName;
+import org.apache.hadoop.hbase.client.Admin;
+import org.apache.hadoop.hbase.client.CompactionState;
+import org.apache.hadoop.hbase.client.Connection;
+import org.apache.hadoop.hbase.client.ConnectionFactory;
+
+public class MajorCompact {
+  public static void main(String[] args) throws Exception {
+    TableName table = TableName.valueOf(args[0]);
+    long deadline = System.currentTimeMillis() + Long.parseLong(args[1]);
+    try (Connection connection = ConnectionFactory.createConnection(HBaseConfiguration.create());
+         Admin admin = connection.getAdmin()) {
+      long before = admin.getLastMajorCompactionTimestamp(table);
+      admin.flush(table);
+      admin.majorCompact(table);
+      while (admin.getLastMajorCompactionTimestamp(table) <= before
+             || admin.getCompactionState(table) != CompactionState.NONE) {
+        if (System.currentTimeMillis() > deadline) {
+          System.err.println("the major compaction of " + table + " did not end in time");
+          System.exit(2);
+        }
+        Thread.sleep(100);
+      }
+    }
+  }
+}
+"""
 
 
 def hbase_home() -> Path:
@@ -316,6 +352,24 @@ class LocalHBase(JvmServer):
         from thriftpy2.rpc import make_client
 
         return make_client(thrift().THBaseService, self.host, self.port, timeout=int(timeout * 1000))
+
+    def major_compact(self, table: str, timeout: float = 120) -> None:
+        """Flush `table` ("namespace:name") and major-compact it; returns once the compaction is done (RuntimeError
+        with the tool's output when it fails or the time runs out). HBase then has dropped the table's delete
+        markers, and with them its memory of what was deleted."""
+        if self.pid is None or self._dir is None:
+            raise RuntimeError("this HBase server is not running")
+        source = self._dir / "tmp" / "MajorCompact.java"
+        source.write_text(COMPACT_JAVA)
+        command = [*jvm_command(find_java(), "128m", False, self._dir, self._dir / "logs", "compact.log"),
+                   "-cp", os.pathsep.join([str(self._dir / "conf"), find_classpath()]), str(source), table,
+                   str(int(timeout * 1000))]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 60,
+                              stdin=subprocess.DEVNULL, cwd=self._dir)
+        if done.returncode:
+            log = self._dir / "logs" / "compact.log"
+            raise RuntimeError(f"the major compaction of {table} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+                               f"{log.read_text()[-3000:] if log.exists() else ''}")
 
     def kill_gateway(self) -> None:
         """SIGKILL the Thrift2 gateway, as a crash would (the server keeps running)."""

@@ -44,13 +44,17 @@ class RunningServer:
 
         return Cluster([self.host], port=self.port, protocol_version=5)
 
+    def nodetool(self, *args: str) -> str:
+        raise RuntimeError(f"nodetool {' '.join(args)}: this test flushes and compacts through LocalCassandra's "
+                           "local JMX; run it without SLUICE_TEST_CASSANDRA")
+
 
 @pytest.fixture(scope="module")
 def cass():
-    """A fresh Cassandra for the module (its JVM stops with it, not idling through the rest of the suite), or the
-    running one SLUICE_TEST_CASSANDRA names."""
+    """A fresh Cassandra for the module (its JVM stops with it, not idling through the rest of the suite), with
+    local JMX for nodetool, or the running one SLUICE_TEST_CASSANDRA names."""
     address = os.environ.get("SLUICE_TEST_CASSANDRA")
-    with contextlib.nullcontext(RunningServer(address)) if address else LocalCassandra() as server:
+    with contextlib.nullcontext(RunningServer(address)) if address else LocalCassandra(jmx=True) as server:
         c = Cass(server)
         yield c
         c.cluster.shutdown()

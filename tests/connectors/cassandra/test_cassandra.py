@@ -2,6 +2,7 @@
 counterpart both ways, deletes, write timestamps and TTLs, replays, token-range reads, and refused input."""
 
 import datetime as dt
+import time
 import uuid
 from decimal import Decimal
 
@@ -9,6 +10,8 @@ import pyarrow as pa
 import pytest
 
 import sluice
+from sluice.connectors.cassandra._client import CassandraError, Connection
+from sluice.connectors.cassandra._replay import KeyspaceReplayGuard
 from tests.faults import replay_first_micro_batch
 
 pytestmark = pytest.mark.spark
@@ -182,12 +185,62 @@ def test_a_replayed_micro_batch_never_overwrites_a_later_one(spark, cass, tmp_pa
 
         after_batch_1, replayed = replay_first_micro_batch(
             spark, tmp_path / timestamps, "pk int, ck int, v string, amount double", batch, "cassandra",
-            cass.opts(table, **{"write.timestamp": timestamps}), lambda: {r[2] for r in stored(cass, table)})
+            cass.opts(table, **{"write.timestamp": timestamps, "write.replay-guard": "false"}),
+            lambda: {r[2] for r in stored(cass, table)})
         assert after_batch_1 == {"batch 1"}
         return replayed
 
     assert replay("micro-batch") == {"batch 1"}
     assert replay("client") == {"batch 0"}
+
+
+def test_a_replay_after_compaction_purged_the_tombstones_brings_no_deleted_row_back(spark, cass, tmp_path):
+    """The same replay of micro-batch 0 after micro-batch 1 deleted half its rows, into a table that keeps
+    tombstones for no time (gc_grace_seconds=0; 10 days by default only delays this), flushed and compacted so that
+    the tombstones are purged. The replay guard's marker says micro-batch 1 was committed, so the replay writes
+    nothing; without the guard (the negative control) the deleted rows come back, micro-batch timestamps and all."""
+
+    def replay(guard: str) -> tuple[set[int], set[int]]:
+        table = cass.table("id int PRIMARY KEY, v text")
+        cass.cql(f"ALTER TABLE sluice.{table} WITH gc_grace_seconds = 0")
+        purged = []
+
+        def batch(n: int) -> pa.Table:
+            ids = range(10) if n == 0 else range(0, 10, 2)
+            return pa.table({"id": pa.array(ids, pa.int32()), "v": ["x"] * len(ids),
+                             "op": ["u" if n == 0 else "d"] * len(ids)})
+
+        def stored_ids() -> set[int]:
+            if not purged:  # after micro-batch 1: its tombstones purged
+                cass.server.nodetool("flush", "sluice", table)
+                # A tombstone is purged once its deletion time (in seconds) is before the compaction's now minus
+                # gc_grace_seconds: the compaction starts in a later second than the deletes.
+                later = int(time.time()) + 1
+                while time.time() < later:
+                    time.sleep(0.05)
+                cass.server.nodetool("compact", "sluice", table)
+                purged.append(table)
+            return {r[0] for r in cass.cql(f"SELECT id FROM sluice.{table}")}
+
+        return replay_first_micro_batch(
+            spark, tmp_path / guard, "id int, v string, op string", batch, "cassandra",
+            cass.opts(table, **{"write.timestamp": "micro-batch", "upsert.op-column": "op",
+                                "write.replay-guard": guard}), stored_ids)
+
+    odd = set(range(1, 10, 2))
+    assert replay("true") == (odd, odd)
+    summary = sluice.last_write_summary("cassandra")
+    assert summary["replays_skipped"] >= 1 and summary["records"] == 0, summary
+    assert replay("false") == (odd, set(range(10)))
+
+
+def test_a_guard_table_of_other_columns_is_an_error_naming_the_option(cass):
+    """The tasks' read of the marker (as a streaming task makes it) from a table that is not a guard table."""
+    other = cass.table("id int PRIMARY KEY, v text")
+    conn = Connection((cass.server.host,), cass.server.port, "sluice", cass.table("id int PRIMARY KEY"), None, 10.0)
+    with pytest.raises(CassandraError, match=r"write\.replay-guard-table.*query text, target text, micro_batch"):
+        KeyspaceReplayGuard(conn, other).last_committed("a-query")
+    assert KeyspaceReplayGuard(conn, "t_missing").last_committed("a-query") is None  # made at the first commit
 
 
 def test_bad_input_is_refused_naming_what_to_change(spark, cass):

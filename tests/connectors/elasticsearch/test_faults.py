@@ -13,7 +13,7 @@ import pytest
 import sluice
 from sluice.testing import LocalOpenSearch
 from tests.connectors.elasticsearch.conftest import Search
-from tests.faults import Striker, slow, wait_for_a_client
+from tests.faults import Striker, held_at, wait_for_a_client
 
 pytestmark = pytest.mark.spark
 
@@ -74,28 +74,36 @@ def test_a_bulk_or_a_document_over_the_nodes_content_length_limit_is_an_error_na
         sluice.write(big, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
 
 
-def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converges(spark, search):
+def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converges(spark, search, tmp_path):
     index = search.index_name()
     search.call("PUT", f"/{index}", {"settings": {"number_of_replicas": 0, "translog.durability": "request"}})
-    df = docs_df(spark).mapInArrow(slow(50, 0.1), "id long, pad string")
+    # The second task's input stops at id 1500 until the node is killed: the write is still running when the
+    # strike lands, however quick the machine.
+    hold = tmp_path / "hold"
+    hold.touch()
+    df = docs_df(spark).mapInArrow(held_at(1500, str(hold), 50, 0.02), "id long, pad string")
     opts = search.opts(index, **{"mapping.id": "id", "sink.batch.max-size": "100", "sink.max-retries": "30",
                                  "sink.retry-delay-ms": "200", "http.timeout-ms": "5000"})
     server = search.server
 
     def strike() -> None:
-        deadline = time.monotonic() + 120
-        while search.count(index) < 500:
-            assert time.monotonic() < deadline, "the write never stored 500 documents"
-            threading.Event().wait(0.05)  # polling the index for the event: the documents are there
-        server.kill()
-        struck.set()
+        try:
+            deadline = time.monotonic() + 120
+            while search.count(index) < 500:
+                assert time.monotonic() < deadline, "the write never stored 500 documents"
+                threading.Event().wait(0.05)  # polling the index for the event: the documents are there
+            server.kill()
+            struck.set()
+        finally:
+            hold.unlink()
         wait_for_a_client(server.host, server.http_port)  # the write met the outage: only then heal it
         server.start()
 
     struck = threading.Event()
     striker = Striker(strike)
     striker.start()
-    sluice.write(df, "elasticsearch", opts)
+    # Through df.write, not sluice.write: its repartition by id would hold the whole input back in the shuffle.
+    df.write.format("elasticsearch").options(**opts).mode("append").save()
     striker.join(180)
     assert struck.is_set()
     assert sluice.last_write_summary("elasticsearch")["retries"] > 0

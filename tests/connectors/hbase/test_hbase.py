@@ -133,13 +133,49 @@ def test_a_replayed_micro_batch_never_overwrites_a_later_one(spark, hbase, tmp_p
 
         after_batch_1, replayed = replay_first_micro_batch(
             spark, tmp_path / timestamps, "id int, v string", batch, "hbase",
-            hbase.opts(table, rowkey="id", family="d", **{"write.timestamp": timestamps}),
+            hbase.opts(table, rowkey="id", family="d",
+                       **{"write.timestamp": timestamps, "write.replay-guard": "false"}),
             lambda: {r["d:v"] for r in hbase.rows(table).values()})
         assert after_batch_1 == {b"batch 1"}
         return replayed
 
     assert replay("micro-batch") == {b"batch 1"}
     assert replay("client") == {b"batch 0"}
+
+
+def test_a_replay_after_a_major_compaction_brings_no_deleted_row_back(spark, hbase, tmp_path):
+    """The same replay of micro-batch 0 after micro-batch 1 deleted half its rows, and after a flush and a major
+    compaction dropped the delete markers (HBase's memory of the deletes). The replay guard's marker says micro-batch
+    1 was committed, so the replay writes nothing; without the guard (the negative control) the deleted rows come
+    back, micro-batch timestamps and all."""
+    key = lambda i: (i ^ (1 << 31)).to_bytes(4, "big")  # noqa: E731 - an int key: sign-flipped big-endian
+
+    def replay(guard: str) -> tuple[set[bytes], set[bytes]]:
+        table = hbase.table()
+
+        def batch(n: int) -> pa.Table:
+            ids = range(10) if n == 0 else range(0, 10, 2)
+            return pa.table({"id": pa.array(ids, pa.int32()), "v": ["x"] * len(ids),
+                             "op": ["u" if n == 0 else "d"] * len(ids)})
+
+        compacted = []
+
+        def stored() -> set[bytes]:
+            if not compacted:  # after micro-batch 1: its delete markers, and the cells they masked, are dropped
+                hbase.server.major_compact(table)
+                compacted.append(table)
+            return set(hbase.rows(table))
+
+        return replay_first_micro_batch(
+            spark, tmp_path / guard, "id int, v string, op string", batch, "hbase",
+            hbase.opts(table, rowkey="id", family="d", **{"write.timestamp": "micro-batch", "upsert.op-column": "op",
+                                                          "write.replay-guard": guard}), stored)
+
+    odd = {key(i) for i in range(1, 10, 2)}
+    assert replay("true") == (odd, odd)
+    summary = sluice.last_write_summary("hbase")
+    assert summary["replays_skipped"] >= 1 and summary["records"] == 0, summary
+    assert replay("false") == (odd, {key(i) for i in range(10)})
 
 
 def test_filters_on_the_keys_first_column_narrow_the_scans(spark, hbase):
@@ -187,6 +223,9 @@ def test_bad_input_is_refused_naming_what_to_change(spark, hbase):
     expiring = hbase.table(ttl=3600)
     with pytest.raises(Exception, match=r"families \['d'\] .* have a time to live"):
         sluice.write(df, "hbase", hbase.opts(expiring, rowkey="id", family="d", **{"write.timestamp": "micro-batch"}))
+    guard = hbase.table(families=("m",), ttl=3600)  # a time to live would expire the markers at once
+    with pytest.raises(Exception, match=r"write\.replay-guard-table .* without a time to live"):
+        sluice.write(df, "hbase", hbase.opts(table, rowkey="id", family="d", **{"write.replay-guard-table": guard}))
 
 
 def test_a_time_range_reads_the_cells_written_in_it(spark, hbase):

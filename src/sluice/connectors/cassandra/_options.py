@@ -29,6 +29,14 @@ WRITE_OPTIONS = (
            "Where each row's write timestamp comes from: client (the executor's clock when the row is encoded, "
            "strictly increasing within a task) or micro-batch (streaming: the batch id and the row's position, so "
            "a replayed batch never overwrites a later one's cells). See docs/cassandra.md.", choices=TIMESTAMPS),
+    Option("write.replay-guard", "bool", True,
+           "Streaming: keep the last micro-batch committed per query in write.replay-guard-table, and write nothing "
+           "for an older one replayed (a restart from an older checkpoint copy), so a replay never brings back a "
+           "row a later micro-batch deleted, however long ago (a tombstone lasts gc_grace_seconds). "
+           "docs/cassandra.md."),
+    Option("write.replay-guard-table", "str", "sluice_replay_guard",
+           "The table of write.replay-guard's markers, in the target's keyspace (created at the first commit if "
+           "missing): a row per query and target table."),
     Option("write.timestamp-column", "str", None,
            "Column holding each row's write timestamp (long microseconds since the epoch, or a timestamp). Not "
            "written."),
@@ -50,6 +58,8 @@ class WriteOptions(TypedOptions):
     consistency: str
     batch_grouping: str
     write_timestamp: str
+    write_replay_guard: bool
+    write_replay_guard_table: str
     write_timestamp_column: str | None
     write_ttl: int
     write_ttl_column: str | None

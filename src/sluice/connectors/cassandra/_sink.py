@@ -6,6 +6,8 @@ grouped into UNLOGGED batches of one partition each (FLIP-509's Cassandra case).
   cell: a retry is a no-op, and a replay never wins over a newer write). `client` numbers rows from the executor's
   clock, strictly increasing within a task; `micro-batch` derives them from the batch id and the row's position
   (a replay of batch n always loses to batch n+1); `write.timestamp-column` takes them from the data.
+- Replays long after: a tombstone lasts gc_grace_seconds, so a streaming write keeps the last micro-batch
+  committed (write.replay-guard, _replay.py) and writes nothing for an older one replayed.
 - Batching (`batch.grouping`): `partition` makes each engine batch one partition key's rows (the engine's
   partition-ordered mode with sink.batch-by=key), sent as one UNLOGGED batch, which the token-aware driver routes
   to a replica of that partition: the coordinator applies it as one mutation. `mixed` sends batches of rows of any
@@ -28,6 +30,7 @@ from sluice.connector import (
     Batch,
     Encoded,
     OptionError,
+    ReplayGuard,
     SinkError,
     Store,
     TaskWriter,
@@ -44,6 +47,7 @@ from sluice.connectors.cassandra._client import (
     while_overloaded,
 )
 from sluice.connectors.cassandra._options import WriteOptions
+from sluice.connectors.cassandra._replay import KeyspaceReplayGuard
 from sluice.connectors.cassandra._types import CQLType, python_values
 
 if TYPE_CHECKING:
@@ -261,6 +265,10 @@ class CassandraWritePlan(WritePlan):
     conn: Connection
     rows: RowPlan
     write: WriteOptions
+
+    def replay_guard(self) -> ReplayGuard | None:
+        return KeyspaceReplayGuard(self.conn, self.write.write_replay_guard_table) if self.write.write_replay_guard \
+            else None
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         from cassandra import ConsistencyLevel

@@ -18,6 +18,7 @@ from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
 from sluice.connectors.hbase._keys import KeyCodec
 from sluice.connectors.hbase._options import DURABILITY, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.hbase._replay import check_guard_table
 from sluice.connectors.hbase._sink import HBaseWritePlan, RowPlan
 from sluice.connectors.hbase._source import (
     HBaseBatchReader,
@@ -90,7 +91,10 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         rows = RowPlan(catalog, key, starts, options.upsert_op_column, timestamp, stamp,
                        options.write_null_cells == "delete", DURABILITY[options.write_durability],
                        options.write_max_cell_bytes)
-        return HBaseWritePlan(self.format_name, opts, schema, config, conn, rows)
+        guard = options.write_replay_guard_table if options.write_replay_guard else None
+        if guard is not None:
+            check_guard_table(conn, guard)
+        return HBaseWritePlan(self.format_name, opts, schema, config, conn, rows, guard)
 
     # ------------------------------------------------------------------ reading
     def schema(self) -> StructType:

@@ -27,6 +27,14 @@ WRITE_OPTIONS = (
            "change of the same key in a task one step later) or micro-batch (streaming: the batch id and the "
            "row's position, so a replayed batch never overwrites a later one's cells; not wall-clock times). "
            "docs/hbase.md.", choices=("client", "micro-batch")),
+    Option("write.replay-guard", "bool", True,
+           "Streaming: keep the last micro-batch committed per query in write.replay-guard-table, and write nothing "
+           "for an older one replayed (a restart from an older checkpoint copy), so a replay never brings back a "
+           "row a later micro-batch deleted, however long ago (a delete marker lasts until a major compaction). "
+           "docs/hbase.md."),
+    Option("write.replay-guard-table", "str", "sluice_replay_guard",
+           "The table of write.replay-guard's markers (namespace:name; created at the first commit if missing): a "
+           "row per query and target table."),
     Option("write.timestamp-column", "str", None,
            "Column holding each row's cell timestamp (long milliseconds since the epoch, or a timestamp). Not "
            "written."),
@@ -59,6 +67,8 @@ class WriteOptions(TypedOptions):
     declared = WRITE_OPTIONS
 
     write_timestamp: str
+    write_replay_guard: bool
+    write_replay_guard_table: str
     write_timestamp_column: str | None
     write_null_cells: str
     upsert_op_column: str | None

@@ -11,6 +11,8 @@
   id and the row's position (a replay of batch n always loses to batch n+1); `write.timestamp-column`: the data.
   HBase keeps the cell with the highest timestamp, and a delete masks cells at or below its own: so one key's
   changes land right in any order, and a retry never undoes a later change.
+- Replays long after: a delete marker lasts until the next major compaction, so a streaming write keeps the last
+  micro-batch committed (write.replay-guard, _replay.py) and writes nothing for an older one replayed.
 - Encoding: a write of puts only (no upsert.op-column, write.null-cells=skip) builds each put as Thrift bytes in
   Arrow (_wire.py); deletes, and puts next to them, are thriftpy2 objects.
 """
@@ -32,6 +34,7 @@ from sluice.connector import (
     Encoded,
     OptionError,
     RecordTooLargeError,
+    ReplayGuard,
     SinkError,
     TaskWriter,
     ThrottledError,
@@ -45,6 +48,7 @@ from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, thrift
 from sluice.connectors.hbase._keys import KeyCodec
+from sluice.connectors.hbase._replay import TableReplayGuard
 from sluice.connectors.hbase._wire import put_multiple, thrift_puts
 
 MICRO_BATCH_ROWS = 1 << 24  # rows one task may write in one micro-batch under write.timestamp=micro-batch
@@ -228,6 +232,10 @@ class HBaseStore(BlockingStore):
 class HBaseWritePlan(WritePlan):
     conn: Connection
     rows: RowPlan
+    guard_table: str | None  # write.replay-guard's table; None: off
+
+    def replay_guard(self) -> ReplayGuard | None:
+        return TableReplayGuard(self.conn, self.guard_table, self.rows.catalog.table) if self.guard_table else None
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         encode = RowEncoder(self.rows, context, to_arrow_schema(self.schema))
