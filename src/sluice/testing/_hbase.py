@@ -250,8 +250,12 @@ class LocalHBase(JvmServer):
 
     def __init__(self, *, host: str = "127.0.0.1", heap: str = "384m", gateway_heap: str = "128m",
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 120,
-                 port: int = 0, settings: dict[str, Any] | None = None) -> None:
+                 port: int = 0, settings: dict[str, Any] | None = None, tls: bool = False) -> None:
         self.host, self.heap, self.gateway_heap, self.full_jit = host, heap, gateway_heap, full_jit
+        # tls: the gateway in its HTTP mode over TLS (HBase has no TLS on the binary protocol), with a certificate
+        # of a throwaway CA (sluice.testing._tls) for 127.0.0.1 and localhost; `ca_pem` is what clients trust.
+        self.tls = tls
+        self.ca_pem: str | None = None
         self.jvm_options = list(jvm_options or [])  # last on both command lines: they override the flags above
         self.settings = dict(settings or {})
         super().__init__(start_timeout)
@@ -296,8 +300,34 @@ class LocalHBase(JvmServer):
             "hbase.regionserver.msginterval": 500,
             **self.settings,
         }
+        if self.tls:
+            properties.update(self._tls_settings(self._dir / "conf"))
         (self._dir / "conf" / "hbase-site.xml").write_text(site_xml(properties))
         (self._dir / "conf" / "log4j.properties").write_text(LOG4J)
+
+    def _tls_settings(self, conf: Path) -> dict[str, Any]:
+        """A PKCS#12 key store of a certificate for this host (Java 17 reads it as the default JKS type), and the
+        gateway's settings for HTTPS (ThriftServer's HTTP mode: Jetty with hbase.thrift.ssl.*)."""
+        import secrets
+
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.serialization import pkcs12
+        from cryptography.x509 import load_pem_x509_certificate
+
+        from sluice.testing._tls import TestCA
+
+        ca = TestCA("sluice test HBase CA")
+        cert = ca.server_certificate(tuple(dict.fromkeys((self.host, "127.0.0.1", "localhost"))))
+        password = secrets.token_urlsafe(12)
+        store = pkcs12.serialize_key_and_certificates(
+            b"gateway", serialization.load_pem_private_key(cert.key_pem.encode(), None),
+            load_pem_x509_certificate(cert.cert_pem.encode()), [load_pem_x509_certificate(ca.pem.encode())],
+            serialization.BestAvailableEncryption(password.encode()))
+        (conf / "gateway.p12").write_bytes(store)
+        self.ca_pem = ca.pem
+        return {"hbase.regionserver.thrift.http": True, "hbase.thrift.ssl.enabled": True,
+                "hbase.thrift.ssl.keystore.store": str(conf / "gateway.p12"),
+                "hbase.thrift.ssl.keystore.password": password, "hbase.thrift.ssl.keystore.keypassword": password}
 
     def _command(self) -> list[str]:
         assert self._dir is not None
@@ -349,6 +379,15 @@ class LocalHBase(JvmServer):
     def client(self, *, timeout: float = 60) -> Any:
         """A thriftpy2 `THBaseService` client of the gateway (binary protocol, buffered transport); `close()` it.
         `timeout` in seconds, for connecting and for each call."""
+        if self.tls:
+            import ssl
+
+            from thriftpy2.http import make_client as make_http_client
+
+            context = ssl.create_default_context(cadata=self.ca_pem)
+            return make_http_client(thrift().THBaseService, self.host, self.port, scheme="https",
+                                    ssl_context_factory=lambda: context, timeout=int(timeout * 1000),
+                                    keep_alive=True)
         from thriftpy2.rpc import make_client
 
         return make_client(thrift().THBaseService, self.host, self.port, timeout=int(timeout * 1000))

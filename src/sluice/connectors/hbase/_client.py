@@ -10,6 +10,7 @@ region need). A Thrift client is one TCP connection serving one call at a time, 
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +24,14 @@ from sluice.connector import Option, OptionError, Options, RetryableError, SinkE
 CONNECTION_OPTIONS = (
     Option("host", "list", (), "Thrift2 gateways (hbase thrift2 start): host names or addresses; a task picks one "
            "by its partition id.", required=True),
-    Option("port", "int", 9090, "The gateways' Thrift port (binary protocol, not framed).", minimum=1, maximum=65535),
+    Option("port", "int", 9090, "The gateways' Thrift port (binary protocol, not framed; with ssl, their HTTPS port).",
+           minimum=1, maximum=65535),
     Option("request.timeout-ms", "int", 60_000, "Client-side timeout of one call to a gateway.", minimum=100),
+    Option("ssl", "bool", False, "HTTPS to the gateways: HBase's Thrift2 gateway in its HTTP mode with TLS "
+           "(hbase.regionserver.thrift.http and hbase.thrift.ssl.enabled; its binary protocol has no TLS). The "
+           "certificate and the host name are checked against the system's trusted CAs, or ssl.ca-pem."),
+    Option("ssl.ca-pem", "str", None, "PEM text of the CA that signed the gateways' certificates (text, not a path: "
+           "executors are other machines). Implies ssl=true."),
 )
 
 # Server-side exceptions (their Java class names reach us in TIOError's message) that say: slow down.
@@ -56,16 +63,19 @@ class Connection:
     hosts: tuple[str, ...]
     port: int
     timeout_s: float
+    ssl: bool = False  # HTTPS (the gateway's HTTP mode) instead of the binary protocol
+    ca_pem: str | None = None
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
         if not opts["host"]:
             raise OptionError("host must name at least one HBase Thrift2 gateway, e.g. .option('host', "
                               "'hbase-thrift.internal')")
-        return cls(tuple(opts["host"]), opts["port"], opts["request.timeout-ms"] / 1000)
+        return cls(tuple(opts["host"]), opts["port"], opts["request.timeout-ms"] / 1000,
+                   opts["ssl"] or opts["ssl.ca-pem"] is not None, opts["ssl.ca-pem"])
 
     def display(self, table: str) -> str:
-        return f"hbase://{self.hosts[0]}:{self.port}/{table}"
+        return f"hbase{'s' if self.ssl else ''}://{self.hosts[0]}:{self.port}/{table}"
 
     def host_for(self, index: int) -> str:
         return self.hosts[index % len(self.hosts)]
@@ -77,13 +87,23 @@ class Connection:
         client = clients.get((host, self.port))
         if client is None:
             from thriftpy2.protocol import TCyBinaryProtocolFactory
-            from thriftpy2.rpc import make_client
             from thriftpy2.transport import TCyBufferedTransportFactory
 
             try:
-                client = make_client(thrift().THBaseService, host, self.port, timeout=self.timeout_s * 1000,
-                                     proto_factory=TCyBinaryProtocolFactory(),
-                                     trans_factory=TCyBufferedTransportFactory())
+                if self.ssl:
+                    from thriftpy2.http import make_client as make_http_client
+
+                    context = _ssl_context(self.ca_pem)
+                    client = make_http_client(thrift().THBaseService, host, self.port, scheme="https",
+                                              ssl_context_factory=lambda: context, keep_alive=True,
+                                              timeout=int(self.timeout_s * 1000),
+                                              proto_factory=TCyBinaryProtocolFactory())
+                else:
+                    from thriftpy2.rpc import make_client
+
+                    client = make_client(thrift().THBaseService, host, self.port, timeout=self.timeout_s * 1000,
+                                         proto_factory=TCyBinaryProtocolFactory(),
+                                         trans_factory=TCyBufferedTransportFactory())
             except Exception as e:
                 raise classify(e, self, 0) from None
             clients[(host, self.port)] = client
@@ -123,6 +143,12 @@ class Connection:
 _local = threading.local()
 
 
+@cache
+def _ssl_context(ca_pem: str | None) -> ssl.SSLContext:
+    """One verifying context per CA and process (certificate and host name always checked)."""
+    return ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
+
+
 def classify(error: BaseException, conn: Connection, rows: int) -> Exception:
     """A Thrift or socket failure as a retry (RetryableError), a slow-down (ThrottledError) or an HBaseError."""
     module = thrift()
@@ -137,6 +163,13 @@ def classify(error: BaseException, conn: Connection, rows: int) -> Exception:
                           store="hbase", target=where, batch_records=rows or None)
     from thriftpy2.thrift import TApplicationException
 
+    if isinstance(error, ssl.SSLError):
+        # A certificate the client refuses is refused again on the next try: not retried.
+        trusted = "the CA in ssl.ca-pem" if conn.ca_pem else "the system's trusted CAs (ssl.ca-pem not set)"
+        return HBaseError(f"TLS to the HBase Thrift2 gateway at {where} failed ({_first_line(str(error))}): its "
+                          f"certificate must be signed by {trusted} and name the host connected to. Set ssl.ca-pem "
+                          "to the PEM text of the CA that signed the gateways' certificates.", store="hbase",
+                          target=where, batch_records=rows or None)
     if isinstance(error, TApplicationException):
         # The gateway's own client refused the call before sending it, e.g. a cell over hbase.client.keyvalue.maxsize
         # ("Internal error processing putMultiple"): the same call fails again.
