@@ -280,7 +280,8 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgre
 # tests, 80 s alone) run last in make test's second job (make test-hbase runs them alone). The main suite runs the
 # HBase tests that need no server (tests/connectors/hbase/test_keys.py); its deployment tests write and read every
 # format, HBase's too, on a server of their own.
-HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py
+HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py \
+	tests/connectors/hbase/test_tls.py
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-kafka check-chromium check-promtool lint
 	mkdir -p build/lines

@@ -45,6 +45,7 @@ import socket
 import subprocess
 import time
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -88,35 +89,7 @@ READY_LINE = b"master.HMaster: Master has completed initialization"
 
 # Admin.majorCompact only queues the compaction; it is done once the region server has reported a major compaction
 # newer than the one before (getLastMajorCompactionTimestamp, from its load reports) and none runs any more.
-COMPACT_JAVA = """\
-import org.apache.hadoop.hbase.HBaseConfiguration;
-import org.apache.hadoop.hbase.TableName;
-import org.apache.hadoop.hbase.client.Admin;
-import org.apache.hadoop.hbase.client.CompactionState;
-import org.apache.hadoop.hbase.client.Connection;
-import org.apache.hadoop.hbase.client.ConnectionFactory;
-
-public class MajorCompact {
-  public static void main(String[] args) throws Exception {
-    TableName table = TableName.valueOf(args[0]);
-    long deadline = System.currentTimeMillis() + Long.parseLong(args[1]);
-    try (Connection connection = ConnectionFactory.createConnection(HBaseConfiguration.create());
-         Admin admin = connection.getAdmin()) {
-      long before = admin.getLastMajorCompactionTimestamp(table);
-      admin.flush(table);
-      admin.majorCompact(table);
-      while (admin.getLastMajorCompactionTimestamp(table) <= before
-             || admin.getCompactionState(table) != CompactionState.NONE) {
-        if (System.currentTimeMillis() > deadline) {
-          System.err.println("the major compaction of " + table + " did not end in time");
-          System.exit(2);
-        }
-        Thread.sleep(100);
-      }
-    }
-  }
-}
-"""
+# Its Java source: MajorCompact.java beside this file, run with Java 17's single-file launch.
 
 
 def hbase_home() -> Path:
@@ -310,19 +283,12 @@ class LocalHBase(JvmServer):
         gateway's settings for HTTPS (ThriftServer's HTTP mode: Jetty with hbase.thrift.ssl.*)."""
         import secrets
 
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.serialization import pkcs12
-        from cryptography.x509 import load_pem_x509_certificate
-
         from sluice.testing._tls import TestCA
 
         ca = TestCA("sluice test HBase CA")
         cert = ca.server_certificate(tuple(dict.fromkeys((self.host, "127.0.0.1", "localhost"))))
         password = secrets.token_urlsafe(12)
-        store = pkcs12.serialize_key_and_certificates(
-            b"gateway", serialization.load_pem_private_key(cert.key_pem.encode(), None),
-            load_pem_x509_certificate(cert.cert_pem.encode()), [load_pem_x509_certificate(ca.pem.encode())],
-            serialization.BestAvailableEncryption(password.encode()))
+        store = cert.pkcs12(password)
         (conf / "gateway.p12").write_bytes(store)
         self.ca_pem = ca.pem
         return {"hbase.regionserver.thrift.http": True, "hbase.thrift.ssl.enabled": True,
@@ -399,7 +365,7 @@ class LocalHBase(JvmServer):
         if self.pid is None or self._dir is None:
             raise RuntimeError("this HBase server is not running")
         source = self._dir / "tmp" / "MajorCompact.java"
-        source.write_text(COMPACT_JAVA)
+        source.write_text((resources.files("sluice.testing") / "MajorCompact.java").read_text())
         command = [*jvm_command(find_java(), "128m", False, self._dir, self._dir / "logs", "compact.log"),
                    "-cp", os.pathsep.join([str(self._dir / "conf"), find_classpath()]), str(source), table,
                    str(int(timeout * 1000))]

@@ -37,6 +37,17 @@ class ServerCertificate:
             out.write(self.key_pem)
         return cert, key
 
+    def pkcs12(self, password: str) -> bytes:
+        """The key and the certificate chain as a PKCS#12 key store (what a Java server reads), under `password`."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.serialization import pkcs12
+        from cryptography.x509 import load_pem_x509_certificate
+
+        return pkcs12.serialize_key_and_certificates(
+            b"server", serialization.load_pem_private_key(self.key_pem.encode(), None),
+            load_pem_x509_certificate(self.cert_pem.encode()), [load_pem_x509_certificate(self.ca_pem.encode())],
+            serialization.BestAvailableEncryption(password.encode()))
+
 
 class TestCA:
     """A certificate authority for one test run; `.pem` is its certificate (what clients trust)."""
