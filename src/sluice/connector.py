@@ -64,6 +64,7 @@ from sluice.source._tracking import (
     TrackingSettings,
     TrackingStreamReader,
     parse_value,
+    refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
     tracking_options,
 )
@@ -173,6 +174,7 @@ __all__ = [
     "observed",
     "parse_value",
     "pushdown_option",
+    "refuse_batch_options_in_stream",
     "refuse_tracking_in_batch",
     "register_format",
     "require",

@@ -167,6 +167,14 @@ class TrackingSettings:
                    start.lower() if start.lower() in ("beginning", "now") else start, opts["max-records-per-trigger"])
 
 
+def refuse_batch_options_in_stream(opts: Options, format_name: str, names: Sequence[str]) -> None:
+    """A readStream refuses the options of a batch read's splits (`names`), which it has no use for."""
+    given = [name for name in names if opts.is_set(name)]
+    if given:
+        raise OptionError(f"option(s) {given} apply to spark.read.format('{format_name}') (batch) only; a readStream "
+                          "reads each micro-batch's range in one query. Remove them.")
+
+
 def refuse_tracking_in_batch(opts: Options, format_name: str) -> None:
     """A batch read refuses the options of a stream (an option is honoured or refused, never ignored)."""
     given = [name for name in TRACKING_NAMES if opts.is_set(name)]

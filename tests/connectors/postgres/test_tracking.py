@@ -132,17 +132,17 @@ def test_bad_tracking_columns_are_refused_before_the_query_starts_naming_the_col
     t = pg.table("bad")
     pg.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, name text, at timestamptz)")
     load = spark.readStream.format("postgres").options(**pg.opts(t))
-    with pytest.raises(Exception, match="tracking.column 'updated_at' is not a column of table"):
+    with pytest.raises(Exception, match=r"tracking.column 'updated_at' is not a column of table"):
         load.option("tracking.column", "updated_at").load()
-    with pytest.raises(Exception, match="tracking.column 'name' has type text"):
+    with pytest.raises(Exception, match=r"tracking.column 'name' has type text"):
         load.option("tracking.column", "name").load()
-    with pytest.raises(Exception, match="tracking.column 'At' .*the source has 'at'"):
+    with pytest.raises(Exception, match=r"tracking.column 'At' .*the source has 'at'"):
         load.option("tracking.column", "At").load()
-    with pytest.raises(Exception, match="option 'tracking.start' must be beginning, now or an ISO 8601"):
+    with pytest.raises(Exception, match=r"option 'tracking.start' must be beginning, now or an ISO 8601"):
         load.option("tracking.column", "at").option("tracking.start", "yesterday").load()
-    with pytest.raises(OptionError, match="needs option 'tracking.column'"):
+    with pytest.raises(OptionError, match=r"needs option 'tracking.column'"):
         PostgresDataSource(pg.opts(t)).streamReader(None)
     with pytest.raises(OptionError, match=r"apply to spark.readStream.format\('postgres'\) only"):
         PostgresDataSource(pg.opts(t, **{"tracking.column": "at"})).reader(None)
-    with pytest.raises(OptionError, match="Did you mean 'tracking.column'"):
+    with pytest.raises(OptionError, match=r"Did you mean 'tracking.column'"):
         PostgresDataSource(pg.opts(t, **{"tracking.colum": "at"})).schema()

@@ -6,7 +6,6 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     PARTITION_ORDERED,
-    OptionError,
     Options,
     SinkConfig,
     SinkDataSource,
@@ -14,6 +13,7 @@ from sluice.connector import (
     TrackingSettings,
     TrackingStreamReader,
     check_pushdown,
+    refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
     to_arrow_schema,
 )
@@ -89,9 +89,9 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         """readStream: the rows a tracking column finds (_tracking.py, docs/tracking.md)."""
         opts = self.read_options()
         settings = TrackingSettings.of(opts, self.format_name)
+        refuse_batch_options_in_stream(opts, self.format_name, ("partition-column", "num-partitions", "pushdown",
+                                                                 "consistent-snapshot", "snapshot.timeout-s"))
         options = self._typed_read_options()
-        if options.pushdown:
-            raise OptionError("pushdown=true applies to batch reads; a readStream filters in Spark. Remove it.")
         _, columns, primary_key = infer_schema(options.conn, options)
         kind, pg_type = tracking_kind(columns, settings, _described(options))
         types = dict(columns)
