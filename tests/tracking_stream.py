@@ -43,6 +43,25 @@ def wait_for(predicate, timeout=90, what="the condition"):
         time.sleep(0.2)  # polled: the condition is a query's progress in another process
 
 
+def committed_rows(out):
+    """How many rows a file sink has committed, from its commit log (_spark_metadata: a JSON line per file) and
+    the files' footers, without a Spark job (the waits poll it while the query has the cores)."""
+    import json
+    from urllib.parse import unquote, urlparse
+
+    import pyarrow.parquet as pq
+
+    log = out / "_spark_metadata"
+    if not log.is_dir():
+        return 0
+    paths = set()
+    for entry in log.iterdir():
+        if entry.name.isdigit():
+            for line in entry.read_text().splitlines()[1:]:  # the first line is the log's version
+                paths.add(unquote(urlparse(json.loads(line)["path"]).path))
+    return sum(pq.read_metadata(path).num_rows for path in paths)
+
+
 def parquet_rows(spark, out):
     """The rows a file sink committed (its commit log, _spark_metadata, says which files count)."""
     log = out / "_spark_metadata"

@@ -48,9 +48,12 @@ from sluice.spark._compat import (
 
 TRACKING_OFFSET_VERSION = 1
 KINDS = ("int", "timestamp")  # what a tracking value is: an integer, or microseconds since the epoch (UTC)
+# Records behind are counted up to this many per split (beyond: unknown): a bounded scan when a stream starts far
+# behind.
+COUNT_AT_MOST = 1_000_000
 
 
-@dataclass(frozen=True, order=False)
+@dataclass(frozen=True)
 class TrackingPosition:
     """After which row a split's reading stands: rows ordered by (value, key) greater than this one are ahead.
     value None: before every row; key None: before every row of `value` (a start at a given value)."""
@@ -204,8 +207,10 @@ class TrackingEnumerator(ABC):
         when the range holds no row. A range takes every row of its end's (value, key), so a key that is not
         unique is never cut in two."""
 
-    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> int | None:
-        """Rows in (after, upto] (records behind, for the metrics); None: the store cannot tell cheaply."""
+    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
+                     most: int) -> int | None:
+        """Rows in (after, upto] (records behind, for the metrics), counting no further than `most` + 1; None: the
+        store cannot tell cheaply."""
         return None
 
     def close(self) -> None:
@@ -361,7 +366,10 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
         splits, behind, time_behind = [], 0, None
         for sid, head in sorted(self._heads.items()):
             at = committed.get(sid, BEGINNING)
-            count = self.enumerator.count_within(self._splits[sid], at, head) if head.value is not None else 0
+            count = self.enumerator.count_within(self._splits[sid], at, head, COUNT_AT_MOST) \
+                if head.value is not None else 0
+            if count is not None and count > COUNT_AT_MOST:
+                count = None
             behind = None if count is None or behind is None else behind + count
             splits.append(SplitLag(sid, at.value or 0, head.value or 0, count or 0))
             if kind == "timestamp" and head.value is not None and at.value is not None:

@@ -7,7 +7,7 @@ import pytest
 from sluice import OptionError
 from sluice.connectors.postgres import PostgresDataSource
 from sluice.spark._compat import ReadMaxRows
-from tests.tracking_stream import drain, parquet_rows, wait_for
+from tests.tracking_stream import committed_rows, drain, parquet_rows, wait_for
 
 
 def stream(pg, table, **options):
@@ -24,27 +24,27 @@ def test_rows_written_while_the_query_runs_appear_and_a_restart_misses_and_repea
     t = pg.table("events")
     pg.sql(f"CREATE TABLE {t} (id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp(), v text)")
     pg.sql(f"CREATE INDEX ON {t} (at, id)")
-    # 12 rows of one timestamp: micro-batches of 8 cut that group by the primary key, the tie-breaker.
+    # 12 rows of one timestamp: micro-batches of 10 cut that group by the primary key, the tie-breaker.
     pg.sql(f"INSERT INTO {t} SELECT g, timestamptz '2026-01-01 00:00:00+00', 'x' FROM generate_series(1, 12) g")
     pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'x' FROM generate_series(13, 20) g")
     out, checkpoint = tmp_path / "out", tmp_path / "ck"
 
     def start(trigger):
         return (spark.readStream.format("postgres").options(**pg.opts(t)).option("tracking.column", "at")
-                .option("tracking.lag-window-ms", "300").option("max-records-per-trigger", "8").load()
+                .option("tracking.lag-window-ms", "300").option("max-records-per-trigger", "10").load()
                 .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
                 .trigger(**trigger).start())
 
     query = start({"processingTime": "100 milliseconds"})
     try:
-        wait_for(lambda: len(parquet_rows(spark, out)) >= 20, what="the first 20 rows")
+        wait_for(lambda: committed_rows(out) >= 20, what="the first 20 rows")
         pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'y' FROM generate_series(21, 30) g")  # while it runs
-        wait_for(lambda: len(parquet_rows(spark, out)) >= 30, what="the rows written while the query ran")
+        wait_for(lambda: committed_rows(out) >= 30, what="the rows written while the query ran")
         sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
         assert query.exception() is None
     finally:
         query.stop()
-    assert max(sizes) <= 8, sizes
+    assert sizes[0] == 10 and max(sizes) <= 10, sizes
     pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'z' FROM generate_series(31, 40) g")  # while it is stopped
     again = start({"availableNow": True})
     assert again.awaitTermination(120)
@@ -131,18 +131,41 @@ def test_start_positions_now_and_a_value(pg):
 def test_bad_tracking_columns_are_refused_before_the_query_starts_naming_the_column(spark, pg):
     t = pg.table("bad")
     pg.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, name text, at timestamptz)")
+    # The first through Spark (load() asks the source's schema() on the driver), the others as load() would.
     load = spark.readStream.format("postgres").options(**pg.opts(t))
     with pytest.raises(Exception, match=r"tracking.column 'updated_at' is not a column of table"):
         load.option("tracking.column", "updated_at").load()
-    with pytest.raises(Exception, match=r"tracking.column 'name' has type text"):
-        load.option("tracking.column", "name").load()
-    with pytest.raises(Exception, match=r"tracking.column 'At' .*the source has 'at'"):
-        load.option("tracking.column", "At").load()
-    with pytest.raises(Exception, match=r"option 'tracking.start' must be beginning, now or an ISO 8601"):
-        load.option("tracking.column", "at").option("tracking.start", "yesterday").load()
+    with pytest.raises(OptionError, match=r"tracking.column 'name' has type text"):
+        PostgresDataSource(pg.opts(t, **{"tracking.column": "name"})).schema()
+    with pytest.raises(OptionError, match=r"tracking.column 'At' .*the source has 'at'"):
+        PostgresDataSource(pg.opts(t, **{"tracking.column": "At"})).schema()
+    with pytest.raises(OptionError, match=r"option 'tracking.start' must be beginning, now or an ISO 8601"):
+        PostgresDataSource(pg.opts(t, **{"tracking.column": "at", "tracking.start": "yesterday"})).schema()
     with pytest.raises(OptionError, match=r"needs option 'tracking.column'"):
         PostgresDataSource(pg.opts(t)).streamReader(None)
     with pytest.raises(OptionError, match=r"apply to spark.readStream.format\('postgres'\) only"):
         PostgresDataSource(pg.opts(t, **{"tracking.column": "at"})).reader(None)
     with pytest.raises(OptionError, match=r"Did you mean 'tracking.column'"):
         PostgresDataSource(pg.opts(t, **{"tracking.colum": "at"})).schema()
+
+
+def test_a_stream_reports_records_and_time_behind_and_the_fetch_event_time_lag(pg):
+    import sluice.metrics
+
+    t = pg.table("metered")
+    pg.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, at timestamptz NOT NULL)")
+    pg.sql(f"INSERT INTO {t} SELECT g, now() - (30 - g) * interval '1 second' FROM generate_series(1, 30) g")
+    with sluice.metrics.serve() as server:
+        reader, schema = stream(pg, t, **{"tracking.column": "at", "tracking.lag-window-ms": "0"})
+        end, read, _ = drain(reader, reader.initialOffset(), schema, until=lambda read: read.num_rows >= 10,
+                             limit=ReadMaxRows(10))
+        reader.commit(end)  # as Spark does once the micro-batch is written
+        report = [r for r in server.sources.snapshot() if r.format == "postgres"][-1]
+        assert (report.pending_records, report.time_behind_ms) == (20, 20_000.0)
+        assert report.position.endswith("key ['10']") and report.head.endswith("key ['30']")
+        assert [(s.split, s.pending_records) for s in report.splits] == [("all", 20)]
+        wait_for(lambda: server.reads.snapshot().get("postgres", {}).get("records") == 10, timeout=30,
+                 what="the read task's report")
+        # currentFetchEventTimeLag: now minus the newest tracking time fetched (row 10: 20 s before the insert)
+        assert server.reads.snapshot()["postgres"]["event_lag_ms"] >= 20_000
+        reader.stop()

@@ -128,8 +128,9 @@ class ClickHouseTrackingEnumerator(TrackingEnumerator):
         found = self._rows(f"{within} ORDER BY {s.order(descending=True)} LIMIT 1")
         return _position(found[0]) if found else None
 
-    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> int | None:
-        return int(self._rows(f"SELECT count() FROM {self.source} WHERE {self.sql.range(after, upto)}")[0][0])
+    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition, most: int) -> int | None:
+        return int(self._rows(f"SELECT count() FROM (SELECT 1 FROM {self.source} WHERE "
+                              f"{self.sql.range(after, upto)} LIMIT {int(most) + 1})")[0][0])
 
 
 class ClickHouseTrackingReader(TrackingReader):

@@ -156,9 +156,10 @@ class PostgresTrackingEnumerator(TrackingEnumerator):
         found = self._rows(f"{within} ORDER BY {s.order(descending=True)} LIMIT 1")
         return _position(found[0]) if found else None
 
-    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> int | None:
+    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition, most: int) -> int | None:
         s = self.sql
-        return int(self._rows(f"SELECT count(*) FROM {s.source} WHERE {s.range(after, upto)}")[0][0])
+        return int(self._rows(f"SELECT count(*) FROM (SELECT 1 FROM {s.source} WHERE {s.range(after, upto)} "
+                              f"LIMIT {int(most) + 1}) r")[0][0])
 
     def close(self) -> None:
         if self._conn is not None:
