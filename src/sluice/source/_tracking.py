@@ -264,6 +264,9 @@ class LagWindow:
             seen.popleft()  # a newer settled head makes this one useless
         return seen[0][1] if seen[0][0] <= ripe else None
 
+    def seen_any(self) -> bool:
+        return bool(self._seen)
+
     def wait(self) -> None:
         """Until every head observed so far has settled (Trigger.AvailableNow: its target is read whole)."""
         time.sleep(self.window_s)
@@ -327,6 +330,12 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
         return self._latest(at, limit).json_or(at)
 
     def _latest(self, start: TrackingOffset, limit: ReadLimit) -> TrackingOffset:
+        if not self._window.seen_any():
+            # A query's first planning waits one window, so it has a settled head to read to: on Spark 4.0/4.1,
+            # Trigger.AvailableNow asks once (prepareForTriggerAvailableNow is never called there) and would
+            # otherwise read nothing.
+            self._observe()
+            self._window.wait()
         self._observe()
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         ends = dict(start.positions)
