@@ -20,6 +20,7 @@ def ids(table):
     return [int(i) for i in table.column("id").to_pylist()]
 
 
+@pytest.mark.lines  # Spark 4.0/4.1: sluice's own caps and a one-micro-batch AvailableNow after the first window
 def test_rows_inserted_while_the_query_runs_appear_and_a_restart_misses_and_repeats_nothing(spark, ch, tmp_path):
     t = ch.table("id UInt64, at DateTime64(6) DEFAULT now64(6), v String", "MergeTree() ORDER BY (at, id)")
     # 12 rows of one instant: micro-batches of 10 cut that group by the tie-breaker.
