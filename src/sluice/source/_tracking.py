@@ -380,7 +380,8 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
             if count is not None and count > COUNT_AT_MOST:
                 count = None
             behind = None if count is None or behind is None else behind + count
-            splits.append(SplitLag(sid, at.value or 0, head.value or 0, count or 0))
+            if count is not None:  # a split whose rows behind are unknown is left out, not shown as 0
+                splits.append(SplitLag(sid, at.value or 0, head.value or 0, count))
             if kind == "timestamp" and head.value is not None and at.value is not None:
                 time_behind = max(time_behind or 0.0, (head.value - at.value) / 1000)
         last = next(iter(committed.values()), BEGINNING)
