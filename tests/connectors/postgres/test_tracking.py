@@ -170,3 +170,23 @@ def test_a_stream_reports_records_and_time_behind_and_the_fetch_event_time_lag(p
         # currentFetchEventTimeLag: now minus the newest tracking time fetched (row 10: 20 s before the insert)
         assert server.reads.snapshot()["postgres"]["event_lag_ms"] >= 20_000
         reader.stop()
+
+
+def test_a_server_restart_between_micro_batches_loses_and_repeats_nothing():
+    from sluice.testing import LocalPostgres
+    from tests.conftest import PG
+
+    with LocalPostgres() as server:
+        own = PG(server.url)
+        t = own.table("restarted")
+        own.sql(f"CREATE TABLE {t} (id bigint PRIMARY KEY)")
+        own.sql(f"INSERT INTO {t} SELECT generate_series(1, 10)")
+        reader, schema = stream(own, t, **{"tracking.column": "id", "tracking.lag-window-ms": "0"})
+        middle, first, _ = drain(reader, reader.initialOffset(), schema, until=lambda read: read.num_rows >= 10)
+        planning = reader.enumerator._conn
+        server.restart(crash=True)  # the driver's planning connection dies with it
+        own.sql(f"INSERT INTO {t} SELECT generate_series(11, 20)")
+        _, rest, _ = drain(reader, middle, schema, until=lambda read: read.num_rows >= 10)
+        assert ids(first) + ids(rest) == list(range(1, 21))
+        assert reader.enumerator._conn is not planning, "planning met the dead connection and opened a new one"
+        reader.stop()
