@@ -190,3 +190,17 @@ def test_a_server_restart_between_micro_batches_loses_and_repeats_nothing():
         assert ids(first) + ids(rest) == list(range(1, 21))
         assert reader.enumerator._conn is not planning, "planning met the dead connection and opened a new one"
         reader.stop()
+
+
+def test_a_query_streams_without_a_tie_breaker_in_whole_groups_of_one_value(pg):
+    t = pg.table("queried")
+    pg.sql(f"CREATE TABLE {t} (id int, seq bigint)")
+    pg.sql(f"INSERT INTO {t} SELECT g, g / 4 FROM generate_series(0, 11) g")  # groups of 4 of one seq
+    source = PostgresDataSource({"url": pg.url, "query": f"SELECT id, seq FROM {t} WHERE id <> 5",
+                                 "tracking.column": "seq", "tracking.lag-window-ms": "0"})
+    schema = source.schema()
+    reader = source.streamReader(schema)
+    _, read, sizes = drain(reader, reader.initialOffset(), schema, until=lambda read: read.num_rows >= 11,
+                           limit=ReadMaxRows(2))
+    assert sizes == [4, 3, 4], "a cap of 2 never cuts a group of one tracking value (no key to cut by)"
+    assert sorted(ids(read)) == [i for i in range(12) if i != 5]
