@@ -91,8 +91,8 @@ def test_a_row_committed_late_with_a_smaller_id_is_read_once_within_the_window_a
 
 def test_caps_cut_groups_by_the_key_and_a_restarted_reader_goes_on_from_the_committed_offset(pg):
     t = pg.table("capped")
-    pg.sql(f"CREATE TABLE {t} (k text, n int, at timestamp NOT NULL, PRIMARY KEY (k, n))")
-    pg.sql(f"INSERT INTO {t} SELECT 'k' || (g % 3), g, timestamp '2026-03-01 12:00' + (g / 10) * interval '1 us' "
+    pg.sql(f"CREATE TABLE {t} (k text, n int, at timestamp(3) NOT NULL, PRIMARY KEY (k, n))")
+    pg.sql(f"INSERT INTO {t} SELECT 'k' || (g % 3), g, timestamp '2026-03-01 12:00' + (g / 10) * interval '1 ms' "
            "FROM generate_series(1, 40) g")
     options = {"tracking.column": "at", "tracking.lag-window-ms": "0"}
     reader, schema = stream(pg, t, **options)

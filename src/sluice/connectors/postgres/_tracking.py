@@ -10,6 +10,7 @@ micro-batch one index range scan. Keys travel as their text and come back cast t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ from sluice.connectors.postgres._client import (
 from sluice.connectors.postgres._options import ReadOptions
 from sluice.connectors.postgres._source import YIELD_ROWS, PostgresSplitReader, _source_sql, finite_times
 
+_PRECISION = re.compile(r"\(\d+\)")
 _KINDS = {"smallint": "int", "integer": "int", "bigint": "int",
           "timestamp with time zone": "timestamp", "timestamp without time zone": "timestamp"}
 
@@ -49,14 +51,14 @@ def tracking_kind(columns: list[tuple[str, str]], settings: TrackingSettings, so
         close = [c for c in types if c.lower() == name.lower()]
         hint = f" (the source has '{close[0]}': names are case-sensitive)" if close else ""
         raise OptionError(f"tracking.column '{name}' is not a column of {source}{hint}; columns: {list(types)}")
-    kind = _KINDS.get(types[name])
+    kind = _KINDS.get(_PRECISION.sub("", types[name]))  # timestamp(3) with time zone is a timestamp
     if kind is None:
         raise OptionError(f"tracking.column '{name}' has type {types[name]}; a tracking column must be an integer "
                           "(smallint, integer, bigint) or a timestamp (with or without time zone) whose values grow "
                           "as rows are written")
     if settings.start not in ("beginning", "now"):
         parse_value(kind, settings.start, "tracking.start")
-    return kind, types[name]
+    return kind, _PRECISION.sub("", types[name])
 
 
 class PostgresTrackingSql:
