@@ -61,9 +61,11 @@ from sluice.source._tracking import (
     TrackingEnumerator,
     TrackingPosition,
     TrackingReader,
-    TrackingSettings,
     TrackingStreamReader,
     parse_value,
+)
+from sluice.source._tracking_options import (
+    TrackingSettings,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
     tracking_options,

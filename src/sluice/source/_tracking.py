@@ -16,7 +16,8 @@ grow with rate x window and make a replay depend on what the offset remembered).
 updates that do not move the tracking column, and deletes are not seen.
 
 The store plugs in through a `TrackingEnumerator` (driver: the head, the end of a capped range, a count) and a
-`TrackingReader` (executors: one range as Arrow record batches).
+`TrackingReader` (executors: one range as Arrow record batches); the options are in _tracking_options.py. A
+micro-batch's range is read by tasks of about `tracking.rows-per-task` rows, cut at rows' positions.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 from sluice._errors import OptionError
-from sluice._options import Option, Options
 from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport, SplitLag
 from sluice.source._framework import Split
 from sluice.source._offset import SparkOffset, check_offset_version
+from sluice.source._tracking_options import TrackingSettings
 from sluice.spark._compat import (
     AdmissionControlledReader,
     ReadAllAvailable,
@@ -127,63 +128,6 @@ class TrackingOffset(SparkOffset):
                               "nothing in another. Keep the checkpoint's column, or start over with a new checkpoint")
         positions = {str(sid): TrackingPosition.from_json(at) for sid, at in raw.get("splits", {}).items()}
         return cls(column, kind, positions, raw)
-
-
-def tracking_options(column: str) -> tuple[Option, ...]:
-    """The options of a tracking-column stream, declared once for every store that has one (`column`: what the
-    store's tracking.column may be). A connector puts them among its read options."""
-    return (
-        Option("tracking.column", "str", None, f"readStream: the column whose growing values find new rows; {column}"),
-        Option("tracking.lag-window-ms", "int", 5000,
-               "readStream: a stream reads no further than the greatest tracking value the store showed this long "
-               "ago, so a row committed up to this late after a greater one is still read (exactly once). Longer "
-               "than the store's longest writing transaction; rows stream this much later.", minimum=0),
-        Option("tracking.start", "str", "beginning",
-               "readStream, first start: beginning, now (rows with greater values than the greatest now), or a "
-               "value (rows with tracking values >= it: an integer or an ISO 8601 timestamp, UTC if no zone)."),
-        Option("max-records-per-trigger", "int", None, "readStream: most rows per micro-batch (whole groups of "
-               "one tracking value and tie-breaker are never cut, so a micro-batch may hold more).", minimum=1),
-    )
-
-
-TRACKING_NAMES = ("tracking.column", "tracking.lag-window-ms", "tracking.start", "max-records-per-trigger")
-
-
-@dataclass(frozen=True)
-class TrackingSettings:
-    """The shared options of a tracking-column stream (`tracking_options`), typed."""
-
-    column: str
-    lag_window_ms: int
-    start: str  # beginning | now | a value
-    max_records: int | None
-
-    @classmethod
-    def of(cls, opts: Options, format_name: str) -> TrackingSettings:
-        """The settings of a readStream; refuses one without tracking.column."""
-        if not opts["tracking.column"]:
-            raise OptionError(f"readStream from '{format_name}' needs option 'tracking.column': a column whose "
-                              "values grow as rows are added (an increasing id, or a timestamp set when the row is "
-                              "written); see docs/tracking.md")
-        start = opts["tracking.start"].strip()
-        return cls(opts["tracking.column"], opts["tracking.lag-window-ms"],
-                   start.lower() if start.lower() in ("beginning", "now") else start, opts["max-records-per-trigger"])
-
-
-def refuse_batch_options_in_stream(opts: Options, format_name: str, names: Sequence[str]) -> None:
-    """A readStream refuses the options of a batch read's splits (`names`), which it has no use for."""
-    given = [name for name in names if opts.is_set(name)]
-    if given:
-        raise OptionError(f"option(s) {given} apply to spark.read.format('{format_name}') (batch) only; a readStream "
-                          "reads each micro-batch's range in one query. Remove them.")
-
-
-def refuse_tracking_in_batch(opts: Options, format_name: str) -> None:
-    """A batch read refuses the options of a stream (an option is honoured or refused, never ignored)."""
-    given = [name for name in TRACKING_NAMES if opts.is_set(name)]
-    if given:
-        raise OptionError(f"option(s) {given} apply to spark.readStream.format('{format_name}') only; a batch read "
-                          "reads every row. Remove them, or use readStream.")
 
 
 class TrackingEnumerator(ABC):
@@ -357,8 +301,22 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
             after = begin.get(sid, BEGINNING)
             if upto != after and upto.value is not None:
                 split = self._splits.get(sid) or Split(sid)
-                out.append(TrackingPartition(split, after, upto))
+                for cut in self._cuts(split, after, upto):
+                    out.append(TrackingPartition(split, after, cut))
+                    after = cut
         return out
+
+    def _cuts(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> list[TrackingPosition]:
+        """The ends of a range's tasks, `upto` last: positions of rows about rows-per-task apart. A replayed
+        micro-batch may be cut elsewhere (rows committed late inside it), its tasks together read the same range."""
+        ends: list[TrackingPosition] = []
+        every = self.settings.rows_per_task
+        while every:
+            end = self.enumerator.end_within(split, ends[-1] if ends else after, upto, every)
+            if end is None or end == upto:
+                break
+            ends.append(end)
+        return [*ends, upto]
 
     def read(self, partition: TrackingPartition) -> Iterator[Any]:  # type: ignore[override]
         yield from observed(self.reads, self.reader.read(partition.split, partition.after, partition.upto),

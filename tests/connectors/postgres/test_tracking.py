@@ -204,3 +204,18 @@ def test_a_query_streams_without_a_tie_breaker_in_whole_groups_of_one_value(pg):
                            limit=ReadMaxRows(2))
     assert sizes == [4, 3, 4], "a cap of 2 never cuts a group of one tracking value (no key to cut by)"
     assert sorted(ids(read)) == [i for i in range(12) if i != 5]
+
+
+def test_a_micro_batch_is_read_by_tasks_of_rows_per_task_cut_at_rows_positions(pg):
+    t = pg.table("tasks")
+    pg.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, n int NOT NULL)")
+    pg.sql(f"INSERT INTO {t} SELECT g, g / 4 FROM generate_series(1, 10) g")  # groups of one n, cut by the key
+    reader, _ = stream(pg, t, **{"tracking.column": "n", "tracking.lag-window-ms": "0",
+                                 "tracking.rows-per-task": "3"})
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    parts = reader.partitions(start, end)
+    read = [[i for b in reader.read(p) for i in b.column("id").to_pylist()] for p in parts]
+    assert read == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]], "tasks of 3 rows in (n, id) order, each row once"
+    whole, _ = stream(pg, t, **{"tracking.column": "n", "tracking.lag-window-ms": "0", "tracking.rows-per-task": "0"})
+    assert len(whole.partitions(start, end)) == 1
