@@ -390,6 +390,7 @@ bench: $(STAMP) check-java check-postgres check-clickhouse check-postgres-versio
 	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/postgres.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
 	$(PY) bench/postgres.py
 	$(PY) bench/postgres_changes.py --pg-versions 15,18 --changes 300000 --rounds 2
+	$(PY) bench/tracking.py
 	$(PY) bench/clickhouse.py --rows 2000000 --rounds 3
 	$(PY) bench/tablestore.py
 

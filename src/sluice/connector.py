@@ -6,8 +6,10 @@ the plan's `open_task()` gives each Spark task an encoder (Arrow RecordBatch -> 
 The engine does the buffering, batching (`BatchCreator`/`RequestBuffer`, FLIP-509), ordering, retries and
 back-pressure. A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served to Spark by
 `SplitBatchReader` / `SplitStreamReader` (FLIP-27) from a `SourceDataSource` subclass; a format that is both
-subclasses both. A stream reader with per-trigger caps is an `AdmissionControlledReader`; reads report live
-metrics through the data source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`.
+subclasses both. A store without a change feed streams by a tracking column: a `TrackingEnumerator` and a
+`TrackingReader` served by `TrackingStreamReader`, its options `tracking_options()` (docs/tracking.md). A stream
+reader with per-trigger caps is an `AdmissionControlledReader`; reads report live metrics through the data
+source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`.
 `to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
 option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
 `sluice.register()`.
@@ -56,6 +58,19 @@ from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
 from sluice.source._offset import SparkOffset, check_offset_version
+from sluice.source._tracking import (
+    TrackingEnumerator,
+    TrackingPosition,
+    TrackingReader,
+    TrackingStreamReader,
+    parse_value,
+)
+from sluice.source._tracking_options import (
+    TrackingSettings,
+    refuse_batch_options_in_stream,
+    refuse_tracking_in_batch,
+    tracking_options,
+)
 from sluice.spark._compat import (
     HAS_FILTER_PUSHDOWN,
     AdmissionControlledReader,
@@ -140,6 +155,11 @@ __all__ = [
     "SupportsTriggerAvailableNow",
     "TaskWriter",
     "ThrottledError",
+    "TrackingEnumerator",
+    "TrackingPosition",
+    "TrackingReader",
+    "TrackingSettings",
+    "TrackingStreamReader",
     "TypedOptions",
     "WriteContext",
     "WritePlan",
@@ -156,9 +176,13 @@ __all__ = [
     "first_null",
     "from_arrow_schema",
     "observed",
+    "parse_value",
     "pushdown_option",
+    "refuse_batch_options_in_stream",
+    "refuse_tracking_in_batch",
     "register_format",
     "require",
     "task_context",
     "to_arrow_schema",
+    "tracking_options",
 ]

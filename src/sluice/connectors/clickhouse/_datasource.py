@@ -15,13 +15,23 @@ from sluice.connector import (
     SinkDataSource,
     SourceDataSource,
     SplitBatchReader,
+    TrackingSettings,
+    TrackingStreamReader,
     from_arrow_schema,
+    refuse_batch_options_in_stream,
+    refuse_tracking_in_batch,
 )
 from sluice.connectors.clickhouse._client import Connection
 from sluice.connectors.clickhouse._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.clickhouse._sink import ClickHouseWritePlan, Deletes, InsertPlan
 from sluice.connectors.clickhouse._source import ClickHouseEnumerator, ClickHouseReader, check_final, read_schema
 from sluice.connectors.clickhouse._table import TableInfo, describe
+from sluice.connectors.clickhouse._tracking import (
+    ClickHouseTrackingEnumerator,
+    ClickHouseTrackingReader,
+    ClickHouseTrackingSql,
+    tracking_kind,
+)
 from sluice.connectors.clickhouse._types import CHType, write_problem
 
 NO_TRANSACTIONS = (
@@ -119,11 +129,13 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         return options, describe(options.conn)
 
     def schema(self) -> StructType:
-        _, info = self._read_parts()
+        options, info = self._read_parts()
+        opts = self.read_options()
+        if opts["tracking.column"]:  # a readStream's (a batch read refuses it): checked at load(), not at start
+            self._tracking(opts, options, info)
         return from_arrow_schema(read_schema(info)[1])
 
-    def reader(self, schema: StructType) -> SplitBatchReader:
-        options, info = self._read_parts()
+    def _rows_reader(self, options: ReadOptions, info: TableInfo, schema: StructType) -> ClickHouseReader:
         conn = options.conn
         types, arrow_schema = read_schema(info)
         wanted = [f for f in arrow_schema if f.name in schema.fieldNames()]
@@ -132,9 +144,36 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
             raise OptionError(f"column(s) {missing} of the given schema are not in {conn.database}.{conn.table}")
         import pyarrow as pa
 
-        reader = ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, options.final))
-        return SplitBatchReader(ClickHouseEnumerator(conn, info, types, options.partitions), reader, None,
-                                reads=self.read_observer())
+        return ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, options.final))
+
+    def reader(self, schema: StructType) -> SplitBatchReader:
+        refuse_tracking_in_batch(self.read_options(), self.format_name)
+        options, info = self._read_parts()
+        reader = self._rows_reader(options, info, schema)
+        return SplitBatchReader(ClickHouseEnumerator(options.conn, info, reader.types, options.partitions), reader,
+                                None, reads=self.read_observer())
+
+    def _tracking(self, opts: Options, options: ReadOptions, info: TableInfo) -> tuple[TrackingSettings,
+                                                                                          ClickHouseTrackingSql]:
+        settings = TrackingSettings.of(opts, self.format_name)
+        types = info.column_types(list(info.spelled))
+        tie_breaker = opts["tracking.tie-breaker"]
+        table = f"table {options.conn.database}.{options.conn.table}"
+        kind = tracking_kind(types, settings, tie_breaker, table)
+        return settings, ClickHouseTrackingSql(options.conn, types, settings.column, kind, tie_breaker)
+
+    def streamReader(self, schema: StructType) -> TrackingStreamReader:
+        """readStream: the rows a tracking column finds (_tracking.py, docs/tracking.md)."""
+        opts = self.read_options()
+        refuse_batch_options_in_stream(opts, self.format_name, ("partitions",))
+        options, info = self._read_parts()
+        settings, sql = self._tracking(opts, options, info)
+        rows = self._rows_reader(options, info, schema)
+        reads = self.read_observer(event_time=settings.column if sql.kind == "timestamp" else None)
+        return TrackingStreamReader(ClickHouseTrackingEnumerator(sql, settings.column, rows.final),
+                                    ClickHouseTrackingReader(rows, sql), settings,
+                                    source=(self.format_name, f"{options.conn.database}.{options.conn.table}"),
+                                    reads=reads)
 
 
 def _deletes(op: str | None, schema: StructType, info: TableInfo, table: str) -> Deletes | None:

@@ -10,6 +10,7 @@ from sluice.connector import (
     Option,
     OptionSpec,
     TypedOptions,
+    tracking_options,
 )
 from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection
 
@@ -57,7 +58,16 @@ READ_OPTIONS = (
 )
 
 
-READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+# readStream: a tracking-column stream (docs/tracking.md), typed by sluice.connector.TrackingSettings.
+STREAM_OPTIONS = (
+    *tracking_options("an integer or DateTime/DateTime64 column of the table whose values grow as rows are inserted "
+                      "(e.g. DEFAULT now64(6)): ClickHouse keeps no commit order of its own."),
+    Option("tracking.tie-breaker", "list", (),
+           "readStream: columns that tell rows of one tracking value apart, so max-records-per-trigger can cut "
+           "between them; none: a micro-batch takes every row of a tracking value."),
+)
+
+READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ class ClickHouseReader(SplitReader):
     def __init__(self, conn: Connection, types: dict[str, CHType], schema: pa.Schema, final: bool) -> None:
         self.conn, self.types, self.schema, self.final = conn, types, schema, final
 
-    def _select(self, split: Split) -> str:
+    def select_sql(self, split: Split) -> str:
         out = []
         for name in self.schema.names:
             kind, column = self.types[name], quote_ident(name)
@@ -92,7 +92,7 @@ class ClickHouseReader(SplitReader):
         return f"SELECT {', '.join(out)} FROM {self.conn.target}{final}{where}"
 
     def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
-        for batch in self.conn.arrow_batches(self._select(split)):
+        for batch in self.conn.arrow_batches(self.select_sql(split)):
             if batch.num_rows:
                 yield conform(batch, self.schema)
 

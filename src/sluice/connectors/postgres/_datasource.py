@@ -10,7 +10,11 @@ from sluice.connector import (
     SinkConfig,
     SinkDataSource,
     SourceDataSource,
+    TrackingSettings,
+    TrackingStreamReader,
     check_pushdown,
+    refuse_batch_options_in_stream,
+    refuse_tracking_in_batch,
     to_arrow_schema,
 )
 from sluice.connectors.postgres._client import Connection
@@ -24,6 +28,12 @@ from sluice.connectors.postgres._source import (
     infer_schema,
 )
 from sluice.connectors.postgres._table import prepare_target
+from sluice.connectors.postgres._tracking import (
+    PostgresTrackingEnumerator,
+    PostgresTrackingReader,
+    PostgresTrackingSql,
+    tracking_kind,
+)
 
 
 class PostgresDataSource(SinkDataSource, SourceDataSource):
@@ -60,12 +70,38 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
 
     def schema(self) -> StructType:
         options = self._typed_read_options()
-        return infer_schema(options.conn, options)[0]
+        schema, columns, _ = infer_schema(options.conn, options)
+        opts = self.read_options()
+        if opts["tracking.column"]:  # a readStream's (a batch read refuses it): checked at load(), not at start
+            tracking_kind(columns, TrackingSettings.of(opts, self.format_name), _described(options))
+        return schema
 
     def reader(self, schema: StructType) -> PostgresBatchReader:
+        refuse_tracking_in_batch(self.read_options(), self.format_name)
         options = self._typed_read_options()
         _, columns, primary_key = infer_schema(options.conn, options)
         kind = PostgresPushdownReader if options.pushdown else PostgresBatchReader
         return kind(PostgresEnumerator(options.conn, options, columns, primary_key),
                     PostgresSplitReader(options.conn, options, columns, schema), None,
                     reads=self.read_observer())
+
+    def streamReader(self, schema: StructType) -> TrackingStreamReader:
+        """readStream: the rows a tracking column finds (_tracking.py, docs/tracking.md)."""
+        opts = self.read_options()
+        settings = TrackingSettings.of(opts, self.format_name)
+        refuse_batch_options_in_stream(opts, self.format_name, ("partition-column", "num-partitions", "pushdown",
+                                                                 "consistent-snapshot", "snapshot.timeout-s"))
+        options = self._typed_read_options()
+        _, columns, primary_key = infer_schema(options.conn, options)
+        kind, pg_type = tracking_kind(columns, settings, _described(options))
+        types = dict(columns)
+        sql = PostgresTrackingSql(options, settings.column, pg_type, kind,
+                                  [(name, types[name]) for name in primary_key if name != settings.column])
+        reads = self.read_observer(event_time=settings.column if kind == "timestamp" else None)
+        return TrackingStreamReader(PostgresTrackingEnumerator(options.conn, sql, settings.column),
+                                    PostgresTrackingReader(options.conn, options, columns, schema, sql), settings,
+                                    source=(self.format_name, _described(options)), reads=reads)
+
+
+def _described(options: ReadOptions) -> str:
+    return f"table {options.table}" if options.table else "the query"

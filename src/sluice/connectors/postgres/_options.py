@@ -14,6 +14,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     pushdown_option,
+    tracking_options,
 )
 from sluice.connectors.postgres._client import CONNECTION_OPTIONS, Connection
 
@@ -73,12 +74,18 @@ READ_OPTIONS = (
 )
 
 
+# readStream: a tracking-column stream (docs/tracking.md), typed by sluice.connector.TrackingSettings.
+STREAM_OPTIONS = tracking_options(
+    "an integer (smallint, integer, bigint: an identity or serial) or timestamp column; the primary key breaks "
+    "ties. Index (column, primary key) so each micro-batch is one index range scan.")
+
+
 def _check_source(opts: Options) -> None:
     if bool(opts["table"]) == bool(opts["query"]):
         raise OptionError("set exactly one of 'table' and 'query' for spark.read.format('postgres')")
 
 
-READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS), (_check_source,))
+READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS), (_check_source,))
 
 
 @dataclass(frozen=True)
