@@ -13,7 +13,8 @@ FETCH = 10_000  # records per consume() call and rows per Arrow batch, as the sl
 
 def consume(config: dict[str, Any], topic: str, partitions: list[int]) -> tuple[int, float]:
     """Read `partitions` of `topic` (written without transactions: a record per offset) from their first offset to
-    their high watermark with one consumer, keeping the Message objects only (no field read). Each fetch asks for no
+    their high watermark with one consumer (`config`: the client's, with the source's CONSUMER_DEFAULTS), keeping
+    the Message objects only (no field read). Each fetch asks for no
     more than is left, so the last one returns as soon as its records are in (not at consume()'s timeout). Returns
     the records read and the seconds it took after the consumer was made."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition

@@ -181,8 +181,10 @@ class Bench:
     def consumer(self, pool=None) -> float:
         """confluent-kafka's Consumer reading the source topic (read_committed) without Spark: one process for both
         partitions, or (`pool`) a process per partition; the seconds after the consumers were made."""
+        from sluice.connectors.kafka._options import CONSUMER_DEFAULTS
+
         assert self.source_topic is not None
-        config = self.kafka.client_config()
+        config = self.kafka.client_config(**CONSUMER_DEFAULTS)
         started = time.perf_counter()
         if pool is None:
             got, seconds = consume(config, self.source_topic, [0, 1])
