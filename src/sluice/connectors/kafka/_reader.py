@@ -75,10 +75,7 @@ def headers_array(headers: list[list[tuple[str, bytes | None]] | None], arrow_ty
 
 
 class KafkaSplitReader(SplitReader):
-    """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema (at most
-    `fetch_records` rows each)."""
-
-    fetch_records: int = FETCH_RECORDS
+    """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema."""
 
     def __init__(self, options: ReadOptions, schema: Any) -> None:
         unknown = [n for n in schema.fieldNames() if n not in COLUMNS]
@@ -126,7 +123,7 @@ class KafkaSplitReader(SplitReader):
 
         # Never more than the range holds: consume() returns once it has as many as asked, else only at its timeout,
         # which a micro-batch's last fetch would otherwise always wait out.
-        messages = consumer.consume(min(self.fetch_records, end - position), timeout=min(1.0, self.timeout))
+        messages = consumer.consume(min(FETCH_RECORDS, end - position), timeout=min(1.0, self.timeout))
         records, errors = split_errors(messages)
         finished = False
         for error in errors:
