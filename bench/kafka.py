@@ -4,7 +4,11 @@
   transactional) with 2 tasks, against confluent-kafka's Producer in one process (no Spark) and Spark's own Kafka
   sink (format("kafka"), at-least-once only), all on the same rows;
 - source: spark.read.format("sluice_kafka") against Spark's own Kafka source (format("kafka")) on the same topic,
-  both read_committed, the same aggregate over key and value (count, sum of lengths) so both read both columns.
+  both read_committed, the same aggregate over key and value (count, sum of lengths) so both read both columns;
+  beside them two floors: confluent-kafka's Consumer reading the topic without Spark (Message objects only; one
+  process for both partitions, and a process per partition), and a Python data source that yields ready-made Arrow
+  batches of the source's schema and row count, no Kafka (what Spark's hand-over of a Python source's batches costs
+  this query: no Python data source reads faster). `--source-only` runs the source's contenders alone.
 
 Run on a Spark line that Spark's Kafka connector is published for (4.0.0, 4.1.1, 4.2.0 on Maven Central; not 4.3),
 with sluice installed there as `make test-spark-4.2` does (the wheel of this checkout):
@@ -12,7 +16,7 @@ with sluice installed there as `make test-spark-4.2` does (the wheel of this che
     make .venv-spark-4.2/.installed
     .venv-spark-4.2/bin/pip wheel . --no-deps --no-build-isolation -q -w build/bench-wheel
     .venv-spark-4.2/bin/pip install -q --no-deps --force-reinstall build/bench-wheel/sluice-*.whl
-    .venv-spark-4.2/bin/python bench/kafka.py [--rows 1000000] [--rounds 3]
+    .venv-spark-4.2/bin/python bench/kafka.py [--rows 1000000] [--rounds 3] [--source-only]
 
 Spark's connector comes by coordinates (spark.jars.packages, from Maven Central or ~/.m2). The script refuses to
 run on a line without the connector, or with an installed sluice that differs from this checkout, and says the
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import multiprocessing
 import os
 import sys
 import time
@@ -37,6 +42,8 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+
+from _kafka_floors import consume, consume_per_partition, register_arrow_floor
 
 ROOT = Path(__file__).resolve().parent.parent
 # Spark's Kafka connector as Maven Central serves it per Spark line (Scala 2.13).
@@ -171,6 +178,22 @@ class Bench:
             raise SystemExit(f"format({fmt!r}) read (count, key bytes, value bytes) {tuple(row)}, not {expected}")
         return seconds
 
+    def consumer(self, pool=None) -> float:
+        """confluent-kafka's Consumer reading the source topic (read_committed) without Spark: one process for both
+        partitions, or (`pool`) a process per partition; the seconds after the consumers were made."""
+        from sluice.connectors.kafka._options import CONSUMER_DEFAULTS
+
+        assert self.source_topic is not None
+        config = self.kafka.client_config(**CONSUMER_DEFAULTS)
+        started = time.perf_counter()
+        if pool is None:
+            got, seconds = consume(config, self.source_topic, [0, 1])
+        else:
+            got, seconds = consume_per_partition(pool, config, self.source_topic, 2), time.perf_counter() - started
+        if got != self.n:
+            raise SystemExit(f"the consumer read {got} records, not {self.n}")
+        return seconds
+
 
 def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
@@ -180,6 +203,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--source-only", action="store_true",
+                        help="the source's contenders and floors only (the topic is written once, untimed)")
     args = parser.parse_args()
     package = connector_package()
     check_installed_sluice()
@@ -194,9 +219,11 @@ def main() -> int:
     alo = {"sink.mode": "unordered"}
     eos = {"sink.mode": "global-ordered", "sink.transactional": "true"}
     committed = {"kafka.isolation.level": "read_committed"}
+    pool = multiprocessing.get_context("spawn").Pool(2)  # the 2-process consumer floor's, made before any clock
     try:
         with LocalKafka(heap_mb=1024) as kafka:
             bench = Bench(spark, kafka, args.rows)
+            floor = register_arrow_floor(spark, args.rows, 2, VALUE_BYTES)
             sinks: dict[str, Callable[[], float]] = {
                 "confluent-kafka Producer, 1 process": bench.producer,
                 "confluent-kafka Producer, error reports only": lambda: bench.producer(errors_only=True),
@@ -205,9 +232,15 @@ def main() -> int:
                 "Spark's kafka sink, 2 tasks": lambda: bench.write("kafka", {}),
             }
             sources: dict[str, Callable[[], float]] = {
+                "confluent-kafka Consumer, 1 process": bench.consumer,
+                "confluent-kafka Consumer, 2 processes": lambda: bench.consumer(pool),
+                "Python source, ready Arrow batches": lambda: bench.read(floor, {}),
                 "sluice_kafka source": lambda: bench.read("sluice_kafka", {}),
                 "Spark's kafka source": lambda: bench.read("kafka", committed),
             }
+            if args.source_only:
+                bench.producer(errors_only=True)  # the source topic, untimed
+                sinks = {}
             for run in (*sinks.values(), *sources.values()):  # untimed: workers, classes, producer ids, caches
                 run()
             times: dict[str, list[float]] = {name: [] for name in (*sinks, *sources)}
@@ -216,6 +249,7 @@ def main() -> int:
                     times[name].append(run())
                     print(f"  {name:40s} {times[name][-1]:7.2f} s", file=sys.stderr, flush=True)
     finally:
+        pool.terminate()
         spark.stop()
     figures = best(times)
     print_table(figures, args, pyspark.__version__, package, started_load)
@@ -224,8 +258,6 @@ def main() -> int:
 
 def print_table(figures: dict[str, float], args, spark_version: str, package: str, started_load: str) -> None:
     n = args.rows
-    producer, alo = figures["confluent-kafka Producer, 1 process"], figures["sluice_kafka unordered, 2 tasks"]
-    eos, spark_sink = figures["sluice_kafka exactly-once, 2 tasks"], figures["Spark's kafka sink, 2 tasks"]
     source, spark_source = figures["sluice_kafka source"], figures["Spark's kafka source"]
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"kafka benchmark, {now}, {n:,} rows of a 1-7 byte key and a {VALUE_BYTES}-byte value, pyspark "
@@ -233,21 +265,36 @@ def print_table(figures: dict[str, float], args, spark_version: str, package: st
           f"(1/5/15 min) {started_load} at the start, {load()} at the end")
     print(f"| {'contender':40s} | seconds | rows/s | ratio |")
     print(f"| {'-' * 40} | ---: | ---: | --- |")
-    lean = figures["confluent-kafka Producer, error reports only"]
-    rows = [
-        ("confluent-kafka Producer, 1 process", producer, "a delivery callback per record"),
-        ("confluent-kafka Producer, error reports only", lean, "1 process, delivery.report.only.error"),
-        ("sluice_kafka unordered, 2 tasks", alo, f"{producer / alo:.2f}x the producer's rate (goal >= 1.0); "
-                                                 f"{lean / alo:.2f}x the error-reports-only producer's"),
-        ("Spark's kafka sink, 2 tasks", spark_sink, f"sluice unordered {spark_sink / alo:.2f}x its rate"),
-        ("sluice_kafka exactly-once, 2 tasks", eos, f"{eos / alo:.2f}x unordered's time (goal <= 1.3)"),
+    rows = []
+    goals = {}
+    if not args.source_only:
+        producer, alo = figures["confluent-kafka Producer, 1 process"], figures["sluice_kafka unordered, 2 tasks"]
+        eos, spark_sink = figures["sluice_kafka exactly-once, 2 tasks"], figures["Spark's kafka sink, 2 tasks"]
+        lean = figures["confluent-kafka Producer, error reports only"]
+        rows += [
+            ("confluent-kafka Producer, 1 process", producer, "a delivery callback per record"),
+            ("confluent-kafka Producer, error reports only", lean, "1 process, delivery.report.only.error"),
+            ("sluice_kafka unordered, 2 tasks", alo, f"{producer / alo:.2f}x the producer's rate (goal >= 1.0); "
+                                                     f"{lean / alo:.2f}x the error-reports-only producer's"),
+            ("Spark's kafka sink, 2 tasks", spark_sink, f"sluice unordered {spark_sink / alo:.2f}x its rate"),
+            ("sluice_kafka exactly-once, 2 tasks", eos, f"{eos / alo:.2f}x unordered's time (goal <= 1.3)"),
+        ]
+        goals |= {"sink vs producer >= 1.0x": producer / alo >= 1.0, "exactly-once cost <= 1.3x": eos / alo <= 1.3}
+    floor = figures["Python source, ready Arrow batches"]
+    rows += [
+        ("confluent-kafka Consumer, 1 process", figures["confluent-kafka Consumer, 1 process"],
+         "no Spark, Message objects only, both partitions"),
+        ("confluent-kafka Consumer, 2 processes", figures["confluent-kafka Consumer, 2 processes"],
+         "no Spark, a process per partition"),
+        ("Python source, ready Arrow batches", floor,
+         f"no Kafka; {spark_source / floor:.2f}x Spark's source's rate (the most a Python source can reach)"),
         ("Spark's kafka source (read_committed)", spark_source, ""),
-        ("sluice_kafka source", source, f"{spark_source / source:.2f}x Spark's source's rate (goal >= 1.0)"),
+        ("sluice_kafka source", source, f"{spark_source / source:.2f}x Spark's source's rate (goal >= 1.0); "
+                                        f"{floor / source:.2f}x the Arrow floor's"),
     ]
     for name, seconds, ratio in rows:
         print(f"| {name:40s} | {seconds:.2f} | {n / seconds:,.0f} | {ratio} |")
-    goals = {"sink vs producer >= 1.0x": producer / alo >= 1.0, "exactly-once cost <= 1.3x": eos / alo <= 1.3,
-             "source vs Spark's >= 1.0x": spark_source / source >= 1.0}
+    goals["source vs Spark's >= 1.0x"] = spark_source / source >= 1.0
     print("goals: " + "; ".join(f"{goal}: {'met' if ok else 'NOT met'}" for goal, ok in goals.items()))
 
 

@@ -10,6 +10,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewPartitions
 
 from sluice.connectors.kafka import KafkaDataSource
+from sluice.connectors.kafka._options import READ_SPEC, ReadOptions
 from sluice.spark._compat import HAS_ADMISSION_CONTROL
 from sluice.testing import LocalKafka
 from tests.faults import poll_until
@@ -192,6 +193,14 @@ def test_sasl_ssl_with_the_ca_in_the_options_and_a_wrong_password(spark, capsys)
 def test_bad_read_options(spark, opts, extra, message):
     with pytest.raises(Exception, match=message):
         spark.read.format(FORMAT).options(**opts, **extra).load().collect()
+
+
+def test_the_consumers_fetch_back_off_is_sluices_unless_the_user_sets_it():
+    """librdkafka's 1 s fetch.queue.backoff.ms would stall every refill of a reader's queue (bench/kafka.py)."""
+    base = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "t"}
+    assert ReadOptions.of(READ_SPEC.parse(base)).consumer_config()["fetch.queue.backoff.ms"] == 10
+    told = ReadOptions.of(READ_SPEC.parse({**base, "kafka.fetch.queue.backoff.ms": "500"})).consumer_config()
+    assert told["fetch.queue.backoff.ms"] == "500"
 
 
 def test_unreachable_brokers_are_named(spark, kafka):

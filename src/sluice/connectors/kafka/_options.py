@@ -137,6 +137,12 @@ READ_OPTIONS = (
 )
 
 # librdkafka settings the source sets itself.
+# The source's consumer settings a `kafka.*` option may override. librdkafka stops fetching a partition whose local
+# queue holds queued.min.messages (100,000) or queued.max.messages.kbytes, and asks again only after
+# fetch.queue.backoff.ms (1,000 ms by default, librdkafka's CONFIGURATION.md): a reader that drains the queue
+# sooner would wait out the rest of that second at every refill (a batch read of 1,000,000 records took 2-3x as long).
+CONSUMER_DEFAULTS = {"fetch.queue.backoff.ms": 10}
+
 CONSUMER_OWNED = {
     "group.id": "the source commits no offsets to Kafka: Spark's checkpoint holds them",
     "enable.auto.commit": "the source commits no offsets to Kafka: Spark's checkpoint holds them",
@@ -269,8 +275,8 @@ class ReadOptions(TypedOptions):
 
     def consumer_config(self) -> dict[str, Any]:
         """A consumer of the source: no group membership, no offsets committed, read_committed unless told (the
-        settings it owns are refused as options: CONSUMER_OWNED)."""
-        return self.client.config(**{
+        settings it owns are refused as options: CONSUMER_OWNED), CONSUMER_DEFAULTS unless the user's differ."""
+        return self.client.config(**CONSUMER_DEFAULTS, **{
             "group.id": "sluice-source", "enable.auto.commit": False, "enable.partition.eof": True,
             "auto.offset.reset": "error", "isolation.level": self.kafka_isolation_level,
             "socket.timeout.ms": self.timeout_ms})

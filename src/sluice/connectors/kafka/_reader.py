@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import gc
 import time
-from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from itertools import accumulate
+from operator import is_not, itemgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from sluice.connector import OptionError, SluiceError, Split, SplitReader, to_arrow_schema
@@ -35,7 +37,8 @@ FETCH_RECORDS = 10_000  # records asked of the client per consume() call (one Ar
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for a fetch and its Arrow batch: each makes 10,000 Message objects and
     as many timestamp tuples, none in a cycle (reference counting frees them), and the collections their allocations
-    set off scanned every live object again and again (two fifths of a reader's sampled CPU in py-spy)."""
+    set off scanned every live object again and again (two fifths of a reader's sampled CPU in py-spy). They must be
+    freed before the collector is back on, or the first allocation after it scans them all at once."""
     if not gc.isenabled():
         yield
         return
@@ -44,6 +47,17 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def split_errors(messages: list[Any]) -> tuple[list[Any], list[Any]]:
+    """A fetch's records and its error events (partition EOF and the like, rare): the records are the whole fetch
+    unless an error came, found without a Python loop over the records."""
+    from confluent_kafka import Message
+
+    errors = list(filter(partial(is_not, None), map(Message.error, messages)))
+    if not errors:
+        return messages, errors
+    return [m for m in messages if m.error() is None], errors
 
 
 def spark_schema(include_headers: bool) -> str:
@@ -85,24 +99,11 @@ class KafkaSplitReader(SplitReader):
             progressed = time.monotonic()
             while position < end:
                 with gc_paused():
-                    # Never more than the range holds: consume() returns once it has as many as asked, else only at
-                    # its timeout, which a micro-batch's last fetch would otherwise always wait out.
-                    messages = consumer.consume(min(FETCH_RECORDS, end - position), timeout=min(1.0, self.timeout))
-                records = [m for m in messages if m.error() is None]
-                finished = False
-                for m in messages:
-                    if m.error() is not None:
-                        finished |= self._handle(m.error(), split.split_id, position, start, end)
-                if records:
-                    offsets = [m.offset() for m in records]
-                    if offsets[-1] >= end:  # offsets increase: cut without testing each one
-                        cut = bisect_left(offsets, end)
-                        records, offsets, finished = records[:cut], offsets[:cut], True
-                    if records:
-                        with gc_paused():
-                            batch = self._to_arrow(topic, partition, records, offsets)
-                        yield batch
-                        position = offsets[-1] + 1
+                    batch, next_position, finished = self._fetch(consumer, split.split_id, topic, partition,
+                                                                 position, start, end)
+                if batch is not None:
+                    yield batch
+                    position = next_position
                     progressed = time.monotonic()
                 if finished:
                     return
@@ -113,6 +114,29 @@ class KafkaSplitReader(SplitReader):
                         f"{self.config['bootstrap.servers']} up? Raise timeout-ms to wait longer."))
         finally:
             consumer.close()
+
+    def _fetch(self, consumer: Any, sid: str, topic: str, partition: int, position: int, start: int,
+               end: int) -> tuple[pa.RecordBatch | None, int, bool]:
+        """One consume() and its records up to `end` as an Arrow batch (None: none came), the position after them,
+        and whether the range is finished. The fetch's Message objects are freed when it returns."""
+        from confluent_kafka import Message
+
+        # Never more than the range holds: consume() returns once it has as many as asked, else only at its timeout,
+        # which a micro-batch's last fetch would otherwise always wait out.
+        messages = consumer.consume(min(FETCH_RECORDS, end - position), timeout=min(1.0, self.timeout))
+        records, errors = split_errors(messages)
+        finished = False
+        for error in errors:
+            finished |= self._handle(error, sid, position, start, end)
+        if not records:
+            return None, position, finished
+        offsets = np.fromiter(map(Message.offset, records), np.int64, len(records))
+        if offsets[-1] >= end:  # offsets increase: cut without testing each one
+            cut = int(np.searchsorted(offsets, end))
+            records, offsets, finished = records[:cut], offsets[:cut], True
+            if not records:
+                return None, position, finished
+        return self._to_arrow(topic, partition, records, offsets), int(offsets[-1]) + 1, finished
 
     def _handle(self, error: Any, sid: str, position: int, start: int, end: int) -> bool:
         """An error event of the consumer: True when it ends the range (the partition's end)."""
@@ -133,14 +157,18 @@ class KafkaSplitReader(SplitReader):
             raise SluiceError(self.scrub(f"reading {sid} at offset {position}: {error.str()} ({error.name()})"))
         return False  # librdkafka retries transient errors itself
 
-    def _to_arrow(self, topic: str, partition: int, records: list[Any], offsets: list[int]) -> pa.RecordBatch:
+    def _to_arrow(self, topic: str, partition: int, records: list[Any], offsets: np.ndarray) -> pa.RecordBatch:
+        from confluent_kafka import Message
+
         n = len(records)
         names = self.arrow_schema.names
         columns: dict[str, pa.Array] = {}
+        # map() over Message's methods, into lists or numpy arrays: the loops over a fetch's records run in C, one
+        # call per record and field.
         if "key" in names:
-            columns["key"] = pa.array([m.key() for m in records], pa.binary())
+            columns["key"] = pa.array(list(map(Message.key, records)), pa.binary())
         if "value" in names:
-            columns["value"] = pa.array([m.value() for m in records], pa.binary())
+            columns["value"] = pa.array(list(map(Message.value, records)), pa.binary())
         if "topic" in names:
             columns["topic"] = pa.repeat(pa.scalar(topic, pa.string()), n)
         if "partition" in names:
@@ -148,12 +176,13 @@ class KafkaSplitReader(SplitReader):
         if "offset" in names:
             columns["offset"] = pa.array(offsets, pa.int64())
         if "timestamp" in names or "timestampType" in names:
-            stamps = [m.timestamp() for m in records]
-            columns["timestamp"] = pa.array([ms for _, ms in stamps], pa.int64()).cast(
-                pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
+            stamps = list(map(Message.timestamp, records))  # (type, ms)
+            ms = np.fromiter(map(itemgetter(1), stamps), np.int64, n)
+            columns["timestamp"] = pa.array(ms * 1000, pa.timestamp("us", tz="UTC"))
             # librdkafka's types are Kafka's TimestampType ids + 1 (0: none, 1: create time, 2: log append time).
-            columns["timestampType"] = pa.array([kind - 1 for kind, _ in stamps], pa.int32())
+            columns["timestampType"] = pa.array(np.fromiter(map(itemgetter(0), stamps), np.int32, n) - 1)
         if "headers" in names:
-            columns["headers"] = headers_array([m.headers() for m in records], self.arrow_schema.field("headers").type)
+            columns["headers"] = headers_array(list(map(Message.headers, records)),
+                                               self.arrow_schema.field("headers").type)
         return pa.RecordBatch.from_arrays([columns[name].cast(self.arrow_schema.field(name).type) for name in names],
                                           schema=self.arrow_schema)
