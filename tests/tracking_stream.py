@@ -35,14 +35,6 @@ def drain(reader, start, schema, until, timeout=30.0, limit=None):
         time.sleep(0.05)  # polled: the lag window settles by the clock
 
 
-def wait_for(predicate, timeout=90, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)  # polled: the condition is a query's progress in another process
-
-
 def committed_rows(out):
     """How many rows a file sink has committed, from its commit log (_spark_metadata: a JSON line per file) and
     the files' footers, without a Spark job (the waits poll it while the query has the cores)."""

@@ -71,6 +71,7 @@ from sluice.source._tracking_options import (
     refuse_tracking_in_batch,
     tracking_options,
 )
+from sluice.source._tracking_sql import SqlTrackingEnumerator, TrackingSql
 from sluice.spark._compat import (
     HAS_FILTER_PUSHDOWN,
     AdmissionControlledReader,
@@ -151,6 +152,7 @@ __all__ = [
     "SplitPartition",
     "SplitReader",
     "SplitStreamReader",
+    "SqlTrackingEnumerator",
     "Store",
     "SupportsTriggerAvailableNow",
     "TaskWriter",
@@ -159,6 +161,7 @@ __all__ = [
     "TrackingPosition",
     "TrackingReader",
     "TrackingSettings",
+    "TrackingSql",
     "TrackingStreamReader",
     "TypedOptions",
     "WriteContext",

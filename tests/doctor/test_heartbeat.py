@@ -2,22 +2,14 @@
 progress), so `sluice doctor --dead-after` counts from the last one, not from the job's start; a job whose query is
 not watched has none after its start."""
 
-import time
 
 import pytest
 
 import sluice.tablestore
 from sluice.meta import FINISHED, MetaService
+from tests.faults import poll_until
 
 pytestmark = pytest.mark.spark
-
-
-def wait_for(condition, what, timeout_s=60.0):
-    """Wait for an event the listener bus delivers asynchronously (Spark's progress events)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
-        time.sleep(0.1)
 
 
 def test_a_watched_jobs_progress_is_its_sign_of_life(spark, tmp_path):
@@ -30,9 +22,10 @@ def test_a_watched_jobs_progress_is_its_sign_of_life(spark, tmp_path):
                           .trigger(processingTime="200 milliseconds").start())
     try:
         query.processAllAvailable()
-        wait_for(lambda: meta.last_signs_of_life()[watched.job_id] > watched.job.started_at,
-                 "a sign of life of the watched job")
+        # Spark's listener bus delivers progress events asynchronously: polled.
+        poll_until(lambda: meta.last_signs_of_life()[watched.job_id] > watched.job.started_at, 60,
+                   "a sign of life of the watched job", 0.1)
     finally:
         query.stop()
     assert meta.last_signs_of_life()[unwatched.job_id] == unwatched.started_at, "no query, no sign after its start"
-    wait_for(lambda: meta.job(watched.job_id).status == FINISHED, "the job finished with its query")
+    poll_until(lambda: meta.job(watched.job_id).status == FINISHED, 60, "the job finished with its query", 0.1)

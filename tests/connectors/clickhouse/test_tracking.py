@@ -7,7 +7,8 @@ import pytest
 from sluice import OptionError
 from sluice.connectors.clickhouse import ClickHouseDataSource
 from sluice.spark._compat import ReadMaxRows
-from tests.tracking_stream import committed_rows, drain, parquet_rows, wait_for
+from tests.faults import poll_until
+from tests.tracking_stream import committed_rows, drain, parquet_rows
 
 
 def stream(ch, table, **options):
@@ -38,9 +39,9 @@ def test_rows_inserted_while_the_query_runs_appear_and_a_restart_misses_and_repe
 
     query = start({"processingTime": "100 milliseconds"})
     try:
-        wait_for(lambda: committed_rows(out) >= 20, what="the first 20 rows")
+        poll_until(lambda: committed_rows(out) >= 20, 90, "the first 20 rows", 0.2)
         ch.sql(f"INSERT INTO {t} (id, v) SELECT number + 21, 'y' FROM numbers(10)")  # while it runs
-        wait_for(lambda: committed_rows(out) >= 30, what="the rows inserted while the query ran")
+        poll_until(lambda: committed_rows(out) >= 30, 90, "the rows inserted while the query ran", 0.2)
         sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
         assert query.exception() is None
     finally:

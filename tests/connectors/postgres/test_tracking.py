@@ -7,7 +7,8 @@ import pytest
 from sluice import OptionError
 from sluice.connectors.postgres import PostgresDataSource
 from sluice.spark._compat import ReadMaxRows
-from tests.tracking_stream import committed_rows, drain, parquet_rows, wait_for
+from tests.faults import poll_until
+from tests.tracking_stream import committed_rows, drain, parquet_rows
 
 
 def stream(pg, table, **options):
@@ -37,9 +38,9 @@ def test_rows_written_while_the_query_runs_appear_and_a_restart_misses_and_repea
 
     query = start({"processingTime": "100 milliseconds"})
     try:
-        wait_for(lambda: committed_rows(out) >= 20, what="the first 20 rows")
+        poll_until(lambda: committed_rows(out) >= 20, 90, "the first 20 rows", 0.2)
         pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'y' FROM generate_series(21, 30) g")  # while it runs
-        wait_for(lambda: committed_rows(out) >= 30, what="the rows written while the query ran")
+        poll_until(lambda: committed_rows(out) >= 30, 90, "the rows written while the query ran", 0.2)
         sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
         assert query.exception() is None
     finally:
@@ -165,8 +166,8 @@ def test_a_stream_reports_records_and_time_behind_and_the_fetch_event_time_lag(p
         assert (report.pending_records, report.time_behind_ms) == (20, 20_000.0)
         assert report.position.endswith("key ['10']") and report.head.endswith("key ['30']")
         assert [(s.split, s.pending_records) for s in report.splits] == [("all", 20)]
-        wait_for(lambda: server.reads.snapshot().get("postgres", {}).get("records") == 10, timeout=30,
-                 what="the read task's report")
+        assert server.reads.wait_for(lambda snapshot: snapshot.get("postgres", {}).get("records") == 10, 30), \
+            "the read task's report did not come within 30 s"
         # currentFetchEventTimeLag: now minus the newest tracking time fetched (row 10: 20 s before the insert)
         assert server.reads.snapshot()["postgres"]["event_lag_ms"] >= 20_000
         reader.stop()

@@ -18,7 +18,7 @@ from typing import Any
 from sluice.connector import (
     OptionError,
     Split,
-    TrackingEnumerator,
+    SqlTrackingEnumerator,
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
@@ -96,41 +96,15 @@ class ClickHouseTrackingSql:
         return ", ".join([f"toString({self.number})", *(f"toString({k})" for k, _ in self.keys)])
 
 
-def _position(row: Sequence[str]) -> TrackingPosition:
-    return TrackingPosition(int(row[0]), tuple(row[1:]))
-
-
-class ClickHouseTrackingEnumerator(TrackingEnumerator):
+class ClickHouseTrackingEnumerator(SqlTrackingEnumerator):
     """Driver side: the head and the ends of capped ranges, over HTTP."""
 
     def __init__(self, sql: ClickHouseTrackingSql, column: str, final: bool) -> None:
         self.sql, self.column, self.kind = sql, column, sql.kind
         self.source = sql.conn.target + (" FINAL" if final else "")
 
-    def _rows(self, query: str) -> list[list[str]]:
+    def rows(self, query: str) -> list[list[str]]:
         return self.sql.conn.rows(query)
-
-    def heads(self, splits: Sequence[Split]) -> dict[str, TrackingPosition]:
-        s = self.sql
-        rows = self._rows(f"SELECT {s.position_list()} FROM {self.source} WHERE {s.not_null} "
-                          f"ORDER BY {s.order(descending=True)} LIMIT 1")
-        head = _position(rows[0]) if rows else TrackingPosition()
-        return {split.split_id: head for split in splits}
-
-    def end_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
-                   rows: int | None) -> TrackingPosition | None:
-        s = self.sql
-        within = f"SELECT {s.position_list()} FROM {self.source} WHERE {s.range(after, upto)}"
-        if rows:
-            found = self._rows(f"{within} ORDER BY {s.order()} LIMIT 1 OFFSET {int(rows) - 1}")
-            if found:
-                return _position(found[0])
-        found = self._rows(f"{within} ORDER BY {s.order(descending=True)} LIMIT 1")
-        return _position(found[0]) if found else None
-
-    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition, most: int) -> int | None:
-        return int(self._rows(f"SELECT count() FROM (SELECT 1 FROM {self.source} WHERE "
-                              f"{self.sql.range(after, upto)} LIMIT {int(most) + 1})")[0][0])
 
 
 class ClickHouseTrackingReader(TrackingReader):

@@ -11,7 +11,7 @@ micro-batch one index range scan. Keys travel as their text and come back cast t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 from sluice.connector import (
     OptionError,
     Split,
-    TrackingEnumerator,
+    SqlTrackingEnumerator,
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
@@ -69,6 +69,7 @@ class PostgresTrackingSql:
         self.source = _source_sql(options)[0]
         self.column, self.pg_type, self.kind, self.key = f"q.{quote_ident(column)}", pg_type, kind, key
         self.key_columns = [f"q.{quote_ident(name)}" for name, _ in key]
+        self.not_null = f"{self.column} IS NOT NULL"
 
     def number(self) -> str:
         """The tracking value as a bigint (timestamps: microseconds since the epoch, exactly)."""
@@ -88,7 +89,7 @@ class PostgresTrackingSql:
     def after(self, at: TrackingPosition) -> str:
         """Rows past `at`."""
         if at.value is None:
-            return f"{self.column} IS NOT NULL"
+            return self.not_null
         if at.key is None:
             return f"{self.column} >= {self.literal(at.value)}"
         return f"{self._row()} > {self._row_of(at)}"
@@ -116,18 +117,15 @@ class PostgresTrackingSql:
         return f"{self.after(after)} AND {self.upto(upto)}"
 
 
-def _position(row: Sequence[Any]) -> TrackingPosition:
-    return TrackingPosition(int(row[0]), tuple(str(k) for k in row[1:]))
-
-
-class PostgresTrackingEnumerator(TrackingEnumerator):
+class PostgresTrackingEnumerator(SqlTrackingEnumerator):
     """Driver side: the head and the ends of capped ranges, on one connection kept between micro-batches."""
 
     def __init__(self, conn_info: Connection, sql: PostgresTrackingSql, column: str) -> None:
         self.conn_info, self.sql, self.column, self.kind = conn_info, sql, column, sql.kind
+        self.source = sql.source
         self._conn: Any = None
 
-    def _rows(self, query: str) -> list[tuple[Any, ...]]:
+    def rows(self, query: str) -> list[tuple[Any, ...]]:
         for attempt in (1, 2):  # a connection the server ended between micro-batches is opened again, once
             try:
                 if self._conn is None:
@@ -139,29 +137,6 @@ class PostgresTrackingEnumerator(TrackingEnumerator):
                     raise PostgresError(f"tracking query on {self.conn_info.describe()} failed: "
                                         f"{self.conn_info.scrub(e)}") from None
         raise AssertionError("unreachable")
-
-    def heads(self, splits: Sequence[Split]) -> dict[str, TrackingPosition]:
-        s = self.sql
-        rows = self._rows(f"SELECT {s.position_list()} FROM {s.source} WHERE {s.column} IS NOT NULL "
-                          f"ORDER BY {s.order(descending=True)} LIMIT 1")
-        head = _position(rows[0]) if rows else TrackingPosition()
-        return {split.split_id: head for split in splits}
-
-    def end_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
-                   rows: int | None) -> TrackingPosition | None:
-        s = self.sql
-        within = f"SELECT {s.position_list()} FROM {s.source} WHERE {s.range(after, upto)}"
-        if rows:
-            found = self._rows(f"{within} ORDER BY {s.order()} LIMIT 1 OFFSET {int(rows) - 1}")
-            if found:
-                return _position(found[0])
-        found = self._rows(f"{within} ORDER BY {s.order(descending=True)} LIMIT 1")
-        return _position(found[0]) if found else None
-
-    def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition, most: int) -> int | None:
-        s = self.sql
-        return int(self._rows(f"SELECT count(*) FROM (SELECT 1 FROM {s.source} WHERE {s.range(after, upto)} "
-                              f"LIMIT {int(most) + 1}) r")[0][0])
 
     def close(self) -> None:
         if self._conn is not None:
