@@ -32,8 +32,8 @@ def _component(pid: int, comm: str, cmdline: str) -> str:
     return "other"
 
 
-def snapshot() -> dict[int, tuple[str, float]]:
-    out: dict[int, tuple[str, float]] = {}
+def processes() -> Iterator[tuple[int, str, list[str], str]]:
+    """Every live process: (pid, comm, the fields of /proc/<pid>/stat after comm, its command line)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -44,10 +44,14 @@ def snapshot() -> dict[int, tuple[str, float]]:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
+        yield int(entry), stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split(), cmdline
+
+
+def snapshot() -> dict[int, tuple[str, float]]:
+    out: dict[int, tuple[str, float]] = {}
+    for pid, comm, fields, cmdline in processes():
         ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
-        out[int(entry)] = (_component(int(entry), comm, cmdline), ticks / _TICK)
+        out[pid] = (_component(pid, comm, cmdline), ticks / _TICK)
     return out
 
 

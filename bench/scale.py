@@ -22,6 +22,7 @@ import threading
 import time
 from datetime import date
 
+from _cpu import processes
 from _floor import BODY, register_bare_writer
 
 
@@ -29,20 +30,10 @@ def worker_rss_mib(root: int) -> float:
     """The largest VmRSS among the pyspark.daemon descendants of process `root`, MiB."""
     children: dict[int, list[int]] = {}
     daemons: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-        if b"pyspark.daemon" in cmdline or b"pyspark/daemon" in cmdline:
-            daemons.add(int(entry))
+    for pid, _, fields, cmdline in processes():
+        children.setdefault(int(fields[1]), []).append(pid)  # fields[1]: the parent's pid
+        if "pyspark.daemon" in cmdline or "pyspark/daemon" in cmdline:
+            daemons.add(pid)
     mine, todo = set(), [root]
     while todo:
         pid = todo.pop()
