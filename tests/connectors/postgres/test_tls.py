@@ -78,6 +78,10 @@ def test_tls_is_asked_explicitly_and_libpq_prefer_is_refused(secured):
     assert _conn(options(secured)).sslmode == "verify-full"  # a CA given: verified
     assert _conn({"url": "postgresql://u@db.example/d?sslmode=verify-full"}).uri().count("sslrootcert=system") == 1
     assert "sslmode=disable" in _conn({"url": "postgresql://u@localhost/d"}).uri()  # said, never libpq's prefer
+    # Off this machine, verification is the default (the system's CAs); plaintext only when asked.
+    assert "sslmode=verify-full" in _conn({"url": "postgresql://u@db.example/d"}).uri()
+    assert _conn({"host": "10.0.0.7"}).uri().count("sslrootcert=system") == 1
+    assert "sslmode=disable" in _conn({"url": "postgresql://u@db.example/d?sslmode=disable"}).uri()
     for url, message in [("postgresql://u@h/d?sslmode=prefer", "falls back to plaintext"),
                          ("postgresql://u@h/d?sslmode=allow", "falls back to plaintext"),
                          ("postgresql://u@h/d?sslrootcert=/etc/ca.pem", "a file on the driver"),

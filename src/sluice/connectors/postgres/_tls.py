@@ -2,8 +2,9 @@
 
 libpq's own default (sslmode=prefer) tries TLS without checking the certificate and falls back to plaintext
 without saying: sluice never leaves the choice to it. The connection string always carries an explicit sslmode:
-verify-full when the user gives a CA (`ssl.ca-pem`) or asks for TLS, `disable` only when nothing asks for TLS
-(logged on the driver when the host is not loopback). The CA travels as PEM text inside the options; libpq wants a
+verify-full unless told otherwise (`ssl.ca-pem`'s CA, else the system's), except on loopback or a Unix socket, where
+the traffic never leaves the machine and `disable` is the default; plaintext to another host only when asked
+(`sslmode=disable`). The CA travels as PEM text inside the options; libpq wants a
 file, so each process that connects writes it to its own temp folder (executors have no file of the driver's).
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import logging
 import os
 import tempfile
 from pathlib import Path
@@ -24,7 +24,8 @@ TLS_OPTIONS = (
     Option("sslmode", "choice", None,
            "TLS: verify-full (certificate and host name checked; the default when ssl.ca-pem is set), verify-ca "
            "(certificate only), require (encrypted, unchecked), disable (plaintext). libpq's prefer and allow, "
-           "which fall back to plaintext silently, are refused. Unset and no ssl.ca-pem: disable.", choices=MODES),
+           "which fall back to plaintext silently, are refused. Unset: verify-full, except to loopback or a Unix "
+           "socket (disable).", choices=MODES),
     Option("ssl.ca-pem", "str", None,
            "PEM text of the CA that signed the server's certificate (text, not a path: executors write it to a "
            "file of their own for libpq); unset with TLS on: the system's CAs (sslrootcert=system)."),
@@ -32,8 +33,6 @@ TLS_OPTIONS = (
 
 # URL parameters that name a file on the driver: an executor may have no such file, so they are refused.
 _FILE_PARAMS = ("sslrootcert", "sslcert", "sslkey", "sslcrl", "sslcrldir", "passfile")
-_log = logging.getLogger("sluice.postgres")
-_warned: set[str] = set()
 
 
 def resolve(opts: Options, params: dict[str, str], host: str) -> tuple[str, str | None]:
@@ -56,12 +55,8 @@ def resolve(opts: Options, params: dict[str, str], host: str) -> tuple[str, str 
                           "...), not a path: executors cannot read the driver's files")
     if mode == "disable" and ca:
         raise OptionError("option 'ssl.ca-pem' is set with sslmode=disable: remove one (TLS or plaintext?)")
-    if mode is None:
-        mode = "verify-full" if ca or params.get("sslrootcert") == "system" else "disable"
-        if mode == "disable" and not _is_loopback(host) and host not in _warned:
-            _warned.add(host)
-            _log.warning("format('postgres') connects to %s in plaintext (no sslmode, no ssl.ca-pem); set "
-                         "ssl.ca-pem (or sslmode=verify-full for the system's CAs) to use TLS", host)
+    if mode is None:  # verification on by default: plaintext only on this machine, or when asked
+        mode = "verify-full" if ca or params.get("sslrootcert") == "system" or not _is_loopback(host) else "disable"
     params.pop("sslrootcert", None)
     return mode, ca
 
@@ -98,7 +93,9 @@ def explain_failure(text: str, mode: str) -> str | None:
         return (f"the server takes only TLS connections ({text}); set ssl.ca-pem to its CA (sslmode=verify-full "
                 "follows)")
     if "server does not support ssl" in low:
-        return f"sslmode={mode} asks for TLS, but the server does not offer it; sluice does not fall back to plaintext"
+        return (f"sslmode={mode} asks for TLS (the default off loopback), but the server does not offer it; sluice "
+                "does not fall back to plaintext: enable ssl on the server, or set sslmode=disable to connect in "
+                "plaintext on a network you trust")
     return None
 
 
