@@ -58,3 +58,14 @@ def cass():
         c = Cass(server)
         yield c
         c.cluster.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_session_outlives_its_module():
+    """The driver side of a write (its plan, the replay guard's marks) keeps sessions in this process, as executors
+    do; each module's servers stop at its end, so its sessions go with them instead of reconnecting to ports that
+    are gone (their warnings reach every later test's log capture)."""
+    yield
+    from sluice.connectors.cassandra._client import close_sessions
+
+    close_sessions()

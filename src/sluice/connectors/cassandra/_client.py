@@ -124,6 +124,16 @@ def forget_session(conn: Connection) -> None:
         session.cluster.shutdown()
 
 
+def close_sessions() -> None:
+    """Shut down every session this process holds (a process done with its clusters: their reconnections to nodes
+    that went away would go on in the background)."""
+    with _SESSIONS_LOCK:
+        sessions = list(_SESSIONS.values())
+        _SESSIONS.clear()
+    for session in sessions:
+        session.cluster.shutdown()
+
+
 def _connect(conn: Connection) -> Session:
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
