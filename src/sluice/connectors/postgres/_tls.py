@@ -93,9 +93,9 @@ def explain_failure(text: str, mode: str) -> str | None:
         return (f"the server takes only TLS connections ({text}); set ssl.ca-pem to its CA (sslmode=verify-full "
                 "follows)")
     if "server does not support ssl" in low:
-        return (f"sslmode={mode} asks for TLS (the default off loopback), but the server does not offer it; sluice "
-                "does not fall back to plaintext: enable ssl on the server, or set sslmode=disable to connect in "
-                "plaintext on a network you trust")
+        return (f"sslmode={mode} asks for TLS, but the server does not offer it; sluice does not fall back to "
+                "plaintext: enable ssl on the server, or set sslmode=disable to connect in plaintext on a network you "
+                "trust (without sslmode, verify-full is the default off loopback)")
     return None
 
 
