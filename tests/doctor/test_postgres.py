@@ -6,34 +6,20 @@ slot and rows, and the running query's slot and rows survive it, the query strea
 import os
 import uuid
 
-import psycopg
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from sluice import OptionError
 from sluice.cli import main as cli
-from sluice.connectors.postgres import Connection, PostgresChangesDataSource
+from sluice.connectors.postgres import Connection
 from sluice.connectors.postgres._options import WRITE_SPEC, WriteOptions
 from sluice.connectors.postgres._table import prepare_target
 from sluice.connectors.postgres.changes import list_slots
 from sluice.doctor import PG_SLOT, Doctor, Stores
 from sluice.meta import RUNNING, MetaService
 from sluice.spark._compat import to_arrow_schema
-
-
-def sql(url, *statements):
-    with psycopg.connect(url, autocommit=True) as conn:
-        out = None
-        for statement in statements:
-            cur = conn.execute(statement)
-            out = cur.fetchall() if cur.description else None
-        return out
-
-
-def stream(url, **options):
-    source = PostgresChangesDataSource({"url": url, **options})
-    return source.streamReader(source.schema())
+from tests.connectors.postgres.test_changes import sql, stream
 
 
 def micro_batch(reader, start):
