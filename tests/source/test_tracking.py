@@ -55,3 +55,38 @@ def test_the_window_reads_to_the_newest_head_seen_at_least_a_window_ago():
     no_window = LagWindow(0.0, clock=lambda: now[0])
     no_window.observe({"all": first})
     assert no_window.settled("all") == first, "window 0: the head just seen (the naive poller)"
+
+
+def test_a_range_is_read_in_one_task_per_piece_of_its_split_the_offset_one_position():
+    """An enumerator whose split is served by several servers (HBase's regions) gives its pieces when a micro-batch
+    is planned: each cut of the range becomes one partition per piece; the default is the split whole."""
+    from sluice.source._framework import Split
+    from sluice.source._tracking import TrackingEnumerator, TrackingStreamReader
+    from sluice.source._tracking_options import TrackingSettings
+
+    class Pieces(TrackingEnumerator):
+        column, kind = "at", "timestamp"
+
+        def __init__(self, pieces):
+            self.given = pieces
+
+        def heads(self, splits):
+            return {s.split_id: TrackingPosition(30, None) for s in splits}
+
+        def end_within(self, split, after, upto, rows):
+            return TrackingPosition(20, ("k",)) if rows and after.value is None else upto
+
+        def pieces(self, split):
+            return self.given or super().pieces(split)
+
+    def planned(pieces, rows_per_task):
+        reader = TrackingStreamReader(Pieces(pieces), None, TrackingSettings("at", 0, "beginning", None,
+                                                                             rows_per_task), source=("x", "t"))
+        end = TrackingOffset("at", "timestamp", {"all": TrackingPosition(30, None)}).to_json()
+        return [(p.split.split_id, p.after.value, p.upto.value)
+                for p in reader.plan_partitions(reader.initialOffset(), end)]
+
+    regions = [Split("r0"), Split("r1")]
+    assert planned(regions, 0) == [("r0", None, 30), ("r1", None, 30)]
+    assert planned(regions, 10) == [("r0", None, 20), ("r1", None, 20), ("r0", 20, 30), ("r1", 20, 30)]
+    assert planned(None, 0) == [("all", None, 30)], "without pieces: the split whole"

@@ -149,7 +149,14 @@ class TrackingEnumerator(ABC):
                    rows: int | None) -> TrackingPosition | None:
         """The position of the last row of (after, upto], or of the `rows`-th (a cap) when there are more; None
         when the range holds no row. A range takes every row of its end's (value, key), so a key that is not
-        unique is never cut in two."""
+        unique is never cut in two. A store whose head is not a row's position (a clock: HBase's cell timestamps)
+        may answer `upto` itself for a range that holds a row."""
+
+    def pieces(self, split: Split) -> list[Split]:
+        """The parts of a split that a range is read in, one task each, asked when a micro-batch is planned (default:
+        the split whole). A store whose positions are one for a table but whose rows live on several servers (HBase's
+        regions, which split and move) reads each range in one task per part, and its offset stays one position."""
+        return [split]
 
     def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
                      most: int) -> int | None:
@@ -301,8 +308,9 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
             after = begin.get(sid, BEGINNING)
             if upto != after and upto.value is not None:
                 split = self._splits.get(sid) or Split(sid)
+                pieces = self.enumerator.pieces(split)
                 for cut in self._cuts(split, after, upto):
-                    out.append(TrackingPartition(split, after, cut))
+                    out.extend(TrackingPartition(piece, after, cut) for piece in pieces)
                     after = cut
         return out
 
