@@ -281,7 +281,7 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgre
 # HBase tests that need no server (tests/connectors/hbase/test_keys.py); its deployment tests write and read every
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py \
-	tests/connectors/hbase/test_tls.py
+	tests/connectors/hbase/test_tls.py tests/connectors/hbase/test_tracking.py
 test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-kafka check-chromium check-promtool lint
 	mkdir -p build/lines

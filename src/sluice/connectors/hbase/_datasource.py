@@ -10,14 +10,19 @@ from sluice.connector import (
     SinkConfig,
     SinkDataSource,
     SourceDataSource,
+    TrackingSettings,
+    TrackingStreamReader,
     check_pushdown,
+    parse_value,
+    refuse_batch_options_in_stream,
+    refuse_tracking_in_batch,
     to_arrow_schema,
 )
 from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
 from sluice.connectors.hbase._keys import KeyCodec
-from sluice.connectors.hbase._options import DURABILITY, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.hbase._options import BATCH_ONLY, DURABILITY, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.hbase._replay import check_guard_table
 from sluice.connectors.hbase._sink import HBaseWritePlan, RowPlan
 from sluice.connectors.hbase._source import (
@@ -28,6 +33,13 @@ from sluice.connectors.hbase._source import (
     check_versions,
     stamp_column,
     time_range,
+)
+from sluice.connectors.hbase._tracking import (
+    KIND,
+    HBaseTrackingEnumerator,
+    HBaseTrackingReader,
+    RegionScans,
+    tracking_column,
 )
 
 NO_TRANSACTIONS = (
@@ -104,6 +116,7 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
 
     def reader(self, schema: StructType) -> HBaseBatchReader:
         opts = self.read_options()
+        refuse_tracking_in_batch(opts, self.format_name)
         options = ReadOptions.of(opts)
         check_pushdown(options.pushdown)
         arrow = to_arrow_schema(schema)
@@ -119,3 +132,26 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         enumerator = RegionEnumerator(conn, catalog.table, options.read_splits_per_region)
         kind = HBasePushdownReader if options.pushdown else HBaseBatchReader
         return kind(enumerator, reader, None, reads=self.read_observer())
+
+    def streamReader(self, schema: StructType) -> TrackingStreamReader:
+        """readStream: rows found by their cell timestamps (_tracking.py, docs/hbase.md); every option is checked
+        here, before the first micro-batch (HBase reads need a schema, so load() learns nothing of the table)."""
+        opts = self.read_options()
+        settings = TrackingSettings.of(opts, self.format_name)
+        refuse_batch_options_in_stream(opts, self.format_name, BATCH_ONLY)
+        options = ReadOptions.of(opts)
+        arrow = to_arrow_schema(schema)
+        tracking_column(settings.column, arrow, options.rowkey)
+        if settings.start not in ("beginning", "now"):
+            parse_value(KIND, settings.start, "tracking.start")
+        catalog = Catalog.from_options(opts, [n for n in schema.fieldNames() if n != settings.column])
+        key = KeyCodec.for_schema(catalog.key, arrow)
+        conn = Connection.from_options(opts)
+        catalog.check_families(describe(conn, catalog.table).families)
+        rows = HBaseReader(conn, catalog, key, arrow, options.read_rows_per_fetch, None, 1, settings.column)
+        scans = RegionScans(conn, catalog.table, [(c.family, c.qualifier) for _, c in catalog.cells],
+                            options.read_rows_per_fetch)
+        return TrackingStreamReader(HBaseTrackingEnumerator(scans, settings.column),
+                                    HBaseTrackingReader(scans, rows), settings,
+                                    source=(self.format_name, catalog.table),
+                                    reads=self.read_observer(event_time=settings.column))

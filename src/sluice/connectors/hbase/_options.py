@@ -4,7 +4,7 @@ split and fetched."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sluice.connector import (
@@ -15,6 +15,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     pushdown_option,
+    tracking_options,
 )
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS
 from sluice.connectors.hbase._client import CONNECTION_OPTIONS
@@ -92,7 +93,17 @@ READ_OPTIONS = (
 )
 
 
-READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS))
+# readStream: rows found by their cell timestamps (_tracking.py, docs/hbase.md), typed by TrackingSettings. A range is
+# read in one task per region already; cutting it further costs a keys-only scan of it on the driver: off by default.
+STREAM_OPTIONS = tuple(
+    replace(o, default=0, meaning="readStream: a micro-batch's range is read by one task per region, each cut into "
+            "tasks of about this many rows (found by a keys-only scan of the range on the driver); 0: one task per "
+            "region.") if o.name == "tracking.rows-per-task" else o
+    for o in tracking_options("on HBase, the read schema's column (long: milliseconds, or timestamp) that gets each "
+                              "row's newest cell timestamp, the tracking value (docs/hbase.md)"))
+BATCH_ONLY = ("read.splits-per-region", "read.time-range", "read.versions", "read.timestamp-column", "pushdown")
+
+READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,14 @@ class HBaseReader(SplitReader):
         finally:
             self.conn.call("closeScanner", scanner, index=index)
 
+    def batches(self, results: Sequence[Any]) -> Iterator[pa.RecordBatch]:
+        """Rows of this reader's cells (Thrift results, in the order given) as record batches of rows-per-fetch."""
+        place = {(c.family, c.qualifier): i for i, (_, c) in enumerate(self.catalog.cells)}
+        decode_key = self.key.decoder(self.schema)
+        decoders = [decoder(self.schema.field(name).type, name) for name, _ in self.catalog.cells]
+        for i in range(0, len(results), self.rows_per_fetch):
+            yield self._batch(list(results[i:i + self.rows_per_fetch]), place, decode_key, decoders)
+
     def _rows(self, results: list[Any], place: dict[tuple[bytes, bytes], int]
               ) -> Iterator[tuple[bytes, int, dict[int, bytes]]]:
         """(row key, timestamp, {cell's index: value}) per row read: a row key's newest cells, or with
