@@ -1,7 +1,8 @@
 """Streaming reads by a tracking column (docs/tracking.md), PostgreSQL: throughput against the batch read of the same
 rows, and freshness from commit to arrival at a writer-controlled rate. One run, one throwaway server (LocalPostgres).
 
-Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--rows 300000] [--rate 1000] [--seconds 20]`.
+Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--store postgres|hbase] [--rows 300000]
+[--rate 1000] [--seconds 20]`. PostgreSQL's below; HBase's (by cell timestamps) in _tracking_hbase.py.
 - throughput (best of --rounds, alternating): N rows of (id bigint identity primary key, at timestamptz, payload
   text) with an index (at, id); the batch read (format("postgres"), its default splits) and the stream
   (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch, tasks of tracking.rows-per-task rows) both
@@ -28,7 +29,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--windows", default="0,1000")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--store", choices=("postgres", "hbase"), default="postgres")
     args = parser.parse_args()
+    if args.store == "hbase":
+        import _tracking_hbase
+
+        _tracking_hbase.run(args)
+        return
 
     import sluice
     from sluice.testing import LocalPostgres

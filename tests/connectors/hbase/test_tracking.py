@@ -177,3 +177,28 @@ def test_bad_input_is_refused_before_the_query_starts_naming_it(hbase):
         HBaseDataSource(opts(hbase, t)).reader(None)
     with pytest.raises(OptionError, match=r"needs option 'tracking.column'"):
         HBaseDataSource(hbase.opts(t, rowkey="id", family="d")).streamReader(None)
+
+
+def test_a_stream_reports_time_behind_by_the_clock_and_the_fetch_event_time_lag(hbase):
+    import time
+
+    import sluice.metrics
+
+    t = hbase.table()
+    now_ms = int(time.time() * 1000)
+    for i in range(30):  # one row a second over the last 30 s, stamped by the writer
+        put(hbase, t, keys(1, i), stamp=now_ms - (30 - i) * 1000)
+    with sluice.metrics.serve() as server:
+        reader, schema = stream(hbase, t, **{"tracking.lag-window-ms": "0"})
+        end, _, _ = drain(reader, reader.initialOffset(), schema, until=lambda read: read.num_rows >= 10,
+                          limit=ReadMaxRows(10))
+        reader.commit(end)  # as Spark does once the micro-batch is written
+        report = [r for r in server.sources.snapshot() if r.format == "hbase"][-1]
+        # Row 10 is 21 s old; the head is the clock at the last planning. Records behind: not counted (a scan).
+        assert report.pending_records is None and report.splits == ()
+        assert 21_000 <= report.time_behind_ms < 60_000, report
+        assert report.position.endswith(f"key ['{b'r0009'.hex()}']")
+        assert server.reads.wait_for(lambda snapshot: snapshot.get("hbase", {}).get("records") == 10, 30), \
+            "the read task's report did not come within 30 s"
+        assert server.reads.snapshot()["hbase"]["event_lag_ms"] >= 21_000
+        reader.stop()

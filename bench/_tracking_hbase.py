@@ -1,0 +1,123 @@
+"""bench/tracking.py --store hbase: the stream by cell timestamps (docs/hbase.md) against the batch read of the same
+rows, and freshness from put to arrival. One standalone HBase (LocalHBase: heap 1g, gateway 256m, full JIT).
+
+- throughput (best of --rounds, alternating): N rows of (id long row key, payload string of 40 bytes) written by
+  sluice.write (cell timestamps: the executors' clock) into a table of two regions; the batch read (one split per
+  region) and the stream (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch, one task per region)
+  both into Spark's noop sink; rows/s of each;
+- freshness: one writer puts `--rate` rows/s through the Thrift2 gateway (putMultiple of rate/20 rows every 50 ms,
+  timestamps given by the region server) for `--seconds`; the stream (default trigger) hands each micro-batch to
+  foreachBatch, which notes now - at (the row's cell timestamp) of every row: p50/p99 per lag window.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+
+def run(args: Any) -> None:
+    import sluice
+    from sluice.connectors.hbase._client import Connection, thrift
+    from sluice.testing import LocalHBase
+
+    print(f"load average at start: {os.getloadavg()}")
+    t = thrift()
+    with LocalHBase(full_jit=True, heap="1g", gateway_heap="256m") as server:
+        conn = Connection((server.host,), server.port, 60.0)
+
+        def table(name: str, splits: list[bytes]) -> str:
+            conn.call("createTable", t.TTableDescriptor(
+                tableName=t.TTableName(ns=b"default", qualifier=name.encode()),
+                columns=[t.TColumnFamilyDescriptor(name=b"d")]), splits or None)
+            return f"default:{name}"
+
+        spark = sluice.session("bench-tracking-hbase", master="local[2]")
+        base = {"host": server.host, "port": str(server.port), "rowkey": "id", "family": "d"}
+        middle = (1 << 63 | args.rows // 2).to_bytes(8, "big")  # ids are sign-flipped big-endian longs
+        bulk = table("bulk", [middle])
+        rows = spark.range(0, args.rows, 1, 2).selectExpr("id", "repeat('x', 40) AS payload")
+        sluice.write(rows, "hbase", {**base, "table": bulk})
+        opts = {**base, "table": bulk}
+
+        def batch() -> float:
+            started = time.perf_counter()
+            spark.read.format("hbase").options(**opts).schema("id long, payload string").load() \
+                .write.format("noop").mode("overwrite").save()
+            return time.perf_counter() - started
+
+        def stream() -> float:
+            started = time.perf_counter()
+            query = (spark.readStream.format("hbase").options(**opts).schema("id long, payload string, at timestamp")
+                     .option("tracking.column", "at").option("tracking.lag-window-ms", "0").load()
+                     .writeStream.format("noop").trigger(availableNow=True).start())
+            query.awaitTermination()
+            assert sum(p["numInputRows"] for p in query.recentProgress) == args.rows
+            return time.perf_counter() - started
+
+        runs: dict[str, list[float]] = {"batch": [], "stream": []}
+        for _ in range(args.rounds):  # alternating; the first round pays the JVM's and the workers' warm-up
+            runs["batch"].append(batch())
+            runs["stream"].append(stream())
+        batch_s, stream_s = min(runs["batch"]), min(runs["stream"])
+        print(f"throughput, {args.rows:,} rows in 2 regions, best of {args.rounds} (all: {runs}): batch read "
+              f"{args.rows / batch_s:,.0f} rows/s ({batch_s:.1f} s), stream (AvailableNow, a task per region) "
+              f"{args.rows / stream_s:,.0f} rows/s ({stream_s:.1f} s, the first planning included)")
+
+        for window in (int(w) for w in args.windows.split(",")):
+            name = table(f"fresh_{window}", [])
+            p50, p99, count = freshness(spark, conn, {**base, "table": name}, window, args.rate, args.seconds)
+            print(f"freshness at {args.rate:,} rows/s for {args.seconds} s, lag window {window} ms: "
+                  f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms ({count:,} rows)")
+        print(f"load average at end: {os.getloadavg()}")
+        spark.stop()
+
+
+def freshness(spark: Any, conn: Any, opts: dict[str, str], window_ms: int, rate: int,
+              seconds: int) -> tuple[float, float, int]:
+    from sluice.connectors.hbase._client import thrift
+
+    t = thrift()
+    lags: list[float] = []
+
+    def arrived(frame: Any, _batch_id: int) -> None:
+        now = time.time()
+        for (at,) in frame.select("at").collect():
+            lags.append((now - at.timestamp()) * 1000)
+
+    query = (spark.readStream.format("hbase").options(**opts).schema("id long, payload string, at timestamp")
+             .option("tracking.column", "at").option("tracking.lag-window-ms", str(window_ms)).load()
+             .writeStream.foreachBatch(arrived).start())
+    stop = threading.Event()
+    per_tick = max(1, rate // 20)
+    written = 0
+
+    def write() -> None:
+        nonlocal written
+        tick = time.monotonic()
+        table = opts["table"].encode()
+        while not stop.is_set():
+            puts = [t.TPut(row=(1 << 63 | i).to_bytes(8, "big"),
+                           columnValues=[t.TColumnValue(family=b"d", qualifier=b"payload", value=b"p")])
+                    for i in range(written, written + per_tick)]
+            conn.call("putMultiple", table, puts)  # no timestamp: the region server's clock
+            written += per_tick
+            tick += 0.05
+            time.sleep(max(0.0, tick - time.monotonic()))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(seconds)  # the measured period: the writer's pace, not a synchronization
+    stop.set()
+    writer.join()
+    deadline = time.monotonic() + 60
+    while len(lags) < written and time.monotonic() < deadline:
+        query.processAllAvailable()  # returns while the window holds rows back: polled
+        time.sleep(0.1)
+    query.stop()
+    ordered = sorted(lags)
+    if len(ordered) != written:
+        raise SystemExit(f"window {window_ms} ms: {len(ordered)} rows arrived of {written} written")
+    return ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)], len(ordered)
