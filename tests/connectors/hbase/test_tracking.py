@@ -157,6 +157,35 @@ def test_a_gateway_restart_between_micro_batches_loses_and_repeats_nothing(hbase
     reader.stop()
 
 
+def test_a_server_crash_and_restart_between_micro_batches_loses_and_repeats_nothing():
+    """The whole standalone HBase (master, region server and gateway) killed and started again on its data: the
+    puts acknowledged before the crash come back from the WAL with their timestamps, and the stream goes on."""
+    from sluice.connector import RetryableError
+    from sluice.testing import LocalHBase
+    from tests.connectors.hbase.conftest import HBase
+
+    def readable(own, table):
+        try:
+            return own.rows(table) is not None
+        except RetryableError:
+            return False  # the regions are still opening (NotServingRegionException)
+
+    with LocalHBase() as server:
+        own = HBase(server)
+        t = own.table(splits=SPLITS)
+        put(own, t, keys(10))
+        reader, schema = stream(own, t, **{"tracking.lag-window-ms": "0"})
+        middle, first, _ = drain(reader, reader.initialOffset(), schema, until=lambda read: read.num_rows >= 10)
+        put(own, t, keys(10, 10))  # acknowledged before the crash, not read yet
+        server.kill()
+        server.start()
+        poll_until(lambda: readable(own, t), 120, "the table's regions served again", 0.2)
+        put(own, t, keys(10, 20))
+        _, rest, _ = drain(reader, middle, schema, until=lambda read: read.num_rows >= 20)
+        assert sorted(ids(first) + ids(rest)) == [k for k, _ in keys(30)], "each row once across the crash"
+        reader.stop()
+
+
 def test_bad_input_is_refused_before_the_query_starts_naming_it(hbase):
     t = hbase.table()
     with pytest.raises(OptionError, match=r"tracking.column 'updated' is not a column of the read's schema"):
