@@ -276,8 +276,10 @@ test-lines-then-versions: $(TEST_SETUP)
 
 test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgres-versions test-spark-lines
 
-# The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own; 17
-# tests, 80 s alone) run last in make test's second job (make test-hbase runs them alone). The main suite runs the
+# The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own, one
+# for the stream's crash test; 30 tests, 80 s alone before the 8 of the stream by cell timestamps, which add ~125 s at
+# load 20, 2026-11-27: a Spark query, a server crashed and restarted) run last in make test's second job (make
+# test-hbase runs them alone). The main suite runs the
 # HBase tests that need no server (tests/connectors/hbase/test_keys.py); its deployment tests write and read every
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py \

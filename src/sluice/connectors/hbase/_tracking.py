@@ -96,7 +96,7 @@ class RegionScans:
             return
         fetch = fetch or self.rows_per_fetch
         scan = module.TScan(startRow=piece.info.get("start") or None, stopRow=piece.info.get("stop") or None,
-                            columns=[module.TColumn(family=f, qualifier=q) for f, q in self.columns],
+                            columns=[module.TColumn(family=f, qualifier=q) for f, q in self.columns] or None,
                             caching=fetch, maxVersions=1, timeRange=module.TTimeRange(low, high),
                             filterString=b"KeyOnlyFilter()" if keys_only else None)
         index = piece.info.get("index", 0)
@@ -110,7 +110,7 @@ class RegionScans:
     def as_of(self, rows: Sequence[bytes], high: int, index: int) -> dict[bytes, Any]:
         """The read's cells of `rows` newest below `high` (ms): the rows' values as of a range's end."""
         module = thrift()
-        columns = [module.TColumn(family=f, qualifier=q) for f, q in self.columns]
+        columns = [module.TColumn(family=f, qualifier=q) for f, q in self.columns] or None
         gets = [module.TGet(row=row, columns=columns, timeRange=module.TTimeRange(0, high)) for row in rows]
         found = self.conn.call("getMultiple", self.table.encode(), gets, index=index)
         return {bytes(r.row): r for r in found if r.row}
