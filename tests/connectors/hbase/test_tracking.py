@@ -186,8 +186,13 @@ def test_a_server_crash_and_restart_between_micro_batches_loses_and_repeats_noth
         reader.stop()
 
 
-def test_bad_input_is_refused_before_the_query_starts_naming_it(hbase):
+def test_bad_input_is_refused_before_the_query_starts_naming_it(spark, hbase):
     t = hbase.table()
+    # The first through Spark: the query fails before its first micro-batch, with the error naming the column.
+    with pytest.raises(Exception, match=r"tracking.column 'updated' is not a column of the read's schema"):
+        query = (spark.readStream.format("hbase").options(**opts(hbase, t, **{"tracking.column": "updated"}))
+                 .schema(SCHEMA).load().writeStream.format("noop").start())
+        query.awaitTermination(120)
     with pytest.raises(OptionError, match=r"tracking.column 'updated' is not a column of the read's schema"):
         stream(hbase, t, **{"tracking.column": "updated"})
     with pytest.raises(OptionError, match=r"tracking.column 'v' is string"):
