@@ -13,6 +13,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     pushdown_option,
+    tracking_options,
 )
 from sluice.connectors.cassandra._client import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, Connection
 
@@ -87,7 +88,13 @@ READ_OPTIONS = (
 )
 
 
-READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+# readStream: a tracking-column stream (docs/tracking.md, _tracking.py), typed by sluice.connector.TrackingSettings.
+STREAM_OPTIONS = tracking_options(
+    "a tinyint, smallint, int, bigint or timestamp column with a storage-attached index (CREATE INDEX ... USING "
+    "'sai', Cassandra 5.0) whose values grow as rows are written (e.g. toTimestamp(now())); a micro-batch takes "
+    "whole groups of one value.")
+
+READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
 
 
 @dataclass(frozen=True)
