@@ -40,6 +40,8 @@ from sluice.connectors.cassandra._tracking import (
 )
 from sluice.connectors.cassandra._types import spark_type, write_problem
 
+STREAM_CONSISTENCY = "LOCAL_QUORUM"
+
 NO_TRANSACTIONS = (
     "sink.transactional=true: Cassandra has no transactions sluice could commit a write or micro-batch in. Every "
     "row already carries its write timestamp, so a retried or replayed batch rewrites the same cells and changes "
@@ -160,9 +162,13 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         return kind(enumerator, reader, None, reads=self.read_observer())
 
     def _tracking(self, options: ReadOptions, info: TableInfo) -> tuple[TrackingSettings, TrackingCql]:
-        settings = TrackingSettings.of(self.read_options(), self.format_name)
+        opts = self.read_options()
+        settings = TrackingSettings.of(opts, self.format_name)
         kind = tracking_kind(info, settings, options.conn.target)
-        return settings, TrackingCql(options.conn, info, settings.column, kind, options.read_consistency)
+        # A row the head saw on one replica and the range's read missed on another would be passed for good: the
+        # stream reads at LOCAL_QUORUM unless told (with writes at LOCAL_QUORUM too, every read sees every write).
+        consistency = options.read_consistency if opts.is_set("read.consistency") else STREAM_CONSISTENCY
+        return settings, TrackingCql(options.conn, info, settings.column, kind, consistency)
 
     def streamReader(self, schema: StructType) -> TrackingStreamReader:
         """readStream: the rows a tracking column with an SAI index finds (_tracking.py, docs/tracking.md)."""
@@ -172,7 +178,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         settings, cql = self._tracking(options, info)
         conn = options.conn
         check_columns(info, schema.fieldNames(), conn)
-        rows = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size, options.read_consistency)
+        rows = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size, cql.consistency)
         reads = self.read_observer(event_time=settings.column if cql.kind == "timestamp" else None)
         return TrackingStreamReader(CassandraTrackingEnumerator(cql, settings.column),
                                     CassandraTrackingReader(rows, cql), settings,

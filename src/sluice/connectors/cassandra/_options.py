@@ -83,7 +83,9 @@ READ_OPTIONS = (
            "default: the table's estimated size / read.split-size-mb.", minimum=1, maximum=100_000),
     Option("read.split-size-mb", "int", 64, "Estimated megabytes per split when partitions is not set.", minimum=1),
     Option("read.fetch-size", "int", 5000, "Rows per page of a split's SELECT.", minimum=1, maximum=1_000_000),
-    Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads.", choices=CONSISTENCY_LEVELS),
+    Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads (a readStream's: LOCAL_QUORUM "
+           "unless set, so that with writes at LOCAL_QUORUM it sees every acknowledged write).",
+           choices=CONSISTENCY_LEVELS),
     pushdown_option("the CQL: = or IN on every partition key column, ranges of the first clustering column"),
 )
 
