@@ -1,11 +1,21 @@
 """The tracking-column stream's own parts, without a store: its offset's JSON and refusals, start values, and the
-lag window's choice of the head to read to (on a clock the test moves)."""
+lag window's choice of the head to read to (on a clock the test moves), a range's tasks."""
 
 import pytest
 
 from sluice import OptionError
 from sluice._errors import SluiceError
-from sluice.source._tracking import BEGINNING, LagWindow, TrackingOffset, TrackingPosition, parse_value
+from sluice.source._framework import Split
+from sluice.source._tracking import (
+    BEGINNING,
+    LagWindow,
+    TrackingEnumerator,
+    TrackingOffset,
+    TrackingPosition,
+    TrackingStreamReader,
+    parse_value,
+)
+from sluice.source._tracking_options import TrackingSettings
 
 
 def test_the_offset_round_trips_as_versioned_json_and_refuses_another_version_or_column():
@@ -55,3 +65,37 @@ def test_the_window_reads_to_the_newest_head_seen_at_least_a_window_ago():
     no_window = LagWindow(0.0, clock=lambda: now[0])
     no_window.observe({"all": first})
     assert no_window.settled("all") == first, "window 0: the head just seen (the naive poller)"
+
+
+class Listed(TrackingEnumerator):
+    """An in-process enumerator over a list of integer values (the mechanism's own test, not a store)."""
+
+    column, kind = "n", "int"
+
+    def __init__(self, values, pieces=1):
+        self.values, self.slices = sorted(values), pieces
+
+    def heads(self, splits):
+        return {s.split_id: TrackingPosition(self.values[-1], ()) for s in splits}
+
+    def end_within(self, split, after, upto, rows):
+        within = [v for v in self.values if (after.value is None or v > after.value) and v <= upto.value]
+        if not within:
+            return None
+        return TrackingPosition(within[min(len(within), rows or len(within)) - 1], ())
+
+    def pieces(self, split):
+        return [Split(split.split_id, {"piece": i}) for i in range(self.slices)] if self.slices > 1 else [split]
+
+
+def test_a_range_is_planned_as_a_task_per_cut_and_per_piece_of_the_split_each_with_the_whole_cut():
+    settings = TrackingSettings("n", 0, "beginning", None, rows_per_task=2)
+    plain = TrackingStreamReader(Listed([1, 2, 3, 4, 5]), None, settings, source=("test", "t"))
+    start = plain.initialOffset()
+    end = plain.latestOffset(start, plain.getDefaultReadLimit())
+    assert [(p.after.value, p.upto.value) for p in plain.partitions(start, end)] == [(None, 2), (2, 4), (4, 5)]
+    sliced = TrackingStreamReader(Listed([1, 2, 3, 4, 5], pieces=3), None, settings, source=("test", "t"))
+    parts = sliced.partitions(start, end)
+    assert [(p.split.info["piece"], p.after.value, p.upto.value) for p in parts] == [
+        (piece, after, upto) for after, upto in [(None, 2), (2, 4), (4, 5)] for piece in range(3)]
+    assert {p.split.split_id for p in parts} == {"all"}, "positions stay the split's"

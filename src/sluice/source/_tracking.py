@@ -151,6 +151,11 @@ class TrackingEnumerator(ABC):
         when the range holds no row. A range takes every row of its end's (value, key), so a key that is not
         unique is never cut in two."""
 
+    def pieces(self, split: Split) -> list[Split]:
+        """The parts a range of `split` is read in, a task each, every one the whole range of its part (the split
+        itself by default; Cassandra: slices of the token ring). Positions stay the split's."""
+        return [split]
+
     def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
                      most: int) -> int | None:
         """Rows in (after, upto] (records behind, for the metrics), counting no further than `most` + 1; None: the
@@ -302,7 +307,7 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
             if upto != after and upto.value is not None:
                 split = self._splits.get(sid) or Split(sid)
                 for cut in self._cuts(split, after, upto):
-                    out.append(TrackingPartition(split, after, cut))
+                    out.extend(TrackingPartition(piece, after, cut) for piece in self.enumerator.pieces(split))
                     after = cut
         return out
 

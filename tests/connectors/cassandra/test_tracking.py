@@ -109,18 +109,17 @@ def test_a_cap_takes_whole_groups_a_restarted_reader_goes_on_and_starts_now_or_a
     assert sorted(ids(read)) == [15, 16, 17, 18, 19, 20, 21], "start at 3: the rows of seq >= 3"
 
 
-def test_a_capped_end_is_bisected_by_counts_and_a_micro_batch_is_read_by_tasks_cut_at_values(cass):
+def test_a_capped_end_is_bisected_by_counts_and_a_micro_batch_is_read_in_token_slices(cass):
     t = tracked(cass)
     insert(cass, t, [(i, i * 1000) for i in range(100)])  # sparse values: the bisection halves wide gaps
-    reader, _ = stream(cass, t, **{"tracking.column": "seq", "tracking.lag-window-ms": "0",
-                                   "tracking.rows-per-task": "30"})
+    reader, _ = stream(cass, t, **{"tracking.column": "seq", "tracking.lag-window-ms": "0", "partitions": "3"})
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(40))
     parts = reader.partitions(start, end)
-    read = [sorted(i for b in reader.read(p) for i in b.column("id").to_pylist()) for p in parts]
-    sizes = [len(r) for r in read]
-    assert 20 <= sum(sizes) <= 40 and all(15 <= s <= 30 for s in sizes), sizes
-    assert sorted(i for r in read for i in r) == list(range(sum(sizes))), "the first rows by value, each once"
+    read = [i for p in parts for b in reader.read(p) for i in b.column("id").to_pylist()]
+    assert len(parts) == 3 and 20 <= len(read) <= 40, (len(parts), len(read))
+    assert sorted(read) == list(range(len(read))), "the first rows by value, each once across the slices"
+    assert reader.latestOffset(end, ReadMaxRows(1000))["splits"]["all"]["value"] == 99_000, "uncapped: the head"
 
 
 def test_bad_tracking_columns_are_refused_before_the_query_starts_naming_the_column(spark, cass):
@@ -148,8 +147,10 @@ def test_bad_tracking_columns_are_refused_before_the_query_starts_naming_the_col
         CassandraDataSource(cass.opts(t)).streamReader(None)
     with pytest.raises(OptionError, match=r"apply to spark.readStream.format\('cassandra'\) only"):
         CassandraDataSource(cass.opts(t, **{"tracking.column": "n"})).reader(None)
-    with pytest.raises(OptionError, match=r"option\(s\) \['partitions'\] apply to spark.read"):
-        CassandraDataSource(cass.opts(t, **{"tracking.column": "n", "partitions": "2"})).streamReader(None)
+    with pytest.raises(OptionError, match=r"option\(s\) \['read.split-size-mb'\] apply to spark.read"):
+        CassandraDataSource(cass.opts(t, **{"tracking.column": "n", "read.split-size-mb": "2"})).streamReader(None)
+    with pytest.raises(OptionError, match=r"'tracking.rows-per-task' does not apply to format\('cassandra'\)"):
+        CassandraDataSource(cass.opts(t, **{"tracking.column": "n", "tracking.rows-per-task": "9"})).streamReader(None)
 
 
 def test_a_node_restart_between_micro_batches_loses_and_repeats_nothing(cass):

@@ -172,15 +172,19 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
 
     def streamReader(self, schema: StructType) -> TrackingStreamReader:
         """readStream: the rows a tracking column with an SAI index finds (_tracking.py, docs/tracking.md)."""
-        refuse_batch_options_in_stream(self.read_options(), self.format_name,
-                                       ("partitions", "read.split-size-mb", "pushdown"))
+        refuse_batch_options_in_stream(self.read_options(), self.format_name, ("read.split-size-mb", "pushdown"))
+        if self.read_options().is_set("tracking.rows-per-task"):
+            raise OptionError("option 'tracking.rows-per-task' does not apply to format('cassandra'): a micro-batch "
+                              "is read in `partitions` slices of the token ring (default 1), not cut by rows "
+                              "(counting them means reading them). Remove it; set partitions instead.")
         options, info = self._read_parts()
         settings, cql = self._tracking(options, info)
+        settings = replace(settings, rows_per_task=0)
         conn = options.conn
         check_columns(info, schema.fieldNames(), conn)
         rows = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size, cql.consistency)
         reads = self.read_observer(event_time=settings.column if cql.kind == "timestamp" else None)
-        return TrackingStreamReader(CassandraTrackingEnumerator(cql, settings.column),
+        return TrackingStreamReader(CassandraTrackingEnumerator(cql, settings.column, options.partitions or 1),
                                     CassandraTrackingReader(rows, cql), settings,
                                     source=(self.format_name, f"{conn.keyspace}.{conn.table}"), reads=reads)
 

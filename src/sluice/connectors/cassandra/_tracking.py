@@ -22,6 +22,7 @@ is read by tasks of about `tracking.rows-per-task` rows, cut at values.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -35,10 +36,12 @@ from sluice.connector import (
     parse_value,
 )
 from sluice.connectors.cassandra._client import TUPLES, Connection, forget_session, quote_ident
-from sluice.connectors.cassandra._source import CassandraReader
+from sluice.connectors.cassandra._source import MAX_TOKEN, MIN_TOKEN, CassandraReader
 from sluice.connectors.cassandra._table import TableInfo, is_sai_class
 
 INTEGERS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}  # bits
+EXTREME_PAGE = 1000  # values per query of a search for a range's greatest or least value
+COUNT_CHEAPLY = 10_000  # records behind are counted up to this many (the values are fetched), unknown beyond
 _EPOCH = dt.datetime(1970, 1, 1)
 _MIN_TIME = dt.datetime(1, 1, 1)
 
@@ -100,10 +103,9 @@ class TrackingCql:
             return int(found)
         return (found - _EPOCH) // dt.timedelta(microseconds=1)
 
-    def range(self, after: TrackingPosition, upto: TrackingPosition) -> tuple[str, list[Any]]:
-        """The condition for the rows in (after, upto] and its values; `upto`'s whole group is in, and `after`'s
-        when it is a start value (key None)."""
-        assert upto.value is not None
+    def range(self, after: TrackingPosition, upto: TrackingPosition | None) -> tuple[str, list[Any]]:
+        """The condition for the rows in (after, upto] (upto None: no bound above) and its values; `upto`'s whole
+        group is in, and `after`'s when it is a start value (key None)."""
         c = self.column
         if after.value is None:
             clauses, values = [], []
@@ -112,7 +114,11 @@ class TrackingCql:
         else:
             assert not after.key, "positions of a Cassandra stream take whole groups"
             clauses, values = [f"{c} > ?"], [self.bound(after.value)]
-        return " AND ".join([*clauses, f"{c} <= ?"]), [*values, self.bound(upto.value)]
+        if upto is not None and upto.value is not None:
+            clauses, values = [*clauses, f"{c} <= ?"], [*values, self.bound(upto.value)]
+        elif not clauses:  # an SAI query needs a restriction: every value
+            clauses, values = [f"{c} >= ?"], [self.lowest]
+        return " AND ".join(clauses), values
 
     def rows(self, query: str, values: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Run `query` on the driver; after a lost connection (a restarted node) once more on a new session."""
@@ -134,48 +140,80 @@ class TrackingCql:
 
 
 class CassandraTrackingEnumerator(TrackingEnumerator):
-    """Driver side: the head and the ends of capped ranges, by aggregates over the SAI range."""
+    """Driver side: the head and the ends of capped ranges, by SAI queries that fetch the tracking column only and
+    stop early (LIMIT), never by aggregates (an SAI aggregate reads every matching row, and over a table's backlog
+    outlives the request timeout)."""
 
-    def __init__(self, cql: TrackingCql, column: str) -> None:
+    def __init__(self, cql: TrackingCql, column: str, pieces: int) -> None:
         self.cql, self.column, self.kind = cql, column, cql.kind
+        self.slices = pieces
         self._head: TrackingPosition | None = None  # the greatest value seen: the next head is searched above it
 
-    def _aggregate(self, what: str, condition: str, values: Sequence[Any]) -> Any:
-        return self.cql.rows(f"SELECT {what} FROM {self.cql.conn.target} WHERE {condition}", values)[0][0]
+    def pieces(self, split: Split) -> list[Split]:
+        """A micro-batch's range is read in `partitions` slices of the token ring, one task each."""
+        step = (MAX_TOKEN - MIN_TOKEN) // self.slices
+        bounds = [MIN_TOKEN + i * step for i in range(self.slices)] + [MAX_TOKEN]
+        return [Split(split.split_id, {"lo": lo, "hi": hi}) for lo, hi in itertools.pairwise(bounds)]
+
+    def _values(self, condition: str, values: Sequence[Any], limit: int) -> list[int]:
+        found = self.cql.rows(f"SELECT {self.cql.column} FROM {self.cql.conn.target} WHERE {condition} "
+                              f"LIMIT {int(limit)}", values)
+        return [self.cql.number(row[0]) for row in found if row[0] is not None]
+
+    def _extreme(self, after: TrackingPosition, upto: TrackingPosition | None, greatest: bool) -> int | None:
+        """The greatest (or least) value in (after, upto] (upto None: no bound above): SAI returns rows in token
+        order, not by value, so each query takes up to EXTREME_PAGE values and the next one looks beyond the best
+        of them; with values unrelated to tokens, a few queries."""
+        best: int | None = None
+        while True:
+            if best is None:
+                low, high = after, upto
+            elif greatest:
+                low, high = TrackingPosition(best, ()), upto
+            else:
+                low, high = after, TrackingPosition(best - 1, ())
+            found = self._values(*self.cql.range(low, high), EXTREME_PAGE)
+            if not found:
+                return best
+            best = max(found) if greatest else min(found)
 
     def heads(self, splits: Sequence[Split]) -> dict[str, TrackingPosition]:
-        c = self.cql.column
-        if self._head is None or self._head.value is None:
-            found = self._aggregate(f"max({c})", f"{c} >= ?", [self.cql.lowest])
-        else:
-            found = self._aggregate(f"max({c})", f"{c} > ?", [self.cql.bound(self._head.value)])
-        if found is not None:
-            self._head = TrackingPosition(self.cql.number(found), ())
+        value = self._extreme(self._head or TrackingPosition(), None, greatest=True)
+        if value is not None:
+            self._head = TrackingPosition(value, ())
         head = self._head or TrackingPosition()
         return {split.split_id: head for split in splits}
 
-    def _count(self, after: TrackingPosition, upto: TrackingPosition) -> int:
-        return int(self._aggregate("count(*)", *self.cql.range(after, upto)))
+    def _count(self, after: TrackingPosition, upto: TrackingPosition, most: int) -> int:
+        """Rows in (after, upto], counted up to `most` + 1."""
+        return len(self._values(*self.cql.range(after, upto), most + 1))
 
     def _last(self, after: TrackingPosition, upto: TrackingPosition) -> TrackingPosition | None:
-        found = self._aggregate(f"max({self.cql.column})", *self.cql.range(after, upto))
-        return None if found is None else TrackingPosition(self.cql.number(found), ())
+        if upto.value is None or after == upto:
+            return None
+        if self._values(f"{self.cql.column} = ?", [self.cql.bound(upto.value)], 1) and (
+                after.value is None or upto.value > after.value or after.key is None):
+            return upto  # the range's end has a row (a settled head, usually): the last row
+        value = self._extreme(after, upto, greatest=True)
+        return None if value is None else TrackingPosition(value, ())
 
     def end_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
                    rows: int | None) -> TrackingPosition | None:
         """Without a cap, the greatest value in the range. With one: the greatest value v with at most `rows` rows
-        in (after, v], found by bisecting the values with counts (no ORDER BY on an SAI column), stopping once
-        the range holds at least half the cap; the first group alone when it is over the cap."""
-        if not rows or self._count(after, upto) <= rows:
+        in (after, v], found by bisecting the values with counts of at most `rows` + 1 rows (no ORDER BY on an SAI
+        column), stopping once the range holds at least half the cap; the first group alone when it is over the
+        cap."""
+        if not rows or self._count(after, upto, rows) <= rows:
             return self._last(after, upto)
         assert upto.value is not None
-        first = self._aggregate(f"min({self.cql.column})", *self.cql.range(after, upto))
-        low, high = self.cql.number(first), upto.value  # the first group is in (the cap never cuts it)
-        if self._count(after, TrackingPosition(low, ())) >= rows:
+        first = self._extreme(after, upto, greatest=False)
+        assert first is not None
+        low, high = first, upto.value  # the first group is in (the cap never cuts it)
+        if self._count(after, TrackingPosition(low, ()), rows) >= rows:
             return TrackingPosition(low, ())
         while high - low > 1:  # count(after, low] < rows < count(after, high]
             middle = low + (high - low) // 2
-            count = self._count(after, TrackingPosition(middle, ()))
+            count = self._count(after, TrackingPosition(middle, ()), rows)
             if count > rows:
                 high = middle
             else:
@@ -185,7 +223,11 @@ class CassandraTrackingEnumerator(TrackingEnumerator):
         return self._last(after, TrackingPosition(low, ()))
 
     def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition, most: int) -> int | None:
-        return self._count(after, upto)
+        """Rows behind, when there are at most COUNT_CHEAPLY (fetched: SAI counts by reading); None beyond."""
+        if upto.value is None:
+            return 0
+        count = self._count(after, upto, min(most, COUNT_CHEAPLY))
+        return None if count > min(most, COUNT_CHEAPLY) else count
 
 
 class CassandraTrackingReader(TrackingReader):
@@ -198,4 +240,6 @@ class CassandraTrackingReader(TrackingReader):
 
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[Any]:
         condition, values = self.cql.range(after, upto)
-        yield from self.rows.batches(f"{self.rows.select_columns()} WHERE {condition}", values)
+        token = f"token({', '.join(quote_ident(c) for c in self.rows.info.partition_key)})"
+        yield from self.rows.batches(f"{self.rows.select_columns()} WHERE {token} > ? AND {token} <= ? AND "
+                                     f"{condition}", [split.info["lo"], split.info["hi"], *values])
