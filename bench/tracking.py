@@ -6,12 +6,12 @@ Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--store p
 [--rate 1000] [--seconds 20]`.
 - throughput (best of --rounds, alternating): N rows of (id, at timestamp, payload text); the batch read
   (format(store), PostgreSQL: its default splits; Cassandra: partitions=2, as its size estimates lag a fresh load)
-  and the stream (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch, tasks of
-  tracking.rows-per-task rows) both into Spark's noop sink; rows/s of each. PostgreSQL: id bigint identity primary
-  key, `at` clock_timestamp(), an index (at, id). Cassandra: id int primary key, `at` one millisecond apart per row
-  (loaded by the driver, 256 writes in flight), an SAI index on `at`;
+  and the stream (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch; PostgreSQL: tasks of
+  tracking.rows-per-task rows; Cassandra: partitions=2 token slices) both into Spark's noop sink; rows/s of each.
+  PostgreSQL: id bigint identity primary key, `at` clock_timestamp(), an index (at, id). Cassandra: id int primary
+  key, `at` one millisecond apart per row (loaded by the driver in UNLOGGED batches), an SAI index on `at`;
 - freshness: one writer writes `--rate` rows/s (rate/20 rows every 50 ms; PostgreSQL: one transaction, `at` =
-  clock_timestamp(); Cassandra: concurrent INSERTs, `at` = toTimestamp(now()), the node's clock) for `--seconds`;
+  clock_timestamp(); Cassandra: UNLOGGED batches, `at` = toTimestamp(now()), the node's clock) for `--seconds`;
   the stream (default trigger) hands each micro-batch to foreachBatch, which notes now - at of every row: p50/p99
   per lag window (0: the naive poller's floor; 1,000 ms).
 """
@@ -35,7 +35,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 class PostgresStore:
     name = "postgres"
+    tasks = "tasks of 250,000 rows"
     batch_options: dict[str, str] = {}
+    stream_options: dict[str, str] = {}
 
     def __init__(self, stack: contextlib.ExitStack) -> None:
         from sluice.testing import LocalPostgres
@@ -68,7 +70,9 @@ class PostgresStore:
 
 class CassandraStore:
     name = "cassandra"
+    tasks = "2 token slices"
     batch_options = {"partitions": "2"}
+    stream_options = {"partitions": "2"}  # a micro-batch read in 2 token slices
 
     def __init__(self, stack: contextlib.ExitStack) -> None:
         from sluice.testing import LocalCassandra
@@ -91,31 +95,36 @@ class CassandraStore:
     def bulk(self, table: str, rows: int) -> None:
         import datetime as dt
 
-        from cassandra.concurrent import execute_concurrent_with_args
-
         self._table(table)
-        insert = self.session.prepare(f"INSERT INTO bench.{table} (id, at, payload) VALUES (?, ?, ?)")
         base = dt.datetime(2026, 1, 1)
-        for first in range(0, rows, 10_000):
-            values = [(i, base + dt.timedelta(milliseconds=i), "x" * 40)
-                      for i in range(first, min(rows, first + 10_000))]
-            execute_concurrent_with_args(self.session, insert, values, concurrency=256, raise_on_first_error=True)
+        self._batches(f"INSERT INTO bench.{table} (id, at, payload) VALUES (?, ?, ?)",
+                      [(i, base + dt.timedelta(milliseconds=i), "x" * 40) for i in range(rows)])
+
+    def _batches(self, insert: str, rows: list[tuple]) -> None:
+        """UNLOGGED batches of 40 rows (under the 5 KiB warning), 32 in flight."""
+        from cassandra.concurrent import execute_concurrent
+        from cassandra.query import BatchStatement, BatchType
+
+        prepared = self.session.prepare(insert)
+        batches = []
+        for first in range(0, len(rows), 40):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for row in rows[first:first + 40]:
+                batch.add(prepared, row)
+            batches.append((batch, ()))
+        execute_concurrent(self.session, batches, concurrency=32, raise_on_first_error=True)
 
     def fresh(self, table: str) -> None:
         self._table(table)
 
     @contextlib.contextmanager
     def writer(self, table: str) -> Iterator[Callable[[int], None]]:
-        """A function that writes n rows (concurrent INSERTs), `at` the node's clock at each row's write."""
-        from cassandra.concurrent import execute_concurrent_with_args
-
-        insert = self.session.prepare(f"INSERT INTO bench.{table} (id, at, payload) "
-                                      "VALUES (?, toTimestamp(now()), 'p')")
+        """A function that writes n rows (UNLOGGED batches), `at` the node's clock at each row's write."""
 
         def write(n: int) -> None:
-            values = [(self._ids + i,) for i in range(n)]
+            self._batches(f"INSERT INTO bench.{table} (id, at, payload) VALUES (?, toTimestamp(now()), 'p')",
+                          [(self._ids + i,) for i in range(n)])
             self._ids += n
-            execute_concurrent_with_args(self.session, insert, values, concurrency=64, raise_on_first_error=True)
 
         yield write
 
@@ -150,7 +159,8 @@ def main() -> None:
 
         def stream() -> float:
             started = time.perf_counter()
-            query = (spark.readStream.format(store.name).options(**opts).option("tracking.column", "at")
+            query = (spark.readStream.format(store.name).options(**opts, **store.stream_options)
+                     .option("tracking.column", "at")
                      .option("tracking.lag-window-ms", "0").load().writeStream.format("noop")
                      .trigger(availableNow=True).start())
             query.awaitTermination()
@@ -163,7 +173,7 @@ def main() -> None:
             runs["stream"].append(stream())
         batch_s, stream_s = min(runs["batch"]), min(runs["stream"])
         print(f"{store.name}: throughput, {args.rows:,} rows, best of {args.rounds} (all: {runs}): batch read "
-              f"{args.rows / batch_s:,.0f} rows/s ({batch_s:.1f} s), stream (AvailableNow, tasks of 250,000 rows) "
+              f"{args.rows / batch_s:,.0f} rows/s ({batch_s:.1f} s), stream (AvailableNow, {store.tasks}) "
               f"{args.rows / stream_s:,.0f} rows/s ({stream_s:.1f} s, the first planning included)")
 
         for window in (int(w) for w in args.windows.split(",")):

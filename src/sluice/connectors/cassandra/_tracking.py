@@ -12,11 +12,13 @@ timestamp), as ClickHouse's stream without a tie-breaker does. The primary key w
 but with neither ORDER BY nor tuple comparisons across partitions, cutting a group by it would mean reading the
 group whole into the driver every time; whole groups cost only a cap that is exceeded by one group.
 
-Heads, capped ends and counts are server-side aggregates over the SAI range (`max(col)`, `count(*)`: the node reads
-the matching rows, only their count or maximum comes back): the head is `max(col)` over the rows above the last
-head seen (a scan of the whole column at the query's first planning only), a capped end is found by bisecting the
-value range with counts (a few counts of ranges no wider than the micro-batch). A table is one split; a micro-batch
-is read by tasks of about `tracking.rows-per-task` rows, cut at values.
+No aggregate finds positions: an SAI `max()` or `count(*)` reads every matching row on the node, and over a
+backlog outlives the request timeout. The head is found by queries of the tracking column alone that stop early
+(`LIMIT`), each looking above the greatest value the previous one returned (rows come in token order, unrelated to
+the value: a few queries); a capped end by bisecting the values with counts of at most cap + 1 fetched values.
+Reads are at LOCAL_QUORUM unless `read.consistency` is set (a row the head query saw on one replica must not be
+missed by the range's read on another). A table is one split; a micro-batch is read in `partitions` slices of the
+token ring (`pieces`), a task each.
 """
 
 from __future__ import annotations
