@@ -107,6 +107,12 @@ def test_a_cap_takes_whole_groups_a_restarted_reader_goes_on_and_starts_now_or_a
     valued, _ = stream(cass, t, **options, **{"tracking.start": "3"})
     _, read, _ = drain(valued, valued.initialOffset(), schema, until=lambda read: read.num_rows >= 7)
     assert sorted(ids(read)) == [15, 16, 17, 18, 19, 20, 21], "start at 3: the rows of seq >= 3"
+    ahead, _ = stream(cass, t, **options, **{"tracking.start": "100"})  # above every value yet
+    at, read, _ = drain(ahead, ahead.initialOffset(), schema, until=lambda read: True)
+    assert read.num_rows == 0 and at["splits"]["all"] == {"value": 100, "key": None}, "the start holds"
+    insert(cass, t, [(22, 100), (23, 99)])
+    _, read, _ = drain(ahead, at, schema, until=lambda read: read.num_rows >= 1)
+    assert ids(read) == [22], "start at 100: seq 100 and not 99"
 
 
 def test_a_capped_end_is_bisected_by_counts_and_a_micro_batch_is_read_in_token_slices(cass):

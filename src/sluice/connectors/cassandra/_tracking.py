@@ -193,8 +193,8 @@ class CassandraTrackingEnumerator(TrackingEnumerator):
     def _last(self, after: TrackingPosition, upto: TrackingPosition) -> TrackingPosition | None:
         if upto.value is None or after == upto:
             return None
-        if self._values(f"{self.cql.column} = ?", [self.cql.bound(upto.value)], 1) and (
-                after.value is None or upto.value > after.value or after.key is None):
+        inside = after.value is None or upto.value > after.value or (after.key is None and upto.value == after.value)
+        if inside and self._values(f"{self.cql.column} = ?", [self.cql.bound(upto.value)], 1):
             return upto  # the range's end has a row (a settled head, usually): the last row
         value = self._extreme(after, upto, greatest=True)
         return None if value is None else TrackingPosition(value, ())
@@ -209,7 +209,8 @@ class CassandraTrackingEnumerator(TrackingEnumerator):
             return self._last(after, upto)
         assert upto.value is not None
         first = self._extreme(after, upto, greatest=False)
-        assert first is not None
+        if first is None:  # deleted since it was counted
+            return self._last(after, upto)
         low, high = first, upto.value  # the first group is in (the cap never cuts it)
         if self._count(after, TrackingPosition(low, ()), rows) >= rows:
             return TrackingPosition(low, ())
