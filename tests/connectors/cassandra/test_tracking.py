@@ -159,6 +159,31 @@ def test_bad_tracking_columns_are_refused_before_the_query_starts_naming_the_col
         CassandraDataSource(cass.opts(t, **{"tracking.column": "n", "tracking.rows-per-task": "9"})).streamReader(None)
 
 
+def test_a_stream_reports_records_and_time_behind_and_the_fetch_event_time_lag(cass):
+    import datetime as dt
+
+    import sluice.metrics
+
+    t = tracked(cass, "id int PRIMARY KEY, at timestamp", "at")
+    insert_at = cass.session.prepare(f"INSERT INTO sluice.{t} (id, at) VALUES (?, ?)")
+    for i in range(1, 31):  # a second apart, the last 30 s after the first
+        cass.session.execute(insert_at, (i, dt.datetime(2026, 1, 1) + dt.timedelta(seconds=i)))
+    with sluice.metrics.serve() as server:
+        reader, schema = stream(cass, t, **{"tracking.column": "at", "tracking.lag-window-ms": "0"})
+        end, read, _ = drain(reader, reader.initialOffset(), schema, until=lambda read: read.num_rows > 0,
+                             limit=ReadMaxRows(10))
+        n = read.num_rows
+        assert 5 <= n <= 10 and sorted(ids(read)) == list(range(1, n + 1)), "a capped end: at least half the cap"
+        reader.commit(end)  # as Spark does once the micro-batch is written
+        report = [r for r in server.sources.snapshot() if r.format == "cassandra"][-1]
+        assert (report.pending_records, report.time_behind_ms) == (30 - n, (30 - n) * 1000.0)
+        assert [(s.split, s.pending_records) for s in report.splits] == [("all", 30 - n)]
+        assert server.reads.wait_for(lambda snapshot: snapshot.get("cassandra", {}).get("records") == n, 30), \
+            "the read task's report did not come within 30 s"
+        assert server.reads.snapshot()["cassandra"]["event_lag_ms"] >= 30_000, "now minus 2026-01-01 and more"
+        reader.stop()
+
+
 def test_a_node_restart_between_micro_batches_loses_and_repeats_nothing(cass):
     t = tracked(cass)
     insert(cass, t, [(i, i) for i in range(10)])
