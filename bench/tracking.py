@@ -1,35 +1,145 @@
-"""Streaming reads by a tracking column (docs/tracking.md), PostgreSQL: throughput against the batch read of the same
-rows, and freshness from commit to arrival at a writer-controlled rate. One run, one throwaway server (LocalPostgres).
+"""Streaming reads by a tracking column (docs/tracking.md): throughput against the batch read of the same rows, and
+freshness from commit to arrival at a writer-controlled rate. One run, one throwaway server (LocalPostgres, or
+LocalCassandra with --store cassandra; HBase's, by cell timestamps, in _tracking_hbase.py).
 
-Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--store postgres|hbase] [--rows 300000]
-[--rate 1000] [--seconds 20]`. PostgreSQL's below; HBase's (by cell timestamps) in _tracking_hbase.py.
-- throughput (best of --rounds, alternating): N rows of (id bigint identity primary key, at timestamptz, payload
-  text) with an index (at, id); the batch read (format("postgres"), its default splits) and the stream
-  (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch, tasks of tracking.rows-per-task rows) both
-  into Spark's noop sink; rows/s of each;
-- freshness: one writer commits `--rate` rows/s (a transaction of rate/20 rows every 50 ms, `at` =
-  clock_timestamp()) for `--seconds`; the stream (default trigger) hands each micro-batch to foreachBatch, which
-  notes now - at of every row: p50/p99 per lag window (0: the naive poller's floor; 1,000 ms).
+Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--store postgres|cassandra|hbase]
+[--rows 300000] [--rate 1000] [--seconds 20]`.
+- throughput (best of --rounds, alternating): N rows of (id, at timestamp, payload text); the batch read
+  (format(store), PostgreSQL: its default splits; Cassandra: partitions=2, as its size estimates lag a fresh load)
+  and the stream (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch; PostgreSQL: tasks of
+  tracking.rows-per-task rows; Cassandra: partitions=2 token slices) both into Spark's noop sink; rows/s of each.
+  PostgreSQL: id bigint identity primary key, `at` clock_timestamp(), an index (at, id). Cassandra: id int primary
+  key, `at` one millisecond apart per row (loaded by the driver in UNLOGGED batches), an SAI index on `at`;
+- freshness: one writer writes `--rate` rows/s (rate/20 rows every 50 ms; PostgreSQL: one transaction, `at` =
+  clock_timestamp(); Cassandra: UNLOGGED batches, `at` = toTimestamp(now()), the node's clock) for `--seconds`;
+  the stream (default trigger) hands each micro-batch to foreachBatch, which notes now - at of every row: p50/p99
+  per lag window (0: the naive poller's floor; 1,000 ms).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
+
+# This script's own folder comes first on sys.path, where bench/cassandra.py would shadow the driver's `cassandra`.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+
+class PostgresStore:
+    name = "postgres"
+    tasks = "tasks of 250,000 rows"
+    batch_options: dict[str, str] = {}
+    stream_options: dict[str, str] = {}
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        from sluice.testing import LocalPostgres
+
+        self.url = stack.enter_context(LocalPostgres()).url
+
+    def options(self, table: str) -> dict[str, str]:
+        return {"url": self.url, "table": table}
+
+    def bulk(self, table: str, rows: int) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                         "at timestamptz NOT NULL DEFAULT clock_timestamp(), payload text)")
+            conn.execute(f"INSERT INTO {table} (payload) SELECT repeat('x', 40) FROM generate_series(1, {rows})")
+            conn.execute(f"CREATE INDEX ON {table} (at, id)")
+            conn.execute(f"ANALYZE {table}")
+
+    def fresh(self, table: str) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                         "at timestamptz NOT NULL DEFAULT clock_timestamp(), payload text)")
+            conn.execute(f"CREATE INDEX ON {table} (at, id)")
+
+    @contextlib.contextmanager
+    def writer(self, table: str) -> Iterator[Callable[[int], None]]:
+        """A function that writes n rows (one transaction), `at` the moment of each row's insert."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            yield lambda n: conn.execute(f"INSERT INTO {table} (payload) SELECT 'p' FROM generate_series(1, {n})")
+
+
+class CassandraStore:
+    name = "cassandra"
+    tasks = "2 token slices"
+    batch_options = {"partitions": "2"}
+    stream_options = {"partitions": "2"}  # a micro-batch read in 2 token slices
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        from sluice.testing import LocalCassandra
+
+        self.server = stack.enter_context(LocalCassandra(full_jit=True, cluster_name="sluice-bench"))
+        self.cluster = self.server.cluster()
+        stack.callback(self.cluster.shutdown)
+        self.session = self.cluster.connect()
+        self.session.execute("CREATE KEYSPACE bench WITH replication = "
+                             "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+        self._ids = 0
+
+    def options(self, table: str) -> dict[str, str]:
+        return {"host": self.server.host, "port": str(self.server.port), "keyspace": "bench", "table": table}
+
+    def _table(self, table: str) -> None:
+        self.session.execute(f"CREATE TABLE bench.{table} (id int PRIMARY KEY, at timestamp, payload text)")
+        self.session.execute(f"CREATE INDEX ON bench.{table} (at) USING 'sai'")
+
+    def bulk(self, table: str, rows: int) -> None:
+        import datetime as dt
+
+        self._table(table)
+        base = dt.datetime(2026, 1, 1)
+        self._batches(f"INSERT INTO bench.{table} (id, at, payload) VALUES (?, ?, ?)",
+                      [(i, base + dt.timedelta(milliseconds=i), "x" * 40) for i in range(rows)])
+
+    def _batches(self, insert: str, rows: list[tuple]) -> None:
+        """UNLOGGED batches of 40 rows (under the 5 KiB warning), 32 in flight."""
+        from cassandra.concurrent import execute_concurrent
+        from cassandra.query import BatchStatement, BatchType
+
+        prepared = self.session.prepare(insert)
+        batches = []
+        for first in range(0, len(rows), 40):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for row in rows[first:first + 40]:
+                batch.add(prepared, row)
+            batches.append((batch, ()))
+        execute_concurrent(self.session, batches, concurrency=32, raise_on_first_error=True)
+
+    def fresh(self, table: str) -> None:
+        self._table(table)
+
+    @contextlib.contextmanager
+    def writer(self, table: str) -> Iterator[Callable[[int], None]]:
+        """A function that writes n rows (UNLOGGED batches), `at` the node's clock at each row's write."""
+
+        def write(n: int) -> None:
+            self._batches(f"INSERT INTO bench.{table} (id, at, payload) VALUES (?, toTimestamp(now()), 'p')",
+                          [(self._ids + i,) for i in range(n)])
+            self._ids += n
+
+        yield write
+
+
+STORES = {"postgres": PostgresStore, "cassandra": CassandraStore}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--store", choices=sorted([*STORES, "hbase"]), default="postgres")
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--windows", default="0,1000")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--store", choices=("postgres", "hbase"), default="postgres")
     args = parser.parse_args()
     if args.store == "hbase":
         import _tracking_hbase
@@ -38,28 +148,24 @@ def main() -> None:
         return
 
     import sluice
-    from sluice.testing import LocalPostgres
 
     print(f"load average at start: {os.getloadavg()}")
-    with LocalPostgres() as server:
+    with contextlib.ExitStack() as stack:
+        store = STORES[args.store](stack)
         spark = sluice.session("bench-tracking", master="local[2]")
-        url = server.url
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE bulk (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
-                         "at timestamptz NOT NULL DEFAULT clock_timestamp(), payload text)")
-            conn.execute(f"INSERT INTO bulk (payload) SELECT repeat('x', 40) FROM generate_series(1, {args.rows})")
-            conn.execute("CREATE INDEX ON bulk (at, id)")
-            conn.execute("ANALYZE bulk")
-        opts = {"url": url, "table": "bulk"}
+        store.bulk("bulk", args.rows)
+        opts = store.options("bulk")
 
         def batch() -> float:
             started = time.perf_counter()
-            spark.read.format("postgres").options(**opts).load().write.format("noop").mode("overwrite").save()
+            (spark.read.format(store.name).options(**opts, **store.batch_options).load()
+             .write.format("noop").mode("overwrite").save())
             return time.perf_counter() - started
 
         def stream() -> float:
             started = time.perf_counter()
-            query = (spark.readStream.format("postgres").options(**opts).option("tracking.column", "at")
+            query = (spark.readStream.format(store.name).options(**opts, **store.stream_options)
+                     .option("tracking.column", "at")
                      .option("tracking.lag-window-ms", "0").load().writeStream.format("noop")
                      .trigger(availableNow=True).start())
             query.awaitTermination()
@@ -71,24 +177,21 @@ def main() -> None:
             runs["batch"].append(batch())
             runs["stream"].append(stream())
         batch_s, stream_s = min(runs["batch"]), min(runs["stream"])
-        print(f"throughput, {args.rows:,} rows, best of {args.rounds} (all: {runs}): batch read "
-              f"{args.rows / batch_s:,.0f} rows/s ({batch_s:.1f} s), stream (AvailableNow, tasks of 250,000 rows) "
+        print(f"{store.name}: throughput, {args.rows:,} rows, best of {args.rounds} (all: {runs}): batch read "
+              f"{args.rows / batch_s:,.0f} rows/s ({batch_s:.1f} s), stream (AvailableNow, {store.tasks}) "
               f"{args.rows / stream_s:,.0f} rows/s ({stream_s:.1f} s, the first planning included)")
 
         for window in (int(w) for w in args.windows.split(",")):
-            p50, p99, count = freshness(spark, url, window, args.rate, args.seconds)
+            p50, p99, count = freshness(spark, store, window, args.rate, args.seconds)
             print(f"freshness at {args.rate:,} rows/s for {args.seconds} s, lag window {window} ms: "
                   f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms ({count:,} rows)")
         print(f"load average at end: {os.getloadavg()}")
         spark.stop()
 
 
-def freshness(spark, url: str, window_ms: int, rate: int, seconds: int) -> tuple[float, float, int]:
+def freshness(spark, store, window_ms: int, rate: int, seconds: int) -> tuple[float, float, int]:
     table = f"fresh_{window_ms}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
-                     "at timestamptz NOT NULL DEFAULT clock_timestamp(), payload text)")
-        conn.execute(f"CREATE INDEX ON {table} (at, id)")
+    store.fresh(table)
     lags: list[float] = []
 
     def arrived(frame, _batch_id: int) -> None:
@@ -96,7 +199,7 @@ def freshness(spark, url: str, window_ms: int, rate: int, seconds: int) -> tuple
         for (at,) in frame.select("at").collect():
             lags.append((now - at.timestamp()) * 1000)
 
-    query = (spark.readStream.format("postgres").options(url=url, table=table).option("tracking.column", "at")
+    query = (spark.readStream.format(store.name).options(**store.options(table)).option("tracking.column", "at")
              .option("tracking.lag-window-ms", str(window_ms)).load().writeStream.foreachBatch(arrived).start())
     stop = threading.Event()
     per_tick = max(1, rate // 20)
@@ -104,10 +207,10 @@ def freshness(spark, url: str, window_ms: int, rate: int, seconds: int) -> tuple
 
     def write() -> None:
         nonlocal written
-        with psycopg.connect(url, autocommit=True) as conn:
+        with store.writer(table) as insert:
             tick = time.monotonic()
             while not stop.is_set():
-                conn.execute(f"INSERT INTO {table} (payload) SELECT 'p' FROM generate_series(1, {per_tick})")
+                insert(per_tick)
                 written += per_tick
                 tick += 0.05
                 time.sleep(max(0.0, tick - time.monotonic()))

@@ -1,11 +1,21 @@
 """The tracking-column stream's own parts, without a store: its offset's JSON and refusals, start values, and the
-lag window's choice of the head to read to (on a clock the test moves)."""
+lag window's choice of the head to read to (on a clock the test moves), a range's tasks."""
 
 import pytest
 
 from sluice import OptionError
 from sluice._errors import SluiceError
-from sluice.source._tracking import BEGINNING, LagWindow, TrackingOffset, TrackingPosition, parse_value
+from sluice.source._framework import Split
+from sluice.source._tracking import (
+    BEGINNING,
+    LagWindow,
+    TrackingEnumerator,
+    TrackingOffset,
+    TrackingPosition,
+    TrackingStreamReader,
+    parse_value,
+)
+from sluice.source._tracking_options import TrackingSettings
 
 
 def test_the_offset_round_trips_as_versioned_json_and_refuses_another_version_or_column():
@@ -57,36 +67,35 @@ def test_the_window_reads_to_the_newest_head_seen_at_least_a_window_ago():
     assert no_window.settled("all") == first, "window 0: the head just seen (the naive poller)"
 
 
-def test_a_range_is_read_in_one_task_per_piece_of_its_split_the_offset_one_position():
-    """An enumerator whose split is served by several servers (HBase's regions) gives its pieces when a micro-batch
-    is planned: each cut of the range becomes one partition per piece; the default is the split whole."""
-    from sluice.source._framework import Split
-    from sluice.source._tracking import TrackingEnumerator, TrackingStreamReader
-    from sluice.source._tracking_options import TrackingSettings
+class Listed(TrackingEnumerator):
+    """An in-process enumerator over a list of integer values (the mechanism's own test, not a store)."""
 
-    class Pieces(TrackingEnumerator):
-        column, kind = "at", "timestamp"
+    column, kind = "n", "int"
 
-        def __init__(self, pieces):
-            self.given = pieces
+    def __init__(self, values, pieces=1):
+        self.values, self.slices = sorted(values), pieces
 
-        def heads(self, splits):
-            return {s.split_id: TrackingPosition(30, None) for s in splits}
+    def heads(self, splits):
+        return {s.split_id: TrackingPosition(self.values[-1], ()) for s in splits}
 
-        def end_within(self, split, after, upto, rows):
-            return TrackingPosition(20, ("k",)) if rows and after.value is None else upto
+    def end_within(self, split, after, upto, rows):
+        within = [v for v in self.values if (after.value is None or v > after.value) and v <= upto.value]
+        if not within:
+            return None
+        return TrackingPosition(within[min(len(within), rows or len(within)) - 1], ())
 
-        def pieces(self, split):
-            return self.given or super().pieces(split)
+    def pieces(self, split):
+        return [Split(split.split_id, {"piece": i}) for i in range(self.slices)] if self.slices > 1 else [split]
 
-    def planned(pieces, rows_per_task):
-        reader = TrackingStreamReader(Pieces(pieces), None, TrackingSettings("at", 0, "beginning", None,
-                                                                             rows_per_task), source=("x", "t"))
-        end = TrackingOffset("at", "timestamp", {"all": TrackingPosition(30, None)}).to_json()
-        return [(p.split.split_id, p.after.value, p.upto.value)
-                for p in reader.plan_partitions(reader.initialOffset(), end)]
 
-    regions = [Split("r0"), Split("r1")]
-    assert planned(regions, 0) == [("r0", None, 30), ("r1", None, 30)]
-    assert planned(regions, 10) == [("r0", None, 20), ("r1", None, 20), ("r0", 20, 30), ("r1", 20, 30)]
-    assert planned(None, 0) == [("all", None, 30)], "without pieces: the split whole"
+def test_a_range_is_planned_as_a_task_per_cut_and_per_piece_of_the_split_each_with_the_whole_cut():
+    settings = TrackingSettings("n", 0, "beginning", None, rows_per_task=2)
+    plain = TrackingStreamReader(Listed([1, 2, 3, 4, 5]), None, settings, source=("test", "t"))
+    start = plain.initialOffset()
+    end = plain.latestOffset(start, plain.getDefaultReadLimit())
+    assert [(p.after.value, p.upto.value) for p in plain.partitions(start, end)] == [(None, 2), (2, 4), (4, 5)]
+    sliced = TrackingStreamReader(Listed([1, 2, 3, 4, 5], pieces=3), None, settings, source=("test", "t"))
+    parts = sliced.partitions(start, end)
+    assert [(p.split.info["piece"], p.after.value, p.upto.value) for p in parts] == [
+        (piece, after, upto) for after, upto in [(None, 2), (2, 4), (4, 5)] for piece in range(3)]
+    assert {p.split.split_id for p in parts} == {"all"}, "positions stay the split's"

@@ -155,7 +155,8 @@ class TrackingEnumerator(ABC):
     def pieces(self, split: Split) -> list[Split]:
         """The parts of a split that a range is read in, one task each, asked when a micro-batch is planned (default:
         the split whole). A store whose positions are one for a table but whose rows live on several servers (HBase's
-        regions, which split and move) reads each range in one task per part, and its offset stays one position."""
+        regions, which split and move; Cassandra's slices of the token ring) reads each range in one task per part, each
+        task the whole range of its part, and its offset stays one position."""
         return [split]
 
     def count_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,

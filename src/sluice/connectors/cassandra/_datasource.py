@@ -14,7 +14,11 @@ from sluice.connector import (
     SinkConfig,
     SinkDataSource,
     SourceDataSource,
+    TrackingSettings,
+    TrackingStreamReader,
     check_pushdown,
+    refuse_batch_options_in_stream,
+    refuse_tracking_in_batch,
     to_arrow_schema,
 )
 from sluice.connectors.cassandra._client import Connection
@@ -28,7 +32,15 @@ from sluice.connectors.cassandra._source import (
     check_columns,
 )
 from sluice.connectors.cassandra._table import TableInfo, describe
+from sluice.connectors.cassandra._tracking import (
+    CassandraTrackingEnumerator,
+    CassandraTrackingReader,
+    TrackingCql,
+    tracking_kind,
+)
 from sluice.connectors.cassandra._types import spark_type, write_problem
+
+STREAM_CONSISTENCY = "LOCAL_QUORUM"
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: Cassandra has no transactions sluice could commit a write or micro-batch in. Every "
@@ -133,10 +145,13 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
     def schema(self) -> StructType:
         from pyspark.sql.types import StructField
 
-        _, info = self._read_parts()
+        options, info = self._read_parts()
+        if self.read_options()["tracking.column"]:  # a readStream's (a batch read refuses it): checked at load()
+            self._tracking(options, info)
         return StructType([StructField(name, spark_type(kind, name)) for name, kind in info.columns.items()])
 
     def reader(self, schema: StructType) -> CassandraBatchReader:
+        refuse_tracking_in_batch(self.read_options(), self.format_name)
         options, info = self._read_parts()
         conn = options.conn
         check_columns(info, schema.fieldNames(), conn)
@@ -145,6 +160,33 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         enumerator = CassandraEnumerator(conn, options.partitions, options.read_split_size_mb * 1024 * 1024)
         kind = CassandraPushdownReader if options.pushdown else CassandraBatchReader
         return kind(enumerator, reader, None, reads=self.read_observer())
+
+    def _tracking(self, options: ReadOptions, info: TableInfo) -> tuple[TrackingSettings, TrackingCql]:
+        opts = self.read_options()
+        settings = TrackingSettings.of(opts, self.format_name)
+        kind = tracking_kind(info, settings, options.conn.target)
+        # A row the head saw on one replica and the range's read missed on another would be passed for good: the
+        # stream reads at LOCAL_QUORUM unless told (with writes at LOCAL_QUORUM too, every read sees every write).
+        consistency = options.read_consistency if opts.is_set("read.consistency") else STREAM_CONSISTENCY
+        return settings, TrackingCql(options.conn, info, settings.column, kind, consistency)
+
+    def streamReader(self, schema: StructType) -> TrackingStreamReader:
+        """readStream: the rows a tracking column with an SAI index finds (_tracking.py, docs/tracking.md)."""
+        refuse_batch_options_in_stream(self.read_options(), self.format_name, ("read.split-size-mb", "pushdown"))
+        if self.read_options().is_set("tracking.rows-per-task"):
+            raise OptionError("option 'tracking.rows-per-task' does not apply to format('cassandra'): a micro-batch "
+                              "is read in `partitions` slices of the token ring (default 1), not cut by rows "
+                              "(counting them means reading them). Remove it; set partitions instead.")
+        options, info = self._read_parts()
+        settings, cql = self._tracking(options, info)
+        settings = replace(settings, rows_per_task=0)
+        conn = options.conn
+        check_columns(info, schema.fieldNames(), conn)
+        rows = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size, cql.consistency)
+        reads = self.read_observer(event_time=settings.column if cql.kind == "timestamp" else None)
+        return TrackingStreamReader(CassandraTrackingEnumerator(cql, settings.column, options.partitions or 1),
+                                    CassandraTrackingReader(rows, cql), settings,
+                                    source=(self.format_name, f"{conn.keyspace}.{conn.table}"), reads=reads)
 
 
 def _check_special_types(schema: StructType, options: WriteOptions) -> None:

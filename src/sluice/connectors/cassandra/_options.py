@@ -4,7 +4,7 @@ split by token range."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sluice.connector import (
     PARTITION_ORDERED,
@@ -13,6 +13,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     pushdown_option,
+    tracking_options,
 )
 from sluice.connectors.cassandra._client import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, Connection
 
@@ -79,15 +80,28 @@ WRITE_SPEC = SINK_SPEC.extend(
 
 READ_OPTIONS = (
     Option("partitions", "int", None, "Splits (Spark partitions) of a read, as equal ranges of the token ring; "
-           "default: the table's estimated size / read.split-size-mb.", minimum=1, maximum=100_000),
+           "default: the table's estimated size / read.split-size-mb (a readStream: each micro-batch is read in this "
+           "many slices, default 1).", minimum=1, maximum=100_000),
     Option("read.split-size-mb", "int", 64, "Estimated megabytes per split when partitions is not set.", minimum=1),
     Option("read.fetch-size", "int", 5000, "Rows per page of a split's SELECT.", minimum=1, maximum=1_000_000),
-    Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads.", choices=CONSISTENCY_LEVELS),
+    Option("read.consistency", "choice", "LOCAL_ONE", "Consistency level of reads (a readStream's: LOCAL_QUORUM "
+           "unless set, so that with writes at LOCAL_QUORUM it sees every acknowledged write).",
+           choices=CONSISTENCY_LEVELS),
     pushdown_option("the CQL: = or IN on every partition key column, ranges of the first clustering column"),
 )
 
 
-READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+# readStream: a tracking-column stream (docs/tracking.md, _tracking.py), typed by sluice.connector.TrackingSettings.
+STREAM_OPTIONS = tuple(
+    replace(option, meaning="Not for format('cassandra') (refused): a micro-batch is read in `partitions` slices of "
+                            "the token ring, as counting rows would mean reading them.")
+    if option.name == "tracking.rows-per-task" else option
+    for option in tracking_options(
+        "a tinyint, smallint, int, bigint or timestamp column with a storage-attached index (CREATE INDEX ... USING "
+        "'sai', Cassandra 5.0) whose values grow as rows are written (e.g. toTimestamp(now())); a micro-batch takes "
+        "whole groups of one value."))
+
+READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
 
 
 @dataclass(frozen=True)

@@ -110,35 +110,43 @@ class CassandraReader(SplitReader):
         """Whether pushed filters name the partitions to read (no token ranges then)."""
         return any(r.column in self.info.partition_key for r in self.where)
 
-    def select(self) -> str:
+    def select_columns(self) -> str:
+        """SELECT's list and FROM, for the schema's columns."""
         columns = ", ".join(quote_ident(n) for n in self.schema.names) or "COUNT(*)"
+        return f"SELECT {columns} FROM {self.conn.target}"
+
+    def select(self) -> str:
         clauses = [f"{quote_ident(r.column)} {r.op} ?" for r in self.where]
         if not self.keyed:
             token = f"token({', '.join(quote_ident(c) for c in self.info.partition_key)})"
             clauses[:0] = [f"{token} > ?", f"{token} <= ?"]
         # A clustering slice over token ranges filters inside each partition: Cassandra wants it said.
         allow = " ALLOW FILTERING" if self.where and not self.keyed else ""
-        return f"SELECT {columns} FROM {self.conn.target} WHERE {' AND '.join(clauses)}{allow}"
+        return f"{self.select_columns()} WHERE {' AND '.join(clauses)}{allow}"
 
     def bound_values(self, split: Split) -> tuple[Any, ...]:
         tokens = () if self.keyed else (split.info["lo"], split.info["hi"])
         return (*tokens, *(r.value for r in self.where))
 
     def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
+        yield from self.batches(self.select(), self.bound_values(split))
+
+    def batches(self, query: str, values: Sequence[Any]) -> Iterator[pa.RecordBatch]:
+        """The rows of `query` bound to `values`, a record batch per page."""
         from cassandra import ConsistencyLevel
 
         session = self.conn.session()
-        statement = session.prepare(self.select())
+        statement = session.prepare(query)
         statement.consistency_level = ConsistencyLevel.name_to_value[self.consistency]
         statement.fetch_size = self.fetch_size
         kinds: list[CQLType] = [self.info.columns[n] for n in self.schema.names]
-        result = session.execute(statement.bind(self.bound_values(split)), execution_profile=TUPLES)
+        result = session.execute(statement.bind(values), execution_profile=TUPLES)
         while True:
             page = result.current_rows
             if page:
                 columns = list(zip(*page, strict=True))
-                arrays = [arrow_column(list(values), kind, field.type)
-                          for values, kind, field in zip(columns, kinds, self.schema, strict=True)]
+                arrays = [arrow_column(list(cells), kind, field.type)
+                          for cells, kind, field in zip(columns, kinds, self.schema, strict=True)]
                 yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
             if not result.has_more_pages:
                 return

@@ -3,7 +3,7 @@ partition key and clustering columns, from the driver's schema metadata."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.connector import OptionError
@@ -17,6 +17,7 @@ class TableInfo:
     partition_key: tuple[str, ...]
     clustering: tuple[str, ...]
     replication: str  # for messages: the keyspace's replication strategy
+    indexes: dict[str, str] = field(default_factory=dict)  # indexed column -> index class (sai, a class name)
 
     @property
     def primary_key(self) -> tuple[str, ...]:
@@ -73,4 +74,22 @@ def describe(conn: Connection) -> TableInfo:
 
     columns = {name: parse(column.cql_type, user_type) for name, column in table.columns.items()}
     return TableInfo(columns, tuple(c.name for c in table.partition_key), tuple(c.name for c in table.clustering_key),
-                     str(keyspace.replication_strategy.export_for_schema()))
+                     str(keyspace.replication_strategy.export_for_schema()), _indexes(table))
+
+
+def _indexes(table: Any) -> dict[str, str]:
+    """The table's indexes on whole columns, by column: a custom index's class (`sai` as CREATE INDEX ... USING
+    'sai' keeps it), `legacy` for Cassandra's original secondary index."""
+    out: dict[str, str] = {}
+    for index in table.indexes.values():
+        target = index.index_options.get("target", "").strip('"')
+        if target and "(" not in target:  # keys(m), values(m), entries(m), full(f): not the column's values
+            found = index.index_options.get("class_name", "legacy")
+            if out.get(target) is None or is_sai_class(found):
+                out[target] = found
+    return out
+
+
+def is_sai_class(index_class: str) -> bool:
+    """Whether an index's class (its CREATE INDEX ... USING, as the schema keeps it) is a storage-attached index."""
+    return index_class.lower() in ("sai", "storageattachedindex") or index_class.endswith(".StorageAttachedIndex")
