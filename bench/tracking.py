@@ -2,6 +2,7 @@
 rows, and freshness from commit to arrival at a writer-controlled rate. One run, one throwaway server (LocalPostgres).
 
 Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--rows 300000] [--rate 1000] [--seconds 20]`.
+`--store opensearch` runs the same measures on an OpenSearch node (bench/_tracking_search.py; default --rows 200000).
 - throughput (best of --rounds, alternating): N rows of (id bigint identity primary key, at timestamptz, payload
   text) with an index (at, id); the batch read (format("postgres"), its default splits) and the stream
   (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch, tasks of tracking.rows-per-task rows) both
@@ -23,12 +24,21 @@ import psycopg
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--store", choices=("postgres", "opensearch"), default="postgres")
+    parser.add_argument("--rows", type=int, default=None, help="default: 300,000 (PostgreSQL), 200,000 (OpenSearch)")
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--windows", default="0,1000")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    if args.store == "opensearch":
+        import _tracking_search
+
+        print(f"load average at start: {os.getloadavg()}")
+        _tracking_search.run(argparse.Namespace(**{**vars(args), "rows": args.rows or 200_000}))
+        print(f"load average at end: {os.getloadavg()}")
+        return
+    args.rows = args.rows or 300_000
 
     import sluice
     from sluice.testing import LocalPostgres
