@@ -126,9 +126,13 @@ class SearchPositions:
         same = {"bool": {"filter": [*self._equal(at.value), self._key(key_op, at.key[0])]}}
         return {"bool": {"should": [self._value(strict, at.value), same], "minimum_should_match": 1}}
 
+    def present(self) -> list[dict]:
+        """The documents a stream reads at all: the user's query, and a value in each field of the position."""
+        return [*self.filters, *({"exists": {"field": f}} for f in (self.column, self.key) if f)]
+
     def range(self, after: TrackingPosition, upto: TrackingPosition) -> dict:
         """The documents in (after, upto]."""
-        clauses = [*self.filters, {"exists": {"field": self.column}}]
+        clauses = self.present()
         if after.value is not None:
             if after.key is None:  # a start at a value: every document of it
                 clauses.append(self._value("gte", after.value))
@@ -162,8 +166,7 @@ class SearchTrackingEnumerator(TrackingEnumerator):
         return int(answer["count"])
 
     def heads(self, splits: Sequence[Split]) -> dict[str, TrackingPosition]:
-        exists = {"bool": {"filter": [*self.positions.filters, {"exists": {"field": self.column}}]}}
-        head = self._hit(exists, 1, descending=True) or TrackingPosition()
+        head = self._hit({"bool": {"filter": self.positions.present()}}, 1, descending=True) or TrackingPosition()
         return {split.split_id: head for split in splits}
 
     def end_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
