@@ -172,6 +172,8 @@ class SearchTrackingEnumerator(TrackingEnumerator):
     def end_within(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
                    rows: int | None) -> TrackingPosition | None:
         at, left = after, rows or 0
+        if left and self._count(self.positions.range(after, upto)) <= left:
+            left = 0  # the whole range fits: one count, not a deep search per 10,000 documents
         while left > 0:
             step = min(left, WINDOW)
             end = self._hit(self.positions.range(at, upto), step)
