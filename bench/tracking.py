@@ -4,6 +4,7 @@ LocalCassandra with --store cassandra; HBase's, by cell timestamps, in _tracking
 
 Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--store postgres|cassandra|hbase]
 [--rows 300000] [--rate 1000] [--seconds 20]`.
+`--store opensearch` runs the same measures on an OpenSearch node (bench/_tracking_search.py; default --rows 200000).
 - throughput (best of --rounds, alternating): N rows of (id, at timestamp, payload text); the batch read
   (format(store), PostgreSQL: its default splits; Cassandra: partitions=2, as its size estimates lag a fresh load)
   and the stream (tracking.column=at, window 0, Trigger.AvailableNow: one micro-batch; PostgreSQL: tasks of
@@ -134,13 +135,21 @@ STORES = {"postgres": PostgresStore, "cassandra": CassandraStore}
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--store", choices=sorted([*STORES, "hbase"]), default="postgres")
-    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--store", choices=sorted([*STORES, "hbase", "opensearch"]), default="postgres")
+    parser.add_argument("--rows", type=int, default=None, help="default: 300,000 (200,000 on OpenSearch)")
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--windows", default="0,1000")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    if args.store == "opensearch":
+        import _tracking_search
+
+        print(f"load average at start: {os.getloadavg()}")
+        _tracking_search.run(argparse.Namespace(**{**vars(args), "rows": args.rows or 200_000}))
+        print(f"load average at end: {os.getloadavg()}")
+        return
+    args.rows = args.rows or 300_000
     if args.store == "hbase":
         import _tracking_hbase
 

@@ -14,7 +14,11 @@ from sluice.connector import (
     SinkConfig,
     SinkDataSource,
     SourceDataSource,
+    TrackingSettings,
+    TrackingStreamReader,
     check_pushdown,
+    refuse_batch_options_in_stream,
+    refuse_tracking_in_batch,
 )
 from sluice.connectors.elasticsearch._client import Cluster, Connection
 from sluice.connectors.elasticsearch._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
@@ -22,10 +26,17 @@ from sluice.connectors.elasticsearch._sink import DocPlan, ElasticsearchWritePla
 from sluice.connectors.elasticsearch._source import (
     PitBatchReader,
     PitEnumerator,
+    PitLayout,
     PitPushdownReader,
     SliceReader,
     parse_query,
     spark_schema,
+)
+from sluice.connectors.elasticsearch._tracking import (
+    SearchPositions,
+    SearchTrackingEnumerator,
+    SearchTrackingReader,
+    tracking_kind,
 )
 from sluice.connectors.elasticsearch._types import mapping
 
@@ -85,20 +96,50 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         return options, schema, kinds
 
     def schema(self) -> StructType:
-        return self._read_parts()[1]
+        options, schema, kinds = self._read_parts()
+        if self.read_options()["tracking.column"]:  # a readStream's (a batch read refuses it): checked at load()
+            self._tracking(options, kinds)
+        return schema
 
-    def reader(self, schema: StructType) -> PitBatchReader:
-        options, known, kinds = self._read_parts()
+    def _slice_reader(self, options: ReadOptions, known: StructType, kinds: dict[str, str], schema: StructType,
+                      query: dict | None) -> SliceReader:
         conn = options.conn
         missing = [n for n in schema.fieldNames() if n not in known.fieldNames()]
         if missing:
             raise OptionError(f"column(s) {missing} of the given schema are not fields of index '{conn.index}'; its "
                               f"fields: {known.fieldNames()}.")
-        reader = SliceReader(conn, schema, options.read_page_size, options.read_keep_alive,
-                             parse_query(options.read_query), options.read_metadata, kinds)
+        return SliceReader(conn, schema, options.read_page_size, options.read_keep_alive, query,
+                           options.read_metadata, kinds)
+
+    def reader(self, schema: StructType) -> PitBatchReader:
+        refuse_tracking_in_batch(self.read_options(), self.format_name)
+        options, known, kinds = self._read_parts()
+        conn = options.conn
+        reader = self._slice_reader(options, known, kinds, schema, parse_query(options.read_query))
         kind = PitPushdownReader if options.pushdown else PitBatchReader
         return kind(PitEnumerator(conn, options.partitions, options.read_keep_alive), reader, kinds,
                     self.read_observer())
+
+    def _tracking(self, options: ReadOptions, kinds: dict[str, str]) -> tuple[TrackingSettings, SearchPositions]:
+        opts = self.read_options()
+        settings = TrackingSettings.of(opts, self.format_name)
+        tie_breaker = opts["tracking.tie-breaker"]
+        kind, key_type = tracking_kind(kinds, settings, tie_breaker, options.conn.index)
+        query = parse_query(options.read_query)
+        return settings, SearchPositions(settings.column, kind, tie_breaker, key_type, [query] if query else [])
+
+    def streamReader(self, schema: StructType) -> TrackingStreamReader:
+        """readStream: the documents a tracking field finds (_tracking.py, docs/tracking.md)."""
+        opts = self.read_options()
+        refuse_batch_options_in_stream(opts, self.format_name, ("partitions", "pushdown"))
+        options, known, kinds = self._read_parts()
+        settings, positions = self._tracking(options, kinds)
+        conn = options.conn
+        rows = self._slice_reader(options, known, kinds, schema, None)
+        reads = self.read_observer(event_time=settings.column if positions.kind == "timestamp" else None)
+        return TrackingStreamReader(SearchTrackingEnumerator(conn, positions),
+                                    SearchTrackingReader(rows, positions, PitLayout.of(conn, None)), settings,
+                                    source=(self.format_name, conn.index), reads=reads)
 
 
 def _doc_plan(options: WriteOptions, version_set: bool, schema: StructType) -> DocPlan:

@@ -15,6 +15,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     pushdown_option,
+    tracking_options,
 )
 from sluice.connectors.elasticsearch._client import CONNECTION_OPTIONS, Connection
 
@@ -112,7 +113,17 @@ READ_OPTIONS = (
 )
 
 
-READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS))
+# readStream: a tracking-field stream (docs/tracking.md), typed by sluice.connector.TrackingSettings.
+STREAM_OPTIONS = (
+    *tracking_options("a long/integer/short/byte or date/date_nanos field whose values grow as documents are "
+                      "written (dates compared by the millisecond)"),
+    Option("tracking.tie-breaker", "str", None,
+           "readStream: a keyword or integer field that tells documents of one tracking value apart, so "
+           "max-records-per-trigger can cut between them; none: a micro-batch takes every document of a value."),
+)
+
+
+READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import base64
 import datetime as dt
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -126,6 +127,44 @@ def filter_clause(f: Any, kinds: dict[str, str]) -> dict | None:
     return None
 
 
+@dataclass(frozen=True)
+class PitLayout:
+    """How point-in-time reads of an index are cut and paged: the engine, the slices and the sort that breaks ties
+    (appended to a read's own sort keys). Learnt on the driver, pickled to tasks."""
+
+    opensearch: bool
+    slices: int
+    tiebreak: list[dict]
+
+    @classmethod
+    def of(cls, conn: Connection, partitions: int | None) -> PitLayout:
+        """`partitions`: the slices wanted (default: the primary shards)."""
+        opensearch = Cluster.of(conn).engine == "opensearch"
+        _, settings = conn.request("GET", f"/{conn.index}/_settings", filter_path="*.settings.index.number_of_shards")
+        shards = sum(int(s["settings"]["index"]["number_of_shards"]) for s in settings.values())
+        count = partitions or shards
+        tiebreak: list[dict] = [{"_shard_doc": "asc"}]
+        if opensearch:
+            # OpenSearch 2 has no _shard_doc: _doc, unique within a shard, and slices of one shard each (a slice
+            # count of at least the shard count cuts by shard first); over several indices _id breaks the ties.
+            count = max(count, shards)
+            tiebreak = [{"_doc": "asc"}] + ([{"_id": "asc"}] if len(settings) > 1 else [])
+        return cls(opensearch, count, tiebreak)
+
+    def open(self, conn: Connection, keep_alive: str) -> str:
+        """A new point in time over the index: its id."""
+        path = "_search/point_in_time" if self.opensearch else "_pit"
+        _, answer = conn.request("POST", f"/{conn.index}/{path}", keep_alive=keep_alive)
+        return answer.get("pit_id") or answer.get("id")
+
+    def close(self, conn: Connection, pit: str) -> None:
+        """Frees a point in time before its keep-alive ends (one already gone is no error)."""
+        if self.opensearch:
+            conn.request("DELETE", "/_search/point_in_time", {"pit_id": [pit]}, ok=(404,))
+        else:
+            conn.request("DELETE", "/_pit", {"id": pit}, ok=(404,))
+
+
 class PitEnumerator(SplitEnumerator):
     """One point in time over the index, cut into `partitions` slices (default: the primary shards)."""
 
@@ -133,21 +172,10 @@ class PitEnumerator(SplitEnumerator):
         self.conn, self.partitions, self.keep_alive = conn, partitions, keep_alive
 
     def discover(self) -> list[Split]:
-        opensearch = Cluster.of(self.conn).engine == "opensearch"
-        _, settings = self.conn.request("GET", f"/{self.conn.index}/_settings",
-                                        filter_path="*.settings.index.number_of_shards")
-        shards = sum(int(s["settings"]["index"]["number_of_shards"]) for s in settings.values())
-        count = self.partitions or shards
-        sort: list[dict] = [{"_shard_doc": "asc"}]
-        if opensearch:
-            # OpenSearch 2 has no _shard_doc: _doc, unique within a shard, and slices of one shard each (a slice
-            # count of at least the shard count cuts by shard first); over several indices _id breaks the ties.
-            count = max(count, shards)
-            sort = [{"_doc": "asc"}] + ([{"_id": "asc"}] if len(settings) > 1 else [])
-        path = "_search/point_in_time" if opensearch else "_pit"
-        _, answer = self.conn.request("POST", f"/{self.conn.index}/{path}", keep_alive=self.keep_alive)
-        pit = answer.get("pit_id") or answer.get("id")
-        return [Split(f"slice:{i}", {"pit": pit, "slice": i, "max": count, "sort": sort}) for i in range(count)]
+        layout = PitLayout.of(self.conn, self.partitions)
+        pit = layout.open(self.conn, self.keep_alive)
+        return [Split(f"slice:{i}", {"pit": pit, "slice": i, "max": layout.slices, "sort": layout.tiebreak})
+                for i in range(layout.slices)]
 
     def start_position(self, split: Split) -> int:
         return 0
