@@ -232,8 +232,8 @@ def watch_store(stores: Stores, copy: str, source_url: str, run: Run, marker_id:
                 stop: threading.Event) -> None:
     """Read copy `copy` every second, then the source: every account at a state the source had (its balance at that
     v, when the writer knows the commit's outcome), never ahead of the source's v read after it, never going back
-    from an earlier read; the marker's changes arriving tell when this store's faults recovered. Samples whose total
-    differs from the bank's are counted, not violations: the copy does not promise it."""
+    from an earlier read nor vanishing; the marker's changes arriving tell when this store's faults recovered.
+    Samples whose total differs from the bank's are counted, not violations: the copy does not promise it."""
     from _soak_checks import recovered
 
     highest: dict[int, int] = {}
@@ -256,7 +256,8 @@ def watch_store(stores: Stores, copy: str, source_url: str, run: Run, marker_id:
                 conn.close()
             conn = None
             continue
-        problems = []
+        problems = [f"account {account} vanished (last seen at v={highest[account]})"
+                    for account in sorted(set(highest) - {account for account, _, _ in rows})]
         for account, balance, v in rows:
             if v > source.get(account, -1):
                 problems.append(f"account {account} at v={v}, ahead of the source's v={source.get(account)}")
@@ -266,10 +267,10 @@ def watch_store(stores: Stores, copy: str, source_url: str, run: Run, marker_id:
                 problems.append(f"account {account} at v={v} holds {balance}, the source had {known}")
             highest[account] = max(v, highest.get(account, v))
         with run.lock:
-            reads = run.store_reads.setdefault(copy, {"reads": 0, "total_off": 0, "incomplete": 0})
+            reads = run.store_reads.setdefault(copy, {"reads": 0, "total_off": 0, "before_complete": 0})
             reads["reads"] += 1
-            if len(rows) < run.accounts:
-                reads["incomplete"] += 1
+            if len(rows) < run.accounts:  # before its query's first micro-batches held every account
+                reads["before_complete"] += 1
             elif sum(balance for _, balance, _ in rows) != run.total:
                 reads["total_off"] += 1
             marks = [v for account, _, v in rows if account == marker_id]
