@@ -44,6 +44,7 @@ class Run:
     # (account, v) -> its balance, for every transfer whose commit the writer saw succeed (and the marker's v)
     history: dict[tuple[int, int], int] = field(default_factory=dict)
     store_reads: dict[str, dict[str, int]] = field(default_factory=dict)  # copy -> sampled reads, totals off, ...
+    store_latencies: dict[str, list[float]] = field(default_factory=dict)  # copy -> marker commit to its arrival (s)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def violate(self, what: str) -> None:

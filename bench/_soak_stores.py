@@ -276,6 +276,7 @@ def watch_store(stores: Stores, copy: str, source_url: str, run: Run, marker_id:
             marks = [v for account, _, v in rows if account == marker_id]
             for v in range(mark + 1, max(marks, default=0) + 1):
                 if (committed := run.marker_commits.get(v)) is not None:
+                    run.store_latencies.setdefault(copy, []).append(now - committed)
                     recovered(run, committed, now, lambda kind: kind in kinds)
             mark = max([mark, *marks])
         for problem in problems[:5]:

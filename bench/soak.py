@@ -167,6 +167,13 @@ def growth_report(samples: list[Sample]) -> dict:
             "samples": [{"at_min": round(x.at_s / 60, 1), **x.values} for x in marks], "at_end": end.values}
 
 
+def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
+    """p50 and p99 of latencies, and how many (a marker change reaches a design store's copy; read every second)."""
+    ordered = sorted(seconds)
+    return {"samples": len(ordered), "p50": round(statistics.median(ordered), 3) if ordered else None,
+            "p99": round(ordered[int(0.99 * (len(ordered) - 1))], 3) if ordered else None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=2.0)
@@ -331,6 +338,7 @@ def main() -> int:
         "not_recovered": [f"{f.kind} at {f.at - run.started:.0f} s" for f in run.faults if f.recovered is None],
         "driver_starts": driver.starts, "barriers_checked": run.barriers_checked, "copy_reads": run.copy_reads,
         **({"design_store_reads": run.store_reads,
+            "design_store_latency_s": {copy: percentiles(lat) for copy, lat in sorted(run.store_latencies.items())},
             "design_store_promises": "per account: a state the source had, never ahead, never back; not the total "
                                      "(no transaction per micro-batch); equal to the source at the end"}
            if stores else {}),
