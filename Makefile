@@ -304,7 +304,7 @@ test-kafka: $(STAMP) check-java check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 
 # The bank pipeline under random faults (bench/soak.py), with its Kafka branch (hence check-kafka): a short seeded run
-# (90 s of faults, ~4 min in all) last in make test's second job; `make soak MINUTES=30` is the long run, with its
+# (90 s of faults, ~4 min in all; and the design-store checks' own test, ~20 s) last in make test's second job; `make soak MINUTES=30` is the long run, with its
 # report (SEED=, FAULT_EVERY= too), and the design-store branch (Cassandra, OpenSearch, HBase: `STORES=` leaves it out).
 SOAK_TESTS := tests/soak
 test-soak: $(STAMP) check-java check-postgres check-kafka
