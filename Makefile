@@ -306,8 +306,8 @@ test-kafka: $(STAMP) check-java check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 
 # The bank pipeline under random faults (bench/soak.py), with its Kafka branch (hence check-kafka): a short seeded run
-# (90 s of faults, ~4 min in all) last in make test's second job; `make soak MINUTES=30` is the long run, with its
-# report (SEED=, FAULT_EVERY= too).
+# (90 s of faults, ~4 min in all; and the design-store checks' own test, ~20 s) last in make test's second job; `make soak MINUTES=30` is the long run, with its
+# report (SEED=, FAULT_EVERY= too), and the design-store branch (Cassandra, OpenSearch, HBase: `STORES=` leaves it out).
 SOAK_TESTS := tests/soak
 test-soak: $(STAMP) check-java check-postgres check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(SOAK_TESTS)
@@ -315,9 +315,11 @@ test-soak: $(STAMP) check-java check-postgres check-kafka
 MINUTES ?= 30
 SEED ?= 7
 FAULT_EVERY ?= 30
-soak: $(STAMP) check-java check-postgres check-kafka
+STORES ?= --stores
+soak: $(STAMP) check-java check-postgres check-kafka $(if $(STORES),check-cassandra check-opensearch check-hbase)
 	mkdir -p build
-	$(PY) bench/soak.py --minutes $(MINUTES) --seed $(SEED) --fault-every $(FAULT_EVERY) --report build/soak-report.json
+	$(PY) bench/soak.py --minutes $(MINUTES) --seed $(SEED) --fault-every $(FAULT_EVERY) $(STORES) \
+		--report build/soak-report.json
 
 .PRECIOUS: .venv-spark-%/.installed
 # The PostgreSQL connector's tests on other server versions (the main suite runs Debian's PostgreSQL 15): the tests

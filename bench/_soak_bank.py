@@ -12,6 +12,11 @@ TOTAL_PER_ACCOUNT = 1_000
 # Faults that strike the Kafka branch only: their recovery is measured on its copy (`balances_kafka`), not on the
 # PostgreSQL copy, which their hop does not feed.
 KAFKA_BRANCH_FAULTS = ("kafka-broker",)
+# The design-store branch's faults (bench/_soak_stores.py, with --stores), by the copy their recovery is measured on.
+STORE_BRANCH_FAULTS = {"cassandra": ("cassandra-node",), "opensearch": ("search-node",),
+                       "hbase": ("hbase-gateway", "hbase-server")}
+# Faults measured on a branch's own copy, not on the PostgreSQL copy.
+BRANCH_FAULTS = (*KAFKA_BRANCH_FAULTS, *(kind for kinds in STORE_BRANCH_FAULTS.values() for kind in kinds))
 
 
 @dataclass
@@ -20,7 +25,7 @@ class Fault:
     at: float  # monotonic, when it struck
     done: float = 0.0  # when its action ended (a restart finished, a stall lifted)
     recovered: float | None = None  # when a change committed after `done` reached the PostgreSQL copy (a fault of
-    # KAFKA_BRANCH_FAULTS: the Kafka branch's table)
+    # KAFKA_BRANCH_FAULTS: the Kafka branch's table; of STORE_BRANCH_FAULTS: that store's copy)
     note: str = ""
 
 
@@ -36,6 +41,10 @@ class Run:
     copy_reads: int = 0
     marker_commits: dict[int, float] = field(default_factory=dict)  # marker v -> commit time
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (commit time, seconds to the copy)
+    # (account, v) -> its balance, for every transfer whose commit the writer saw succeed (and the marker's v)
+    history: dict[tuple[int, int], int] = field(default_factory=dict)
+    store_reads: dict[str, dict[str, int]] = field(default_factory=dict)  # copy -> sampled reads, totals off, ...
+    store_latencies: dict[str, list[float]] = field(default_factory=dict)  # copy -> marker commit to its arrival (s)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def violate(self, what: str) -> None:
@@ -64,11 +73,14 @@ def transfers(url: str, run: Run, accounts: int, rate: float, seed: int, stop: t
                 conn = connect(url)
             a, b = sorted(rnd.sample(range(accounts), 2))  # rows locked in id order: no deadlocks
             amount = rnd.randint(1, 50)
-            conn.execute("UPDATE accounts SET balance = balance - %s, v = v + 1 WHERE id = %s", (amount, a))
-            conn.execute("UPDATE accounts SET balance = balance + %s, v = v + 1 WHERE id = %s", (amount, b))
+            states = [conn.execute(f"UPDATE accounts SET balance = balance {sign} %s, v = v + 1 WHERE id = %s "
+                                   "RETURNING balance, v", (amount, account)).fetchone()
+                      for sign, account in (("-", a), ("+", b))]
             conn.commit()
             with run.lock:
                 run.transfers += 1
+                for account, (balance, v) in zip((a, b), states, strict=True):
+                    run.history[(account, v)] = balance
             stop.wait(pause)
         except Exception:
             with contextlib.suppress(Exception):
@@ -90,6 +102,7 @@ def marker(url: str, run: Run, marker_id: int, stop: threading.Event) -> None:
             conn.commit()
             with run.lock:
                 run.marker_commits[v] = time.monotonic()
+                run.history[(marker_id, v)] = 0
         except Exception:
             with contextlib.suppress(Exception):
                 conn.close()

@@ -9,7 +9,7 @@ import json
 import threading
 import time
 
-from _soak_bank import KAFKA_BRANCH_FAULTS, Run, connect
+from _soak_bank import BRANCH_FAULTS, KAFKA_BRANCH_FAULTS, Run, connect
 
 
 def watch_copy(url: str, run: Run, marker_id: int, stop: threading.Event) -> None:
@@ -42,7 +42,7 @@ def watch_copy(url: str, run: Run, marker_id: int, stop: threading.Event) -> Non
                 committed = run.marker_commits.get(v)
                 if committed is not None:
                     run.latencies.append((committed, now - committed))
-                    recovered(run, committed, now, lambda kind: kind not in KAFKA_BRANCH_FAULTS)
+                    recovered(run, committed, now, lambda kind: kind not in BRANCH_FAULTS)
         seen = mark
 
 
@@ -165,8 +165,10 @@ def check_kafka_topic(kafka, topic: str, accounts: int) -> list[str]:
 
 
 def wait_equal(env: dict, accounts: int, timeout: float) -> tuple[bool, str]:
-    """Until the table store, the PostgreSQL copy and the ClickHouse copy equal `accounts` row for row."""
+    """Until the table store, the PostgreSQL copy, the ClickHouse copy (and with --stores the Cassandra, OpenSearch
+    and HBase copies) equal `accounts` row for row."""
     import psycopg
+    from _soak_stores import store_copies
 
     from sluice.tablestore import StoreTable
 
@@ -183,13 +185,14 @@ def wait_equal(env: dict, accounts: int, timeout: float) -> tuple[bool, str]:
                       for name, t in stored.items()}
             ch = [(int(a), int(b), int(c)) for a, b, c in env["ch"].rows(
                 "SELECT id, balance, v FROM balances_copy FINAL ORDER BY id")]
+            designed = store_copies(env.get("stores"))
         except Exception as e:
             differ = f"not readable yet: {type(e).__name__}: {str(e)[:200]}"
             time.sleep(1)
             continue
         source = [tuple(r) for r in source]
         copies = {"the table store": stored["balances"], "the Kafka branch's table": stored["balances_kafka"],
-                  "the PostgreSQL copy": [tuple(r) for r in copy], "the ClickHouse copy": ch}
+                  "the PostgreSQL copy": [tuple(r) for r in copy], "the ClickHouse copy": ch, **designed}
         unequal = [name for name, rows in copies.items() if rows != source]
         if not unequal:
             return True, ""

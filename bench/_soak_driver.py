@@ -1,6 +1,7 @@
-"""The soak's Spark driver: the bank pipeline's five streaming queries (bench/soak.py starts this process, kills it
-and starts it again on the same checkpoints). A query that fails is started again from its checkpoint a second
-later, as the supervisor of a production job would; every start and failure is a line on stdout.
+"""The soak's Spark driver: the bank pipeline's five streaming queries, eight with --stores (bench/soak.py starts this
+process, kills it and starts it again on the same checkpoints). A query that fails is started again from its
+checkpoint a second later, as the supervisor of a production job would (later when it keeps failing within a minute
+of its start: 2, 4, 8, 10 s; at most two starts a second); every start and failure is a line on stdout.
 
 Hops, each in the mode a careful user picks:
 1. `postgres_changes` -> S2 stream `bank` with `s2_upsert`, exactly-once (sink.mode=global-ordered,
@@ -21,6 +22,13 @@ Hops, each in the mode a careful user picks:
    written), so the next hop never reads part of a micro-batch.
 5. Kafka `bank` (read_committed) -> the table store's `balances_kafka` (upsert by id, one barrier per micro-batch):
    the Kafka branch, whose copy is held to the same invariant.
+6. With --stores (bench/_soak_stores.py), S2 `bank` -> Cassandra, OpenSearch and HBase, a query each: every change
+   in stream order (the stream is one partition, so one task), written as an ordered upsert by id with the sink's
+   micro-batch versions (Cassandra's and HBase's `write.timestamp=micro-batch`, OpenSearch's
+   `write.version=micro-batch`) and its replay guard, so a replayed micro-batch never overwrites a later one's rows.
+   A trigger every 5 s: fewer, larger micro-batches for three more queries on a small machine; they start once the
+   other five run and each is through a micro-batch. In this process, not a second driver: one JVM less, and the
+   driver's and workers' faults strike this branch too.
 
     python bench/_soak_driver.py CONFIG.json
 """
@@ -31,6 +39,11 @@ import json
 import sys
 import time
 from pathlib import Path
+
+# This script's folder comes first on sys.path, where bench/cassandra.py, bench/elasticsearch.py and bench/hbase.py
+# would shadow the packages of the same names that the sinks import on the driver.
+BENCH = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != BENCH]
 
 
 def main() -> int:
@@ -100,23 +113,60 @@ def main() -> int:
             .options(**{"primary-key": "id", "upsert.op-column": "_op"}) \
             .option("checkpointLocation", str(checkpoints / "kafka-to-store")).start()
 
+    def s2_to_design_store(name: str, fmt: str, options: dict[str, str]):
+        def start():
+            rows = spark.readStream.format("s2_upsert").options(**s2).option("s2.streams", "bank") \
+                .option("primary-key", "id").schema("id int, balance long, v long, _op string").load() \
+                .select("id", "balance", "v")
+            return rows.writeStream.format(fmt).options(**options).trigger(processingTime="5 seconds") \
+                .option("checkpointLocation", str(checkpoints / f"s2-to-{name}")).start()
+        return start
+
+    design = {f"s2-to-{name}": s2_to_design_store(name, fmt, options)
+              for name, (fmt, options) in config.get("stores", {}).items()}
     starts = {"pg-to-s2": pg_to_s2, "s2-to-store": s2_to_store, "to-targets": store_to_targets,
-              "s2-to-kafka": s2_to_kafka, "kafka-to-store": kafka_to_store}
+              "s2-to-kafka": s2_to_kafka, "kafka-to-store": kafka_to_store, **design}
     running: dict[str, object] = {}
+    started_at: dict[str, float] = {}
+    failures: dict[str, int] = {}  # a query's failures in a row, each within a minute of its start
+    not_before: dict[str, float] = {}
+
+    def main_through() -> bool:
+        """Every query of the main pipeline running and through a micro-batch: the design stores' queries start
+        then, not with the others (a start spawns Python workers, and eight at once starve a small machine)."""
+        return all((q := running.get(name)) is not None and q.isActive and q.lastProgress is not None
+                   for name in starts if name not in design)
+
+    def backoff(name: str, now: float) -> None:
+        """After a failure: the next start in 1 s, or 2, 4, 8, 10 s when the query failed again within a minute."""
+        failures[name] = failures.get(name, 0) + 1 if now - started_at.get(name, 0.0) < 60 else 1
+        not_before[name] = now + min(2 ** (failures[name] - 1), 10) - 1  # the loop's second: the first retry as before
+
     while True:
+        starting = 0
         for name, start in starts.items():
             query = running.get(name)
             if query is not None and query.isActive:
                 continue
+            now = time.monotonic()
             if query is not None:
                 error = query.exception()
                 print(f"query {name} failed: {str(error).splitlines()[0][:300] if error else 'stopped'}", flush=True)
+                running.pop(name)
+                backoff(name, now)
+            # At most two starts a second, and a query that keeps failing soon after its start waits longer each
+            # time (up to 10 s): on a loaded machine, eight queries started again at once spawn Python workers
+            # faster than they connect back to the JVM (Spark gives them 10 s), which fails the queries again.
+            if now < not_before.get(name, 0.0) or starting >= 2 or (name in design and not main_through()):
+                continue
+            starting += 1
+            started_at[name] = now
             try:
                 running[name] = start()
                 print(f"query {name} started", flush=True)
-            except Exception as error:  # a store is down: try again on the next round
-                running.pop(name, None)
+            except Exception as error:  # a store is down: try again on a later round
                 print(f"query {name} did not start: {str(error).splitlines()[0][:300]}", flush=True)
+                backoff(name, now)
         time.sleep(1.0)
 
 

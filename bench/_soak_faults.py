@@ -14,11 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _soak_bank import Fault, Run
+from _soak_bank import STORE_BRANCH_FAULTS, Fault, Run
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULT_KINDS = ("s2-kill", "pg-backends", "pg-replication", "pg-restart", "ch-restart", "worker-kill", "driver-kill",
                "net-stall", "net-cut", "meta-down", "kafka-broker")
+# With --stores (bench/_soak_stores.py): a Cassandra node, the OpenSearch node, HBase's Thrift2 gateway, HBase's
+# master and region server (with the gateway), each SIGKILLed and started again 1-3 s later on its data.
+STORE_FAULT_KINDS = tuple(kind for kinds in STORE_BRANCH_FAULTS.values() for kind in kinds)
 
 
 class Driver:
@@ -114,7 +117,9 @@ class Faults:
     def __init__(self, env: dict, run: Run, rnd: random.Random) -> None:
         self.env, self.run, self.rnd = env, run, rnd
         # Faults of different kinds overlap; two of one kind (two restarts of one server) strike one after the other.
-        self._kinds = {kind: threading.Lock() for kind in FAULT_KINDS}
+        self._kinds = {kind: threading.Lock() for kind in FAULT_KINDS + STORE_FAULT_KINDS}
+        # HBase's two kinds one after the other: the gateway cannot start while the server restarts.
+        self._kinds["hbase-gateway"] = self._kinds["hbase-server"]
 
     def strike(self, kind: str) -> None:
         with self._kinds[kind]:
@@ -126,7 +131,10 @@ class Faults:
             self.run.faults.append(fault)
         print(f"{fault.at - self.run.started:7.1f} s: fault {kind}", flush=True)
         try:
-            fault.note = getattr(self, "_" + kind.replace("-", "_"))() or ""
+            if kind in STORE_FAULT_KINDS:
+                fault.note = self.env["stores"].strike(kind, self.rnd)
+            else:
+                fault.note = getattr(self, "_" + kind.replace("-", "_"))() or ""
         except Exception as e:  # a fault that could not be struck is reported, never hidden
             fault.note = f"could not strike: {type(e).__name__}: {e}"
             print(f"fault {kind}: {fault.note}", flush=True)
@@ -212,6 +220,7 @@ class Faults:
 def growth(env: dict, work: Path) -> dict[str, float]:
     """What must stay bounded, now."""
     import psycopg
+    from _soak_stores import stores_growth
 
     driver: Driver = env["driver"]
     kafka = env["kafka"]
@@ -226,7 +235,8 @@ def growth(env: dict, work: Path) -> dict[str, float]:
             "checkpoint_bytes": folder_bytes(work / "checkpoints"), "s2_data_bytes": folder_bytes(work / "s2"),
             "s2_stored_bytes": s2_stored_bytes(env["s2"]), "warehouse_bytes": folder_bytes(work / "warehouse"),
             "kafka_broker_rss_bytes": rss_bytes([kafka.pid] if kafka.pid else []),
-            "kafka_data_bytes": disk_bytes(kafka.folder / "data") if kafka.folder else 0, "meta_rows": meta_rows}
+            "kafka_data_bytes": disk_bytes(kafka.folder / "data") if kafka.folder else 0, "meta_rows": meta_rows,
+            **stores_growth(env.get("stores"))}
 
 
 def s2_stored_bytes(s2: Any) -> int:

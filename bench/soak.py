@@ -2,8 +2,12 @@
 PostgreSQL and ClickHouse copies, and from S2 through Kafka into a second table-store table (the Kafka branch,
 issue 50), while faults strike at random times; the bank's invariant is checked all along.
 
-    .venv/bin/python bench/soak.py --minutes 30 --seed 7          # make soak MINUTES=30
+    .venv/bin/python bench/soak.py --minutes 30 --seed 7 --stores # make soak MINUTES=30
     .venv/bin/python bench/soak.py --minutes 2 --fault-every 8    # the short run make test makes
+
+With --stores, the design-store branch too (issue 55, bench/_soak_stores.py): from the S2 stream into Cassandra
+(three nodes on 127.0.0.1-3, replication factor 3, QUORUM writes and reads), OpenSearch and HBase, each with its
+ordered upserts (micro-batch versions and the replay guard).
 
 The bank: `accounts` (id, balance, v) in PostgreSQL; writer threads commit transfers, each moving money between two
 accounts and adding 1 to both accounts' `v`, so the sum of balances never changes and every account's changes
@@ -19,8 +23,12 @@ and start), ch-restart (the ClickHouse server), worker-kill (the driver's Python
 driver-kill (the Spark driver SIGKILLed and started again on its checkpoints), net-stall (2-5 s of silence
 between Spark and PostgreSQL, through a TCP proxy), net-cut (every connection through the proxy reset), meta-down
 (the MetaService's database refuses connections for 2-5 s, its sessions terminated), kafka-broker (SIGKILL of the
-Kafka broker, mid-transaction of the S2 -> Kafka hop, restarted 1-3 s later on its data). --first strikes the kinds
-it names first, in that order (the short run of make test strikes the broker once whatever the seed draws).
+Kafka broker, mid-transaction of the S2 -> Kafka hop, restarted 1-3 s later on its data); with --stores also
+cassandra-node (SIGKILL of one of the three nodes, started again 1-3 s later; the next one only once every node sees
+it back in the ring), search-node (the OpenSearch node), hbase-gateway (HBase's Thrift2 gateway) and hbase-server
+(HBase's master and region server, one JVM in standalone mode, with the gateway), each restarted 1-3 s later on its
+data. --first strikes the kinds it names first, in that order (the short run of make test strikes the broker once
+whatever the seed draws).
 
 Checked all along and at the end (the verdict is the exit code: 0 holds, 1 violated):
 - at every barrier the table store completes, `balances` and the Kafka branch's `balances_kafka` read at that
@@ -30,15 +38,21 @@ Checked all along and at the end (the verdict is the exit code: 0 holds, 1 viola
 - the S2 stream, and the Kafka topic as a read_committed consumer reads it, hold every account's changes exactly
   once and in order (v = 1, 2, ... with no gap and no repeat from the snapshot on): no lost and no duplicated
   transfer;
-- at the end, after the writers stop, both table-store tables, the PostgreSQL copy and the ClickHouse copy equal
-  `accounts` row for row, and the replication slot's lag returns to near zero.
+- with --stores, each design store's copy read every second, then `accounts`: every account at a state the source
+  had (its balance at that v), never at a v ahead of the source's, never going back from an earlier read. None of
+  the three writes a micro-batch in one transaction, so none promises the total: reads whose total differs are
+  counted (design_store_reads), not violations;
+- at the end, after the writers stop, both table-store tables, the PostgreSQL copy and the ClickHouse copy (and the
+  Cassandra, OpenSearch and HBase copies) equal `accounts` row for row, and the replication slot's lag returns to
+  near zero.
 Reported: transfers committed, faults by kind, recovery time per fault (from the fault to the first change
 committed after it arriving in the PostgreSQL copy; for kafka-broker, in a barrier of `balances_kafka`, read every
-second), latency p50/p99 outside fault windows, and the growth per hour
-over the run's second half (sampled every minute) of memory (the S2 server; the driver over its longest life, as a
-killed driver starts small again), checkpoints, S2's data (its folder, and the stream's storage metric; the stream
-keeps 10 minutes, S2_RETENTION_S), the Kafka broker's memory and data (the topic keeps 10 minutes too), the
-warehouse and the MetaService's rows, with the samples at a quarter, half, three quarters and the end.
+second; for a design store's kinds, in that store's copy, read every second), latency p50/p99 outside fault
+windows, and the growth per hour over the run's second half (sampled every minute) of memory (the S2 server; the
+driver over its longest life, as a killed driver starts small again), checkpoints, S2's data (its folder, and the
+stream's storage metric; the stream keeps 10 minutes, S2_RETENTION_S), the Kafka broker's memory and data (the topic
+keeps 10 minutes too), the warehouse and the MetaService's rows (with --stores, each design store's memory and
+disk), with the samples at a quarter, half, three quarters and the end.
 """
 
 from __future__ import annotations
@@ -60,13 +74,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.clickhouse_chdb: the ClickHouse server the tests use
+# This script's folder comes first on sys.path, where bench/cassandra.py, bench/elasticsearch.py and bench/hbase.py
+# would shadow the packages of those names: it goes last (for the _soak modules), the project's root first
+# (tests.clickhouse_chdb: the ClickHouse server the tests use).
+BENCH = str(Path(__file__).resolve().parent)
+sys.path[:] = [str(ROOT), *(p for p in sys.path if str(Path(p or ".").resolve()) != BENCH), BENCH]
 
 from _soak_bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers  # noqa: E402 (after the path is set)
 from _soak_checks import check_kafka_topic, check_s2_stream, wait_equal, watch_barriers, watch_copy  # noqa: E402
-from _soak_faults import FAULT_KINDS, Driver, Faults, growth  # noqa: E402
+from _soak_faults import FAULT_KINDS, STORE_FAULT_KINDS, Driver, Faults, growth  # noqa: E402
+from _soak_stores import Stores, watch_store  # noqa: E402
 
-FAULTS = FAULT_KINDS
+FAULTS = FAULT_KINDS + STORE_FAULT_KINDS
 
 
 @contextlib.contextmanager
@@ -108,7 +127,7 @@ class Sample:
 
 
 def create_basin(s2: Any, basin: str) -> None:
-    """The basin, its streams kept S2_RETENTION_S seconds (the sink creates the stream in it)."""
+    """The basin, its streams kept S2_RETENTION_S seconds, and its stream `bank`."""
     import asyncio
 
     import s2_sdk
@@ -117,6 +136,8 @@ def create_basin(s2: Any, basin: str) -> None:
         async with s2_sdk.S2(s2.access_token, endpoints=s2.endpoints) as client:
             await client.create_basin(basin, config=s2_sdk.BasinConfig(
                 default_stream_config=s2_sdk.StreamConfig(retention_policy=S2_RETENTION_S)))
+            # Before the first write would: the queries reading it start at once, and would fail until it exists.
+            await client.basin(basin).create_stream("bank")
 
     asyncio.run(create())
 
@@ -146,6 +167,13 @@ def growth_report(samples: list[Sample]) -> dict:
             "samples": [{"at_min": round(x.at_s / 60, 1), **x.values} for x in marks], "at_end": end.values}
 
 
+def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
+    """p50 and p99 of latencies, and how many (a marker change reaches a design store's copy; read every second)."""
+    ordered = sorted(seconds)
+    return {"samples": len(ordered), "p50": round(statistics.median(ordered), 3) if ordered else None,
+            "p99": round(ordered[int(0.99 * (len(ordered) - 1))], 3) if ordered else None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=2.0)
@@ -153,16 +181,25 @@ def main() -> int:
     ap.add_argument("--accounts", type=int, default=100)
     ap.add_argument("--rate", type=float, default=40.0, help="transfers a second, over two writers")
     ap.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
-    ap.add_argument("--faults", default=",".join(FAULTS), help=f"kinds to strike, of {', '.join(FAULTS)}")
+    ap.add_argument("--stores", action="store_true",
+                    help="the design-store branch too (S2 -> Cassandra, OpenSearch, HBase) and its fault kinds")
+    ap.add_argument("--faults", help=f"kinds to strike, of {', '.join(FAULTS)} (default: all, those of the design "
+                                     "stores with --stores)")
     ap.add_argument("--first", default="", help="kinds to strike first, in this order, before the random ones")
+    ap.add_argument("--warm-up-s", type=float, default=300.0,
+                    help="how long the pipeline may take to carry its first change end to end")
     ap.add_argument("--catch-up-s", type=float, default=240.0, help="how long the copies may take at the end")
     ap.add_argument("--report", type=Path, help="also write the report here, as JSON")
     args = ap.parse_args()
-    kinds = [k for k in args.faults.split(",") if k]
+    available = FAULTS if args.stores else FAULT_KINDS
+    kinds = [k for k in (args.faults if args.faults is not None else ",".join(available)).split(",") if k]
     first = [k for k in args.first.split(",") if k]
     unknown = sorted(set(kinds + first) - set(FAULTS))
     if unknown:
         ap.error(f"unknown fault kind(s) {unknown}; choose from {', '.join(FAULTS)}")
+    if not args.stores and set(kinds + first) & set(STORE_FAULT_KINDS):
+        ap.error(f"fault kind(s) {sorted(set(kinds + first) & set(STORE_FAULT_KINDS))} strike the design stores: "
+                 "add --stores")
 
     # A SIGTERM (timeout, Ctrl-C's cousin) ends the run through its finally blocks: every server and the driver stop.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
@@ -179,14 +216,21 @@ def main() -> int:
     run = Run(accounts=accounts, total=args.accounts * TOTAL_PER_ACCOUNT)
     work = Path(tempfile.mkdtemp(prefix="sluice-soak-"))
     print(f"soak: seed {args.seed}, {args.minutes} min, {args.accounts} accounts, {args.rate}/s transfers, a fault "
-          f"every {args.fault_every} s on average ({', '.join(kinds)}); work in {work}", flush=True)
+          f"every {args.fault_every} s on average ({', '.join(kinds)}){', the design stores' if args.stores else ''}; "
+          f"work in {work}", flush=True)
     settings = {"wal_level": "logical", "max_wal_senders": "20", "max_replication_slots": "20",
                 "fsync": "on", "synchronous_commit": "on"}
     stop_load, stop_watch = threading.Event(), threading.Event()
     threads: list[threading.Thread] = []
-    with started_beside(LocalKafka(heap_mb=384)) as kafka_starting, LocalPostgres(settings=settings) as pg, \
-            LocalS2(data_dir=work / "s2") as s2, ChdbClickHouse() as ch, TcpProxy(pg.port) as proxy:
+    stores = Stores() if args.stores else None
+    with started_beside(LocalKafka(heap_mb=384)) as kafka_starting, \
+            (stores.started() if stores else contextlib.nullcontext()) as stores_starting, \
+            LocalPostgres(settings=settings) as pg, LocalS2(data_dir=work / "s2") as s2, ChdbClickHouse() as ch, \
+            TcpProxy(pg.port) as proxy:
         kafka = kafka_starting.result()
+        if stores_starting is not None:
+            stores_starting.result()
+            print(f"{time.monotonic() - run.started:7.1f} s: the design stores are up", flush=True)
         direct = pg.url
         via_proxy = direct.replace(f":{pg.port}/", f":{proxy.port}/")
         with psycopg.connect(direct, autocommit=True) as conn:
@@ -204,13 +248,14 @@ def main() -> int:
                   "checkpoints": str(work / "checkpoints"), "ch_url": ch.url, "ch_password": ch.password,
                   "kafka": {"bootstrap": kafka.bootstrap_servers, "topic": KAFKA_TOPIC},
                   "s2": {"s2.basin": "sluice-soak", "s2.endpoints.account": s2.url,
-                         "s2.endpoints.basin": s2.url, "s2.auth-token": s2.access_token}}
+                         "s2.endpoints.basin": s2.url, "s2.auth-token": s2.access_token},
+                  "stores": stores.driver_config() if stores else {}}
         (work / "config.json").write_text(json.dumps(config))
         create_basin(s2, config["s2"]["s2.basin"])
         driver = Driver(work / "config.json", work / "driver.log")
         env = {"pg": pg, "s2": s2, "ch": ch, "kafka": kafka, "proxy": proxy, "driver": driver,
                "warehouse": str(work / "warehouse"),
-               "admin_url": direct + "?application_name=soak-admin", "pipeline_url": direct}
+               "admin_url": direct + "?application_name=soak-admin", "pipeline_url": direct, "stores": stores}
         writer_url = direct + "?application_name=soak-writer"
         threads += [threading.Thread(target=transfers, args=(writer_url, run, args.accounts, args.rate / 2, seed,
                                                              stop_load), daemon=True) for seed in (1, 2)]
@@ -218,17 +263,19 @@ def main() -> int:
         watchers = [threading.Thread(target=watch_copy, args=(writer_url, run, marker_id, stop_watch), daemon=True),
                     *(threading.Thread(target=watch_barriers, args=(meta_url, str(work / "warehouse"), table, run,
                                                                     stop_watch, mark), daemon=True)
-                      for table, mark in (("balances", None), ("balances_kafka", marker_id)))]
+                      for table, mark in (("balances", None), ("balances_kafka", marker_id))),
+                    *(threading.Thread(target=watch_store, args=(stores, copy, writer_url, run, marker_id, stop_watch),
+                                       daemon=True) for copy in (stores.driver_config() if stores else {}))]
         try:
             driver.start()
             for t in threads + watchers:
                 t.start()
             # Faults start once the pipeline carries changes end to end (the snapshot is through).
-            warm_deadline = time.monotonic() + 300
+            warm_deadline = time.monotonic() + args.warm_up_s
             while not run.latencies and time.monotonic() < warm_deadline:
                 time.sleep(0.5)
             if not run.latencies:
-                run.violate("the pipeline carried nothing end to end within 300 s of its start")
+                run.violate(f"the pipeline carried nothing end to end within {args.warm_up_s:.0f} s of its start")
             warm = time.monotonic()
             # Sampled every SAMPLE_EVERY_S; growth is reported over the second half of the run, once retention (S2's
             # age, the MetaService's pruning) has reached its steady state.
@@ -290,6 +337,11 @@ def main() -> int:
                                "notes": [f.note for f in v]} for k, v in sorted(by_kind.items())},
         "not_recovered": [f"{f.kind} at {f.at - run.started:.0f} s" for f in run.faults if f.recovered is None],
         "driver_starts": driver.starts, "barriers_checked": run.barriers_checked, "copy_reads": run.copy_reads,
+        **({"design_store_reads": run.store_reads,
+            "design_store_latency_s": {copy: percentiles(lat) for copy, lat in sorted(run.store_latencies.items())},
+            "design_store_promises": "per account: a state the source had, never ahead, never back; not the total "
+                                     "(no transaction per micro-batch); equal to the source at the end"}
+           if stores else {}),
         "latency_outside_faults_s": {"samples": len(quiet),
                                      "p50": round(statistics.median(quiet), 3) if quiet else None,
                                      "p99": round(sorted(quiet)[int(0.99 * (len(quiet) - 1))], 3) if quiet else None},
