@@ -290,9 +290,10 @@ test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra c
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
 	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(KAFKA_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS))
 
-# The table store's two-hop pipelines (3 tests, ~3.5 min) run in make test's second job, after the PostgreSQL
-# versions: that job ended ~7 min before the main suite (2026-11-26: 2,150 s against 2,587 s), the longer of the two.
-TWO_HOP_TESTS := tests/tablestore/test_two_hop_etl.py
+# The table store's two-hop pipelines (3 tests, ~3.5 min) and the tracking-column stream into it across a driver kill
+# (2 tests, Spark driver processes of their own) run in make test's second job, after the PostgreSQL versions: that
+# job ended ~7 min before the main suite (2026-11-26: 2,150 s against 2,587 s), the longer of the two.
+TWO_HOP_TESTS := tests/tablestore/test_two_hop_etl.py tests/tablestore/test_tracking_hop.py
 test-two-hop: $(STAMP) check-java check-postgres
 	$(PY) -m pytest -p no:cacheprovider $(TWO_HOP_TESTS)
 

@@ -1,8 +1,9 @@
 """Streaming reads by a tracking column (docs/tracking.md): throughput against the batch read of the same rows, and
-freshness from commit to arrival at a writer-controlled rate. One run, one throwaway server (LocalPostgres, or
-LocalCassandra with --store cassandra; HBase's, by cell timestamps, in _tracking_hbase.py).
+freshness from commit to arrival at a writer-controlled rate. One run, one throwaway server (LocalPostgres;
+LocalCassandra with --store cassandra; the tests' chdb stand-in with --store clickhouse, `id` its tie-breaker;
+HBase's, by cell timestamps, in _tracking_hbase.py).
 
-Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--store postgres|cassandra|hbase]
+Run: `flock /tmp/sluice-bench.lock .venv/bin/python bench/tracking.py [--store postgres|cassandra|clickhouse|hbase]
 [--rows 300000] [--rate 1000] [--seconds 20]`.
 `--store opensearch` runs the same measures on an OpenSearch node (bench/_tracking_search.py; default --rows 200000).
 - throughput (best of --rounds, alternating): N rows of (id, at timestamp, payload text); the batch read
@@ -130,7 +131,46 @@ class CassandraStore:
         yield write
 
 
-STORES = {"postgres": PostgresStore, "cassandra": CassandraStore}
+class ClickHouseStore:
+    """The chdb stand-in of the tests (ClickHouse's engine behind its HTTP interface, tests/clickhouse_chdb); the
+    tracking column `at` (DateTime64(6) DEFAULT now64(6): the server's clock at the insert), `id` the tie-breaker,
+    the sorting key (at, id)."""
+
+    name = "clickhouse"
+    tasks = "tasks of 250,000 rows"
+    batch_options: dict[str, str] = {}
+    stream_options = {"tracking.tie-breaker": "id"}
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.clickhouse_chdb import ChdbClickHouse
+
+        self.server = stack.enter_context(ChdbClickHouse())
+        self.next_id = 0
+
+    def options(self, table: str) -> dict[str, str]:
+        return {"url": self.server.url, "table": table, "password": self.server.password}
+
+    def fresh(self, table: str) -> None:
+        self.server.sql(f"CREATE TABLE {table} (id UInt64, at DateTime64(6, 'UTC') DEFAULT now64(6), payload String) "
+                        "ENGINE = MergeTree() ORDER BY (at, id)")
+
+    def bulk(self, table: str, rows: int) -> None:
+        self.fresh(table)
+        self.server.sql(f"INSERT INTO {table} (id, payload) SELECT number + 1, repeat('x', 40) FROM numbers({rows})")
+
+    @contextlib.contextmanager
+    def writer(self, table: str) -> Iterator[Callable[[int], None]]:
+        """A function that inserts n rows (one INSERT), `at` the server's clock at the insert."""
+
+        def insert(n: int) -> None:
+            self.server.sql(f"INSERT INTO {table} (id, payload) SELECT number + {self.next_id}, 'p' FROM numbers({n})")
+            self.next_id += n
+
+        yield insert
+
+
+STORES = {"postgres": PostgresStore, "cassandra": CassandraStore, "clickhouse": ClickHouseStore}
 
 
 def main() -> None:
@@ -208,7 +248,8 @@ def freshness(spark, store, window_ms: int, rate: int, seconds: int) -> tuple[fl
         for (at,) in frame.select("at").collect():
             lags.append((now - at.timestamp()) * 1000)
 
-    query = (spark.readStream.format(store.name).options(**store.options(table)).option("tracking.column", "at")
+    query = (spark.readStream.format(store.name).options(**store.options(table), **store.stream_options)
+             .option("tracking.column", "at")
              .option("tracking.lag-window-ms", str(window_ms)).load().writeStream.foreachBatch(arrived).start())
     stop = threading.Event()
     per_tick = max(1, rate // 20)
