@@ -28,7 +28,7 @@ from sluice.engine._batch import (
     BatchCreator,
     RequestInfo,
 )
-from sluice.engine._buffer import Chunk, RequestBuffer
+from sluice.engine._buffer import Chunk, RequestBuffer, largest_size, total_bytes
 from sluice.engine._config import PARTITION_ORDERED, SinkConfig
 from sluice.engine._ratelimit import AIMDRateLimiter
 from sluice.engine._stats import LiveStats, WriteStats
@@ -121,12 +121,13 @@ class AsyncSinkWriter:
     def write(self, entry: Any, size: int, key: Hashable = None) -> None:
         self.write_chunk([entry], [size], key)
 
-    def write_chunk(self, entries: list[Any], sizes: Sequence[int], key: Hashable = None) -> None:
+    def write_chunk(self, entries: Sequence[Any], sizes: Sequence[int], key: Hashable = None) -> None:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full.
 
-        The writer keeps lists as they are given (a copy per chunk was a pass over every row): do not change them
-        after handing them over."""
-        if entries:
+        `entries` a list, or a range (row numbers); `sizes` a list of ints or a numpy integer array: a range and an
+        array cost the engine nothing per entry (_buffer.py). The writer keeps them as they are given (a copy per
+        chunk was a pass over every row): do not change them after handing them over."""
+        if len(entries):
             self._put(self._chunk(entries, sizes, key))
 
     def _chunk(self, entries: Sequence[Any], sizes: Sequence[int], key: Hashable) -> Chunk:
@@ -134,19 +135,22 @@ class AsyncSinkWriter:
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
         if limit is not None:
-            largest = max(sizes)
+            largest = largest_size(sizes)
             if largest > limit:
-                index = list(sizes).index(largest)
+                index = [int(size) for size in sizes].index(largest)
                 raise RecordTooLargeError(
                     f"{self.store.name}: record {index} of this chunk is {largest} bytes, over the store's limit of "
                     f"{limit} bytes per record ({self.store.target}); split or shrink it. Nothing of this "
                     "chunk was sent.",
                     store=self.store.name, target=self.store.target, batch_records=1,
                 )
-        return Chunk(entries if type(entries) is list else list(entries),
-                     sizes if type(sizes) is list else list(sizes), key if self._keyed else None)
+        if type(entries) is not list and type(entries) is not range:
+            entries = list(entries)
+        if type(sizes) is not list and getattr(sizes, "dtype", None) is None:
+            sizes = list(sizes)
+        return Chunk(entries, sizes, key if self._keyed else None)
 
-    def write_keyed(self, entries: list[Any], sizes: Sequence[int], keys: Sequence[Hashable],
+    def write_keyed(self, entries: Sequence[Any], sizes: Sequence[int], keys: Sequence[Hashable],
                     names: Sequence[Hashable] | None = None) -> None:
         """Add entries with a partition key each; entries of one key keep their relative order.
 
@@ -171,7 +175,7 @@ class AsyncSinkWriter:
         bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
         positions = order.tolist()
         ordered_entries = [entries[i] for i in positions]
-        ordered_sizes = [sizes[i] for i in positions]
+        ordered_sizes = sizes[order] if getattr(sizes, "dtype", None) is not None else [sizes[i] for i in positions]
         chunks = []
         for start, end in zip([0, *bounds], [*bounds, len(positions)], strict=True):
             code = int(sorted_keys[start])
@@ -410,10 +414,10 @@ class AsyncSinkWriter:
         entries, sizes = batch.entries, batch.sizes
         if isinstance(error, RetryEntries):  # the rest of the batch was stored
             entries = [batch.entries[i] for i in error.positions]
-            sizes = [batch.sizes[i] for i in error.positions] if batch.sizes else []
+            sizes = [int(batch.sizes[i]) for i in error.positions] if len(batch.sizes) else []
             stored = batch.record_count - len(entries)
             self.stats.records += stored
-            self.stats.bytes += batch.size_bytes - sum(sizes)
+            self.stats.bytes += batch.size_bytes - total_bytes(sizes)
             error = error.cause
         self._failed_records += len(entries)
         kind = self.store.classify(error)
