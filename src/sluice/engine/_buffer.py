@@ -31,19 +31,6 @@ def largest_size(sizes: Sequence[int]) -> int:
     return int(vectorized()) if vectorized is not None else max(sizes)
 
 
-def _fitting(window: Sequence[int], room: int) -> tuple[int, int]:
-    """How many entries from the start of `window` fit in `room` bytes, and their bytes."""
-    if type(window) is list:
-        sums = list(accumulate(window, initial=0))
-        n = bisect_right(sums, room) - 1
-        return n, sums[n]
-    import numpy as np
-
-    sums = np.cumsum(window)
-    n = int(np.searchsorted(sums, room, side="right"))
-    return n, int(sums[n - 1]) if n else 0
-
-
 def _joined(pieces: list[Sequence[Any]]) -> Sequence[Any]:
     """One sequence of the pieces a batch took from several chunks: consecutive ranges stay a range, arrays are
     concatenated, anything else becomes a list."""
@@ -73,12 +60,38 @@ class Chunk:
     ready_at: float = 0.0  # monotonic time before which the chunk must not be sent (retry backoff)
     start: int = 0  # entries before `start` were already taken
     left_bytes: int = field(init=False, repr=False)  # the bytes of the entries not taken yet
+    # Sizes as an array: their running sums, made once, so a batch's bytes are two lookups, not a sum per batch.
+    _sums: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.left_bytes = total_bytes(self.sizes[self.start:] if self.start else self.sizes)
+        if type(self.sizes) is list or not len(self.sizes):
+            self._sums = None
+            self.left_bytes = total_bytes(self.sizes[self.start:] if self.start else self.sizes)
+        else:
+            self._sums = self.sizes.cumsum()
+            self.left_bytes = int(self._sums[-1]) - self._before(self.start)
 
     def __len__(self) -> int:
         return len(self.entries) - self.start
+
+    def _before(self, index: int) -> int:
+        return int(self._sums[index - 1]) if index else 0
+
+    def bytes_of(self, start: int, end: int) -> int:
+        """The bytes of entries [start, end)."""
+        if self._sums is None:
+            return sum(self.sizes[start:end])
+        return int(self._sums[end - 1]) - self._before(start) if end > start else 0
+
+    def fitting(self, start: int, end: int, room: int) -> tuple[int, int]:
+        """How many entries from `start` (up to `end`) fit in `room` bytes, and their bytes."""
+        if self._sums is None:
+            sums = list(accumulate(self.sizes[start:end], initial=0))
+            n = bisect_right(sums, room) - 1
+            return n, sums[n]
+        base = self._before(start)
+        n = int(self._sums[start:end].searchsorted(base + room, side="right"))
+        return n, self.bytes_of(start, start + n)
 
 
 @dataclass
@@ -201,30 +214,28 @@ class DequeRequestBuffer(_ChunkBuffer):
                 break  # a batch never mixes retried entries with fresh ones: retries are counted exactly
             attempt = chunk.attempt
             start = chunk.start
-            room = max_records - count
-            whole = not start and room >= len(chunk.entries)
-            window = chunk.sizes if whole else chunk.sizes[start:start + room]
-            window_bytes = chunk.left_bytes if whole else total_bytes(window)
+            stop = min(len(chunk.entries), start + max_records - count)
+            whole = not start and stop == len(chunk.entries)
+            window_bytes = chunk.left_bytes if stop == len(chunk.entries) else chunk.bytes_of(start, stop)
             if total + window_bytes <= max_bytes:  # the usual case: the whole window fits, no per-entry pass
-                n, taken_bytes = len(window), window_bytes
+                end, taken_bytes = stop, window_bytes
             else:
-                n, taken_bytes = _fitting(window, max_bytes - total)
+                n, taken_bytes = chunk.fitting(start, stop, max_bytes - total)
                 if n == 0 and not count:
-                    n, taken_bytes = 1, int(window[0])  # an entry larger than max_bytes still goes, alone
+                    n, taken_bytes = 1, int(chunk.sizes[start])  # an entry larger than max_bytes still goes, alone
                 if n == 0:
                     break
-                whole = False
-            end = start + n
+                end, whole = start + n, False
             # A chunk taken whole is handed over as it is (no copy of its lists); a range or an array slices in O(1).
             entry_pieces.append(chunk.entries if whole else chunk.entries[start:end])
-            size_pieces.append(window if n == len(window) else window[:n])
-            count += n
+            size_pieces.append(chunk.sizes if whole else chunk.sizes[start:end])
+            count += end - start
             total += taken_bytes
             chunk.start = end
             chunk.left_bytes -= taken_bytes
             if not len(chunk):
                 self._chunks.popleft()
-            if n < len(window):
+            if end < stop:
                 break  # stopped by max_bytes
         if not count:
             return None

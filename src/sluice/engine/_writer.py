@@ -37,6 +37,8 @@ from sluice.engine._store import ErrorKind, Store, WriteContext, completed_futur
 log = logging.getLogger("sluice.engine")
 
 _MAX_BACKOFF_S = 30.0
+_ACKNOWLEDGED = completed_future()  # the one shared future of every batch a store acknowledged at once
+_NO_KEYS: frozenset[Hashable] = frozenset()
 
 
 class _Checkpoint:
@@ -260,7 +262,7 @@ class AsyncSinkWriter:
                 if admitted:
                     self._cond.notify_all()  # the caller may be waiting for room in the ring
             for batch, started, future in completions:
-                self._on_complete(batch, started, future)
+                self._on_complete(batch, started, future.exception())
             self._pump()
             self._finish_checkpoints()
             self._observe()
@@ -312,7 +314,8 @@ class AsyncSinkWriter:
     def _request_info(self, now: float, partial: bool = True) -> RequestInfo:
         return RequestInfo(
             self._limiter.batch_size_limit(self.config.batch_max_size),
-            self.config.flush_buffer_size, now, frozenset(self._busy_keys), bool(self._checkpoints), partial,
+            self.config.flush_buffer_size, now, frozenset(self._busy_keys) if self._busy_keys else _NO_KEYS,
+            bool(self._checkpoints), partial,
         )
 
     def _flush_reason(self, limit: int) -> tuple[str, bool] | None:
@@ -385,10 +388,11 @@ class AsyncSinkWriter:
             future = self.store.submit(batch)
         except BaseException as error:  # a store that raises instead of failing the future
             future = completed_future(error)
-        if future.done() and not future.cancelled() and future.exception() is None:
+        if future is _ACKNOWLEDGED or (future.done() and not future.cancelled() and future.exception() is None):
             # Acknowledged already (a store that holds nothing in flight): counted here, not sent round through the
-            # completion queue, which cost a lock, a notify and a turn of the loop per batch.
-            self._on_complete(batch, started, future)
+            # completion queue, which cost a lock, a notify and a turn of the loop per batch (and the shared future
+            # is known without asking it, which takes its lock three times).
+            self._on_complete(batch, started, None)
             return
         future.add_done_callback(lambda f: self._post_completion(batch, started, f))
 
@@ -397,8 +401,7 @@ class AsyncSinkWriter:
             self._completions.append((batch, started, future))
             self._cond.notify_all()
 
-    def _on_complete(self, batch: Batch, started: float, future: Future[None]) -> None:
-        error = future.exception()
+    def _on_complete(self, batch: Batch, started: float, error: BaseException | None) -> None:
         self._limiter.on_complete(batch.record_count, error is None)
         if self._keyed:
             self._busy_keys.discard(batch.partition_key)
