@@ -2,7 +2,9 @@
 
 Run: `.venv/bin/python bench/s2_many_streams.py` (in-memory local S2 server; 100,000 rows of ~100 bytes,
 2 Spark tasks, unordered, streams created by the sink). Every row is checked to be on the right stream.
-Prints rows/s per stream count and each rate as a fraction of the single-stream rate.
+Prints rows/s per stream count and each rate as a fraction of the single-stream rate, and the memory the streams
+take: the Python workers' peak resident memory during the write (bench/scale.py's sampling, every 0.2 s) and the
+S2 server's after it, with their growth over the first count's divided by the streams added (KiB per stream).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from datetime import date
 
 import s2_sdk
+from _cpu import rss_mib
+from scale import PeakWorkerMemory
 
 import sluice
 from sluice.s2local import LocalS2
@@ -53,25 +57,32 @@ def main() -> int:
             basin = f"many-streams-{n}"
             df = spark.range(0, args.rows, 1, 2).selectExpr(f"id % {n} AS k", "repeat('x', 90) AS body").cache()
             df.count()
-            start = time.perf_counter()
-            if args.one_call:
-                sluice.write(df, "s2", {**opts, "s2.basin": basin})
-            else:
-                df.write.format("s2").options(**opts).option("s2.basin", basin).mode("append").save()
-            seconds = time.perf_counter() - start
+            with PeakWorkerMemory() as memory:
+                start = time.perf_counter()
+                if args.one_call:
+                    sluice.write(df, "s2", {**opts, "s2.basin": basin})
+                else:
+                    df.write.format("s2").options(**opts).option("s2.basin", basin).mode("append").save()
+                seconds = time.perf_counter() - start
             summary = sluice.last_write_summary("s2")
             tails, appends = asyncio.run(stream_tails(server.url, basin))
             expected = {f"st/{k}": args.rows // n + (1 if k < args.rows % n else 0) for k in range(n)}
             assert tails == expected, f"{n} streams: rows missing or misrouted"
             results[n] = {"seconds": round(seconds, 2), "rows_per_s": round(args.rows / seconds),
-                          "batches": summary["batches"], "appends": appends, "retries": summary["retries"]}
+                          "batches": summary["batches"], "appends": appends, "retries": summary["retries"],
+                          "peak_worker_mib": round(memory.peak, 1), "server_mib": rss_mib(server.process.pid)}
             df.unpersist()
             print(n, results[n], flush=True)
         spark.stop()
-    base = results[counts[0]]["rows_per_s"]
+    first = results[counts[0]]
     for n in counts:
-        results[n]["vs_first"] = round(results[n]["rows_per_s"] / base, 3)
+        results[n]["vs_first"] = round(results[n]["rows_per_s"] / first["rows_per_s"], 3)
+        if n > counts[0]:
+            for part in ("peak_worker_mib", "server_mib"):
+                grown = (results[n][part] or 0) - (first[part] or 0)
+                results[n][part.replace("_mib", "_kib_per_stream")] = round(grown * 1024 / (n - counts[0]), 1)
     print(json.dumps({"date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                      "load": os.getloadavg(),
                       "rows": args.rows, "tasks": 2, "path": "sluice.write" if args.one_call else "df.write",
                       "results": results}, indent=2))
     return 0

@@ -1,9 +1,13 @@
 """S2 sink benchmark: Spark -> format("s2") vs the raw s2-sdk vs a naive foreachPartition, one run, one server.
 
-Run: `.venv/bin/python bench/s2_sink.py` (in-memory local S2 server; 100-byte records, format=raw).
+Run: `.venv/bin/python bench/s2_sink.py [--records 1000000] [--rounds 3]` (in-memory local S2 server; 100-byte
+records, format=raw).
 - raw SDK: one Python process, one append session, batches of 1000 records (the server-bound limit);
 - sluice: the same records from a cached DataFrame (2 partitions) through format("s2"), unordered;
 - naive: df.foreachPartition appending one record per unary call (what a first attempt often looks like).
+The raw SDK and sluice alternate for --rounds rounds (medians compared); each write also gives the CPU seconds of
+the processes it ran on (bench/_cpu.py: this process, where the raw SDK runs; Spark's JVM; its Python workers; the
+S2 server), which move less than wall times on a shared machine.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import time
 from datetime import date
 
 import s2_sdk
+from _cpu import clocked_tree
 
 import sluice
 from sluice.s2local import LocalS2
@@ -71,6 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--naive-records", type=int, default=4_000)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the raw SDK and sluice")
     args = parser.parse_args()
     with LocalS2() as server:
         asyncio.run(setup(server.url))
@@ -82,11 +89,18 @@ def main() -> int:
         # Warm-up: Python workers, imports, connections.
         df.limit(1000).write.format("s2").options(**opts).option("s2.stream", "sluice").mode("append").save()
 
-        raw_s = asyncio.run(raw_sdk(server.url, args.records))
-        start = time.perf_counter()
-        df.write.format("s2").options(**opts).option("s2.stream", "sluice").mode("append").save()
-        sluice_s = time.perf_counter() - start
-        summary = sluice.last_write_summary("s2")
+        raw_runs, sluice_runs, cpu = [], [], {"raw_sdk": [], "sluice": []}
+        summary = None
+        for _ in range(args.rounds):
+            took, used = clocked_tree(lambda: asyncio.run(raw_sdk(server.url, args.records)), {})
+            raw_runs.append(took)
+            cpu["raw_sdk"].append(used)
+            took, used = clocked_tree(lambda: df.write.format("s2").options(**opts).option("s2.stream", "sluice")
+                                      .mode("append").save(), {})
+            sluice_runs.append(took)
+            cpu["sluice"].append(used)
+            summary = sluice.last_write_summary("s2")
+        raw_s, sluice_s = statistics.median(raw_runs), statistics.median(sluice_runs)
         naive_df = spark.range(0, args.naive_records, 1, 2).selectExpr(BODY_SQL)
         start = time.perf_counter()
         naive_df.foreachPartition(naive_partition(server.url))
@@ -99,16 +113,19 @@ def main() -> int:
 
         counts = asyncio.run(tails())
         spark.stop()
-    assert counts["raw"] == args.records and counts["sluice"] == args.records + 1000, counts
+    assert counts["raw"] == args.rounds * args.records and counts["sluice"] == args.rounds * args.records + 1000, counts
     # >=: the SDK's default retry policy (ALL) may resend a unary append that had landed (seen: 4002 of 4000).
     assert counts["naive"] >= args.naive_records, counts
     raw_rate, sluice_rate, naive_rate = args.records / raw_s, args.records / sluice_s, args.naive_records / naive_s
     print(json.dumps({
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "records": args.records, "record_bytes": 100,
+        "records": args.records, "record_bytes": 100, "rounds": args.rounds, "load": os.getloadavg(),
         "raw_sdk_records_per_s": round(raw_rate), "sluice_s2_sink_records_per_s": round(sluice_rate),
         "naive_foreach_partition_records_per_s": round(naive_rate),
         "sluice_vs_raw_sdk": round(sluice_rate / raw_rate, 3), "sluice_vs_naive": round(sluice_rate / naive_rate, 1),
+        "raw_sdk_seconds": [round(t, 2) for t in raw_runs], "sluice_seconds": [round(t, 2) for t in sluice_runs],
+        "cpu_s_per_write": {side: {part: round(statistics.median(u.get(part, 0.0) for u in runs), 2)
+                                   for part in sorted({p for u in runs for p in u})} for side, runs in cpu.items()},
         "naive_records_on_stream": counts["naive"], "sink_summary": summary,
     }, indent=2))
     return 0

@@ -85,7 +85,14 @@ from sluice.spark._compat import (
     require,
     to_arrow_schema,
 )
-from sluice.spark._encoding import ArrowRows, binary_column, body_column_name, check_writable, conform
+from sluice.spark._encoding import (
+    ArrowRows,
+    binary_column,
+    binary_sizes,
+    body_column_name,
+    check_writable,
+    conform,
+)
 from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.spark._pushdown import check_pushdown, pushdown_option
 from sluice.spark._registry import add_format as register_format
@@ -167,6 +174,7 @@ __all__ = [
     "WriteContext",
     "WritePlan",
     "binary_column",
+    "binary_sizes",
     "body_column_name",
     "check_http_endpoint",
     "check_key_columns",

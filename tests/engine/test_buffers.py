@@ -124,3 +124,32 @@ def test_retry_backoff_is_found_among_delayed_keys_only():
     assert creator.create_next_batch(info(now=1.0), buf).entries == ["x"]
     assert creator.create_next_batch(info(now=9.0), buf).entries == ["r"]
     assert buf.delayed_keys() == [] and buf.size() == 0
+
+
+def test_row_number_ranges_and_size_arrays_are_cut_like_lists():
+    """Entries as a range and sizes as a numpy array (what ArrowRows gives) make the same batches as lists do, by
+    records and by bytes, across chunks; consecutive ranges stay one range, arrays stay arrays."""
+    import numpy as np
+
+    def cut(entries_kind, sizes_kind):
+        buf = DequeRequestBuffer()
+        buf.add_chunk(Chunk(entries_kind(range(0, 5)), sizes_kind([10, 20, 30, 40, 50])))
+        buf.add_chunk(Chunk(entries_kind(range(5, 8)), sizes_kind([10, 10, 500])))
+        creator, out = SimpleBatchCreator(), []
+        for batch_size, max_bytes in [(3, 1000), (4, 1000), (10, 25), (10, 1000), (10, 10)]:
+            batch = creator.create_next_batch(info(batch_size=batch_size, max_bytes=max_bytes), buf)
+            out.append(None if batch is None else (list(batch.entries), [int(s) for s in batch.sizes],
+                                                   batch.size_bytes, type(batch.size_bytes)))
+        return out, buf.size(), buf.total_size_bytes()
+
+    as_lists = cut(list, list)
+    assert as_lists == ([([0, 1, 2], [10, 20, 30], 60, int), ([3, 4, 5, 6], [40, 50, 10, 10], 110, int),
+                         ([7], [500], 500, int), None, None], 0, 0)
+    assert cut(lambda r: r, lambda s: np.array(s, dtype=np.int64)) == as_lists
+
+    buf = DequeRequestBuffer()
+    buf.add_chunk(Chunk(range(0, 4), np.full(4, 7, dtype=np.int64)))
+    buf.add_chunk(Chunk(range(4, 8), np.full(4, 7, dtype=np.int64)))
+    batch = SimpleBatchCreator().create_next_batch(info(batch_size=6), buf)
+    assert batch.entries == range(0, 6) and isinstance(batch.sizes, np.ndarray) and batch.size_bytes == 42
+    assert buf.buffered_state() == [(6, 7), (7, 7)] and buf.total_size_bytes() == 14

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,14 +12,17 @@ from sluice.engine._buffer import KeyedRequestBuffer, RequestBuffer, Taken
 
 @dataclass
 class Batch:
-    """One request to the store: entries in send order, their byte size and count."""
+    """One request to the store: entries in send order, their byte size and count.
 
-    entries: list[Any]
+    `entries` and `sizes` are what the writer was handed, sliced: lists, or a range of row numbers and a numpy array
+    of sizes (_buffer.py), never copied into lists for the store."""
+
+    entries: Sequence[Any]
     size_bytes: int
     record_count: int
     partition_key: Hashable = None
     attempt: int = 0  # 0 on the first submission, n on the n-th retry
-    sizes: list[int] = field(default_factory=list, repr=False)
+    sizes: Sequence[int] = field(default_factory=list, repr=False)
 
     @classmethod
     def of(cls, taken: Taken, partition_key: Hashable = None) -> Batch:

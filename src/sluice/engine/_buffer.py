@@ -1,8 +1,10 @@
 """Request buffers (FLIP-509's RequestBuffer): where entries wait between write() and a batch.
 
-Entries are stored in chunks (a list of entries plus a list of their sizes) so that cutting a batch of
-1000 entries costs a few C-level list operations instead of 1000 Python-level polls. The per-entry
-API (add/poll/peek) is still there for stores and batch creators that want it.
+Entries are stored in chunks (a sequence of entries plus one of their sizes) so that cutting a batch of
+1000 entries costs a few C-level list operations instead of 1000 Python-level polls. Entries are a list, or a
+`range` (row numbers, as `ArrowRows` gives them); sizes a list of ints or a numpy integer array. A range and an array
+are sliced and summed without a Python step per entry: a store whose entries stay in Arrow pays the engine per batch,
+not per row. The per-entry API (add/poll/peek) is still there for stores and batch creators that want it.
 """
 
 from __future__ import annotations
@@ -11,30 +13,91 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import accumulate
+from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from typing import Any
+
+
+def total_bytes(sizes: Sequence[int]) -> int:
+    """The sum of entries' sizes, as an int: a list's summed in C, an array's vectorized."""
+    if type(sizes) is list:
+        return sum(sizes)
+    vectorized = getattr(sizes, "sum", None)
+    return int(vectorized()) if vectorized is not None else sum(sizes)
+
+
+def largest_size(sizes: Sequence[int]) -> int:
+    vectorized = getattr(sizes, "max", None) if type(sizes) is not list else None
+    return int(vectorized()) if vectorized is not None else max(sizes)
+
+
+def _joined(pieces: list[Sequence[Any]]) -> Sequence[Any]:
+    """One sequence of the pieces a batch took from several chunks: consecutive ranges stay a range, arrays are
+    concatenated, anything else becomes a list."""
+    if len(pieces) == 1:
+        return pieces[0]
+    kinds = {type(piece) for piece in pieces}
+    if kinds == {range} and all(a.step == b.step == 1 and a.stop == b.start for a, b in pairwise(pieces)):
+        return range(pieces[0].start, pieces[-1].stop)
+    if len(kinds) == 1 and hasattr(pieces[0], "dtype"):
+        import numpy as np
+
+        return np.concatenate(pieces)
+    out: list[Any] = []
+    for piece in pieces:
+        out.extend(piece)
+    return out
 
 
 @dataclass
 class Chunk:
     """Entries that entered the buffer together, all with one partition key and retry state."""
 
-    entries: list[Any]
-    sizes: list[int]
+    entries: Sequence[Any]  # a list or a range (see the module's docstring)
+    sizes: Sequence[int]  # a list of ints or a numpy integer array
     key: Hashable = None
     attempt: int = 0  # how many times these entries were already submitted and failed
     ready_at: float = 0.0  # monotonic time before which the chunk must not be sent (retry backoff)
     start: int = 0  # entries before `start` were already taken
+    left_bytes: int = field(init=False, repr=False)  # the bytes of the entries not taken yet
+    # Sizes as an array: their running sums, made once, so a batch's bytes are two lookups, not a sum per batch.
+    _sums: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if type(self.sizes) is list or not len(self.sizes):
+            self._sums = None
+            self.left_bytes = total_bytes(self.sizes[self.start:] if self.start else self.sizes)
+        else:
+            self._sums = self.sizes.cumsum()
+            self.left_bytes = int(self._sums[-1]) - self._before(self.start)
 
     def __len__(self) -> int:
         return len(self.entries) - self.start
 
+    def _before(self, index: int) -> int:
+        return int(self._sums[index - 1]) if index else 0
+
+    def bytes_of(self, start: int, end: int) -> int:
+        """The bytes of entries [start, end)."""
+        if self._sums is None:
+            return sum(self.sizes[start:end])
+        return int(self._sums[end - 1]) - self._before(start) if end > start else 0
+
+    def fitting(self, start: int, end: int, room: int) -> tuple[int, int]:
+        """How many entries from `start` (up to `end`) fit in `room` bytes, and their bytes."""
+        if self._sums is None:
+            sums = list(accumulate(self.sizes[start:end], initial=0))
+            n = bisect_right(sums, room) - 1
+            return n, sums[n]
+        base = self._before(start)
+        n = int(self._sums[start:end].searchsorted(base + room, side="right"))
+        return n, self.bytes_of(start, start + n)
+
 
 @dataclass
 class Taken:
-    entries: list[Any]
-    sizes: list[int]
+    entries: Sequence[Any]
+    sizes: Sequence[int]
     size_bytes: int
     attempt: int
 
@@ -124,7 +187,7 @@ class DequeRequestBuffer(_ChunkBuffer):
         else:
             self._chunks.append(chunk)
         self._count += len(chunk)
-        self._bytes += sum(chunk.sizes[chunk.start:])
+        self._bytes += chunk.left_bytes
 
     def head_ready_at(self) -> float:
         return self._chunks[0].ready_at if self._chunks else 0.0
@@ -137,47 +200,48 @@ class DequeRequestBuffer(_ChunkBuffer):
         if not self._chunks:
             return None
         head = self._chunks[0]
-        return head.entries[head.start], head.sizes[head.start]
+        return head.entries[head.start], int(head.sizes[head.start])
 
     def take(self, max_records: int, max_bytes: int, now: float, key: Hashable = None) -> Taken | None:
         if not self._chunks or self._chunks[0].ready_at > now:
             return None
-        entries: list[Any] = []
-        sizes: list[int] = []
-        total = 0
-        attempt = 0
-        while self._chunks and len(entries) < max_records:
+        entry_pieces: list[Sequence[Any]] = []
+        size_pieces: list[Sequence[int]] = []
+        count = total = attempt = 0
+        while self._chunks and count < max_records:
             chunk = self._chunks[0]
-            if chunk.ready_at > now or (entries and chunk.attempt != attempt):
+            if chunk.ready_at > now or (count and chunk.attempt != attempt):
                 break  # a batch never mixes retried entries with fresh ones: retries are counted exactly
             attempt = chunk.attempt
-            room = max_records - len(entries)
-            window = chunk.sizes[chunk.start:chunk.start + room]
-            window_bytes = sum(window)
+            start = chunk.start
+            stop = min(len(chunk.entries), start + max_records - count)
+            whole = not start and stop == len(chunk.entries)
+            window_bytes = chunk.left_bytes if stop == len(chunk.entries) else chunk.bytes_of(start, stop)
             if total + window_bytes <= max_bytes:  # the usual case: the whole window fits, no per-entry pass
-                n, taken_bytes = len(window), window_bytes
+                end, taken_bytes = stop, window_bytes
             else:
-                sums = list(accumulate(window, initial=total))
-                n = bisect_right(sums, max_bytes) - 1  # how many fit under max_bytes
-                if n == 0 and not entries:
-                    n = 1  # an entry larger than max_bytes still goes, alone, so nothing is stuck
+                n, taken_bytes = chunk.fitting(start, stop, max_bytes - total)
+                if n == 0 and not count:
+                    n, taken_bytes = 1, int(chunk.sizes[start])  # an entry larger than max_bytes still goes, alone
                 if n == 0:
                     break
-                taken_bytes = sums[n] - total
-            end = chunk.start + n
-            entries.extend(chunk.entries[chunk.start:end])
-            sizes.extend(window if n == len(window) else window[:n])
+                end, whole = start + n, False
+            # A chunk taken whole is handed over as it is (no copy of its lists); a range or an array slices in O(1).
+            entry_pieces.append(chunk.entries if whole else chunk.entries[start:end])
+            size_pieces.append(chunk.sizes if whole else chunk.sizes[start:end])
+            count += end - start
             total += taken_bytes
             chunk.start = end
+            chunk.left_bytes -= taken_bytes
             if not len(chunk):
                 self._chunks.popleft()
-            if n < len(window):
+            if end < stop:
                 break  # stopped by max_bytes
-        if not entries:
+        if not count:
             return None
-        self._count -= len(entries)
+        self._count -= count
         self._bytes -= total
-        return Taken(entries, sizes, total, attempt)
+        return Taken(_joined(entry_pieces), _joined(size_pieces), total, attempt)
 
 
 class KeyedRequestBuffer(_ChunkBuffer):

@@ -28,7 +28,7 @@ from sluice.engine._batch import (
     BatchCreator,
     RequestInfo,
 )
-from sluice.engine._buffer import Chunk, RequestBuffer
+from sluice.engine._buffer import Chunk, RequestBuffer, largest_size, total_bytes
 from sluice.engine._config import PARTITION_ORDERED, SinkConfig
 from sluice.engine._ratelimit import AIMDRateLimiter
 from sluice.engine._stats import LiveStats, WriteStats
@@ -37,6 +37,8 @@ from sluice.engine._store import ErrorKind, Store, WriteContext, completed_futur
 log = logging.getLogger("sluice.engine")
 
 _MAX_BACKOFF_S = 30.0
+_ACKNOWLEDGED = completed_future()  # the one shared future of every batch a store acknowledged at once
+_NO_KEYS: frozenset[Hashable] = frozenset()
 
 
 class _Checkpoint:
@@ -121,12 +123,13 @@ class AsyncSinkWriter:
     def write(self, entry: Any, size: int, key: Hashable = None) -> None:
         self.write_chunk([entry], [size], key)
 
-    def write_chunk(self, entries: list[Any], sizes: Sequence[int], key: Hashable = None) -> None:
+    def write_chunk(self, entries: Sequence[Any], sizes: Sequence[int], key: Hashable = None) -> None:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full.
 
-        The writer keeps lists as they are given (a copy per chunk was a pass over every row): do not change them
-        after handing them over."""
-        if entries:
+        `entries` a list, or a range (row numbers); `sizes` a list of ints or a numpy integer array: a range and an
+        array cost the engine nothing per entry (_buffer.py). The writer keeps them as they are given (a copy per
+        chunk was a pass over every row): do not change them after handing them over."""
+        if len(entries):
             self._put(self._chunk(entries, sizes, key))
 
     def _chunk(self, entries: Sequence[Any], sizes: Sequence[int], key: Hashable) -> Chunk:
@@ -134,19 +137,22 @@ class AsyncSinkWriter:
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
         if limit is not None:
-            largest = max(sizes)
+            largest = largest_size(sizes)
             if largest > limit:
-                index = list(sizes).index(largest)
+                index = [int(size) for size in sizes].index(largest)
                 raise RecordTooLargeError(
                     f"{self.store.name}: record {index} of this chunk is {largest} bytes, over the store's limit of "
                     f"{limit} bytes per record ({self.store.target}); split or shrink it. Nothing of this "
                     "chunk was sent.",
                     store=self.store.name, target=self.store.target, batch_records=1,
                 )
-        return Chunk(entries if type(entries) is list else list(entries),
-                     sizes if type(sizes) is list else list(sizes), key if self._keyed else None)
+        if type(entries) is not list and type(entries) is not range:
+            entries = list(entries)
+        if type(sizes) is not list and getattr(sizes, "dtype", None) is None:
+            sizes = list(sizes)
+        return Chunk(entries, sizes, key if self._keyed else None)
 
-    def write_keyed(self, entries: list[Any], sizes: Sequence[int], keys: Sequence[Hashable],
+    def write_keyed(self, entries: Sequence[Any], sizes: Sequence[int], keys: Sequence[Hashable],
                     names: Sequence[Hashable] | None = None) -> None:
         """Add entries with a partition key each; entries of one key keep their relative order.
 
@@ -171,7 +177,7 @@ class AsyncSinkWriter:
         bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
         positions = order.tolist()
         ordered_entries = [entries[i] for i in positions]
-        ordered_sizes = [sizes[i] for i in positions]
+        ordered_sizes = sizes[order] if getattr(sizes, "dtype", None) is not None else [sizes[i] for i in positions]
         chunks = []
         for start, end in zip([0, *bounds], [*bounds, len(positions)], strict=True):
             code = int(sorted_keys[start])
@@ -256,7 +262,7 @@ class AsyncSinkWriter:
                 if admitted:
                     self._cond.notify_all()  # the caller may be waiting for room in the ring
             for batch, started, future in completions:
-                self._on_complete(batch, started, future)
+                self._on_complete(batch, started, future.exception())
             self._pump()
             self._finish_checkpoints()
             self._observe()
@@ -308,7 +314,8 @@ class AsyncSinkWriter:
     def _request_info(self, now: float, partial: bool = True) -> RequestInfo:
         return RequestInfo(
             self._limiter.batch_size_limit(self.config.batch_max_size),
-            self.config.flush_buffer_size, now, frozenset(self._busy_keys), bool(self._checkpoints), partial,
+            self.config.flush_buffer_size, now, frozenset(self._busy_keys) if self._busy_keys else _NO_KEYS,
+            bool(self._checkpoints), partial,
         )
 
     def _flush_reason(self, limit: int) -> tuple[str, bool] | None:
@@ -381,10 +388,11 @@ class AsyncSinkWriter:
             future = self.store.submit(batch)
         except BaseException as error:  # a store that raises instead of failing the future
             future = completed_future(error)
-        if future.done() and not future.cancelled() and future.exception() is None:
+        if future is _ACKNOWLEDGED or (future.done() and not future.cancelled() and future.exception() is None):
             # Acknowledged already (a store that holds nothing in flight): counted here, not sent round through the
-            # completion queue, which cost a lock, a notify and a turn of the loop per batch.
-            self._on_complete(batch, started, future)
+            # completion queue, which cost a lock, a notify and a turn of the loop per batch (and the shared future
+            # is known without asking it, which takes its lock three times).
+            self._on_complete(batch, started, None)
             return
         future.add_done_callback(lambda f: self._post_completion(batch, started, f))
 
@@ -393,8 +401,7 @@ class AsyncSinkWriter:
             self._completions.append((batch, started, future))
             self._cond.notify_all()
 
-    def _on_complete(self, batch: Batch, started: float, future: Future[None]) -> None:
-        error = future.exception()
+    def _on_complete(self, batch: Batch, started: float, error: BaseException | None) -> None:
         self._limiter.on_complete(batch.record_count, error is None)
         if self._keyed:
             self._busy_keys.discard(batch.partition_key)
@@ -410,10 +417,10 @@ class AsyncSinkWriter:
         entries, sizes = batch.entries, batch.sizes
         if isinstance(error, RetryEntries):  # the rest of the batch was stored
             entries = [batch.entries[i] for i in error.positions]
-            sizes = [batch.sizes[i] for i in error.positions] if batch.sizes else []
+            sizes = [int(batch.sizes[i]) for i in error.positions] if len(batch.sizes) else []
             stored = batch.record_count - len(entries)
             self.stats.records += stored
-            self.stats.bytes += batch.size_bytes - sum(sizes)
+            self.stats.bytes += batch.size_bytes - total_bytes(sizes)
             error = error.cause
         self._failed_records += len(entries)
         kind = self.store.classify(error)

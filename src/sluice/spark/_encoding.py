@@ -16,8 +16,20 @@ def binary_column(batch: pa.RecordBatch, name: str) -> tuple[list[bytes], list[i
     """Entries = the values of one string/binary column as bytes; sizes = their byte lengths.
 
     A string column is viewed as binary (same buffers, no copy) and the sizes are the differences of its offsets:
-    the only per-row work is making the bytes objects. (Arrow's compute kernels and to_numpy would do the same
-    in more passes, and to_numpy imports pandas into every Python worker on its first batch.)"""
+    the only per-row work is making the bytes objects (about 50 ns a row: a store that can take Arrow should keep
+    row numbers as its entries instead, see ArrowRows and binary_sizes)."""
+    column, sizes = _binary_view(batch, name)
+    return column.to_pylist(), sizes.tolist()
+
+
+def binary_sizes(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    """The byte lengths of one string/binary column's values, from its offsets (int64 array; no per-row step)."""
+    return _binary_view(batch, name)[1]
+
+
+def _binary_view(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
+    """The column viewed as binary (Arrow's compute kernels and to_numpy would measure it in more passes, and
+    to_numpy imports pandas into every Python worker on its first batch), and its values' byte lengths."""
     column = batch.column(name)
     if column.null_count:
         raise OptionError(
@@ -31,10 +43,9 @@ def binary_column(batch: pa.RecordBatch, name: str) -> tuple[list[bytes], list[i
         width = 8 if pa.types.is_large_binary(column.type) else 4
         offsets = np.frombuffer(column.buffers()[1], dtype=np.int64 if width == 8 else np.int32,
                                 count=len(column) + 1, offset=column.offset * width)
-        sizes = np.diff(offsets).tolist()
-    else:  # other layouts (e.g. binary views): Arrow measures them
-        sizes = pc.binary_length(column).to_numpy(zero_copy_only=False).tolist()
-    return column.to_pylist(), sizes
+        return column, np.diff(offsets).astype(np.int64, copy=False)
+    # other layouts (e.g. binary views): Arrow measures them
+    return column, pc.binary_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def body_column_name(schema_names: Sequence[str], types: Sequence[Any]) -> str:
@@ -103,13 +114,22 @@ def partition_keys(batch: pa.RecordBatch, columns: Sequence[str]) -> tuple[Any, 
     return codes, names
 
 
+def row_numbers(entries: Sequence[int]) -> np.ndarray:
+    """Engine entries that are row numbers as an int64 array: a range (what ArrowRows gives, and what a batch of
+    consecutive rows stays in the engine) without a step per row."""
+    if type(entries) is range:
+        return np.arange(entries.start, entries.stop, entries.step, dtype=np.int64)
+    return np.asarray(entries, dtype=np.int64)
+
+
 class ArrowRows:
     """A task's Arrow rows addressed by a running row number, so engine entries are ints, not row objects.
 
-    `add` files a RecordBatch and returns its entries (row numbers) and per-row sizes (the batch's average);
-    `table` rebuilds the rows of a submitted engine batch as one Arrow table in entry order (slices when the
-    rows are contiguous, else `take`); `release` forgets rows once the store acknowledged them, dropping a
-    RecordBatch when all its rows are done. Thread-safe: the task thread adds, store threads read.
+    `add` files a RecordBatch and returns its entries (row numbers, a range) and per-row sizes (the batch's average,
+    a numpy array): the engine cuts batches of them without a Python step per row; `table` rebuilds the rows of a
+    submitted engine batch as one Arrow table in entry order (slices when the rows are contiguous, else `take`);
+    `release` forgets rows once the store acknowledged them, dropping a RecordBatch when all its rows are done.
+    Thread-safe: the task thread adds, store threads read.
     """
 
     def __init__(self) -> None:
@@ -121,7 +141,7 @@ class ArrowRows:
         self._pending: dict[int, int] = {}
         self._next = 0
 
-    def add(self, batch: pa.RecordBatch) -> tuple[list[int], list[int]]:
+    def add(self, batch: pa.RecordBatch) -> tuple[range, np.ndarray]:
         n = batch.num_rows
         with self._lock:
             start = self._next
@@ -130,12 +150,12 @@ class ArrowRows:
             self._batches[start] = batch
             self._pending[start] = n
         size = max(1, batch.nbytes // max(n, 1))
-        return list(range(start, start + n)), [size] * n
+        return range(start, start + n), np.full(n, size, dtype=np.int64)
 
     def _runs(self, entries: Sequence[int]) -> list[tuple[int, Any]]:
         """(batch start, numpy row numbers) per run of entries that fall in one RecordBatch, in entry order."""
 
-        rows = np.asarray(entries, dtype=np.int64)
+        rows = row_numbers(entries)
         with self._lock:
             starts = np.asarray(self._starts, dtype=np.int64)
         owner = starts[np.searchsorted(starts, rows, side="right") - 1]

@@ -92,7 +92,7 @@ class KafkaEncoder:
         if not self.fixed_topic:
             self._check_topics(batch.column("topic"))
         entries, _ = self.rows.add(batch)
-        return Encoded(entries, sizes.tolist())
+        return Encoded(entries, sizes)
 
     def _check_topics(self, column: pa.Array) -> None:
         if column.null_count:

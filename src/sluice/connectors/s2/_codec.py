@@ -1,6 +1,7 @@
 """Arrow record batches -> S2 records, whole batches at a time (polars for JSON, pyarrow for the rest).
 
-An entry is `(stream name, s2_sdk.Record)`; its size is S2's metered size
+An entry is `(stream name, s2_sdk.Record)`, or the bare record when every row goes to one stream (a fixed
+s2.stream: no pair per row, and the store sends a batch without a pass over it); its size is S2's metered size
 (8 + 2 * headers + header names and values + body), so the engine's byte limits are S2's.
 """
 
@@ -20,6 +21,7 @@ from sluice.connectors.s2._options import AppendWriteOptions, FormatWriteOptions
 HEADERS_COLUMN = "headers"
 TIMESTAMP_COLUMN = "timestamp"
 MAX_STREAM_NAME = 512
+_NO_HEADERS: tuple[tuple[bytes, bytes], ...] = ()  # shared and immutable: a record without headers makes no list
 
 
 def json_bodies(batch: pa.RecordBatch, columns: Sequence[str]) -> pa.Array:
@@ -124,12 +126,16 @@ class S2Encoder:
     """Callable: RecordBatch -> Encoded (entries, metered sizes; the rows kept, for upserts). One per Spark task."""
 
     def __init__(self, options: FormatWriteOptions, schema_names: Sequence[str], context: WriteContext,
-                 stamp: bool) -> None:
+                 stamp: bool, bare_records: bool = False) -> None:
+        """`bare_records`: entries are records, not (stream, record) pairs; only for a fixed s2.stream."""
         import s2_sdk
 
         self._record = s2_sdk.Record
         self.kind = options.kind
         self.router = StreamRouter(options.s2_stream, schema_names)
+        if bare_records and not self.router.fixed:
+            raise ValueError(f"bare records need a fixed s2.stream, not the template {options.s2_stream!r}")
+        self.bare_records = bare_records
         self.stamper = _Stamper(context) if stamp else None
         names = list(schema_names)
         if isinstance(options, AppendWriteOptions):
@@ -274,7 +280,14 @@ class S2Encoder:
             sizes = sizes + (4 + 7 + len(writer) + 5) + np.fromiter((len(w) for w in wseq), np.int64, n)
             stamps = [[(b"@writer", writer), (b"@wseq", w)] for w in wseq]
             headers = stamps if headers is None else [h + s for h, s in zip(headers, stamps, strict=True)]
-        if isinstance(streams, str):
+        if isinstance(streams, str) and self.bare_records:
+            if headers is None and timestamps is None:
+                entries = [record(b, _NO_HEADERS) for b in bodies]
+            else:
+                hs = headers if headers is not None else [_NO_HEADERS] * n
+                ts = timestamps if timestamps is not None else [None] * n
+                entries = [record(b, h, t) for b, h, t in zip(bodies, hs, ts, strict=True)]
+        elif isinstance(streams, str):
             if headers is None and timestamps is None:
                 entries = [(streams, record(b)) for b in bodies]
             elif timestamps is None:

@@ -11,7 +11,7 @@ from sluice.connector import Committer, TaskWriter, WriteContext, WritePlan
 from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._codec import S2Encoder
 from sluice.connectors.s2._commits import append_commit_fences
-from sluice.connectors.s2._options import FormatWriteOptions
+from sluice.connectors.s2._options import FormatWriteOptions, template_columns
 from sluice.connectors.s2._store import S2Store
 
 log = logging.getLogger("sluice.s2")
@@ -63,10 +63,12 @@ class S2WritePlan(WritePlan):
 
     def open_task(self, context: WriteContext) -> TaskWriter:
         write, exactly_once = self.write, self.config.transactional
-        encoder = S2Encoder(write, self.schema.fieldNames(), context, stamp=write.s2_stamp_writer or exactly_once)
+        one_stream = None if template_columns(write.s2_stream) else write.s2_stream  # a fixed s2.stream: bare records
+        encoder = S2Encoder(write, self.schema.fieldNames(), context, stamp=write.s2_stamp_writer or exactly_once,
+                            bare_records=one_stream is not None)
         store = S2Store(self.conn, write.s2_stream, create_streams=write.s2_create_streams,
                         create_basin=write.s2_create_basin, exactly_once=exactly_once,
-                        max_sessions=write.s2_max_append_sessions)
+                        max_sessions=write.s2_max_append_sessions, one_stream=one_stream)
         return TaskWriter(encoder, store)
 
     def committer(self) -> Committer:

@@ -135,12 +135,14 @@ class _StreamWriter:
     def _next_append(self) -> tuple[list[Any], list[asyncio.Future[None]]]:
         """Queued pieces, in order, that fit one append together (at least one piece)."""
         first, size, future = self.pending.popleft()
-        records, futures = list(first), [future]
+        records, futures = first, [future]
         while self.pending:
             more, more_size, more_future = self.pending[0]
             if len(records) + len(more) > MAX_APPEND_RECORDS or size + more_size > MIB:
                 break
             self.pending.popleft()
+            if records is first:
+                records = list(first)  # the engine's batch stays as it was handed over
             records.extend(more)
             size += more_size
             futures.append(more_future)
@@ -209,8 +211,11 @@ class S2Store(Store):
     max_batch_bytes = MIB
 
     def __init__(self, conn: Connection, stream_label: str, *, create_streams: bool, create_basin: bool,
-                 exactly_once: bool, max_sessions: int = 200) -> None:
+                 exactly_once: bool, max_sessions: int = 200, one_stream: str | None = None) -> None:
+        """`one_stream`: entries are bare records, all for that stream (a fixed s2.stream; the encoder's
+        bare_records); None: entries are (stream, record) pairs."""
         self.conn = conn
+        self.one_stream = one_stream
         self.max_sessions = max_sessions
         self.sessions_open = 0
         self.stream_label = stream_label
@@ -264,11 +269,24 @@ class S2Store(Store):
                 self.created_on_append = False
 
     def submit(self, batch: Batch) -> Future[None]:
+        if self.one_stream is not None:
+            return asyncio.run_coroutine_threadsafe(self._submit_records(batch.entries, batch.size_bytes), self._loop)
         return asyncio.run_coroutine_threadsafe(self._submit(batch.entries, batch.sizes), self._loop)
+
+    async def _submit_records(self, records: Any, size: int) -> None:
+        """A batch of bare records for one_stream: queued as it is, no pass over its records."""
+        stream = self.one_stream
+        assert stream is not None
+        writer = await self._writer(stream)
+        self.streams_written[stream] = self.streams_written.get(stream, 0) + len(records)
+        try:
+            await writer.enqueue(records if type(records) is list else list(records), size)
+        except BaseException as error:
+            raise _about(error, stream, "append") from None
 
     async def _submit(self, entries: list[Any], sizes: list[int]) -> None:
         parts: dict[str, tuple[list[Any], list[int]]] = {}
-        for (stream, record), size in zip(entries, sizes or [0] * len(entries), strict=True):
+        for (stream, record), size in zip(entries, sizes if len(sizes) else [0] * len(entries), strict=True):
             records, part_sizes = parts.setdefault(stream, ([], []))
             records.append(record)
             part_sizes.append(size)
