@@ -13,9 +13,10 @@ rows, and freshness from put to arrival. One standalone HBase (LocalHBase: heap 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
+
+from _tracking_fresh import arrivals, paced
 
 
 def run(args: Any) -> None:
@@ -80,44 +81,19 @@ def freshness(spark: Any, conn: Any, opts: dict[str, str], window_ms: int, rate:
     from sluice.connectors.hbase._client import thrift
 
     t = thrift()
-    lags: list[float] = []
-
-    def arrived(frame: Any, _batch_id: int) -> None:
-        now = time.time()
-        for (at,) in frame.select("at").collect():
-            lags.append((now - at.timestamp()) * 1000)
-
+    lags, arrived = arrivals()
     query = (spark.readStream.format("hbase").options(**opts).schema("id long, payload string, at timestamp")
              .option("tracking.column", "at").option("tracking.lag-window-ms", str(window_ms)).load()
              .writeStream.foreachBatch(arrived).start())
-    stop = threading.Event()
-    per_tick = max(1, rate // 20)
+    table = opts["table"].encode()
     written = 0
 
-    def write() -> None:
+    def insert(n: int) -> None:
         nonlocal written
-        tick = time.monotonic()
-        table = opts["table"].encode()
-        while not stop.is_set():
-            puts = [t.TPut(row=(1 << 63 | i).to_bytes(8, "big"),
-                           columnValues=[t.TColumnValue(family=b"d", qualifier=b"payload", value=b"p")])
-                    for i in range(written, written + per_tick)]
-            conn.call("putMultiple", table, puts)  # no timestamp: the region server's clock
-            written += per_tick
-            tick += 0.05
-            time.sleep(max(0.0, tick - time.monotonic()))
+        puts = [t.TPut(row=(1 << 63 | i).to_bytes(8, "big"),
+                       columnValues=[t.TColumnValue(family=b"d", qualifier=b"payload", value=b"p")])
+                for i in range(written, written + n)]
+        conn.call("putMultiple", table, puts)  # no timestamp: the region server's clock
+        written += n
 
-    writer = threading.Thread(target=write)
-    writer.start()
-    time.sleep(seconds)  # the measured period: the writer's pace, not a synchronization
-    stop.set()
-    writer.join()
-    deadline = time.monotonic() + 60
-    while len(lags) < written and time.monotonic() < deadline:
-        query.processAllAvailable()  # returns while the window holds rows back: polled
-        time.sleep(0.1)
-    query.stop()
-    ordered = sorted(lags)
-    if len(ordered) != written:
-        raise SystemExit(f"window {window_ms} ms: {len(ordered)} rows arrived of {written} written")
-    return ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)], len(ordered)
+    return paced(query, lags, insert, rate, seconds, window_ms)

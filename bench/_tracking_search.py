@@ -15,10 +15,10 @@ bench/tracking.py --store opensearch [--rows 200000] [--rate 1000] [--seconds 20
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import urllib3
+from _tracking_fresh import arrivals, paced
 
 
 def bulk(http: urllib3.PoolManager, url: str, index: str, first: int, count: int, now_ms: int | None = None,
@@ -90,40 +90,15 @@ def freshness(spark, http: urllib3.PoolManager, url: str, window_ms: int, rate: 
               seconds: int) -> tuple[float, float, int]:
     index = f"fresh-{window_ms}"
     create(http, url, index, "1s")
-    lags: list[float] = []
-
-    def arrived(frame, _batch_id: int) -> None:
-        now = time.time()
-        for (at,) in frame.select("at").collect():
-            lags.append((now - at.timestamp()) * 1000)
-
+    lags, arrived = arrivals()
     query = (spark.readStream.format("elasticsearch").options(nodes=url, index=index).option("tracking.column", "at")
              .option("tracking.tie-breaker", "id").option("tracking.lag-window-ms", str(window_ms)).load()
              .writeStream.foreachBatch(arrived).start())
-    stop = threading.Event()
-    per_tick = max(1, rate // 20)
     written = 0
 
-    def write() -> None:
+    def insert(n: int) -> None:
         nonlocal written
-        tick = time.monotonic()
-        while not stop.is_set():
-            bulk(http, url, index, written, per_tick, now_ms=int(time.time() * 1000))
-            written += per_tick
-            tick += 0.05
-            time.sleep(max(0.0, tick - time.monotonic()))
+        bulk(http, url, index, written, n, now_ms=int(time.time() * 1000))
+        written += n
 
-    writer = threading.Thread(target=write)
-    writer.start()
-    time.sleep(seconds)  # the measured period: the writer's pace, not a synchronization
-    stop.set()
-    writer.join()
-    deadline = time.monotonic() + 60
-    while len(lags) < written and time.monotonic() < deadline:
-        query.processAllAvailable()  # returns while the window holds documents back: polled
-        time.sleep(0.1)
-    query.stop()
-    ordered = sorted(lags)
-    if len(ordered) != written:
-        raise SystemExit(f"window {window_ms} ms: {len(ordered)} documents arrived of {written} written")
-    return ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)], len(ordered)
+    return paced(query, lags, insert, rate, seconds, window_ms, what="documents")

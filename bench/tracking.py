@@ -24,12 +24,12 @@ import argparse
 import contextlib
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
+from _tracking_fresh import arrivals, paced
 
 # This script's own folder comes first on sys.path, where bench/cassandra.py would shadow the driver's `cassandra`.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -241,44 +241,12 @@ def main() -> None:
 def freshness(spark, store, window_ms: int, rate: int, seconds: int) -> tuple[float, float, int]:
     table = f"fresh_{window_ms}"
     store.fresh(table)
-    lags: list[float] = []
-
-    def arrived(frame, _batch_id: int) -> None:
-        now = time.time()
-        for (at,) in frame.select("at").collect():
-            lags.append((now - at.timestamp()) * 1000)
-
+    lags, arrived = arrivals()
     query = (spark.readStream.format(store.name).options(**store.options(table), **store.stream_options)
              .option("tracking.column", "at")
              .option("tracking.lag-window-ms", str(window_ms)).load().writeStream.foreachBatch(arrived).start())
-    stop = threading.Event()
-    per_tick = max(1, rate // 20)
-    written = 0
-
-    def write() -> None:
-        nonlocal written
-        with store.writer(table) as insert:
-            tick = time.monotonic()
-            while not stop.is_set():
-                insert(per_tick)
-                written += per_tick
-                tick += 0.05
-                time.sleep(max(0.0, tick - time.monotonic()))
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    time.sleep(seconds)  # the measured period: the writer's pace, not a synchronization
-    stop.set()
-    writer.join()
-    deadline = time.monotonic() + 60
-    while len(lags) < written and time.monotonic() < deadline:
-        query.processAllAvailable()  # returns while the window holds rows back: polled
-        time.sleep(0.1)
-    query.stop()
-    ordered = sorted(lags)
-    if len(ordered) != written:
-        raise SystemExit(f"window {window_ms} ms: {len(ordered)} rows arrived of {written} written")
-    return ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)], len(ordered)
+    with store.writer(table) as insert:
+        return paced(query, lags, insert, rate, seconds, window_ms)
 
 
 if __name__ == "__main__":
