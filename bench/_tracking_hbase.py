@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any
 
-from _tracking_fresh import arrivals, paced
+from _tracking_measures import alternating, arrivals, paced
 
 
 def run(args: Any) -> None:
@@ -58,11 +58,7 @@ def run(args: Any) -> None:
             assert sum(p["numInputRows"] for p in query.recentProgress) == args.rows
             return time.perf_counter() - started
 
-        runs: dict[str, list[float]] = {"batch": [], "stream": []}
-        for _ in range(args.rounds):  # alternating; the first round pays the JVM's and the workers' warm-up
-            runs["batch"].append(batch())
-            runs["stream"].append(stream())
-        batch_s, stream_s = min(runs["batch"]), min(runs["stream"])
+        batch_s, stream_s, runs = alternating(args.rounds, batch, stream)
         print(f"throughput, {args.rows:,} rows in 2 regions, best of {args.rounds} (all: {runs}): batch read "
               f"{args.rows / batch_s:,.0f} rows/s ({batch_s:.1f} s), stream (AvailableNow, a task per region) "
               f"{args.rows / stream_s:,.0f} rows/s ({stream_s:.1f} s, the first planning included)")

@@ -18,7 +18,7 @@ import json
 import time
 
 import urllib3
-from _tracking_fresh import arrivals, paced
+from _tracking_measures import alternating, arrivals, paced
 
 
 def bulk(http: urllib3.PoolManager, url: str, index: str, first: int, count: int, now_ms: int | None = None,
@@ -71,11 +71,7 @@ def run(args) -> None:
             assert sum(p["numInputRows"] for p in query.recentProgress) == args.rows
             return time.perf_counter() - started
 
-        runs: dict[str, list[float]] = {"batch": [], "stream": []}
-        for _ in range(args.rounds):  # alternating; the first round pays the JVM's and the workers' warm-up
-            runs["batch"].append(batch())
-            runs["stream"].append(stream())
-        batch_s, stream_s = min(runs["batch"]), min(runs["stream"])
+        batch_s, stream_s, runs = alternating(args.rounds, batch, stream)
         print(f"throughput, {args.rows:,} documents, best of {args.rounds} (all: {runs}): batch read "
               f"{args.rows / batch_s:,.0f} docs/s ({batch_s:.1f} s), stream (AvailableNow) "
               f"{args.rows / stream_s:,.0f} docs/s ({stream_s:.1f} s, the first planning included)")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
-from _tracking_fresh import arrivals, paced
+from _tracking_measures import alternating, arrivals, paced
 
 # This script's own folder comes first on sys.path, where bench/cassandra.py would shadow the driver's `cassandra`.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -221,11 +221,7 @@ def main() -> None:
             assert sum(p["numInputRows"] for p in query.recentProgress) == args.rows
             return time.perf_counter() - started
 
-        runs: dict[str, list[float]] = {"batch": [], "stream": []}
-        for _ in range(args.rounds):  # alternating; the first round pays the JVM's and the workers' warm-up
-            runs["batch"].append(batch())
-            runs["stream"].append(stream())
-        batch_s, stream_s = min(runs["batch"]), min(runs["stream"])
+        batch_s, stream_s, runs = alternating(args.rounds, batch, stream)
         print(f"{store.name}: throughput, {args.rows:,} rows, best of {args.rounds} (all: {runs}): batch read "
               f"{args.rows / batch_s:,.0f} rows/s ({batch_s:.1f} s), stream (AvailableNow, {store.tasks}) "
               f"{args.rows / stream_s:,.0f} rows/s ({stream_s:.1f} s, the first planning included)")

@@ -1,6 +1,7 @@
-"""Freshness of a tracking-column stream, the same for every store of bench/tracking.py: a writer paced at `rate`
-rows/s (rate/20 rows every 50 ms) for `seconds`, while a running query hands each micro-batch to `arrived`, which
-notes now - at of every row; p50/p99 once every row written has arrived."""
+"""The measures of bench/tracking.py, the same for every store: throughput (the batch read and the stream timed
+alternately, best of the rounds), and freshness (a writer paced at `rate` rows/s, rate/20 rows every 50 ms, for
+`seconds`, while a running query hands each micro-batch to `arrived`, which notes now - at of every row; p50/p99 once
+every row written has arrived)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def alternating(rounds: int, batch: Callable[[], float], stream: Callable[[], float]
+                ) -> tuple[float, float, dict[str, list[float]]]:
+    """The best seconds of the batch read and of the stream, timed alternately, and every round's."""
+    runs: dict[str, list[float]] = {"batch": [], "stream": []}
+    for _ in range(rounds):  # alternating; the first round pays the JVM's and the workers' warm-up
+        runs["batch"].append(batch())
+        runs["stream"].append(stream())
+    return min(runs["batch"]), min(runs["stream"]), runs
 
 
 def arrivals() -> tuple[list[float], Callable[[Any, int], None]]:
