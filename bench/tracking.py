@@ -31,8 +31,10 @@ from pathlib import Path
 import psycopg
 from _tracking_measures import alternating, arrivals, paced
 
-# This script's own folder comes first on sys.path, where bench/cassandra.py would shadow the driver's `cassandra`.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# This script's own folder comes first on sys.path, where bench/cassandra.py would shadow the driver's `cassandra`:
+# it goes last, still there for the other stores' modules (_tracking_hbase, _tracking_search).
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 
 class PostgresStore:
