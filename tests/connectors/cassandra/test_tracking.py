@@ -7,8 +7,7 @@ import pytest
 from sluice import OptionError
 from sluice.connectors.cassandra import CassandraDataSource
 from sluice.spark._compat import ReadMaxRows
-from tests.faults import poll_until
-from tests.tracking_stream import committed_rows, drain, parquet_rows
+from tests.tracking_stream import drain, run_stop_and_restart
 
 
 def stream(cass, table, **options):
@@ -39,33 +38,18 @@ def test_rows_written_while_the_query_runs_appear_and_a_restart_misses_and_repea
     cass.cql(f"INSERT INTO sluice.{t} (id, at, v) VALUES (0, '2026-01-01 00:00:00+0000', 'x')")
     for i in range(1, 20):  # toTimestamp(now()): the coordinator's clock, milliseconds
         cass.cql(f"INSERT INTO sluice.{t} (id, at, v) VALUES ({i}, toTimestamp(now()), 'x')")
-    out, checkpoint = tmp_path / "out", tmp_path / "ck"
 
-    def start(trigger):
+    def frame():
         return (spark.readStream.format("cassandra").options(**cass.opts(t)).option("tracking.column", "at")
-                .option("tracking.lag-window-ms", "300").option("max-records-per-trigger", "10").load()
-                .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
-                .trigger(**trigger).start())
+                .option("tracking.lag-window-ms", "300").option("max-records-per-trigger", "10").load())
 
-    query = start({"processingTime": "100 milliseconds"})
-    try:
-        poll_until(lambda: committed_rows(out) >= 20, 90, "the first 20 rows", 0.2)
-        for i in range(20, 30):  # while it runs
-            cass.cql(f"INSERT INTO sluice.{t} (id, at, v) VALUES ({i}, toTimestamp(now()), 'y')")
-        poll_until(lambda: committed_rows(out) >= 30, 90, "the rows written while the query ran", 0.2)
-        # The sink commits a micro-batch before Spark's own commit log does: stopped in between, the restart would
-        # replay it, and that replay is all of AvailableNow's single micro-batch on Spark 4.0/4.1.
-        query.processAllAvailable()
-        assert query.exception() is None
-    finally:
-        query.stop()
-    for i in range(30, 40):  # while it is stopped
-        cass.cql(f"INSERT INTO sluice.{t} (id, at, v) VALUES ({i}, toTimestamp(now()), 'z')")
-    again = start({"availableNow": True})
-    assert again.awaitTermination(120)
-    assert again.exception() is None
-    got = sorted(int(r.id) for r in parquet_rows(spark, out))
-    assert got == list(range(40)), "no row missing and none twice across the restart"
+    def write(first, value):
+        for i in range(first, first + 10):
+            cass.cql(f"INSERT INTO sluice.{t} (id, at, v) VALUES ({i}, toTimestamp(now()), '{value}')")
+
+    _, got = run_stop_and_restart(spark, frame, tmp_path, while_running=lambda: write(20, "y"),
+                                  while_stopped=lambda: write(30, "z"))
+    assert [int(i) for i in got] == list(range(40)), "no row missing and none twice across the restart"
 
 
 def late_write(cass, t, window_ms):

@@ -7,8 +7,7 @@ import pytest
 from sluice import OptionError
 from sluice.connectors.clickhouse import ClickHouseDataSource
 from sluice.spark._compat import ReadMaxRows
-from tests.faults import poll_until
-from tests.tracking_stream import committed_rows, drain, parquet_rows
+from tests.tracking_stream import drain, run_stop_and_restart
 
 
 def stream(ch, table, **options):
@@ -28,34 +27,18 @@ def test_rows_inserted_while_the_query_runs_appear_and_a_restart_misses_and_repe
     ch.sql(f"INSERT INTO {t} SELECT number + 1, toDateTime64('2026-01-01 00:00:00', 6, 'UTC'), 'x' "
            "FROM numbers(12)")
     ch.sql(f"INSERT INTO {t} (id, v) SELECT number + 13, 'x' FROM numbers(8)")
-    out, checkpoint = tmp_path / "out", tmp_path / "ck"
 
-    def start(trigger):
+    def frame():
         return (spark.readStream.format("clickhouse").options(**ch.opts(t)).option("tracking.column", "at")
                 .option("tracking.tie-breaker", "id").option("tracking.lag-window-ms", "300")
-                .option("max-records-per-trigger", "10").load()
-                .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
-                .trigger(**trigger).start())
+                .option("max-records-per-trigger", "10").load())
 
-    query = start({"processingTime": "100 milliseconds"})
-    try:
-        poll_until(lambda: committed_rows(out) >= 20, 90, "the first 20 rows", 0.2)
-        ch.sql(f"INSERT INTO {t} (id, v) SELECT number + 21, 'y' FROM numbers(10)")  # while it runs
-        poll_until(lambda: committed_rows(out) >= 30, 90, "the rows inserted while the query ran", 0.2)
-        # The sink commits a micro-batch before Spark's own commit log does: stopped in between, the restart would
-        # replay it, and that replay is all of AvailableNow's single micro-batch on Spark 4.0/4.1 (docs/tracking.md).
-        query.processAllAvailable()
-        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-        assert query.exception() is None
-    finally:
-        query.stop()
+    sizes, got = run_stop_and_restart(
+        spark, frame, tmp_path,
+        while_running=lambda: ch.sql(f"INSERT INTO {t} (id, v) SELECT number + 21, 'y' FROM numbers(10)"),
+        while_stopped=lambda: ch.sql(f"INSERT INTO {t} (id, v) SELECT number + 31, 'z' FROM numbers(10)"))
     assert sizes[0] == 10 and max(sizes) <= 10, sizes
-    ch.sql(f"INSERT INTO {t} (id, v) SELECT number + 31, 'z' FROM numbers(10)")  # while it is stopped
-    again = start({"availableNow": True})
-    assert again.awaitTermination(120)
-    assert again.exception() is None
-    got = sorted(int(r.id) for r in parquet_rows(spark, out))
-    assert got == list(range(1, 41)), "no row missing and none twice across the restart"
+    assert [int(i) for i in got] == list(range(1, 41)), "no row missing and none twice across the restart"
 
 
 def late_insert(ch, t, window_ms):

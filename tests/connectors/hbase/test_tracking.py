@@ -9,7 +9,7 @@ from sluice.connectors.hbase import HBaseDataSource
 from sluice.connectors.hbase._client import _local
 from sluice.spark._compat import ReadMaxRows
 from tests.faults import poll_until
-from tests.tracking_stream import committed_rows, drain, parquet_rows
+from tests.tracking_stream import drain, run_stop_and_restart
 
 SCHEMA = "id string, v string, at timestamp"
 SPLITS = (b"r0010", b"r0020")  # three regions
@@ -53,30 +53,15 @@ def ids(table):
 def test_puts_while_the_query_runs_appear_and_a_restart_misses_and_repeats_nothing(spark, hbase, tmp_path):
     t = hbase.table(splits=SPLITS)
     put(hbase, t, keys(20))
-    out, checkpoint = tmp_path / "out", tmp_path / "ck"
 
-    def start(trigger):
+    def frame():
         return (spark.readStream.format("hbase").options(**opts(hbase, t, **{"tracking.lag-window-ms": "300",
                                                                              "max-records-per-trigger": "10"}))
-                .schema(SCHEMA).load()
-                .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
-                .trigger(**trigger).start())
+                .schema(SCHEMA).load())
 
-    query = start({"processingTime": "100 milliseconds"})
-    try:
-        poll_until(lambda: committed_rows(out) >= 20, 90, "the first 20 rows", 0.2)
-        put(hbase, t, keys(10, 20, "y"))  # while it runs
-        poll_until(lambda: committed_rows(out) >= 30, 90, "the rows put while the query ran", 0.2)
-        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-        assert query.exception() is None
-    finally:
-        query.stop()
+    sizes, got = run_stop_and_restart(spark, frame, tmp_path, while_running=lambda: put(hbase, t, keys(10, 20, "y")),
+                                      while_stopped=lambda: put(hbase, t, keys(10, 30, "z")))
     assert sizes[0] == 10 and max(sizes) <= 10, sizes
-    put(hbase, t, keys(10, 30, "z"))  # while it is stopped
-    again = start({"availableNow": True})
-    assert again.awaitTermination(120)
-    assert again.exception() is None
-    got = sorted(r.id for r in parquet_rows(spark, out))
     assert got == [k for k, _ in keys(40)], "no row missing and none twice across the restart"
 
 

@@ -7,8 +7,7 @@ import pytest
 from sluice import OptionError
 from sluice.connectors.postgres import PostgresDataSource
 from sluice.spark._compat import ReadMaxRows
-from tests.faults import poll_until
-from tests.tracking_stream import committed_rows, drain, parquet_rows
+from tests.tracking_stream import drain, run_stop_and_restart
 
 
 def stream(pg, table, **options):
@@ -28,32 +27,16 @@ def test_rows_written_while_the_query_runs_appear_and_a_restart_misses_and_repea
     # 12 rows of one timestamp: micro-batches of 10 cut that group by the primary key, the tie-breaker.
     pg.sql(f"INSERT INTO {t} SELECT g, timestamptz '2026-01-01 00:00:00+00', 'x' FROM generate_series(1, 12) g")
     pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'x' FROM generate_series(13, 20) g")
-    out, checkpoint = tmp_path / "out", tmp_path / "ck"
 
-    def start(trigger):
+    def frame():
         return (spark.readStream.format("postgres").options(**pg.opts(t)).option("tracking.column", "at")
-                .option("tracking.lag-window-ms", "300").option("max-records-per-trigger", "10").load()
-                .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
-                .trigger(**trigger).start())
+                .option("tracking.lag-window-ms", "300").option("max-records-per-trigger", "10").load())
 
-    query = start({"processingTime": "100 milliseconds"})
-    try:
-        poll_until(lambda: committed_rows(out) >= 20, 90, "the first 20 rows", 0.2)
-        pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'y' FROM generate_series(21, 30) g")  # while it runs
-        poll_until(lambda: committed_rows(out) >= 30, 90, "the rows written while the query ran", 0.2)
-        # The sink commits a micro-batch before Spark's own commit log does: stopped in between, the restart would
-        # replay it, and that replay is all of AvailableNow's single micro-batch on Spark 4.0/4.1 (docs/tracking.md).
-        query.processAllAvailable()
-        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-        assert query.exception() is None
-    finally:
-        query.stop()
+    sizes, got = run_stop_and_restart(
+        spark, frame, tmp_path,
+        while_running=lambda: pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'y' FROM generate_series(21, 30) g"),
+        while_stopped=lambda: pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'z' FROM generate_series(31, 40) g"))
     assert sizes[0] == 10 and max(sizes) <= 10, sizes
-    pg.sql(f"INSERT INTO {t} (id, v) SELECT g, 'z' FROM generate_series(31, 40) g")  # while it is stopped
-    again = start({"availableNow": True})
-    assert again.awaitTermination(120)
-    assert again.exception() is None
-    got = sorted(r.id for r in parquet_rows(spark, out))
     assert got == list(range(1, 41)), "no row missing and none twice across the restart"
 
 
