@@ -103,6 +103,20 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
+def pss_bytes(pids: list[int]) -> int:
+    """Proportional set size: Spark's Python workers are forked from one daemon and share its pages, which a sum of
+    their RSS counts once per worker (26 processes summed to 4.5 GB)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
@@ -229,8 +243,11 @@ def growth(env: dict, work: Path) -> dict[str, float]:
         meta_rows = sum(conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables)
     tree = driver.tree()
     jvm = [pid for pid in tree if command(pid) == "java"]
+    python = [pid for pid in tree if pid not in jvm]
     return {"driver_rss_bytes": rss_bytes(tree), "driver_jvm_rss_bytes": rss_bytes(jvm),
-            "driver_processes": len(tree),
+            "driver_processes": len(tree), "python_processes": len(python),
+            "python_pss_bytes": pss_bytes(python),
+            "python_largest_rss_bytes": max((rss_bytes([pid]) for pid in python), default=0),
             "s2_server_rss_bytes": rss_bytes([env["s2"].process.pid] if env["s2"].process else []),
             "checkpoint_bytes": folder_bytes(work / "checkpoints"), "s2_data_bytes": folder_bytes(work / "s2"),
             "s2_stored_bytes": s2_stored_bytes(env["s2"]), "warehouse_bytes": folder_bytes(work / "warehouse"),

@@ -61,6 +61,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import json
+import math
 import random
 import signal
 import statistics
@@ -152,7 +153,8 @@ def growth_report(samples: list[Sample]) -> dict:
         hours = (last.at_s - first.at_s) / 3600
         return round((last.values[key] - first.values[key]) / hours) if hours > 0 else None
 
-    driver_keys = ("driver_rss_bytes", "driver_jvm_rss_bytes", "driver_processes")
+    driver_keys = ("driver_rss_bytes", "driver_jvm_rss_bytes", "driver_processes", "python_processes",
+                   "python_pss_bytes", "python_largest_rss_bytes")
     out = {key: per_hour(half[0], end, key) for key in end.values if key not in driver_keys}
     lives: dict[int, list[Sample]] = {}
     for x in half:
@@ -165,6 +167,40 @@ def growth_report(samples: list[Sample]) -> dict:
             "growth_window": {"from_min": round(half[0].at_s / 60, 1), "to_min": round(end.at_s / 60, 1),
                               "driver_life_min": round((longest[-1].at_s - longest[0].at_s) / 60, 1)},
             "samples": [{"at_min": round(x.at_s / 60, 1), **x.values} for x in marks], "at_end": end.values}
+
+
+def windows_report(samples: list[Sample], latencies: list[tuple[float, float]], window_s: float,
+                   end_s: float) -> list[dict]:
+    """Per window of `window_s` from the pipeline's first change through to `end_s` (the writers stop; the last
+    sample, after the copies caught up, is not in any): the latency (commit to the PostgreSQL copy, outside fault
+    windows; `latencies` as (seconds since through, seconds)) and the transfers committed in it, and at its last
+    sample the memory of the driver's JVM and of its Python processes (the driver's and Spark's workers: their
+    proportional set size, as they share the daemon's pages, and the largest one's RSS), the S2 server's and the
+    broker's, the MetaService's rows and the checkpoints' bytes. A steady write shows them flat from window to
+    window."""
+    out = []
+    mib = 1024 * 1024
+    before = samples[0].values
+    for k in range(max(1, math.ceil(end_s / window_s))):
+        lo, hi = k * window_s, min((k + 1) * window_s, end_s + 1)
+        # A sample is taken a little after its minute: the one nearest a window's end closes it.
+        inside = [x for x in samples if lo + SAMPLE_EVERY_S / 2 < x.at_s <= hi + SAMPLE_EVERY_S / 2]
+        if not inside:
+            continue
+        last = inside[-1].values
+        out.append({"from_min": round(lo / 60, 1), "to_min": round(min(hi, end_s) / 60, 1),
+                    **{f"latency_{key}_s": value for key, value in percentiles(
+                        [lat for at, lat in latencies if lo <= at < hi]).items()},
+                    "transfers": int(last["transfers"] - before["transfers"]),
+                    "driver_jvm_mib": round(last["driver_jvm_rss_bytes"] / mib, 1),
+                    "python_pss_mib": round(last["python_pss_bytes"] / mib, 1),
+                    "python_largest_mib": round(last["python_largest_rss_bytes"] / mib, 1),
+                    "python_processes": last["python_processes"],
+                    "s2_server_mib": round(last["s2_server_rss_bytes"] / mib, 1),
+                    "kafka_broker_mib": round(last["kafka_broker_rss_bytes"] / mib, 1),
+                    "meta_rows": last["meta_rows"], "checkpoint_mib": round(last["checkpoint_bytes"] / mib, 2)})
+        before = last
+    return out
 
 
 def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
@@ -189,8 +225,12 @@ def main() -> int:
     ap.add_argument("--warm-up-s", type=float, default=300.0,
                     help="how long the pipeline may take to carry its first change end to end")
     ap.add_argument("--catch-up-s", type=float, default=240.0, help="how long the copies may take at the end")
+    ap.add_argument("--window-min", type=float, default=10.0,
+                    help="the report's windows: latency, transfers and memory per this many minutes")
     ap.add_argument("--report", type=Path, help="also write the report here, as JSON")
     args = ap.parse_args()
+    if args.window_min * 60 < SAMPLE_EVERY_S:
+        ap.error(f"--window-min {args.window_min}: at least {SAMPLE_EVERY_S / 60:g} (the soak samples once a minute)")
     available = FAULTS if args.stores else FAULT_KINDS
     kinds = [k for k in (args.faults if args.faults is not None else ",".join(available)).split(",") if k]
     first = [k for k in args.first.split(",") if k]
@@ -289,7 +329,8 @@ def main() -> int:
             while time.monotonic() < end and run.latencies:
                 now = time.monotonic()
                 if now >= sample_at:
-                    samples.append(Sample(now - warm, driver.starts, sample_growth(env, work)))
+                    samples.append(Sample(now - warm, driver.starts,
+                                          {**sample_growth(env, work), "transfers": run.transfers}))
                     sample_at = now + SAMPLE_EVERY_S
                 if (kinds or first) and now >= next_at:
                     kind = first.pop(0) if first else rnd.choice(kinds)
@@ -311,7 +352,8 @@ def main() -> int:
             stop_watch.set()
             for t in watchers:
                 t.join()
-            samples.append(Sample(time.monotonic() - warm, driver.starts, sample_growth(env, work)))
+            samples.append(Sample(time.monotonic() - warm, driver.starts,
+                                  {**sample_growth(env, work), "transfers": run.transfers}))
             with psycopg.connect(direct, autocommit=True) as conn:
                 slot_lag = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) "
                                         "FROM pg_replication_slots WHERE slot_name = 'soak_to_s2'").fetchone()
@@ -321,8 +363,9 @@ def main() -> int:
             driver.stop()
         for problem in check_s2_stream(s2, accounts) + check_kafka_topic(kafka, KAFKA_TOPIC, accounts):
             run.violate(problem)
-    quiet = [lat for committed, lat in run.latencies if committed > warm and not any(
+    quiet_at = [(committed - warm, lat) for committed, lat in run.latencies if committed > warm and not any(
         f.at - 1 <= committed <= (f.recovered or time.monotonic()) for f in run.faults)]
+    quiet = [lat for _, lat in quiet_at]
     by_kind: dict[str, list[Fault]] = {}
     for fault in run.faults:
         by_kind.setdefault(fault.kind, []).append(fault)
@@ -346,6 +389,7 @@ def main() -> int:
                                      "p50": round(statistics.median(quiet), 3) if quiet else None,
                                      "p99": round(sorted(quiet)[int(0.99 * (len(quiet) - 1))], 3) if quiet else None},
         **growth_report(samples), "slot_lag_bytes": slot_lag_bytes,
+        "windows": windows_report(samples, quiet_at, args.window_min * 60, args.minutes * 60),
         "invariant": "holds" if not run.violations else "VIOLATED", "violations": run.violations,
     }
     text = json.dumps(report, indent=2)
