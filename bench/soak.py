@@ -321,7 +321,8 @@ def main() -> int:
             # age, the MetaService's pruning) has reached its steady state.
             samples: list[Sample] = []
             sample_at = warm
-            print(f"{warm - run.started:7.1f} s: the pipeline is through; faults begin", flush=True)
+            print(f"{warm - run.started:7.1f} s: the pipeline is through; "
+                  f"{'faults begin' if kinds or first else 'a steady write, no faults'}", flush=True)
             strikes: list[threading.Thread] = []
             faults = Faults(env, run, rnd)
             end = warm + args.minutes * 60

@@ -33,3 +33,6 @@ def test_the_bank_pipeline_keeps_its_invariant_under_random_faults(tmp_path):
     assert found["barriers_checked"].get("balances", 0) > 0 and found["barriers_checked"].get("balances_kafka", 0) > 0
     broker = found["faults_by_kind"].get("kafka-broker", {"count": 0, "notes": []})
     assert broker["count"] >= 1 and not any("could not strike" in note for note in broker["notes"]), found
+    # The windows of a long run (--window-min): here one, with its transfers and memory read (the workers' PSS too).
+    window = found["windows"][0]
+    assert window["transfers"] > 0 and window["python_pss_mib"] > 0 and window["driver_jvm_mib"] > 0, found["windows"]
