@@ -92,25 +92,22 @@ def command(pid: int) -> str:
 
 
 def rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
+    return _field_bytes(pids, "status", "VmRSS:")
 
 
 def pss_bytes(pids: list[int]) -> int:
     """Proportional set size: Spark's Python workers are forked from one daemon and share its pages, which a sum of
     their RSS counts once per worker (26 processes summed to 4.5 GB)."""
+    return _field_bytes(pids, "smaps_rollup", "Pss:")
+
+
+def _field_bytes(pids: list[int], file: str, field: str) -> int:
+    """The sum over `pids` of a field in kB of /proc/<pid>/<file>; a process gone in between counts 0."""
     total = 0
     for pid in pids:
         try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
+            for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+                if line.startswith(field):
                     total += int(line.split()[1]) * 1024
         except OSError:
             pass
