@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: s2-proto test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: s2-proto check-pgjdbc test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-kafka check-chromium check-flink check-promtool
 
@@ -385,14 +385,17 @@ demo: $(STAMP) check-java check-postgres
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
-bench: $(STAMP) check-java check-postgres check-clickhouse check-postgres-versions check-cassandra check-opensearch check-hbase
+# Spark's JDBC baseline of bench/postgres.py (and bench/before_after.py): Debian's PostgreSQL JDBC driver.
+check-pgjdbc:
+	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/postgres.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
+
+bench: $(STAMP) check-java check-postgres check-pgjdbc check-clickhouse check-postgres-versions check-cassandra check-opensearch check-hbase
 	$(PY) bench/engine_throughput.py
 	$(PY) bench/s2_server.py
 	$(PY) bench/s2_sink.py
 	$(PY) bench/s2_source.py
 	$(PY) bench/s2_many_streams.py
 	$(PY) bench/faults.py
-	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/postgres.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
 	$(PY) bench/postgres.py
 	$(PY) bench/postgres_changes.py --pg-versions 15,18 --changes 300000 --rounds 2
 	$(PY) bench/tracking.py

@@ -1,6 +1,6 @@
 """No regression elsewhere: the project's benchmark table, this checkout against commit REV, alternating.
 
-    flock /tmp/sluice-bench.lock .venv/bin/python bench/before_after.py --before 1a41e05 --runs 3
+    make check-pgjdbc && flock /tmp/sluice-bench.lock .venv/bin/python bench/before_after.py --before 1a41e05 --runs 3
 
 The table is the one each restructuring is judged by: the engine (bench/engine_throughput.py: Spark into
 `sluice_null` and into the bare Arrow writer, and the engine alone), the S2 sink against the raw s2-sdk

@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="the first round also warms up Spark's Python workers")
     args = ap.parse_args()
     if not os.path.exists(JAR):
-        raise SystemExit(f"{JAR} is missing: apt-get install -y libpostgresql-jdbc-java")
+        raise SystemExit(f"{JAR} is missing: make check-pgjdbc (apt-get install -y libpostgresql-jdbc-java)")
 
     import adbc_driver_postgresql.dbapi as adbc
     import psycopg
