@@ -50,10 +50,11 @@ WRITE_OPTIONS = (
            "(each is a request when the table is read from object storage).", minimum=2),
     Option("compact-target-bytes", "int", 128 * 1024 * 1024, "Size of the files a compaction writes; smaller files "
            "count as small.", minimum=1024),
-    Option("log-retention-versions", "int", 100, "When the sink compacts, it also trims the Delta log: it keeps the "
-           "last this many versions (version and barrier reads of them work) and every version a consistent read "
-           "may open. Every checkpoint-interval versions, the MetaService forgets the barriers of older versions "
-           "(but those a consistent read may open).", minimum=1),
+    Option("log-retention-versions", "int", 100, "When the sink compacts, and every this many versions, it cleans "
+           "the table (removed files by Delta's vacuum, the Delta log trimmed): it keeps the last this many versions "
+           "(version and barrier reads of them work) and every version a consistent read may open. Every "
+           "checkpoint-interval versions, the MetaService forgets the barriers of older versions (but those a "
+           "consistent read may open).", minimum=1),
     Option("write-id", "str", None, "Batch writes: an id of your choosing for this write; re-running it with the "
            "same id (after a failure, or when unsure it committed) commits it once: it keeps its barrier, and a "
            "commit that landed is not repeated."),
