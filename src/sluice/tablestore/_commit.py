@@ -28,7 +28,8 @@ class BarrierCommit:
 class Upkeep:
     """A table's maintenance after each commit: a Delta checkpoint every `checkpoint_interval` versions; once
     `compact_min_files` files are smaller than `compact_target_bytes` (0: never), a compaction and a clean keeping
-    the last `log_retention` versions (and every version a consistent read may open)."""
+    the last `log_retention` versions (and every version a consistent read may open); that clean also every
+    `log_retention` versions, for a table that never compacts."""
 
     checkpoint_interval: int = CHECKPOINT_INTERVAL
     compact_min_files: int = 0

@@ -179,7 +179,7 @@ class StoreTable:
         """Make `files` visible in one Delta version for `by.barrier` (append, or merge by the primary key), then
         the table's `upkeep`: a Delta checkpoint on its interval, so opening the table reads a checkpoint and the log
         after it instead of the whole log; once enough small files pile up, a compaction right after the barrier's
-        version (see `compact`), then `clean` (see Upkeep)."""
+        version (see `compact`), then `clean`; a `clean` every `log_retention` versions too (see Upkeep)."""
         from deltalake.exceptions import CommitFailedError
 
         barrier, interval, min_files = by.barrier, upkeep.checkpoint_interval, upkeep.compact_min_files
