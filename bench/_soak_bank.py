@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 TOTAL_PER_ACCOUNT = 1_000
 # Faults that strike the Kafka branch only: their recovery is measured on its copy (`balances_kafka`), not on the
@@ -59,6 +60,22 @@ def connect(url: str):
     import psycopg
 
     return psycopg.connect(url, autocommit=False, connect_timeout=5)
+
+
+def read_rows(conn: Any, url: str, sql: str, params: tuple = ()) -> tuple[Any, list | None]:
+    """One read of a watcher that keeps its connection across reads: (the connection, the rows), or (None, None)
+    when the read failed (a fault has PostgreSQL or the path to it down), the connection dropped: read again later."""
+    try:
+        if conn is None:
+            conn = connect(url)
+        rows = conn.execute(sql, params).fetchall()
+        conn.rollback()
+        return conn, rows
+    except Exception:
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+        return None, None
 
 
 def transfers(url: str, run: Run, accounts: int, rate: float, seed: int, stop: threading.Event) -> None:

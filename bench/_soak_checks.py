@@ -4,12 +4,11 @@ numbering, and the copies equal to the source at the end."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 
-from _soak_bank import BRANCH_FAULTS, KAFKA_BRANCH_FAULTS, Run, connect
+from _soak_bank import BRANCH_FAULTS, KAFKA_BRANCH_FAULTS, Run, read_rows
 
 
 def watch_copy(url: str, run: Run, marker_id: int, stop: threading.Event) -> None:
@@ -17,18 +16,11 @@ def watch_copy(url: str, run: Run, marker_id: int, stop: threading.Event) -> Non
     seen = 0
     conn = None
     while not stop.wait(0.25):
-        try:
-            if conn is None:
-                conn = connect(url)
-            count, total, mark = conn.execute(
-                "SELECT count(*), coalesce(sum(balance), 0), max(v) FILTER (WHERE id = %s) FROM balances_copy",
-                (marker_id,)).fetchone()
-            conn.rollback()
-        except Exception:
-            with contextlib.suppress(Exception):
-                conn.close()
-            conn = None
+        conn, rows = read_rows(conn, url, "SELECT count(*), coalesce(sum(balance), 0), max(v) FILTER (WHERE id = %s) "
+                                          "FROM balances_copy", (marker_id,))
+        if rows is None:
             continue
+        count, total, mark = rows[0]
         now = time.monotonic()
         with run.lock:
             run.copy_reads += 1

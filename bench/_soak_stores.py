@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from _soak_bank import STORE_BRANCH_FAULTS, Run, connect
+from _soak_bank import STORE_BRANCH_FAULTS, Run, read_rows
 
 CASSANDRA_NODES = 3
 KEYSPACE, CASSANDRA_TABLE, SEARCH_INDEX, HBASE_TABLE = "bank", "balances", "balances", "default:balances"
@@ -246,16 +246,10 @@ def watch_store(stores: Stores, copy: str, source_url: str, run: Run, marker_id:
         except Exception:
             continue  # its server is down (a fault): read again later
         now = time.monotonic()
-        try:
-            if conn is None:
-                conn = connect(source_url)
-            source = dict(conn.execute("SELECT id, v FROM accounts").fetchall())
-            conn.rollback()
-        except Exception:
-            with contextlib.suppress(Exception):
-                conn.close()
-            conn = None
+        conn, found = read_rows(conn, source_url, "SELECT id, v FROM accounts")
+        if found is None:
             continue
+        source = dict(found)
         problems = [f"account {account} vanished (last seen at v={highest[account]})"
                     for account in sorted(set(highest) - {account for account, _, _ in rows})]
         for account, balance, v in rows:
