@@ -353,8 +353,13 @@ class AsyncSinkWriter:
             # Flush what is buffered now, then start the clock again: with entries arriving all the time the buffer
             # never empties, and flushing until it did would end the waiting of partition-ordered keys for good.
             self._timeout_flush, self._timeout_left = True, self._buffer.size()
+        info: RequestInfo | None = None
         while self._buffer.size():
-            info = self._request_info(now)
+            # One request info serves batch after batch while the window and the busy keys stay as they were (an
+            # unordered write acknowledged at once: the whole pump); it is a frozen dataclass of six fields.
+            if info is None or self._busy_keys or info.busy_keys \
+                    or info.batch_size != self._limiter.batch_size_limit(self.config.batch_max_size):
+                info = self._request_info(now)
             if self._limiter.should_block(min(info.batch_size, self._buffer.size())):
                 break
             trigger = self._flush_reason(info.batch_size)
