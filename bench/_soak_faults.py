@@ -101,6 +101,24 @@ def pss_bytes(pids: list[int]) -> int:
     return _field_bytes(pids, "smaps_rollup", "Pss:")
 
 
+def python_memory(driver: Driver) -> dict[int, tuple[str, int]]:
+    """Each Python process of the driver's tree: its role (the driver, Spark's worker daemon, a worker the daemon
+    forked) and its proportional set size, so that a growth of their sum is traced to the processes that grew."""
+    tree = driver.tree()
+    memory = {}
+    for pid in tree:
+        if command(pid) == "java":
+            continue
+        if pid == tree[0]:
+            role = "driver"
+        elif "pyspark.daemon" in cmdline(pid):
+            role = "worker" if "pyspark.daemon" in cmdline(parent(pid) or 0) else "daemon"
+        else:
+            role = command(pid)
+        memory[pid] = (role, pss_bytes([pid]))
+    return memory
+
+
 def _field_bytes(pids: list[int], file: str, field: str) -> int:
     """The sum over `pids` of a field in kB of /proc/<pid>/<file>; a process gone in between counts 0."""
     total = 0

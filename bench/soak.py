@@ -70,7 +70,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ sys.path[:] = [str(ROOT), *(p for p in sys.path if str(Path(p or ".").resolve())
 
 from _soak_bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers  # noqa: E402 (after the path is set)
 from _soak_checks import check_kafka_topic, check_s2_stream, wait_equal, watch_barriers, watch_copy  # noqa: E402
-from _soak_faults import FAULT_KINDS, STORE_FAULT_KINDS, Driver, Faults, growth  # noqa: E402
+from _soak_faults import FAULT_KINDS, STORE_FAULT_KINDS, Driver, Faults, growth, python_memory  # noqa: E402
 from _soak_stores import Stores, watch_store  # noqa: E402
 
 FAULTS = FAULT_KINDS + STORE_FAULT_KINDS
@@ -125,6 +125,7 @@ class Sample:
     at_s: float  # since the pipeline was through
     driver_starts: int
     values: dict[str, float]
+    python: dict[int, tuple[str, int]] = field(default_factory=dict)  # pid: role, PSS bytes (python_memory)
 
 
 def create_basin(s2: Any, basin: str) -> None:
@@ -201,6 +202,26 @@ def windows_report(samples: list[Sample], latencies: list[tuple[float, float]], 
                     "meta_rows": last["meta_rows"], "checkpoint_mib": round(last["checkpoint_bytes"] / mib, 2)})
         before = last
     return out
+
+
+def python_report(samples: list[Sample], top: int = 8) -> dict:
+    """Where the Python processes' memory went: each process sampled at least twice, from its first sample to its
+    last (role, minutes, PSS), the `top` that grew most; and how many lived through the whole run. A sum that grows
+    while every process that lives on stays flat is workers coming and going, not a leak."""
+    mib = 1024 * 1024
+    seen: dict[int, list[tuple[float, str, int]]] = {}
+    for x in samples:
+        for pid, (role, pss) in x.python.items():
+            seen.setdefault(pid, []).append((x.at_s, role, pss))
+    lives = [{"pid": pid, "role": life[-1][1], "from_min": round(life[0][0] / 60, 1),
+              "to_min": round(life[-1][0] / 60, 1), "pss_first_mib": round(life[0][2] / mib, 1),
+              "pss_last_mib": round(life[-1][2] / mib, 1), "grew_mib": round((life[-1][2] - life[0][2]) / mib, 1)}
+             for pid, life in seen.items() if len(life) > 1]
+    lives.sort(key=lambda life: -life["grew_mib"])
+    whole = [life for life in lives if samples and life["from_min"] <= round(samples[0].at_s / 60, 1)
+             and life["to_min"] >= round(samples[-1].at_s / 60, 1)]
+    return {"processes_seen": len(seen), "lived_whole_run": len(whole),
+            "whole_run_grew_mib": round(sum(life["grew_mib"] for life in whole), 1), "grew_most": lives[:top]}
 
 
 def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
@@ -331,7 +352,8 @@ def main() -> int:
                 now = time.monotonic()
                 if now >= sample_at:
                     samples.append(Sample(now - warm, driver.starts,
-                                          {**sample_growth(env, work), "transfers": run.transfers}))
+                                          {**sample_growth(env, work), "transfers": run.transfers},
+                                          python_memory(driver)))
                     sample_at = now + SAMPLE_EVERY_S
                 if (kinds or first) and now >= next_at:
                     kind = first.pop(0) if first else rnd.choice(kinds)
@@ -354,7 +376,7 @@ def main() -> int:
             for t in watchers:
                 t.join()
             samples.append(Sample(time.monotonic() - warm, driver.starts,
-                                  {**sample_growth(env, work), "transfers": run.transfers}))
+                                  {**sample_growth(env, work), "transfers": run.transfers}, python_memory(driver)))
             with psycopg.connect(direct, autocommit=True) as conn:
                 slot_lag = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) "
                                         "FROM pg_replication_slots WHERE slot_name = 'soak_to_s2'").fetchone()
@@ -391,6 +413,7 @@ def main() -> int:
                                      "p99": round(sorted(quiet)[int(0.99 * (len(quiet) - 1))], 3) if quiet else None},
         **growth_report(samples), "slot_lag_bytes": slot_lag_bytes,
         "windows": windows_report(samples, quiet_at, args.window_min * 60, args.minutes * 60),
+        "python_processes": python_report(samples),
         "invariant": "holds" if not run.violations else "VIOLATED", "violations": run.violations,
     }
     text = json.dumps(report, indent=2)

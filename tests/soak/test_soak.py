@@ -36,3 +36,8 @@ def test_the_bank_pipeline_keeps_its_invariant_under_random_faults(tmp_path):
     # The windows of a long run (--window-min): here one, with its transfers and memory read (the workers' PSS too).
     window = found["windows"][0]
     assert window["transfers"] > 0 and window["python_pss_mib"] > 0 and window["driver_jvm_mib"] > 0, found["windows"]
+    # Each Python process's memory over the run: the driver's and the workers' (a sum growing is traced to its pids).
+    python = found["python_processes"]
+    assert python["processes_seen"] >= 3 and python["lived_whole_run"] >= 1, python  # the driver, the daemon, a worker
+    assert {life["role"] for life in python["grew_most"]} <= {"driver", "daemon", "worker"}, python
+    assert all(life["pss_last_mib"] > 0 for life in python["grew_most"]), python
