@@ -101,9 +101,10 @@ def pss_bytes(pids: list[int]) -> int:
     return _field_bytes(pids, "smaps_rollup", "Pss:")
 
 
-def python_memory(driver: Driver) -> dict[int, tuple[str, int]]:
+def python_memory(driver: Driver) -> dict[int, tuple[str, int, int]]:
     """Each Python process of the driver's tree: its role (the driver, Spark's worker daemon, a worker the daemon
-    forked) and its proportional set size, so that a growth of their sum is traced to the processes that grew."""
+    forked), its proportional set size and its RSS, so that a growth of their sum is traced to the processes that grew
+    (a PSS also grows when a process sharing its pages exits; its RSS does not)."""
     tree = driver.tree()
     memory = {}
     for pid in tree:
@@ -115,7 +116,7 @@ def python_memory(driver: Driver) -> dict[int, tuple[str, int]]:
             role = "worker" if "pyspark.daemon" in cmdline(parent(pid) or 0) else "daemon"
         else:
             role = command(pid)
-        memory[pid] = (role, pss_bytes([pid]))
+        memory[pid] = (role, pss_bytes([pid]), rss_bytes([pid]))
     return memory
 
 

@@ -125,7 +125,7 @@ class Sample:
     at_s: float  # since the pipeline was through
     driver_starts: int
     values: dict[str, float]
-    python: dict[int, tuple[str, int]] = field(default_factory=dict)  # pid: role, PSS bytes (python_memory)
+    python: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # pid: role, PSS, RSS (python_memory)
 
 
 def create_basin(s2: Any, basin: str) -> None:
@@ -204,24 +204,36 @@ def windows_report(samples: list[Sample], latencies: list[tuple[float, float]], 
     return out
 
 
-def python_report(samples: list[Sample], top: int = 8) -> dict:
+def python_report(samples: list[Sample], window_s: float, top: int = 8) -> dict:
     """Where the Python processes' memory went: each process sampled at least twice, from its first sample to its
-    last (role, minutes, PSS), the `top` that grew most; and how many lived through the whole run. A sum that grows
-    while every process that lives on stays flat is workers coming and going, not a leak."""
+    last (role, minutes, PSS and RSS, and its PSS at each `window_s` so that a step is told from a slope), the `top`
+    whose PSS grew most; and how many lived through the whole run. A sum that grows while every process that lives on
+    stays flat is workers coming and going, not a leak."""
     mib = 1024 * 1024
-    seen: dict[int, list[tuple[float, str, int]]] = {}
+    seen: dict[int, list[tuple[float, str, int, int]]] = {}
     for x in samples:
-        for pid, (role, pss) in x.python.items():
-            seen.setdefault(pid, []).append((x.at_s, role, pss))
+        for pid, (role, pss, rss) in x.python.items():
+            seen.setdefault(pid, []).append((x.at_s, role, pss, rss))
+
+    def trace(life: list[tuple[float, str, int, int]]) -> list[float]:
+        marks: dict[int, int] = {}
+        for at_s, _, pss, _ in life:
+            marks.setdefault(int(at_s // window_s), pss)  # the first sample in each window
+        return [round(pss / mib, 1) for pss in [*marks.values(), life[-1][2]]]
+
     lives = [{"pid": pid, "role": life[-1][1], "from_min": round(life[0][0] / 60, 1),
               "to_min": round(life[-1][0] / 60, 1), "pss_first_mib": round(life[0][2] / mib, 1),
-              "pss_last_mib": round(life[-1][2] / mib, 1), "grew_mib": round((life[-1][2] - life[0][2]) / mib, 1)}
+              "pss_last_mib": round(life[-1][2] / mib, 1), "grew_mib": round((life[-1][2] - life[0][2]) / mib, 1),
+              "rss_first_mib": round(life[0][3] / mib, 1), "rss_last_mib": round(life[-1][3] / mib, 1),
+              "pss_per_window_mib": trace(life)}
              for pid, life in seen.items() if len(life) > 1]
     lives.sort(key=lambda life: -life["grew_mib"])
     whole = [life for life in lives if samples and life["from_min"] <= round(samples[0].at_s / 60, 1)
              and life["to_min"] >= round(samples[-1].at_s / 60, 1)]
     return {"processes_seen": len(seen), "lived_whole_run": len(whole),
-            "whole_run_grew_mib": round(sum(life["grew_mib"] for life in whole), 1), "grew_most": lives[:top]}
+            "whole_run_grew_mib": round(sum(life["grew_mib"] for life in whole), 1),
+            "whole_run_rss_grew_mib": round(sum(life["rss_last_mib"] - life["rss_first_mib"] for life in whole), 1),
+            "grew_most": lives[:top]}
 
 
 def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
@@ -413,7 +425,7 @@ def main() -> int:
                                      "p99": round(sorted(quiet)[int(0.99 * (len(quiet) - 1))], 3) if quiet else None},
         **growth_report(samples), "slot_lag_bytes": slot_lag_bytes,
         "windows": windows_report(samples, quiet_at, args.window_min * 60, args.minutes * 60),
-        "python_processes": python_report(samples),
+        "python_processes": python_report(samples, args.window_min * 60),
         "invariant": "holds" if not run.violations else "VIOLATED", "violations": run.violations,
     }
     text = json.dumps(report, indent=2)

@@ -40,4 +40,4 @@ def test_the_bank_pipeline_keeps_its_invariant_under_random_faults(tmp_path):
     python = found["python_processes"]
     assert python["processes_seen"] >= 3 and python["lived_whole_run"] >= 1, python  # the driver, the daemon, a worker
     assert {life["role"] for life in python["grew_most"]} <= {"driver", "daemon", "worker"}, python
-    assert all(life["pss_last_mib"] > 0 for life in python["grew_most"]), python
+    assert all(life["pss_last_mib"] > 0 and life["rss_last_mib"] > 0 for life in python["grew_most"]), python
