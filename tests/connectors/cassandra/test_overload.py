@@ -74,7 +74,9 @@ def test_a_task_connecting_while_the_node_is_overloaded_waits_for_it(server):
     task just emptied refuses them too (the test above once failed so: the second task's connection was refused
     before the first task's write failed). They are repeated until the node takes them; without that (the negative
     control, the bare connection) they fail. The limiter refills every second, so one attempt may land on fresh
-    permits either way: each side is tried until it met the overload (twenty times at most)."""
+    permits either way: each side is tried until it met the overload (twenty times at most). Once a retried
+    connection has been refused, the hammer stops, as another task's write relents when its AIMD window shrinks:
+    a connection (a dozen requests) racing a hammer that empties the limiter every second may never be let in."""
     import threading
 
     from cassandra.cluster import NoHostAvailable
@@ -89,7 +91,12 @@ def test_a_task_connecting_while_the_node_is_overloaded_waits_for_it(server):
 
     def attempt():
         attempts.append(1)
-        return _connect(conn)
+        try:
+            return _connect(conn)
+        except NoHostAvailable as e:
+            if _overloaded(e):
+                stop.set()  # the node refused it: the other write relents, the limiter refills
+            raise
 
     # The hammer's own session: the node may still refuse what the test before sent it.
     session = while_overloaded(lambda: _connect(conn), conn, "connect")
