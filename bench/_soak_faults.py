@@ -137,6 +137,20 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+def warehouse_bytes(path: Path) -> dict[str, int]:
+    """The warehouse, and what it holds by kind: each table's log (`_delta_log`), its live files (the current
+    version's add actions) and the rest of its folder (files removed by a merge and not yet vacuumed)."""
+    from deltalake import DeltaTable
+
+    log = live = 0
+    for folder in path.rglob("_delta_log") if path.exists() else []:
+        log += folder_bytes(folder)
+        live += sum(DeltaTable(str(folder.parent)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
+    total = folder_bytes(path)
+    return {"warehouse_bytes": total, "warehouse_log_bytes": log, "warehouse_live_bytes": live,
+            "warehouse_removed_bytes": total - log - live}
+
+
 def disk_bytes(path: Path) -> int:
     """The disk a folder's files take: Kafka preallocates each segment's index files (10 MB, sparse), so their
     sizes say little."""
@@ -266,7 +280,7 @@ def growth(env: dict, work: Path) -> dict[str, float]:
             "python_largest_rss_bytes": max((rss_bytes([pid]) for pid in python), default=0),
             "s2_server_rss_bytes": rss_bytes([env["s2"].process.pid] if env["s2"].process else []),
             "checkpoint_bytes": folder_bytes(work / "checkpoints"), "s2_data_bytes": folder_bytes(work / "s2"),
-            "s2_stored_bytes": s2_stored_bytes(env["s2"]), "warehouse_bytes": folder_bytes(work / "warehouse"),
+            "s2_stored_bytes": s2_stored_bytes(env["s2"]), **warehouse_bytes(work / "warehouse"),
             "kafka_broker_rss_bytes": rss_bytes([kafka.pid] if kafka.pid else []),
             "kafka_data_bytes": disk_bytes(kafka.folder / "data") if kafka.folder else 0, "meta_rows": meta_rows,
             **stores_growth(env.get("stores"))}

@@ -37,6 +37,10 @@ def test_the_bank_pipeline_keeps_its_invariant_under_random_faults(tmp_path):
     window = found["windows"][0]
     assert window["transfers"] > 0 and window["python_pss_mib"] > 0 and window["driver_jvm_mib"] > 0, found["windows"]
     # Each Python process's memory over the run: the driver's and the workers' (a sum growing is traced to its pids).
+    end = found["at_end"]  # the warehouse by kind: its log and live files are there, and the kinds add up
+    assert end["warehouse_log_bytes"] > 0 and end["warehouse_live_bytes"] > 0 and end["warehouse_removed_bytes"] >= 0 \
+        and end["warehouse_log_bytes"] + end["warehouse_live_bytes"] + end["warehouse_removed_bytes"] \
+        == end["warehouse_bytes"], end
     python = found["python_processes"]
     assert python["processes_seen"] >= 3 and python["lived_whole_run"] >= 1, python  # the driver, the daemon, a worker
     assert {life["role"] for life in python["grew_most"]} <= {"driver", "daemon", "worker"}, python
