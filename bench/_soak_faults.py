@@ -139,14 +139,18 @@ def folder_bytes(path: Path) -> int:
 
 def warehouse_bytes(path: Path) -> dict[str, int]:
     """The warehouse, and what it holds by kind: each table's log (`_delta_log`), its live files (the current
-    version's add actions) and the rest of its folder (files removed by a merge and not yet vacuumed)."""
+    version's add actions) and the rest (files removed by a merge and not yet vacuumed). The live files are read
+    before the folder is walked: a file live then is still on disk (a vacuum deletes only files removed over an hour
+    ago), so the rest never reads negative while the tables are written."""
     from deltalake import DeltaTable
 
-    log = live = 0
-    for folder in path.rglob("_delta_log") if path.exists() else []:
-        log += folder_bytes(folder)
-        live += sum(DeltaTable(str(folder.parent)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
-    total = folder_bytes(path)
+    if not path.exists():
+        return {"warehouse_bytes": 0, "warehouse_log_bytes": 0, "warehouse_live_bytes": 0, "warehouse_removed_bytes": 0}
+    live = sum(sum(DeltaTable(str(log.parent)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
+               for log in path.rglob("_delta_log"))
+    sizes = [(f.stat().st_size, "_delta_log" in f.parts) for f in path.rglob("*") if f.is_file()]
+    log = sum(size for size, in_log in sizes if in_log)
+    total = sum(size for size, _ in sizes)
     return {"warehouse_bytes": total, "warehouse_log_bytes": log, "warehouse_live_bytes": live,
             "warehouse_removed_bytes": total - log - live}
 
