@@ -83,6 +83,27 @@ def test_storage_secrets_stay_out_of_plans_reprs_and_errors(spark, s3, store):
     assert "table 't' does not exist in s3://" in str(missing.value) and secret not in str(missing.value)
 
 
+def test_the_change_data_of_trimmed_log_entries_leaves_the_bucket(spark, s3, store):
+    """An upsert table's clean on object storage: each merge writes change data (Delta's `cdc` actions) that
+    delta-rs's vacuum never deletes; it goes with the log entries that name it. Version 0 made the table, 1-6 are
+    upserts; the clean at version 6 keeps version 3 on, so the log from the checkpoint at 2."""
+    opts = {"table": "up", "primary-key": "id", "auto-compact": "false", "checkpoint-interval": "2",
+            "log-retention-versions": "3", **store}
+    for value in range(6):
+        sluice.write(spark.range(0, 3).selectExpr("id", f"{value} AS v"), "tablestore", opts)
+    table = StoreTable("up", Warehouse.resolve(store["warehouse"], store))
+    keys = [k.split("/", 2)[2] for k in s3.keys(prefix(store)) if k.split("/")[1] == "up"]
+    entries = sorted(k for k in keys if k.startswith("_delta_log/") and k.endswith(".json"))
+    assert entries == [f"_delta_log/{v:020}.json" for v in range(2, 7)]
+    fs = table.warehouse.filesystem()
+    named = set()
+    for entry in entries:
+        with fs.open_input_stream(table.file_path(entry)) as stream:
+            named |= {a["cdc"]["path"] for a in map(json.loads, stream.read().splitlines()) if "cdc" in a}
+    assert sorted(k for k in keys if k.startswith("_change_data/")) == sorted(named) and len(named) == 5
+    assert pa.table(table.delta().load_cdf(starting_version=2)).num_rows == 5 * 3 * 2, "the feed from there reads"
+
+
 def _commit_after_both_read(root: str, storage: tuple, meta: str, job: str, sync, naive: bool) -> None:
     """One of two writers of table 'race': reads the latest version, waits until the other writer has read it too,
     then commits 5 rows (with sluice's commit, or with `naive` a log entry PUT without a condition)."""

@@ -228,11 +228,24 @@ def test_vacuum_keeps_what_a_consistent_read_may_need(spark, store):
 def test_a_table_that_never_compacts_is_cleaned_and_forgets_old_barriers(spark, store):
     """Upserts rewrite their files, so such a table may never compact; its storage and its barrier rows in the
     MetaService still stay bounded: every log-retention-versions versions the sink cleans it (log entries before the
-    checkpoint at or below the oldest version kept go, and removed files once Delta's vacuum may delete them), every
-    checkpoint-interval versions the barriers of versions older than log-retention-versions go (a consistent read
-    can only open newer ones here). Negative control: the same writes with no clean due keep every log entry (in
-    bench/soak.py's steady hour such a table grew by 76 MB an hour)."""
+    checkpoint at or below the oldest version kept go with the change data files only they name, and removed files
+    once Delta's vacuum may delete them), every checkpoint-interval versions the barriers of versions older than
+    log-retention-versions go (a consistent read can only open newer ones here). Negative control: the same writes
+    with no clean due keep every log entry and every merge's change data (in bench/soak.py's steady hour such a table
+    grew by 76 MB an hour)."""
+    import json
+
+    import pyarrow as pa
+
     meta = MetaService(store["meta"])
+
+    def change_data(table):
+        """The table's change data files, and those its log entries name."""
+        root = StoreTable(table, store["warehouse"]).root
+        files = {str(f.relative_to(root)) for f in (root / "_change_data").rglob("*.parquet")}
+        actions = [json.loads(line) for entry in (root / "_delta_log").glob("*.json")
+                   for line in entry.read_text().splitlines()]
+        return files, {a["cdc"]["path"] for a in actions if "cdc" in a}
 
     def write_ten(table, retention=4):
         opts = {"table": table, "primary-key": "id", "auto-compact": "false", "checkpoint-interval": "3",
@@ -245,6 +258,10 @@ def test_a_table_that_never_compacts_is_cleaned_and_forgets_old_barriers(spark, 
     # Versions 1-10 (0 made the table). Cleaned at 4 (nothing older than 4 versions back yet) and 8 (keeps version 4
     # on: the log from the checkpoint at 3); barriers forgotten at 6 and 9 (below 2, then below 5).
     assert write_ten("upserted") == list(range(3, 11))
+    files, named = change_data("upserted")
+    assert files == named and len(files) == 8, "the change data of versions 3-10, whose log entries are kept"
+    feed = pa.table(StoreTable("upserted", store["warehouse"]).delta().load_cdf(starting_version=3))
+    assert feed.num_rows == 8 * 3 * 2, "the change feed from the oldest version kept reads: 3 keys' pre and post images"
     kept = meta.barriers("upserted")
     assert [version for _, version in kept] == [5, 6, 7, 8, 9, 10], kept
     assert sorted(r.v for r in read(spark, store, "upserted", barrier=kept[0][0]).collect()) == [4] * 3
@@ -254,6 +271,8 @@ def test_a_table_that_never_compacts_is_cleaned_and_forgets_old_barriers(spark, 
     # The commits run in Spark's Python process for the driver, out of a monkeypatch's reach: the clean is switched
     # off by a retention no version reaches.
     assert write_ten("upserted_uncleaned", retention=100) == list(range(11))
+    files, named = change_data("upserted_uncleaned")
+    assert files == named and len(files) == 10
 
 
 def test_sql_through_a_temporary_view(spark, store):
