@@ -103,8 +103,9 @@ def pss_bytes(pids: list[int]) -> int:
 
 def python_memory(driver: Driver) -> dict[int, tuple[str, int, int]]:
     """Each Python process of the driver's tree: its role (the driver, Spark's worker daemon, a worker the daemon
-    forked), its proportional set size and its RSS, so that a growth of their sum is traced to the processes that grew
-    (a PSS also grows when a process sharing its pages exits; its RSS does not)."""
+    forked, a runner Spark started on its own), its proportional set size and its RSS, so that a growth of their sum
+    is traced to the processes that grew (a PSS also grows when a process sharing its pages exits; its RSS does
+    not)."""
     tree = driver.tree()
     memory = {}
     for pid in tree:
@@ -114,6 +115,8 @@ def python_memory(driver: Driver) -> dict[int, tuple[str, int, int]]:
             role = "driver"
         elif "pyspark.daemon" in cmdline(pid):
             role = "worker" if "pyspark.daemon" in cmdline(parent(pid) or 0) else "daemon"
+        elif " -m pyspark." in cmdline(pid):
+            role = "runner"  # a worker Spark starts on its own, not forked: a streaming source's runner
         else:
             role = command(pid)
         memory[pid] = (role, pss_bytes([pid]), rss_bytes([pid]))
@@ -138,21 +141,24 @@ def folder_bytes(path: Path) -> int:
 
 
 def warehouse_bytes(path: Path) -> dict[str, int]:
-    """The warehouse, and what it holds by kind: each table's log (`_delta_log`), its live files (the current
-    version's add actions) and the rest (files removed by a merge and not yet vacuumed). The live files are read
-    before the folder is walked: a file live then is still on disk (a vacuum deletes only files removed over an hour
-    ago), so the rest never reads negative while the tables are written."""
+    """The warehouse, and what it holds by kind: each table's log (`_delta_log`), its change data (`_change_data`:
+    each merge's, kept as long as the log entry naming it), its live files (the current version's add actions) and
+    the rest (files removed by a merge and not yet vacuumed). The live files are read before the folder is walked: a
+    file live then is still on disk (a vacuum deletes only files removed over an hour ago), so the rest never reads
+    negative while the tables are written."""
     from deltalake import DeltaTable
 
+    kinds = ("warehouse_bytes", "warehouse_log_bytes", "warehouse_change_bytes", "warehouse_live_bytes",
+             "warehouse_removed_bytes")
     if not path.exists():
-        return {"warehouse_bytes": 0, "warehouse_log_bytes": 0, "warehouse_live_bytes": 0, "warehouse_removed_bytes": 0}
+        return dict.fromkeys(kinds, 0)
     live = sum(sum(DeltaTable(str(log.parent)).get_add_actions(flatten=True).column("size_bytes").to_pylist())
                for log in path.rglob("_delta_log"))
-    sizes = [(f.stat().st_size, "_delta_log" in f.parts) for f in path.rglob("*") if f.is_file()]
-    log = sum(size for size, in_log in sizes if in_log)
+    sizes = [(f.stat().st_size, f.parts) for f in path.rglob("*") if f.is_file()]
+    log = sum(size for size, parts in sizes if "_delta_log" in parts)
+    change = sum(size for size, parts in sizes if "_change_data" in parts)
     total = sum(size for size, _ in sizes)
-    return {"warehouse_bytes": total, "warehouse_log_bytes": log, "warehouse_live_bytes": live,
-            "warehouse_removed_bytes": total - log - live}
+    return dict(zip(kinds, (total, log, change, live, total - log - change - live), strict=True))
 
 
 def disk_bytes(path: Path) -> int:

@@ -51,7 +51,7 @@ second; for a design store's kinds, in that store's copy, read every second), la
 windows, and the growth per hour over the run's second half (sampled every minute) of memory (the S2 server; the
 driver over its longest life, as a killed driver starts small again), checkpoints, S2's data (its folder, and the
 stream's storage metric; the stream keeps 10 minutes, S2_RETENTION_S), the Kafka broker's memory and data (the topic
-keeps 10 minutes too), the warehouse (and its log, live and removed files) and the MetaService's rows (with
+keeps 10 minutes too), the warehouse (and its log, change data, live and removed files) and the MetaService's rows (with
 --stores, each design store's memory and disk), with the samples at a quarter, half, three quarters and the end.
 """
 
