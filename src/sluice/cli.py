@@ -233,7 +233,8 @@ def _add_table(sub: Any) -> None:
     compact.add_argument("name")
     compact.add_argument("--target-bytes", type=int, default=128 * 1024 * 1024)
     compact.set_defaults(run=_table_compact)
-    vacuum = cmds.add_parser("vacuum", help="delete data files no version a consistent read may need references")
+    vacuum = cmds.add_parser("vacuum", help="delete the data files, log entries and change data "
+                                                    "no version a consistent read may open needs")
     vacuum.add_argument("name")
     vacuum.add_argument("--dry-run", action="store_true")
     vacuum.set_defaults(run=_table_vacuum)

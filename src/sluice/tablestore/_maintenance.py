@@ -24,8 +24,8 @@ def vacuum(name: str, *, warehouse: str | Warehouse | None = None, meta: MetaSer
     The oldest version to keep is this table's version at the consistent barrier of every table linked to it
     through jobs (upstream and downstream): any consistent read that includes this table reads at that barrier
     or a newer one. Delta's vacuum works by age, in whole hours, so the retention is the age of that version
-    rounded up (keeping more, never less); log entries go up to the newest checkpoint at or below that version
-    (trim_log). Returns the files deleted (or that would be, with dry_run).
+    rounded up (keeping more, never less); log entries go up to the newest checkpoint at or below that version,
+    with the change data they name (trim_log). Returns the files deleted (or that would be, with dry_run).
     """
     return StoreTable(name, warehouse).clean(meta or MetaService(), dry_run=dry_run)
 
