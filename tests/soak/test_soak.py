@@ -37,7 +37,7 @@ def test_the_bank_pipeline_keeps_its_invariant_under_random_faults(tmp_path):
     window = found["windows"][0]
     assert window["transfers"] > 0 and window["python_pss_mib"] > 0 and window["driver_jvm_mib"] > 0, found["windows"]
     # Each Python process's memory over the run: the driver's and the workers' (a sum growing is traced to its pids).
-    end = found["at_end"]  # the warehouse by kind: its log and live files are there, and the kinds add up
+    end = found["at_end"]  # the warehouse by kind: its log, change data and live files are there; the kinds add up
     kinds = ("warehouse_log_bytes", "warehouse_change_bytes", "warehouse_live_bytes", "warehouse_removed_bytes")
     assert all(end[kind] > 0 for kind in kinds[:3]) and end["warehouse_removed_bytes"] >= 0 \
         and sum(end[kind] for kind in kinds) == end["warehouse_bytes"], end
