@@ -177,8 +177,8 @@ def windows_report(samples: list[Sample], latencies: list[tuple[float, float]], 
     windows; `latencies` as (seconds since through, seconds)) and the transfers committed in it, and at its last
     sample the memory of the driver's JVM and of its Python processes (the driver's and Spark's workers: their
     proportional set size, as they share the daemon's pages, and the largest one's RSS), the S2 server's and the
-    broker's, the MetaService's rows and the checkpoints' bytes. A steady write shows them flat from window to
-    window."""
+    broker's, the MetaService's rows, the checkpoints' bytes and the warehouse's by kind (its Delta logs, change
+    data, live and removed data files). A steady write shows them flat from window to window."""
     out = []
     mib = 1024 * 1024
     before = samples[0].values
@@ -199,7 +199,9 @@ def windows_report(samples: list[Sample], latencies: list[tuple[float, float]], 
                     "python_processes": last["python_processes"],
                     "s2_server_mib": round(last["s2_server_rss_bytes"] / mib, 1),
                     "kafka_broker_mib": round(last["kafka_broker_rss_bytes"] / mib, 1),
-                    "meta_rows": last["meta_rows"], "checkpoint_mib": round(last["checkpoint_bytes"] / mib, 2)})
+                    "meta_rows": last["meta_rows"], "checkpoint_mib": round(last["checkpoint_bytes"] / mib, 2),
+                    **{f"warehouse_{kind}_mib": round(last[f"warehouse_{kind}_bytes"] / mib, 3)
+                       for kind in ("log", "change", "live", "removed")}})
         before = last
     return out
 

@@ -36,6 +36,7 @@ def test_the_bank_pipeline_keeps_its_invariant_under_random_faults(tmp_path):
     # The windows of a long run (--window-min): here one, with its transfers and memory read (the workers' PSS too).
     window = found["windows"][0]
     assert window["transfers"] > 0 and window["python_pss_mib"] > 0 and window["driver_jvm_mib"] > 0, found["windows"]
+    assert window["warehouse_log_mib"] > 0 and window["warehouse_change_mib"] > 0, found["windows"]
     # Each Python process's memory over the run: the driver's and the workers' (a sum growing is traced to its pids).
     end = found["at_end"]  # the warehouse by kind: its log, change data and live files are there; the kinds add up
     kinds = ("warehouse_log_bytes", "warehouse_change_bytes", "warehouse_live_bytes", "warehouse_removed_bytes")
