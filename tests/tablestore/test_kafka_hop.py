@@ -1,11 +1,11 @@
-"""Kafka as a hop of a sluice pipeline (issue 50, item 5): a bank's transfers are written into a Kafka topic by
-`sluice_kafka` exactly-once (one Kafka transaction per task; a transfer's two legs in one task and, by their key, in
-one partition), one write's first attempt killed after some of its legs reached the broker (its transaction
-aborted by the retry); a streaming query reads the topic (`read_committed`) into a table-store table, one barrier per
-micro-batch. Read at every barrier the MetaService completed, the table holds whole transfers only, each committed
-leg once (the bank's total holds), and at the end every committed transfer exactly once and nothing of the aborted
-transaction. Negative controls: the same pipeline reading `read_uncommitted` stores the aborted transaction's legs
-too (transfers with more than two legs at the barriers, each aborted record a second copy at the end); capped
+"""Kafka as a hop of a sluice pipeline (docs/tablestore.md, "Kafka as a hop"): a bank's transfers are written into a
+Kafka topic by `sluice_kafka` exactly-once (one Kafka transaction per task; a transfer's two legs in one task and, by
+their key, in one partition), one write's first attempt killed after some of its legs reached the broker (its
+transaction aborted by the retry); a streaming query reads the topic (`read_committed`) into a table-store table, one
+barrier per micro-batch. Read at every barrier the MetaService completed, the table holds whole transfers only, each
+committed leg once (the bank's total holds), and at the end every committed transfer exactly once and nothing of the
+aborted transaction. Negative controls: the same pipeline reading `read_uncommitted` stores the aborted transaction's
+legs too (transfers with more than two legs at the barriers, each aborted record a second copy at the end); capped
 micro-batches (`max-records-per-trigger`) end inside transactions, and barriers hold half transfers."""
 
 import uuid

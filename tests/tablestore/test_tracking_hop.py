@@ -1,5 +1,5 @@
-"""End to end (issue 52, item 4): PostgreSQL's tracking-column stream into a table-store table, exactly-once across a
-driver killed mid-stream.
+"""End to end (docs/tablestore.md, "A tracking-column stream as a hop"): PostgreSQL's tracking-column stream into a
+table-store table, exactly-once across a driver killed mid-stream.
 
 Two writers insert rows into a PostgreSQL table whose tracking column is an identity id, each transaction held open
 a random while (up to HOLD_S) between its INSERT (which takes the ids) and its COMMIT, so they commit out of order of

@@ -23,8 +23,8 @@ def _bucket_upper_ms(bucket: int) -> float:
 
 @dataclass(frozen=True)
 class LiveStats:
-    """One task's write as it runs, handed to an observer every few seconds (live metrics, issue 31). Counters count
-    from the task's start; the rest is the state at `at` (the writer's clock)."""
+    """One task's write as it runs, handed to an observer every few seconds (live metrics, docs/metrics.md). Counters
+    count from the task's start; the rest is the state at `at` (the writer's clock)."""
 
     records: int  # acknowledged by the store (Flink: numRecordsSend)
     bytes: int  # numBytesSend

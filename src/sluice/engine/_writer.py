@@ -100,7 +100,7 @@ class AsyncSinkWriter:
         self._ring: deque[Chunk | list[Chunk] | _Checkpoint] = deque()  # a list: one write_keyed call's chunks
         # Two waiting chunks keep the manager busy while the caller encodes the next. More only keep more entries alive
         # (10,000 Python objects per Spark Arrow batch) out of the CPU's caches: a ring of 4 cost a third more CPU per
-        # row than 2 for bytes entries (issue 56's profile; bench/engine_throughput.py).
+        # row than 2 for bytes entries (the engine's profile in docs/engine.md; bench/engine_throughput.py).
         self._ring_capacity = ring_capacity
         self._completions: deque[tuple[Batch, float, Future[None]]] = deque()
         self._failure: SinkError | None = None

@@ -1,4 +1,4 @@
-"""Live metrics of sluice writes while they run (issue 31), exposed to Prometheus.
+"""Live metrics of sluice writes while they run, exposed to Prometheus.
 
 Reads report too: every read task what it fetched (records, bytes) and, where records carry their commit time, how
 old the newest one was when fetched (sluice.metrics._reads); split sources (Kafka, S2) per split as well.

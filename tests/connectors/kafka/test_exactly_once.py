@@ -1,7 +1,7 @@
-"""Exactly-once into Kafka (sink.transactional=true), counted by a read_committed consumer, through the faults of issue
-50: a Python worker killed mid-task, the driver gone between the tasks' commits and Spark's, a query restarted from an
-older checkpoint copy, a batch write re-run with its sink.write-id, a zombie writer, and a transaction a killed writer
-left open. Each guarantee is also shown failing with its mechanism switched off."""
+"""Exactly-once into Kafka (sink.transactional=true), counted by a read_committed consumer, through these faults: a
+Python worker killed mid-task, the driver gone between the tasks' commits and Spark's, a query restarted from an older
+checkpoint copy, a batch write re-run with its sink.write-id, a zombie writer, and a transaction a killed writer left
+open. Each guarantee is also shown failing with its mechanism switched off."""
 
 import shutil
 import subprocess

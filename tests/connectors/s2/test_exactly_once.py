@@ -98,7 +98,7 @@ def test_exactly_once_across_a_streaming_restart_from_checkpoint(spark, s2_local
 
 def test_a_failed_batch_write_rerun_with_its_write_id_finishes_without_duplicates(spark, s2_local, s2_opts,
                                                                                     tmp_path, small_arrow_batches):
-    """The failure of issue 16: a batch write failed with part of its records on the stream; re-running it gave
+    """The failure sink.write-id fixes: a batch write failed with part of its records on the stream; re-running it gave
     those records twice. With sink.write-id the re-run resumes each writer after what it had written."""
     import sluice
     from tests.faults import fails_while
