@@ -275,7 +275,8 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
             position = committed.get(sid, head)
             splits.append(SplitLag(sid, position, head, max(0, head - position)))
         behind = sum(split.pending_records for split in splits)
-        self._lag.report(SourceReport(*self._source, None, behind, 0, "", "", time.time(), splits=tuple(splits)))
+        self._lag.report(SourceReport(format=self._source[0], source=self._source[1], pending_records=behind,
+                                      at=time.time(), splits=tuple(splits)))
 
     def stop(self) -> None:
         self.enumerator.close()

@@ -353,8 +353,9 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
                 time_behind = max(time_behind or 0.0, (head.value - at.value) / 1000)
         last = next(iter(committed.values()), BEGINNING)
         top = next(iter(self._heads.values()), BEGINNING)
-        self._lag.report(SourceReport(*self._source, None, behind, 0, last.describe(kind), top.describe(kind),
-                                      time.time(), time_behind, splits=tuple(splits)))
+        self._lag.report(SourceReport(format=self._source[0], source=self._source[1], pending_records=behind,
+                                      position=last.describe(kind), head=top.describe(kind), at=time.time(),
+                                      time_behind_ms=time_behind, splits=tuple(splits)))
 
     def stop(self) -> None:
         self.enumerator.close()
