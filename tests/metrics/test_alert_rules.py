@@ -52,8 +52,9 @@ def test_every_metric_the_rules_read_is_one_the_collector_exposes():
     sinks.add(TaskReport(task, LiveStats(records=10, bytes=100, batches=1, failed_records=1, retries=1, throttles=0,
                                          inflight_requests=0, inflight_records=0, window=10, buffered=0,
                                          last_send_ms=1.0, at=0.0), done=False))
-    sources.add(SourceReport("postgres", "sluice_orders", 10, None, 4096, "0/1", "0/2", time.time(),
-                                    time_behind_ms=5.0, splits=(SplitLag("orders:0", 1, 2, 1),)))
+    sources.add(SourceReport(format="postgres", source="sluice_orders", pending_bytes=10, retained_bytes=4096,
+                             position="0/1", head="0/2", at=time.time(), time_behind_ms=5.0,
+                             splits=(SplitLag("orders:0", 1, 2, 1),)))
     reads.add(ReadReport(TaskIdentity("sluice_kafka", "r", 0, 0, 2, None),
                                 ReadStats(10, 100, 1, 20.0, time.time(), "orders:0"), done=False))
     # sluice doctor's gauges, from a watch whose round found one item of each figure the gauges carry.

@@ -111,8 +111,9 @@ def test_a_source_report_becomes_gauges_labelled_by_its_source():
     from sluice.metrics._push import SourceReporter
 
     with sluice.metrics.serve() as server:
-        SourceReporter(server.target).report(SourceReport("postgres_changes", "sluice_orders", 4096, None, 65536,
-                                                          "0/1A2B3C", "0/1A3B3C", time.time()))
+        SourceReporter(server.target).report(SourceReport(
+            format="postgres_changes", source="sluice_orders", pending_bytes=4096, retained_bytes=65536,
+            position="0/1A2B3C", head="0/1A3B3C", at=time.time()))
         found = scrape(server)
         assert found[("sluice_source_pendingBytes", "postgres_changes")] == 4096
         assert found[("sluice_source_retainedBytes", "postgres_changes")] == 65536
@@ -190,8 +191,8 @@ def test_a_split_sources_report_and_read_tasks_give_figures_per_split():
 
     splits = (SplitLag("orders:0", 60, 100, 40), SplitLag("orders:1", 20, 20, 0))
     with sluice.metrics.serve() as server:
-        SourceReporter(server.target).report(SourceReport("sluice_kafka", "orders", None, 40, 0, "", "", time.time(),
-                                                          splits=splits))
+        SourceReporter(server.target).report(SourceReport(format="sluice_kafka", source="orders", pending_records=40,
+                                                          at=time.time(), splits=splits))
         observer = ReadObserver.on_driver("sluice_kafka", event_time="timestamp")
         list(observer.observed(iter([batch(3600)]), "orders:0"))
         list(observer.observed(iter([batch(5)]), "orders:1"))

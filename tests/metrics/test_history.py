@@ -35,7 +35,7 @@ def test_rates_come_from_the_counters_between_two_samples_and_the_window_forgets
     assert lines(history) == {}, "one sample of a counter is no rate yet"
     now[0] += 5
     sinks.add(TaskReport(task, stats(600, retries=2), done=False))
-    sources.add(SourceReport("tablestore", "orders", None, None, 0, "", "", now[0], time_behind_ms=1500.0))
+    sources.add(SourceReport(format="tablestore", source="orders", at=now[0], time_behind_ms=1500.0))
     history.sample()
     assert lines(history) == {("sink", "postgres", "records_per_s"): [(1005.0, 100.0)],
                               ("sink", "postgres", "retries"): [(1005.0, 2.0)],

@@ -79,7 +79,7 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
                                        "return c && Number(c.textContent) > 0; }", timeout=60_000)
 
                 # A source's lag, as a streaming source's driver side reports it: a figure it cannot tell shows "-".
-                lag = SourceReport("s2", "shop/events", None, 42, 0, "", "", time.time())
+                lag = SourceReport(format="s2", source="shop/events", pending_records=42, at=time.time())
                 SourceReporter(server.target).report(lag)
                 page.wait_for_selector('#sources tr[data-name="shop/events"]', timeout=30_000)
                 assert (cell(page, "sources", "shop/events", 3), cell(page, "sources", "shop/events", 4),
@@ -132,8 +132,8 @@ def test_the_page_shows_each_split_of_a_streaming_source_with_its_own_lag(tmp_pa
 
     with serve_ui(str(tmp_path / "meta.db")) as server:
         splits = (SplitLag("orders:0", 60, 100, 40), SplitLag("orders:1", 20, 20, 0))
-        SourceReporter(server.target).report(SourceReport("sluice_kafka", "orders", None, 40, 0, "", "", time.time(),
-                                                          splits=splits))
+        SourceReporter(server.target).report(SourceReport(format="sluice_kafka", source="orders", pending_records=40,
+                                                          at=time.time(), splits=splits))
         observer = ReadObserver.on_driver("sluice_kafka", event_time="timestamp")
         now_ms = int(time.time() * 1000)
         for split, age_ms in (("orders:0", 3_600_000), ("orders:1", 4_000)):

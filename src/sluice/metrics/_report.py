@@ -4,6 +4,7 @@ driver's collector."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -108,21 +109,22 @@ class SplitLag:
     pending_records: int  # head - position, in positions (which are records where a position is a record)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SourceReport:
     """How far a streaming source is behind its store's head, sent by the source's driver side after each
     micro-batch it commits. PostgreSQL change capture: the slot's confirmed position against the server's WAL
     (bytes); split sources (Kafka, S2): the committed positions against the heads the last planning saw (records),
-    in all and per split (`splits`); the table store: the committed barrier against the table's newest (time)."""
+    in all and per split (`splits`); the table store: the committed barrier against the table's newest (time).
+    Built from keywords only: what a source cannot tell keeps its default."""
 
     format: str
     source: str  # what is read: a replication slot, a basin's streams
-    pending_bytes: int | None  # behind the head (Flink: pendingBytes); None: the source cannot tell
-    pending_records: int | None  # behind the head (Flink: pendingRecords); None: the source cannot tell
-    retained_bytes: int  # what the source makes the store keep (a slot's WAL from its restart_lsn on); 0: nothing
-    position: str  # the committed position as the store writes it (an LSN), or "" where it is many (S2's streams)
-    head: str  # the store's head at the same moment, likewise
-    at: float  # epoch seconds
+    pending_bytes: int | None = None  # behind the head (Flink: pendingBytes); None: the source cannot tell
+    pending_records: int | None = None  # behind the head (Flink: pendingRecords); None: the source cannot tell
+    retained_bytes: int = 0  # what the source makes the store keep (a slot's WAL from its restart_lsn on); 0: nothing
+    position: str = ""  # the committed position as the store writes it (an LSN), or "" where it is many (S2's streams)
+    head: str = ""  # the store's head at the same moment, likewise
+    at: float = dataclasses.field(default_factory=time.time)  # epoch seconds; default: when the report is made
     time_behind_ms: float | None = None  # the head's time minus the committed position's (the table store's
     # barriers are commit times); None: the source cannot tell
     splits: tuple[SplitLag, ...] = ()  # a split source's splits, each on its own; (): not a split source

@@ -10,7 +10,6 @@ from the checkpoint reads exactly the same positions.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,18 +17,11 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport, SplitLag
 from sluice.source._offset import SplitOffset
-from sluice.spark._compat import (
-    AdmissionControlledReader,
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
+from sluice.source._stream import StreamReaderCore
+from sluice.spark._compat import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows
 
 
 @dataclass(frozen=True)
@@ -151,7 +143,7 @@ class SplitBatchReader(DataSourceReader):
                                 partition.split.split_id)
 
 
-class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
+class SplitStreamReader(StreamReaderCore[SplitOffset]):
     """Streaming read with discovery, admission control (rows or bytes per trigger) and AvailableNow."""
 
     cap_options = ("max-records-per-trigger", "max-bytes-per-trigger")
@@ -162,47 +154,31 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         """`source`: (format, what is read) to report how far the query is behind to a metrics collector
         (sluice.metrics), per split and in all, in positions, which are records where a position is a record (S2's
         seq nums, Kafka's offsets); `reads`: where read tasks report what they fetch."""
+        super().__init__(source=source, max_rows=max_records, max_bytes=max_bytes, reads=reads)
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
-        self.max_records = max_records
-        self.max_bytes = max_bytes
         self._splits: dict[str, Split] = {}
-        self._target: dict[str, int] | None = None  # AvailableNow: never read past this
-        self._source = source
         self._heads: dict[str, int] = {}  # each split's end as the last planning saw it
-        self._lag = SourceReporter.on_driver() if source is not None else SourceReporter(None)
-        self.reads = reads
 
     def _known(self) -> dict[str, Split]:
         for split in self.enumerator.discover():
             self._splits.setdefault(split.split_id, split)
         return self._splits
 
-    # Spark hands offsets over and takes them back as dicts; inside, they are SplitOffsets.
-    def _offset(self, raw: dict) -> SplitOffset:
-        return SplitOffset.from_json(raw, self._source[0] if self._source is not None else None)
+    def parse_offset(self, raw: dict) -> SplitOffset:
+        return SplitOffset.from_json(raw, self.format)
 
-    def initialOffset(self) -> dict:
-        return SplitOffset(self.enumerator.start_positions(list(self._known().values()))).to_json()
+    def first_offset(self) -> SplitOffset:
+        return SplitOffset(self.enumerator.start_positions(list(self._known().values())))
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.max_records:
-            return ReadMaxRows(self.max_records)
-        if self.max_bytes:
-            return ReadMaxBytes(self.max_bytes)
-        return ReadAllAvailable()
+    def available_now_end(self) -> SplitOffset:
+        return SplitOffset(self.enumerator.end_positions(list(self._known().values())))
 
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self.enumerator.end_positions(list(self._known().values()))
-
-    def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
-        at = self._offset(start)
-        return self._latest(at, limit).json_or(at)
-
-    def _latest(self, start: SplitOffset, limit: ReadLimit) -> SplitOffset:
+    def next_end(self, start: SplitOffset, limit: ReadLimit) -> SplitOffset:
         positions = dict(start.positions)
-        splits = self._known() if self._target is None else {k: self._splits[k] for k in self._target}
+        target = None if self.target is None else self.target.positions
+        splits = self._known() if target is None else {k: self._splits[k] for k in target}
         for sid, split in splits.items():
             positions.setdefault(sid, self.enumerator.new_split_position(split))
         ends = {}
@@ -211,12 +187,12 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
         for sid in splits:
             begin = positions[sid]
             end = latest[sid]
-            if self._target is not None:
-                end = min(end, self._target[sid])
+            if target is not None:
+                end = min(end, target[sid])
             ends[sid] = max(begin, end)
         if isinstance(limit, ReadAllAvailable):
             return SplitOffset(ends)
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_records
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.max_bytes
         if max_rows:
             ends = self._share_rows(positions, ends, max_rows)
@@ -250,32 +226,31 @@ class SplitStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
                     break
         return {sid: positions[sid] + take[sid] for sid in ends}
 
-    def plan_partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        begin = self._offset(start).positions
+    def plan(self, start: SplitOffset, end: SplitOffset) -> Sequence[InputPartition]:
+        begin = start.positions
         out: list[InputPartition] = []
-        for sid, stop in sorted(self._offset(end).positions.items()):
+        for sid, stop in sorted(end.positions.items()):
             split = self._splits.get(sid) or Split(sid)
             first = begin.get(sid, self.enumerator.new_split_position(split))
             out += cut(split, first, stop, self.max_per_partition)
         return out
 
-    def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
-        if partition.end > partition.start:
-            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end),
-                                partition.split.split_id)
+    def read_partition(self, partition: SplitPartition) -> Iterator[Any] | None:
+        return self.reader.read(partition.split, partition.start, partition.end) \
+            if partition.end > partition.start else None
 
-    def commit(self, end: dict) -> None:
-        """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any:
-        each split's committed position against its head as the last planning saw it, and their sum."""
-        if self._lag.target is None or self._source is None:
-            return
-        committed = self._offset(end).positions
+    def split_of(self, partition: SplitPartition) -> str:
+        return partition.split.split_id
+
+    def lag(self, end: SplitOffset) -> SourceReport:
+        """Each split's committed position against its head as the last planning saw it, and their sum."""
+        committed = end.positions
         splits = []
         for sid, head in sorted(self._heads.items()):
             position = committed.get(sid, head)
             splits.append(SplitLag(sid, position, head, max(0, head - position)))
         behind = sum(split.pending_records for split in splits)
-        self._lag.report(SourceReport(*self._source, None, behind, 0, "", "", time.time(), splits=tuple(splits)))
+        return self.report(pending_records=behind, splits=tuple(splits))
 
-    def stop(self) -> None:
+    def close(self) -> None:
         self.enumerator.close()

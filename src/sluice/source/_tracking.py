@@ -33,19 +33,13 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 from sluice._errors import OptionError
-from sluice.metrics._push import SourceReporter
-from sluice.metrics._reads import ReadObserver, observed
+from sluice.metrics._reads import ReadObserver
 from sluice.metrics._report import SourceReport, SplitLag
 from sluice.source._framework import Split
 from sluice.source._offset import SparkOffset, check_offset_version
+from sluice.source._stream import StreamReaderCore
 from sluice.source._tracking_options import TrackingSettings
-from sluice.spark._compat import (
-    AdmissionControlledReader,
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
+from sluice.spark._compat import ReadLimit
 
 TRACKING_OFFSET_VERSION = 1
 KINDS = ("int", "timestamp")  # what a tracking value is: an integer, or microseconds since the epoch (UTC)
@@ -224,7 +218,7 @@ class LagWindow:
         time.sleep(self.window_s)
 
 
-class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
+class TrackingStreamReader(StreamReaderCore[TrackingOffset]):
     """A tracking-column stream: start positions, the lag window, admission control (max rows per trigger),
     Trigger.AvailableNow, and metrics (records behind when the store counts them; currentFetchEventTimeLag from a
     timestamp tracking column)."""
@@ -235,24 +229,21 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
                  source: tuple[str, str], reads: ReadObserver | None = None) -> None:
         """`source`: (format, what is read), for errors and the metrics collector; `reads`: where read tasks report
         what they fetch."""
+        super().__init__(source=source, max_rows=settings.max_records, reads=reads)
         self.enumerator = enumerator
         self.reader = reader
         self.settings = settings
-        self._source = source
         self._window = LagWindow(settings.lag_window_ms / 1000)
         self._splits = {split.split_id: split for split in enumerator.discover()}
-        self._target: dict[str, TrackingPosition] | None = None  # AvailableNow: never read past this
         self._heads: dict[str, TrackingPosition] = {}
-        self._lag = SourceReporter.on_driver()
-        self.reads = reads
 
-    def _offset(self, raw: dict) -> TrackingOffset:
-        return TrackingOffset.from_json(raw, self._source[0], self.enumerator.column, self.enumerator.kind)
+    def parse_offset(self, raw: dict) -> TrackingOffset:
+        return TrackingOffset.from_json(raw, self.format or "", self.enumerator.column, self.enumerator.kind)
 
     def _made(self, positions: Mapping[str, TrackingPosition]) -> TrackingOffset:
         return TrackingOffset(self.enumerator.column, self.enumerator.kind, positions)
 
-    def initialOffset(self) -> dict:
+    def first_offset(self) -> TrackingOffset:
         start = self.settings.start
         if start == "beginning":
             positions = dict.fromkeys(self._splits, BEGINNING)
@@ -261,27 +252,20 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
         else:
             value = parse_value(self.enumerator.kind, start, "tracking.start")
             positions = dict.fromkeys(self._splits, TrackingPosition(value, None))
-        return self._made(positions).to_json()
+        return self._made(positions)
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.settings.max_records) if self.settings.max_records else ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
+    def available_now_end(self) -> TrackingOffset:
         heads = self.enumerator.heads(list(self._splits.values()))
         self._window.observe(heads)
         self._window.wait()
-        self._target = heads
+        return self._made(heads)
 
     def _observe(self) -> None:
         heads = self.enumerator.heads(list(self._splits.values()))
         self._heads = heads
         self._window.observe(heads)
 
-    def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
-        at = self._offset(start)
-        return self._latest(at, limit).json_or(at)
-
-    def _latest(self, start: TrackingOffset, limit: ReadLimit) -> TrackingOffset:
+    def next_end(self, start: TrackingOffset, limit: ReadLimit) -> TrackingOffset:
         if not self._window.seen_any():
             # A query's first planning waits one window, so it has a settled head to read to: on Spark 4.0/4.1,
             # Trigger.AvailableNow asks once (prepareForTriggerAvailableNow is never called there) and would
@@ -289,11 +273,12 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
             self._observe()
             self._window.wait()
         self._observe()
-        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        rows = self.rows_of(limit)
+        target = None if self.target is None else self.target.positions
         ends = dict(start.positions)
         for sid, split in sorted(self._splits.items()):
             after = ends.setdefault(sid, BEGINNING)
-            upto = self._target[sid] if self._target is not None else self._window.settled(sid)
+            upto = target[sid] if target is not None else self._window.settled(sid)
             if upto is None or upto.value is None:
                 continue
             share = None if rows is None else max(1, rows // len(self._splits))
@@ -302,10 +287,10 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
                 ends[sid] = end
         return self._made(ends)
 
-    def plan_partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        begin = self._offset(start).positions
+    def plan(self, start: TrackingOffset, end: TrackingOffset) -> Sequence[InputPartition]:
+        begin = start.positions
         out: list[InputPartition] = []
-        for sid, upto in sorted(self._offset(end).positions.items()):
+        for sid, upto in sorted(end.positions.items()):
             after = begin.get(sid, BEGINNING)
             if upto != after and upto.value is not None:
                 split = self._splits.get(sid) or Split(sid)
@@ -327,17 +312,16 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
             ends.append(end)
         return [*ends, upto]
 
-    def read(self, partition: TrackingPartition) -> Iterator[Any]:  # type: ignore[override]
-        yield from observed(self.reads, self.reader.read(partition.split, partition.after, partition.upto),
-                            partition.split.split_id)
+    def read_partition(self, partition: TrackingPartition) -> Iterator[Any]:
+        return self.reader.read(partition.split, partition.after, partition.upto)
 
-    def commit(self, end: dict) -> None:
-        """Positions live in Spark's checkpoint; the lag goes to a metrics collector, if one runs: rows between
-        each split's committed position and its head (when the store counts them), and the head's tracking time
-        minus the committed one's (a timestamp column)."""
-        if self._lag.target is None:
-            return
-        committed = self._offset(end).positions
+    def split_of(self, partition: TrackingPartition) -> str:
+        return partition.split.split_id
+
+    def lag(self, end: TrackingOffset) -> SourceReport:
+        """Rows between each split's committed position and its head (when the store counts them), and the head's
+        tracking time minus the committed one's (a timestamp column)."""
+        committed = end.positions
         kind = self.enumerator.kind
         splits, behind, time_behind = [], 0, None
         for sid, head in sorted(self._heads.items()):
@@ -353,8 +337,8 @@ class TrackingStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNo
                 time_behind = max(time_behind or 0.0, (head.value - at.value) / 1000)
         last = next(iter(committed.values()), BEGINNING)
         top = next(iter(self._heads.values()), BEGINNING)
-        self._lag.report(SourceReport(*self._source, None, behind, 0, last.describe(kind), top.describe(kind),
-                                      time.time(), time_behind, splits=tuple(splits)))
+        return self.report(pending_records=behind, position=last.describe(kind), head=top.describe(kind),
+                           time_behind_ms=time_behind, splits=tuple(splits))
 
-    def stop(self) -> None:
+    def close(self) -> None:
         self.enumerator.close()

@@ -203,8 +203,8 @@ class TableStoreStreamReader(AdmissionControlledReader):
             return
         done = BarrierOffset.from_json(end)
         self._lag.report(SourceReport(
-            "tablestore", self.table.name, None, None, 0, f"version {done.version}", f"version {last[1]}",
-            time.time(), float(max(0, last[0] - done.barrier))))
+            format="tablestore", source=self.table.name, position=f"version {done.version}",
+            head=f"version {last[1]}", at=time.time(), time_behind_ms=float(max(0, last[0] - done.barrier))))
 
 
 def signed_change(column: str) -> str:

@@ -72,8 +72,8 @@ def slot_lag(pg: Any, slot: str) -> SourceReport | None:
                      (slot,)).fetchone()
     if row is None:
         return None
-    return SourceReport("postgres_changes", slot, max(0, row[2]), None, max(0, row[3]), row[0] or "", row[1],
-                        time.time())
+    return SourceReport(format="postgres_changes", source=slot, pending_bytes=max(0, row[2]),
+                        retained_bytes=max(0, row[3]), position=row[0] or "", head=row[1], at=time.time())
 
 
 def holder_of(pg: Any, slot: str) -> tuple[str, str] | None:

@@ -12,19 +12,15 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
 from sluice.connector import (
-    AdmissionControlledReader,
     DataLossError,
     HoldingHeartbeat,
     OptionError,
-    ReadAllAvailable,
     ReadLimit,
-    ReadMaxRows,
     ReadObserver,
     SluiceError,
-    SourceReporter,
+    SourceReport,
     Split,
-    SupportsTriggerAvailableNow,
-    observed,
+    StreamReaderCore,
 )
 from sluice.connectors.postgres._client import PostgresError, qualified, sqlstate_of
 from sluice.connectors.postgres._options import ReadOptions
@@ -43,33 +39,42 @@ log = logging.getLogger("sluice.postgres")
 MAX_SNAPSHOT_SPLITS = 1_000
 
 
-class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow):
-    """The reader Spark drives: offsets and micro-batch planning on the driver; ChangeReader reads on the executors."""
+class ChangeStreamReader(StreamReaderCore[ChangeOffset]):
+    """The reader Spark drives: offsets and micro-batch planning on the driver; ChangeReader reads on the executors.
+    The lag reported after each commit is the slot's against the server's WAL."""
 
     cap_options = ("max-changes-per-trigger",)
 
     def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType,
                  reads: ReadObserver | None = None) -> None:
+        """`reads`: where read tasks report what they fetch (sluice.metrics); None: nowhere."""
+        super().__init__(source=("postgres_changes", stream.slot), max_rows=options.max_changes_per_trigger,
+                         reads=reads)
         self.stream = stream
         self.options = options
         self.schema = schema
         self._reader = ChangeReader(stream, options, schema)  # pickled with this reader to the executors
         self._holder: SnapshotHolder | None = None
-        self._target: int | None = None  # AvailableNow: never read past this
         self._reported: dict[str, Any] | None = None
         self._initial: ChangeOffset | None = None
         self._guard = SlotGuard(stream.conn, stream.slot)  # held from the first offset on, released by stop()
         self._log_restart_points = options.slot_log_restart_point  # off when the server cannot
         self._nothing_before: int | None = None  # the WAL position up to which the last peek found no change
-        self._lag = SourceReporter.on_driver()  # the slot's lag after each commit, to a metrics collector if any
-        self._reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
         # The slot recorded as the MetaService job's (option 'job'), for `sluice doctor`: at the start and while
         # micro-batches commit.
         self._owner = (HoldingHeartbeat(options.meta, options.job, "postgres-slot", stream.conn.dbname, stream.slot)
                        if options.job else None)
 
     # ------------------------------------------------------------------ driver
-    def initialOffset(self) -> dict:
+    def parse_offset(self, raw: dict) -> ChangeOffset:
+        return ChangeOffset.from_json(raw)
+
+    def spark_end(self, end: ChangeOffset, start: ChangeOffset) -> dict:
+        """Spark's own `start` back when the position did not move, except inside the snapshot (the same LSN, a
+        snapshot batch further) and when moving past WAL the publication did not write (a quiet batch)."""
+        return end.to_json() if start.in_snapshot or end.quiet else end.json_or(start)
+
+    def first_offset(self) -> ChangeOffset:
         """Where micro-batch 0 starts. Spark asks again when it replays micro-batch 0 (same run or a restart), so
         an existing slot whose snapshot is still held gives the same answer."""
         self._guard.hold()
@@ -79,10 +84,10 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
             except SluiceError as e:
                 raise OptionError(f"option 'job' ({self._owner.job_id}): {e}") from None
         if self._initial is None:
-            self._initial = self._first_offset()
-        return self._initial.to_json()
+            self._initial = self._start()
+        return self._initial
 
-    def _first_offset(self) -> ChangeOffset:
+    def _start(self) -> ChangeOffset:
         s = self.stream
         with s.conn.connect_psycopg() as pg:
             state = slot_state(pg, s.slot)
@@ -119,27 +124,21 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         log.info("created replication slot %s at %s", self.stream.slot, lsn)
         return lsn
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.options.max_changes_per_trigger
-        return ReadMaxRows(n) if n else ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
+    def available_now_end(self) -> ChangeOffset:
         with self.stream.conn.connect_psycopg() as pg:
-            self._target = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+            return ChangeOffset(parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]))
 
-    def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
+    def next_end(self, at: ChangeOffset, limit: ReadLimit) -> ChangeOffset:
         pg = self._guard.hold()
-        at = ChangeOffset.from_json(start)
         if at.in_snapshot:  # the snapshot alone, then changes from its LSN
-            return self._snapshot_end(at, limit.max_rows if isinstance(limit, ReadMaxRows) else None).to_json()
+            return self._snapshot_end(at, self.rows_of(limit))
         s = self.stream
         begin = self._advance(pg, at.lsn)  # Spark committed every batch before `start`: the slot may move
         flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
-        upto = flush if self._target is None else min(flush, self._target)
+        upto = flush if self.target is None else min(flush, self.target.lsn)
         if upto <= begin or upto == self._nothing_before:  # no WAL since the last look found no change
-            return ChangeOffset(begin).json_or(at)
-        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = self._cut(pg, begin, upto, budget)
+            return ChangeOffset(begin)
+        end = self._cut(pg, begin, upto, self.rows_of(limit))
         if end == begin:
             self._nothing_before = upto  # Spark polls every few ms: peek again only once the WAL moved
         elif self._log_restart_points:  # a batch with changes (never an idle poll: the record is WAL too)
@@ -151,7 +150,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
             end = upto
         if self._reported is not None:
             self._reported["lsn"] = format_lsn(end)
-        return ChangeOffset(end, quiet=True).to_json() if quiet else ChangeOffset(end).json_or(at)
+        return ChangeOffset(end, quiet=quiet)
 
     def _log_restart_point(self, pg: Any) -> None:
         """Log a running-transactions record: where the slot can restart decoding. Every peek decodes from the slot's
@@ -289,8 +288,7 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
     def reportLatestOffset(self) -> dict | None:
         return self._reported
 
-    def plan_partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        first, last = ChangeOffset.from_json(start), ChangeOffset.from_json(end)
+    def plan(self, first: ChangeOffset, last: ChangeOffset) -> Sequence[InputPartition]:
         begin, stop = first.lsn, last.lsn
         planned = first.splits if first.splits is not None else last.splits
         if first.in_snapshot and planned is not None:  # planned splits, some of them
@@ -306,8 +304,8 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
             return []
         return [ChangesPartition(begin, stop)] if stop > begin else []
 
-    def commit(self, end: dict) -> None:
-        at = ChangeOffset.from_json(end)
+    def committed(self, at: ChangeOffset) -> None:
+        """Moves the slot to the committed position (the server may drop the WAL before it)."""
         if self._holder is not None and not at.in_snapshot:
             self._holder.cancel()  # micro-batch 0 is committed: the snapshot is not needed any more
             self._holder = None
@@ -317,8 +315,6 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
         if state is not None and state.confirmed < at.lsn:
             busy_retry(lambda: pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
                                           (s.slot, format_lsn(at.lsn))), f"advancing slot '{s.slot}'", s.conn)
-        if self._lag.target is not None and (lag := slot_lag(pg, s.slot)) is not None:
-            self._lag.report(lag)
         if self._owner is not None:
             try:
                 self._owner.beat()
@@ -326,11 +322,15 @@ class ChangeStreamReader(AdmissionControlledReader, SupportsTriggerAvailableNow)
                 log.warning("recording slot %s as job %s's in the MetaService failed: %s", s.slot,
                             self._owner.job_id, e)
 
-    def stop(self) -> None:
+    def lag(self, end: ChangeOffset) -> SourceReport | None:
+        """The slot's against the server's WAL, on the session that holds the slot."""
+        return slot_lag(self._guard.hold(), self.stream.slot)
+
+    def close(self) -> None:
         if self._holder is not None:
             self._holder.release_pipes()
         self._guard.release()
 
     # ------------------------------------------------------------------ executors
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return observed(self._reads, self._reader.read(partition))
+    def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._reader.read(partition)
