@@ -130,7 +130,7 @@ class PrefixSettings(_Shown):
     """The settings a prefix option collected (`kafka.*`: {"bootstrap.servers": ..., "linger.ms": ...}); its repr
     and `scrub` hide the values of settings whose name says they are a secret (SECRET_SETTING)."""
 
-    def __init__(self, values: Mapping[str, Any] = ()) -> None:
+    def __init__(self, values: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
         self._values = dict(values)
 
     def _secret(self, key: str) -> bool:
@@ -188,7 +188,9 @@ class TypedOptions:
 
     declared: ClassVar[tuple[Option, ...]] = ()
     prefix: ClassVar[str] = ""  # left out of the fields' names (SinkConfig: 'sink.')
-    conn_from: ClassVar[Callable[[Options], Any] | None] = None  # e.g. Connection.from_options: fills `conn`
+    # e.g. Connection.from_options: fills `conn`. Callable[..., Any]: a classmethod assigned here is seen bound by mypy
+    # (Callable[[Options], X] would refuse it); the connection's type is the format's own.
+    conn_from: ClassVar[Callable[..., Any] | None] = None
 
     @classmethod
     def of(cls, opts: Options) -> Self:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sluice.spark._registry import data_source_class
 
@@ -10,6 +10,8 @@ _POSITION = "__sluice_input_position"
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from sluice.sink._datasource import SinkDataSource
 
 
 def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partitions: int | None = None) -> DataFrame:
@@ -23,7 +25,8 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partiti
     """
     from pyspark.sql.functions import monotonically_increasing_id
 
-    source = data_source_class(format)(options={k: str(v) for k, v in options.items()})
+    # A format one writes to is a sink (write_options() refuses the others).
+    source = cast("SinkDataSource", data_source_class(format)(options={k: str(v) for k, v in options.items()}))
     opts = source.write_options()
     columns = source.partitioning(opts, df.schema)
     if columns is None:

@@ -83,7 +83,8 @@ def since(capability: str) -> str:
 if HAS_ARROW_STREAM_WRITER:
     StreamArrowWriterBase: type = _ds.DataSourceStreamArrowWriter
 else:
-    class StreamArrowWriterBase(_ds.DataSourceArrowWriter, _ds.DataSourceStreamWriter):  # type: ignore[no-redef]
+    # misc: the two bases' commit/abort differ (Spark 4.0 calls the stream writer's form); no-redef: the other branch
+    class StreamArrowWriterBase(_ds.DataSourceArrowWriter, _ds.DataSourceStreamWriter):  # type: ignore[no-redef,misc]
         """Spark 4.0: its write worker gives Arrow batches to any DataSourceArrowWriter, in streaming writes too,
         and its streaming commit calls commit(messages, batchId) on whatever streamWriter() returned."""
 
@@ -150,7 +151,7 @@ class AdmissionControlledReader(_ds.DataSourceStreamReader):
     def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         raise NotImplementedError
 
-    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:  # type: ignore[override]
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         if start is not None:  # Spark 4.2+
             return self.latest_offset(start, limit if limit is not None else self.getDefaultReadLimit())
         begin = self._start_seen if self._start_seen is not None else self.initialOffset()
@@ -199,7 +200,7 @@ def to_arrow_schema(schema: Any) -> Any:
 
     if SPARK_VERSION >= (4, 2):
         return convert(schema, timezone="UTC")
-    return convert(schema, timestamp_utc=True)
+    return convert(schema, timestamp_utc=True)  # type: ignore[call-arg]  # Spark < 4.2's keyword
 
 
 def from_arrow_schema(schema: Any) -> Any:
