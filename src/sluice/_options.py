@@ -130,8 +130,8 @@ class PrefixSettings(_Shown):
     """The settings a prefix option collected (`kafka.*`: {"bootstrap.servers": ..., "linger.ms": ...}); its repr
     and `scrub` hide the values of settings whose name says they are a secret (SECRET_SETTING)."""
 
-    def __init__(self, values: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
-        self._values = dict(values)
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:  # Any: a client's settings, of its types
+        self._values = dict(values or {})
 
     def _secret(self, key: str) -> bool:
         return SECRET_SETTING.search(key) is not None

@@ -21,7 +21,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
 
 MINIMUM = (4, 0)
 FIX = ("Use a Spark 4.0+ runtime (its pyspark is on the path), or pip install 'sluice[spark]' into a fresh "
@@ -194,7 +198,7 @@ def require(capability: str, option: str, instead: str) -> None:
         f"this Spark is {pyspark.__version__}. {instead} or run on Spark {since(capability)} or later.")
 
 
-def to_arrow_schema(schema: Any) -> Any:
+def to_arrow_schema(schema: StructType) -> pa.Schema:
     """Spark's schema in Arrow, timestamps in UTC (the keyword changed in Spark 4.2: timestamp_utc -> timezone)."""
     from pyspark.sql.pandas.types import to_arrow_schema as convert
 
@@ -203,7 +207,7 @@ def to_arrow_schema(schema: Any) -> Any:
     return convert(schema, timestamp_utc=True)  # type: ignore[call-arg]  # Spark < 4.2's keyword
 
 
-def from_arrow_schema(schema: Any) -> Any:
+def from_arrow_schema(schema: pa.Schema) -> StructType:
     """An Arrow schema in Spark's types; a timestamp without a time zone is TIMESTAMP_NTZ on every line (Spark 4.2
     made that the default; 4.0/4.1 read it as a local-time TIMESTAMP)."""
     from pyspark.sql.pandas.types import from_arrow_schema as convert
