@@ -172,7 +172,7 @@ class Options(_Shown):
         option. A field that names neither, or an option of `covering` without a field, is a programming error: the
         declarations and the type stay one list."""
         by_attr = {attribute(k.removeprefix(prefix)): k for k in self._values if k.startswith(prefix)}
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # `cls` is a dataclass: TypedOptions' are
         unknown = sorted(names - set(by_attr) - set(extra))
         uncovered = sorted(o.name for o in covering if attribute(o.name.removeprefix(prefix)) not in names)
         if unknown or uncovered:

@@ -197,6 +197,7 @@ class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         return self._write(iterator)
 
+    # override: Spark hands commit/abort back the messages this writer's write() made, not any WriterCommitMessage.
     def commit(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
         self._commit(messages, None)
 
