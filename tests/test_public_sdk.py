@@ -134,6 +134,26 @@ ALLOWED_ANY = {
     "TrackingPosition.from_json.raw": JSON,
     "SourceReport.to_json.return": JSON,
     "SourceReport.from_json.data": JSON,
+    "AdmissionControlledReader.latest_offset.start": JSON,
+    "AdmissionControlledReader.latest_offset.return": JSON,
+    "AdmissionControlledReader.latestOffset.start": JSON,
+    "AdmissionControlledReader.latestOffset.return": JSON,
+    "AdmissionControlledReader.partitions.start": JSON,
+    "AdmissionControlledReader.partitions.end": JSON,
+    "AdmissionControlledReader.plan_partitions.start": JSON,
+    "AdmissionControlledReader.plan_partitions.end": JSON,
+    "SplitStreamReader.initialOffset.return": JSON,
+    "SplitStreamReader.latest_offset.start": JSON,
+    "SplitStreamReader.latest_offset.return": JSON,
+    "SplitStreamReader.plan_partitions.start": JSON,
+    "SplitStreamReader.plan_partitions.end": JSON,
+    "SplitStreamReader.commit.end": JSON,
+    "TrackingStreamReader.initialOffset.return": JSON,
+    "TrackingStreamReader.latest_offset.start": JSON,
+    "TrackingStreamReader.latest_offset.return": JSON,
+    "TrackingStreamReader.plan_partitions.start": JSON,
+    "TrackingStreamReader.plan_partitions.end": JSON,
+    "TrackingStreamReader.commit.end": JSON,
     "last_write_summary.return": JSON,
     "SplitReader.read.return": SPARK_ROWS,
     "SplitBatchReader.read.return": SPARK_ROWS,
@@ -141,7 +161,8 @@ ALLOWED_ANY = {
     "TrackingReader.read.return": SPARK_ROWS,
     "TrackingStreamReader.read.return": SPARK_ROWS,
 }
-_ANY = re.compile(r"\bAny\b")
+# `Any`, and the bare generics that mean it (`dict` is dict[Any, Any]).
+_ANY = re.compile(r"\bAny\b|\b(?:dict|list|tuple|set|frozenset|Sequence|Mapping|Iterable|Iterator|Callable)\b(?!\[)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -156,8 +177,7 @@ def _annotation_text(annotation: object, namespace: dict[str, object], seen: tup
     aliases = []
     for name in sorted(set(_NAME.findall(text)) - set(seen)):
         value = namespace.get(name)
-        if value is not None and not isinstance(value, type) and (
-                isinstance(value, str) or value is typing.Any or typing.get_origin(value) is not None):
+        if isinstance(value, str) or typing.get_args(value):  # an alias: "Sequence[int] | ...", Callable[[X], Y]
             aliases.append(_annotation_text(value, namespace, (*seen, name)))
     return " ".join([text, *aliases])
 

@@ -70,7 +70,7 @@ class ReadObserver:
         newest = pc.max(batch.column(index))
         if not newest.is_valid:
             return None
-        ms = newest.cast(pa.int64()).as_py() / _PER_MS[batch.schema.field(index).type.unit]
+        ms: float = newest.cast(pa.int64()).as_py() / _PER_MS[batch.schema.field(index).type.unit]
         return max(0.0, time.time() * 1000 - ms)
 
     def _task(self) -> TaskIdentity:

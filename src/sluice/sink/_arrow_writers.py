@@ -211,8 +211,9 @@ class EngineStreamArrowWriter(_EngineWriterMixin, StreamArrowWriterBase):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         return self._write(iterator)
 
-    def commit(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:
+    # override: as EngineArrowWriter's, the messages are those this writer's write() made.
+    def commit(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
         self._commit(messages, batchId)
 
-    def abort(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:
+    def abort(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
         self._abort(messages, batchId)

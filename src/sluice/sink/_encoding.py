@@ -93,7 +93,8 @@ def partition_buckets(batch: pa.RecordBatch, columns: Sequence[str], parallelism
         )
     frame = pa.Table.from_batches([batch.select(list(columns))]).to_pandas()
     hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy()
-    return (hashes % parallelism).tolist()
+    buckets: list[int] = (hashes % parallelism).tolist()
+    return buckets
 
 
 def partition_keys(batch: pa.RecordBatch, columns: Sequence[str]) -> tuple[Any, list[Any]]:

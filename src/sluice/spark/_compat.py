@@ -85,7 +85,7 @@ def since(capability: str) -> str:
 
 
 if HAS_ARROW_STREAM_WRITER:
-    StreamArrowWriterBase: type = _ds.DataSourceStreamArrowWriter
+    StreamArrowWriterBase = _ds.DataSourceStreamArrowWriter
 else:
     # misc: the two bases' commit/abort differ (Spark 4.0 calls the stream writer's form); no-redef: the other branch
     class StreamArrowWriterBase(_ds.DataSourceArrowWriter, _ds.DataSourceStreamWriter):  # type: ignore[no-redef,misc]
@@ -148,14 +148,14 @@ class AdmissionControlledReader(_ds.DataSourceStreamReader):
     `SupportsTriggerAvailableNow` themselves.
     """
 
-    _start_seen: dict | None = None
+    _start_seen: dict[str, Any] | None = None
     _cap_checked: bool = False
     cap_options: tuple[str, ...] = ()  # the options that cap a micro-batch, named in the 4.0/4.1 warning
 
-    def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
+    def latest_offset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         raise NotImplementedError
 
-    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         if start is not None:  # Spark 4.2+
             return self.latest_offset(start, limit if limit is not None else self.getDefaultReadLimit())
         begin = self._start_seen if self._start_seen is not None else self.initialOffset()
@@ -177,13 +177,13 @@ class AdmissionControlledReader(_ds.DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable()
 
-    def partitions(self, start: dict, end: dict) -> Sequence[_ds.InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[_ds.InputPartition]:
         self._start_seen = end  # read by the 4.0/4.1 path of latestOffset only
         if start == end:  # Spark's notice of the latest offset it has seen (restart): nothing to read
             return []
         return self.plan_partitions(start, end)
 
-    def plan_partitions(self, start: dict, end: dict) -> Sequence[_ds.InputPartition]:
+    def plan_partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[_ds.InputPartition]:
         raise NotImplementedError
 
 

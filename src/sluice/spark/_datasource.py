@@ -13,7 +13,7 @@ either side needs; each side adds its own hooks. The DataSource keeps no state b
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 
 from pyspark.sql.datasource import DataSource
 
@@ -62,4 +62,4 @@ class SluiceDataSource(DataSource):
         learned: dict[Hashable, Any] = self.__dict__.setdefault("_learned", {})
         if key not in learned:
             learned[key] = learn()
-        return learned[key]
+        return cast("T", learned[key])
