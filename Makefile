@@ -240,6 +240,7 @@ check-promtool:
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy  # src/, configured in pyproject.toml ([tool.mypy])
 
 # The local S2 server's wire messages (src/sluice/s2local/_s2_descriptor.py) from S2's published s2.proto, through protoc
 # (grpcio-tools, pinned, in a venv of its own): run when ../shared/specs/s2/s2.proto changes.

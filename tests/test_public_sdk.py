@@ -3,10 +3,16 @@ would, and the table store no private module of another package. Read from the s
 inside functions), so the check needs no store and no Spark."""
 
 import ast
+import inspect
+import re
+import types
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import sluice
 import sluice.connector
 
 SRC = Path(sluice.connector.__file__).resolve().parent
@@ -87,3 +93,147 @@ def test_the_check_sees_a_private_import_inside_a_function(tmp_path):
     found = [(line, mod) for line, mod, _ in imports(module)]
     assert found == [(1, "sluice.connector"), (2, "sluice.connectors.demo._sink"), (5, "sluice.spark._compat")]
     assert is_private("sluice.spark._compat") and not is_private("sluice.connector")
+
+
+# `Any` that stays in a public signature (sluice.__all__, sluice.connector.__all__), each for a reason: the value is
+# the store's or the user's own kind, or JSON. A new `Any` there names its type instead, or joins this list with one.
+STORE_ENTRY = "an entry is what the store's encoder made, of the store's own kind"
+STORE_MESSAGE = "a store's pre-commit message is its own JSON-able value, handed to its Committer"
+OPTION_VALUE = "an option's value is of the option's own type (str, int, bool, tuple, PrefixSettings...)"
+JSON = "JSON: Spark's offsets, the collector's reports, the write summary"
+SPARK_ROWS = "Spark's DataSourceReader.read yields tuples, Rows or Arrow batches: the connector's choice"
+ALLOWED_ANY = {
+    "Batch.__init__.entries": STORE_ENTRY,
+    "Encoded.__init__.entries": STORE_ENTRY,
+    "RequestBuffer.add.entry": STORE_ENTRY,
+    "RequestBuffer.poll.return": STORE_ENTRY,
+    "RequestBuffer.peek.return": STORE_ENTRY,
+    "DequeRequestBuffer.peek.return": STORE_ENTRY,
+    "RequestBuffer.buffered_state.return": STORE_ENTRY,
+    "_ChunkBuffer.buffered_state.return": STORE_ENTRY,
+    "Store.pre_commit.return": STORE_MESSAGE,
+    "Committer.commit.messages": STORE_MESSAGE,
+    "Committer.abort.messages": STORE_MESSAGE,
+    "Option.__init__.default": OPTION_VALUE,
+    "Option.parse.raw": OPTION_VALUE,
+    "Option.parse.return": OPTION_VALUE,
+    "OptionSpec.extend.defaults": OPTION_VALUE,
+    "OptionSpec.parse.raw": OPTION_VALUE,
+    "Options.__init__.values": OPTION_VALUE,
+    "Options.typed.extra": OPTION_VALUE,
+    "Options.with_values.changes": OPTION_VALUE,
+    "PrefixSettings.__init__.values": "a client's settings (kafka.*), of the client's own types",
+    "SinkConfig.derived.return": "a TypedOptions dataclass's fields, of their own types",
+    "TypedOptions.derived.return": "a TypedOptions dataclass's fields, of their own types",
+    "SqlTrackingEnumerator.rows.return": "a SQL store's rows, of its own column types",
+    "Split.__init__.info": JSON,
+    "SparkOffset.to_json.return": JSON,
+    "SparkOffset.json_or.return": JSON,
+    "check_offset_version.raw": JSON,
+    "TrackingPosition.to_json.return": JSON,
+    "TrackingPosition.from_json.raw": JSON,
+    "SourceReport.to_json.return": JSON,
+    "SourceReport.from_json.data": JSON,
+    "AdmissionControlledReader.latest_offset.start": JSON,
+    "AdmissionControlledReader.latest_offset.return": JSON,
+    "AdmissionControlledReader.latestOffset.start": JSON,
+    "AdmissionControlledReader.latestOffset.return": JSON,
+    "AdmissionControlledReader.partitions.start": JSON,
+    "AdmissionControlledReader.partitions.end": JSON,
+    "AdmissionControlledReader.plan_partitions.start": JSON,
+    "AdmissionControlledReader.plan_partitions.end": JSON,
+    "SplitStreamReader.initialOffset.return": JSON,
+    "SplitStreamReader.latest_offset.start": JSON,
+    "SplitStreamReader.latest_offset.return": JSON,
+    "SplitStreamReader.plan_partitions.start": JSON,
+    "SplitStreamReader.plan_partitions.end": JSON,
+    "SplitStreamReader.commit.end": JSON,
+    "TrackingStreamReader.initialOffset.return": JSON,
+    "TrackingStreamReader.latest_offset.start": JSON,
+    "TrackingStreamReader.latest_offset.return": JSON,
+    "TrackingStreamReader.plan_partitions.start": JSON,
+    "TrackingStreamReader.plan_partitions.end": JSON,
+    "TrackingStreamReader.commit.end": JSON,
+    "last_write_summary.return": JSON,
+    "SplitReader.read.return": SPARK_ROWS,
+    "SplitBatchReader.read.return": SPARK_ROWS,
+    "SplitStreamReader.read.return": SPARK_ROWS,
+    "TrackingReader.read.return": SPARK_ROWS,
+    "TrackingStreamReader.read.return": SPARK_ROWS,
+}
+# `Any`, and the bare generics that mean it (`dict` is dict[Any, Any]).
+_ANY = re.compile(r"\bAny\b|\b(?:dict|list|tuple|set|frozenset|Sequence|Mapping|Iterable|Iterator|Callable)\b(?!\[)")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _annotation_text(annotation: object, namespace: dict[str, object], seen: tuple[str, ...] = ()) -> str:
+    """The annotation as written, with the module's type aliases it names spelled out (Encoder, Ints...)."""
+    if isinstance(annotation, str):
+        text = annotation
+    elif isinstance(annotation, type):
+        text = annotation.__qualname__
+    else:
+        text = repr(annotation)
+    aliases = []
+    for name in sorted(set(_NAME.findall(text)) - set(seen)):
+        value = namespace.get(name)
+        if isinstance(value, str) or typing.get_args(value):  # an alias: "Sequence[int] | ...", Callable[[X], Y]
+            aliases.append(_annotation_text(value, namespace, (*seen, name)))
+    return " ".join([text, *aliases])
+
+
+def _public_functions(module: types.ModuleType) -> Iterator[tuple[str, types.FunctionType]]:
+    """The functions `module.__all__` exports, and the public methods (and __init__) of the classes it exports,
+    with those they inherit from sluice's classes."""
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isfunction(obj):
+            yield name, obj
+        elif isinstance(obj, type):
+            for klass in obj.__mro__:
+                if klass.__module__.split(".")[0] not in ("sluice", module.__name__):
+                    continue
+                for attr, value in vars(klass).items():
+                    if attr.startswith("_") and attr != "__init__":
+                        continue
+                    if isinstance(value, staticmethod | classmethod):
+                        value = value.__func__
+                    elif isinstance(value, property):
+                        value = value.fget
+                    if inspect.isfunction(value):
+                        yield f"{klass.__qualname__}.{attr}", value
+
+
+def any_in_signatures(*modules: types.ModuleType) -> dict[str, int]:
+    """'Class.method.parameter' (or '.return') -> how many `Any` its annotation holds."""
+    found = {}
+    for module in modules:
+        for qualname, function in _public_functions(module):
+            for param, annotation in inspect.get_annotations(function).items():
+                count = len(_ANY.findall(_annotation_text(annotation, function.__globals__)))
+                if count:
+                    found[f"{qualname}.{param}"] = count
+    return found
+
+
+def test_public_signatures_name_their_types():
+    """Every parameter and return type of the public SDK names its type; `Any` only where ALLOWED_ANY says why."""
+    found = any_in_signatures(sluice.connector, sluice)
+    unexplained = {key: count for key, count in found.items() if key not in ALLOWED_ANY}
+    assert not unexplained, (f"Any in public signatures: {unexplained}. Name the type (pa.RecordBatch, StructType, a "
+                             "Protocol...), or add the signature to ALLOWED_ANY with the reason it cannot.")
+    assert sum(found.values()) <= len(ALLOWED_ANY)
+
+
+def test_the_signature_check_sees_an_any_in_a_method_and_through_an_alias():
+    """The negative control: an `Any` in a public method's parameter, and one behind a type alias, are found."""
+    module = types.ModuleType("demo")
+    exec("from __future__ import annotations\n"
+         "from typing import Any, Callable\n"
+         "Hook = Callable[[int], Any]\n"
+         "class Sink:\n"
+         "    def submit(self, batch: list[Any], hook: Hook) -> int: ...\n"
+         "    def _private(self, x: Any) -> Any: ...\n"
+         "def typed(x: int) -> str: ...\n", module.__dict__)
+    module.__all__ = ["Sink", "typed"]
+    assert any_in_signatures(module) == {"Sink.submit.batch": 1, "Sink.submit.hook": 1}

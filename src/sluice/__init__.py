@@ -10,6 +10,7 @@ Importing `sluice` (or `sluice.engine`) does not import pyspark; the Spark helpe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice._errors import (
@@ -47,7 +48,7 @@ def session(app_name: str = "sluice", master: str | None = None, **conf: str) ->
     return _session(app_name, master, **conf)
 
 
-def write(df: DataFrame, format: str, options: dict[str, Any] | None = None, mode: str = "append",
+def write(df: DataFrame, format: str, options: Mapping[str, object] | None = None, mode: str = "append",
           num_partitions: int | None = None) -> None:
     """Batch-write `df`; in partition-ordered mode, rows are first repartitioned by the partition key."""
     from sluice.sink._dataframe_write import write as _write
@@ -55,7 +56,7 @@ def write(df: DataFrame, format: str, options: dict[str, Any] | None = None, mod
     _write(df, format, options or {}, mode, num_partitions)
 
 
-def partitioned(df: DataFrame, format: str, options: dict[str, Any] | None = None,
+def partitioned(df: DataFrame, format: str, options: Mapping[str, object] | None = None,
                 num_partitions: int | None = None) -> DataFrame:
     """`df` repartitioned by the sink's partition key (partition-ordered mode); use before writeStream."""
     from sluice.sink._dataframe_write import partitioned as _partitioned

@@ -130,8 +130,8 @@ class PrefixSettings(_Shown):
     """The settings a prefix option collected (`kafka.*`: {"bootstrap.servers": ..., "linger.ms": ...}); its repr
     and `scrub` hide the values of settings whose name says they are a secret (SECRET_SETTING)."""
 
-    def __init__(self, values: Mapping[str, Any] = ()) -> None:
-        self._values = dict(values)
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:  # Any: a client's settings, of its types
+        self._values = dict(values or {})
 
     def _secret(self, key: str) -> bool:
         return SECRET_SETTING.search(key) is not None
@@ -172,7 +172,7 @@ class Options(_Shown):
         option. A field that names neither, or an option of `covering` without a field, is a programming error: the
         declarations and the type stay one list."""
         by_attr = {attribute(k.removeprefix(prefix)): k for k in self._values if k.startswith(prefix)}
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # `cls` is a dataclass: TypedOptions' are
         unknown = sorted(names - set(by_attr) - set(extra))
         uncovered = sorted(o.name for o in covering if attribute(o.name.removeprefix(prefix)) not in names)
         if unknown or uncovered:
@@ -188,7 +188,9 @@ class TypedOptions:
 
     declared: ClassVar[tuple[Option, ...]] = ()
     prefix: ClassVar[str] = ""  # left out of the fields' names (SinkConfig: 'sink.')
-    conn_from: ClassVar[Callable[[Options], Any] | None] = None  # e.g. Connection.from_options: fills `conn`
+    # e.g. Connection.from_options: fills `conn`. Callable[..., Any]: a classmethod assigned here is seen bound by mypy
+    # (Callable[[Options], X] would refuse it); the connection's type is the format's own.
+    conn_from: ClassVar[Callable[..., Any] | None] = None
 
     @classmethod
     def of(cls, opts: Options) -> Self:

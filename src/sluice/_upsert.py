@@ -21,7 +21,8 @@ def delete_mask(op: pa.Array) -> pa.BooleanArray:
 
 def first_null(column: pa.Array) -> int:
     """The position of the first null in `column` (which has one): the row an error about it names."""
-    return column.is_null().index(True).as_py()
+    position: int = column.is_null().index(True).as_py()
+    return position
 
 
 def check_key_columns(names: Sequence[str], primary_key: Sequence[str], op_column: str | None) -> None:

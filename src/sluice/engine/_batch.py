@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.engine._buffer import KeyedRequestBuffer, RequestBuffer, Taken
+from sluice.engine._buffer import Ints, KeyedRequestBuffer, RequestBuffer, Taken
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Batch:
     record_count: int
     partition_key: Hashable = None
     attempt: int = 0  # 0 on the first submission, n on the n-th retry
-    sizes: Sequence[int] = field(default_factory=list, repr=False)
+    sizes: Ints = field(default_factory=list, repr=False)
 
     @classmethod
     def of(cls, taken: Taken, partition_key: Hashable = None) -> Batch:

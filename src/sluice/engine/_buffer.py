@@ -15,10 +15,17 @@ from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+# Byte sizes, row numbers or group codes: a list of ints, or a numpy integer array an encoder made for a whole batch.
+Ints: TypeAlias = "Sequence[int] | NDArray[np.integer]"
 
 
-def total_bytes(sizes: Sequence[int]) -> int:
+def total_bytes(sizes: Ints) -> int:
     """The sum of entries' sizes, as an int: a list's summed in C, an array's vectorized."""
     if type(sizes) is list:
         return sum(sizes)
@@ -26,14 +33,14 @@ def total_bytes(sizes: Sequence[int]) -> int:
     return int(vectorized()) if vectorized is not None else sum(sizes)
 
 
-def largest_size(sizes: Sequence[int]) -> int:
+def largest_size(sizes: Ints) -> int:
     vectorized = getattr(sizes, "max", None) if type(sizes) is not list else None
     return int(vectorized()) if vectorized is not None else max(sizes)
 
 
-def _joined(pieces: list[Sequence[Any]]) -> Sequence[Any]:
+def _joined(pieces: list[Any]) -> Any:
     """One sequence of the pieces a batch took from several chunks: consecutive ranges stay a range, arrays are
-    concatenated, anything else becomes a list."""
+    concatenated, anything else becomes a list. (Any: entries or sizes, each of the kind its pieces are.)"""
     if len(pieces) == 1:
         return pieces[0]
     kinds = {type(piece) for piece in pieces}
@@ -54,7 +61,7 @@ class Chunk:
     """Entries that entered the buffer together, all with one partition key and retry state."""
 
     entries: Sequence[Any]  # a list or a range (see the module's docstring)
-    sizes: Sequence[int]  # a list of ints or a numpy integer array
+    sizes: Ints
     key: Hashable = None
     attempt: int = 0  # how many times these entries were already submitted and failed
     ready_at: float = 0.0  # monotonic time before which the chunk must not be sent (retry backoff)
@@ -68,7 +75,7 @@ class Chunk:
             self._sums = None
             self.left_bytes = total_bytes(self.sizes[self.start:] if self.start else self.sizes)
         else:
-            self._sums = self.sizes.cumsum()
+            self._sums = cast("NDArray[np.integer]", self.sizes).cumsum()  # not a list: an array
             self.left_bytes = int(self._sums[-1]) - self._before(self.start)
 
     def __len__(self) -> int:
@@ -97,7 +104,7 @@ class Chunk:
 @dataclass
 class Taken:
     entries: Sequence[Any]
-    sizes: Sequence[int]
+    sizes: Ints
     size_bytes: int
     attempt: int
 
@@ -206,7 +213,7 @@ class DequeRequestBuffer(_ChunkBuffer):
         if not self._chunks or self._chunks[0].ready_at > now:
             return None
         entry_pieces: list[Sequence[Any]] = []
-        size_pieces: list[Sequence[int]] = []
+        size_pieces: list[Ints] = []
         count = total = attempt = 0
         while self._chunks and count < max_records:
             chunk = self._chunks[0]
@@ -273,11 +280,11 @@ class KeyedRequestBuffer(_ChunkBuffer):
                 del self._by_size[old]
                 del self._sizes[bisect_left(self._sizes, old)]
         if new:
-            bucket = self._by_size.get(new)
-            if bucket is None:
-                bucket = self._by_size[new] = {}
+            found = self._by_size.get(new)
+            if found is None:
+                found = self._by_size[new] = {}
                 insort(self._sizes, new)
-            bucket[key] = None
+            found[key] = None
 
     def add_chunk(self, chunk: Chunk, prioritize: bool = False) -> None:
         if not len(chunk):

@@ -49,8 +49,8 @@ class WriteStats:
     throttles: int = 0
     peak_inflight: int = 0
     tasks: int = 1
-    flush_reasons: Counter = field(default_factory=Counter)
-    latency_buckets: Counter = field(default_factory=Counter)
+    flush_reasons: Counter[str] = field(default_factory=Counter)
+    latency_buckets: Counter[int] = field(default_factory=Counter)
     replays_skipped: int = 0  # tasks of a micro-batch the sink had committed before (a replay), written nothing
 
     def record_latency(self, seconds: float) -> None:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sluice._errors import OptionError, RecordTooLargeError, RetryEntries, SinkError
 from sluice.engine._batch import (
@@ -28,11 +28,15 @@ from sluice.engine._batch import (
     BatchCreator,
     RequestInfo,
 )
-from sluice.engine._buffer import Chunk, RequestBuffer, largest_size, total_bytes
+from sluice.engine._buffer import Chunk, Ints, RequestBuffer, largest_size, total_bytes
 from sluice.engine._config import PARTITION_ORDERED, SinkConfig
 from sluice.engine._ratelimit import AIMDRateLimiter
 from sluice.engine._stats import LiveStats, WriteStats
 from sluice.engine._store import ErrorKind, Store, WriteContext, completed_future
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 log = logging.getLogger("sluice.engine")
 
@@ -123,7 +127,7 @@ class AsyncSinkWriter:
     def write(self, entry: Any, size: int, key: Hashable = None) -> None:
         self.write_chunk([entry], [size], key)
 
-    def write_chunk(self, entries: Sequence[Any], sizes: Sequence[int], key: Hashable = None) -> None:
+    def write_chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable = None) -> None:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full.
 
         `entries` a list, or a range (row numbers); `sizes` a list of ints or a numpy integer array: a range and an
@@ -132,7 +136,7 @@ class AsyncSinkWriter:
         if len(entries):
             self._put(self._chunk(entries, sizes, key))
 
-    def _chunk(self, entries: Sequence[Any], sizes: Sequence[int], key: Hashable) -> Chunk:
+    def _chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable) -> Chunk:
         if len(entries) != len(sizes):
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
@@ -152,7 +156,7 @@ class AsyncSinkWriter:
             sizes = list(sizes)
         return Chunk(entries, sizes, key if self._keyed else None)
 
-    def write_keyed(self, entries: Sequence[Any], sizes: Sequence[int], keys: Sequence[Hashable],
+    def write_keyed(self, entries: Sequence[Any], sizes: Ints, keys: Sequence[Hashable] | NDArray[np.integer],
                     names: Sequence[Hashable] | None = None) -> None:
         """Add entries with a partition key each; entries of one key keep their relative order.
 
@@ -177,7 +181,8 @@ class AsyncSinkWriter:
         bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
         positions = order.tolist()
         ordered_entries = [entries[i] for i in positions]
-        ordered_sizes = sizes[order] if getattr(sizes, "dtype", None) is not None else [sizes[i] for i in positions]
+        ordered_sizes = (cast("NDArray[np.integer]", sizes)[order] if getattr(sizes, "dtype", None) is not None
+                         else [sizes[i] for i in positions])
         chunks = []
         for start, end in zip([0, *bounds], [*bounds, len(positions)], strict=True):
             code = int(sorted_keys[start])

@@ -80,8 +80,9 @@ class Backend:
             # about 25 s, unacknowledged requests give up after 30 s. And a client that vanishes mid-transaction
             # (its machine gone) has the server end its session after 60 s, not hold its locks until the server's
             # own keepalives notice, hours later by default.
-            params = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
-                      "keepalives_count": "3", "tcp_user_timeout": "30000", **conninfo_to_dict(self.url)}
+            params: dict[str, Any] = {
+                "connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
+                "keepalives_count": "3", "tcp_user_timeout": "30000", **conninfo_to_dict(self.url)}
             if "idle_in_transaction_session_timeout" not in str(params.get("options", "")):
                 params["options"] = f"{params.get('options', '')} -c idle_in_transaction_session_timeout=60000".strip()
             return psycopg.connect(**params)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sluice.meta._model import RUNNING
 from sluice.meta._service import MetaService
+
+if TYPE_CHECKING:
+    from PIL import ImageDraw
 
 BOX_W, BOX_H, GAP_X, GAP_Y, MARGIN = 210, 54, 70, 26, 24
 COLORS = {"table": ("#e8f1fb", "#2f6db3"), "job": ("#fdf3e3", "#b3782f"), "ended": ("#f0f0f0", "#8a8a8a")}
@@ -90,7 +94,7 @@ def draw_lineage(meta: MetaService, path: str | Path, include_ended: bool = Fals
     return out
 
 
-def _arrow(pen: object, start: tuple[int, int], end: tuple[int, int]) -> None:
-    pen.line((start, end), fill="#555555", width=2)  # type: ignore[attr-defined]
+def _arrow(pen: ImageDraw.ImageDraw, start: tuple[int, int], end: tuple[int, int]) -> None:
+    pen.line((start, end), fill="#555555", width=2)
     x, y = end
-    pen.polygon(((x, y), (x - 10, y - 5), (x - 10, y + 5)), fill="#555555")  # type: ignore[attr-defined]
+    pen.polygon(((x, y), (x - 10, y - 5), (x - 10, y + 5)), fill="#555555")

@@ -71,7 +71,7 @@ def auth_headers(target: MetricsTarget) -> dict[str, str]:
     return {"Authorization": f"Bearer {target.token}"} if target.token else {}
 
 
-def post(target: MetricsTarget, path: str, body: dict) -> None:
+def post(target: MetricsTarget, path: str, body: dict[str, Any]) -> None:
     """One report to the collector (raises what urllib raises)."""
     headers = {"Content-Type": "application/json", **auth_headers(target)}
     request = urllib.request.Request(target.url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers,

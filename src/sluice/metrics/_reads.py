@@ -40,7 +40,7 @@ class ReadObserver:
         target = find_target()
         return cls(format_name, target, uuid.uuid4().hex, event_time) if target is not None else None
 
-    def observed(self, batches: Iterator[Any], split: str | None = None) -> Iterator[Any]:
+    def observed(self, batches: Iterator[pa.RecordBatch], split: str | None = None) -> Iterator[pa.RecordBatch]:
         """A read task's batches, counted and reported while they pass (an executor). `split`: the split the task
         reads (a split source's), so that its fetch lag is also told per split."""
         pusher = MetricsPusher(self.target, self._task(), ReadReport)
@@ -70,7 +70,7 @@ class ReadObserver:
         newest = pc.max(batch.column(index))
         if not newest.is_valid:
             return None
-        ms = newest.cast(pa.int64()).as_py() / _PER_MS[batch.schema.field(index).type.unit]
+        ms: float = newest.cast(pa.int64()).as_py() / _PER_MS[batch.schema.field(index).type.unit]
         return max(0.0, time.time() * 1000 - ms)
 
     def _task(self) -> TaskIdentity:
@@ -84,6 +84,7 @@ class ReadObserver:
                             int(batch_id) if batch_id is not None else None)
 
 
-def observed(observer: ReadObserver | None, batches: Iterator[Any], split: str | None = None) -> Iterator[Any]:
+def observed(observer: ReadObserver | None, batches: Iterator[pa.RecordBatch],
+             split: str | None = None) -> Iterator[pa.RecordBatch]:
     """`batches`, reported to the collector when a read has an observer (`split`: the split they are of, if any)."""
     return batches if observer is None else observer.observed(batches, split)

@@ -61,7 +61,7 @@ class _TaskReportJson:
             raise ValueError(f"a {cls.kind} report with missing or unknown fields: {e}") from None
         if not isinstance(data.get("done"), bool):
             raise ValueError(f"a {cls.kind} report without a boolean 'done'")
-        return cls(task, stats, data["done"])  # type: ignore[call-arg]
+        return cls(task, stats, data["done"])  # type: ignore[call-arg]  # the subclasses: dataclasses of these three
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ class MetricsServer:
         async def main() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             self._started.set()
-            await serve(self._app(), config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+            await serve(self._app(), config, shutdown_trigger=self._stop.wait)
 
         asyncio.run(main())
 

@@ -96,6 +96,7 @@ def run_server(host: str = "127.0.0.1", port: int = 0, data_dir: Path | None = P
         os.replace(tmp, ready_file)
     app = S2App(Core(data_dir), token)
     _tolerate_data_for_closed_streams()
+    # arg-type: S2App's __call__ takes ASGI's scope as a plain dict, hypercorn's type its TypedDicts.
     asyncio.run(serve(app, config))  # type: ignore[arg-type]
 
 

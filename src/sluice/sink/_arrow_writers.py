@@ -111,7 +111,7 @@ class _EngineWriterMixin:
         creator, buffer = batching(self.plan)
         pusher = self._pusher(context)
         with AsyncSinkWriter(task.store, self.plan.config, context=context, batch_creator=creator, buffer=buffer,
-                             observer=pusher and pusher.offer) as writer:
+                             observer=pusher.offer if pusher is not None else None) as writer:
             try:
                 message = self._write_batches(writer, task, itertools.chain([first], batches))
             finally:
@@ -125,7 +125,7 @@ class _EngineWriterMixin:
         if guard is None:
             return False
         last = guard.last_committed(context.write_id)
-        return last is not None and context.epoch <= last
+        return last is not None and context.epoch is not None and context.epoch <= last
 
     def _pusher(self, context: WriteContext) -> MetricsPusher | None:
         if self.metrics is None:
@@ -167,7 +167,7 @@ class _EngineWriterMixin:
             committer.commit([m.store_message for m in ordered if m.store_message is not None],
                              self._epoch_context(done, epoch))
         guard = self.plan.replay_guard() if epoch is not None else None
-        if guard is not None:
+        if guard is not None and epoch is not None:
             guard.mark_committed(self._epoch_context(done, epoch).write_id, epoch)
         self._record(done, epoch, "committed")
 
@@ -197,6 +197,7 @@ class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         return self._write(iterator)
 
+    # override: Spark hands commit/abort back the messages this writer's write() made, not any WriterCommitMessage.
     def commit(self, messages: list[SluiceCommitMessage | None]) -> None:  # type: ignore[override]
         self._commit(messages, None)
 
@@ -210,6 +211,7 @@ class EngineStreamArrowWriter(_EngineWriterMixin, StreamArrowWriterBase):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         return self._write(iterator)
 
+    # override: as EngineArrowWriter's, the messages are those this writer's write() made.
     def commit(self, messages: list[SluiceCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
         self._commit(messages, batchId)
 

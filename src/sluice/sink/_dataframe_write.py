@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 from sluice.spark._registry import data_source_class
 
@@ -11,8 +12,11 @@ _POSITION = "__sluice_input_position"
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from sluice.sink._datasource import SinkDataSource
 
-def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partitions: int | None = None) -> DataFrame:
+
+def partitioned(df: DataFrame, format: str, options: Mapping[str, object],
+                num_partitions: int | None = None) -> DataFrame:
     """`df` laid out for the sink's guarantee: rows that must share a task are put in one.
 
     partition-ordered: repartitioned by the partition key. A store may ask for more (S2 exactly-once:
@@ -23,7 +27,8 @@ def partitioned(df: DataFrame, format: str, options: dict[str, Any], num_partiti
     """
     from pyspark.sql.functions import monotonically_increasing_id
 
-    source = data_source_class(format)(options={k: str(v) for k, v in options.items()})
+    # A format one writes to is a sink (write_options() refuses the others).
+    source = cast("SinkDataSource", data_source_class(format)(options={k: str(v) for k, v in options.items()}))
     opts = source.write_options()
     columns = source.partitioning(opts, df.schema)
     if columns is None:
@@ -54,13 +59,13 @@ def _own_partition_count(df: DataFrame) -> int | None:
     return max(1, df.rdd.getNumPartitions())
 
 
-def write(df: DataFrame, format: str, options: dict[str, Any], mode: str = "append",
+def write(df: DataFrame, format: str, options: Mapping[str, object], mode: str = "append",
           num_partitions: int | None = None) -> None:
     from sluice.metrics._progress import WriteProgress
     from sluice.metrics._server import find_target
 
-    options = {k: str(v) for k, v in options.items()}
-    writer = partitioned(df, format, options, num_partitions).write.format(format).options(**options).mode(mode)
+    strings = {k: str(v) for k, v in options.items()}
+    writer = partitioned(df, format, strings, num_partitions).write.format(format).options(**strings).mode(mode)
     target = find_target()  # a collector its tasks report to: then a long write prints its progress
     if target is None:
         writer.save()

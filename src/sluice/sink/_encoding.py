@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice._errors import OptionError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 
 def binary_column(batch: pa.RecordBatch, name: str) -> tuple[list[bytes], list[int]]:
@@ -48,8 +51,9 @@ def _binary_view(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray
     return column, pc.binary_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def body_column_name(schema_names: Sequence[str], types: Sequence[Any]) -> str:
-    """The column a raw body comes from: the only string/binary column, or the one named `body`."""
+def body_column_name(schema_names: Sequence[str], types: Sequence[str]) -> str:
+    """The column a raw body comes from: the only string/binary column, or the one named `body` (`types`: Spark's
+    type names, DataType.typeName())."""
     if "body" in schema_names:
         return "body"
     candidates = [n for n, t in zip(schema_names, types, strict=True) if t in ("string", "binary")]
@@ -89,7 +93,8 @@ def partition_buckets(batch: pa.RecordBatch, columns: Sequence[str], parallelism
         )
     frame = pa.Table.from_batches([batch.select(list(columns))]).to_pandas()
     hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy()
-    return (hashes % parallelism).tolist()
+    buckets: list[int] = (hashes % parallelism).tolist()
+    return buckets
 
 
 def partition_keys(batch: pa.RecordBatch, columns: Sequence[str]) -> tuple[Any, list[Any]]:
@@ -184,7 +189,7 @@ class ArrowRows:
                     self._starts.remove(start)
 
 
-def unwritable_columns(schema: Any) -> list[str]:
+def unwritable_columns(schema: StructType) -> list[str]:
     """Columns (nested paths too) of types no sluice store writes: intervals, variant, geometry/geography.
 
     Spark's own failure for them names no column (intervals) or is a panic deep in an encoder (variant).
@@ -213,7 +218,7 @@ def unwritable_columns(schema: Any) -> list[str]:
     return found
 
 
-def check_writable(format_name: str, schema: Any) -> None:
+def check_writable(format_name: str, schema: StructType) -> None:
     """On the driver, before any task starts: refuse column types the format cannot write, naming them."""
     bad = unwritable_columns(schema)
     if bad:

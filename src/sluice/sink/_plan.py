@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice._options import Options
 from sluice.engine import BatchCreator, Committer, RequestBuffer, SinkConfig, Store, WriteContext
+from sluice.engine._buffer import Ints
 from sluice.sink._replay import ReplayGuard
 
 if TYPE_CHECKING:
@@ -33,10 +34,10 @@ class Encoded:
     is in flight at a time, in place of the hash buckets (or keys, sink.batch-by=key) of sink.partition-key.
     """
 
-    entries: Sequence[Any]
-    sizes: Sequence[int]
-    rows: Sequence[int] | None = None
-    groups: Sequence[int] | None = None
+    entries: Sequence[Any]  # what the store's submit() takes, one per request entry: the store's own kind
+    sizes: Ints
+    rows: Ints | None = None
+    groups: Ints | None = None
 
 
 Encoder = Callable[["pa.RecordBatch"], Encoded]

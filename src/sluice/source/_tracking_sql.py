@@ -42,7 +42,7 @@ class SqlTrackingEnumerator(TrackingEnumerator):
     source: str
 
     @abstractmethod
-    def rows(self, query: str) -> list[Sequence[Any]]:
+    def rows(self, query: str) -> Sequence[Sequence[Any]]:  # Any: the store's own column values
         """Run `query` on the driver; its rows."""
 
     def heads(self, splits: Sequence[Split]) -> dict[str, TrackingPosition]:

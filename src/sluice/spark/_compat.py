@@ -21,7 +21,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
 
 MINIMUM = (4, 0)
 FIX = ("Use a Spark 4.0+ runtime (its pyspark is on the path), or pip install 'sluice[spark]' into a fresh "
@@ -81,9 +85,10 @@ def since(capability: str) -> str:
 
 
 if HAS_ARROW_STREAM_WRITER:
-    StreamArrowWriterBase: type = _ds.DataSourceStreamArrowWriter
+    StreamArrowWriterBase = _ds.DataSourceStreamArrowWriter
 else:
-    class StreamArrowWriterBase(_ds.DataSourceArrowWriter, _ds.DataSourceStreamWriter):  # type: ignore[no-redef]
+    # misc: the two bases' commit/abort differ (Spark 4.0 calls the stream writer's form); no-redef: the other branch
+    class StreamArrowWriterBase(_ds.DataSourceArrowWriter, _ds.DataSourceStreamWriter):  # type: ignore[no-redef,misc]
         """Spark 4.0: its write worker gives Arrow batches to any DataSourceArrowWriter, in streaming writes too,
         and its streaming commit calls commit(messages, batchId) on whatever streamWriter() returned."""
 
@@ -143,14 +148,14 @@ class AdmissionControlledReader(_ds.DataSourceStreamReader):
     `SupportsTriggerAvailableNow` themselves.
     """
 
-    _start_seen: dict | None = None
+    _start_seen: dict[str, Any] | None = None
     _cap_checked: bool = False
     cap_options: tuple[str, ...] = ()  # the options that cap a micro-batch, named in the 4.0/4.1 warning
 
-    def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
+    def latest_offset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         raise NotImplementedError
 
-    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:  # type: ignore[override]
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         if start is not None:  # Spark 4.2+
             return self.latest_offset(start, limit if limit is not None else self.getDefaultReadLimit())
         begin = self._start_seen if self._start_seen is not None else self.initialOffset()
@@ -172,13 +177,13 @@ class AdmissionControlledReader(_ds.DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable()
 
-    def partitions(self, start: dict, end: dict) -> Sequence[_ds.InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[_ds.InputPartition]:
         self._start_seen = end  # read by the 4.0/4.1 path of latestOffset only
         if start == end:  # Spark's notice of the latest offset it has seen (restart): nothing to read
             return []
         return self.plan_partitions(start, end)
 
-    def plan_partitions(self, start: dict, end: dict) -> Sequence[_ds.InputPartition]:
+    def plan_partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[_ds.InputPartition]:
         raise NotImplementedError
 
 
@@ -193,16 +198,16 @@ def require(capability: str, option: str, instead: str) -> None:
         f"this Spark is {pyspark.__version__}. {instead} or run on Spark {since(capability)} or later.")
 
 
-def to_arrow_schema(schema: Any) -> Any:
+def to_arrow_schema(schema: StructType) -> pa.Schema:
     """Spark's schema in Arrow, timestamps in UTC (the keyword changed in Spark 4.2: timestamp_utc -> timezone)."""
     from pyspark.sql.pandas.types import to_arrow_schema as convert
 
     if SPARK_VERSION >= (4, 2):
         return convert(schema, timezone="UTC")
-    return convert(schema, timestamp_utc=True)
+    return convert(schema, timestamp_utc=True)  # type: ignore[call-arg]  # Spark < 4.2's keyword
 
 
-def from_arrow_schema(schema: Any) -> Any:
+def from_arrow_schema(schema: pa.Schema) -> StructType:
     """An Arrow schema in Spark's types; a timestamp without a time zone is TIMESTAMP_NTZ on every line (Spark 4.2
     made that the default; 4.0/4.1 read it as a local-time TIMESTAMP)."""
     from pyspark.sql.pandas.types import from_arrow_schema as convert

@@ -13,7 +13,7 @@ either side needs; each side adds its own hooks. The DataSource keeps no state b
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 
 from pyspark.sql.datasource import DataSource
 
@@ -21,6 +21,7 @@ from sluice._errors import OptionError
 from sluice._options import Options, OptionSpec
 
 if TYPE_CHECKING:
+    from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
     from pyspark.sql.types import StructType
 
 T = TypeVar("T")
@@ -49,10 +50,10 @@ class SluiceDataSource(DataSource):
         instead = f"; write with format('{self.write_with}')" if self.write_with else ""
         raise OptionError(f"format '{self.format_name}' is read-only ({self.read_api}){instead}")
 
-    def writer(self, schema: StructType, overwrite: bool) -> Any:
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         self._refuse_writes()
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         self._refuse_writes()
 
     def learn_once(self, key: Hashable, learn: Callable[[], T]) -> T:
@@ -61,4 +62,4 @@ class SluiceDataSource(DataSource):
         learned: dict[Hashable, Any] = self.__dict__.setdefault("_learned", {})
         if key not in learned:
             learned[key] = learn()
-        return learned[key]
+        return cast("T", learned[key])

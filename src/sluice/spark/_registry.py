@@ -6,7 +6,7 @@ import importlib
 import importlib.util
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,7 +44,7 @@ def data_source_class(format_name: str) -> type[SluiceDataSource]:
 
         raise OptionError(f"'{format_name}' is not a sluice format; sluice formats: {', '.join(sorted(FORMATS))}")
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return cast("type[SluiceDataSource]", getattr(importlib.import_module(module), attr))
 
 
 # The top-level modules through which Spark finds the built-in formats by itself (see pyspark_sluice_*.py).

@@ -202,7 +202,8 @@ class LocalCassandra(JvmServer):
         self.host, self.auth, self.cluster_name = host, auth, cluster_name
         # `seeds`: "host:storage_port" of the nodes a new node asks about the cluster (default: itself, one node).
         self.seeds = seeds
-        self.username, self.password = (username, password) if auth else (None, None)
+        self.username: str | None = username if auth else None
+        self.password: str | None = password if auth else None
         self.commitlog_sync, self.fsync, self.heap, self.num_tokens = commitlog_sync, fsync, heap, num_tokens
         self.batch_size_warn_threshold_kib = batch_size_warn_threshold_kib
         self.batch_size_fail_threshold_kib = batch_size_fail_threshold_kib

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -101,7 +102,7 @@ class ClickHouseHTTP:
 
     def sql(self, query: str, body: bytes | None = None) -> str:
         """Run one statement as the default user; returns the response text (errors raise with the server's)."""
-        request = urllib.request.Request(f"{self.url}/?query={urllib.request.quote(query)}" if body is not None
+        request = urllib.request.Request(f"{self.url}/?query={urllib.parse.quote(query)}" if body is not None
                                          else f"{self.url}/", data=body if body is not None else query.encode(),
                                          method="POST")
         token = base64.b64encode(f"default:{self.password}".encode()).decode()

@@ -215,7 +215,8 @@ class LocalOpenSearch(JvmServer):
         # tls: HTTPS on the REST layer with a certificate for 127.0.0.1/localhost that a throwaway CA signed
         # (sluice.testing._tls); `ca_pem` is what a client trusts (the connector's ssl.ca-pem).
         self.tls, self.ca_pem = tls, ""
-        self.username, self.password = (username, password) if auth else (None, None)
+        self.username: str | None = username if auth else None
+        self.password: str | None = password if auth else None
         # False: the JVM's quick compiler only (C1), a quicker start and less CPU next to Spark; True for benchmarks.
         self.full_jit = full_jit
         self.jvm_options = list(jvm_options or [])  # last on the command line: they override the flags above

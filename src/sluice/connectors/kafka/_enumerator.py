@@ -191,7 +191,7 @@ class KafkaEnumerator(SplitEnumerator):
                 offset = rule.offsets.get(key)
                 spec = self._spec(rule.kind, offset, rule.timestamp)
                 if spec is None:
-                    given[sid] = offset  # type: ignore[assignment]
+                    given[sid] = offset  # type: ignore[assignment]  # not None: _spec() is None for a given one
                 else:
                     specs[key] = spec
             found = self._offsets(specs)

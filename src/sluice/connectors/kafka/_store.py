@@ -125,7 +125,7 @@ class KafkaStore(Store):
         """Fence, read the marker, begin. A producer whose init_transactions timed out (a coordinator moving during
         a broker failure) is dropped and a new one tries once more: librdkafka leaves a transactional producer
         whose initialization failed in a state it may not leave."""
-        prefix, marker_topic = self.transaction_spec  # type: ignore[misc]
+        prefix, marker_topic = self.transaction_spec  # type: ignore[misc]  # set: called for transactional writes
         identity = TxnIdentity.of(prefix, marker_topic, context)
         for attempt in (1, 2):
             self.txn = Transaction(self.producer, identity, self.client, self.timeout_s, self.check_marker,

@@ -214,7 +214,7 @@ def filter_sql(f: Filter, exprs: dict[str, tuple[str, bool]]) -> str | None:
         lits = [_literal(v) for v in f.value if v is not None]
         if not lits or any(x is None for x in lits):
             return None
-        return f"{col}{_C if is_text else ''} IN ({', '.join(lits)})"  # type: ignore[arg-type]
+        return f"{col}{_C if is_text else ''} IN ({', '.join(lits)})"  # type: ignore[arg-type]  # no None: above
     ops = {EqualTo: "=", EqualNullSafe: "IS NOT DISTINCT FROM", GreaterThan: ">", GreaterThanOrEqual: ">=",
            LessThan: "<", LessThanOrEqual: "<="}
     op = ops.get(type(f))
@@ -284,6 +284,7 @@ class PostgresEnumerator(SplitEnumerator):
                                   "timestamp column")
             return name, kind
         if len(self.primary_key) == 1 and _bounds_kind(types.get(self.primary_key[0], "")):
+            # return-value: _bounds_kind() is not None here, the condition above says so
             return self.primary_key[0], _bounds_kind(types[self.primary_key[0]])  # type: ignore[return-value]
         return None
 

@@ -80,7 +80,7 @@ class WriteOptions(TypedOptions):
     format's own are in its subclass, whose `declared` every field and option must match."""
 
     kind: ClassVar[RecordKind]
-    declared = SINK_ONLY_OPTIONS
+    declared: ClassVar[tuple[Option, ...]] = SINK_ONLY_OPTIONS
 
     s2_stream: str
     s2_create_streams: bool
@@ -163,7 +163,7 @@ class ReadOptions(TypedOptions):
     connection's are in Connection."""
 
     kind: ClassVar[RecordKind] = RecordKind.APPEND
-    declared = SOURCE_OPTIONS
+    declared: ClassVar[tuple[Option, ...]] = SOURCE_OPTIONS
 
     s2_streams: tuple[str, ...]
     s2_discovery_prefix: str | None
