@@ -72,7 +72,7 @@ from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartiti
 from sluice.source._datasource import SourceDataSource
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
-from sluice.source._stream import StreamReaderCore
+from sluice.source._stream import OpenStreamReaderCore, StreamReaderCore
 from sluice.source._tracking import (
     TrackingEnumerator,
     TrackingPosition,
@@ -128,6 +128,7 @@ __all__ = [
     "Filter",
     "HoldingHeartbeat",
     "KeyedRequestBuffer",
+    "OpenStreamReaderCore",
     "Option",
     "OptionError",
     "OptionSpec",

@@ -1,10 +1,11 @@
-"""One stream-reader core for every streaming source: split sources (FLIP-27), tracking-column streams and change
-capture alike.
+"""One stream-reader core for every streaming source: split sources (FLIP-27), tracking-column streams, change
+capture and the table store's barrier stream alike.
 
 The core owns the flow Spark drives through its Python `DataSourceStreamReader` methods: the initial offset,
-admission control (the default read limit, `latestOffset(start, limit)`), Trigger.AvailableNow (the end fixed when
-`prepareForTriggerAvailableNow` is called), planning, reading, commit (what the store releases, then the lag told to
-a metrics collector) and stop. A reader plugs in through a small interface on its own typed offset (FLIP-27's
+admission control (the default read limit, `latestOffset(start, limit)`), Trigger.AvailableNow (`StreamReaderCore`:
+the end fixed when `prepareForTriggerAvailableNow` is called; `OpenStreamReaderCore` has none of its own, so Spark
+runs such a query as one micro-batch), planning, reading, commit (what the store releases, then the lag told to a
+metrics collector) and stop. A reader plugs in through a small interface on its own typed offset (FLIP-27's
 SourceReaderBase shape: the base owns the loop, the store supplies the steps): how to parse one, where a stream
 starts, where the next micro-batch ends, how a range is cut into partitions and read. The offset is converted to and
 from Spark's JSON dict only here, at the boundary; inside, a reader sees typed offsets only.
@@ -42,8 +43,10 @@ class StreamOffset(Protocol):
 OffsetT = TypeVar("OffsetT", bound=StreamOffset)
 
 
-class StreamReaderCore(AdmissionControlledReader, SupportsTriggerAvailableNow, Generic[OffsetT]):
-    """A streaming read over a typed offset `OffsetT`: subclasses implement the abstract steps, the hooks if need be."""
+class OpenStreamReaderCore(AdmissionControlledReader, Generic[OffsetT]):
+    """A streaming read over a typed offset `OffsetT` without Trigger.AvailableNow of its own (Spark then runs such a
+    query as one micro-batch): subclasses implement the abstract steps, the hooks if need be. `StreamReaderCore` is
+    this with a fixed AvailableNow end."""
 
     def __init__(self, *, source: tuple[str, str] | None, max_rows: int | None = None,
                  max_bytes: int | None = None, reads: ReadObserver | None = None) -> None:
@@ -54,7 +57,7 @@ class StreamReaderCore(AdmissionControlledReader, SupportsTriggerAvailableNow, G
         self.max_rows = max_rows
         self.max_bytes = max_bytes
         self.reads = reads
-        self.target: OffsetT | None = None  # Trigger.AvailableNow: never read past this end
+        self.target: OffsetT | None = None  # Trigger.AvailableNow (StreamReaderCore): never read past this end
         self._lag = SourceReporter.on_driver() if source is not None else SourceReporter(None)
 
     # ------------------------------------------------------------------ the steps a reader supplies
@@ -65,10 +68,6 @@ class StreamReaderCore(AdmissionControlledReader, SupportsTriggerAvailableNow, G
     @abstractmethod
     def first_offset(self) -> OffsetT:
         """Where micro-batch 0 starts."""
-
-    @abstractmethod
-    def available_now_end(self) -> OffsetT:
-        """The end of what is readable now, fixed for a Trigger.AvailableNow run."""
 
     @abstractmethod
     def next_end(self, start: OffsetT, limit: ReadLimit) -> OffsetT:
@@ -127,9 +126,6 @@ class StreamReaderCore(AdmissionControlledReader, SupportsTriggerAvailableNow, G
             return ReadMaxBytes(self.max_bytes)
         return ReadAllAvailable()
 
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self.available_now_end()
-
     def latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         at = self.parse_offset(start)
         return self.spark_end(self.next_end(at, limit), at)
@@ -150,3 +146,15 @@ class StreamReaderCore(AdmissionControlledReader, SupportsTriggerAvailableNow, G
 
     def stop(self) -> None:
         self.close()
+
+
+class StreamReaderCore(OpenStreamReaderCore[OffsetT], SupportsTriggerAvailableNow):
+    """A streaming read that supports Trigger.AvailableNow: the end is fixed when the run starts, and micro-batches
+    (within the read limit) run up to it."""
+
+    @abstractmethod
+    def available_now_end(self) -> OffsetT:
+        """The end of what is readable now, fixed for a Trigger.AvailableNow run."""
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self.available_now_end()

@@ -25,7 +25,6 @@ read wrong.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,10 +33,10 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from sluice.connector import (
-    AdmissionControlledReader,
+    OpenStreamReaderCore,
+    ReadLimit,
     ReadObserver,
     SourceReport,
-    SourceReporter,
     conform,
     observed,
     task_context,
@@ -134,7 +133,7 @@ class VersionRange(InputPartition):
         self.table, self.first, self.last, self.barrier, self.handoff = table, first, last, barrier, handoff
 
 
-class TableStoreStreamReader(AdmissionControlledReader):
+class TableStoreStreamReader(OpenStreamReaderCore[BarrierOffset]):
     """Streaming read barrier by barrier: a micro-batch holds exactly the changes of the barriers it covers.
 
     Offsets are `BarrierOffset`s (_offset.py): barrier B and the Delta version V that completed it (from the
@@ -145,25 +144,24 @@ class TableStoreStreamReader(AdmissionControlledReader):
     (insert, update_preimage, update_postimage, delete) and `_commit_version`. Every micro-batch runs one task
     that offers (query, batch) -> barrier through the BarrierHandoff, so a table-store sink in the same query
     commits its output with the barrier of its input, also when the batch has no rows.
+    No read limit and no Trigger.AvailableNow end of its own: a micro-batch reads up to a completed barrier, never
+    part of one (FLIP-276), and an AvailableNow query runs one micro-batch.
     """
 
     def __init__(self, table: StoreTable, meta: str | None, schema: StructType,
                  aligned_with: tuple[str, ...] = (), reads: ReadObserver | None = None) -> None:
 
+        super().__init__(source=("tablestore", table.name), reads=reads)
         self.table, self.meta, self.aligned_with = table, meta, aligned_with
         self.arrow_schema = to_arrow_schema(schema)
-        self.reads = reads  # where read tasks report what they fetch (sluice.metrics); None: nowhere
-        self._lag = SourceReporter.on_driver()  # how far behind the table's newest barrier, after each commit
 
-    # The methods Spark calls take and return dicts; inside, offsets are BarrierOffsets.
-    def initialOffset(self) -> dict:
-        return BarrierOffset(0, 0).to_json()
+    def parse_offset(self, raw: dict) -> BarrierOffset:
+        return BarrierOffset.from_json(raw)
 
-    def latest_offset(self, start: dict, limit: Any) -> dict:
-        at = BarrierOffset.from_json(start)
-        return self._latest(at).json_or(at)
+    def first_offset(self) -> BarrierOffset:
+        return BarrierOffset(0, 0)
 
-    def _latest(self, start: BarrierOffset) -> BarrierOffset:
+    def next_end(self, start: BarrierOffset, limit: ReadLimit) -> BarrierOffset:
         # Asked every trigger: read the newest barrier only, not the table's whole (growing) barrier history.
         meta = MetaService(self.meta)
         last = meta.last_barrier(self.table.name)
@@ -176,14 +174,10 @@ class TableStoreStreamReader(AdmissionControlledReader):
             return start
         return BarrierOffset(barrier, meta.barrier_version(self.table.name, barrier))
 
-    def plan_partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        first, last = BarrierOffset.from_json(start), BarrierOffset.from_json(end)
-        return [VersionRange(self.table, first.version, last.version, last.barrier, BarrierHandoff(self.meta))]
+    def plan(self, start: BarrierOffset, end: BarrierOffset) -> list[InputPartition]:
+        return [VersionRange(self.table, start.version, end.version, end.barrier, BarrierHandoff(self.meta))]
 
-    def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        return observed(self.reads, self._changes(partition))
-
-    def _changes(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:
+    def read_partition(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:
         task = task_context("")
         if task.epoch is not None:  # a micro-batch: its barrier, for a table-store sink in the same query
             partition.handoff.offer(task.write_id, task.epoch, partition.barrier)
@@ -194,17 +188,13 @@ class TableStoreStreamReader(AdmissionControlledReader):
         for batch in changes:
             yield conform(pa.record_batch(batch), self.arrow_schema)
 
-    def commit(self, end: dict) -> None:
-        """Nothing to release (positions live in Spark's checkpoint); the lag goes to a metrics collector, if any."""
-        if self._lag.target is None:
-            return
+    def lag(self, end: BarrierOffset) -> SourceReport | None:
+        """The committed version against the table's newest, and how far its barrier is behind the newest one."""
         last = MetaService(self.meta).last_barrier(self.table.name)
         if last is None:
-            return
-        done = BarrierOffset.from_json(end)
-        self._lag.report(SourceReport(
-            format="tablestore", source=self.table.name, position=f"version {done.version}",
-            head=f"version {last[1]}", at=time.time(), time_behind_ms=float(max(0, last[0] - done.barrier))))
+            return None
+        return self.report(position=f"version {end.version}", head=f"version {last[1]}",
+                           time_behind_ms=float(max(0, last[0] - end.barrier)))
 
 
 def signed_change(column: str) -> str:
