@@ -143,7 +143,7 @@ class SplitBatchReader(DataSourceReader):
                                 partition.split.split_id)
 
 
-class SplitStreamReader(StreamReaderCore[SplitOffset]):
+class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition]):
     """Streaming read with discovery, admission control (rows or bytes per trigger) and AvailableNow."""
 
     cap_options = ("max-records-per-trigger", "max-bytes-per-trigger")
@@ -226,9 +226,9 @@ class SplitStreamReader(StreamReaderCore[SplitOffset]):
                     break
         return {sid: positions[sid] + take[sid] for sid in ends}
 
-    def plan(self, start: SplitOffset, end: SplitOffset) -> Sequence[InputPartition]:
+    def plan(self, start: SplitOffset, end: SplitOffset) -> Sequence[SplitPartition]:
         begin = start.positions
-        out: list[InputPartition] = []
+        out: list[SplitPartition] = []
         for sid, stop in sorted(end.positions.items()):
             split = self._splits.get(sid) or Split(sid)
             first = begin.get(sid, self.enumerator.new_split_position(split))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar, cast
 
 from pyspark.sql.datasource import InputPartition
 
@@ -41,9 +41,10 @@ class StreamOffset(Protocol):
 
 
 OffsetT = TypeVar("OffsetT", bound=StreamOffset)
+PartitionT = TypeVar("PartitionT", bound=InputPartition)
 
 
-class OpenStreamReaderCore(AdmissionControlledReader, Generic[OffsetT]):
+class OpenStreamReaderCore(AdmissionControlledReader, Generic[OffsetT, PartitionT]):
     """A streaming read over a typed offset `OffsetT` without Trigger.AvailableNow of its own (Spark then runs such a
     query as one micro-batch): subclasses implement the abstract steps, the hooks if need be. `StreamReaderCore` is
     this with a fixed AvailableNow end."""
@@ -74,11 +75,11 @@ class OpenStreamReaderCore(AdmissionControlledReader, Generic[OffsetT]):
         """Where the micro-batch from `start` ends: within `limit` and, under AvailableNow, `self.target`."""
 
     @abstractmethod
-    def plan(self, start: OffsetT, end: OffsetT) -> Sequence[InputPartition]:
+    def plan(self, start: OffsetT, end: OffsetT) -> Sequence[PartitionT]:
         """The partitions of the micro-batch (start, end]: everything an executor needs travels in them."""
 
     @abstractmethod
-    def read_partition(self, partition: Any) -> Iterator[Any] | None:
+    def read_partition(self, partition: PartitionT) -> Iterator[Any] | None:
         """One partition's Arrow record batches (executors); None: nothing to read, no read task reported."""
 
     # ------------------------------------------------------------------ hooks
@@ -86,7 +87,7 @@ class OpenStreamReaderCore(AdmissionControlledReader, Generic[OffsetT]):
         """`end` as Spark gets it: Spark's own `start` back when nothing moved (no empty micro-batch)."""
         return end.json_or(start)
 
-    def split_of(self, partition: Any) -> str | None:
+    def split_of(self, partition: PartitionT) -> str | None:
         """The split a read task reads, for its metrics (None: not a split source's)."""
         return None
 
@@ -134,9 +135,10 @@ class OpenStreamReaderCore(AdmissionControlledReader, Generic[OffsetT]):
         return self.plan(self.parse_offset(start), self.parse_offset(end))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        batches = self.read_partition(partition)
+        mine = cast(PartitionT, partition)  # Spark hands back a partition this reader's `plan` made
+        batches = self.read_partition(mine)
         if batches is not None:
-            yield from observed(self.reads, batches, self.split_of(partition))
+            yield from observed(self.reads, batches, self.split_of(mine))
 
     def commit(self, end: dict) -> None:
         at = self.parse_offset(end)
@@ -148,7 +150,7 @@ class OpenStreamReaderCore(AdmissionControlledReader, Generic[OffsetT]):
         self.close()
 
 
-class StreamReaderCore(OpenStreamReaderCore[OffsetT], SupportsTriggerAvailableNow):
+class StreamReaderCore(OpenStreamReaderCore[OffsetT, PartitionT], SupportsTriggerAvailableNow):
     """A streaming read that supports Trigger.AvailableNow: the end is fixed when the run starts, and micro-batches
     (within the read limit) run up to it."""
 

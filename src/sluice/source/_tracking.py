@@ -218,7 +218,7 @@ class LagWindow:
         time.sleep(self.window_s)
 
 
-class TrackingStreamReader(StreamReaderCore[TrackingOffset]):
+class TrackingStreamReader(StreamReaderCore[TrackingOffset, TrackingPartition]):
     """A tracking-column stream: start positions, the lag window, admission control (max rows per trigger),
     Trigger.AvailableNow, and metrics (records behind when the store counts them; currentFetchEventTimeLag from a
     timestamp tracking column)."""
@@ -287,7 +287,7 @@ class TrackingStreamReader(StreamReaderCore[TrackingOffset]):
                 ends[sid] = end
         return self._made(ends)
 
-    def plan(self, start: TrackingOffset, end: TrackingOffset) -> Sequence[InputPartition]:
+    def plan(self, start: TrackingOffset, end: TrackingOffset) -> Sequence[TrackingPartition]:
         begin = start.positions
         out: list[InputPartition] = []
         for sid, upto in sorted(end.positions.items()):

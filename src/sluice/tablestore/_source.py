@@ -133,7 +133,7 @@ class VersionRange(InputPartition):
         self.table, self.first, self.last, self.barrier, self.handoff = table, first, last, barrier, handoff
 
 
-class TableStoreStreamReader(OpenStreamReaderCore[BarrierOffset]):
+class TableStoreStreamReader(OpenStreamReaderCore[BarrierOffset, VersionRange]):
     """Streaming read barrier by barrier: a micro-batch holds exactly the changes of the barriers it covers.
 
     Offsets are `BarrierOffset`s (_offset.py): barrier B and the Delta version V that completed it (from the
@@ -174,7 +174,7 @@ class TableStoreStreamReader(OpenStreamReaderCore[BarrierOffset]):
             return start
         return BarrierOffset(barrier, meta.barrier_version(self.table.name, barrier))
 
-    def plan(self, start: BarrierOffset, end: BarrierOffset) -> list[InputPartition]:
+    def plan(self, start: BarrierOffset, end: BarrierOffset) -> list[VersionRange]:
         return [VersionRange(self.table, start.version, end.version, end.barrier, BarrierHandoff(self.meta))]
 
     def read_partition(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:

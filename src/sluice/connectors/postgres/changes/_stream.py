@@ -39,7 +39,7 @@ log = logging.getLogger("sluice.postgres")
 MAX_SNAPSHOT_SPLITS = 1_000
 
 
-class ChangeStreamReader(StreamReaderCore[ChangeOffset]):
+class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
     """The reader Spark drives: offsets and micro-batch planning on the driver; ChangeReader reads on the executors.
     The lag reported after each commit is the slot's against the server's WAL."""
 
