@@ -76,7 +76,8 @@ from typing import Any
 
 from bench.soak.bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers
 from bench.soak.checks import check_kafka_topic, check_s2_stream, wait_equal, watch_barriers, watch_copy
-from bench.soak.faults import FAULT_KINDS, STORE_FAULT_KINDS, Driver, Faults, growth, python_memory
+from bench.soak.faults import FAULT_KINDS, STORE_FAULT_KINDS, Driver, Faults
+from bench.soak.growth import growth, python_memory
 from bench.soak.stores import Stores, watch_store
 
 FAULTS = FAULT_KINDS + STORE_FAULT_KINDS

@@ -55,6 +55,14 @@ class Run:
         print(f"VIOLATION: {what}", flush=True)
 
 
+def recovered(run: Run, committed: float, now: float, measured_here) -> None:
+    """A change committed at `committed` arrived `now`: the faults over before it (of the kinds `measured_here`)
+    have recovered. Called with run.lock held."""
+    for fault in run.faults:
+        if fault.recovered is None and fault.done and committed > fault.done and measured_here(fault.kind):
+            fault.recovered = now
+
+
 # ------------------------------------------------------------------------------------------------ the bank
 def connect(url: str):
     import psycopg

@@ -8,7 +8,8 @@ import json
 import threading
 import time
 
-from bench.soak.bank import BRANCH_FAULTS, KAFKA_BRANCH_FAULTS, Run, read_rows
+from bench.soak.bank import BRANCH_FAULTS, KAFKA_BRANCH_FAULTS, Run, read_rows, recovered
+from bench.soak.stores import store_copies
 
 
 def watch_copy(url: str, run: Run, marker_id: int, stop: threading.Event) -> None:
@@ -36,14 +37,6 @@ def watch_copy(url: str, run: Run, marker_id: int, stop: threading.Event) -> Non
                     run.latencies.append((committed, now - committed))
                     recovered(run, committed, now, lambda kind: kind not in BRANCH_FAULTS)
         seen = mark
-
-
-def recovered(run: Run, committed: float, now: float, measured_here) -> None:
-    """A change committed at `committed` arrived `now`: the faults over before it (of the kinds `measured_here`)
-    have recovered. Called with run.lock held."""
-    for fault in run.faults:
-        if fault.recovered is None and fault.done and committed > fault.done and measured_here(fault.kind):
-            fault.recovered = now
 
 
 def watch_barriers(meta_url: str, warehouse: str, name: str, run: Run, stop: threading.Event,
@@ -161,7 +154,6 @@ def wait_equal(env: dict, accounts: int, timeout: float) -> tuple[bool, str]:
     and HBase copies) equal `accounts` row for row."""
     import psycopg
 
-    from bench.soak.stores import store_copies
     from sluice.tablestore import StoreTable
 
     deadline = time.monotonic() + timeout

@@ -23,7 +23,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from bench.soak.bank import STORE_BRANCH_FAULTS, Run, read_rows
+from bench.soak.bank import STORE_BRANCH_FAULTS, Run, read_rows, recovered
+from bench.soak.sizes import disk_bytes, rss_bytes
 
 CASSANDRA_NODES = 3
 KEYSPACE, CASSANDRA_TABLE, SEARCH_INDEX, HBASE_TABLE = "bank", "balances", "balances", "default:balances"
@@ -215,8 +216,6 @@ class Stores:
 
     # ------------------------------------------------------------------------------------------------ sizes
     def growth(self) -> dict[str, float]:
-        from bench.soak.faults import disk_bytes, rss_bytes
-
         def folder(server: Any) -> int:
             return disk_bytes(server.folder) if server.folder else 0
 
@@ -234,8 +233,6 @@ def watch_store(stores: Stores, copy: str, source_url: str, run: Run, marker_id:
     v, when the writer knows the commit's outcome), never ahead of the source's v read after it, never going back
     from an earlier read nor vanishing; the marker's changes arriving tell when this store's faults recovered.
     Samples whose total differs from the bank's are counted, not violations: the copy does not promise it."""
-    from bench.soak.checks import recovered
-
     highest: dict[int, int] = {}
     mark = 0
     conn = None
