@@ -54,6 +54,7 @@ import psycopg
 from bench.floors.spark_cycle import spark_floor
 from bench.latency import kafka_hop
 from bench.latency.debezium import DEBEZIUM_VERSION, Debezium
+from bench.measures import percentile
 
 BATCHES_PER_SECOND = 100  # the writer's transactions per second
 PUBLICATION = "latency_pub"
@@ -63,11 +64,6 @@ PUBLICATION = "latency_pub"
 SERVER_SETTINGS = {"wal_level": "logical", "max_replication_slots": "10", "synchronous_commit": "on"}
 # The Kafka hop's arrival is the commit time of a row's transaction (pg_xact_commit_timestamp).
 KAFKA_SERVER_SETTINGS = {"track_commit_timestamp": "on"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Writer(threading.Thread):

@@ -33,6 +33,7 @@ import uuid
 import psycopg
 
 from bench.checkouts import ROOT, module_command
+from bench.measures import percentile
 
 # spark-sql-kafka-0-10_2.13 on Maven Central per Spark line (none for 4.3.0): the newest patch served.
 SPARK_KAFKA = {"4.0": "4.0.0", "4.1": "4.1.1", "4.2": "4.2.0"}
@@ -61,11 +62,6 @@ def spark_kafka_conf(pyspark_version: str) -> dict[str, str]:
                         '  </resolvers>\n</ivysettings>\n')
     return {"spark.jars.packages": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_KAFKA[line]}",
             "spark.jars.ivySettings": str(settings), "spark.jars.ivy": str(home / "ivy")}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Producer(threading.Thread):

@@ -64,7 +64,6 @@ import json
 import math
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -74,6 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.measures import p50_p99
 from bench.soak.bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers
 from bench.soak.checks import check_kafka_topic, check_s2_stream, wait_equal, watch_barriers, watch_copy
 from bench.soak.faults import FAULT_KINDS, STORE_FAULT_KINDS, Driver, Faults
@@ -184,7 +184,7 @@ def windows_report(samples: list[Sample], latencies: list[tuple[float, float]], 
             continue
         last = inside[-1].values
         out.append({"from_min": round(lo / 60, 1), "to_min": round(min(hi, end_s) / 60, 1),
-                    **{f"latency_{key}_s": value for key, value in percentiles(
+                    **{f"latency_{key}_s": value for key, value in p50_p99(
                         [lat for at, lat in latencies if lo <= at < hi]).items()},
                     "transfers": int(last["transfers"] - before["transfers"]),
                     "driver_jvm_mib": round(last["driver_jvm_rss_bytes"] / mib, 1),
@@ -230,13 +230,6 @@ def python_report(samples: list[Sample], window_s: float, top: int = 8) -> dict:
             "whole_run_grew_mib": round(sum(life["grew_mib"] for life in whole), 1),
             "whole_run_rss_grew_mib": round(sum(life["rss_last_mib"] - life["rss_first_mib"] for life in whole), 1),
             "grew_most": lives[:top]}
-
-
-def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
-    """p50 and p99 of latencies, and how many (a marker change reaches a design store's copy; read every second)."""
-    ordered = sorted(seconds)
-    return {"samples": len(ordered), "p50": round(statistics.median(ordered), 3) if ordered else None,
-            "p99": round(ordered[int(0.99 * (len(ordered) - 1))], 3) if ordered else None}
 
 
 def main() -> int:
@@ -412,13 +405,11 @@ def main() -> int:
         "not_recovered": [f"{f.kind} at {f.at - run.started:.0f} s" for f in run.faults if f.recovered is None],
         "driver_starts": driver.starts, "barriers_checked": run.barriers_checked, "copy_reads": run.copy_reads,
         **({"design_store_reads": run.store_reads,
-            "design_store_latency_s": {copy: percentiles(lat) for copy, lat in sorted(run.store_latencies.items())},
+            "design_store_latency_s": {copy: p50_p99(lat) for copy, lat in sorted(run.store_latencies.items())},
             "design_store_promises": "per account: a state the source had, never ahead, never back; not the total "
                                      "(no transaction per micro-batch); equal to the source at the end"}
            if stores else {}),
-        "latency_outside_faults_s": {"samples": len(quiet),
-                                     "p50": round(statistics.median(quiet), 3) if quiet else None,
-                                     "p99": round(sorted(quiet)[int(0.99 * (len(quiet) - 1))], 3) if quiet else None},
+        "latency_outside_faults_s": p50_p99(quiet),
         **growth_report(samples), "slot_lag_bytes": slot_lag_bytes,
         "windows": windows_report(samples, quiet_at, args.window_min * 60, args.minutes * 60),
         "python_processes": python_report(samples, args.window_min * 60),

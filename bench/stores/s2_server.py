@@ -19,6 +19,7 @@ from datetime import date
 
 import s2_sdk
 
+from bench.measures import percentile
 from sluice.s2local import LocalS2
 
 RECORD = b"x" * 100
@@ -83,7 +84,7 @@ async def latency(url: str, stream: str, n: int) -> dict:
             samples.append((time.perf_counter() - start) * 1000)
     samples.sort()
     return {"appends": n, "p50_ms": round(statistics.median(samples), 3),
-            "p99_ms": round(samples[int(0.99 * (n - 1))], 3)}
+            "p99_ms": round(percentile(samples, 0.99), 3)}
 
 
 async def setup(url: str) -> None:

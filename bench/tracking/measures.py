@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.measures import percentile
+
 
 def alternating(rounds: int, batch: Callable[[], float], stream: Callable[[], float]
                 ) -> tuple[float, float, dict[str, list[float]]]:
@@ -62,4 +64,4 @@ def paced(query: Any, lags: list[float], insert: Callable[[int], None], rate: in
     ordered = sorted(lags)
     if len(ordered) != written:
         raise SystemExit(f"window {window_ms} ms: {len(ordered)} {what} arrived of {written} written")
-    return ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)], len(ordered)
+    return percentile(ordered, 0.5), percentile(ordered, 0.99), len(ordered)
