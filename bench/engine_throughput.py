@@ -1,4 +1,4 @@
-"""Engine benchmark (issue: foundation). Run: `make bench` or `.venv/bin/python -m bench.engine_throughput`.
+"""Engine benchmark. Run: `make bench` or `.venv/bin/python -m bench.engine_throughput`.
 
 1. The engine alone with a no-op store, per mode: entries/s for 100-byte entries (no Spark).
 2. Spark: the same cached DataFrame written through the engine (format sluice_null, unordered) vs a bare

@@ -1,4 +1,4 @@
-"""Cost as the work grows (issue 56, item 3): time per row and a Python worker's peak memory for 1M -> 10M -> 50M
+"""Cost as the work grows: time per row and a Python worker's peak memory for 1M -> 10M -> 50M
 rows through `sluice_null` and `postgres`, beside the bare Arrow writer (bench/floors/bare_writer.py) on the same rows.
 
 Run: `.venv/bin/python -m bench.scale` (defaults: sizes 1,000,000 10,000,000 50,000,000; formats bench_count,
@@ -8,7 +8,7 @@ driver memory, and making them costs the same per row at every size. Each write'
 from /proc (VmRSS of this process's pyspark.daemon children); `peak_worker_mib` is the largest seen during that write.
 
 What to read: ns/row at each size against the smallest (flat means within 10%), and the peak worker memory (flat
-means it does not grow with the rows). The streams side of item 3 (1 -> 1,000 target streams) is
+means it does not grow with the rows). The streams side of the same question (1 -> 1,000 target streams) is
 bench/stores/s2_many_streams.py; the hour-long streaming write is the soak's (bench/soak/).
 """
 

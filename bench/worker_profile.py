@@ -9,7 +9,7 @@ sluice_null task's own thread, its engine thread), the frames that cost most, as
 - `self`: where the CPU was spent (innermost frame of sluice, Spark's serializers or the bench, and the leaf);
 - `inclusive`: per function, its share including what it called.
 
-The share that matters for issue 56 is sluice's: everything in a sluice_null task that the bare writer's task does
+The share that matters is sluice's own: everything in a sluice_null task that the bare writer's task does
 not do. `--stacks FILE` summarizes an earlier recording instead of running the bench again.
 """
 

@@ -1,4 +1,5 @@
-"""The floor, side by side (issue 56): Flink's AsyncSinkWriter, sluice_null, Spark's noop and the bare Arrow writer.
+"""The floor, side by side (what no Python sink beats, and what sluice's engine adds to it): Flink's AsyncSinkWriter,
+sluice_null, Spark's noop and the bare Arrow writer.
 
 Run: `make check-flink && .venv/bin/python -m bench.floors.flink_async_sink [--rows 4000000] [--rounds 5]`. Not part of
 `make test`.

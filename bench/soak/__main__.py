@@ -1,11 +1,11 @@
-"""The whole pipeline under fire (issue 32): a bank in PostgreSQL, streamed through S2 and the table store into
-PostgreSQL and ClickHouse copies, and from S2 through Kafka into a second table-store table (the Kafka branch,
-issue 50), while faults strike at random times; the bank's invariant is checked all along.
+"""The whole pipeline under fire: a bank in PostgreSQL, streamed through S2 and the table store into
+PostgreSQL and ClickHouse copies, and from S2 through Kafka into a second table-store table (the Kafka
+branch), while faults strike at random times; the bank's invariant is checked all along.
 
     .venv/bin/python -m bench.soak --minutes 30 --seed 7 --stores # make soak MINUTES=30
     .venv/bin/python -m bench.soak --minutes 2 --fault-every 8    # the short run make test makes
 
-With --stores, the design-store branch too (issue 55, bench/soak/stores.py): from the S2 stream into Cassandra
+With --stores, the design-store branch too (bench/soak/stores.py): from the S2 stream into Cassandra
 (three nodes on 127.0.0.1-3, replication factor 3, QUORUM writes and reads), OpenSearch and HBase, each with its
 ordered upserts (micro-batch versions and the replay guard).
 

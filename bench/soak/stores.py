@@ -1,4 +1,4 @@
-"""The soak's design-store branch (python -m bench.soak --stores, issue 55): the bank's balances, read from the S2
+"""The soak's design-store branch (python -m bench.soak --stores): the bank's balances, read from the S2
 stream `bank`, written into Cassandra (three nodes, replication factor 3, QUORUM), OpenSearch (one node) and HBase
 (standalone, through its Thrift2 gateway), each with its ordered upserts; the faults that strike those servers; the
 checks of their copies; and their sizes.
