@@ -128,21 +128,158 @@ def scc_conf(servers: list) -> dict[str, str]:
             "spark.cassandra.connection.port": str(servers[0].port)}
 
 
-def main() -> int:
+class Keyspace:
+    """Keyspace `bench` on the cluster: fresh tables, a table's rows counted, its coordinators' write latency, and
+    a write timed with the nodes' CPU."""
+
+    def __init__(self, servers: list, cluster, rows: int) -> None:
+        self.cluster, self.session, self.rows = cluster, cluster.connect(), rows
+        self.server_pids = {s.pid for s in servers}
+        self.session.execute("CREATE KEYSPACE IF NOT EXISTS bench WITH replication = "
+                             "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+
+    def timed(self, action) -> tuple[float, dict[str, float]]:
+        return clocked_tree(action, dict.fromkeys(self.server_pids, "cassandra"))
+
+    def fresh(self) -> str:
+        name = f"b_{uuid.uuid4().hex[:8]}"
+        self.session.execute(f"CREATE TABLE bench.{name} ({TABLE})")
+        return name
+
+    def count(self, table: str) -> None:
+        from cassandra import Unavailable
+
+        for attempt in range(30):
+            try:
+                got = self.session.execute(f"SELECT COUNT(*) FROM bench.{table}", timeout=120).one()[0]
+                break
+            except Unavailable:  # a node its coordinator has marked down for a moment (see the logs at exit)
+                if attempt == 29:
+                    raise
+                time.sleep(2)
+        assert got == self.rows, (table, got)
+
+    def server_latency(self, table: str) -> dict[str, float]:
+        """Coordinator-side write latency of `table` (Cassandra's system_views.coordinator_write_latency, each
+        node's own: its recent requests), the worst node's p50/p99 and the requests of all."""
+        query = ("SELECT count, p50th_ms, p99th_ms FROM system_views.coordinator_write_latency "
+                 f"WHERE keyspace_name = 'bench' AND table_name = '{table}'")
+        rows = [row for host in self.cluster.metadata.all_hosts() for row in self.session.execute(query, host=host)]
+        return {"server_requests": sum(r.count for r in rows),
+                "server_p50_ms": round(max((r.p50th_ms for r in rows), default=0.0), 2),
+                "server_p99_ms": round(max((r.p99th_ms for r in rows), default=0.0), 2)}
+
+
+class Rounds:
+    """Every contender's runs (seconds, CPU), and of each one's last round its latency (the engine's for sluice,
+    the server's) and sluice's rows per engine batch."""
+
+    def __init__(self, keyspace: Keyspace, df, data: list, base: dict[str, str]) -> None:
+        self.keyspace, self.df, self.data, self.base = keyspace, df, data, base
+        self.runs: dict[str, list] = {}
+        self.latency: dict[str, dict] = {}
+        self.per_batch: dict[str, float] = {}  # rows per engine batch (none: sent row by row)
+
+    def sluice(self, grouping: str) -> None:
+        import sluice
+
+        ks = self.keyspace
+        table = ks.fresh()
+        opts = {**self.base, "table": table, "batch.grouping": grouping}
+        timed = ks.timed(lambda: sluice.write(self.df, "cassandra", opts))
+        self.runs.setdefault(f"sluice_{grouping}", []).append(timed)
+        summary = sluice.last_write_summary("cassandra")
+        self.per_batch[f"sluice_{grouping}"] = round(summary["records"] / summary["batches"], 1)
+        self.latency[f"sluice_{grouping}"] = {"client_p50_ms": summary["submit_latency_p50_ms"],
+                                              "client_p99_ms": summary["submit_latency_p99_ms"],
+                                              **ks.server_latency(table)}
+        ks.count(table)
+
+    def floor(self) -> None:
+        import sluice
+
+        self.runs.setdefault("floor", []).append(self.keyspace.timed(lambda: sluice.write(self.df, "sluice_null", {})))
+
+    def scc(self, table: str) -> None:
+        ks = self.keyspace
+        writer = self.df.write.format("org.apache.spark.sql.cassandra").options(keyspace="bench", table=table)
+        self.runs.setdefault("scc", []).append(ks.timed(writer.mode("append").save))
+        self.latency["scc"] = ks.server_latency(table)
+        ks.count(table)
+
+    def driver(self, name: str, write) -> None:
+        """The Python driver alone: `write(session, insert)` with a prepared INSERT into a fresh table."""
+        ks = self.keyspace
+        table = ks.fresh()
+        insert = ks.session.prepare(f"INSERT INTO bench.{table} (pk, ck, v, amount) VALUES (?, ?, ?, ?)")
+        self.runs.setdefault(name, []).append(ks.timed(lambda: write(ks.session, insert)))
+        self.latency[name] = ks.server_latency(table)
+        ks.count(table)
+
+    def one_round(self, with_scc: bool) -> None:
+        from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+        from cassandra.query import BatchStatement, BatchType
+
+        data = self.data
+
+        def partition_batches(session, statement) -> None:
+            batches, key = [], None
+            for row in data:  # rows_of() yields each partition's rows together
+                if row[0] != key:
+                    batches.append(BatchStatement(BatchType.UNLOGGED))
+                    key = row[0]
+                batches[-1].add(statement, row)
+            execute_concurrent(session, [(b, None) for b in batches], concurrency=100, raise_on_first_error=True)
+
+        # The connector's table made first: its driver session, cached from the last write, learns of tables
+        # made by others from schema events (after a 1 s debounce), and a write into a table it has not seen
+        # yet fails as "table not found" (on Spark 4: NoClassDefFoundError NoSuchTableException$, see below).
+        scc_table = self.keyspace.fresh() if with_scc else None
+        for grouping in ("partition", "mixed", "none"):
+            self.sluice(grouping)
+        self.floor()
+        if scc_table is not None:
+            self.scc(scc_table)
+        self.driver("driver_concurrent", lambda session, insert: execute_concurrent_with_args(
+            session, insert, data, concurrency=100, raise_on_first_error=True))
+        self.driver("driver_partition_batches", partition_batches)
+
+    def results(self, rows: int) -> dict[str, dict]:
+        """Each contender's fastest round."""
+        out = {}
+        for name, measured in self.runs.items():
+            seconds, cpu = min(measured, key=lambda r: r[0])
+            out[name] = {"seconds": round(seconds, 3), "rows_per_s": round(rows / seconds), "cpu_s": cpu,
+                         **({"rows_per_batch": self.per_batch[name]} if name in self.per_batch else {}),
+                         **self.latency.get(name, {})}
+        return out
+
+
+def ratios(results: dict[str, dict], with_scc: bool) -> dict[str, float]:
+    rate = {name: r["rows_per_s"] for name, r in results.items()}
+    return {"partition_vs_mixed": round(rate["sluice_partition"] / rate["sluice_mixed"], 2),
+            "partition_vs_none": round(rate["sluice_partition"] / rate["sluice_none"], 2),
+            "sluice_vs_driver_concurrent": round(rate["sluice_partition"] / rate["driver_concurrent"], 2),
+            "sluice_vs_driver_partition_batches": round(rate["sluice_partition"] / rate["driver_partition_batches"], 2),
+            "sluice_vs_floor": round(rate["sluice_partition"] / rate["floor"], 2),
+            **({"sluice_vs_scc": round(rate["sluice_partition"] / rate["scc"], 2)} if with_scc else {})}
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--partition-rows", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=1, choices=(1, 3))
     parser.add_argument("--no-scc", action="store_true", help="leave the Spark Cassandra Connector out")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = arguments()
     # SIGTERM unwinds like an exception, so that the servers are stopped and their folders deleted (they run in
     # sessions of their own and would outlive this process).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-    from cassandra import Unavailable
-    from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
-    from cassandra.query import BatchStatement, BatchType
 
     import sluice
 
@@ -159,44 +296,10 @@ def main() -> int:
 
         stack.push(on_failure)
         cluster = stack.enter_context(servers[0].cluster())
-        session = cluster.connect()
+        keyspace = Keyspace(servers, cluster, args.rows)
         hosts = sorted(f"{h.endpoint.address}:{h.endpoint.port}" for h in cluster.metadata.all_hosts() if h.is_up)
         assert len(hosts) == args.nodes, hosts  # the driver found every node from the first one
         cluster_info["driver_hosts_up"] = hosts
-
-        server_pids = {s.pid for s in servers}
-
-        def timed(action) -> tuple[float, dict[str, float]]:
-            return clocked_tree(action, dict.fromkeys(server_pids, "cassandra"))
-
-        session.execute("CREATE KEYSPACE IF NOT EXISTS bench WITH replication = "
-                        "{'class': 'SimpleStrategy', 'replication_factor': 1}")
-
-        def fresh() -> str:
-            name = f"b_{uuid.uuid4().hex[:8]}"
-            session.execute(f"CREATE TABLE bench.{name} ({TABLE})")
-            return name
-
-        def count(table: str) -> None:
-            for attempt in range(30):
-                try:
-                    got = session.execute(f"SELECT COUNT(*) FROM bench.{table}", timeout=120).one()[0]
-                    break
-                except Unavailable:  # a node its coordinator has marked down for a moment (see the logs at exit)
-                    if attempt == 29:
-                        raise
-                    time.sleep(2)
-            assert got == args.rows, (table, got)
-
-        def server_latency(table: str) -> dict[str, float]:
-            """Coordinator-side write latency of `table` (Cassandra's system_views.coordinator_write_latency, each
-            node's own: its recent requests), the worst node's p50/p99 and the requests of all."""
-            query = ("SELECT count, p50th_ms, p99th_ms FROM system_views.coordinator_write_latency "
-                     f"WHERE keyspace_name = 'bench' AND table_name = '{table}'")
-            rows = [row for host in cluster.metadata.all_hosts() for row in session.execute(query, host=host)]
-            return {"server_requests": sum(r.count for r in rows),
-                    "server_p50_ms": round(max((r.p50th_ms for r in rows), default=0.0), 2),
-                    "server_p99_ms": round(max((r.p99th_ms for r in rows), default=0.0), 2)}
 
         with stdout_to_stderr():
             spark = sluice.session("sluice-bench-cassandra", **({} if args.no_scc else scc_conf(servers)))
@@ -207,90 +310,30 @@ def main() -> int:
         # Warm-up, untimed: Spark's Python workers started and the driver imported in them, the connector's classes
         # loaded, so that the first contender of the first round does not pay for it.
         warm = df.limit(1000)
-        sluice.write(warm, "cassandra", {**base, "table": fresh()})
+        sluice.write(warm, "cassandra", {**base, "table": keyspace.fresh()})
         if not args.no_scc:
-            warm.write.format("org.apache.spark.sql.cassandra").options(keyspace="bench", table=fresh()).mode(
+            warm.write.format("org.apache.spark.sql.cassandra").options(keyspace="bench", table=keyspace.fresh()).mode(
                 "append").save()
-        runs: dict[str, list] = {}
-        latency: dict[str, dict] = {}  # of each contender's last round: the engine's (sluice) and the server's
-        per_batch: dict[str, float] = {}  # rows per engine batch of sluice's writes (last round; none: sent row by row)
+        rounds = Rounds(keyspace, df, data, base)
         for _ in range(args.rounds):
-            # The connector's table made first: its driver session, cached from the last write, learns of tables
-            # made by others from schema events (after a 1 s debounce), and a write into a table it has not seen
-            # yet fails as "table not found" (on Spark 4: NoClassDefFoundError NoSuchTableException$, see below).
-            scc_table = None if args.no_scc else fresh()
-            for grouping in ("partition", "mixed", "none"):
-                table = fresh()
-                opts = {**base, "table": table, "batch.grouping": grouping}
-                runs.setdefault(f"sluice_{grouping}", []).append(
-                    timed(lambda o=opts: sluice.write(df, "cassandra", o)))
-                summary = sluice.last_write_summary("cassandra")
-                per_batch[f"sluice_{grouping}"] = round(summary["records"] / summary["batches"], 1)
-                latency[f"sluice_{grouping}"] = {"client_p50_ms": summary["submit_latency_p50_ms"],
-                                                 "client_p99_ms": summary["submit_latency_p99_ms"],
-                                                 **server_latency(table)}
-                count(table)
-            runs.setdefault("floor", []).append(timed(lambda: sluice.write(df, "sluice_null", {})))
-
-            if scc_table is not None:
-                writer = (df.write.format("org.apache.spark.sql.cassandra")
-                          .options(keyspace="bench", table=scc_table).mode("append"))
-                runs.setdefault("scc", []).append(timed(writer.save))
-                latency["scc"] = server_latency(scc_table)
-                count(scc_table)
-
-            table = fresh()
-            insert = session.prepare(f"INSERT INTO bench.{table} (pk, ck, v, amount) VALUES (?, ?, ?, ?)")
-            runs.setdefault("driver_concurrent", []).append(timed(
-                lambda s=insert: execute_concurrent_with_args(session, s, data, concurrency=100,
-                                                              raise_on_first_error=True)))
-            latency["driver_concurrent"] = server_latency(table)
-            count(table)
-
-            table = fresh()
-            insert = session.prepare(f"INSERT INTO bench.{table} (pk, ck, v, amount) VALUES (?, ?, ?, ?)")
-
-            def partition_batches(statement=insert) -> None:
-                batches, key = [], None
-                for row in data:  # rows_of() yields each partition's rows together
-                    if row[0] != key:
-                        batches.append(BatchStatement(BatchType.UNLOGGED))
-                        key = row[0]
-                    batches[-1].add(statement, row)
-                execute_concurrent(session, [(b, None) for b in batches], concurrency=100, raise_on_first_error=True)
-
-            runs.setdefault("driver_partition_batches", []).append(timed(partition_batches))
-            latency["driver_partition_batches"] = server_latency(table)
-            count(table)
+            rounds.one_round(with_scc=not args.no_scc)
         if not args.no_scc:
             # Its cached driver sessions outlive spark.stop() (the JVM stays up until this process ends) and would
             # log reconnection errors once the servers stop.
             spark._jvm.com.datastax.spark.connector.cql.CassandraConnector.evictCache()
         spark.stop()
-        version = session.execute("SELECT release_version FROM system.local").one()[0]
+        version = keyspace.session.execute("SELECT release_version FROM system.local").one()[0]
         for node, server in zip(cluster_info["nodes"], servers, strict=True):
             node["rss_mib_end"] = rss_mib(server.pid)
             node["peers_marked_down"] = peers_marked_down(server)
 
-    results = {}
-    for name, measured in runs.items():
-        seconds, cpu = min(measured, key=lambda r: r[0])
-        results[name] = {"seconds": round(seconds, 3), "rows_per_s": round(args.rows / seconds), "cpu_s": cpu,
-                         **({"rows_per_batch": per_batch[name]} if name in per_batch else {}),
-                         **latency.get(name, {})}
-    rate = {name: r["rows_per_s"] for name, r in results.items()}
+    results = rounds.results(args.rows)
     print(json.dumps({
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "cassandra": f"{version}, {args.nodes} node(s)", "cluster": cluster_info,
         "spark": spark_version, "scc": None if args.no_scc else SCC_PACKAGE,
         "rows": args.rows, "partition_rows": args.partition_rows, "results": results,
-        "ratios": {"partition_vs_mixed": round(rate["sluice_partition"] / rate["sluice_mixed"], 2),
-                   "partition_vs_none": round(rate["sluice_partition"] / rate["sluice_none"], 2),
-                   "sluice_vs_driver_concurrent": round(rate["sluice_partition"] / rate["driver_concurrent"], 2),
-                   "sluice_vs_driver_partition_batches":
-                       round(rate["sluice_partition"] / rate["driver_partition_batches"], 2),
-                   "sluice_vs_floor": round(rate["sluice_partition"] / rate["floor"], 2),
-                   **({} if args.no_scc else {"sluice_vs_scc": round(rate["sluice_partition"] / rate["scc"], 2)})},
+        "ratios": ratios(results, not args.no_scc),
     }, indent=2))
     return 0
 
