@@ -75,56 +75,42 @@ def floor_source(rows: int, partitions: int):
     return FloorSource
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=2_000_000)
-    ap.add_argument("--upsert-rows", type=int, default=200_000)
-    ap.add_argument("--partitions", type=int, default=4, help="read partitions for both readers")
-    ap.add_argument("--rounds", type=int, default=3, help="the first round also warms up Spark's Python workers")
-    args = ap.parse_args()
-    if not os.path.exists(JAR):
-        raise SystemExit(f"{JAR} is missing: make check-pgjdbc (apt-get install -y libpostgresql-jdbc-java)")
+class Contest:
+    """The server, the Spark session with the rows (appended and read: `df`; upserted: `up`), and the best round of
+    each contender so far (its seconds, its CPU, every round's seconds)."""
 
-    import adbc_driver_postgresql.dbapi as adbc
-    import psycopg
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    import sluice
-    from sluice.testing import LocalPostgres
-
-    n, m = args.rows, args.upsert_rows
-    with LocalPostgres() as pg:
-        url = pg.url
-        jdbc_url = f"jdbc:postgresql://127.0.0.1:{pg.port}/{pg.dbname}"
-        jdbc = {"url": jdbc_url, "user": pg.user, "password": pg.password, "driver": "org.postgresql.Driver"}
-
-        def sql(q: str) -> None:
-            with psycopg.connect(url, autocommit=True) as c:
-                c.execute(q)
-
+    def __init__(self, pg, spark, rows: int, upsert_rows: int, partitions: int, rounds: int) -> None:
+        self.url, self.spark, self.n, self.m = pg.url, spark, rows, upsert_rows
+        self.partitions, self.rounds = partitions, rounds
+        self.jdbc_url = f"jdbc:postgresql://127.0.0.1:{pg.port}/{pg.dbname}"
+        self.jdbc = {"url": self.jdbc_url, "user": pg.user, "password": pg.password, "driver": "org.postgresql.Driver"}
         for t in ("w_sluice", "w_jdbc", "w_copy", "w_adbc"):
-            sql(f"CREATE TABLE {t} (id bigint, name text, value bigint)")
+            self.sql(f"CREATE TABLE {t} (id bigint, name text, value bigint)")
         for t in ("u_sluice", "u_naive"):
-            sql(f"CREATE TABLE {t} (id bigint PRIMARY KEY, name text, value bigint)")
+            self.sql(f"CREATE TABLE {t} (id bigint PRIMARY KEY, name text, value bigint)")
+        self.df = spark.range(0, rows, 1, 2).selectExpr("id", "concat('name-', id) AS name", "id * 7 AS value").cache()
+        self.df.count()
+        self.up = spark.range(0, upsert_rows, 1, 2).selectExpr("id", "concat('name-', id) AS name",
+                                                               "id * 7 AS value").repartition(2, "id").cache()
+        self.up.count()
+        self.results: dict[str, float] = {}
+        self.cpu: dict[str, dict[str, float]] = {}
+        self.every_round: dict[str, list[float]] = {}
 
-        spark = sluice.session("bench-postgres", master="local[2]",
-                               **{"spark.jars": JAR, "spark.sql.shuffle.partitions": "2"})
-        df = spark.range(0, n, 1, 2).selectExpr("id", "concat('name-', id) AS name", "id * 7 AS value").cache()
-        df.count()
-        up = spark.range(0, m, 1, 2).selectExpr("id", "concat('name-', id) AS name", "id * 7 AS value") \
-            .repartition(2, "id").cache()
-        up.count()
-        results: dict[str, float] = {}
-        cpu: dict[str, dict[str, float]] = {}
-        every_round: dict[str, list[float]] = {}
+    def sql(self, q: str) -> None:
+        import psycopg
 
-        def keep(runs: dict[str, list[tuple[float, dict[str, float]]]]) -> None:
-            for name, results_of_rounds in runs.items():
-                results[f"{name}_s"], cpu[name] = min(results_of_rounds, key=lambda r: r[0])
-                every_round[name] = [round(seconds, 2) for seconds, _ in results_of_rounds]
+        with psycopg.connect(self.url, autocommit=True) as c:
+            c.execute(q)
 
-        # ---------------------------------------------------------------- append
+    def keep(self, contenders: dict) -> None:
+        for name, results_of_rounds in best_rounds(contenders, self.rounds).items():
+            self.results[f"{name}_s"], self.cpu[name] = min(results_of_rounds, key=lambda r: r[0])
+            self.every_round[name] = [round(seconds, 2) for seconds, _ in results_of_rounds]
+
+    def append(self) -> None:
+        df, url, jdbc, jdbc_url, sql = self.df, self.url, self.jdbc, self.jdbc_url, self.sql
+
         def sluice_append():
             sql("TRUNCATE w_sluice")
             return clocked(lambda: df.write.format("postgres").option("url", url).option("table", "w_sluice")
@@ -139,10 +125,14 @@ def main() -> None:
         def null_append():
             return clocked(lambda: df.write.format("sluice_null").mode("append").save())
 
-        keep(best_rounds({"append_sluice": sluice_append, "append_jdbc": jdbc_append,
-                          "append_floor_python_sink": null_append}, args.rounds))
+        self.keep({"append_sluice": sluice_append, "append_jdbc": jdbc_append,
+                   "append_floor_python_sink": null_append})
 
-        # ---------------------------------------------------------------- upsert
+    def upsert(self) -> None:
+        import psycopg
+
+        up, url, m, sql = self.up, self.url, self.m, self.sql
+
         def sluice_upsert():
             sql("TRUNCATE u_sluice")
             sql(f"INSERT INTO u_sluice SELECT g, 'old', 0 FROM generate_series(0, {m - 1}, 2) g")
@@ -170,67 +160,79 @@ def main() -> None:
 
             return clocked(lambda: up.foreachPartition(write_partition))
 
-        keep(best_rounds({"upsert_sluice": sluice_upsert, "upsert_naive": naive_upsert}, args.rounds))
+        self.keep({"upsert_sluice": sluice_upsert, "upsert_naive": naive_upsert})
         with psycopg.connect(url) as c:
             a = c.execute("SELECT count(*), sum(value) FROM u_sluice").fetchone()
             b = c.execute("SELECT count(*), sum(value) FROM u_naive").fetchone()
         assert a == b == (m, sum(i * 7 for i in range(m))), (a, b)
 
-        # ---------------------------------------------------------------- read (of w_sluice: n rows)
-        sql("ALTER TABLE w_sluice ADD PRIMARY KEY (id)")
-        sql("ANALYZE w_sluice")
-        spark.dataSource.register(floor_source(n, args.partitions))
+    def read(self) -> None:
+        """Of w_sluice: n rows."""
+        spark, url, jdbc, n, partitions = self.spark, self.url, self.jdbc, self.n, self.partitions
+        self.sql("ALTER TABLE w_sluice ADD PRIMARY KEY (id)")
+        self.sql("ANALYZE w_sluice")
+        spark.dataSource.register(floor_source(n, partitions))
 
         def sluice_read():
             return clocked(lambda: spark.read.format("postgres").option("url", url).option("table", "w_sluice")
-                           .option("num-partitions", args.partitions).load().write.format("noop")
+                           .option("num-partitions", partitions).load().write.format("noop")
                            .mode("overwrite").save())
 
         def jdbc_read():
             return clocked(lambda: spark.read.format("jdbc").options(**jdbc).option("dbtable", "w_sluice")
                            .option("partitionColumn", "id").option("lowerBound", 0).option("upperBound", n)
-                           .option("numPartitions", args.partitions).option("fetchsize", 10000).load()
+                           .option("numPartitions", partitions).option("fetchsize", 10000).load()
                            .write.format("noop").mode("overwrite").save())
 
         def floor_read():
             return clocked(lambda: spark.read.format("bench_floor").load().write.format("noop").mode("overwrite")
                            .save())
 
-        keep(best_rounds({"read_sluice": sluice_read, "read_jdbc": jdbc_read, "read_floor_python_source": floor_read},
-                         args.rounds))
-        spark.stop()
+        self.keep({"read_sluice": sluice_read, "read_jdbc": jdbc_read, "read_floor_python_source": floor_read})
 
-        # ---------------------------------------------------------------- one Python process
-        table = pa.table({"id": pa.array(range(n), pa.int64()),
-                          "name": pa.array([f"name-{i}" for i in range(n)]),
-                          "value": pa.array([i * 7 for i in range(n)], pa.int64())})
-        buf = io.BytesIO()
-        pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False))
-        csv_bytes = buf.getvalue()
+
+def one_python_process(url: str, n: int) -> dict[str, float]:
+    """No Spark: psycopg COPY of pre-encoded CSV, ADBC ingest of an Arrow table, ADBC read of w_sluice (seconds)."""
+    import adbc_driver_postgresql.dbapi as adbc
+    import psycopg
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    results = {}
+    table = pa.table({"id": pa.array(range(n), pa.int64()),
+                      "name": pa.array([f"name-{i}" for i in range(n)]),
+                      "value": pa.array([i * 7 for i in range(n)], pa.int64())})
+    buf = io.BytesIO()
+    pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False))
+    csv_bytes = buf.getvalue()
+    t = time.perf_counter()
+    with psycopg.connect(url) as c, c.cursor().copy("COPY w_copy FROM STDIN (FORMAT csv)") as copy:
+        for i in range(0, len(csv_bytes), 1 << 20):
+            copy.write(csv_bytes[i:i + (1 << 20)])
+    results["python_psycopg_copy_s"] = time.perf_counter() - t
+    with adbc.connect(url) as c:
         t = time.perf_counter()
-        with psycopg.connect(url) as c, c.cursor().copy("COPY w_copy FROM STDIN (FORMAT csv)") as copy:
-            for i in range(0, len(csv_bytes), 1 << 20):
-                copy.write(csv_bytes[i:i + (1 << 20)])
-        results["python_psycopg_copy_s"] = time.perf_counter() - t
-        with adbc.connect(url) as c:
-            t = time.perf_counter()
-            c.cursor().adbc_ingest("w_adbc", table, mode="append")
-            c.commit()
-            results["python_adbc_ingest_s"] = time.perf_counter() - t
-            t = time.perf_counter()
-            cur = c.cursor()
-            cur.execute("SELECT * FROM w_sluice")
-            got = cur.fetch_arrow_table().num_rows
-            results["python_adbc_read_s"] = time.perf_counter() - t
-            assert got == n
+        c.cursor().adbc_ingest("w_adbc", table, mode="append")
+        c.commit()
+        results["python_adbc_ingest_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        cur = c.cursor()
+        cur.execute("SELECT * FROM w_sluice")
+        got = cur.fetch_arrow_table().num_rows
+        results["python_adbc_read_s"] = time.perf_counter() - t
+        assert got == n
+    return results
 
+
+def report(contest: Contest, args: argparse.Namespace) -> dict:
+    results, n, m = contest.results, args.rows, args.upsert_rows
     rate = {k.removesuffix("_s"): round((m if k.startswith("upsert") else n) / v) for k, v in results.items()}
-    report = {
+    return {
         "date": date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {platform.machine()}",
         "rows": n, "upsert_rows": m, "read_partitions": args.partitions, "rounds": args.rounds,
         "seconds": {k: round(v, 3) for k, v in results.items()}, "rows_per_s": rate,
-        "seconds_every_round": every_round,
-        "cpu_seconds_of_best_run": cpu,
+        "seconds_every_round": contest.every_round,
+        "cpu_seconds_of_best_run": contest.cpu,
         "ratios": {
             "append_sluice_vs_jdbc": round(results["append_jdbc_s"] / results["append_sluice_s"], 2),
             "upsert_sluice_vs_foreachPartition_executemany": round(results["upsert_naive_s"]
@@ -240,7 +242,31 @@ def main() -> None:
             "read_floor_vs_jdbc": round(results["read_jdbc_s"] / results["read_floor_python_source_s"], 2),
         },
     }
-    print(json.dumps(report, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--upsert-rows", type=int, default=200_000)
+    ap.add_argument("--partitions", type=int, default=4, help="read partitions for both readers")
+    ap.add_argument("--rounds", type=int, default=3, help="the first round also warms up Spark's Python workers")
+    args = ap.parse_args()
+    if not os.path.exists(JAR):
+        raise SystemExit(f"{JAR} is missing: make check-pgjdbc (apt-get install -y libpostgresql-jdbc-java)")
+
+    import sluice
+    from sluice.testing import LocalPostgres
+
+    with LocalPostgres() as pg:
+        spark = sluice.session("bench-postgres", master="local[2]",
+                               **{"spark.jars": JAR, "spark.sql.shuffle.partitions": "2"})
+        contest = Contest(pg, spark, args.rows, args.upsert_rows, args.partitions, args.rounds)
+        contest.append()
+        contest.upsert()
+        contest.read()
+        spark.stop()
+        contest.results.update(one_python_process(pg.url, args.rows))
+    print(json.dumps(report(contest, args), indent=2))
 
 
 if __name__ == "__main__":
