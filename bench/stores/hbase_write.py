@@ -61,6 +61,7 @@ import uuid
 from contextlib import ExitStack
 from datetime import date
 
+from bench.contenders import best_rounds, rotate
 from bench.cpu import clocked_tree, rss_mib, stdout_to_stderr
 from bench.measures import percentile
 
@@ -279,28 +280,8 @@ def contend(tables: Tables, df, arrow, base: dict[str, str], rows: int, rounds: 
         contenders = {name: contenders[name] for name in only.split(",")}
     runs: dict[str, list] = {name: [] for name in contenders}
     details: dict[str, list[dict]] = {name: [] for name in contenders}  # per round, as runs
-    names = list(contenders)
-    for round_ in range(rounds):
-        # Each round starts one contender later, so that no contender always comes first (or after the same
-        # one): the server's flushes, compactions and collections fall on different contenders in each round.
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            contenders[name]()
+    rotate(contenders, rounds)
     return runs, details
-
-
-def best_rounds(runs: dict[str, list], details: dict[str, list[dict]], rows: int,
-                data_bytes: int) -> dict[str, dict]:
-    """Each contender's fastest round, with its rates, CPU and details."""
-    results = {}
-    for name, measured in runs.items():
-        best = min(range(len(measured)), key=lambda i: measured[i][0])
-        seconds, cpu = measured[best]
-        results[name] = {"seconds": round(seconds, 3), "rows_per_s": round(rows / seconds),
-                         "mb_per_s": round(rows * data_bytes / seconds / 1e6, 2),
-                         "all_rounds_rows_per_s": [round(rows / s) for s, _ in measured],
-                         "cpu_s": cpu, **details[name][best]}
-    return results
 
 
 def arguments() -> argparse.Namespace:
@@ -362,7 +343,8 @@ def main() -> int:
         server_rss, gateway_rss = rss_mib(server.pid), rss_mib(server.gateway.pid)
 
     finding = hbase_spark_finding(scala, spark_version)
-    results = best_rounds(runs, details, args.rows, data_bytes)
+    results = best_rounds(runs, details, args.rows,
+                          lambda seconds: {"mb_per_s": round(args.rows * data_bytes / seconds / 1e6, 2)})
     rate = {name: r["rows_per_s"] for name, r in results.items()}
     baseline = rate.get("python_putmultiple")
     report = {

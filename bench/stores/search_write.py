@@ -54,6 +54,7 @@ import uuid
 from contextlib import ExitStack
 from datetime import date
 
+from bench.contenders import best_rounds, rotate
 from bench.cpu import clocked_tree, rss_mib, stdout_to_stderr
 
 # What sluice's index.create=schema makes of the DataFrame's schema with mapping.text-columns=title.
@@ -62,6 +63,108 @@ MAPPING = {"properties": {"id": {"type": "long"}, "region": {"type": "keyword"},
 SHARDS = 1  # see the docstring
 BATCH_SIZES = (200, 1000, 5000)
 THREADS, CHUNK = 4, 1000  # parallel_bulk's
+
+
+class Indices:
+    """Fresh indices on the node (one shard, no replica, no refresh during the load), each refreshed, counted and
+    deleted after its write; and a write timed with the node's CPU."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def call(self, method: str, path: str, body=None) -> dict:
+        status, answer = self.server.request(method, path, body, timeout=300)
+        assert status < 300, (method, path, status, answer)
+        return answer
+
+    def timed(self, action) -> tuple[float, dict[str, float]]:
+        return clocked_tree(action, {self.server.pid: "opensearch"})
+
+    def fresh(self) -> str:
+        name = f"b_{uuid.uuid4().hex[:8]}"
+        self.call("PUT", f"/{name}", {"settings": {"index": {"number_of_shards": SHARDS, "number_of_replicas": 0,
+                                                             "refresh_interval": "-1"}},
+                                      "mappings": MAPPING})
+        return name
+
+    def finish(self, index: str, rows: int) -> float:
+        """The final refresh (its seconds), the count of every document, and the index gone."""
+        start = time.perf_counter()
+        self.call("POST", f"/{index}/_refresh")
+        seconds = time.perf_counter() - start
+        got = self.call("GET", f"/{index}/_count")["count"]
+        assert got == rows, (index, got, rows)
+        self.call("DELETE", f"/{index}")
+        return round(seconds, 2)
+
+
+def orders(spark, rows: int):
+    """The rows (id, region, title, amount, at) in 2 partitions, cached and counted."""
+    df = spark.range(rows).selectExpr(
+        "id",
+        "concat('region-', cast(id % 10 as string)) AS region",
+        "format_string('Order %012d shipped to warehouse %d, priority %d', id, id % 10, id % 7) AS title",
+        "id * 0.25 AS amount",
+        "timestamp_micros(1767225600000000 + id * 1000003) AS at",
+    ).repartition(2).cache()
+    df.count()
+    return df
+
+
+def parallel_bulk_writer(url: str):
+    """The Python client's writer: opensearch-py's parallel_bulk of the documents into an index."""
+    from opensearchpy import OpenSearch
+    from opensearchpy.helpers import parallel_bulk
+
+    client = OpenSearch(hosts=[url], timeout=300)
+
+    def python_parallel_bulk(index: str, rows: list[dict]) -> None:
+        actions = ({"_index": index, "_id": str(d["id"]), "_source": d} for d in rows)
+        for ok, item in parallel_bulk(client, actions, thread_count=THREADS, chunk_size=CHUNK):
+            assert ok, item
+
+    return python_parallel_bulk
+
+
+def contend(indices: Indices, df, docs: list[dict], write_python, rows: int,
+            rounds: int) -> tuple[dict[str, list], dict[str, list[dict]]]:
+    """Every contender once a round (bench.contenders.rotate): (name -> (seconds, CPU) per round, name -> its
+    details per round)."""
+    import sluice
+
+    base = {"nodes": indices.server.url}
+
+    def run_sluice(name: str, extra: dict[str, str]) -> None:
+        index = indices.fresh()
+        opts = {**base, "index": index, **extra}
+        runs[name].append(indices.timed(lambda: sluice.write(df, "elasticsearch", opts)))
+        s = sluice.last_write_summary("elasticsearch")
+        assert s["status"] != "failed" and s["records"] == rows, s
+        details[name].append({
+            "client_p50_ms": s["submit_latency_p50_ms"], "client_p99_ms": s["submit_latency_p99_ms"],
+            "requests": s["batches"], "rows_per_request": round(s["records"] / s["batches"], 1),
+            "request_kib": round(s["bytes"] / s["batches"] / 1024, 1), "peak_inflight": s["peak_inflight"],
+            "tasks": s["tasks"], "retries": s["retries"], "throttles": s["throttles"],
+            "flush_reasons": s["flush_reasons"], "refresh_s": indices.finish(index, rows)})
+
+    def run_python() -> None:
+        index = indices.fresh()
+        runs["python_parallel_bulk"].append(indices.timed(lambda: write_python(index, docs)))
+        details["python_parallel_bulk"].append({"refresh_s": indices.finish(index, rows)})
+
+    def run_floor() -> None:
+        runs["floor"].append(indices.timed(lambda: sluice.write(df, "sluice_null", {})))
+        details["floor"].append({})
+
+    contenders = {"sluice": lambda: run_sluice("sluice", {"mapping.id": "id"}),
+                  "sluice_no_ids": lambda: run_sluice("sluice_no_ids", {}),
+                  **{f"sluice_batch_{n}": lambda n=n: run_sluice(f"sluice_batch_{n}", {
+                      "mapping.id": "id", "sink.batch.max-size": str(n)}) for n in BATCH_SIZES},
+                  "python_parallel_bulk": run_python, "floor": run_floor}
+    runs: dict[str, list] = {name: [] for name in contenders}
+    details: dict[str, list[dict]] = {name: [] for name in contenders}  # per round, as runs
+    rotate(contenders, rounds)
+    return runs, details
 
 
 def main() -> int:
@@ -77,8 +180,6 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     import opensearchpy
-    from opensearchpy import OpenSearch
-    from opensearchpy.helpers import parallel_bulk
 
     import sluice
     from sluice.testing import LocalOpenSearch
@@ -93,110 +194,29 @@ def main() -> int:
             return False
 
         stack.push(on_failure)
-
-        def timed(action) -> tuple[float, dict[str, float]]:
-            return clocked_tree(action, {server.pid: "opensearch"})
-
-        def call(method: str, path: str, body=None) -> dict:
-            status, answer = server.request(method, path, body, timeout=300)
-            assert status < 300, (method, path, status, answer)
-            return answer
-
-        def fresh() -> str:
-            name = f"b_{uuid.uuid4().hex[:8]}"
-            call("PUT", f"/{name}", {"settings": {"index": {"number_of_shards": SHARDS, "number_of_replicas": 0,
-                                                            "refresh_interval": "-1"}},
-                                     "mappings": MAPPING})
-            return name
-
-        def finish(index: str, rows: int) -> float:
-            """The final refresh (its seconds), the count of every document, and the index gone."""
-            start = time.perf_counter()
-            call("POST", f"/{index}/_refresh")
-            seconds = time.perf_counter() - start
-            got = call("GET", f"/{index}/_count")["count"]
-            assert got == rows, (index, got, rows)
-            call("DELETE", f"/{index}")
-            return round(seconds, 2)
-
+        indices = Indices(server)
         with stdout_to_stderr():
             spark = sluice.session("sluice-bench-elasticsearch", **{"spark.sql.session.timeZone": "UTC"})
-        df = spark.range(args.rows).selectExpr(
-            "id",
-            "concat('region-', cast(id % 10 as string)) AS region",
-            "format_string('Order %012d shipped to warehouse %d, priority %d', id, id % 10, id % 7) AS title",
-            "id * 0.25 AS amount",
-            "timestamp_micros(1767225600000000 + id * 1000003) AS at",
-        ).repartition(2).cache()
-        df.count()
+        df = orders(spark, args.rows)
         spark_version = spark.version
         # The Python client's input: the same rows as dicts, collected before any timing.
         docs = [row.asDict() for row in df.collect()]
         title_bytes = round(sum(len(d["title"]) for d in docs) / len(docs), 1)
-        client = OpenSearch(hosts=[server.url], timeout=300)
-
-        def python_parallel_bulk(index: str, rows: list[dict]) -> None:
-            actions = ({"_index": index, "_id": str(d["id"]), "_source": d} for d in rows)
-            for ok, item in parallel_bulk(client, actions, thread_count=THREADS, chunk_size=CHUNK):
-                assert ok, item
-
-        base = {"nodes": server.url}
+        write_python = parallel_bulk_writer(server.url)
         # Warm-up, untimed (see the docstring).
-        warm = fresh()
+        warm = indices.fresh()
         warm_df = df if args.warmup_rows >= args.rows else df.limit(args.warmup_rows)  # a limit is one task
-        sluice.write(warm_df, "elasticsearch", {**base, "index": warm, "mapping.id": "id"})
-        finish(warm, min(args.warmup_rows, args.rows))
-        warm = fresh()
-        python_parallel_bulk(warm, docs[:args.warmup_rows])
-        finish(warm, min(args.warmup_rows, args.rows))
-
-        def run_sluice(name: str, extra: dict[str, str]) -> None:
-            index = fresh()
-            opts = {**base, "index": index, **extra}
-            runs[name].append(timed(lambda: sluice.write(df, "elasticsearch", opts)))
-            s = sluice.last_write_summary("elasticsearch")
-            assert s["status"] != "failed" and s["records"] == args.rows, s
-            details[name].append({
-                "client_p50_ms": s["submit_latency_p50_ms"], "client_p99_ms": s["submit_latency_p99_ms"],
-                "requests": s["batches"], "rows_per_request": round(s["records"] / s["batches"], 1),
-                "request_kib": round(s["bytes"] / s["batches"] / 1024, 1), "peak_inflight": s["peak_inflight"],
-                "tasks": s["tasks"], "retries": s["retries"], "throttles": s["throttles"],
-                "flush_reasons": s["flush_reasons"], "refresh_s": finish(index, args.rows)})
-
-        def run_python() -> None:
-            index = fresh()
-            runs["python_parallel_bulk"].append(timed(lambda: python_parallel_bulk(index, docs)))
-            details["python_parallel_bulk"].append({"refresh_s": finish(index, args.rows)})
-
-        def run_floor() -> None:
-            runs["floor"].append(timed(lambda: sluice.write(df, "sluice_null", {})))
-            details["floor"].append({})
-
-        contenders = {"sluice": lambda: run_sluice("sluice", {"mapping.id": "id"}),
-                      "sluice_no_ids": lambda: run_sluice("sluice_no_ids", {}),
-                      **{f"sluice_batch_{n}": lambda n=n: run_sluice(f"sluice_batch_{n}", {
-                          "mapping.id": "id", "sink.batch.max-size": str(n)}) for n in BATCH_SIZES},
-                      "python_parallel_bulk": run_python, "floor": run_floor}
-        runs: dict[str, list] = {name: [] for name in contenders}
-        details: dict[str, list[dict]] = {name: [] for name in contenders}  # per round, as runs
-        names = list(contenders)
-        for round_ in range(args.rounds):
-            # Each round starts one contender later, so that no contender always comes first (or after the same
-            # one): the server's garbage collections and merges fall on different contenders in each round.
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
-                contenders[name]()
+        sluice.write(warm_df, "elasticsearch", {"nodes": server.url, "index": warm, "mapping.id": "id"})
+        indices.finish(warm, min(args.warmup_rows, args.rows))
+        warm = indices.fresh()
+        write_python(warm, docs[:args.warmup_rows])
+        indices.finish(warm, min(args.warmup_rows, args.rows))
+        runs, details = contend(indices, df, docs, write_python, args.rows, args.rounds)
         spark.stop()
-        version = call("GET", "/")["version"]["number"]
+        version = indices.call("GET", "/")["version"]["number"]
         server_rss = rss_mib(server.pid)
 
-    results = {}
-    for name, measured in runs.items():
-        best = min(range(len(measured)), key=lambda i: measured[i][0])
-        seconds, cpu = measured[best]
-        results[name] = {"seconds": round(seconds, 3), "rows_per_s": round(args.rows / seconds),
-                         "all_rounds_rows_per_s": [round(args.rows / s) for s, _ in measured],
-                         "cpu_s": cpu, **details[name][best]}
+    results = best_rounds(runs, details, args.rows)
     rate = {name: r["rows_per_s"] for name, r in results.items()}
     baseline = rate["python_parallel_bulk"]
     report = {
