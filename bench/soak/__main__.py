@@ -61,7 +61,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import json
-import math
 import random
 import signal
 import sys
@@ -69,7 +68,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +76,7 @@ from bench.soak.bank import TOTAL_PER_ACCOUNT, Fault, Run, marker, transfers
 from bench.soak.checks import check_kafka_topic, check_s2_stream, wait_equal, watch_barriers, watch_copy
 from bench.soak.faults import FAULT_KINDS, STORE_FAULT_KINDS, Driver, Faults
 from bench.soak.growth import growth, python_memory
+from bench.soak.report import SAMPLE_EVERY_S, Sample, growth_report, python_report, windows_report
 from bench.soak.stores import Stores, watch_store
 
 FAULTS = FAULT_KINDS + STORE_FAULT_KINDS
@@ -106,20 +105,11 @@ def sample_growth(env: dict, work: Path) -> dict[str, float]:
     return growth(env, work)
 
 
-SAMPLE_EVERY_S = 60.0
 S2_RETENTION_S = 600  # the stream's retention age: a careful user bounds a stream that is a buffer between hops
 KAFKA_TOPIC = "bank"
 # The topic, a buffer between hops like the S2 stream, keeps as long; segments roll every minute so retention can
 # delete them (it deletes whole segments only). One partition: see bench/soak/driver.py's hop 4.
 KAFKA_TOPIC_CONFIG = {"retention.ms": str(S2_RETENTION_S * 1000), "segment.ms": "60000"}
-
-
-@dataclass(frozen=True)
-class Sample:
-    at_s: float  # since the pipeline was through
-    driver_starts: int
-    values: dict[str, float]
-    python: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # pid: role, PSS, RSS (python_memory)
 
 
 def create_basin(s2: Any, basin: str) -> None:
@@ -138,101 +128,8 @@ def create_basin(s2: Any, basin: str) -> None:
     asyncio.run(create())
 
 
-def growth_report(samples: list[Sample]) -> dict:
-    """Growth per hour over the second half of the run; the driver's memory over its longest life in that half (a
-    killed driver starts small again); and the samples at a quarter, half, three quarters and the end."""
-    end = samples[-1]
-    half = [x for x in samples if x.at_s >= end.at_s / 2] or [end]
-
-    def per_hour(first: Sample, last: Sample, key: str) -> float | None:
-        hours = (last.at_s - first.at_s) / 3600
-        return round((last.values[key] - first.values[key]) / hours) if hours > 0 else None
-
-    driver_keys = ("driver_rss_bytes", "driver_jvm_rss_bytes", "driver_processes", "python_processes",
-                   "python_pss_bytes", "python_largest_rss_bytes")
-    out = {key: per_hour(half[0], end, key) for key in end.values if key not in driver_keys}
-    lives: dict[int, list[Sample]] = {}
-    for x in half:
-        lives.setdefault(x.driver_starts, []).append(x)
-    longest = max(lives.values(), key=lambda life: life[-1].at_s - life[0].at_s)
-    for key in driver_keys:
-        out[key] = per_hour(longest[0], longest[-1], key)
-    marks = [samples[min(len(samples) - 1, round(f * (len(samples) - 1)))] for f in (0.25, 0.5, 0.75, 1.0)]
-    return {"growth_per_hour": out,
-            "growth_window": {"from_min": round(half[0].at_s / 60, 1), "to_min": round(end.at_s / 60, 1),
-                              "driver_life_min": round((longest[-1].at_s - longest[0].at_s) / 60, 1)},
-            "samples": [{"at_min": round(x.at_s / 60, 1), **x.values} for x in marks], "at_end": end.values}
-
-
-def windows_report(samples: list[Sample], latencies: list[tuple[float, float]], window_s: float,
-                   end_s: float) -> list[dict]:
-    """Per window of `window_s` from the pipeline's first change through to `end_s` (the writers stop; the last
-    sample, after the copies caught up, is not in any): the latency (commit to the PostgreSQL copy, outside fault
-    windows; `latencies` as (seconds since through, seconds)) and the transfers committed in it, and at its last
-    sample the memory of the driver's JVM and of its Python processes (the driver's and Spark's workers: their
-    proportional set size, as they share the daemon's pages, and the largest one's RSS), the S2 server's and the
-    broker's, the MetaService's rows, the checkpoints' bytes and the warehouse's by kind (its Delta logs, change
-    data, live and removed data files). A steady write shows them flat from window to window."""
-    out = []
-    mib = 1024 * 1024
-    before = samples[0].values
-    for k in range(max(1, math.ceil(end_s / window_s))):
-        lo, hi = k * window_s, min((k + 1) * window_s, end_s + 1)
-        # A sample is taken a little after its minute: the one nearest a window's end closes it.
-        inside = [x for x in samples if lo + SAMPLE_EVERY_S / 2 < x.at_s <= hi + SAMPLE_EVERY_S / 2]
-        if not inside:
-            continue
-        last = inside[-1].values
-        out.append({"from_min": round(lo / 60, 1), "to_min": round(min(hi, end_s) / 60, 1),
-                    **{f"latency_{key}_s": value for key, value in p50_p99(
-                        [lat for at, lat in latencies if lo <= at < hi]).items()},
-                    "transfers": int(last["transfers"] - before["transfers"]),
-                    "driver_jvm_mib": round(last["driver_jvm_rss_bytes"] / mib, 1),
-                    "python_pss_mib": round(last["python_pss_bytes"] / mib, 1),
-                    "python_largest_mib": round(last["python_largest_rss_bytes"] / mib, 1),
-                    "python_processes": last["python_processes"],
-                    "s2_server_mib": round(last["s2_server_rss_bytes"] / mib, 1),
-                    "kafka_broker_mib": round(last["kafka_broker_rss_bytes"] / mib, 1),
-                    "meta_rows": last["meta_rows"], "checkpoint_mib": round(last["checkpoint_bytes"] / mib, 2),
-                    **{f"warehouse_{kind}_mib": round(last[f"warehouse_{kind}_bytes"] / mib, 3)
-                       for kind in ("log", "change", "live", "removed")}})
-        before = last
-    return out
-
-
-def python_report(samples: list[Sample], window_s: float, top: int = 8) -> dict:
-    """Where the Python processes' memory went: each process sampled at least twice, from its first sample to its
-    last (role, minutes, PSS and RSS, and its PSS at each `window_s` so that a step is told from a slope), the `top`
-    whose PSS grew most; and how many lived through the whole run. A sum that grows while every process that lives on
-    stays flat is workers coming and going, not a leak."""
-    mib = 1024 * 1024
-    seen: dict[int, list[tuple[float, str, int, int]]] = {}
-    for x in samples:
-        for pid, (role, pss, rss) in x.python.items():
-            seen.setdefault(pid, []).append((x.at_s, role, pss, rss))
-
-    def trace(life: list[tuple[float, str, int, int]]) -> list[float]:
-        marks: dict[int, int] = {}
-        for at_s, _, pss, _ in life:
-            marks.setdefault(int(at_s // window_s), pss)  # the first sample in each window
-        return [round(pss / mib, 1) for pss in [*marks.values(), life[-1][2]]]
-
-    lives = [{"pid": pid, "role": life[-1][1], "from_min": round(life[0][0] / 60, 1),
-              "to_min": round(life[-1][0] / 60, 1), "pss_first_mib": round(life[0][2] / mib, 1),
-              "pss_last_mib": round(life[-1][2] / mib, 1), "grew_mib": round((life[-1][2] - life[0][2]) / mib, 1),
-              "rss_first_mib": round(life[0][3] / mib, 1), "rss_last_mib": round(life[-1][3] / mib, 1),
-              "pss_per_window_mib": trace(life)}
-             for pid, life in seen.items() if len(life) > 1]
-    lives.sort(key=lambda life: -life["grew_mib"])
-    whole = [life for life in lives if samples and life["from_min"] <= round(samples[0].at_s / 60, 1)
-             and life["to_min"] >= round(samples[-1].at_s / 60, 1)]
-    return {"processes_seen": len(seen), "lived_whole_run": len(whole),
-            "whole_run_grew_mib": round(sum(life["grew_mib"] for life in whole), 1),
-            "whole_run_rss_grew_mib": round(sum(life["rss_last_mib"] - life["rss_first_mib"] for life in whole), 1),
-            "grew_most": lives[:top]}
-
-
-def main() -> int:
+def arguments() -> tuple[argparse.Namespace, list[str], list[str]]:
+    """The options, the fault kinds to strike at random and those to strike first."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=7)
@@ -262,159 +159,215 @@ def main() -> int:
     if not args.stores and set(kinds + first) & set(STORE_FAULT_KINDS):
         ap.error(f"fault kind(s) {sorted(set(kinds + first) & set(STORE_FAULT_KINDS))} strike the design stores: "
                  "add --stores")
+    return args, kinds, first
 
-    # A SIGTERM (timeout, Ctrl-C's cousin) ends the run through its finally blocks: every server and the driver stop.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
-    import psycopg
+class Soak:
+    """One run: its servers, the pipeline on them, the load, the watchers and the faults; then its report."""
 
-    from sluice.s2local import LocalS2
-    from sluice.testing import LocalKafka, LocalPostgres, TcpProxy
-    from tests.clickhouse_chdb import ChdbClickHouse
+    def __init__(self, args: argparse.Namespace, kinds: list[str], first: list[str]) -> None:
+        self.args, self.kinds, self.first = args, kinds, first
+        self.rnd = random.Random(args.seed)
+        self.accounts = args.accounts + 1  # and the marker
+        self.marker_id = args.accounts
+        self.run = Run(accounts=self.accounts, total=args.accounts * TOTAL_PER_ACCOUNT)
+        self.work = Path(tempfile.mkdtemp(prefix="sluice-soak-"))
+        self.stores = Stores() if args.stores else None
+        self.stop_load, self.stop_watch = threading.Event(), threading.Event()
 
-    rnd = random.Random(args.seed)
-    accounts = args.accounts + 1  # and the marker
-    marker_id = args.accounts
-    run = Run(accounts=accounts, total=args.accounts * TOTAL_PER_ACCOUNT)
-    work = Path(tempfile.mkdtemp(prefix="sluice-soak-"))
-    print(f"soak: seed {args.seed}, {args.minutes} min, {args.accounts} accounts, {args.rate}/s transfers, a fault "
-          f"every {args.fault_every} s on average ({', '.join(kinds)}){', the design stores' if args.stores else ''}; "
-          f"work in {work}", flush=True)
-    settings = {"wal_level": "logical", "max_wal_senders": "20", "max_replication_slots": "20",
-                "fsync": "on", "synchronous_commit": "on"}
-    stop_load, stop_watch = threading.Event(), threading.Event()
-    threads: list[threading.Thread] = []
-    stores = Stores() if args.stores else None
-    with started_beside(LocalKafka(heap_mb=384)) as kafka_starting, \
-            (stores.started() if stores else contextlib.nullcontext()) as stores_starting, \
-            LocalPostgres(settings=settings) as pg, LocalS2(data_dir=work / "s2") as s2, ChdbClickHouse() as ch, \
-            TcpProxy(pg.port) as proxy:
-        kafka = kafka_starting.result()
-        if stores_starting is not None:
-            stores_starting.result()
-            print(f"{time.monotonic() - run.started:7.1f} s: the design stores are up", flush=True)
-        direct = pg.url
-        via_proxy = direct.replace(f":{pg.port}/", f":{proxy.port}/")
-        with psycopg.connect(direct, autocommit=True) as conn:
+    @contextlib.contextmanager
+    def servers(self) -> Iterator[tuple[Any, Any, Any, Any, Any]]:
+        """The broker, the design stores (with --stores), PostgreSQL, S2, ClickHouse and the proxy in front of
+        PostgreSQL, all started; stopped at the end whatever happened."""
+        from sluice.s2local import LocalS2
+        from sluice.testing import LocalKafka, LocalPostgres, TcpProxy
+        from tests.clickhouse_chdb import ChdbClickHouse
+
+        settings = {"wal_level": "logical", "max_wal_senders": "20", "max_replication_slots": "20",
+                    "fsync": "on", "synchronous_commit": "on"}
+        stores = self.stores
+        with started_beside(LocalKafka(heap_mb=384)) as kafka_starting, \
+                (stores.started() if stores else contextlib.nullcontext()) as stores_starting, \
+                LocalPostgres(settings=settings) as pg, LocalS2(data_dir=self.work / "s2") as s2, \
+                ChdbClickHouse() as ch, TcpProxy(pg.port) as proxy:
+            kafka = kafka_starting.result()
+            if stores_starting is not None:
+                stores_starting.result()
+                print(f"{time.monotonic() - self.run.started:7.1f} s: the design stores are up", flush=True)
+            yield kafka, pg, s2, ch, proxy
+
+    def prepare(self, kafka: Any, pg: Any, s2: Any, ch: Any, proxy: Any) -> None:
+        """The bank and the copies' tables, the topic, the basin, and the driver's configuration."""
+        import psycopg
+
+        work = self.work
+        self.direct = pg.url
+        via_proxy = self.direct.replace(f":{pg.port}/", f":{proxy.port}/")
+        with psycopg.connect(self.direct, autocommit=True) as conn:
             conn.execute("CREATE DATABASE meta")
             conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, v bigint NOT NULL)")
             conn.execute("INSERT INTO accounts SELECT g, %s, 0 FROM generate_series(0, %s) g",
-                         (TOTAL_PER_ACCOUNT, args.accounts - 1))
-            conn.execute("INSERT INTO accounts VALUES (%s, 0, 0)", (marker_id,))
+                         (TOTAL_PER_ACCOUNT, self.args.accounts - 1))
+            conn.execute("INSERT INTO accounts VALUES (%s, 0, 0)", (self.marker_id,))
             conn.execute("CREATE TABLE balances_copy (id int PRIMARY KEY, balance bigint, v bigint)")
         kafka.create_topic(KAFKA_TOPIC, 1, KAFKA_TOPIC_CONFIG)
         ch.sql("CREATE TABLE balances_copy (id Int32, balance Int64, v Int64) ENGINE = ReplacingMergeTree(v) "
                "ORDER BY id")
-        meta_url = via_proxy.rsplit("/", 1)[0] + "/meta"
-        config = {"pg_url": via_proxy, "meta": meta_url, "warehouse": str(work / "warehouse"),
+        self.meta_url = via_proxy.rsplit("/", 1)[0] + "/meta"
+        config = {"pg_url": via_proxy, "meta": self.meta_url, "warehouse": str(work / "warehouse"),
                   "checkpoints": str(work / "checkpoints"), "ch_url": ch.url, "ch_password": ch.password,
                   "kafka": {"bootstrap": kafka.bootstrap_servers, "topic": KAFKA_TOPIC},
                   "s2": {"s2.basin": "sluice-soak", "s2.endpoints.account": s2.url,
                          "s2.endpoints.basin": s2.url, "s2.auth-token": s2.access_token},
-                  "stores": stores.driver_config() if stores else {}}
+                  "stores": self.stores.driver_config() if self.stores else {}}
         (work / "config.json").write_text(json.dumps(config))
         create_basin(s2, config["s2"]["s2.basin"])
-        driver = Driver(work / "config.json", work / "driver.log")
-        env = {"pg": pg, "s2": s2, "ch": ch, "kafka": kafka, "proxy": proxy, "driver": driver,
-               "warehouse": str(work / "warehouse"),
-               "admin_url": direct + "?application_name=soak-admin", "pipeline_url": direct, "stores": stores}
-        writer_url = direct + "?application_name=soak-writer"
-        threads += [threading.Thread(target=transfers, args=(writer_url, run, args.accounts, args.rate / 2, seed,
-                                                             stop_load), daemon=True) for seed in (1, 2)]
-        threads.append(threading.Thread(target=marker, args=(writer_url, run, marker_id, stop_load), daemon=True))
-        watchers = [threading.Thread(target=watch_copy, args=(writer_url, run, marker_id, stop_watch), daemon=True),
-                    *(threading.Thread(target=watch_barriers, args=(meta_url, str(work / "warehouse"), table, run,
-                                                                    stop_watch, mark), daemon=True)
-                      for table, mark in (("balances", None), ("balances_kafka", marker_id))),
-                    *(threading.Thread(target=watch_store, args=(stores, copy, writer_url, run, marker_id, stop_watch),
-                                       daemon=True) for copy in (stores.driver_config() if stores else {}))]
+        self.driver = Driver(work / "config.json", work / "driver.log")
+        self.env = {"pg": pg, "s2": s2, "ch": ch, "kafka": kafka, "proxy": proxy, "driver": self.driver,
+                    "warehouse": str(work / "warehouse"),
+                    "admin_url": self.direct + "?application_name=soak-admin", "pipeline_url": self.direct,
+                    "stores": self.stores}
+
+    def threads(self) -> tuple[list[threading.Thread], list[threading.Thread]]:
+        """The load (two writers of transfers, the marker) and the watchers (the copy, both tables' barriers, each
+        design store's copy)."""
+        args, run, stores, marker_id = self.args, self.run, self.stores, self.marker_id
+        writer_url = self.direct + "?application_name=soak-writer"
+        load = [threading.Thread(target=transfers, args=(writer_url, run, args.accounts, args.rate / 2, seed,
+                                                         self.stop_load), daemon=True) for seed in (1, 2)]
+        load.append(threading.Thread(target=marker, args=(writer_url, run, marker_id, self.stop_load), daemon=True))
+        watchers = [
+            threading.Thread(target=watch_copy, args=(writer_url, run, marker_id, self.stop_watch), daemon=True),
+            *(threading.Thread(target=watch_barriers, args=(self.meta_url, str(self.work / "warehouse"), table, run,
+                                                            self.stop_watch, mark), daemon=True)
+              for table, mark in (("balances", None), ("balances_kafka", marker_id))),
+            *(threading.Thread(target=watch_store, args=(stores, copy, writer_url, run, marker_id, self.stop_watch),
+                               daemon=True) for copy in (stores.driver_config() if stores else {}))]
+        return load, watchers
+
+    def sample(self, warm: float) -> Sample:
+        return Sample(time.monotonic() - warm, self.driver.starts,
+                      {**sample_growth(self.env, self.work), "transfers": self.run.transfers},
+                      python_memory(self.driver))
+
+    def under_fire(self, warm: float) -> list[Sample]:
+        """Faults at random (those of --first first) until the run's minutes are over, sampled every
+        SAMPLE_EVERY_S; growth is reported over the second half of the run, once retention (S2's age, the
+        MetaService's pruning) has reached its steady state."""
+        args, run, rnd, kinds, first = self.args, self.run, self.rnd, self.kinds, self.first
+        samples: list[Sample] = []
+        sample_at = warm
+        strikes: list[threading.Thread] = []
+        faults = Faults(self.env, run, rnd)
+        end = warm + args.minutes * 60
+        next_at = warm + rnd.expovariate(1 / args.fault_every)
+        while time.monotonic() < end and run.latencies:
+            now = time.monotonic()
+            if now >= sample_at:
+                samples.append(self.sample(warm))
+                sample_at = now + SAMPLE_EVERY_S
+            if (kinds or first) and now >= next_at:
+                kind = first.pop(0) if first else rnd.choice(kinds)
+                strike = threading.Thread(target=faults.strike, args=(kind,), daemon=True)
+                strike.start()
+                strikes.append(strike)
+                next_at = now + rnd.expovariate(1 / args.fault_every)
+            time.sleep(min(0.2, max(0.0, next_at - now)))
+        for strike in strikes:
+            strike.join()
+        return samples
+
+    def pipeline(self) -> tuple[list[Sample], float, Any]:
+        """The driver started, the load and watchers running; faults once the pipeline carries changes end to end
+        (the snapshot is through); then the writers stopped and the copies caught up. (The samples, when the
+        pipeline was through, the replication slot's lag at the end.)"""
+        import psycopg
+
+        args, run = self.args, self.run
+        load, watchers = self.threads()
         try:
-            driver.start()
-            for t in threads + watchers:
+            self.driver.start()
+            for t in load + watchers:
                 t.start()
-            # Faults start once the pipeline carries changes end to end (the snapshot is through).
             warm_deadline = time.monotonic() + args.warm_up_s
             while not run.latencies and time.monotonic() < warm_deadline:
                 time.sleep(0.5)
             if not run.latencies:
                 run.violate(f"the pipeline carried nothing end to end within {args.warm_up_s:.0f} s of its start")
             warm = time.monotonic()
-            # Sampled every SAMPLE_EVERY_S; growth is reported over the second half of the run, once retention (S2's
-            # age, the MetaService's pruning) has reached its steady state.
-            samples: list[Sample] = []
-            sample_at = warm
             print(f"{warm - run.started:7.1f} s: the pipeline is through; "
-                  f"{'faults begin' if kinds or first else 'a steady write, no faults'}", flush=True)
-            strikes: list[threading.Thread] = []
-            faults = Faults(env, run, rnd)
-            end = warm + args.minutes * 60
-            next_at = warm + rnd.expovariate(1 / args.fault_every)
-            while time.monotonic() < end and run.latencies:
-                now = time.monotonic()
-                if now >= sample_at:
-                    samples.append(Sample(now - warm, driver.starts,
-                                          {**sample_growth(env, work), "transfers": run.transfers},
-                                          python_memory(driver)))
-                    sample_at = now + SAMPLE_EVERY_S
-                if (kinds or first) and now >= next_at:
-                    kind = first.pop(0) if first else rnd.choice(kinds)
-                    strike = threading.Thread(target=faults.strike, args=(kind,), daemon=True)
-                    strike.start()
-                    strikes.append(strike)
-                    next_at = now + rnd.expovariate(1 / args.fault_every)
-                time.sleep(min(0.2, max(0.0, next_at - now)))
-            for strike in strikes:
-                strike.join()
-            stop_load.set()
-            for t in threads:
+                  f"{'faults begin' if self.kinds or self.first else 'a steady write, no faults'}", flush=True)
+            samples = self.under_fire(warm)
+            self.stop_load.set()
+            for t in load:
                 t.join()
             print(f"{time.monotonic() - run.started:7.1f} s: writers stopped after {run.transfers:,} transfers; "
                   "waiting for the copies", flush=True)
-            equal, why = wait_equal(env, accounts, args.catch_up_s)
+            equal, why = wait_equal(self.env, self.accounts, args.catch_up_s)
             if not equal:
                 run.violate(why)
-            stop_watch.set()
+            self.stop_watch.set()
             for t in watchers:
                 t.join()
-            samples.append(Sample(time.monotonic() - warm, driver.starts,
-                                  {**sample_growth(env, work), "transfers": run.transfers}, python_memory(driver)))
-            with psycopg.connect(direct, autocommit=True) as conn:
+            samples.append(self.sample(warm))
+            with psycopg.connect(self.direct, autocommit=True) as conn:
                 slot_lag = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) "
                                         "FROM pg_replication_slots WHERE slot_name = 'soak_to_s2'").fetchone()
         finally:  # never leave the driver running against servers that are going away
-            stop_load.set()
-            stop_watch.set()
-            driver.stop()
-        for problem in check_s2_stream(s2, accounts) + check_kafka_topic(kafka, KAFKA_TOPIC, accounts):
+            self.stop_load.set()
+            self.stop_watch.set()
+            self.driver.stop()
+        return samples, warm, slot_lag
+
+    def report(self, samples: list[Sample], warm: float, slot_lag: Any) -> dict:
+        args, run = self.args, self.run
+        quiet_at = [(committed - warm, lat) for committed, lat in run.latencies if committed > warm and not any(
+            f.at - 1 <= committed <= (f.recovered or time.monotonic()) for f in run.faults)]
+        quiet = [lat for _, lat in quiet_at]
+        by_kind: dict[str, list[Fault]] = {}
+        for fault in run.faults:
+            by_kind.setdefault(fault.kind, []).append(fault)
+        slot_lag_bytes = int(slot_lag[0]) if slot_lag and slot_lag[0] is not None else None
+        if slot_lag_bytes is None or slot_lag_bytes > 16 * 1024 * 1024:
+            run.violate(f"the replication slot's lag at the end is {slot_lag_bytes} bytes (over 16 MiB, or no slot)")
+        return {
+            "seed": args.seed, "minutes": args.minutes, "accounts": args.accounts, "transfers": run.transfers,
+            "faults": len(run.faults),
+            "faults_by_kind": {k: {"count": len(v),
+                                   "recovery_s": [round(f.recovered - f.at, 1) if f.recovered else None for f in v],
+                                   "notes": [f.note for f in v]} for k, v in sorted(by_kind.items())},
+            "not_recovered": [f"{f.kind} at {f.at - run.started:.0f} s" for f in run.faults if f.recovered is None],
+            "driver_starts": self.driver.starts, "barriers_checked": run.barriers_checked,
+            "copy_reads": run.copy_reads,
+            **({"design_store_reads": run.store_reads,
+                "design_store_latency_s": {copy: p50_p99(lat) for copy, lat in sorted(run.store_latencies.items())},
+                "design_store_promises": "per account: a state the source had, never ahead, never back; not the "
+                                         "total (no transaction per micro-batch); equal to the source at the end"}
+               if self.stores else {}),
+            "latency_outside_faults_s": p50_p99(quiet),
+            **growth_report(samples), "slot_lag_bytes": slot_lag_bytes,
+            "windows": windows_report(samples, quiet_at, args.window_min * 60, args.minutes * 60),
+            "python_processes": python_report(samples, args.window_min * 60),
+            "invariant": "holds" if not run.violations else "VIOLATED", "violations": run.violations,
+        }
+
+
+def main() -> int:
+    args, kinds, first = arguments()
+    # A SIGTERM (timeout, Ctrl-C's cousin) ends the run through its finally blocks: every server and the driver stop.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+
+    soak = Soak(args, kinds, first)
+    run, work = soak.run, soak.work
+    print(f"soak: seed {args.seed}, {args.minutes} min, {args.accounts} accounts, {args.rate}/s transfers, a fault "
+          f"every {args.fault_every} s on average ({', '.join(kinds)}){', the design stores' if args.stores else ''}; "
+          f"work in {work}", flush=True)
+    with soak.servers() as (kafka, pg, s2, ch, proxy):
+        soak.prepare(kafka, pg, s2, ch, proxy)
+        samples, warm, slot_lag = soak.pipeline()
+        for problem in check_s2_stream(s2, soak.accounts) + check_kafka_topic(kafka, KAFKA_TOPIC, soak.accounts):
             run.violate(problem)
-    quiet_at = [(committed - warm, lat) for committed, lat in run.latencies if committed > warm and not any(
-        f.at - 1 <= committed <= (f.recovered or time.monotonic()) for f in run.faults)]
-    quiet = [lat for _, lat in quiet_at]
-    by_kind: dict[str, list[Fault]] = {}
-    for fault in run.faults:
-        by_kind.setdefault(fault.kind, []).append(fault)
-    slot_lag_bytes = int(slot_lag[0]) if slot_lag and slot_lag[0] is not None else None
-    if slot_lag_bytes is None or slot_lag_bytes > 16 * 1024 * 1024:
-        run.violate(f"the replication slot's lag at the end is {slot_lag_bytes} bytes (over 16 MiB, or no slot)")
-    report = {
-        "seed": args.seed, "minutes": args.minutes, "accounts": args.accounts, "transfers": run.transfers,
-        "faults": len(run.faults),
-        "faults_by_kind": {k: {"count": len(v), "recovery_s": [round(f.recovered - f.at, 1) if f.recovered else None
-                                                                for f in v],
-                               "notes": [f.note for f in v]} for k, v in sorted(by_kind.items())},
-        "not_recovered": [f"{f.kind} at {f.at - run.started:.0f} s" for f in run.faults if f.recovered is None],
-        "driver_starts": driver.starts, "barriers_checked": run.barriers_checked, "copy_reads": run.copy_reads,
-        **({"design_store_reads": run.store_reads,
-            "design_store_latency_s": {copy: p50_p99(lat) for copy, lat in sorted(run.store_latencies.items())},
-            "design_store_promises": "per account: a state the source had, never ahead, never back; not the total "
-                                     "(no transaction per micro-batch); equal to the source at the end"}
-           if stores else {}),
-        "latency_outside_faults_s": p50_p99(quiet),
-        **growth_report(samples), "slot_lag_bytes": slot_lag_bytes,
-        "windows": windows_report(samples, quiet_at, args.window_min * 60, args.minutes * 60),
-        "python_processes": python_report(samples, args.window_min * 60),
-        "invariant": "holds" if not run.violations else "VIOLATED", "violations": run.violations,
-    }
+    report = soak.report(samples, warm, slot_lag)
     text = json.dumps(report, indent=2)
     print(text, flush=True)
     if args.report:
