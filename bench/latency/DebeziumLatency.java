@@ -15,7 +15,7 @@ import org.apache.kafka.connect.data.Struct;
 import org.apache.kafka.connect.source.SourceRecord;
 
 /**
- * Debezium's embedded engine on the latency benchmark's table (bench/latency.py): for every change, the commit time
+ * Debezium's embedded engine on the latency benchmark's table (bench/latency/): for every change, the commit time
  * of its transaction (source.ts_us) and the moment the consumer callback got it, as "commit_us arrival_us" lines.
  *
  * <p>Arguments: host port database user slot publication table out-file. The password comes from $PGPASSWORD, never

@@ -26,8 +26,8 @@ import org.apache.flink.core.io.SimpleVersionedSerializer;
 import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 
 /**
- * Flink's side of bench/flink_floor.py: rows of ~100 bytes made in place by 2 parallel source subtasks go through
- * Flink's AsyncSinkWriter (flink-connector-base; its default FLIP-509 batch creator and request buffer, named) into a
+ * Flink's side of bench/floors/flink_async_sink.py: rows of ~100 bytes made in place by 2 parallel source subtasks go
+ * through Flink's AsyncSinkWriter (flink-connector-base; its default FLIP-509 batch creator and request buffer, named) into a
  * store that only counts them, batches of 500, on a local MiniCluster. Usage: FlinkFloor ROWS. A warm-up job first
  * (class loading, JIT), then "ready"; then one job per line read from stdin, each answered with a line
  * "job <net runtime ms> <rows counted>" (so that the bench alternates Flink's jobs with Spark's writes). It fails when
@@ -99,7 +99,7 @@ public final class FlinkFloor {
         }
     }
 
-    /** Spark's rows in bench/flink_floor.py: the id zero-padded to 20 digits, then 80 x's. */
+    /** Spark's rows in bench/floors/flink_async_sink.py: the id zero-padded to 20 digits, then 80 x's. */
     static String body(long id) {
         String digits = Long.toString(id);
         StringBuilder out = new StringBuilder(100);
