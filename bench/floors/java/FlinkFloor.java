@@ -28,10 +28,10 @@ import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 /**
  * Flink's side of bench/floors/flink_async_sink.py: rows of ~100 bytes made in place by 2 parallel source subtasks go
  * through Flink's AsyncSinkWriter (flink-connector-base; its default FLIP-509 batch creator and request buffer, named)
- * into a store that only counts them, batches of 500, on a local MiniCluster. Usage: FlinkFloor ROWS. A warm-up job first
- * (class loading, JIT), then "ready"; then one job per line read from stdin, each answered with a line
- * "job <net runtime ms> <rows counted>" (so that the bench alternates Flink's jobs with Spark's writes). It fails when
- * the sink did not count every row.
+ * into a store that only counts them, batches of 500, on a local MiniCluster. Usage: FlinkFloor ROWS. A warm-up job
+ * first (class loading, JIT), then "ready"; then one job per line read from stdin, each answered with a line "job <net
+ * runtime ms> <rows counted>" (so that the bench alternates Flink's jobs with Spark's writes). It fails when the sink
+ * did not count every row.
  */
 public final class FlinkFloor {
     static final AtomicLong COUNTED = new AtomicLong(); // the MiniCluster runs in this JVM: one counter for all subtasks
