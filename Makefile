@@ -92,9 +92,10 @@ check-cassandra: check-java
 	@test -n "$(CASSANDRA_VERSION)" || { echo "no CASSANDRA_VERSION in src/sluice/testing/_cassandra.py" >&2; exit 1; }
 	$(call maven_fetch,Apache Cassandra $(CASSANDRA_VERSION),$(SLUICE_CASSANDRA_HOME),$(call maven_dependency,org.apache.cassandra,cassandra-all,$(CASSANDRA_VERSION)),cassandra-all-$(CASSANDRA_VERSION).jar)
 
-# Apache Flink for bench/floors/flink_async_sink.py (not the tests): flink-connector-base (AsyncSinkWriter), flink-streaming-java
-# and flink-clients (a local MiniCluster) with their runtime dependencies. The version is pinned in one place,
-# bench/floors/flink_async_sink.py's FLINK_VERSION; SLUICE_FLINK_HOME moves the folder (the bench reads the same variable).
+# Apache Flink for bench/floors/flink_async_sink.py (not the tests): flink-connector-base (AsyncSinkWriter),
+# flink-streaming-java and flink-clients (a local MiniCluster) with their runtime dependencies. The version is pinned in
+# one place, bench/floors/flink_async_sink.py's FLINK_VERSION; SLUICE_FLINK_HOME moves the folder (the bench reads the
+# same variable).
 FLINK_VERSION := $(shell sed -n 's/^FLINK_VERSION = "\(.*\)"$$/\1/p' bench/floors/flink_async_sink.py)
 SLUICE_FLINK_HOME ?= $(HOME)/.cache/sluice/flink-$(FLINK_VERSION)
 FLINK_JARS := $(foreach a,flink-connector-base flink-streaming-java flink-clients,$(call maven_dependency,org.apache.flink,$(a),$(FLINK_VERSION)))
@@ -385,7 +386,8 @@ demo: $(STAMP) check-java check-postgres
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
-# Spark's JDBC baseline of bench/stores/postgres_write_read.py (and bench/before_after.py): Debian's PostgreSQL JDBC driver.
+# Spark's JDBC baseline of bench/stores/postgres_write_read.py (and bench/before_after.py): Debian's PostgreSQL JDBC
+# driver.
 check-pgjdbc:
 	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/stores/postgres_write_read.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
 
