@@ -24,12 +24,12 @@ PYSPARK_4.2 := 4.2.1
 # modules (zero-registration of the formats) finds them as it would in an installed wheel. --no-compile: pip would
 # byte-compile all of pyspark's thousands of modules (25 s of a 60 s install); Python compiles those it imports.
 # Except inside pyspark.zip, where Python never caches bytecode and every Python worker daemon of every Spark
-# application compiled pyspark again: tests/pyspark_zip.py adds it (the deployment tests took 157 s instead of 199).
+# application compiled pyspark again: tools/pyspark_zip.py adds it (the deployment tests took 157 s instead of 199).
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "sluice needs Python >= 3.11 (set PYTHON=python3.11)"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile -c $(CONSTRAINTS) -e '.[dev]' --config-settings editable_mode=compat
-	$(PY) -m tests.pyspark_zip
+	$(PY) -m tools.pyspark_zip
 	touch $(STAMP)
 
 check-java:
@@ -92,15 +92,16 @@ check-cassandra: check-java
 	@test -n "$(CASSANDRA_VERSION)" || { echo "no CASSANDRA_VERSION in src/sluice/testing/_cassandra.py" >&2; exit 1; }
 	$(call maven_fetch,Apache Cassandra $(CASSANDRA_VERSION),$(SLUICE_CASSANDRA_HOME),$(call maven_dependency,org.apache.cassandra,cassandra-all,$(CASSANDRA_VERSION)),cassandra-all-$(CASSANDRA_VERSION).jar)
 
-# Apache Flink for bench/flink_floor.py (not the tests): flink-connector-base (AsyncSinkWriter), flink-streaming-java
-# and flink-clients (a local MiniCluster) with their runtime dependencies. The version is pinned in one place,
-# bench/flink_floor.py's FLINK_VERSION; SLUICE_FLINK_HOME moves the folder (the bench reads the same variable).
-FLINK_VERSION := $(shell sed -n 's/^FLINK_VERSION = "\(.*\)"$$/\1/p' bench/flink_floor.py)
+# Apache Flink for bench/floors/flink_async_sink.py (not the tests): flink-connector-base (AsyncSinkWriter),
+# flink-streaming-java and flink-clients (a local MiniCluster) with their runtime dependencies. The version is pinned in
+# one place, bench/floors/flink_async_sink.py's FLINK_VERSION; SLUICE_FLINK_HOME moves the folder (the bench reads the
+# same variable).
+FLINK_VERSION := $(shell sed -n 's/^FLINK_VERSION = "\(.*\)"$$/\1/p' bench/floors/flink_async_sink.py)
 SLUICE_FLINK_HOME ?= $(HOME)/.cache/sluice/flink-$(FLINK_VERSION)
 FLINK_JARS := $(foreach a,flink-connector-base flink-streaming-java flink-clients,$(call maven_dependency,org.apache.flink,$(a),$(FLINK_VERSION)))
 check-flink: check-java
-	@test -n "$(FLINK_VERSION)" || { echo "no FLINK_VERSION in bench/flink_floor.py" >&2; exit 1; }
-	@command -v javac >/dev/null 2>&1 || { echo "bench/flink_floor.py compiles its Java main: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
+	@test -n "$(FLINK_VERSION)" || { echo "no FLINK_VERSION in bench/floors/flink_async_sink.py" >&2; exit 1; }
+	@command -v javac >/dev/null 2>&1 || { echo "bench/floors/flink_async_sink.py compiles its Java main: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
 	$(call maven_fetch,Apache Flink $(FLINK_VERSION),$(SLUICE_FLINK_HOME),$(FLINK_JARS),flink-connector-base-$(FLINK_VERSION).jar)
 
 # OpenSearch for the tests (src/sluice/testing/_opensearch.py): the server jar and its runtime dependencies (with the
@@ -239,7 +240,7 @@ check-promtool:
 	fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/mypy  # src/, configured in pyproject.toml ([tool.mypy])
 
 # The local S2 server's wire messages (src/sluice/s2local/_s2_descriptor.py) from S2's published s2.proto, through protoc
@@ -266,7 +267,7 @@ test: $(STAMP)
 	@start=$$(date +%s); $(MAKE) --no-print-directory -j4 test-setup && \
 	  echo "make test: set up in $$(( $$(date +%s) - start )) s"
 	$(MAKE) -j2 test-main test-lines-then-versions LINTED=1
-	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
+	$(PY) -m tools.lines_table --check $(MAKE_TEST_LINES)
 
 test-setup: $(TEST_SETUP)
 
@@ -317,7 +318,7 @@ KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/tes
 test-kafka: $(STAMP) check-java check-kafka
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 
-# The bank pipeline under random faults (bench/soak.py), with its Kafka branch (hence check-kafka): a short seeded run
+# The bank pipeline under random faults (bench/soak/), with its Kafka branch (hence check-kafka): a short seeded run
 # (90 s of faults, ~4 min in all; and the design-store checks' own test, ~20 s) last in make test's second job; `make soak MINUTES=30` is the long run, with its
 # report (SEED=, FAULT_EVERY= too), and the design-store branch (Cassandra, OpenSearch, HBase: `STORES=` leaves it out).
 SOAK_TESTS := tests/soak
@@ -330,7 +331,7 @@ FAULT_EVERY ?= 30
 STORES ?= --stores
 soak: $(STAMP) check-java check-postgres check-kafka $(if $(STORES),check-cassandra check-opensearch check-hbase)
 	mkdir -p build
-	$(PY) bench/soak.py --minutes $(MINUTES) --seed $(SEED) --fault-every $(FAULT_EVERY) $(STORES) \
+	$(PY) -m bench.soak --minutes $(MINUTES) --seed $(SEED) --fault-every $(FAULT_EVERY) $(STORES) \
 		--report build/soak-report.json
 
 .PRECIOUS: .venv-spark-%/.installed
@@ -368,7 +369,7 @@ LINES_SKIP_4.2 := tests/deploy/test_cluster.py
 	{ grep -iv '^pyspark==' $(CONSTRAINTS); echo 'pyspark==$(PYSPARK_$*)'; } > .venv-spark-$*/constraints.txt
 	PIP_CONSTRAINT=$(abspath .venv-spark-$*/constraints.txt) .venv-spark-$*/bin/pip install -q --no-compile \
 	  '.[spark]' 'pyspark[connect,pipelines]' pytest pytest-timeout setuptools chdb-core
-	.venv-spark-$*/bin/python -m tests.pyspark_zip
+	.venv-spark-$*/bin/python -m tools.pyspark_zip
 	touch $@
 
 # The tests marked `lines` against the built wheel installed next to pyspark $(PYSPARK_<line>), run from a copy of
@@ -387,7 +388,7 @@ test-spark-%: .venv-spark-%/.installed check-java check-postgres check-clickhous
 
 # The older lines of make test, then the capability table of docs/deploy.md checked against what the lines' tests ran.
 test-spark-lines: $(STAMP) $(addprefix test-spark-,$(MAKE_TEST_LINES))
-	$(PY) -m tests.lines_table --check $(MAKE_TEST_LINES)
+	$(PY) -m tools.lines_table --check $(MAKE_TEST_LINES)
 
 DEMO_ARGS ?=
 demo: $(STAMP) check-java check-postgres
@@ -396,22 +397,23 @@ demo: $(STAMP) check-java check-postgres
 docs: $(STAMP)
 	$(PY) -m sluice.docgen --write
 
-# Spark's JDBC baseline of bench/postgres.py (and bench/before_after.py): Debian's PostgreSQL JDBC driver.
+# Spark's JDBC baseline of bench/stores/postgres_write_read.py (and bench/before_after.py): Debian's PostgreSQL JDBC
+# driver.
 check-pgjdbc:
-	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/postgres.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
+	@test -f /usr/share/java/postgresql.jar || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } || { echo "bench/stores/postgres_write_read.py needs Spark's JDBC baseline: apt-get install -y libpostgresql-jdbc-java" >&2; exit 1; }
 
 bench: $(STAMP) check-java check-postgres check-pgjdbc check-clickhouse check-postgres-versions check-cassandra check-opensearch check-hbase
-	$(PY) bench/engine_throughput.py
-	$(PY) bench/s2_server.py
-	$(PY) bench/s2_sink.py
-	$(PY) bench/s2_source.py
-	$(PY) bench/s2_many_streams.py
-	$(PY) bench/faults.py
-	$(PY) bench/postgres.py
-	$(PY) bench/postgres_changes.py --pg-versions 15,18 --changes 300000 --rounds 2
-	$(PY) bench/tracking.py
-	$(PY) bench/clickhouse.py --rows 2000000 --rounds 3
-	$(PY) bench/tablestore.py
+	$(PY) -m bench.engine_throughput
+	$(PY) -m bench.stores.s2_server
+	$(PY) -m bench.stores.s2_sink
+	$(PY) -m bench.stores.s2_source
+	$(PY) -m bench.stores.s2_many_streams
+	$(PY) -m bench.faults
+	$(PY) -m bench.stores.postgres_write_read
+	$(PY) -m bench.stores.postgres_changes --pg-versions 15,18 --changes 300000 --rounds 2
+	$(PY) -m bench.tracking
+	$(PY) -m bench.stores.clickhouse_write_read --rows 2000000 --rounds 3
+	$(PY) -m bench.stores.tablestore_commits
 
 # Re-resolve the pinned set from pyproject.toml (a maintainer's step, not a user's).
 lock:

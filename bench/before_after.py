@@ -1,13 +1,13 @@
 """No regression elsewhere: the project's benchmark table, this checkout against commit REV, alternating.
 
-    make check-pgjdbc && flock /tmp/sluice-bench.lock .venv/bin/python bench/before_after.py --before 1a41e05 --runs 3
+    make check-pgjdbc && flock /tmp/sluice-bench.lock .venv/bin/python -m bench.before_after --before 1a41e05 --runs 3
 
 The table is the one each restructuring is judged by: the engine (bench/engine_throughput.py: Spark into
 `sluice_null` and into the bare Arrow writer, and the engine alone), the S2 sink against the raw s2-sdk
-(bench/s2_sink.py), the S2 source (bench/s2_source.py) and PostgreSQL append, upsert and read against JDBC
-(bench/postgres.py). Each run of the table runs every benchmark once for each side, the order of the sides swapped
-from one run to the next, so a load that comes and goes on a shared machine falls on both; medians over the runs
-are compared, with each side's range.
+(bench/stores/s2_sink.py), the S2 source (bench/stores/s2_source.py) and PostgreSQL append, upsert and read against JDBC
+(bench/stores/postgres_write_read.py). Each run of the table runs every benchmark once for each side, the order of the
+sides swapped from one run to the next, so a load that comes and goes on a shared machine falls on both; medians over
+the runs are compared, with each side's range.
 
 Both sides run this checkout's benchmark scripts (the same measurement), and import sluice from their own tree:
 REV's from a git worktree (`PYTHONPATH`), this checkout's as installed. Sizes are the restructuring table's (2M rows
@@ -23,15 +23,14 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.checkouts import ROOT, child_env, module_command, remove_worktree, worktree
 
-# name -> (script, arguments at scale 1 with {n} for the scaled sizes, figures: label -> path in its JSON report)
+# name -> (module, arguments at scale 1 with {n} for the scaled sizes, figures: label -> path in its JSON report)
 BENCHES: dict[str, tuple[str, list[str], dict[str, tuple[str, ...]]]] = {
-    "engine": ("engine_throughput.py", ["--entries", "{1000000}", "--rows", "{2000000}", "--rounds", "3"], {
+    "engine": ("bench.engine_throughput", ["--entries", "{1000000}", "--rows", "{2000000}", "--rounds", "3"], {
         "engine: Spark -> sluice_null (rows/s)": ("spark", "sluice_engine_rows_per_s"),
         "engine: bare Arrow writer (rows/s)": ("spark", "bare_arrow_writer_rows_per_s"),
         "engine: sluice_null / bare writer": ("spark", "ratio_engine_to_bare"),
@@ -41,16 +40,17 @@ BENCHES: dict[str, tuple[str, list[str], dict[str, tuple[str, ...]]]] = {
                                                                "python_workers"),
         "engine alone unordered (entries/s)": ("engine_entries_per_s", "unordered"),
     }),
-    "s2_sink": ("s2_sink.py", ["--records", "{300000}", "--naive-records", "1000", "--rounds", "3"], {
+    "s2_sink": ("bench.stores.s2_sink", ["--records", "{300000}", "--naive-records", "1000", "--rounds", "3"], {
         "s2 sink (records/s)": ("sluice_s2_sink_records_per_s",),
         "s2 sink raw SDK (records/s)": ("raw_sdk_records_per_s",),
         "s2 sink / raw SDK": ("sluice_vs_raw_sdk",),
     }),
-    "s2_source": ("s2_source.py", ["--records", "{300000}", "--rounds", "2"], {
+    "s2_source": ("bench.stores.s2_source", ["--records", "{300000}", "--rounds", "2"], {
         "s2 source one stream (records/s)": ("records_per_s (best round)", "sluice_one_stream_unsplit"),
         "s2 source 8 streams (records/s)": ("records_per_s (best round)", "sluice_8_streams"),
     }),
-    "postgres": ("postgres.py", ["--rows", "{500000}", "--upsert-rows", "{50000}", "--rounds", "2"], {
+    "postgres": ("bench.stores.postgres_write_read",
+                 ["--rows", "{500000}", "--upsert-rows", "{50000}", "--rounds", "2"], {
         "postgres append (rows/s)": ("rows_per_s", "append_sluice"),
         "postgres upsert (rows/s)": ("rows_per_s", "upsert_sluice"),
         "postgres read (rows/s)": ("rows_per_s", "read_sluice"),
@@ -63,29 +63,16 @@ def arguments(template: list[str], scale: float) -> list[str]:
     return [str(round(int(a[1:-1]) * scale)) if a.startswith("{") else a for a in template]
 
 
-def worktree(rev: str) -> Path:
-    tree = Path(tempfile.mkdtemp(prefix="sluice-before-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
-    # Spark's workers import every top-level pyspark_* module on their path; a module REV lacks would import this
-    # checkout's connector into REV's sluice: an empty stand-in in the tree comes first on the path.
-    for module in (ROOT / "src").glob("pyspark_*.py"):
-        if not (tree / "src" / module.name).exists():
-            (tree / "src" / module.name).write_text(f"# {module.stem} does not exist at {rev}.\n")
-    return tree
-
-
 def run_bench(name: str, tree: Path | None, scale: float) -> dict:
     """One benchmark, one side; its JSON report (the last JSON object it prints)."""
-    script, template, _ = BENCHES[name]
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree / "src")  # the bench and its Spark workers import REV's sluice
+    module, template, _ = BENCHES[name]
+    env = child_env(tree)  # the bench and its Spark workers import REV's sluice
     started = time.monotonic()
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *arguments(template, scale)], env=env,
-                         cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(module_command(module, *arguments(template, scale)), env=env, cwd=ROOT, capture_output=True,
+                         text=True)
     if out.returncode != 0:
         side = "before" if tree else "after"
-        raise RuntimeError(f"bench/{script} ({side}) exited with {out.returncode}:\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"{module} ({side}) exited with {out.returncode}:\n{out.stderr[-4000:]}")
     text = out.stdout
     report = json.loads(text[text.rindex("\n{") + 1:] if "\n{" in text else text)
     print(f"  {name} {'before' if tree else 'after'}: {time.monotonic() - started:.0f} s", file=sys.stderr,
@@ -117,11 +104,11 @@ def main() -> int:
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
                           capture_output=True, text=True).stdout.strip()
     values: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
-    tree = worktree(rev)
+    tree, importable = worktree(rev)
     loads = [os.getloadavg()[0]]
     try:
         for run in range(args.runs):
-            sides = [("after", None), ("before", tree)]
+            sides = [("after", None), ("before", importable)]
             for side, where in sides if run % 2 == 0 else sides[::-1]:
                 print(f"run {run + 1}/{args.runs}, {side}", file=sys.stderr, flush=True)
                 for name in names:
@@ -133,7 +120,7 @@ def main() -> int:
                     args.out.write_text(json.dumps({"before": rev, "after": head, "values": values,
                                                     "load_1min": loads}))
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+        remove_worktree(tree)
 
     def cell(xs: list[float]) -> str:
         fmt = (lambda x: f"{x:,.0f}") if max(xs) >= 100 else (lambda x: f"{x:.3f}")

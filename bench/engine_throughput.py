@@ -1,4 +1,4 @@
-"""Engine benchmark (issue: foundation). Run: `make bench` or `.venv/bin/python bench/engine_throughput.py`.
+"""Engine benchmark. Run: `make bench` or `.venv/bin/python -m bench.engine_throughput`.
 
 1. The engine alone with a no-op store, per mode: entries/s for 100-byte entries (no Spark).
 2. Spark: the same cached DataFrame written through the engine (format sluice_null, unordered) vs a bare
@@ -11,7 +11,7 @@
 5. With --before REV: part 2 for this checkout and for commit REV (from a git worktree), each in its own process and
    Spark session, alternating (checkout, REV, checkout, ...) --sessions times; medians of every session's figures.
 
-Part 2 also gives the CPU seconds of the bench's own Python workers and JVM per write (bench/_cpu.py), medians: on a
+Part 2 also gives the CPU seconds of the bench's own Python workers and JVM per write (bench/cpu.py), medians: on a
 shared machine they move less than wall times.
 """
 
@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
-from _cpu import clocked_tree
-from _floor import register_bare_writer, rows_frame
-
+from bench.checkouts import ROOT, child_env, module_command, remove_worktree, worktree
+from bench.cpu import clocked_tree
+from bench.floors.bare_writer import register_bare_writer, rows_frame
 from sluice.engine import AsyncSinkWriter, SinkConfig, Store, completed_future
 
 
@@ -138,7 +136,6 @@ def spark_ratio(rows: int, rounds: int) -> dict:
 
 
 def read_ratio(rows: int, rounds: int) -> dict:
-    import tempfile
 
     import sluice
     import sluice.metrics
@@ -175,16 +172,11 @@ def read_ratio(rows: int, rounds: int) -> dict:
             "without_seconds": [round(t, 3) for t in plain], "with_seconds": [round(t, 3) for t in observed]}
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def session_run(tree: Path | None, rows: int, rounds: int) -> dict:
-    """Part 2 in a child process: this checkout's sluice (tree None), or the one in worktree `tree`."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree / "src")  # the child and its Spark workers import that sluice
-    out = subprocess.run([sys.executable, __file__, "--child", "--rows", str(rows), "--rounds", str(rounds)],
-                         env=env, cwd=tree or ROOT, capture_output=True, text=True)
+    """Part 2 in a child process: this checkout's sluice (tree None), or the one in folder `tree` (a worktree's)."""
+    env = child_env(tree)  # the child and its Spark workers import that sluice
+    out = subprocess.run(module_command("bench.engine_throughput", "--child", "--rows", str(rows), "--rounds",
+                                        str(rounds)), env=env, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"the bench in {tree or ROOT} exited with {out.returncode}:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -192,20 +184,14 @@ def session_run(tree: Path | None, rows: int, rounds: int) -> dict:
 
 def before_after(rev: str, rows: int, rounds: int, sessions: int) -> dict:
     """Part 2 alternating between this checkout and commit `rev`, one Spark session each time."""
-    tree = Path(tempfile.mkdtemp(prefix="sluice-before-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
-    # Spark's workers import every top-level pyspark_* module on their path; a module `rev` lacks would import the
-    # checkout's connector from `rev`'s sluice: an empty stand-in in the tree comes first on the path.
-    for module in (ROOT / "src").glob("pyspark_*.py"):
-        if not (tree / "src" / module.name).exists():
-            (tree / "src" / module.name).write_text(f"# {module.stem} does not exist at {rev}.\n")
+    tree, importable = worktree(rev)
     runs: dict[str, list[dict]] = {"after": [], "before": []}
     try:
         for _ in range(sessions):
             runs["after"].append(session_run(None, rows, rounds))
-            runs["before"].append(session_run(tree, rows, rounds))
+            runs["before"].append(session_run(importable, rows, rounds))
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+        remove_worktree(tree)
 
     def median(side: str, *path: str) -> float:
         values = []

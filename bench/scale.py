@@ -1,15 +1,15 @@
-"""Cost as the work grows (issue 56, item 3): time per row and a Python worker's peak memory for 1M -> 10M -> 50M
-rows through `sluice_null` and `postgres`, beside the bare Arrow writer (bench/_floor.py) on the same rows.
+"""Cost as the work grows: time per row and a Python worker's peak memory for 1M -> 10M -> 50M
+rows through `sluice_null` and `postgres`, beside the bare Arrow writer (bench/floors/bare_writer.py) on the same rows.
 
-Run: `.venv/bin/python bench/scale.py` (defaults: sizes 1,000,000 10,000,000 50,000,000; formats bench_count,
-sluice_null, postgres; a throwaway PostgreSQL from LocalPostgres). The rows (a 100-byte string, bench/_floor.py's
-BODY) are made in place in 2 partitions, not cached: 50M rows would not fit the default driver memory, and making
-them costs the same per row at every size. Each write's Python workers are sampled every 0.2 s from /proc (VmRSS of
-this process's pyspark.daemon children); `peak_worker_mib` is the largest seen during that write.
+Run: `.venv/bin/python -m bench.scale` (defaults: sizes 1,000,000 10,000,000 50,000,000; formats bench_count,
+sluice_null, postgres; a throwaway PostgreSQL from LocalPostgres). The rows (a 100-byte string,
+bench/floors/bare_writer.py's BODY) are made in place in 2 partitions, not cached: 50M rows would not fit the default
+driver memory, and making them costs the same per row at every size. Each write's Python workers are sampled every 0.2 s
+from /proc (VmRSS of this process's pyspark.daemon children); `peak_worker_mib` is the largest seen during that write.
 
 What to read: ns/row at each size against the smallest (flat means within 10%), and the peak worker memory (flat
-means it does not grow with the rows). The streams side of item 3 (1 -> 1,000 target streams) is
-bench/s2_many_streams.py; the hour-long streaming write is the soak's (bench/soak.py).
+means it does not grow with the rows). The streams side of the same question (1 -> 1,000 target streams) is
+bench/stores/s2_many_streams.py; the hour-long streaming write is the soak's (bench/soak/).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import threading
 import time
 from datetime import date
 
-from _cpu import processes
-from _floor import BODY, register_bare_writer
+from bench.cpu import processes
+from bench.floors.bare_writer import BODY, register_bare_writer
 
 
 def worker_rss_mib(root: int) -> float:

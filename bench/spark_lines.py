@@ -1,11 +1,11 @@
 """The same benchmarks on several Spark lines, side by side in one run.
 
 Run (after `make test-spark-4.0`, which builds .venv-spark-4.0 with the wheel):
-    .venv/bin/python bench/spark_lines.py --line 4.0=.venv-spark-4.0/bin/python --line 4.3=.venv/bin/python
+    .venv/bin/python -m bench.spark_lines --line 4.0=.venv-spark-4.0/bin/python --line 4.3=.venv/bin/python
 
 For each round, every line runs bench/engine_throughput.py (the engine alone, then Spark: sluice_null against a
-bare Arrow writer that only counts rows) and bench/s2_sink.py (format("s2") against the raw s2-sdk), one after the
-other, so the machine's drift hits every line alike. Prints each line's figures and their ratio to the first line.
+bare Arrow writer that only counts rows) and bench/stores/s2_sink.py (format("s2") against the raw s2-sdk), one after
+the other, so the machine's drift hits every line alike. Prints each line's figures and their ratio to the first line.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import statistics
 import subprocess
 import sys
 from datetime import date
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from bench.checkouts import ROOT, module_command
 
 
-def run(python: str, script: str, *args: str) -> dict:
+def run(python: str, module: str, *args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PIP_"))}
-    done = subprocess.run([python, str(HERE / script), *args], capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(module_command(module, *args, python=python), capture_output=True, text=True, env=env,
+                          check=False, cwd=ROOT)
     if done.returncode != 0:
-        raise SystemExit(f"{python} {script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        raise SystemExit(f"{python} -m {module} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
@@ -48,9 +48,9 @@ def main() -> int:
     figures: dict[str, dict[str, list[float]]] = {name: {} for name in lines}
     for _ in range(args.rounds):
         for name, python in lines.items():
-            engine = run(python, "engine_throughput.py", "--rows", str(args.rows), "--rounds", "3",
+            engine = run(python, "bench.engine_throughput", "--rows", str(args.rows), "--rounds", "3",
                          "--entries", "1000000")
-            s2 = run(python, "s2_sink.py", "--records", str(args.records), "--naive-records", "1000")
+            s2 = run(python, "bench.stores.s2_sink", "--records", str(args.records), "--naive-records", "1000")
             found = figures[name]
             found.setdefault("engine alone, unordered (entries/s)", []).append(
                 engine["engine_entries_per_s"]["unordered"])

@@ -1,6 +1,6 @@
 """Where a Python worker's time goes in bench/engine_throughput.py: sluice_null's tasks beside the bare Arrow writer's.
 
-Run: `.venv/bin/python bench/worker_profile.py [--rows 4000000] [--rounds 2] [--rate 200]`. py-spy (a dev
+Run: `.venv/bin/python -m bench.worker_profile [--rows 4000000] [--rounds 2] [--rate 200]`. py-spy (a dev
 dependency) samples the bench and every Python process under it (Spark's daemon forks the workers) and writes raw
 stacks; this script keeps the samples of Python workers running a write task, drops one-off imports (a worker's
 first task imports pyarrow, pandas and sluice) and idle waits, and prints, per kind of task (the bare writer, a
@@ -9,7 +9,7 @@ sluice_null task's own thread, its engine thread), the frames that cost most, as
 - `self`: where the CPU was spent (innermost frame of sluice, Spark's serializers or the bench, and the leaf);
 - `inclusive`: per function, its share including what it called.
 
-The share that matters for issue 56 is sluice's: everything in a sluice_null task that the bare writer's task does
+The share that matters is sluice's own: everything in a sluice_null task that the bare writer's task does
 not do. `--stacks FILE` summarizes an earlier recording instead of running the bench again.
 """
 
@@ -23,7 +23,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.checkouts import ROOT, module_command
+
 SKIP = ("importlib", "zipimport", "Condition.wait", "Event.wait")  # one-off imports and idle threads
 KINDS = ("bare writer", "sluice task thread", "sluice engine thread")
 
@@ -91,8 +92,8 @@ def main() -> int:
         folder = Path(tempfile.mkdtemp(prefix="sluice-profile-"))
         args.stacks = args.keep or folder / "stacks.txt"
         subprocess.run([spy, "record", "--subprocesses", "-r", str(args.rate), "-f", "raw", "-o", str(args.stacks),
-                        "--", sys.executable, str(ROOT / "bench" / "engine_throughput.py"), "--entries", "10000",
-                        "--rows", str(args.rows), "--rounds", str(args.rounds)], check=True)
+                        "--", *module_command("bench.engine_throughput", "--entries", "10000", "--rows", str(args.rows),
+                                               "--rounds", str(args.rounds))], check=True, cwd=ROOT)
     print(summarize(args.stacks, args.top, args.rounds))
     return 0
 

@@ -85,7 +85,7 @@ def s3():
 
 # ------------------------------------------------------------------ the capability table of docs/deploy.md
 # A test that shows a capability on the running Spark line calls `capability(name, how)`; what passing tests noted
-# is written to $SLUICE_TEST_RESULTS, and tests/lines_table.py renders the feature x line table from those files.
+# is written to $SLUICE_TEST_RESULTS, and tools/lines_table.py renders the feature x line table from those files.
 _NOTED: dict[str, set[str]] = {}
 
 

@@ -156,7 +156,7 @@ def test_concurrent_creates_of_one_stream_race_cleanly_on_a_durable_server(tmp_p
 
         creates = await asyncio.gather(*(create() for _ in range(8)))
         ensures = await asyncio.gather(*(core.ensure_stream("race-basin", "e", None) for _ in range(8)))
-        # The same for basins (s2.create-basin from every task: seen failing in bench/faults.py)
+        # The same for basins (s2.create-basin from every task: seen failing in bench/faults/)
         basins = await asyncio.gather(*(core.ensure_basin("race-basin-2", None) for _ in range(8)))
         await core.stop()
         return creates, [status for _, status in ensures], [status for _, status in basins]

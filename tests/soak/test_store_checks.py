@@ -1,20 +1,16 @@
-"""The soak's checks of the design-store copies (bench/_soak_stores.py's watch_store, `bench/soak.py --stores`) on a
-real PostgreSQL source and a copy that misbehaves on purpose: a copy that keeps its promises passes, with a total
+"""The soak's checks of the design-store copies (bench/soak/stores.py's watch_store, `python -m bench.soak --stores`) on
+a real PostgreSQL source and a copy that misbehaves on purpose: a copy that keeps its promises passes, with a total
 off the bank's counted and not a violation (it does not promise the total); each promise broken (an account ahead of
 the source, going back, at a state the source never had, vanished) is a violation naming it."""
 
-import sys
 import threading
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
 
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))  # last: bench/cassandra.py shadows no package
-
-from _soak_bank import Run
-from _soak_stores import watch_store
+from bench.soak.bank import Run
+from bench.soak.stores import watch_store
 
 MARKER = 2
 # The source after two transfers: account 0 went 100 -> 70 (v=1) -> 60 (v=2), account 1 100 -> 130 -> 140.

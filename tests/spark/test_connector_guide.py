@@ -1,6 +1,7 @@
 """docs/connectors.md is executed: its Python blocks are one module, which must build a working connector on the
 public SDK alone; the same connector shows FLIP-509's batching options working (and failing when switched off)."""
 
+import importlib.util
 import json
 import re
 import sys
@@ -25,12 +26,14 @@ def guide(spark, tmp_path_factory):
     module = folder / "dirlog_connector.py"
     module.write_text(code)
     spark.sparkContext.addPyFile(str(module))  # executors get the module as a cluster's would
-    sys.path.insert(0, str(folder))
-    import dirlog_connector
+    # Imported by its module name, as the executors import the file addPyFile shipped.
+    spec = importlib.util.spec_from_file_location("dirlog_connector", module)
+    dirlog_connector = importlib.util.module_from_spec(spec)
+    sys.modules["dirlog_connector"] = dirlog_connector
+    spec.loader.exec_module(dirlog_connector)
 
     dirlog_connector.register(spark)
     yield dirlog_connector
-    sys.path.remove(str(folder))
 
 
 def batches(path: Path) -> list[list[dict]]:

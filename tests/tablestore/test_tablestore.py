@@ -231,7 +231,7 @@ def test_a_table_that_never_compacts_is_cleaned_and_forgets_old_barriers(spark, 
     checkpoint at or below the oldest version kept go with the change data files only they name, and removed files
     once Delta's vacuum may delete them), every checkpoint-interval versions the barriers of versions older than
     log-retention-versions go (a consistent read can only open newer ones here). Negative control: the same writes
-    with no clean due keep every log entry and every merge's change data (in bench/soak.py's steady hour such a table
+    with no clean due keep every log entry and every merge's change data (in bench.soak's steady hour such a table
     grew by 76 MB an hour)."""
     import json
 

@@ -219,7 +219,7 @@ class StoreTable:
         elif cleans:
             # A table that never compacts (upserts rewrite the files they touch, so few are small) is cleaned every
             # log_retention versions all the same, or its removed files and log entries grow without bound (76 MB an
-            # hour in bench/soak.py's steady hour).
+            # hour in bench.soak's steady hour).
             self.clean(meta, keep_last=upkeep.log_retention, dt=dt, checkpoint_interval=interval)
         elif version % interval == 0:  # its barriers are forgotten more often: they are rows in every read's path
             self.forget_barriers(meta, version - upkeep.log_retention)

@@ -196,7 +196,8 @@ def test_bad_read_options(spark, opts, extra, message):
 
 
 def test_the_consumers_fetch_back_off_is_sluices_unless_the_user_sets_it():
-    """librdkafka's 1 s fetch.queue.backoff.ms would stall every refill of a reader's queue (bench/kafka.py)."""
+    """librdkafka's 1 s fetch.queue.backoff.ms would stall every refill of a reader's queue
+    (bench/stores/kafka_sink_source.py)."""
     base = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "t"}
     assert ReadOptions.of(READ_SPEC.parse(base)).consumer_config()["fetch.queue.backoff.ms"] == 10
     told = ReadOptions.of(READ_SPEC.parse({**base, "kafka.fetch.queue.backoff.ms": "500"})).consumer_config()

@@ -173,7 +173,7 @@ def test_a_batch_write_rerun_with_its_write_id_commits_once(spark, pg, tmp_path)
 def test_every_transactional_batch_write_of_a_foreach_batch_lands(spark, pg, tmp_path):
     """Batch writes inside a streaming query's foreachBatch are writes of their own: the query's local properties
     (query id, batch id) that Spark gives their jobs must not become their identity, or the commit log takes the
-    next micro-batch's write for a replay of the first and drops it (found by the soak, bench/soak.py). With
+    next micro-batch's write for a replay of the first and drops it (found by the soak, bench/soak/). With
     sink.write-id built from the batch id, a replayed micro-batch is a no-op (the documented way)."""
     import pyspark.sql.functions as F
 

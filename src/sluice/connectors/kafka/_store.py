@@ -4,12 +4,12 @@ engine batch without a Python call per record.
 The engine's buffer-manager thread calls `submit(batch)`: the batch's rows come back from the task's Arrow rows as a
 few Python lists (the arguments produce() needs anyway) and go to `produce` in a tight loop. The producer runs with
 librdkafka's `delivery.report.only.error`: a record Kafka took costs no delivery report (a Python callback with a
-Message object per record was the largest share of a task's CPU, bench/kafka.py's profile), and a record it refused
-calls its batch's `delivered` with the error. A batch is acknowledged once every record produced before it was
-handed over is out of the producer (rd_kafka_outq_len reaches 0 after a poll that served every error report): the
-poll thread settles, at that moment, every batch fully produced before it looked. The engine bounds the records in
-flight (its window), so the producer's queue drains between windows and every batch is settled; librdkafka batches
-per partition itself (linger.ms), so an engine batch is only the unit acknowledgements are tracked by.
+Message object per record was the largest share of a task's CPU, bench/stores/kafka_sink_source.py's profile), and a
+record it refused calls its batch's `delivered` with the error. A batch is acknowledged once every record produced
+before it was handed over is out of the producer (rd_kafka_outq_len reaches 0 after a poll that served every error
+report): the poll thread settles, at that moment, every batch fully produced before it looked. The engine bounds the
+records in flight (its window), so the producer's queue drains between windows and every batch is settled; librdkafka
+batches per partition itself (linger.ms), so an engine batch is only the unit acknowledgements are tracked by.
 
 Every mode uses the idempotent producer: librdkafka's own retries neither duplicate nor reorder a partition's
 records. sink.transactional wraps the task in one Kafka transaction (_txn.py).

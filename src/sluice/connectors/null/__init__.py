@@ -12,8 +12,8 @@ Entries are the task's row numbers, as the stores that keep rows in Arrow make t
 clickhouse, tablestore), sized by the `body` column's values (or the only string/binary column's) in bytes; any other
 DataFrame is accepted too, each row sized by the batch's average row size. No Python object is made per row: what it
 measures is the engine and the glue around it. A store whose client takes Python objects makes them in its encoder
-(`binary_column`: about 50 ns a row), which is its cost, not the engine's (bench/s2_sink.py measures one against its
-SDK).
+(`binary_column`: about 50 ns a row), which is its cost, not the engine's (bench/stores/s2_sink.py measures one against
+its SDK).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def _check_modes(opts: Options) -> None:
 
 WRITE_SPEC = SINK_SPEC.extend(
     (*CONNECTION_OPTIONS, *WRITE_OPTIONS), (_check_modes,),
-    # COPY pays a fixed cost per statement: large batches (bench/postgres.py) amortize it.
+    # COPY pays a fixed cost per statement: large batches (bench/stores/postgres_write_read.py) amortize it.
     sink_batch_max_size=50_000, sink_requests_max_buffered=200_000, sink_flush_buffer_size=32 * MiB,
 ).renamed("postgres")
 

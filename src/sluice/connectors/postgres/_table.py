@@ -57,7 +57,8 @@ TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
 
 # Types whose pyarrow CSV text (strings always quoted, NULL as an empty unquoted field, floats in shortest
 # round-trip form, ISO dates and timestamps) PostgreSQL parses back to the same value. COPY in CSV measured
-# faster than COPY BINARY through ADBC here (bench/postgres.py); other types (arrays, bytea) go binary.
+# faster than COPY BINARY through ADBC here (bench/stores/postgres_write_read.py); other types (arrays, bytea) go
+# binary.
 CSV_TYPES = frozenset({"smallint", "integer", "bigint", "real", "double precision", "text", "boolean", "date",
                        "timestamp with time zone", "timestamp without time zone", "numeric"})
 

@@ -73,7 +73,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
             return config
         # Rows routed over a template (the sink-modes design's split table): batch per target stream, as FLIP-509's
         # per-key batches do, or every append would carry a row or two of each stream (1,000 streams: 57 s instead of
-        # 4 s for 100k rows, bench/s2_many_streams.py). Keyed batching also keeps each stream's order per task,
+        # 4 s for 100k rows, bench/stores/s2_many_streams.py). Keyed batching also keeps each stream's order per task,
         # which only strengthens `unordered`. A larger buffer lets per-stream batches fill up.
         return replace(
             config, mode=PARTITION_ORDERED, partition_key=columns,

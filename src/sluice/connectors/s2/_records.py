@@ -2,7 +2,7 @@
 
 s2-sdk 0.13 maps every record of a read session into a `SequencedRecord` dataclass (`read_batch_from_proto`):
 ~2 us a record, twice what the rest of sluice's read path costs, and the reason a Spark read trailed a raw
-SDK session (bench/s2_source.py). The read session looks that mapper up as a module global on every batch,
+SDK session (bench/stores/s2_source.py). The read session looks that mapper up as a module global on every batch,
 so sluice installs a mapper that keeps the protobuf records - but only while a context variable set by
 `protobuf_records()` is on. Any other use of the SDK in the same process (no context variable) still gets
 the SDK's own mapping. Retries, reconnects, heartbeats and limits stay the SDK's.

@@ -62,7 +62,7 @@ class _StreamWriter:
     One request per append, sent one after another, until the stream proves busy (SESSION_AFTER_APPENDS): then
     through an append session (pipelined), while the task has one to spare (s2.max-append-sessions). Opening a
     session costs more than a few single appends: a write over 1,000 streams ran 2.9 s with none and 8.9 s with
-    one per stream (bench/s2_many_streams.py)."""
+    one per stream (bench/stores/s2_many_streams.py)."""
 
     def __init__(self, store: S2Store, name: str) -> None:
         self.store = store
