@@ -28,6 +28,7 @@ from sluice._errors import (
     SluiceError,
     ThrottledError,
 )
+from sluice._names import case_hint, check_dataframe_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
 from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
 from sluice.engine import (
@@ -176,6 +177,8 @@ __all__ = [
     "binary_column",
     "binary_sizes",
     "body_column_name",
+    "case_hint",
+    "check_dataframe_columns",
     "check_http_endpoint",
     "check_key_columns",
     "check_offset_version",
@@ -193,6 +196,7 @@ __all__ = [
     "refuse_tracking_in_batch",
     "register_format",
     "require",
+    "require_name",
     "task_context",
     "to_arrow_schema",
     "tracking_options",

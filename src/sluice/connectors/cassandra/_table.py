@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import OptionError
+from sluice.connector import OptionError, case_hint
 from sluice.connectors.cassandra._client import Connection, forget_session
 from sluice.connectors.cassandra._types import CQLType, parse
 
@@ -26,11 +26,6 @@ class TableInfo:
     def key_description(self) -> str:
         clustering = f", clustering columns {list(self.clustering)}" if self.clustering else ""
         return f"partition key {list(self.partition_key)}{clustering}"
-
-
-def _close(name: str, known: list[str]) -> str:
-    same = [k for k in known if k.lower() == name.lower()]
-    return f" (did you mean '{same[0]}'? names are case-sensitive)" if same else ""
 
 
 def _refreshed(conn: Connection) -> Any:
@@ -56,14 +51,15 @@ def describe(conn: Connection) -> TableInfo:
     keyspace = metadata.keyspaces.get(conn.keyspace)
     if keyspace is None:
         known = sorted(metadata.keyspaces)
-        raise OptionError(f"keyspace '{conn.keyspace}' does not exist at {conn.display}{_close(conn.keyspace, known)}"
-                          f"; keyspaces: {known}. Create it (CREATE KEYSPACE ...) or fix the option keyspace.")
+        raise OptionError(f"keyspace '{conn.keyspace}' does not exist at {conn.display}"
+                          f"{case_hint(conn.keyspace, known, None)}; keyspaces: {known}. Create it (CREATE KEYSPACE "
+                          "...) or fix the option keyspace.")
     table = keyspace.tables.get(conn.table)
     if table is None:
         known = sorted(keyspace.tables)
         raise OptionError(f"table '{conn.table}' does not exist in keyspace '{conn.keyspace}'"
-                          f"{_close(conn.table, known)}; tables: {known}. Create it (CREATE TABLE ...) or fix the "
-                          "option table.")
+                          f"{case_hint(conn.table, known, None)}; tables: {known}. Create it (CREATE TABLE ...) or "
+                          "fix the option table.")
 
     def user_type(name: str) -> list[tuple[str, str]] | None:
         name = name.strip('"')

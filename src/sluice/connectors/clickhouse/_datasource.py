@@ -17,6 +17,7 @@ from sluice.connector import (
     SplitBatchReader,
     TrackingSettings,
     TrackingStreamReader,
+    check_dataframe_columns,
     from_arrow_schema,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -99,12 +100,7 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         table = f"{conn.database}.{conn.table}"
         deletes = _deletes(options.upsert_op_column, schema, info, table)
         columns = [c for c in schema.fieldNames() if deletes is None or c != deletes.op_column]
-        for name in columns:
-            if name not in info.spelled:
-                close = [c for c in info.spelled if c.lower() == name.lower()]
-                hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
-                raise OptionError(f"column '{name}' of the DataFrame is not in table {table}{hint}; table columns: "
-                                  f"{list(info.spelled)}. Drop or rename it.")
+        check_dataframe_columns(columns, info.spelled, table)
         for name in info.spelled:
             if name not in columns and name not in info.defaults and name in info.sorting_key:
                 raise OptionError(f"column '{name}' is in the sorting key of {table} and has no default; the "
