@@ -66,6 +66,7 @@ from sluice.source._tracking import (
     TrackingStreamReader,
     parse_value,
 )
+from sluice.source._tracking_column import tracking_column_kind
 from sluice.source._tracking_options import (
     TrackingSettings,
     refuse_batch_options_in_stream,
@@ -199,5 +200,6 @@ __all__ = [
     "require_name",
     "task_context",
     "to_arrow_schema",
+    "tracking_column_kind",
     "tracking_options",
 ]

@@ -13,7 +13,6 @@ from sluice.connector import (
     TrackingSettings,
     TrackingStreamReader,
     check_pushdown,
-    parse_value,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
     to_arrow_schema,
@@ -35,7 +34,6 @@ from sluice.connectors.hbase._source import (
     time_range,
 )
 from sluice.connectors.hbase._tracking import (
-    KIND,
     HBaseTrackingEnumerator,
     HBaseTrackingReader,
     RegionScans,
@@ -141,9 +139,7 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         refuse_batch_options_in_stream(opts, self.format_name, BATCH_ONLY)
         options = ReadOptions.of(opts)
         arrow = to_arrow_schema(schema)
-        tracking_column(settings.column, arrow, options.rowkey)
-        if settings.start not in ("beginning", "now"):
-            parse_value(KIND, settings.start, "tracking.start")
+        tracking_column(settings, arrow, options.rowkey)
         catalog = Catalog.from_options(opts, [n for n in schema.fieldNames() if n != settings.column])
         key = KeyCodec.for_schema(catalog.key, arrow)
         conn = Connection.from_options(opts)
