@@ -28,6 +28,7 @@ from sluice._errors import (
     SluiceError,
     ThrottledError,
 )
+from sluice._micro_batch import micro_batch_numbers
 from sluice._names import case_hint, check_dataframe_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
 from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
@@ -190,6 +191,7 @@ __all__ = [
     "delete_mask",
     "first_null",
     "from_arrow_schema",
+    "micro_batch_numbers",
     "observed",
     "parse_value",
     "pushdown_option",
