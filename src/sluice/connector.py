@@ -59,6 +59,7 @@ from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
+from sluice.source._bounds import forward_bounds
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._tracking import (
     TrackingEnumerator,
@@ -190,6 +191,7 @@ __all__ = [
     "conform",
     "delete_mask",
     "first_null",
+    "forward_bounds",
     "from_arrow_schema",
     "micro_batch_numbers",
     "observed",
