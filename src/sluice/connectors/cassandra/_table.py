@@ -38,6 +38,15 @@ def _refreshed(conn: Connection) -> Any:
     return metadata
 
 
+def _found(what: str, name: str, where: str, known: dict[str, Any]) -> Any:
+    """The keyspace or table `name` of `known`; refuses a missing one, with the case hint and what there is."""
+    if name not in known:
+        names = sorted(known)
+        raise OptionError(f"{what} '{name}' does not exist {where}{case_hint(name, names, None)}; {what}s: {names}. "
+                          f"Create it (CREATE {what.upper()} ...) or fix the option {what}.")
+    return known[name]
+
+
 def describe(conn: Connection) -> TableInfo:
     """The table as the cluster knows it now: the process's driver session is shared and long-lived, so its
     schema metadata is refreshed first (it may predate the table, or a column added since)."""
@@ -48,18 +57,8 @@ def describe(conn: Connection) -> TableInfo:
     except DriverException:  # the cached session lost its control connection (a restarted node): connect anew
         forget_session(conn)
         metadata = _refreshed(conn)
-    keyspace = metadata.keyspaces.get(conn.keyspace)
-    if keyspace is None:
-        known = sorted(metadata.keyspaces)
-        raise OptionError(f"keyspace '{conn.keyspace}' does not exist at {conn.display}"
-                          f"{case_hint(conn.keyspace, known, None)}; keyspaces: {known}. Create it (CREATE KEYSPACE "
-                          "...) or fix the option keyspace.")
-    table = keyspace.tables.get(conn.table)
-    if table is None:
-        known = sorted(keyspace.tables)
-        raise OptionError(f"table '{conn.table}' does not exist in keyspace '{conn.keyspace}'"
-                          f"{case_hint(conn.table, known, None)}; tables: {known}. Create it (CREATE TABLE ...) or "
-                          "fix the option table.")
+    keyspace = _found("keyspace", conn.keyspace, f"at {conn.display}", metadata.keyspaces)
+    table = _found("table", conn.table, f"in keyspace '{conn.keyspace}'", keyspace.tables)
 
     def user_type(name: str) -> list[tuple[str, str]] | None:
         name = name.strip('"')
