@@ -146,17 +146,9 @@ class PostgresTrackingReader(TrackingReader):
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[pa.RecordBatch]:
         s = self.sql
         query = f"SELECT {self.rows.select_list()} FROM {s.source} WHERE {s.range(after, upto)} ORDER BY {s.order()}"
-        conn = self.conn_info.connect(autocommit=True)
-        cur = conn.cursor()
-        try:
+        with self.conn_info.reading(f"{split.split_id} ({after} - {upto})") as (_, cur):
             cur.execute(query)
             for batch in cur.fetch_record_batch():
                 batch = finite_times(batch)
                 for start in range(0, batch.num_rows, YIELD_ROWS):
                     yield conform(batch.slice(start, YIELD_ROWS), self.rows.arrow_schema)
-        except Exception as e:
-            raise PostgresError(f"reading {split.split_id} ({after} - {upto}) from {self.conn_info.describe()} "
-                                f"failed: {self.conn_info.scrub(e)}") from None
-        finally:
-            cur.close()
-            conn.close()
