@@ -28,6 +28,8 @@ def test_require_name_passes_a_known_name_and_refuses_another_naming_option_plac
     with pytest.raises(OptionError, match=r"^tracking.tie-breaker 'k' is not a field of index 'i'; its fields: "
                                           r"\['a'\]\. Add it\.$"):
         require_name("k", ["a"], "tracking.tie-breaker", "index 'i'", "field", "Add it.")
+    with pytest.raises(OptionError, match=r"^tracking.column 'a' is not a field of index 'i' \(the mapping has 'A': "):
+        require_name("a", ["A"], "tracking.column", "index 'i'", "field", where="the mapping")
 
 
 def test_dataframe_columns_all_in_the_table_pass_and_the_first_missing_is_refused():

@@ -21,11 +21,12 @@ def case_hint(name: str, known: Iterable[str], where: str | None = "the table") 
 
 
 def require_name(name: str, known: Collection[str], option: str, of: str, noun: str = "column",
-                 advice: str = "") -> None:
+                 advice: str = "", where: str | None = None) -> None:
     """Refuses `name` when `known` lacks it: "tracking.column 'x' is not a column of table t (did you mean 'X'?
-    names are case-sensitive); its columns: [...]", then `advice` (a sentence) if given."""
+    names are case-sensitive); its columns: [...]" (the hint's `where` as `case_hint`'s), then `advice` (a
+    sentence) if given."""
     if name not in known:
-        raise OptionError(f"{option} '{name}' is not a {noun} of {of}{case_hint(name, known, None)}; its {noun}s: "
+        raise OptionError(f"{option} '{name}' is not a {noun} of {of}{case_hint(name, known, where)}; its {noun}s: "
                           f"{list(known)}{'. ' + advice if advice else ''}")
 
 

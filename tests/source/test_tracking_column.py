@@ -28,8 +28,11 @@ def test_a_column_of_a_type_the_store_maps_gives_its_kind():
 def test_a_missing_column_or_tie_breaker_is_refused_with_the_case_hint_and_the_columns():
     with pytest.raises(OptionError) as refused:
         kind("key")
-    assert str(refused.value) == ("tracking.column 'key' is not a column of table t (did you mean 'Key'? names are "
+    assert str(refused.value) == ("tracking.column 'key' is not a column of table t (the table has 'Key': names are "
                                   "case-sensitive); its columns: ['id', 'at', 'name', 'Key']")
+    with pytest.raises(OptionError, match=r"^tracking.column 'key' is not a column of the query \(the source has "
+                                          r"'Key': names are case-sensitive\)"):
+        tracking_column_kind(settings("key"), TYPES, KINDS.get, source="the query", works=WORKS, where="the source")
     with pytest.raises(OptionError, match=r"^tracking.tie-breaker 'nope' is not a column of table t; its columns"):
         kind("at", tie_breaker=["id", "nope"])
     with pytest.raises(OptionError, match=r"its fields: .*\. Add it\.$"):

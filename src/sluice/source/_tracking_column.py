@@ -17,16 +17,16 @@ T = TypeVar("T")
 
 def tracking_column_kind(settings: TrackingSettings, types: Mapping[str, T], kind_of: Callable[[T], str | None], *,
                   source: str, works: str, tie_breaker: Sequence[str] = (), noun: str = "column",
-                  advice: str = "") -> str:
+                  advice: str = "", where: str | None = "the table") -> str:
     """The kind of the tracking column ("int" or "timestamp", `parse_value`'s kinds), from `types` (each column's
     type in the store) and the store's mapping `kind_of` (None: a type a stream cannot range over; it may also
     raise its own refusal). Refuses, naming it: a tracking or tie-breaker column `source` lacks (with the case
-    hint, then `advice`), a tracking column of another type (saying what `works`), a tie-breaker that names the
-    tracking column, and a tracking.start that is not a value of the kind. `noun`: what the store calls a column
-    (an index has fields)."""
+    hint saying what `where` has, then `advice`), a tracking column of another type (saying what `works`), a
+    tie-breaker that names the tracking column, and a tracking.start that is not a value of the kind. `noun`: what
+    the store calls a column (an index has fields)."""
     column = settings.column
     for name, option in [(column, "tracking.column"), *((c, "tracking.tie-breaker") for c in tie_breaker)]:
-        require_name(name, types, option, source, noun, advice if option == "tracking.column" else "")
+        require_name(name, types, option, source, noun, advice if option == "tracking.column" else "", where)
     kind = kind_of(types[column])
     if kind is None:
         raise OptionError(f"tracking.column '{column}' has type {types[column]}; a tracking {noun} must be {works}")

@@ -71,7 +71,8 @@ def tracking_kind(kinds: dict[str, str], settings: TrackingSettings, tie_breaker
     for name, option in [(settings.column, "tracking.column"), *((k, "tracking.tie-breaker") for k in keys)]:
         _nested(kinds, name, option)
     kind = tracking_column_kind(settings, dict(sorted(kinds.items())), lambda found: _kind(found, settings.column),
-                                source=f"index '{index}'", works=WORKS, tie_breaker=keys, noun="field")
+                                source=f"index '{index}'", works=WORKS, tie_breaker=keys, noun="field",
+                                where="the mapping")
     key_type = None
     if tie_breaker is not None:
         key_type = kinds[tie_breaker]

@@ -60,7 +60,7 @@ def tracking_column(settings: TrackingSettings, schema: pa.Schema, rowkey: Seque
         return KIND
 
     tracking_column_kind(settings, dict(zip(schema.names, schema.types, strict=True)), kind,
-                         source="the read's schema", works=WORKS,
+                         source="the read's schema", works=WORKS, where="the read's schema",
                          advice=f"On HBase it names the column that gets each row's cell timestamp (the tracking "
                                 f"value); add it, e.g. '{column} timestamp'.")
 

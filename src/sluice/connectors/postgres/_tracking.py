@@ -45,6 +45,7 @@ def tracking_kind(columns: list[tuple[str, str]], settings: TrackingSettings, so
     """(kind, PostgreSQL type) of the tracking column (`tracking_column_kind`'s checks, by PostgreSQL's types)."""
     types = dict(columns)
     kind = tracking_column_kind(settings, types, lambda pg: _KINDS.get(_PRECISION.sub("", pg)), source=source,
+                                where="the source",
                                 works="an integer (smallint, integer, bigint) or a timestamp (with or without time "
                                       "zone) whose values grow as rows are written")
     return kind, _PRECISION.sub("", types[settings.column])  # timestamp(3) with time zone is a timestamp
