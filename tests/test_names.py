@@ -3,7 +3,7 @@ columns' check, as connectors call them through sluice.connector. No store."""
 
 import pytest
 
-from sluice.connector import OptionError, case_hint, check_dataframe_columns, require_name
+from sluice.connector import OptionError, case_hint, check_dataframe_columns, check_option_columns, require_name
 
 
 def test_the_case_hint_names_the_spelling_that_differs_only_in_case():
@@ -42,3 +42,15 @@ def test_dataframe_columns_all_in_the_table_pass_and_the_first_missing_is_refuse
     with pytest.raises(OptionError, match=r"column 'x' of the DataFrame is not in table s\.t; table columns: "
                                           r"\['id'\]\. Drop or rename it, or add it to the table\.$"):
         check_dataframe_columns(["x"], ["id"], "s.t", "Drop or rename it, or add it to the table.")
+
+
+def test_options_naming_dataframe_columns_pass_and_the_first_missing_is_refused_naming_its_option():
+    names = ["id", "Op", "ts"]
+    check_option_columns({"upsert.op-column": "Op", "write.ttl-column": None, "mapping.id": ("id", "ts"),
+                          "mapping.exclude": ()}, names)
+    with pytest.raises(OptionError) as refused:
+        check_option_columns({"write.timestamp-column": "ts", "upsert.op-column": "op"}, names)
+    assert str(refused.value) == ("upsert.op-column 'op' is not a DataFrame column (the DataFrame has 'Op': names "
+                                  "are case-sensitive) (columns: ['id', 'Op', 'ts']).")
+    with pytest.raises(OptionError, match=r"^mapping.id 'key' is not a DataFrame column \(columns: "):
+        check_option_columns({"mapping.id": ("id", "key")}, names)

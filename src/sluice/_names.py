@@ -4,7 +4,7 @@ default, so `Name` for `name` is the usual slip)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from sluice._errors import OptionError
 
@@ -38,3 +38,13 @@ def check_dataframe_columns(columns: Iterable[str], table_columns: Collection[st
         if name not in table_columns:
             raise OptionError(f"column '{name}' of the DataFrame is not in table {table}"
                               f"{case_hint(name, table_columns)}; table columns: {list(table_columns)}. {advice}")
+
+
+def check_option_columns(columns: Mapping[str, str | Sequence[str] | None], names: Sequence[str]) -> None:
+    """Refuses the first option naming a column the DataFrame (its columns `names`) lacks, with the case hint.
+    `columns`: option -> the column it names, the columns (a list option), or None (not set)."""
+    for option, given in columns.items():
+        for column in [given] if isinstance(given, str) else given or ():
+            if column not in names:
+                raise OptionError(f"{option} '{column}' is not a DataFrame column"
+                                  f"{case_hint(column, names, 'the DataFrame')} (columns: {list(names)}).")

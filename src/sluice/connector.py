@@ -29,7 +29,7 @@ from sluice._errors import (
     ThrottledError,
 )
 from sluice._micro_batch import micro_batch_numbers
-from sluice._names import case_hint, check_dataframe_columns, require_name
+from sluice._names import case_hint, check_dataframe_columns, check_option_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
 from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
 from sluice.engine import (
@@ -185,6 +185,7 @@ __all__ = [
     "check_http_endpoint",
     "check_key_columns",
     "check_offset_version",
+    "check_option_columns",
     "check_pushdown",
     "check_writable",
     "completed_future",

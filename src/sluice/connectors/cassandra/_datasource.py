@@ -17,6 +17,7 @@ from sluice.connector import (
     TrackingSettings,
     TrackingStreamReader,
     check_dataframe_columns,
+    check_option_columns,
     check_pushdown,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -107,9 +108,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         special = {"upsert.op-column": options.upsert_op_column,
                    "write.timestamp-column": options.write_timestamp_column,
                    "write.ttl-column": options.write_ttl_column}
-        for option, column in special.items():
-            if column is not None and column not in names:
-                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
+        check_option_columns(special, names)
         if options.write_timestamp_column and opts.is_set("write.timestamp"):
             raise OptionError("write.timestamp and write.timestamp-column both say where timestamps come from; "
                               "keep one.")

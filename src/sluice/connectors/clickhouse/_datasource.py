@@ -18,6 +18,7 @@ from sluice.connector import (
     TrackingSettings,
     TrackingStreamReader,
     check_dataframe_columns,
+    check_option_columns,
     from_arrow_schema,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -177,8 +178,7 @@ def _deletes(op: str | None, schema: StructType, info: TableInfo, table: str) ->
     DataFrame."""
     if op is None:
         return None
-    if op not in schema.fieldNames():
-        raise OptionError(f"upsert.op-column '{op}' is not a DataFrame column (columns: {schema.fieldNames()}).")
+    check_option_columns({"upsert.op-column": op}, schema.fieldNames())
     if info.is_deleted_column is None:
         raise OptionError(f"upsert.op-column needs a table whose engine marks deletes, ReplacingMergeTree(ver, "
                           f"is_deleted); {table} is {info.engine} without an is_deleted column. Create it as "

@@ -12,6 +12,7 @@ from sluice.connector import (
     SourceDataSource,
     TrackingSettings,
     TrackingStreamReader,
+    check_option_columns,
     check_pushdown,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -71,9 +72,8 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         names = schema.fieldNames()
         special = {"upsert.op-column": options.upsert_op_column,
                    "write.timestamp-column": options.write_timestamp_column}
+        check_option_columns(special, names)
         for option, column in special.items():
-            if column is not None and column not in names:
-                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
             if column is not None and column in self.primary_key(opts):
                 raise OptionError(f"{option} '{column}' is a rowkey column; it must be a column of its own.")
         if options.write_timestamp_column and opts.is_set("write.timestamp"):
