@@ -442,7 +442,7 @@ def profile(rows: int, fresh, drop, server) -> None:
     from sluice.connectors.hbase._client import thrift
     from sluice.connectors.hbase._sink import HBaseStore
     from sluice.engine import AsyncSinkWriter, WriteContext
-    from sluice.spark._writers import batching
+    from sluice.sink._arrow_writers import batching
 
     t = thrift()
     batches = task_batches(rows)

@@ -35,7 +35,7 @@ def kind(stack: str) -> str | None:
         return "bare writer"
     if "AsyncSinkWriter._run" in stack or "MetricsPusher._run" in stack:
         return "sluice engine thread"
-    if "sluice/spark/_writers.py" in stack:
+    if "sluice/sink/_arrow_writers.py" in stack:
         return "sluice task thread"
     return None
 

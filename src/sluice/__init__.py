@@ -50,7 +50,7 @@ def session(app_name: str = "sluice", master: str | None = None, **conf: str) ->
 def write(df: DataFrame, format: str, options: dict[str, Any] | None = None, mode: str = "append",
           num_partitions: int | None = None) -> None:
     """Batch-write `df`; in partition-ordered mode, rows are first repartitioned by the partition key."""
-    from sluice.spark._write import write as _write
+    from sluice.sink._dataframe_write import write as _write
 
     _write(df, format, options or {}, mode, num_partitions)
 
@@ -58,7 +58,7 @@ def write(df: DataFrame, format: str, options: dict[str, Any] | None = None, mod
 def partitioned(df: DataFrame, format: str, options: dict[str, Any] | None = None,
                 num_partitions: int | None = None) -> DataFrame:
     """`df` repartitioned by the sink's partition key (partition-ordered mode); use before writeStream."""
-    from sluice.spark._write import partitioned as _partitioned
+    from sluice.sink._dataframe_write import partitioned as _partitioned
 
     return _partitioned(df, format, options or {}, num_partitions)
 

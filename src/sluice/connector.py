@@ -58,9 +58,23 @@ from sluice.meta import HoldingHeartbeat
 from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
+from sluice.sink._arrow_writers import EngineArrowWriter, EngineStreamArrowWriter, task_context
+from sluice.sink._datasource import SinkDataSource
+from sluice.sink._encoding import (
+    ArrowRows,
+    binary_column,
+    binary_sizes,
+    body_column_name,
+    check_writable,
+    conform,
+)
+from sluice.sink._plan import Encoded, Encoder, TaskWriter, WritePlan
+from sluice.sink._replay import ReplayGuard
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
 from sluice.source._bounds import forward_bounds
+from sluice.source._datasource import SourceDataSource
 from sluice.source._offset import SparkOffset, check_offset_version
+from sluice.source._pushdown import check_pushdown, pushdown_option
 from sluice.source._tracking import (
     TrackingEnumerator,
     TrackingPosition,
@@ -89,21 +103,7 @@ from sluice.spark._compat import (
     require,
     to_arrow_schema,
 )
-from sluice.spark._encoding import (
-    ArrowRows,
-    binary_column,
-    binary_sizes,
-    body_column_name,
-    check_writable,
-    conform,
-)
-from sluice.spark._plan import Encoded, Encoder, TaskWriter, WritePlan
-from sluice.spark._pushdown import check_pushdown, pushdown_option
 from sluice.spark._registry import add_format as register_format
-from sluice.spark._replay import ReplayGuard
-from sluice.spark._sink import SinkDataSource
-from sluice.spark._source import SourceDataSource
-from sluice.spark._writers import EngineArrowWriter, EngineStreamArrowWriter, task_context
 
 __all__ = [
     "DELETE_OPS",

@@ -1,5 +1,6 @@
 """Split sources (FLIP-27): a driver-side SplitEnumerator and executor-side SplitReaders, mapped onto Spark."""
 
+from sluice.source._datasource import SourceDataSource
 from sluice.source._framework import (
     Split,
     SplitBatchReader,
@@ -11,5 +12,15 @@ from sluice.source._framework import (
 )
 from sluice.source._offset import SplitOffset, check_offset_version
 
-__all__ = ["Split", "SplitBatchReader", "SplitEnumerator", "SplitOffset", "SplitPartition", "SplitReader",
-           "SplitStreamReader", "check_offset_version", "cut"]
+__all__ = [
+    "SourceDataSource",
+    "Split",
+    "SplitBatchReader",
+    "SplitEnumerator",
+    "SplitOffset",
+    "SplitPartition",
+    "SplitReader",
+    "SplitStreamReader",
+    "check_offset_version",
+    "cut",
+]

@@ -4,8 +4,8 @@ Options are declared once per direction, as class attributes: `write_spec` (sink
 when a sink declares none) and `read_spec` (sources). Spark's options become `Options` in one place per direction,
 `write_options()` and `read_options()`; a format's `TypedOptions` dataclass types them (`ReadOptions.of(opts)`).
 
-A format is a sink (`SinkDataSource`, sluice/spark/_sink.py), a split source (`SourceDataSource`,
-sluice/spark/_source.py), or both (`class HBaseDataSource(SinkDataSource, SourceDataSource)`). The core holds what
+A format is a sink (`SinkDataSource`, sluice/sink/_datasource.py), a split source (`SourceDataSource`,
+sluice/source/_datasource.py), or both (`class HBaseDataSource(SinkDataSource, SourceDataSource)`). The core holds what
 either side needs; each side adds its own hooks. The DataSource keeps no state between Spark's calls but what
 `learn_once` caches for the one write or read it serves.
 """

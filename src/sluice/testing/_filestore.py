@@ -35,7 +35,7 @@ from sluice.connector import (
     WritePlan,
     binary_column,
 )
-from sluice.spark._encoding import body_column_name
+from sluice.sink._encoding import body_column_name
 
 
 class InjectedCrash(Exception):

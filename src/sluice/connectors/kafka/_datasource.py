@@ -21,10 +21,10 @@ from sluice.connector import (
 )
 from sluice.connectors.kafka._checks import check_columns, probe, validate_client
 from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
+from sluice.connectors.kafka._enumerator import KafkaEnumerator
 from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.kafka._reader import KafkaSplitReader, spark_schema
 from sluice.connectors.kafka._sink import KafkaWritePlan
-from sluice.connectors.kafka._source import KafkaEnumerator
 
 
 def check_consumer_settings(options: ReadOptions) -> None:

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from sluice.connector import OptionError, SluiceError, Split, SplitReader, to_arrow_schema
+from sluice.connectors.kafka._enumerator import topic_partition
 from sluice.connectors.kafka._options import ReadOptions
-from sluice.connectors.kafka._source import topic_partition
 
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "

@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 
-from sluice.spark._encoding import ArrowRows
+from sluice.sink._encoding import ArrowRows
 
 
 def test_rows_come_back_in_entry_order_even_when_they_cover_a_contiguous_range():

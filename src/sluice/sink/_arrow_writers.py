@@ -1,5 +1,5 @@
 """The tasks' side of a sink: Arrow writers that run the engine on a `WritePlan`'s encoder and store, and the
-driver's commit of what the tasks sent back (sluice/spark/_sink.py plans the write)."""
+driver's commit of what the tasks sent back (sluice/sink/_datasource.py plans the write)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from sluice.engine import (
 )
 from sluice.metrics._push import MetricsPusher
 from sluice.metrics._report import MetricsTarget, TaskIdentity
+from sluice.sink._encoding import partition_buckets, partition_keys
+from sluice.sink._plan import TaskWriter, WritePlan
 from sluice.spark._compat import StreamArrowWriterBase
-from sluice.spark._encoding import partition_buckets, partition_keys
-from sluice.spark._plan import TaskWriter, WritePlan
 from sluice.spark._summary import log_summary, save_summary
 
 if TYPE_CHECKING:

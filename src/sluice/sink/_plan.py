@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice._options import Options
 from sluice.engine import BatchCreator, Committer, RequestBuffer, SinkConfig, Store, WriteContext
-from sluice.spark._replay import ReplayGuard
+from sluice.sink._replay import ReplayGuard
 
 if TYPE_CHECKING:
     import pyarrow as pa

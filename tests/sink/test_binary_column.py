@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from sluice._errors import OptionError
-from sluice.spark._encoding import binary_column
+from sluice.sink._encoding import binary_column
 
 VALUES = ["", "é", "abc" * 50, "x", "日本語"]
 

@@ -3,11 +3,11 @@
 A sink subclasses it and implements:
   - `write_spec`   its options (usually SINK_SPEC.extend(...): the engine's sink.* options too; a sink that
                    declares none takes the sink.* options alone),
-  - `plan_write()` on the driver, once: validate, then return a `WritePlan` (sluice/spark/_plan.py) whose
+  - `plan_write()` on the driver, once: validate, then return a `WritePlan` (sluice/sink/_plan.py) whose
                    `open_task()` gives each task its encoder and Store, and whose `committer()` gives the
                    driver its Committer for transactional writes,
   - optionally `primary_key()`, `resolve_options()`, `partitioning()` and `write_order()`.
-Everything a task needs travels in the plan; the tasks' side is sluice/spark/_writers.py.
+Everything a task needs travels in the plan; the tasks' side is sluice/sink/_arrow_writers.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from sluice._errors import OptionError
 from sluice._options import Options, OptionSpec
 from sluice.engine import PARTITION_ORDERED, SINK_SPEC, SinkConfig, Store
 from sluice.metrics._server import find_target
+from sluice.sink._arrow_writers import EngineArrowWriter, EngineStreamArrowWriter, check_batching
+from sluice.sink._encoding import check_writable
+from sluice.sink._plan import WritePlan
 from sluice.spark._datasource import SluiceDataSource
-from sluice.spark._encoding import check_writable
-from sluice.spark._plan import WritePlan
-from sluice.spark._writers import EngineArrowWriter, EngineStreamArrowWriter, check_batching
 
 
 class SinkDataSource(SluiceDataSource):
