@@ -28,6 +28,8 @@ from sluice._errors import (
     SluiceError,
     ThrottledError,
 )
+from sluice._micro_batch import micro_batch_numbers
+from sluice._names import case_hint, check_dataframe_columns, check_option_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
 from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
 from sluice.engine import (
@@ -69,6 +71,7 @@ from sluice.sink._encoding import (
 from sluice.sink._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.sink._replay import ReplayGuard
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
+from sluice.source._bounds import forward_bounds
 from sluice.source._datasource import SourceDataSource
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
@@ -80,6 +83,7 @@ from sluice.source._tracking import (
     TrackingStreamReader,
     parse_value,
 )
+from sluice.source._tracking_column import tracking_column_kind
 from sluice.source._tracking_options import (
     TrackingSettings,
     refuse_batch_options_in_stream,
@@ -179,16 +183,21 @@ __all__ = [
     "binary_column",
     "binary_sizes",
     "body_column_name",
+    "case_hint",
+    "check_dataframe_columns",
     "check_http_endpoint",
     "check_key_columns",
     "check_offset_version",
+    "check_option_columns",
     "check_pushdown",
     "check_writable",
     "completed_future",
     "conform",
     "delete_mask",
     "first_null",
+    "forward_bounds",
     "from_arrow_schema",
+    "micro_batch_numbers",
     "observed",
     "parse_value",
     "pushdown_option",
@@ -196,7 +205,9 @@ __all__ = [
     "refuse_tracking_in_batch",
     "register_format",
     "require",
+    "require_name",
     "task_context",
     "to_arrow_schema",
+    "tracking_column_kind",
     "tracking_options",
 ]

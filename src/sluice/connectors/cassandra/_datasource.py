@@ -16,6 +16,8 @@ from sluice.connector import (
     SourceDataSource,
     TrackingSettings,
     TrackingStreamReader,
+    check_dataframe_columns,
+    check_option_columns,
     check_pushdown,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -106,21 +108,14 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         special = {"upsert.op-column": options.upsert_op_column,
                    "write.timestamp-column": options.write_timestamp_column,
                    "write.ttl-column": options.write_ttl_column}
-        for option, column in special.items():
-            if column is not None and column not in names:
-                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
+        check_option_columns(special, names)
         if options.write_timestamp_column and opts.is_set("write.timestamp"):
             raise OptionError("write.timestamp and write.timestamp-column both say where timestamps come from; "
                               "keep one.")
         if options.write_ttl_column and options.write_ttl:
             raise OptionError("write.ttl and write.ttl-column both set the TTL; keep one.")
         columns = [c for c in names if c not in special.values()]
-        for name in columns:
-            if name not in info.columns:
-                close = [c for c in info.columns if c.lower() == name.lower()]
-                hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
-                raise OptionError(f"column '{name}' of the DataFrame is not in table {table}{hint}; table columns: "
-                                  f"{list(info.columns)}. Drop or rename it.")
+        check_dataframe_columns(columns, info.columns, table)
         missing = [c for c in info.primary_key if c not in columns]
         if missing:
             raise OptionError(f"the DataFrame has no column {missing} of {table}'s primary key "

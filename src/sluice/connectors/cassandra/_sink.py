@@ -39,6 +39,7 @@ from sluice.connector import (
     WritePlan,
     delete_mask,
     first_null,
+    micro_batch_numbers,
 )
 from sluice.connectors.cassandra._client import (
     Connection,
@@ -116,13 +117,9 @@ class RowEncoder:
                 column = column.cast(pa.timestamp("us", column.type.tz)).cast(pa.int64())
             return column.cast(pa.int64()).to_numpy()
         if self.plan.timestamp == "micro-batch":
-            if self.context.epoch is None:
-                raise OptionError("write.timestamp=micro-batch numbers rows by their micro-batch: it needs a "
-                                  "streaming query. Use write.timestamp=client or write.timestamp-column here.")
-            if self.rows_seen + n > MICRO_BATCH_ROWS:
-                raise OptionError(f"write.timestamp=micro-batch numbers at most {MICRO_BATCH_ROWS} rows per task "
-                                  "and micro-batch; use more partitions or a smaller maxOffsetsPerTrigger.")
-            return self.context.epoch * MICRO_BATCH_ROWS + self.rows_seen + np.arange(n, dtype=np.int64)
+            return micro_batch_numbers(self.context.epoch, self.rows_seen, n, per_task=MICRO_BATCH_ROWS,
+                                       option="write.timestamp",
+                                       instead="write.timestamp=client or write.timestamp-column")
         start = max(time.time_ns() // 1000, self.last_timestamp + 1)
         return start + np.arange(n, dtype=np.int64)
 

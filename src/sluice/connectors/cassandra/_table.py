@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import OptionError
+from sluice.connector import OptionError, case_hint
 from sluice.connectors.cassandra._client import Connection, forget_session
 from sluice.connectors.cassandra._types import CQLType, parse
 
@@ -28,11 +28,6 @@ class TableInfo:
         return f"partition key {list(self.partition_key)}{clustering}"
 
 
-def _close(name: str, known: list[str]) -> str:
-    same = [k for k in known if k.lower() == name.lower()]
-    return f" (did you mean '{same[0]}'? names are case-sensitive)" if same else ""
-
-
 def _refreshed(conn: Connection) -> Any:
     cluster = conn.session().cluster
     metadata = cluster.metadata
@@ -41,6 +36,15 @@ def _refreshed(conn: Connection) -> Any:
     if conn.keyspace not in metadata.keyspaces or conn.table not in metadata.keyspaces[conn.keyspace].tables:
         cluster.refresh_schema_metadata()
     return metadata
+
+
+def _found(what: str, name: str, where: str, known: dict[str, Any]) -> Any:
+    """The keyspace or table `name` of `known`; refuses a missing one, with the case hint and what there is."""
+    if name not in known:
+        names = sorted(known)
+        raise OptionError(f"{what} '{name}' does not exist {where}{case_hint(name, names, None)}; {what}s: {names}. "
+                          f"Create it (CREATE {what.upper()} ...) or fix the option {what}.")
+    return known[name]
 
 
 def describe(conn: Connection) -> TableInfo:
@@ -53,17 +57,8 @@ def describe(conn: Connection) -> TableInfo:
     except DriverException:  # the cached session lost its control connection (a restarted node): connect anew
         forget_session(conn)
         metadata = _refreshed(conn)
-    keyspace = metadata.keyspaces.get(conn.keyspace)
-    if keyspace is None:
-        known = sorted(metadata.keyspaces)
-        raise OptionError(f"keyspace '{conn.keyspace}' does not exist at {conn.display}{_close(conn.keyspace, known)}"
-                          f"; keyspaces: {known}. Create it (CREATE KEYSPACE ...) or fix the option keyspace.")
-    table = keyspace.tables.get(conn.table)
-    if table is None:
-        known = sorted(keyspace.tables)
-        raise OptionError(f"table '{conn.table}' does not exist in keyspace '{conn.keyspace}'"
-                          f"{_close(conn.table, known)}; tables: {known}. Create it (CREATE TABLE ...) or fix the "
-                          "option table.")
+    keyspace = _found("keyspace", conn.keyspace, f"at {conn.display}", metadata.keyspaces)
+    table = _found("table", conn.table, f"in keyspace '{conn.keyspace}'", keyspace.tables)
 
     def user_type(name: str) -> list[tuple[str, str]] | None:
         name = name.strip('"')

@@ -36,10 +36,12 @@ from sluice.connector import (
     TrackingReader,
     TrackingSettings,
     parse_value,
+    tracking_column_kind,
 )
 from sluice.connectors.cassandra._client import TUPLES, Connection, forget_session, quote_ident
 from sluice.connectors.cassandra._source import MAX_TOKEN, MIN_TOKEN, CassandraReader
 from sluice.connectors.cassandra._table import TableInfo, is_sai_class
+from sluice.connectors.cassandra._types import CQLType
 
 INTEGERS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}  # bits
 EXTREME_PAGE = 1000  # values per query of a search for a range's greatest or least value
@@ -48,22 +50,20 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _MIN_TIME = dt.datetime(1, 1, 1)
 
 
-def tracking_kind(info: TableInfo, settings: TrackingSettings, target: str) -> str:
-    """The kind of the tracking column; refuses a missing column, one of another type, one without an SAI index
-    (naming it), and a start value that is not of the column's kind or range."""
-    name = settings.column
-    if name not in info.columns:
-        close = [c for c in info.columns if c.lower() == name.lower()]
-        hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
-        raise OptionError(f"tracking.column '{name}' is not a column of {target}{hint}; columns: {list(info.columns)}")
-    cql = info.columns[name]
+def _kind(cql: CQLType) -> str | None:
     if cql.name in INTEGERS and not cql.args:
-        kind = "int"
-    elif cql.name == "timestamp":
-        kind = "timestamp"
-    else:
-        raise OptionError(f"tracking.column '{name}' has type {cql}; a tracking column must be tinyint, smallint, int, "
-                          "bigint or timestamp, with values that grow as rows are written (e.g. toTimestamp(now()))")
+        return "int"
+    return "timestamp" if cql.name == "timestamp" else None
+
+
+def tracking_kind(info: TableInfo, settings: TrackingSettings, target: str) -> str:
+    """The kind of the tracking column (`tracking_column_kind`'s checks, by CQL's types); refuses also a partition
+    key, a column without an SAI index (naming it), and a start value out of the column's range."""
+    name = settings.column
+    kind = tracking_column_kind(settings, info.columns, _kind, source=target,
+                                works="tinyint, smallint, int, bigint or timestamp, with values that grow as rows are "
+                                      "written (e.g. toTimestamp(now()))")
+    cql = info.columns[name]
     if info.partition_key == (name,):
         raise OptionError(f"tracking.column '{name}' is the partition key of {target}: Cassandra ranges over a "
                           "partition key's tokens only, and no index can be made on a partition key of one column. "
@@ -74,9 +74,9 @@ def tracking_kind(info: TableInfo, settings: TrackingSettings, target: str) -> s
         raise OptionError(f"tracking.column '{name}' of {target} has no storage-attached index{has}: Cassandra "
                           "cannot range-scan it without reading the whole table each micro-batch. Create one: "
                           f"CREATE INDEX ON {target} ({quote_ident(name)}) USING 'sai'")
-    if settings.start not in ("beginning", "now"):
+    if settings.start not in ("beginning", "now") and kind == "int":  # a value of the kind: tracking_column_kind
         value = parse_value(kind, settings.start, "tracking.start")
-        if kind == "int" and not -(2 ** (INTEGERS[cql.name] - 1)) <= value < 2 ** (INTEGERS[cql.name] - 1):
+        if not -(2 ** (INTEGERS[cql.name] - 1)) <= value < 2 ** (INTEGERS[cql.name] - 1):
             raise OptionError(f"tracking.start {value} is out of the range of tracking.column '{name}' ({cql})")
     return kind
 

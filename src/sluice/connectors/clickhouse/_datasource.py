@@ -17,6 +17,8 @@ from sluice.connector import (
     SplitBatchReader,
     TrackingSettings,
     TrackingStreamReader,
+    check_dataframe_columns,
+    check_option_columns,
     from_arrow_schema,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -99,12 +101,7 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         table = f"{conn.database}.{conn.table}"
         deletes = _deletes(options.upsert_op_column, schema, info, table)
         columns = [c for c in schema.fieldNames() if deletes is None or c != deletes.op_column]
-        for name in columns:
-            if name not in info.spelled:
-                close = [c for c in info.spelled if c.lower() == name.lower()]
-                hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
-                raise OptionError(f"column '{name}' of the DataFrame is not in table {table}{hint}; table columns: "
-                                  f"{list(info.spelled)}. Drop or rename it.")
+        check_dataframe_columns(columns, info.spelled, table)
         for name in info.spelled:
             if name not in columns and name not in info.defaults and name in info.sorting_key:
                 raise OptionError(f"column '{name}' is in the sorting key of {table} and has no default; the "
@@ -181,8 +178,7 @@ def _deletes(op: str | None, schema: StructType, info: TableInfo, table: str) ->
     DataFrame."""
     if op is None:
         return None
-    if op not in schema.fieldNames():
-        raise OptionError(f"upsert.op-column '{op}' is not a DataFrame column (columns: {schema.fieldNames()}).")
+    check_option_columns({"upsert.op-column": op}, schema.fieldNames())
     if info.is_deleted_column is None:
         raise OptionError(f"upsert.op-column needs a table whose engine marks deletes, ReplacingMergeTree(ver, "
                           f"is_deleted); {table} is {info.engine} without an is_deleted column. Create it as "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sluice.connector import OptionError
+from sluice.connector import OptionError, case_hint
 from sluice.connectors.clickhouse._client import Connection, quote_literal
 from sluice.connectors.clickhouse._types import CHType, column_type
 
@@ -68,7 +68,7 @@ def describe(conn: Connection) -> TableInfo:
                       f"name = {table}")
     if not found:
         near = conn.rows(f"SELECT name FROM system.tables WHERE database = {db} AND lower(name) = lower({table})")
-        hint = f" (there is '{near[0][0]}': names are case-sensitive)" if near else ""
+        hint = case_hint(conn.table, [name for name, in near], f"database {conn.database}")
         raise OptionError(f"table {conn.database}.{conn.table} does not exist on {conn.url}{hint}; create it first "
                           "(sluice does not guess a ClickHouse engine and sorting key for you).")
     engine, engine_full, sorting = found[0]

@@ -16,14 +16,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sluice.connector import (
-    OptionError,
     Split,
     SqlTrackingEnumerator,
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
     conform,
-    parse_value,
+    tracking_column_kind,
 )
 from sluice.connectors.clickhouse._client import Connection, quote_ident, quote_literal
 from sluice.connectors.clickhouse._source import ClickHouseReader
@@ -32,30 +31,19 @@ from sluice.connectors.clickhouse._types import SIGNED, UNSIGNED, CHType
 _TIMES = ("DateTime", "DateTime64")
 
 
+def _kind(kind: CHType) -> str | None:
+    base = kind.base.name
+    if base in SIGNED or base in UNSIGNED:
+        return "int"
+    return "timestamp" if base in _TIMES else None
+
+
 def tracking_kind(types: dict[str, CHType], settings: TrackingSettings, tie_breaker: Sequence[str],
                   table: str) -> str:
-    """The kind of the tracking column; refuses a missing column, one of another type, or a missing tie-breaker
-    column, naming it, and a start value that is not of the column's kind."""
-    for name, what in [(settings.column, "tracking.column"), *((c, "tracking.tie-breaker") for c in tie_breaker)]:
-        if name not in types:
-            close = [c for c in types if c.lower() == name.lower()]
-            hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
-            raise OptionError(f"{what} '{name}' is not a column of {table}{hint}; columns: {list(types)}")
-    base = types[settings.column].base.name
-    if base in SIGNED or base in UNSIGNED:
-        kind = "int"
-    elif base in _TIMES:
-        kind = "timestamp"
-    else:
-        raise OptionError(f"tracking.column '{settings.column}' has type {types[settings.column]}; a tracking column "
-                          "must be an integer (Int8..Int64, UInt8..UInt64) or a DateTime/DateTime64 whose values "
-                          "grow as rows are inserted (e.g. DEFAULT now64(6))")
-    if settings.column in tie_breaker:
-        raise OptionError(f"tracking.tie-breaker names the tracking column '{settings.column}' itself; name other "
-                          "columns (a key that tells rows of one tracking value apart), or none")
-    if settings.start not in ("beginning", "now"):
-        parse_value(kind, settings.start, "tracking.start")
-    return kind
+    """The kind of the tracking column (`tracking_column_kind`'s checks, by ClickHouse's types)."""
+    return tracking_column_kind(settings, types, _kind, source=table, tie_breaker=tie_breaker,
+                                works="an integer (Int8..Int64, UInt8..UInt64) or a DateTime/DateTime64 whose values "
+                                      "grow as rows are inserted (e.g. DEFAULT now64(6))")
 
 
 class ClickHouseTrackingSql:

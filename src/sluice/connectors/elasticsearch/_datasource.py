@@ -16,6 +16,7 @@ from sluice.connector import (
     SourceDataSource,
     TrackingSettings,
     TrackingStreamReader,
+    check_option_columns,
     check_pushdown,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -148,12 +149,8 @@ def _doc_plan(options: WriteOptions, version_set: bool, schema: StructType) -> D
     ids = options.mapping_id
     single = {"mapping.routing": options.mapping_routing, "mapping.version": options.mapping_version,
               "upsert.op-column": options.upsert_op_column}
-    listed = {"mapping.id": ids, "mapping.exclude": options.mapping_exclude,
-              "mapping.text-columns": options.mapping_text_columns}
-    for option, columns in [*((o, (c,)) for o, c in single.items() if c is not None), *listed.items()]:
-        for column in columns:
-            if column not in names:
-                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
+    check_option_columns({**single, "mapping.id": ids, "mapping.exclude": options.mapping_exclude,
+                          "mapping.text-columns": options.mapping_text_columns}, names)
     operation = options.write_operation
     if not ids and (operation in ("update", "upsert") or options.upsert_op_column):
         what = f"write.operation={operation}" if operation in ("update", "upsert") else "upsert.op-column"

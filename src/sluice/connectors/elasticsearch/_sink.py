@@ -38,6 +38,7 @@ from sluice.connector import (
     WritePlan,
     delete_mask,
     first_null,
+    micro_batch_numbers,
 )
 from sluice.connectors.elasticsearch._client import Connection, ElasticsearchError
 from sluice.connectors.elasticsearch._options import WriteOptions
@@ -91,14 +92,9 @@ class DocEncoder:
                                   f"{ids[row] if ids else row!r}; every document needs a version >= 0.")
             return column.cast(pa.int64()).to_pylist()
         if plan.micro_batch_versions:
-            if self.context.epoch is None:
-                raise OptionError("write.version=micro-batch numbers documents by their micro-batch: it needs a "
-                                  "streaming query. Use mapping.version, or write.version=none, here.")
-            if self.rows_seen + n > MICRO_BATCH_ROWS:
-                raise OptionError(f"write.version=micro-batch numbers at most {MICRO_BATCH_ROWS} rows per task and "
-                                  "micro-batch; use more partitions or a smaller maxOffsetsPerTrigger.")
-            start = self.context.epoch * MICRO_BATCH_ROWS + self.rows_seen
-            return list(range(start, start + n))
+            return micro_batch_numbers(self.context.epoch, self.rows_seen, n, per_task=MICRO_BATCH_ROWS,
+                                       option="write.version", instead="mapping.version, or write.version=none,",
+                                       unit="documents").tolist()
         return None
 
     def __call__(self, batch: pa.RecordBatch) -> Encoded:

@@ -27,7 +27,7 @@ from sluice.connector import (
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
-    parse_value,
+    tracking_column_kind,
 )
 from sluice.connectors.elasticsearch._client import Connection
 from sluice.connectors.elasticsearch._source import PitLayout, SliceReader
@@ -38,48 +38,47 @@ KEYS = ("keyword", *INTEGERS)
 WINDOW = 10_000  # index.max_result_window's default: the deepest `from + size` a search may ask
 
 
-def _field(kinds: dict[str, str], name: str, option: str, index: str) -> str:
-    """The mapping type of `name`; refuses a field the mapping lacks, or one inside a nested object."""
-    if name not in kinds:
-        close = [f for f in kinds if f.lower() == name.lower()]
-        hint = f" (the mapping has '{close[0]}': names are case-sensitive)" if close else ""
-        raise OptionError(f"{option} '{name}' is not a field of index '{index}'{hint}; its fields: {sorted(kinds)}")
+def _nested(kinds: dict[str, str], name: str, option: str) -> None:
+    """Refuses a field inside a nested object: a document holds many of its values, and hits sort by one of them."""
     parts = name.split(".")
     for depth in range(1, len(parts)):
         if kinds.get(".".join(parts[:depth])) == "nested":
             raise OptionError(f"{option} '{name}' is inside the nested field '{'.'.join(parts[:depth])}': a document "
                               "holds many of its values, and hits sort by one of them. Name a field of the document "
                               "itself.")
-    return kinds[name]
+
+
+WORKS = f"an integer ({', '.join(INTEGERS)}) or a date/date_nanos whose values grow as documents are written"
+
+
+def _kind(found: str, column: str) -> str:
+    """The kind of a tracking field of mapping type `found`; refuses another type, saying why it cannot be one."""
+    if found in INTEGERS:
+        return "int"
+    if found in DATES:
+        return "timestamp"
+    why = ("a text field is analyzed: it neither sorts nor ranges by its value" if found in ("text", "match_only_text")
+           else "not a value a position can hold exactly")
+    raise OptionError(f"tracking.column '{column}' is a {found} field ({why}); a tracking field must be {WORKS}")
 
 
 def tracking_kind(kinds: dict[str, str], settings: TrackingSettings, tie_breaker: str | None,
                   index: str) -> tuple[str, str | None]:
-    """The kind of the tracking field and the tie-breaker's mapping type; refuses a field not in the mapping or of
-    a type a stream cannot range over, naming it, and a start value not of the field's kind."""
-    column = settings.column
-    found = _field(kinds, column, "tracking.column", index)
-    if found in INTEGERS:
-        kind = "int"
-    elif found in DATES:
-        kind = "timestamp"
-    else:
-        why = ("a text field is analyzed: it neither sorts nor ranges by its value" if found in ("text",
-               "match_only_text") else "not a value a position can hold exactly")
-        raise OptionError(f"tracking.column '{column}' is a {found} field ({why}); a tracking field must be an "
-                          f"integer ({', '.join(INTEGERS)}) or a date/date_nanos whose values grow as documents are "
-                          "written")
+    """The kind of the tracking field and the tie-breaker's mapping type (`tracking_column_kind`'s checks, by the
+    mapping's types); refuses also a field inside a nested object and a tie-breaker of a type that cannot tell
+    documents apart exactly."""
+    keys = [tie_breaker] if tie_breaker is not None else []
+    for name, option in [(settings.column, "tracking.column"), *((k, "tracking.tie-breaker") for k in keys)]:
+        _nested(kinds, name, option)
+    kind = tracking_column_kind(settings, dict(sorted(kinds.items())), lambda found: _kind(found, settings.column),
+                                source=f"index '{index}'", works=WORKS, tie_breaker=keys, noun="field",
+                                where="the mapping")
     key_type = None
     if tie_breaker is not None:
-        if tie_breaker == column:
-            raise OptionError(f"tracking.tie-breaker names the tracking field '{column}' itself; name another field "
-                              "(one that tells documents of one tracking value apart), or none")
-        key_type = _field(kinds, tie_breaker, "tracking.tie-breaker", index)
+        key_type = kinds[tie_breaker]
         if key_type not in KEYS:
             raise OptionError(f"tracking.tie-breaker '{tie_breaker}' is a {key_type} field; a tie-breaker must be a "
                               f"keyword or an integer ({', '.join(INTEGERS)}) field, sortable and exact")
-    if settings.start not in ("beginning", "now"):
-        parse_value(kind, settings.start, "tracking.start")
     return kind, key_type
 
 

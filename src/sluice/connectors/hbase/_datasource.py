@@ -12,8 +12,8 @@ from sluice.connector import (
     SourceDataSource,
     TrackingSettings,
     TrackingStreamReader,
+    check_option_columns,
     check_pushdown,
-    parse_value,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
     to_arrow_schema,
@@ -35,7 +35,6 @@ from sluice.connectors.hbase._source import (
     time_range,
 )
 from sluice.connectors.hbase._tracking import (
-    KIND,
     HBaseTrackingEnumerator,
     HBaseTrackingReader,
     RegionScans,
@@ -73,9 +72,8 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         names = schema.fieldNames()
         special = {"upsert.op-column": options.upsert_op_column,
                    "write.timestamp-column": options.write_timestamp_column}
+        check_option_columns(special, names)
         for option, column in special.items():
-            if column is not None and column not in names:
-                raise OptionError(f"{option} '{column}' is not a DataFrame column (columns: {names}).")
             if column is not None and column in self.primary_key(opts):
                 raise OptionError(f"{option} '{column}' is a rowkey column; it must be a column of its own.")
         if options.write_timestamp_column and opts.is_set("write.timestamp"):
@@ -141,9 +139,7 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         refuse_batch_options_in_stream(opts, self.format_name, BATCH_ONLY)
         options = ReadOptions.of(opts)
         arrow = to_arrow_schema(schema)
-        tracking_column(settings.column, arrow, options.rowkey)
-        if settings.start not in ("beginning", "now"):
-            parse_value(KIND, settings.start, "tracking.start")
+        tracking_column(settings, arrow, options.rowkey)
         catalog = Catalog.from_options(opts, [n for n in schema.fieldNames() if n != settings.column])
         key = KeyCodec.for_schema(catalog.key, arrow)
         conn = Connection.from_options(opts)

@@ -42,6 +42,7 @@ from sluice.connector import (
     WritePlan,
     delete_mask,
     first_null,
+    micro_batch_numbers,
     to_arrow_schema,
 )
 from sluice.connectors.hbase._catalog import Catalog
@@ -93,15 +94,10 @@ class RowEncoder:
             if pa.types.is_timestamp(column.type):
                 column = column.cast(pa.timestamp("ms", column.type.tz))
             return column.cast(pa.int64()).to_pylist()
-        if plan.timestamp == "micro-batch":
-            if self.context.epoch is None:
-                raise OptionError("write.timestamp=micro-batch numbers rows by their micro-batch: it needs a "
-                                  "streaming query. Use write.timestamp=client or write.timestamp-column here.")
-            if self.rows_seen + n > MICRO_BATCH_ROWS:
-                raise OptionError(f"write.timestamp=micro-batch numbers at most {MICRO_BATCH_ROWS} rows per task "
-                                  "and micro-batch; use more partitions or a smaller maxOffsetsPerTrigger.")
-            base = (self.context.epoch + 1) * MICRO_BATCH_ROWS + self.rows_seen
-            return (base + np.arange(n, dtype=np.int64)).tolist()
+        if plan.timestamp == "micro-batch":  # (batch id + 1) x 2^24 + the row's place (docs/hbase.md)
+            return micro_batch_numbers(self.context.epoch, self.rows_seen, n, per_task=MICRO_BATCH_ROWS,
+                                       option="write.timestamp", instead="write.timestamp=client or "
+                                       "write.timestamp-column", base=MICRO_BATCH_ROWS).tolist()
         # client: one stamp for the chunk, one step more for each repeat of a key within it.
         base = max(time.time_ns() // 1_000_000, self.last_stamp + 1)
         seen: dict[bytes, int] = {}

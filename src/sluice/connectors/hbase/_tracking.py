@@ -25,7 +25,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import OptionError, Split, TrackingEnumerator, TrackingPosition, TrackingReader
+from sluice.connector import (
+    OptionError,
+    Split,
+    TrackingEnumerator,
+    TrackingPosition,
+    TrackingReader,
+    TrackingSettings,
+    tracking_column_kind,
+)
 from sluice.connectors.hbase._client import Connection, regions, thrift
 from sluice.connectors.hbase._source import HBaseReader
 
@@ -33,20 +41,28 @@ KIND = "timestamp"  # positions are microseconds (cell timestamps are millisecon
 MICROS = 1000
 
 
-def tracking_column(column: str, schema: pa.Schema, rowkey: Sequence[str]) -> None:
+WORKS = "a long (milliseconds since the epoch) or a timestamp"
+
+
+def tracking_column(settings: TrackingSettings, schema: pa.Schema, rowkey: Sequence[str]) -> None:
     """tracking.column: the read schema's column (long: milliseconds, or timestamp) that gets each row's cell
-    timestamp; refuses another, naming it."""
-    if column not in schema.names:
-        raise OptionError(f"tracking.column '{column}' is not a column of the read's schema (columns: "
-                          f"{schema.names}): on HBase it names the column that gets each row's cell timestamp "
-                          f"(the tracking value); add it, e.g. '{column} timestamp'.")
-    if column in rowkey:
-        raise OptionError(f"tracking.column '{column}' is a rowkey column; on HBase the tracking value is the cells' "
-                          "timestamp: name a column of its own (long or timestamp) that gets it.")
-    kind = schema.field(column).type
-    if not (kind == pa.int64() or pa.types.is_timestamp(kind)):
-        raise OptionError(f"tracking.column '{column}' is {kind}; on HBase it gets the row's cell timestamp and "
-                          "must be a long (milliseconds since the epoch) or a timestamp.")
+    timestamp (`tracking_column_kind`'s checks, tracking.start's included); refuses a rowkey column or one of
+    another type, naming it."""
+    column = settings.column
+
+    def kind(found: pa.DataType) -> str:
+        if column in rowkey:  # whatever its type: the tracking value is no column's value on HBase
+            raise OptionError(f"tracking.column '{column}' is a rowkey column; on HBase the tracking value is the "
+                              "cells' timestamp: name a column of its own (long or timestamp) that gets it.")
+        if not (found == pa.int64() or pa.types.is_timestamp(found)):
+            raise OptionError(f"tracking.column '{column}' is {found}; on HBase it gets the row's cell timestamp and "
+                              f"must be {WORKS}.")
+        return KIND
+
+    tracking_column_kind(settings, dict(zip(schema.names, schema.types, strict=True)), kind,
+                         source="the read's schema", works=WORKS, where="the read's schema",
+                         advice=f"On HBase it names the column that gets each row's cell timestamp (the tracking "
+                                f"value); add it, e.g. '{column} timestamp'.")
 
 
 def _ceil_ms(micros: int) -> int:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sluice.connector import OptionError, SluiceError, Split, SplitEnumerator
+from sluice.connector import OptionError, SluiceError, Split, SplitEnumerator, forward_bounds
 from sluice.connectors.kafka._discovery import TopicDiscovery
 from sluice.connectors.kafka._options import EARLIEST, LATEST, Positions, ReadOptions
 
@@ -230,12 +230,8 @@ class KafkaEnumerator(SplitEnumerator):
         return ends
 
     def bounds(self, splits: Sequence[Split]) -> dict[str, tuple[int, int]]:
-        found = self._resolve(splits, self.start, self.end)
-        backwards = sorted(f"{sid} ({start} > {end})" for sid, (start, end) in found.items() if start > end)
-        if backwards:  # a read that could only ever be empty is a mistake in the options, not an empty result
-            raise OptionError(f"the start is after the end in partition(s) {', '.join(backwards)}: the read would "
-                              "return nothing. Check startingOffsets (or startingTimestamp) and endingOffsets.")
-        return {sid: (start, end) for sid, (start, end) in found.items()}
+        return forward_bounds(self._resolve(splits, self.start, self.end), "the start is after the end in "
+                              "partition(s) {}", "Check startingOffsets (or startingTimestamp) and endingOffsets.")
 
     def new_split_position(self, split: Split) -> int:
         """A partition found while a query runs (a new topic, or partitions added): from its earliest offset."""

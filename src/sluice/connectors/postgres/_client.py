@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -169,6 +170,22 @@ class Connection:
         import psycopg
 
         return self._retrying(lambda: psycopg.connect(self.uri(), autocommit=autocommit))
+
+    @contextmanager
+    def reading(self, what: str, *, autocommit: bool = True) -> Iterator[tuple[Any, Any]]:
+        """A new ADBC connection and its cursor for reading `what` (a split, a range), both closed after; a failure
+        becomes a PostgresError naming `what` and the server (the server's words, scrubbed)."""
+        conn = self.connect(autocommit=autocommit)
+        cur = conn.cursor()
+        try:
+            yield conn, cur
+        except PostgresError:
+            raise
+        except Exception as e:
+            raise PostgresError(f"reading {what} from {self.describe()} failed: {self.scrub(e)}") from None
+        finally:
+            cur.close()
+            conn.close()
 
     def pool_key(self, driver: str = "psycopg", *, autocommit: bool = True, session: tuple[str, ...] = ()) -> PoolKey:
         """The key of this server's connections in the process's pool (_pool.py): driver "adbc" or "psycopg"."""

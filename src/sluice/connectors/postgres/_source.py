@@ -447,9 +447,7 @@ class PostgresSplitReader(SplitReader):
         source, _ = _source_sql(self.options)
         where = " AND ".join([*self.where, split.info.get("where", "true")])
         sql = f"SELECT {self.select_list()} FROM {source} WHERE {where}"
-        conn = self.conn_info.connect(autocommit=False)
-        cur = conn.cursor()
-        try:
+        with self.conn_info.reading(split.split_id, autocommit=False) as (conn, cur):
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             snapshot = split.info.get("snapshot")
             if snapshot:
@@ -471,14 +469,6 @@ class PostgresSplitReader(SplitReader):
                 cur.execute("SELECT pg_notify($1, $2)", parameters=(split.info["channel"], split.split_id))
                 cur.fetchall()
             conn.commit()
-        except PostgresError:
-            raise
-        except Exception as e:
-            raise PostgresError(f"reading {split.split_id} from {self.conn_info.describe()} failed: "
-                                f"{self.conn_info.scrub(e)}") from None
-        finally:
-            cur.close()
-            conn.close()
 
 
 class PostgresBatchReader(SplitBatchReader):

@@ -35,7 +35,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.connector import DELETE_OPS_SQL, OptionError, check_key_columns
+from sluice.connector import DELETE_OPS_SQL, OptionError, check_dataframe_columns, check_key_columns
 from sluice.connectors.postgres._client import Connection, PostgresError, qualified, quote_ident, split_qualified
 from sluice.connectors.postgres._options import WriteOptions
 
@@ -311,12 +311,7 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
             existing = table_columns(cur, schema, table)
             assert existing is not None
         by_name = {c.name: c for c in existing}
-        for name in columns:
-            if name not in by_name:
-                close = [c for c in by_name if c.lower() == name.lower()]
-                hint = f" (the table has '{close[0]}': names are case-sensitive)" if close else ""
-                raise OptionError(f"column '{name}' of the DataFrame is not in table {schema}.{table}{hint}; table "
-                                  f"columns: {list(by_name)}. Drop or rename it, or add it to the table.")
+        check_dataframe_columns(columns, by_name, f"{schema}.{table}", "Drop or rename it, or add it to the table.")
         for col in existing:
             if col.name not in columns and col.not_null and not col.has_default:
                 raise OptionError(f"column '{col.name}' of table {schema}.{table} is NOT NULL without a default, and "

@@ -18,14 +18,13 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from sluice.connector import (
-    OptionError,
     Split,
     SqlTrackingEnumerator,
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
     conform,
-    parse_value,
+    tracking_column_kind,
 )
 from sluice.connectors.postgres._client import (
     Connection,
@@ -43,22 +42,13 @@ _KINDS = {"smallint": "int", "integer": "int", "bigint": "int",
 
 
 def tracking_kind(columns: list[tuple[str, str]], settings: TrackingSettings, source: str) -> tuple[str, str]:
-    """(kind, PostgreSQL type) of the tracking column; refuses a missing column or one of another type, naming it,
-    and a start value that is not of its kind."""
+    """(kind, PostgreSQL type) of the tracking column (`tracking_column_kind`'s checks, by PostgreSQL's types)."""
     types = dict(columns)
-    name = settings.column
-    if name not in types:
-        close = [c for c in types if c.lower() == name.lower()]
-        hint = f" (the source has '{close[0]}': names are case-sensitive)" if close else ""
-        raise OptionError(f"tracking.column '{name}' is not a column of {source}{hint}; columns: {list(types)}")
-    kind = _KINDS.get(_PRECISION.sub("", types[name]))  # timestamp(3) with time zone is a timestamp
-    if kind is None:
-        raise OptionError(f"tracking.column '{name}' has type {types[name]}; a tracking column must be an integer "
-                          "(smallint, integer, bigint) or a timestamp (with or without time zone) whose values grow "
-                          "as rows are written")
-    if settings.start not in ("beginning", "now"):
-        parse_value(kind, settings.start, "tracking.start")
-    return kind, _PRECISION.sub("", types[name])
+    kind = tracking_column_kind(settings, types, lambda pg: _KINDS.get(_PRECISION.sub("", pg)), source=source,
+                                where="the source",
+                                works="an integer (smallint, integer, bigint) or a timestamp (with or without time "
+                                      "zone) whose values grow as rows are written")
+    return kind, _PRECISION.sub("", types[settings.column])  # timestamp(3) with time zone is a timestamp
 
 
 class PostgresTrackingSql:
@@ -157,17 +147,9 @@ class PostgresTrackingReader(TrackingReader):
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[pa.RecordBatch]:
         s = self.sql
         query = f"SELECT {self.rows.select_list()} FROM {s.source} WHERE {s.range(after, upto)} ORDER BY {s.order()}"
-        conn = self.conn_info.connect(autocommit=True)
-        cur = conn.cursor()
-        try:
+        with self.conn_info.reading(f"{split.split_id} ({after} - {upto})") as (_, cur):
             cur.execute(query)
             for batch in cur.fetch_record_batch():
                 batch = finite_times(batch)
                 for start in range(0, batch.num_rows, YIELD_ROWS):
                     yield conform(batch.slice(start, YIELD_ROWS), self.rows.arrow_schema)
-        except Exception as e:
-            raise PostgresError(f"reading {split.split_id} ({after} - {upto}) from {self.conn_info.describe()} "
-                                f"failed: {self.conn_info.scrub(e)}") from None
-        finally:
-            cur.close()
-            conn.close()

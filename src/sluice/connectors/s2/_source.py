@@ -19,6 +19,7 @@ from sluice.connector import (
     OptionError,
     Split,
     SplitEnumerator,
+    forward_bounds,
 )
 from sluice.connectors.s2._calls import KeptClient
 from sluice.connectors.s2._client import Connection, explain_sdk_error
@@ -160,12 +161,8 @@ class S2Enumerator(SplitEnumerator):
         return {sid: found[0] for sid, found in self._resolve(splits, self.end, floors=starts).items()}
 
     def bounds(self, splits: Sequence[Split]) -> dict[str, tuple[int, int]]:
-        found = self._resolve(splits, self.start, self.end)
-        backwards = sorted(f"{sid} ({start} > {end})" for sid, (start, end) in found.items() if start > end)
-        if backwards:  # a read that could only ever be empty is a mistake in the options, not an empty result
-            raise OptionError(f"s2.start is after s2.end on stream(s) {', '.join(backwards)} (seq nums): the read "
-                              "would return nothing. Check s2.start and s2.end.")
-        return {sid: (start, end) for sid, (start, end) in found.items()}
+        return forward_bounds(self._resolve(splits, self.start, self.end),
+                              "s2.start is after s2.end on stream(s) {} (seq nums)", "Check s2.start and s2.end.")
 
     def bytes_end(self, split: Split, start: int, end: int, max_bytes: int) -> tuple[int, int]:
         import s2_sdk
