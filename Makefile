@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: test-setup check-debian s2-proto check-pgjdbc test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: check-debian s2-proto check-pgjdbc test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-kafka check-chromium check-flink check-promtool
 
@@ -257,19 +257,16 @@ s2-proto: $(STAMP)
 # time: two jobs keep both cores busy (all three one after the other took 51 min here, side by side 38;
 # `make test-serial` runs them one after the other). The main suite runs its deployment tests last
 # (tests/conftest.py), after the lines' own: the heaviest tests of the two jobs do not run at the same time. What
-# both jobs need is installed first (test-setup), side by side: fetching is network-bound, so four fetches run at once
-# (Maven Central's servers each into a folder of its own, the older Spark lines' virtualenvs, PostgreSQL's wheels), while
-# what goes through apt-get runs one after the other (check-debian: dpkg takes one lock). The capability table is
-# checked last: it reads the main run's results. Every test's seconds land in build/junit/ (the time budget's ledger).
-TEST_SETUP := $(STAMP) check-java check-debian check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-kafka check-postgres-versions $(foreach l,$(MAKE_TEST_LINES),.venv-spark-$(l)/.installed) lint
+# each job needs is fetched side by side, in the same make as the jobs (-j4: two slots for the jobs, the others
+# for fetches, which are network-bound): Maven Central's servers each into a folder of its own, the older Spark lines'
+# virtualenvs, PostgreSQL's wheels; what goes through apt-get runs one after the other (check-debian: dpkg takes one
+# lock). The main suite starts once its own servers are there and lint passed, while the older lines' virtualenvs
+# are still installing. The capability table is checked last: it reads the main run's results. Every test's seconds
+# land in build/junit/ (the time budget's ledger).
+MAIN_SETUP := $(STAMP) check-java check-debian check-cassandra check-opensearch check-elasticsearch check-hbase check-kafka
 test: $(STAMP)
-	@start=$$(date +%s); $(MAKE) --no-print-directory -j4 test-setup && \
-	  echo "make test: set up in $$(( $$(date +%s) - start )) s"
-	$(MAKE) -j2 test-main test-lines-then-versions LINTED=1
+	$(MAKE) -j4 test-main test-lines-then-versions
 	$(PY) -m tools.lines_table --check $(MAKE_TEST_LINES)
-
-test-setup: $(TEST_SETUP)
 
 # The Debian packages the tests use, one apt-get after another.
 check-debian:
@@ -277,7 +274,7 @@ check-debian:
 
 # Its output goes to a file, shown whole when it ends (between the main suite's lines, which stream).
 LINES_THEN_VERSIONS_LOG := build/lines-then-versions.log
-test-lines-then-versions: $(filter-out lint,$(TEST_SETUP))
+test-lines-then-versions: $(MAIN_SETUP) check-postgres-versions $(foreach l,$(MAKE_TEST_LINES),.venv-spark-$(l)/.installed)
 	@mkdir -p build && echo "the older Spark lines, the other PostgreSQL versions, the two-hop pipelines, HBase and Kafka run" \
 	  "next to the main suite;" \
 	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
@@ -296,8 +293,7 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgre
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py \
 	tests/connectors/hbase/test_tls.py tests/connectors/hbase/test_tracking.py
-test-main: $(STAMP) check-java check-postgres check-clickhouse check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-kafka check-chromium check-promtool $(if $(LINTED),,lint)
+test-main: $(MAIN_SETUP) lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
 	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(KAFKA_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS))
