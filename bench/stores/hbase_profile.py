@@ -9,7 +9,7 @@ import json
 import sys
 import time
 
-from bench.stores.hbase_write import CELLS, CLIENT_BATCH, SIGN
+from bench.stores.hbase_write import CLIENT_BATCH, client_puts
 
 
 def task_batches(rows: int):
@@ -233,20 +233,12 @@ def profile(rows: int, fresh, drop, server) -> None:
 
     def hand(table: str) -> dict:
         client = make_client(t.THBaseService, server.host, server.port, timeout=600_000)
-        TPut, TColumnValue = t.TPut, t.TColumnValue
-        pack_d, pack_i = struct.Struct(">d").pack, struct.Struct(">i").pack
         convert = 0.0
         for b in batches:
             for start in range(0, b.num_rows, CLIENT_BATCH):
                 began_at = time.perf_counter()
                 chunk = b.slice(start, CLIENT_BATCH)
-                columns = [chunk.column(c).to_pylist() for c in ("id", *CELLS)]
-                puts = [TPut(row=(i ^ SIGN).to_bytes(8, "big"), columnValues=[
-                    TColumnValue(family=b"d", qualifier=b"region", value=region.encode()),
-                    TColumnValue(family=b"d", qualifier=b"title", value=title.encode()),
-                    TColumnValue(family=b"d", qualifier=b"amount", value=pack_d(amount)),
-                    TColumnValue(family=b"d", qualifier=b"qty", value=pack_i(qty)),
-                ]) for i, region, title, amount, qty in zip(*columns, strict=True)]
+                puts = client_puts(t, chunk)
                 convert += time.perf_counter() - began_at
                 client.putMultiple(table.encode(), puts)
         client.close()

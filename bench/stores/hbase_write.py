@@ -54,6 +54,7 @@ import random
 import re
 import signal
 import statistics
+import struct
 import sys
 import time
 import urllib.request
@@ -175,18 +176,28 @@ class Tables:
         self.call("deleteTable", name)
 
 
+_PACK_DOUBLE, _PACK_INT = struct.Struct(">d").pack, struct.Struct(">i").pack
+
+
+def client_puts(t, chunk) -> list:
+    """The rows of an Arrow chunk as the Thrift client's TPut objects (`t`: the loaded hbase.thrift), by hand."""
+    columns = [chunk.column(c).to_pylist() for c in ("id", *CELLS)]
+    return [t.TPut(row=(i ^ SIGN).to_bytes(8, "big"), columnValues=[
+        t.TColumnValue(family=b"d", qualifier=b"region", value=region.encode()),
+        t.TColumnValue(family=b"d", qualifier=b"title", value=title.encode()),
+        t.TColumnValue(family=b"d", qualifier=b"amount", value=_PACK_DOUBLE(amount)),
+        t.TColumnValue(family=b"d", qualifier=b"qty", value=_PACK_INT(qty)),
+    ]) for i, region, title, amount, qty in zip(*columns, strict=True)]
+
+
 def python_putmultiple(server, table: str, rows) -> dict[str, float]:
     """The hand-written writer: TPuts of CLIENT_BATCH rows, one putMultiple at a time."""
-    import struct
-
     from thriftpy2.rpc import make_client
 
     from sluice.connectors.hbase._client import thrift
 
     t = thrift()
     client = make_client(t.THBaseService, server.host, server.port, timeout=600_000)
-    TPut, TColumnValue = t.TPut, t.TColumnValue
-    pack_d, pack_i = struct.Struct(">d").pack, struct.Struct(">i").pack
     name = table.encode()
     convert = call = 0.0
     latencies = []
@@ -194,13 +205,7 @@ def python_putmultiple(server, table: str, rows) -> dict[str, float]:
         for start in range(0, rows.num_rows, CLIENT_BATCH):
             began = time.perf_counter()
             chunk = rows.slice(start, CLIENT_BATCH)
-            columns = [chunk.column(c).to_pylist() for c in ("id", *CELLS)]
-            puts = [TPut(row=(i ^ SIGN).to_bytes(8, "big"), columnValues=[
-                TColumnValue(family=b"d", qualifier=b"region", value=region.encode()),
-                TColumnValue(family=b"d", qualifier=b"title", value=title.encode()),
-                TColumnValue(family=b"d", qualifier=b"amount", value=pack_d(amount)),
-                TColumnValue(family=b"d", qualifier=b"qty", value=pack_i(qty)),
-            ]) for i, region, title, amount, qty in zip(*columns, strict=True)]
+            puts = client_puts(t, chunk)
             sent = time.perf_counter()
             client.putMultiple(name, puts)
             done = time.perf_counter()
