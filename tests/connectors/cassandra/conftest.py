@@ -49,10 +49,11 @@ class RunningServer:
                            "local JMX; run it without SLUICE_TEST_CASSANDRA")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def cass():
-    """A fresh Cassandra for the module (its JVM stops with it, not idling through the rest of the suite), with
-    local JMX for nodetool, or the running one SLUICE_TEST_CASSANDRA names."""
+    """One Cassandra for this package's modules that need no node of their own, each test on tables of its own (its
+    JVM stops with the package, not idling through the rest of the suite; a test that kills it starts it again on
+    its data), with local JMX for nodetool, or the running one SLUICE_TEST_CASSANDRA names."""
     address = os.environ.get("SLUICE_TEST_CASSANDRA")
     with contextlib.nullcontext(RunningServer(address)) if address else LocalCassandra(jmx=True) as server:
         c = Cass(server)

@@ -47,9 +47,10 @@ class Search:
 ENGINES = {"opensearch": LocalOpenSearch, "elasticsearch": LocalElasticsearch}
 
 
-@pytest.fixture(scope="module", params=list(ENGINES))
+@pytest.fixture(scope="package", params=list(ENGINES))
 def search(request):
-    """A fresh node of each engine for the module, one after the other (its JVM stops with it, not idling through the
-    rest of the suite). The fault tests run on OpenSearch (its security plugin): their module has its own."""
+    """One node of each engine for this package's modules, one engine after the other, each test on indices of its
+    own (its JVM stops with the package, not idling through the rest of the suite; a test that kills it starts it
+    again on its data). The fault tests run on OpenSearch (its security plugin): their module has its own."""
     with ENGINES[request.param]() as server:
         yield Search(server)

@@ -5,9 +5,10 @@ import pytest
 from sluice.testing import LocalKafka
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def kafka():
-    """One single-node Kafka (plaintext) for a test module, each test on topics of its own (`new_topic`)."""
+    """One single-node Kafka (plaintext) for this package's modules that need no broker of their own, each test on
+    topics of its own (`new_topic`)."""
     with LocalKafka() as server:
         yield server
 
