@@ -28,10 +28,18 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TypedDict
 
 DATA = Path(".sluice/demo")
 BASIN = "sluice-demo"
 ORDERS = 60_000
+
+
+class Store(TypedDict):
+    """The table store's options, typed so they pass as read_consistent's keywords too."""
+
+    warehouse: str
+    meta: str
 
 
 def generate(spark):
@@ -56,7 +64,7 @@ def two_hop_etl(spark, conn: dict) -> bool:
     import sluice.tablestore
     from sluice.meta import MetaService
 
-    store = {"warehouse": str(DATA / "warehouse"), "meta": str(DATA / "meta.db")}
+    store = Store(warehouse=str(DATA / "warehouse"), meta=str(DATA / "meta.db"))
     meta = MetaService(store["meta"])
     print("5. Two-hop streaming ETL over the table store, with barriers and a consistent read:")
     job_a = sluice.tablestore.register_job(spark, "ingest-orders", sources=[], sinks=["orders"], meta=store["meta"])
@@ -101,7 +109,7 @@ def first_hop(spark, conn: dict) -> bool:
     from sluice.testing import LocalPostgres
 
     print("6. The first hop: PostgreSQL changes -> S2 (s2_upsert) -> the table store:")
-    store = {"warehouse": str(DATA / "warehouse"), "meta": str(DATA / "meta.db")}
+    store = Store(warehouse=str(DATA / "warehouse"), meta=str(DATA / "meta.db"))
     with LocalPostgres(settings={"wal_level": "logical", "synchronous_commit": "on"}) as pg:
         with psycopg.connect(pg.url, autocommit=True) as db:
             db.execute("CREATE TABLE shop_orders (order_id bigint PRIMARY KEY, region text, status text, "
@@ -176,6 +184,8 @@ def main() -> int:
         }
         sluice.write(changelog, "s2_upsert", options)
         summary = sluice.last_write_summary("s2_upsert")
+        if summary is None:  # sluice.write above records one, committed or failed
+            raise RuntimeError("the s2_upsert write left no summary")
         print(f"3. Wrote the changelog with format('s2_upsert') into orders/eu, orders/us and orders/apac, "
               f"partition-ordered by order_id ({summary['tasks']} Spark tasks, {summary['batches']} requests, "
               f"up to {summary['peak_inflight']} in flight).")

@@ -205,6 +205,8 @@ class ControlPlane:
             total = sum(sum(s.usage[k] for k in ("append-ops", "read-ops")) for s in self.core.streams.values())
             return await req.json(200, {"values": [_accumulation("account-ops", "operations", interval, now,
                                                                  total)]})
+        if basin is None:  # the routes give a stream's metrics its basin
+            raise S2Error("bad_path", f"{level} metrics need a basin")
         self.core.basin(basin)
         streams = [self.core.stream(basin, stream)] if stream is not None else \
             [s for (b, _), s in self.core.streams.items() if b == basin]

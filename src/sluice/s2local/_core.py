@@ -292,6 +292,9 @@ class Core:
         arrival (a record's timestamp may be a client's, from any time); trimmed through the append queue, so the
         stream's state has one writer. Records stored before the server started, whose arrival it no longer knows,
         go by their timestamps (monotonic in a stream)."""
+        queue = self._queue
+        if queue is None:  # start() makes the queue before it starts this loop
+            raise RuntimeError("Core.start() was not called")
         while True:
             await asyncio.sleep(EXPIRE_EVERY_S)
             for stream in list(self.streams.values()):
@@ -305,7 +308,7 @@ class Core:
                     below = max(below, stream.arrivals.popleft()[1])
                 if below > stream.trim_point:
                     future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-                    self._queue.put_nowait(_Pending(stream, None, None, future, None, expire_below=below))
+                    queue.put_nowait(_Pending(stream, None, None, future, None, expire_below=below))
 
     async def _apply(self, group: list[_Pending]) -> None:
         work: dict[int, Work] = {}

@@ -9,6 +9,8 @@ an SDK that registers the same `s2.v1` names in the default pool (s2-sdk does) c
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf import descriptor_pool, message_factory
 
 from sluice.s2local._s2_descriptor import SERIALIZED
@@ -17,7 +19,8 @@ _POOL = descriptor_pool.DescriptorPool()
 _POOL.AddSerializedFile(SERIALIZED)
 
 
-def _message(name: str) -> type:
+def _message(name: str) -> type[Any]:
+    """A message class the pool builds at run time (protobuf ships no types: its fields and methods are Any)."""
     return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"s2.v1.{name}"))
 
 

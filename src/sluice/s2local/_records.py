@@ -216,9 +216,10 @@ class RecordsPlane:
                     for body in frames.feed(message.get("body", b"")):
                         inp = parse_append_input(body, "frame")
                         _authorize_commands(req, stream, inp)
+                        raw: bytes | None = body  # the input as received, stored as it is unless re-encrypted
                         if cipher is not None:
-                            inp, body = cipher.encrypt_input(inp), None
-                        await acks.put(await self.core.append(stream, inp, session, body))
+                            inp, raw = cipher.encrypt_input(inp), None
+                        await acks.put(await self.core.append(stream, inp, session, raw))
                     if not message.get("more_body"):
                         if frames.pending:
                             raise S2Error("bad_frame", "request ended inside a frame")

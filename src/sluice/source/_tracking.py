@@ -289,7 +289,7 @@ class TrackingStreamReader(StreamReaderCore[TrackingOffset, TrackingPartition]):
 
     def plan(self, start: TrackingOffset, end: TrackingOffset) -> Sequence[TrackingPartition]:
         begin = start.positions
-        out: list[InputPartition] = []
+        out: list[TrackingPartition] = []
         for sid, upto in sorted(end.positions.items()):
             after = begin.get(sid, BEGINNING)
             if upto != after and upto.value is not None:
@@ -323,7 +323,9 @@ class TrackingStreamReader(StreamReaderCore[TrackingOffset, TrackingPartition]):
         tracking time minus the committed one's (a timestamp column)."""
         committed = end.positions
         kind = self.enumerator.kind
-        splits, behind, time_behind = [], 0, None
+        splits: list[SplitLag] = []
+        behind: int | None = 0  # None once a split's count is unknown
+        time_behind: float | None = None
         for sid, head in sorted(self._heads.items()):
             at = committed.get(sid, BEGINNING)
             count = self.enumerator.count_within(self._splits[sid], at, head, COUNT_AT_MOST) \

@@ -109,7 +109,8 @@ class TableStoreCommitter(Committer):
         files = [StagedFile(**m) for m in messages if m]
         write = self.write
         meta = MetaService(write.meta)
-        streaming = context.epoch is not None
+        epoch = context.epoch
+        streaming = epoch is not None
         # An unregistered streaming query writes as an implicit job named after it.
         name = f"query-{context.write_id[:8]}" if streaming and not write.job_named else write.job
         try:  # one writer per table: this commit's job, or WriterConflictError naming the table's other writer
@@ -118,9 +119,9 @@ class TableStoreCommitter(Committer):
         except Exception:
             self.abort(messages, context)  # nothing of a refused writer stays in the table's folder
             raise
-        if streaming:  # a micro-batch: the barrier its table-store input offered, else a new one
+        if epoch is not None:  # a micro-batch: the barrier its table-store input offered, else a new one
             app = context.write_id  # the streaming query's id
-            barrier = BarrierHandoff(write.meta).take(app, context.epoch, [self.table.name])
+            barrier = BarrierHandoff(write.meta).take(app, epoch, [self.table.name])
         elif write.write_id:  # a re-run of this write gets the same barrier: its replay is detected
             app = write.write_id
             barrier = BarrierHandoff(write.meta).take(app, 0, [self.table.name])

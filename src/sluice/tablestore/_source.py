@@ -114,8 +114,10 @@ class TableStoreReader(DataSourceReader):
     def _files(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
+        if not partition.uris:
+            return
         names = self.arrow_schema.names
-        fs = partition.warehouse.filesystem() if partition.uris else None
+        fs = partition.warehouse.filesystem()
         for uri in partition.uris:
             with fs.open_input_file(partition.warehouse.path(uri)) as file:
                 for batch in pq.ParquetFile(file).iter_batches(batch_size=65536, columns=names):
@@ -172,7 +174,12 @@ class TableStoreStreamReader(OpenStreamReaderCore[BarrierOffset, VersionRange]):
         barrier = meta.aligned_barrier([self.table.name, *self.aligned_with], start.barrier)
         if barrier == start.barrier:
             return start
-        return BarrierOffset(barrier, meta.barrier_version(self.table.name, barrier))
+        version = meta.barrier_version(self.table.name, barrier)
+        if version is None:  # aligned_barrier answers only barriers every table completed
+            raise TableStoreError(f"table '{self.table.name}' has no recorded version for barrier {barrier}, which "
+                                  f"the tables {[self.table.name, *self.aligned_with]} all completed (was its barrier "
+                                  "pruned by vacuum?)")
+        return BarrierOffset(barrier, version)
 
     def plan(self, start: BarrierOffset, end: BarrierOffset) -> list[VersionRange]:
         return [VersionRange(self.table, start.version, end.version, end.barrier, BarrierHandoff(self.meta))]

@@ -122,7 +122,7 @@ def _s3_storage(options: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         raise OptionError(f"storage.endpoint {endpoint!r} needs its scheme: http://host:port or https://host")
     allow_http = options.get("storage.allow-http")
     if allow_http is None:
-        allow_http = bool(endpoint) and endpoint.lower().startswith("http://")
+        allow_http = endpoint is not None and endpoint.lower().startswith("http://")
     if endpoint and endpoint.lower().startswith("http://") and not allow_http:
         raise OptionError(f"storage.endpoint {endpoint!r} is plain http but storage.allow-http is false")
     if allow_http:

@@ -118,7 +118,7 @@ class _Quorum:
             if not self.ports:
                 taken: set[int] = set()
                 for node in range(1, self.size + 1):
-                    picked = []
+                    picked: list[int] = []
                     while len(picked) < 3:
                         port = free_port()
                         if port not in taken:
@@ -136,7 +136,10 @@ class _Quorum:
 class _Clients:
     """Clients of a running Kafka: `client_config()` for confluent_kafka, `admin()`, `create_topic()`."""
 
-    bootstrap_servers: str
+    @property
+    def bootstrap_servers(self) -> str:
+        """The brokers' host:port, comma-separated (each kind of server gives its own)."""
+        raise NotImplementedError
 
     def _security_config(self) -> dict[str, str]:
         return {}

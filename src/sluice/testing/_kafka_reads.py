@@ -4,7 +4,10 @@ many offsets its logs hold, committed or not."""
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 
 class KafkaRecord(NamedTuple):
@@ -15,6 +18,16 @@ class KafkaRecord(NamedTuple):
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
     timestamp: int  # milliseconds since the epoch
+
+
+def _record(m: Message) -> KafkaRecord:
+    """A consumed record (one without error): librdkafka sets its topic, partition and offset, and gives its headers
+    as (key, bytes or None) pairs (the stub's other header forms are for producing)."""
+    topic, partition, offset = m.topic(), m.partition(), m.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError(f"a consumed record without topic, partition or offset: {m!r}")
+    headers = cast("list[tuple[str, bytes | None]]", m.headers() or [])
+    return KafkaRecord(topic, partition, offset, m.key(), m.value(), list(headers), m.timestamp()[1])
 
 
 def read_committed(config: dict[str, Any], topic: str, *, isolation: str = "read_committed",
@@ -43,8 +56,7 @@ def read_committed(config: dict[str, Any], topic: str, *, isolation: str = "read
             for m in consumer.consume(10_000, timeout=0.5):
                 error = m.error()
                 if error is None:
-                    records.append(KafkaRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                               list(m.headers() or []), m.timestamp()[1]))
+                    records.append(_record(m))
                 elif error.code() == KafkaError._PARTITION_EOF:
                     pending.discard(m.partition())
                 else:

@@ -40,11 +40,17 @@ class ServerCertificate:
     def pkcs12(self, password: str) -> bytes:
         """The key and the certificate chain as a PKCS#12 key store (what a Java server reads), under `password`."""
         from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
         from cryptography.hazmat.primitives.serialization import pkcs12
         from cryptography.x509 import load_pem_x509_certificate
 
+        key = serialization.load_pem_private_key(self.key_pem.encode(), None)
+        # The kinds of key PKCS#12 holds (the CA makes P-256 ones); pkcs12 refuses others with a TypeError too.
+        if not isinstance(key, rsa.RSAPrivateKey | dsa.DSAPrivateKey | ec.EllipticCurvePrivateKey
+                          | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey):
+            raise TypeError(f"a PKCS#12 key store cannot hold a {type(key).__name__}")
         return pkcs12.serialize_key_and_certificates(
-            b"server", serialization.load_pem_private_key(self.key_pem.encode(), None),
+            b"server", key,
             load_pem_x509_certificate(self.cert_pem.encode()), [load_pem_x509_certificate(self.ca_pem.encode())],
             serialization.BestAvailableEncryption(password.encode()))
 

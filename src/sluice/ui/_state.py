@@ -77,12 +77,12 @@ def read_state(meta: MetaService, include_ended: bool = True, now: float | None 
     tables = []
     for name, newest in sorted(last.items()):
         upstream = tuple(sorted(fed_by.get(name, ())))
-        ups = [last[u][0] for u in upstream if last.get(u)]
+        ups = [barrier[0] for u in upstream if (barrier := last.get(u))]
         lag = max(0.0, (max(ups) - newest[0]) / 1000.0) if newest and ups else None
         tables.append(TableView(name, newest[1] if newest else None, as_time(newest[0], True) if newest else None,
                                 counts[name], upstream, lag, round(now - newest[0] / 1000.0, 3) if newest else None))
     def commit_age(sinks: tuple[str, ...]) -> float | None:
-        newest = [last[s][0] for s in sinks if last.get(s)]
+        newest = [barrier[0] for s in sinks if (barrier := last.get(s))]
         return round(now - max(newest) / 1000.0, 3) if newest else None
 
     views = tuple(JobView(j.job_id, j.name, j.status, j.sources, j.sinks, f"{j.host}:{j.pid}" if j.host else "",

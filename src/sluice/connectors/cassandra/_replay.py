@@ -49,7 +49,7 @@ class KeyspaceReplayGuard(ReplayGuard):
             (self.conn.keyspace, self.table))
         return found.one() is not None
 
-    def _refused(self, error: Exception) -> Exception:
+    def _refused(self, error: Exception) -> BaseException:
         from cassandra import RequestValidationException
 
         if isinstance(error, RequestValidationException):  # a table of other columns, or a missing permission

@@ -155,12 +155,16 @@ class RowEncoder:
                     values[c] = [UNSET_VALUE if v is None else v for v in values[c]]
         stamp_list = stamps.tolist()
         upsert_rows = list(zip(*(values[c] for c in plan.columns), stamp_list, ttls, strict=True))
-        key_rows = list(zip(*(values[c] for c in plan.primary_key), strict=True)) if deletes.any() else None
+        delete, key_rows = self.delete, []
+        if deletes.any():
+            if delete is None:  # deletes come from plan.op_column, for which RowPlan.statements prepares a DELETE
+                raise SinkError(f"rows to delete from {self.table} but no DELETE statement was prepared")
+            key_rows = list(zip(*(values[c] for c in plan.primary_key), strict=True))
         statements, sizes = [], []
         for i in range(n):
             try:
-                if deletes[i]:
-                    bound = self.delete.bind((stamp_list[i], *key_rows[i]))
+                if deletes[i] and delete is not None:  # (delete is set whenever a row is one: checked above)
+                    bound = delete.bind((stamp_list[i], *key_rows[i]))
                 else:
                     bound = self.insert.bind(upsert_rows[i])
             except (TypeError, ValueError, OverflowError) as e:

@@ -8,7 +8,7 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import quote
 
 from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, check_http_endpoint
@@ -56,8 +56,16 @@ def quote_literal(value: str) -> str:
 RETRYABLE_CODES = frozenset({159, 160, 202, 203, 209, 210, 241, 242, 252, 319, 425, 999})
 AUTH_CODES = frozenset({192, 193, 194, 516})  # UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, AUTHENTICATION_FAILED
 # Arrow as Spark takes it: strings as strings (not binary), LowCardinality as plain values, no compression.
-ARROW_OUTPUT = {"output_format_arrow_compression_method": "none", "output_format_arrow_string_as_string": 1,
-                "output_format_arrow_low_cardinality_as_dictionary": 0}
+class ArrowOutput(TypedDict):
+    """The ClickHouse settings of an ArrowStream result, typed so they pass as Connection.request's **settings."""
+
+    output_format_arrow_compression_method: str
+    output_format_arrow_string_as_string: int
+    output_format_arrow_low_cardinality_as_dictionary: int
+
+
+ARROW_OUTPUT = ArrowOutput(output_format_arrow_compression_method="none", output_format_arrow_string_as_string=1,
+                           output_format_arrow_low_cardinality_as_dictionary=0)
 _CODE = re.compile(r"Code: (\d+)")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -114,7 +115,7 @@ class ClickHouseStore(BlockingStore):
 
     def write_batch(self, batch: Batch) -> None:
         body = self.plan.body(self.rows.table(batch.entries))
-        settings = dict(self.plan.settings)
+        settings: dict[str, Any] = dict(self.plan.settings)  # ClickHouse settings, for request's **settings
         if self.plan.deduplicate:
             settings["insert_deduplication_token"] = self.plan.token(self.context, batch.entries[0], body)
         self.plan.conn.request(self.plan.statement, body=body, **settings)

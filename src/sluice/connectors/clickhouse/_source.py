@@ -52,7 +52,7 @@ class ClickHouseEnumerator(SplitEnumerator):
     def discover(self) -> list[Split]:
         key = self.info.sorting_key[0] if self.info.sorting_key else None
         kind = self.types.get(key) if key else None
-        if kind is None or kind.base.name not in RANGED or kind.nullable or self.partitions == 1:
+        if key is None or kind is None or kind.base.name not in RANGED or kind.nullable or self.partitions == 1:
             return [Split("all")]
         column = _as_number(kind.base, quote_ident(key))
         bounds = self.conn.rows(f"SELECT toString(min({column})), toString(max({column})) FROM {self.conn.target}")

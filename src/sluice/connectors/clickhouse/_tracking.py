@@ -87,6 +87,8 @@ class ClickHouseTrackingSql:
 class ClickHouseTrackingEnumerator(SqlTrackingEnumerator):
     """Driver side: the head and the ends of capped ranges, over HTTP."""
 
+    sql: ClickHouseTrackingSql  # the store's own TrackingSql: it also holds the connection
+
     def __init__(self, sql: ClickHouseTrackingSql, column: str, final: bool) -> None:
         self.sql, self.column, self.kind = sql, column, sql.kind
         self.source = sql.conn.target + (" FINAL" if final else "")

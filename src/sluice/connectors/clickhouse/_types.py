@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from sluice.connector import OptionError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType
 
 SIGNED = {"Int8": 8, "Int16": 16, "Int32": 32, "Int64": 64}
 UNSIGNED = {"UInt8": 8, "UInt16": 16, "UInt32": 32, "UInt64": 64}
@@ -84,12 +88,14 @@ def _unquote(token: str) -> str:
 
 def parse_type(spelled: str) -> CHType:
     """A type as system.columns spells it, e.g. `Array(Tuple(a Nullable(Int32), b LowCardinality(String)))`."""
-    tokens, text, at = [], spelled.strip(), 0
+    tokens: list[tuple[str, str]] = []
+    text, at = spelled.strip(), 0
     while at < len(text):
         match = _TOKEN.match(text, at)
-        if match is None:
+        kind = match.lastgroup if match is not None else None  # every alternative of _TOKEN is a named group
+        if match is None or kind is None:
             raise ValueError(f"cannot parse ClickHouse type {spelled!r} at position {at}")
-        tokens.append((match.lastgroup, match.group(match.lastgroup)))
+        tokens.append((kind, match.group(kind)))
         at = match.end()
     parsed, end = _parse(tokens, 0)
     if end != len(tokens):
@@ -220,7 +226,7 @@ ACCEPTS = {
 }
 
 
-def write_problem(t: CHType, spark_type: object, where: str) -> str | None:
+def write_problem(t: CHType, spark_type: DataType, where: str) -> str | None:
     """Why a Spark value of `spark_type` cannot go into a ClickHouse `t` (None when it can); `where` names the
     place (a column, or an element of one)."""
     from pyspark.sql.types import ArrayType, MapType, StructType

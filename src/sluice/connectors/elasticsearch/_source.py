@@ -109,7 +109,7 @@ def filter_clause(f: Any, kinds: dict[str, str]) -> dict | None:
     if attribute is None or kinds.get(".".join(attribute)) not in FILTERABLE:
         return None
     field = ".".join(attribute)
-    value = getattr(f, "value", None)
+    value: Any = getattr(f, "value", None)  # a scalar, or In's tuple of them
     if isinstance(value, dt.datetime | dt.date):
         value = value.isoformat()
     if kind == "EqualTo" and value is not None:
@@ -228,7 +228,7 @@ class SliceReader(SplitReader):
             hits = answer["hits"]["hits"]
             if not hits:
                 return
-            columns = {f.name: [] for f in self.schema.fields}
+            columns: dict[str, list[Any]] = {f.name: [] for f in self.schema.fields}
             for hit in hits:
                 for f in self.schema.fields:
                     columns[f.name].append(python_value(self.value(hit, f), f.dataType, f.name))

@@ -101,7 +101,7 @@ class Connection:
                 else:
                     from thriftpy2.rpc import make_client
 
-                    client = make_client(thrift().THBaseService, host, self.port, timeout=self.timeout_s * 1000,
+                    client = make_client(thrift().THBaseService, host, self.port, timeout=int(self.timeout_s * 1000),
                                          proto_factory=TCyBinaryProtocolFactory(),
                                          trans_factory=TCyBufferedTransportFactory())
             except Exception as e:

@@ -82,7 +82,7 @@ def key_range(filters: Sequence[Any], key: KeyCodec, schema: pa.Schema) -> tuple
         name = type(f).__name__
         if tuple(getattr(f, "attribute", ())) != (first,) or kind in _FLOATING:
             continue
-        value = getattr(f, "value", None)
+        value: Any = getattr(f, "value", None)  # a scalar of the filter's kind (a str for StringStartsWith)
         part: KeyRange | None
         if name == "StringStartsWith" and kind == "string":
             low = value.encode()

@@ -95,7 +95,8 @@ def probe(write: WriteOptions, topics: list[str]) -> Cluster:
 
     client, timeout_s = write.client, write.timeout_ms / 1000.0
     errors: list[Any] = []
-    admin = AdminClient({**connection_settings(client), "error_cb": errors.append, "log_level": 0})
+    settings: dict[str, Any] = {**connection_settings(client), "error_cb": errors.append, "log_level": 0}
+    admin = AdminClient(settings)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as e:

@@ -57,7 +57,7 @@ class KafkaEnumerator(SplitEnumerator):
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._errors: list[Any] = []  # what librdkafka reported on its own (failed authentication, ...)
+            self._errors = []  # what librdkafka reported on its own (failed authentication, ...)
             self._admin = AdminClient(self.options.client.config(**{
                 "socket.timeout.ms": self.options.timeout_ms, "error_cb": self._errors.append}))
         return self._admin
@@ -173,6 +173,8 @@ class KafkaEnumerator(SplitEnumerator):
         if offset == LATEST or (offset is None and rule == "latest"):
             return OffsetSpec.latest()
         if offset is None:
+            if timestamp is None:  # parse_positions gives every rule but earliest and latest its timestamp
+                raise OptionError(f"reading from '{rule}' needs a timestamp, and none was given")
             return OffsetSpec.for_timestamp(timestamp)
         return None  # a given offset: checked against the partition's earliest and latest
 

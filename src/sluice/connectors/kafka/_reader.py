@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from functools import partial
 from itertools import accumulate
 from operator import is_not, itemgetter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -182,7 +182,8 @@ class KafkaSplitReader(SplitReader):
             # librdkafka's types are Kafka's TimestampType ids + 1 (0: none, 1: create time, 2: log append time).
             columns["timestampType"] = pa.array(np.fromiter(map(itemgetter(0), stamps), np.int32, n) - 1)
         if "headers" in names:
-            columns["headers"] = headers_array(list(map(Message.headers, records)),
-                                               self.arrow_schema.field("headers").type)
+            # A consumed record's headers are (key, bytes or None) pairs: the stub's other forms are for producing.
+            headers = cast("list[list[tuple[str, bytes | None]] | None]", list(map(Message.headers, records)))
+            columns["headers"] = headers_array(headers, self.arrow_schema.field("headers").type)
         return pa.RecordBatch.from_arrays([columns[name].cast(self.arrow_schema.field(name).type) for name in names],
                                           schema=self.arrow_schema)

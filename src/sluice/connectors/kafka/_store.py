@@ -279,19 +279,21 @@ class KafkaStore(Store):
         if isinstance(cause, DeliveryError):
             from confluent_kafka import KafkaError
 
+            code = getattr(cause.error, "code", lambda: None)()
             hint = {
                 KafkaError.UNKNOWN_TOPIC_OR_PART: "the topic does not exist (topics are not created by the sink)",
                 KafkaError._UNKNOWN_TOPIC: "the topic does not exist (topics are not created by the sink)",
                 KafkaError._UNKNOWN_PARTITION: "the partition column names a partition the topic does not have",
                 KafkaError.TOPIC_AUTHORIZATION_FAILED: "the user may not write to this topic",
-            }.get(getattr(cause.error, "code", lambda: None)())
+            }.get(code) if code is not None else None
             if hint:
                 return SinkError(f"{cause}: {hint}.", store=self.name, target=self.target,
                                  batch_records=error.batch_records, cause=cause)
         return error
 
     def pre_commit(self) -> Any:
-        message = {"partition": self.context.partition_id, "records": self.records, "skipped": self.skipped}
+        message: dict[str, int | str] = {"partition": self.context.partition_id, "records": self.records,
+                                         "skipped": self.skipped}
         if self.txn is not None:
             if self.txn.open:
                 self._stop.set()  # commit_transaction serves the delivery callbacks itself from here on

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +119,7 @@ class PostgresStore(BlockingStore):
             raise wrapped from None
         self._done(batch)
 
-    def _ingest(self, conn: Any, cur: Any, table: pa.Table, entries: list[int]) -> None:
+    def _ingest(self, conn: Any, cur: Any, table: pa.Table, entries: Sequence[int]) -> None:
         """COPY BINARY (ADBC) into the staging table, the table itself, or a temporary table applied by SQL."""
         plan = self.plan
         if plan.stage_table:
@@ -148,7 +149,7 @@ class PostgresStore(BlockingStore):
         with conn.cursor() as cur, cur.copy(f"COPY {self.plan.target} ({cols}) FROM STDIN (FORMAT csv)") as copy:
             copy.write(sink.getvalue())
 
-    def _tagged(self, table: pa.Table, entries: list[int]) -> pa.Table:
+    def _tagged(self, table: pa.Table, entries: Sequence[int]) -> pa.Table:
         n = table.num_rows
         ctx = self.context
         epoch = ctx.epoch if ctx.epoch is not None else -1

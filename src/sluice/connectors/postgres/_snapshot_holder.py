@@ -13,6 +13,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # not imported at run time: psycopg is imported where it is used
+    import psycopg
 
 
 def _alive(pid: int) -> bool:
@@ -34,7 +38,7 @@ def holder_name(slot: str, snapshot: str, channel: str) -> str:
     return f"sluice/{hashlib.sha1(slot.encode()).hexdigest()[:8]}/{snapshot}/{channel.rsplit('_', 1)[-1]}"
 
 
-def _create_slot(holder: object, slot: str, failover: bool) -> str:
+def _create_slot(holder: psycopg.Connection[Any], slot: str, failover: bool) -> str:
     """CREATE_REPLICATION_SLOT over the replication protocol (simple query; names are quoted by the caller).
     FAILOVER: PostgreSQL 17+ (the driver refuses the option on older servers)."""
     options = "SNAPSHOT 'export', FAILOVER" if failover else "SNAPSHOT 'export'"
@@ -42,6 +46,8 @@ def _create_slot(holder: object, slot: str, failover: bool) -> str:
     if result.status != 2:  # PGRES_TUPLES_OK
         raise RuntimeError((result.error_message or b"CREATE_REPLICATION_SLOT failed").decode(errors="replace"))
     lsn, snapshot = result.get_value(0, 1), result.get_value(0, 2)
+    if lsn is None or snapshot is None:  # both are set when a slot is created with SNAPSHOT 'export'
+        raise RuntimeError("CREATE_REPLICATION_SLOT returned no consistent point or no snapshot")
     return f"{snapshot.decode()} {lsn.decode()}"
 
 
@@ -49,9 +55,9 @@ def _serve(channel: str, idle_timeout_s: float, watch_pid: int, slot: str | None
     import psycopg
 
     uri = os.environ.pop("SLUICE_PG_URI")
-    extra = {"replication": "database"} if slot else {}
-    # autocommit=True: psycopg would otherwise open its own transaction before our BEGIN
-    with psycopg.connect(uri, autocommit=True, **extra) as holder, \
+    # autocommit=True: psycopg would otherwise open its own transaction before our BEGIN. A parameter given as None
+    # is left out of the connection string.
+    with psycopg.connect(uri, autocommit=True, replication="database" if slot else None) as holder, \
             psycopg.connect(uri, autocommit=True) as listener:
         listener.execute(f'LISTEN "{channel}"')
         if slot:

@@ -212,18 +212,19 @@ def filter_sql(f: Filter, exprs: dict[str, tuple[str, bool]]) -> str | None:
         return f"strpos({col}, {lit}) > 0"
     if isinstance(f, In):
         lits = [_literal(v) for v in f.value if v is not None]
-        if not lits or any(x is None for x in lits):
+        known = [x for x in lits if x is not None]
+        if not known or len(known) < len(lits):
             return None
-        return f"{col}{_C if is_text else ''} IN ({', '.join(lits)})"  # type: ignore[arg-type]  # no None: above
+        return f"{col}{_C if is_text else ''} IN ({', '.join(known)})"
     ops = {EqualTo: "=", EqualNullSafe: "IS NOT DISTINCT FROM", GreaterThan: ">", GreaterThanOrEqual: ">=",
            LessThan: "<", LessThanOrEqual: "<="}
     op = ops.get(type(f))
     if op is None:
         return None
-    lit = _literal(f.value)
-    if lit is None:
+    literal = _literal(f.value)
+    if literal is None:
         return None
-    return f"{col}{_C if is_text else ''} {op} {lit}"
+    return f"{col}{_C if is_text else ''} {op} {literal}"
 
 
 # ------------------------------------------------------------------------------------------------ splits

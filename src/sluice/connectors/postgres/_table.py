@@ -179,8 +179,8 @@ class TablePlan:
             # PostgreSQL rounds to the scale, then refuses |value| >= 10^(precision - scale). Checked in float64:
             # exact far from the limit, and within a rounding step of it PostgreSQL's own check still applies.
             column = pc.cast(batch.column(name), pa.float64())
-            limit = 10.0 ** (precision - scale) - 0.5 * 10.0 ** -scale
-            over = pc.greater_equal(pc.abs(column), limit)
+            bound = 10.0 ** (precision - scale) - 0.5 * 10.0 ** -scale
+            over = pc.greater_equal(pc.abs(column), bound)
             if pc.any(over).as_py():
                 first = pc.index(over, True).as_py()
                 self._refuse(batch, first, f"value {batch.column(name)[first].as_py()} of column '{name}' does not "

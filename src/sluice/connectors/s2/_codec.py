@@ -200,7 +200,7 @@ class S2Encoder:
         def b(value: Any) -> bytes:
             return value if isinstance(value, bytes) else str(value).encode()
 
-        out = []
+        out: list[list[tuple[bytes, bytes]]] = []
         for row in rows:
             if row is None:
                 out.append([])
@@ -272,6 +272,7 @@ class S2Encoder:
                  ) -> tuple[list[Any], list[int]]:
         record = self._record
         n = len(bodies)
+        entries: list[Any]  # records, or (stream, record) pairs
         if self.stamper is not None:
             numbers = self.stamper.numbers(streams, n)
             writer = self.stamper.writer
@@ -282,16 +283,17 @@ class S2Encoder:
             headers = stamps if headers is None else [h + s for h, s in zip(headers, stamps, strict=True)]
         if isinstance(streams, str) and self.bare_records:
             if headers is None and timestamps is None:
-                entries = [record(b, _NO_HEADERS) for b in bodies]
+                # s2_sdk only iterates and measures a Record's headers: a tuple serves where it declares a list.
+                entries = [record(b, _NO_HEADERS) for b in bodies]  # type: ignore[arg-type]
             else:
                 hs = headers if headers is not None else [_NO_HEADERS] * n
                 ts = timestamps if timestamps is not None else [None] * n
-                entries = [record(b, h, t) for b, h, t in zip(bodies, hs, ts, strict=True)]
+                entries = [record(b, h, t) for b, h, t in zip(bodies, hs, ts, strict=True)]  # type: ignore[arg-type]
         elif isinstance(streams, str):
             if headers is None and timestamps is None:
                 entries = [(streams, record(b)) for b in bodies]
-            elif timestamps is None:
-                entries = [(streams, record(b, h)) for b, h in zip(bodies, headers, strict=True)]
+            elif timestamps is None:  # so headers is not None
+                entries = [(streams, record(b, h)) for b, h in zip(bodies, headers or [], strict=True)]
             else:
                 hs = headers if headers is not None else [[] for _ in range(n)]
                 entries = [(streams, record(b, h, t)) for b, h, t in zip(bodies, hs, timestamps, strict=True)]

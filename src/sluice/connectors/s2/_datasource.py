@@ -97,7 +97,7 @@ class _S2Base(SinkDataSource, SourceDataSource):
         options = self.read_options_type.of(opts)
         upsert = isinstance(options, UpsertReadOptions)
         materialize = batch and upsert  # the latest row per key, as a table
-        if upsert:
+        if isinstance(options, UpsertReadOptions):
             missing = [c for c in options.primary_key if c not in schema.fieldNames()]
             if missing:
                 raise OptionError(f"primary-key column(s) {missing} are not in the schema {schema.simpleString()}")

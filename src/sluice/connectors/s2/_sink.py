@@ -29,19 +29,20 @@ class S2Committer(Committer):
     def commit(self, messages: list[Any], context: WriteContext) -> None:
         streams = sorted({s for m in messages if m for s in m.get("streams", {})})
         if self.conn is not None and streams:
-            asyncio.run(self._fence(streams, context))
+            asyncio.run(self._fence(self.conn, streams, context))
         log.debug("s2 epoch %s of %s committed by %d task(s)", context.epoch, context.write_id, len(messages))
 
-    async def _fence(self, streams: list[str], context: WriteContext) -> None:
+    @staticmethod
+    async def _fence(conn: Connection, streams: list[str], context: WriteContext) -> None:
         import s2_sdk
 
-        async with self.conn.client() as client:
+        async with conn.client() as client:
             try:
-                basin = client.basin(self.conn.basin)
-                await append_commit_fences([self.conn.stream(basin, name) for name in streams], context.write_id,
+                basin = client.basin(conn.basin)
+                await append_commit_fences([conn.stream(basin, name) for name in streams], context.write_id,
                                            context.epoch)
             except s2_sdk.S2Error as error:
-                raise explain_sdk_error(error, self.conn.basin, None, "append", self.conn) \
+                raise explain_sdk_error(error, conn.basin, None, "append", conn) \
                     or error from None
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:

@@ -52,6 +52,13 @@ def parse_position(text: str, option: str) -> tuple[str, int | None]:
     return "timestamp", int(moment.timestamp() * 1000)
 
 
+def _number(kind: str, value: int | None) -> int:
+    """The seq num or epoch ms of a ('seq' or 'timestamp', n) position (parse_position always gives them one)."""
+    if value is None:
+        raise OptionError(f"an s2 position of kind '{kind}' carries no number")
+    return value
+
+
 class S2Enumerator(SplitEnumerator):
     def __init__(self, conn: Connection, options: ReadOptions, batch: bool) -> None:
         self.conn = conn
@@ -62,7 +69,8 @@ class S2Enumerator(SplitEnumerator):
         self.end = parse_position(options.s2_end, "s2.end") if batch else ("latest", None)
         if self.end[0] == "earliest":
             raise OptionError("s2.end=earliest would read nothing; use latest, a seq num or a timestamp")
-        if self.start[0] == self.end[0] and self.start[0] in ("seq", "timestamp") and self.start[1] > self.end[1]:
+        (start_kind, start_at), (end_kind, end_at) = self.start, self.end
+        if start_kind == end_kind and start_at is not None and end_at is not None and start_at > end_at:  # seq, time
             # Refused as given, before positions are clamped to a stream's tail (which could hide it).
             raise OptionError(f"s2.start={options.s2_start} is after s2.end={options.s2_end}: the read would return "
                               "nothing. Swap them, or check which one you meant.")
@@ -130,11 +138,11 @@ class S2Enumerator(SplitEnumerator):
                 elif kind == "latest":
                     out.append(tail)
                 elif kind == "seq":
-                    out.append(min(value, tail))
+                    out.append(min(_number(kind, value), tail))
                 elif kind == "earliest" and tail == 0:
                     out.append(0)  # nothing was ever written: reading would only get S2's 416
                 else:
-                    start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(value)
+                    start = s2_sdk.SeqNum(0) if kind == "earliest" else s2_sdk.Timestamp(_number(kind, value))
                     try:
                         batch = await stream.read(start=start, limit=s2_sdk.ReadLimit(count=1))
                     except s2_sdk.ReadUnwrittenError as at_tail:

@@ -19,12 +19,17 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.connector import Batch, ErrorKind, RetryableError, SinkError, Store, ThrottledError, WriteContext
 from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._commits import opening_token
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 MIB = 1024 * 1024
 
@@ -284,7 +289,7 @@ class S2Store(Store):
         except BaseException as error:
             raise _about(error, stream, "append") from None
 
-    async def _submit(self, entries: list[Any], sizes: list[int]) -> None:
+    async def _submit(self, entries: Sequence[Any], sizes: Sequence[int] | NDArray[np.integer]) -> None:
         parts: dict[str, tuple[list[Any], list[int]]] = {}
         for (stream, record), size in zip(entries, sizes if len(sizes) else [0] * len(entries), strict=True):
             records, part_sizes = parts.setdefault(stream, ([], []))

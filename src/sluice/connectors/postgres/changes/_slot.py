@@ -219,7 +219,9 @@ def list_slots(conn: Connection, prefix: str = "sluice_") -> list[SlotInfo]:
                           "to_jsonb(s) ->> 'inactive_since' FROM pg_replication_slots s WHERE slot_type = 'logical' "
                           "AND NOT temporary AND starts_with(slot_name, %s) "
                           "ORDER BY 1", (prefix,)).fetchall()
-        return [SlotInfo(*row[:6], query=slot_holder(pg, row[0]), inactive_since=row[6]) for row in rows]
+        return [SlotInfo(name, database, active, confirmed, retained, wal_status, query=slot_holder(pg, name),
+                         inactive_since=since)
+                for name, database, active, confirmed, retained, wal_status, since in rows]
 
 
 def drop_slot(conn: Connection, slot: str, *, publication: bool = True, force: bool = False) -> None:

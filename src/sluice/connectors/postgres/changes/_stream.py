@@ -110,6 +110,9 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
         holder.release_pipes()
         self._holder = holder
         shared = holder.shared
+        if shared.lsn is None:  # a holder given `slot` creates it and prints its consistent point after the snapshot
+            raise PostgresError(f"the snapshot holder of replication slot '{s.slot}' reported no consistent point "
+                                "for the slot it created")
         return ChangeOffset(parse_lsn(shared.lsn), snapshot=shared.snapshot_id, channel=shared.channel)
 
     def _create_slot(self, pg: Any) -> str:
