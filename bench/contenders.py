@@ -28,3 +28,15 @@ def best_rounds(runs: dict[str, list[tuple[float, dict[str, float]]]], details: 
                          "all_rounds_rows_per_s": [round(rows / s) for s, _ in measured],
                          "cpu_s": cpu, **details[name][best]}
     return results
+
+
+def write_details(summary: dict, rows: int) -> dict:
+    """What a sluice write's summary says of its requests, for a contender's details: checks that it wrote `rows`
+    and did not fail first."""
+    assert summary["status"] != "failed" and summary["records"] == rows, summary
+    return {
+        "client_p50_ms": summary["submit_latency_p50_ms"], "client_p99_ms": summary["submit_latency_p99_ms"],
+        "requests": summary["batches"], "rows_per_request": round(summary["records"] / summary["batches"], 1),
+        "request_kib": round(summary["bytes"] / summary["batches"] / 1024, 1),
+        "peak_inflight": summary["peak_inflight"], "tasks": summary["tasks"], "retries": summary["retries"],
+        "throttles": summary["throttles"], "flush_reasons": summary["flush_reasons"]}

@@ -62,7 +62,7 @@ import uuid
 from contextlib import ExitStack
 from datetime import date
 
-from bench.contenders import best_rounds, rotate
+from bench.contenders import best_rounds, rotate, write_details
 from bench.cpu import clocked_tree, rss_mib, stdout_to_stderr
 from bench.measures import percentile
 
@@ -257,14 +257,8 @@ def contend(tables: Tables, df, arrow, base: dict[str, str], rows: int, rounds: 
         table = tables.fresh()
         opts = {**base, "table": table, **extra}
         runs[name].append(tables.timed(lambda: sluice.write(df, "hbase", opts)))
-        s = sluice.last_write_summary("hbase")
-        assert s["status"] != "failed" and s["records"] == rows, s
-        details[name].append({
-            "client_p50_ms": s["submit_latency_p50_ms"], "client_p99_ms": s["submit_latency_p99_ms"],
-            "requests": s["batches"], "rows_per_request": round(s["records"] / s["batches"], 1),
-            "peak_inflight": s["peak_inflight"], "tasks": s["tasks"], "retries": s["retries"],
-            "throttles": s["throttles"], "flush_reasons": s["flush_reasons"],
-            "check_scan_s": tables.finish(table, rows)})
+        details[name].append({**write_details(sluice.last_write_summary("hbase"), rows),
+                              "check_scan_s": tables.finish(table, rows)})
 
     def run_python() -> None:
         table = tables.fresh()

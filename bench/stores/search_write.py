@@ -54,7 +54,7 @@ import uuid
 from contextlib import ExitStack
 from datetime import date
 
-from bench.contenders import best_rounds, rotate
+from bench.contenders import best_rounds, rotate, write_details
 from bench.cpu import clocked_tree, rss_mib, stdout_to_stderr
 
 # What sluice's index.create=schema makes of the DataFrame's schema with mapping.text-columns=title.
@@ -138,14 +138,8 @@ def contend(indices: Indices, df, docs: list[dict], write_python, rows: int,
         index = indices.fresh()
         opts = {**base, "index": index, **extra}
         runs[name].append(indices.timed(lambda: sluice.write(df, "elasticsearch", opts)))
-        s = sluice.last_write_summary("elasticsearch")
-        assert s["status"] != "failed" and s["records"] == rows, s
-        details[name].append({
-            "client_p50_ms": s["submit_latency_p50_ms"], "client_p99_ms": s["submit_latency_p99_ms"],
-            "requests": s["batches"], "rows_per_request": round(s["records"] / s["batches"], 1),
-            "request_kib": round(s["bytes"] / s["batches"] / 1024, 1), "peak_inflight": s["peak_inflight"],
-            "tasks": s["tasks"], "retries": s["retries"], "throttles": s["throttles"],
-            "flush_reasons": s["flush_reasons"], "refresh_s": indices.finish(index, rows)})
+        details[name].append({**write_details(sluice.last_write_summary("elasticsearch"), rows),
+                              "refresh_s": indices.finish(index, rows)})
 
     def run_python() -> None:
         index = indices.fresh()
