@@ -31,6 +31,8 @@ FEATURES = {
     "streaming exactly-once across a restart": "streaming transactional writes, once each across a restart",
     "per-trigger caps": "per-trigger caps (`max-records/bytes/changes-per-trigger`)",
     "available-now with a cap": "`Trigger.AvailableNow` with a per-trigger cap",
+    "stream start errors whole":
+        "an error at a stream's start shown as sluice's (Spark's runner masks it as `UnboundLocalError`)",
     "restart from a checkpoint": "restart from a checkpoint with a cap (the start offset after a restart)",
     "aligned table-store inputs": "table-store jobs with aligned inputs (`aligned-with`)",
     "filter pushdown": "filter pushdown (`format(\"postgres\")`, `pushdown=true`)",

@@ -8,12 +8,22 @@ enumerator and reader carry what executors need.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sluice._options import Options
 from sluice.metrics._reads import ReadObserver
+from sluice.source._stream_start import reported_whole
 from sluice.spark._datasource import SluiceDataSource
 
 
 class SourceDataSource(SluiceDataSource):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A source's own `streamReader()` is wrapped so that an error raised when the stream starts reaches the
+        user whole, not masked by Spark's streaming runner (sluice/source/_stream_start.py says how)."""
+        super().__init_subclass__(**kwargs)
+        if "streamReader" in cls.__dict__:
+            cls.streamReader = reported_whole(cls.__dict__["streamReader"])  # type: ignore[method-assign]
+
     def read_options(self) -> Options:
         """The options of this read, parsed and checked once on the driver."""
         if self.read_spec is None:
