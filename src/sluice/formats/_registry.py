@@ -223,7 +223,8 @@ class RegistryClient:
         body = self._request("GET", f"/subjects/{quote(subject, safe='')}/versions/{version}", subject=subject)
         return self._registered(body, subject)
 
-    def _registered(self, body: dict[str, Any], subject: str, schema_type: SchemaType | None = None) -> RegisteredSchema:
+    def _registered(self, body: dict[str, Any], subject: str,
+                    schema_type: SchemaType | None = None) -> RegisteredSchema:
         """`schema_type`: what the caller sent (Apicurio's lookup answer leaves schemaType out for every type)."""
         kind = _schema_type(body.get("schemaType") or schema_type)
         schema = RegisteredSchema(int(body["id"]), kind, str(body["schema"]),
