@@ -10,6 +10,7 @@ from sluice._errors import OptionError
 from sluice.formats._registry import (
     IncompatibleSchema,
     RegistryClient,
+    RegistryError,
     RegistrySettings,
     RegistryTlsError,
     RegistryUnauthorized,
@@ -92,6 +93,15 @@ def test_unknown_id_and_unknown_subject_are_named_with_their_error_codes(client,
     with pytest.raises(SchemaNotFound) as not_under:  # lookup: the subject exists, the schema is not in it
         client.lookup(known.subject, "AVRO", avro("other"))
     assert not_under.value.error_code == 40403 and "not registered under subject" in str(not_under.value)
+
+
+def test_a_url_that_is_not_confluents_api_is_named(registry, client, new_subject):
+    known = client.register(new_subject(), "AVRO", avro("id", "r"))
+    forget_cached_schemas()
+    with pytest.raises(RegistryError) as wrong_root:  # Apicurio's root, without /apis/ccompat/v7
+        RegistryClient(RegistrySettings(registry.url, timeout_s=5)).schema_by_id(known.schema_id)
+    assert not isinstance(wrong_root.value, SchemaNotFound) and wrong_root.value.status == 404
+    assert "not the root of Confluent's Schema Registry API" in str(wrong_root.value)
 
 
 @pytest.mark.parametrize("auth", ["user-info", "bearer"])
