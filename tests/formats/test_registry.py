@@ -3,6 +3,7 @@ back each schema type, a compatibility level's refusal, errors by Confluent's er
 the per-process id cache across a stopped registry, HTTP basic authentication and TLS with a CA as PEM text."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -133,7 +134,7 @@ def test_settings_refuse_what_they_cannot_use():
     assert "pw" not in str(error.value)
 
 
-def test_the_id_cache_serves_a_known_id_while_the_registry_is_stopped(registry, client, new_subject):
+def test_a_stopped_registry_known_ids_from_the_cache_new_ones_waited_for(registry, client, new_subject):
     fetched = client.register(new_subject(), "AVRO", avro("id", "a"))
     never_fetched = client.register(new_subject(), "AVRO", avro("id", "b"))
     forget_cached_schemas()
@@ -145,10 +146,15 @@ def test_the_id_cache_serves_a_known_id_while_the_registry_is_stopped(registry, 
         with pytest.raises(RegistryUnreachable) as unreachable:  # negative control: an id not fetched before
             other_client.schema_by_id(never_fetched.schema_id)
         assert f"schema id {never_fetched.schema_id}" in str(unreachable.value)
+        # A client with time to wait asks again until the registry is back (on the same port and storage).
+        patient = RegistryClient(RegistrySettings(registry.ccompat_url, timeout_s=120))
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(patient.schema_by_id, never_fetched.schema_id)
+            registry.start()
+            assert json.loads(waiting.result(120).text) == json.loads(avro("id", "b"))
     finally:
-        registry.start()
-    # The registry came back on the same port and storage: the id not fetched before is there.
-    assert json.loads(client.schema_by_id(never_fetched.schema_id).text) == json.loads(avro("id", "b"))
+        if registry.pid is None:
+            registry.start()
 
 
 def test_subject_name_strategies():
