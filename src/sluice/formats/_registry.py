@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from sluice._errors import OptionError
 from sluice.formats._codec import RegisteredSchema, SchemaReference, SchemaType
@@ -73,8 +73,6 @@ class RegistrySettings:
             if user_info is not None:
                 raise OptionError(f"the schema registry's URL {_without_user_info(self.url)!r} carries a user and "
                                   "so do the settings' user-info: keep one")
-            from urllib.parse import unquote
-
             user_info = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         if user_info is not None and ":" not in user_info:
             raise OptionError("the schema registry's user-info must be 'user:password'")
