@@ -294,3 +294,43 @@ def test_framing_round_trip_and_bad_magic_named() -> None:
     split = _wire.split(values)
     assert split.bad.tolist() == [1, 2] and split.schema_ids.tolist() == [258, -1, -1]
     assert "magic byte 1" in split.first_bad_reason(values)
+
+
+ITEM_V1 = {
+    "type": "record",
+    "name": "Item",
+    "fields": [{"name": "sku", "type": "string"}, {"name": "n", "type": "int"}],
+}
+ITEM_V2 = {"type": "record", "name": "Item", "fields": [
+    {"name": "sku", "type": "bytes"}, {"name": "n", "type": "double"},
+    {"name": "unit", "type": "string", "default": "pc"}]}  # fmt: skip
+
+
+def nested(item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "record", "name": "Cart", "fields": [
+        {"name": "items", "type": {"type": "array", "items": item}},
+        {"name": "by_name", "type": {"type": "map", "values": item["name"]}},
+        {"name": "first", "type": ["null", item["name"]], "default": None}]}  # fmt: skip
+
+
+def test_nested_records_in_arrays_maps_and_unions_resolve() -> None:
+    carts = [
+        {"items": [{"sku": "a", "n": 1}, {"sku": "b", "n": 2}], "by_name": {"x": {"sku": "c", "n": 3}}, "first": None},
+        {"items": [], "by_name": {}, "first": {"sku": "d", "n": 4}},
+    ]
+    writer, reader = nested(ITEM_V1), nested(ITEM_V2)
+    bodies = fastavro_bodies(writer, carts)
+    out = AvroFormat().decode(bodies, registered(writer, 1), registered(reader, 2))
+    want = fastavro_read_resolved(writer, reader, bodies)
+    for w in want:
+        w["by_name"] = list(w["by_name"].items())
+    assert out.to_pylist() == want
+
+
+def test_sliced_arrays_decode_and_encode() -> None:
+    fmt = AvroFormat()
+    schema = registered(ALL_TYPES)
+    bodies = fastavro_bodies(ALL_TYPES, RECORDS)
+    assert fmt.decode(bodies.slice(1), schema, schema).to_pylist() == [as_spark(r) for r in RECORDS[1:]]
+    rows = pa.array([as_spark(r) for r in RECORDS], fmt.reader_type(schema))
+    assert fmt.encode(rows.slice(1, 2), schema).to_pylist() == bodies.to_pylist()[1:]
