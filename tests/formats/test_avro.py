@@ -334,3 +334,15 @@ def test_sliced_arrays_decode_and_encode() -> None:
     assert fmt.decode(bodies.slice(1), schema, schema).to_pylist() == [as_spark(r) for r in RECORDS[1:]]
     rows = pa.array([as_spark(r) for r in RECORDS], fmt.reader_type(schema))
     assert fmt.encode(rows.slice(1, 2), schema).to_pylist() == bodies.to_pylist()[1:]
+
+
+def test_dotted_names_and_references_across_namespaces() -> None:
+    inner = {"type": "record", "name": "b.Inner", "fields": [{"name": "v", "type": "int"}]}
+    schema = {
+        "type": "record",
+        "name": "a.Outer",
+        "fields": [{"name": "x", "type": inner}, {"name": "y", "type": "b.Inner"}],
+    }
+    bodies = fastavro_bodies(schema, [{"x": {"v": 1}, "y": {"v": 2}}])
+    out = AvroFormat().decode(bodies, registered(schema), registered(schema))
+    assert out.to_pylist() == [{"x": {"v": 1}, "y": {"v": 2}}]
