@@ -17,6 +17,9 @@ from sluice.formats._avro_schema import AvroType
 _PAD = 16
 
 
+Rows = np.ndarray | slice  # the records a step reads: an index array, or slice(None) for all of them
+
+
 class _Scan:
     def __init__(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         self.data = np.concatenate([data, np.zeros(_PAD, np.uint8)])
@@ -25,47 +28,60 @@ class _Scan:
         self.pos = starts.astype(np.int64).copy()
         self.reason: dict[int, str] = {}
         self.failed = np.zeros(len(starts), dtype=bool)
+        self.any_failed = False
 
-    def fail(self, rows: np.ndarray, mask: np.ndarray, reason: str) -> None:
-        for r in rows[mask & ~self.failed[rows]]:
+    def _index(self, rows: Rows) -> np.ndarray:
+        return np.arange(len(self.pos)) if isinstance(rows, slice) else rows
+
+    def sub(self, rows: Rows, mask: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(mask) if isinstance(rows, slice) else rows[mask]
+
+    def fail(self, rows: Rows, mask: np.ndarray, reason: str) -> None:
+        idx = self._index(rows)
+        for r in idx[mask & ~self.failed[idx]]:
             self.reason[int(r)] = reason
-        self.failed[rows[mask]] = True
+        self.failed[idx[mask]] = True
+        self.any_failed = True
 
-    def _bound(self, rows: np.ndarray, what: str) -> None:
+    def _bound(self, rows: Rows, what: str) -> None:
         over = self.pos[rows] > self.ends[rows]
         if over.any():
             self.fail(rows, over, f"the body ends inside {what} (EOF)")
-            self.pos[rows[over]] = self.ends[rows[over]]
+            self.pos[self.sub(rows, over)] = self.ends[self.sub(rows, over)]
 
-    def varint(self, rows: np.ndarray, what: str) -> np.ndarray:
+    def varint(self, rows: Rows, what: str) -> np.ndarray:
         """Zigzag-decoded longs at each row's position; the positions move past them. Byte by byte over the rows
-        whose varint goes on: most varints are one or two bytes, so this touches little more than those bytes."""
+        whose varint goes on: most varints are one or two bytes, so this touches little more than those bytes.
+        Positions past a body's end are caught where a length is skipped, or by the final check."""
         pos = self.pos[rows]
-        z = np.zeros(len(rows), dtype=np.uint64)
-        going = np.arange(len(rows))
-        for k in range(10):
+        byte = self.data[np.minimum(pos, self.limit)]
+        z = (byte & 0x7F).astype(np.uint64)
+        pos += 1
+        going = np.flatnonzero(byte >= 0x80)
+        for k in range(1, 10):
+            if not len(going):
+                break
             byte = self.data[np.minimum(pos[going], self.limit)]
             z[going] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
             pos[going] += 1
             going = going[byte >= 0x80]
-            if not len(going):
-                break
-        else:
-            unterminated = np.zeros(len(rows), dtype=bool)
+        if len(going):
+            unterminated = np.zeros(len(pos), dtype=bool)
             unterminated[going] = True
             self.fail(rows, unterminated, f"a varint of {what} runs past 10 bytes (bad varint)")
         self.pos[rows] = pos
-        self._bound(rows, what)
         value = (z >> np.uint64(1)).astype(np.int64) ^ -(z & np.uint64(1)).astype(np.int64)
-        return np.where(self.failed[rows], 0, value)
+        return np.where(self.failed[rows], 0, value) if self.any_failed else value
 
-    def skip(self, rows: np.ndarray, nbytes: np.ndarray | int, what: str) -> None:
+    def skip(self, rows: Rows, nbytes: np.ndarray | int, what: str) -> None:
         self.pos[rows] += nbytes
-        self._bound(rows, what)
+        if not isinstance(nbytes, int):  # a length read from the body: stop at the body's end
+            self._bound(rows, what)
 
-    def walk(self, t: AvroType, rows: np.ndarray, what: str) -> None:
-        rows = rows[~self.failed[rows]]
-        if not len(rows):
+    def walk(self, t: AvroType, rows: Rows, what: str) -> None:
+        if self.any_failed:
+            rows = self.sub(rows, ~self.failed[rows])
+        if not isinstance(rows, slice) and not len(rows):
             return
         k = t.kind
         if k == "null":
@@ -100,14 +116,15 @@ class _Scan:
             if out.any():
                 self.fail(rows, out, f"union branch {int(b[out][0])} of {what} is not one of {len(t.branches)}")
             for i, branch in enumerate(t.branches):
-                self.walk(branch, rows[b == i], what)
+                self.walk(branch, self.sub(rows, b == i), what)
         elif k in ("array", "map"):
             self._blocks(t, rows, what)
         else:
             raise AssertionError(k)
 
-    def _blocks(self, t: AvroType, rows: np.ndarray, what: str) -> None:
+    def _blocks(self, t: AvroType, all_rows: Rows, what: str) -> None:
         assert t.items is not None
+        rows = self._index(all_rows)
         while len(rows):
             count = self.varint(rows, f"the block count of {what}")
             sized = count < 0
@@ -167,10 +184,10 @@ def _width(t: AvroType) -> int | None:
 def first_bad(schema: AvroType, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[int, str] | None:
     """(index, reason) of the first body that is not exactly one record of `schema`, or None when all are."""
     s = _Scan(data, starts, ends)
-    s.walk(schema, np.arange(len(starts)), "the record")
-    short = ~s.failed & (s.pos < ends)
-    if short.any():
-        s.fail(np.arange(len(starts)), short, "the record ends before the body does (trailing bytes)")
+    s.walk(schema, slice(None), "the record")
+    everything = np.arange(len(starts))
+    s.fail(everything, ~s.failed & (s.pos > ends), "the body ends inside the record (EOF)")
+    s.fail(everything, ~s.failed & (s.pos < ends), "the record ends before the body does (trailing bytes)")
     if not s.failed.any():
         return None
     i = int(np.flatnonzero(s.failed)[0])
