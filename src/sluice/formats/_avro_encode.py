@@ -139,7 +139,7 @@ class Encoder:
                 else:
                     raise SchemaError(f"column {sub!r} of the Avro schema {t.name} is not in the rows: add it")
             else:
-                child = _field(arr, names[f.name])
+                child = arr.field(names[f.name])
             parts.append(self.encode(child, f.type, sub, child_live))
         if not parts:
             return _const(_EMPTY, len(arr))
@@ -241,7 +241,7 @@ class Encoder:
                 return value
             return pc.if_else(pa.array(valid), value, pa.scalar(varints(np.array([ni]))[0].as_py(), pa.binary()))
         # Spark's union struct: the first non-null member is the branch written
-        members = [_field(arr, j) for j in range(len(rest))]
+        members = [arr.field(j) for j in range(len(rest))]
         chosen = np.full(n, -1)
         for j in reversed(range(len(rest))):
             chosen = np.where(members[j].is_valid().to_numpy(zero_copy_only=False) & valid, j, chosen)
@@ -258,12 +258,6 @@ class Encoder:
                 )
                 out = pc.if_else(pa.array(pick), enc, out)
         return out
-
-
-def _field(arr: pa.StructArray, i: int) -> pa.Array:
-    """A struct's child with the struct's own nulls (Arrow keeps them apart)."""
-    child = arr.field(i)
-    return child
 
 
 def encode_rows(rows: pa.StructArray, schema: AvroType) -> pa.BinaryArray:
