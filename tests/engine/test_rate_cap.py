@@ -62,7 +62,7 @@ def _write_3000(step: float = 0.2, **config: Any) -> tuple[list[tuple[float, int
         return now[0]
 
     store = _TimedStore(now)
-    cfg = SinkConfig(batch_max_size=100, requests_max_buffered=5000, flush_buffer_timeout=60_000, **config)
+    cfg = SinkConfig(**{"batch_max_size": 100, "requests_max_buffered": 5000, "flush_buffer_timeout": 60_000, **config})
     with AsyncSinkWriter(store, cfg, clock=clock) as w:
         w.write_chunk(range(3000), [10] * 3000)
         w.flush()
@@ -86,6 +86,13 @@ def test_the_engine_holds_requests_back_to_the_cap():
     assert _over_the_cap(submits, 1000.0, 1000.0) == []
     assert submits[-1][0] >= 2.0 - 1e-9  # the 2,000 records past the burst took two seconds of the writer's clock
     assert w.stats.rate_wait_s > 0 and w.live().rate_wait_s == w.stats.rate_wait_s
+
+
+def test_under_a_cap_batches_are_cut_no_larger_than_its_burst():
+    """A store's batches of 1,000 under a 500 records/s share: cut to 500 (one second), so no batch goes over the
+    cap into debt at once."""
+    submits, _ = _write_3000(step=1.0, batch_max_size=1000, rate_records_per_second=500, rate_tasks=1)
+    assert {n for _, n in submits} == {500} and _over_the_cap(submits, 500.0, 500.0) == []
 
 
 def test_without_a_cap_everything_goes_at_once():

@@ -94,6 +94,12 @@ class AsyncSinkWriter:
         # The task's share of the write's rate cap; None (no cap) leaves the pump as it is without one.
         self._cap = None if records_per_s is None and bytes_per_s is None else \
             RateCap(records_per_s, bytes_per_s, clock())
+        # Under a cap, batches no larger than its burst (one second of the share): a larger one goes into debt at
+        # once, a whole batch over the cap (a store cutting tens of thousands of rows a batch, as COPY does).
+        self._batch_records = config.batch_max_size if records_per_s is None else \
+            max(1, min(config.batch_max_size, int(records_per_s)))
+        self._batch_bytes = config.flush_buffer_size if bytes_per_s is None else \
+            max(1, store.max_record_bytes or 1, min(config.flush_buffer_size, int(bytes_per_s)))
         self._rng = rng or random.Random()
         self.stats = WriteStats()
         # Called by the manager thread, which owns the state it reports, every observe_every_s while it runs.
@@ -328,8 +334,8 @@ class AsyncSinkWriter:
 
     def _request_info(self, now: float, partial: bool = True) -> RequestInfo:
         return RequestInfo(
-            self._limiter.batch_size_limit(self.config.batch_max_size),
-            self.config.flush_buffer_size, now, frozenset(self._busy_keys) if self._busy_keys else _NO_KEYS,
+            self._limiter.batch_size_limit(self._batch_records),
+            self._batch_bytes, now, frozenset(self._busy_keys) if self._busy_keys else _NO_KEYS,
             bool(self._checkpoints), partial,
         )
 
@@ -347,7 +353,7 @@ class AsyncSinkWriter:
         if not self._hold:
             if size >= limit:
                 return "batch-size", not self._keyed
-            if self._buffer.total_size_bytes() >= self.config.flush_buffer_size:
+            if self._buffer.total_size_bytes() >= self._batch_bytes:
                 return "batch-bytes", not self._keyed
         return self._partial_reason()
 
@@ -375,7 +381,7 @@ class AsyncSinkWriter:
             # One request info serves batch after batch while the window and the busy keys stay as they were (an
             # unordered write acknowledged at once: the whole pump); it is a frozen dataclass of six fields.
             if info is None or self._busy_keys or info.busy_keys \
-                    or info.batch_size != self._limiter.batch_size_limit(self.config.batch_max_size):
+                    or info.batch_size != self._limiter.batch_size_limit(self._batch_records):
                 info = self._request_info(now)
             if self._limiter.should_block(min(info.batch_size, self._buffer.size())):
                 break
