@@ -36,6 +36,7 @@ def run_case(spark, name: str, rows: int, partitions: int, cap: int, fmt: str, o
     sluice.write(df, fmt, {**options, "sink.rate.records-per-second": str(cap)})
     seconds = time.monotonic() - began
     summary = sluice.last_write_summary(fmt)
+    assert summary is not None, f"no summary of the {fmt} write"
     rate = rows / seconds
     return {"case": name, "tasks": partitions, "rows": rows, "seconds": round(seconds, 2),
             "rows_per_s": round(rate), "ratio_to_cap": round(rate / cap, 3),
@@ -58,9 +59,9 @@ def main() -> None:
 
     rows = int(args.cap * args.seconds)
     results = []
-    settings = {"native_transport_rate_limiting_enabled": True,
-                "native_transport_max_requests_per_second": REQUESTS_PER_SECOND,
-                "native_transport_throw_on_overload": True}
+    settings: dict[str, str | int | bool] = {"native_transport_rate_limiting_enabled": True,
+                                             "native_transport_max_requests_per_second": REQUESTS_PER_SECOND,
+                                             "native_transport_throw_on_overload": True}
     spark = sluice.session("bench-rate-cap", master="local[4]", **{"spark.sql.shuffle.partitions": "4"})
     with LocalPostgres() as pg:
         def pg_table() -> str:
