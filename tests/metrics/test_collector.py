@@ -21,7 +21,7 @@ from sluice.metrics._push import MetricsPusher
 def stats(records: int, inflight: int = 0, failed: int = 0) -> LiveStats:
     return LiveStats(records=records, bytes=10 * records, batches=records // 10, failed_records=failed, retries=0,
                      throttles=0, inflight_requests=inflight, inflight_records=inflight * 10, window=100, buffered=5,
-                     last_send_ms=2.5, at=0.0)
+                     last_send_ms=2.5, at=0.0, rate_wait_s=records / 100)
 
 
 def task(partition: int, fmt: str = "postgres", attempt: int = 0) -> TaskIdentity:
@@ -71,6 +71,7 @@ def test_reports_over_http_become_prometheus_metrics_named_as_flinks():
         assert live[("sluice_sink_numRecordsSendErrors_total", "clickhouse")] == 3
         assert live[("sluice_sink_inflightRequests", "clickhouse")] == 2
         assert live[("sluice_sink_currentSendTime", "clickhouse")] == 2.5
+        assert live[("sluice_sink_rateWaitSeconds_total", "clickhouse")] == 0.4  # the rate cap's wait (sink.rate.*)
         pusher.close(stats(60))
         ended = scrape(server)
         assert ended[("sluice_sink_numRecordsSend_total", "clickhouse")] == 60

@@ -78,7 +78,28 @@ SINK_OPTIONS: tuple[Option, ...] = (
         "sink.retry-delay-ms", "int", 1000,
         "First retry delay in ms; doubles per attempt, with jitter.", minimum=0,
     ),
+    Option(
+        "sink.rate.records-per-second", "int", None,
+        "A cap on the whole write's records per second, shared evenly by sink.rate.tasks tasks; enforced before "
+        "each request, beneath it the engine still slows down when the store says so. Default: no cap.",
+        minimum=1,
+    ),
+    Option(
+        "sink.rate.bytes-per-second", "int", None,
+        "A cap on the whole write's bytes per second (as encoded for the store), shared like "
+        "sink.rate.records-per-second. Default: no cap.",
+        minimum=1,
+    ),
+    Option(
+        "sink.rate.tasks", "int", None,
+        "The tasks that write at once, among which a rate cap is shared: each gets cap / this. sluice.write sets "
+        "it to the smaller of the write's partitions and Spark's default parallelism; other writes with a cap "
+        "must set it.",
+        minimum=1,
+    ),
 )
+
+_CAPS = ("sink.rate.records-per-second", "sink.rate.bytes-per-second")
 
 
 def _check_combinations(opts: Options) -> None:
@@ -99,11 +120,31 @@ def _check_combinations(opts: Options) -> None:
         load_class("sink.batch-creator", opts["sink.batch-creator"], BatchCreator)
     if opts["sink.request-buffer"]:
         load_class("sink.request-buffer", opts["sink.request-buffer"], RequestBuffer)
+    _check_rate(opts)
     if opts["sink.requests.max-buffered"] <= opts["sink.batch.max-size"]:
         raise OptionError(
             f"sink.requests.max-buffered ({opts['sink.requests.max-buffered']}) must be greater than "
             f"sink.batch.max-size ({opts['sink.batch.max-size']}); raise the first or lower the second."
         )
+
+
+def _check_rate(opts: Options) -> None:
+    caps = [key for key in _CAPS if opts[key] is not None]
+    if opts["sink.rate.tasks"] is not None and not caps:
+        raise OptionError("sink.rate.tasks only shares a rate cap among tasks, and no cap is set: set "
+                          "sink.rate.records-per-second or sink.rate.bytes-per-second, or remove sink.rate.tasks.")
+    if caps and opts["sink.rate.tasks"] is None:
+        raise OptionError(
+            f"{caps[0]} caps the whole write, so each task needs to know its share: set sink.rate.tasks to the "
+            "number of tasks that write at once (the smaller of the DataFrame's partitions and the cluster's task "
+            "slots), or write with sluice.write(), which sets it."
+        )
+    for key in caps:
+        if opts[key] < opts["sink.rate.tasks"]:
+            raise OptionError(
+                f"{key}={opts[key]} shared by sink.rate.tasks={opts['sink.rate.tasks']} tasks leaves each less "
+                f"than 1 per second; raise {key} or lower sink.rate.tasks."
+            )
 
 
 def load_class(option: str, path: str, base: type) -> type:
@@ -158,6 +199,9 @@ class SinkConfig(TypedOptions):
     max_retries: int = _DEFAULT["max_retries"]
     write_id: str | None = _DEFAULT["write_id"]
     retry_delay_ms: int = _DEFAULT["retry_delay_ms"]
+    rate_records_per_second: int | None = _DEFAULT["rate_records_per_second"]  # the whole write's cap
+    rate_bytes_per_second: int | None = _DEFAULT["rate_bytes_per_second"]
+    rate_tasks: int | None = _DEFAULT["rate_tasks"]  # tasks the caps are shared by, evenly
     # A streaming query's write: planned, run and committed again every micro-batch, so a store may keep its
     # connections between them (not an option: Spark decides).
     streaming: bool = False
@@ -185,6 +229,12 @@ class SinkConfig(TypedOptions):
         if self.mode == PARTITION_ORDERED:
             return PartitionKeyBatchCreator(), KeyedRequestBuffer()
         return SimpleBatchCreator(), DequeRequestBuffer()
+
+    def task_rate(self) -> tuple[float | None, float | None]:
+        """One task's even share of the write's caps (records/s, bytes/s); None where no cap is set."""
+        tasks = self.rate_tasks or 1
+        return (None if self.rate_records_per_second is None else self.rate_records_per_second / tasks,
+                None if self.rate_bytes_per_second is None else self.rate_bytes_per_second / tasks)
 
     @property
     def effective_max_inflight(self) -> int:

@@ -1,4 +1,5 @@
-"""Congestion control on in-flight records (Flink's CongestionControlRateLimitingStrategy + AIMD)."""
+"""Congestion control on in-flight records (Flink's CongestionControlRateLimitingStrategy + AIMD), and a user's rate cap
+(token buckets) in front of it: a request goes when both allow it."""
 
 from __future__ import annotations
 
@@ -42,3 +43,65 @@ class AIMDRateLimiter:
             self.window = min(self.cap, self.window + self.increase)
         else:
             self.window = max(1, int(self.window * self.decrease_factor))
+
+
+class TokenBucket:
+    """Admits costs at `rate` per second with at most `burst` saved up (a token bucket; Guava's RateLimiter without
+    its warm-up). A cost larger than the burst is admitted once the bucket is full and leaves it in debt, so an
+    oversized batch waits, then goes, and the next one waits for the debt to be paid: never a deadlock, and by any
+    time t at most rate * t + max(burst, largest cost) admitted.
+
+    Pure arithmetic on the times it is given (the writer's clock): it never sleeps; the caller waits until
+    `ready_at`."""
+
+    __slots__ = ("at", "burst", "rate", "tokens")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate <= 0 or burst <= 0:
+            raise ValueError(f"a token bucket needs a positive rate and burst, got rate={rate}, burst={burst}")
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst  # starts full: a write's first second goes at once
+        self.at = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.at:
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+
+    def ready_at(self, cost: float, now: float) -> float:
+        """When `cost` may be taken: `now` if it may be now, else the time the bucket will hold enough."""
+        self._refill(now)
+        need = min(cost, self.burst)
+        short = need - self.tokens
+        # A float's rounding must not leave a cost waiting for a millionth of a token.
+        return now if short <= 1e-6 * max(1.0, need) else now + short / self.rate
+
+    def take(self, cost: float, now: float) -> None:
+        self._refill(now)
+        self.tokens -= cost
+
+
+class RateCap:
+    """A task's share of a write's rate cap, in records and/or bytes per second: a request goes when both buckets
+    allow it. Each bucket's burst is one second of its rate (at least one record or byte)."""
+
+    __slots__ = ("_bytes", "_records")
+
+    def __init__(self, records_per_s: float | None, bytes_per_s: float | None, now: float) -> None:
+        self._records = None if records_per_s is None else TokenBucket(records_per_s, max(1.0, records_per_s), now)
+        self._bytes = None if bytes_per_s is None else TokenBucket(bytes_per_s, max(1.0, bytes_per_s), now)
+
+    def ready_at(self, records: int, size_bytes: int, now: float) -> float:
+        ready = now
+        if self._records is not None:
+            ready = max(ready, self._records.ready_at(records, now))
+        if self._bytes is not None:
+            ready = max(ready, self._bytes.ready_at(size_bytes, now))
+        return ready
+
+    def take(self, records: int, size_bytes: int, now: float) -> None:
+        if self._records is not None:
+            self._records.take(records, now)
+        if self._bytes is not None:
+            self._bytes.take(size_bytes, now)

@@ -38,6 +38,7 @@ class LiveStats:
     buffered: int  # entries waiting for a batch
     last_send_ms: float | None  # the last acknowledged request's round trip (currentSendTime)
     at: float
+    rate_wait_s: float = 0.0  # seconds batches waited for the write's rate cap (sink.rate.*)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class WriteStats:
     flush_reasons: Counter[str] = field(default_factory=Counter)
     latency_buckets: Counter[int] = field(default_factory=Counter)
     replays_skipped: int = 0  # tasks of a micro-batch the sink had committed before (a replay), written nothing
+    rate_wait_s: float = 0.0  # seconds batches waited for the rate cap (sink.rate.*), summed over tasks
 
     def record_latency(self, seconds: float) -> None:
         self.latency_buckets[_bucket(seconds)] += 1
@@ -74,7 +76,7 @@ class WriteStats:
             "throttles": self.throttles, "peak_inflight": self.peak_inflight, "tasks": self.tasks,
             "flush_reasons": dict(self.flush_reasons),
             "latency_buckets": {str(k): v for k, v in self.latency_buckets.items()},
-            "replays_skipped": self.replays_skipped,
+            "replays_skipped": self.replays_skipped, "rate_wait_s": self.rate_wait_s,
         }
 
     @classmethod
@@ -83,6 +85,7 @@ class WriteStats:
             data["records"], data["bytes"], data["batches"], data["retries"], data["throttles"],
             data["peak_inflight"], data.get("tasks", 1), Counter(data["flush_reasons"]),
             Counter({int(k): v for k, v in data["latency_buckets"].items()}), data.get("replays_skipped", 0),
+            data.get("rate_wait_s", 0.0),
         )
 
     @classmethod
@@ -99,6 +102,7 @@ class WriteStats:
             out.flush_reasons.update(part.flush_reasons)
             out.latency_buckets.update(part.latency_buckets)
             out.replays_skipped += part.replays_skipped
+            out.rate_wait_s += part.rate_wait_s
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -110,7 +114,7 @@ class WriteStats:
             "flush_reasons": dict(sorted(self.flush_reasons.items())),
             "submit_latency_p50_ms": None if p50 is None else round(p50, 3),
             "submit_latency_p99_ms": None if p99 is None else round(p99, 3),
-            "replays_skipped": self.replays_skipped,
+            "replays_skipped": self.replays_skipped, "rate_wait_s": round(self.rate_wait_s, 3),
         }
 
     def summary_line(self) -> str:
@@ -118,6 +122,7 @@ class WriteStats:
         reasons = ",".join(f"{k}={v}" for k, v in s["flush_reasons"].items()) or "-"
         return (
             f"records={s['records']} bytes={s['bytes']} batches={s['batches']} tasks={s['tasks']} "
-            f"retries={s['retries']} throttles={s['throttles']} peak_inflight={s['peak_inflight']} "
+            f"retries={s['retries']} throttles={s['throttles']} rate_wait={s['rate_wait_s']}s "
+            f"peak_inflight={s['peak_inflight']} "
             f"flush=[{reasons}] submit_p50={s['submit_latency_p50_ms']}ms submit_p99={s['submit_latency_p99_ms']}ms"
         )

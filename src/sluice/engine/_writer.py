@@ -4,8 +4,8 @@ Threads: the caller's thread (a Spark task) pushes chunks of encoded entries int
 (the sink-modes design's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
 other state: it admits chunks while fewer than `requests_max_buffered` entries wait, cuts batches with the
 BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
-the AIMD rate limiter allows, handles completions (re-adding failed entries at the head), and reports the
-write to an optional observer (live metrics) every few seconds.
+the user's rate cap (token buckets, sink.rate.*) and the AIMD rate limiter allow, handles completions (re-adding
+failed entries at the head), and reports the write to an optional observer (live metrics) every few seconds.
 
 Over 400 lines on purpose: the manager thread's state and the loop that owns it are one unit; split, each half
 would reach into the other's fields.
@@ -30,7 +30,7 @@ from sluice.engine._batch import (
 )
 from sluice.engine._buffer import Chunk, Ints, RequestBuffer, largest_size, total_bytes
 from sluice.engine._config import PARTITION_ORDERED, SinkConfig
-from sluice.engine._ratelimit import AIMDRateLimiter
+from sluice.engine._ratelimit import AIMDRateLimiter, RateCap
 from sluice.engine._stats import LiveStats, WriteStats
 from sluice.engine._store import ErrorKind, Store, WriteContext, completed_future
 
@@ -90,6 +90,16 @@ class AsyncSinkWriter:
         self._limiter = AIMDRateLimiter(config.batch_max_size, config.effective_max_inflight)
         self._hold = config.flush_on_checkpoint
         self._clock = clock
+        records_per_s, bytes_per_s = config.task_rate()
+        # The task's share of the write's rate cap; None (no cap) leaves the pump as it is without one.
+        self._cap = None if records_per_s is None and bytes_per_s is None else \
+            RateCap(records_per_s, bytes_per_s, clock())
+        # Under a cap, batches no larger than its burst (one second of the share): a larger one goes into debt at
+        # once, a whole batch over the cap (a store cutting tens of thousands of rows a batch, as COPY does).
+        self._batch_records = config.batch_max_size if records_per_s is None else \
+            max(1, min(config.batch_max_size, int(records_per_s)))
+        self._batch_bytes = config.flush_buffer_size if bytes_per_s is None else \
+            max(1, store.max_record_bytes or 1, min(config.flush_buffer_size, int(bytes_per_s)))
         self._rng = rng or random.Random()
         self.stats = WriteStats()
         # Called by the manager thread, which owns the state it reports, every observe_every_s while it runs.
@@ -118,6 +128,9 @@ class AsyncSinkWriter:
         self._pumped_at = clock()  # when the last pump looked at what is sendable
         self._retry_pending = 0
         self._checkpoints: list[_Checkpoint] = []
+        # A batch cut and waiting for the rate cap's tokens: (batch, flush reason, since when), sent at _capped_until.
+        self._capped: tuple[Batch, str, float] | None = None
+        self._capped_until = 0.0
 
         self.store.open(self.context)
         self._thread = threading.Thread(target=self._run, name=f"sluice-{store.name}-buffer", daemon=True)
@@ -278,7 +291,8 @@ class AsyncSinkWriter:
         return LiveStats(
             self.stats.records, self.stats.bytes, self.stats.batches, self._failed_records, self.stats.retries,
             self.stats.throttles, self._limiter.inflight_requests, self._limiter.inflight_records,
-            self._limiter.window, self._buffer.size(), None if last is None else last * 1000.0, self._clock())
+            self._limiter.window, self._buffer.size(), None if last is None else last * 1000.0, self._clock(),
+            self.stats.rate_wait_s)
 
     def _observe(self) -> None:
         if self._observer is None or self._clock() < self._next_observation:
@@ -310,6 +324,8 @@ class AsyncSinkWriter:
         times = [self._next_observation] if self._observer is not None else []
         if self._deadline is not None and not self._timeout_flush:
             times.append(self._deadline)
+        if self._capped is not None:
+            times.append(self._capped_until)
         if self._buffer.size():
             ready = self._creator.next_ready_at(self._request_info(judged), self._buffer)
             if ready > judged:
@@ -318,8 +334,8 @@ class AsyncSinkWriter:
 
     def _request_info(self, now: float, partial: bool = True) -> RequestInfo:
         return RequestInfo(
-            self._limiter.batch_size_limit(self.config.batch_max_size),
-            self.config.flush_buffer_size, now, frozenset(self._busy_keys) if self._busy_keys else _NO_KEYS,
+            self._limiter.batch_size_limit(self._batch_records),
+            self._batch_bytes, now, frozenset(self._busy_keys) if self._busy_keys else _NO_KEYS,
             bool(self._checkpoints), partial,
         )
 
@@ -337,7 +353,7 @@ class AsyncSinkWriter:
         if not self._hold:
             if size >= limit:
                 return "batch-size", not self._keyed
-            if self._buffer.total_size_bytes() >= self.config.flush_buffer_size:
+            if self._buffer.total_size_bytes() >= self._batch_bytes:
                 return "batch-bytes", not self._keyed
         return self._partial_reason()
 
@@ -358,12 +374,14 @@ class AsyncSinkWriter:
             # Flush what is buffered now, then start the clock again: with entries arriving all the time the buffer
             # never empties, and flushing until it did would end the waiting of partition-ordered keys for good.
             self._timeout_flush, self._timeout_left = True, self._buffer.size()
+        if self._capped is not None and not self._release_capped(now):
+            return
         info: RequestInfo | None = None
         while self._buffer.size():
             # One request info serves batch after batch while the window and the busy keys stay as they were (an
             # unordered write acknowledged at once: the whole pump); it is a frozen dataclass of six fields.
             if info is None or self._busy_keys or info.busy_keys \
-                    or info.batch_size != self._limiter.batch_size_limit(self.config.batch_max_size):
+                    or info.batch_size != self._limiter.batch_size_limit(self._batch_records):
                 info = self._request_info(now)
             if self._limiter.should_block(min(info.batch_size, self._buffer.size())):
                 break
@@ -377,15 +395,45 @@ class AsyncSinkWriter:
             if batch.attempt:
                 reason = "retry"
                 self._retry_pending -= batch.record_count
-            self._submit(batch, reason)
-            if self._timeout_flush:
-                self._timeout_left -= batch.record_count
-                if self._timeout_left <= 0:
-                    self._timeout_flush = False
-                    self._deadline = now + self.config.flush_buffer_timeout / 1000.0
+            if self._cap is not None and not self._cap_allows(batch, reason, now):
+                break
+            self._send(batch, reason, now)
         if not self._buffer.size():
             self._deadline = None
             self._timeout_flush = False
+
+    def _send(self, batch: Batch, reason: str, now: float) -> None:
+        self._submit(batch, reason)
+        if self._timeout_flush:
+            self._timeout_left -= batch.record_count
+            if self._timeout_left <= 0:
+                self._timeout_flush = False
+                self._deadline = now + self.config.flush_buffer_timeout / 1000.0
+
+    def _cap_allows(self, batch: Batch, reason: str, now: float) -> bool:
+        """Whether the rate cap lets `batch` go now (its tokens taken); else it is held until the cap allows it:
+        the loop waits for that time like for a deadline, and nothing else is cut meanwhile."""
+        assert self._cap is not None
+        ready = self._cap.ready_at(batch.record_count, batch.size_bytes, now)
+        if ready > now:
+            self._capped, self._capped_until = (batch, reason, now), ready
+            return False
+        self._cap.take(batch.record_count, batch.size_bytes, now)
+        return True
+
+    def _release_capped(self, now: float) -> bool:
+        """Send the batch held for the rate cap if the cap allows it now; False: it waits on."""
+        assert self._capped is not None and self._cap is not None
+        batch, reason, since = self._capped
+        ready = self._cap.ready_at(batch.record_count, batch.size_bytes, now)
+        if ready > now:
+            self._capped_until = ready
+            return False
+        self._capped = None
+        self._cap.take(batch.record_count, batch.size_bytes, now)
+        self.stats.rate_wait_s += now - since
+        self._send(batch, reason, now)
+        return True
 
     def _submit(self, batch: Batch, reason: str) -> None:
         self._limiter.on_submit(batch.record_count)
@@ -461,7 +509,7 @@ class AsyncSinkWriter:
     def _finish_checkpoints(self) -> None:
         if not self._checkpoints:
             return
-        drained = not self._buffer.size() and not self._limiter.inflight_requests
+        drained = not self._buffer.size() and not self._limiter.inflight_requests and self._capped is None
         if drained or self._failure is not None:
             for marker in self._checkpoints:
                 marker.done.set()

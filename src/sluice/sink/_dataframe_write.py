@@ -59,12 +59,28 @@ def _own_partition_count(df: DataFrame) -> int | None:
     return max(1, df.rdd.getNumPartitions())
 
 
+_CAPS = ("sink.rate.records-per-second", "sink.rate.bytes-per-second")
+
+
+def _with_rate_tasks(df: DataFrame, options: dict[str, str], num_partitions: int | None) -> dict[str, str]:
+    """A rate cap's sink.rate.tasks, when the write sets a cap and not it: the tasks that can write at once, the
+    smaller of the write's partitions and Spark's default parallelism (its task slots). Unknown on Spark Connect:
+    then the options stay as they are and the write says to set it."""
+    if "sink.rate.tasks" in options or not any(key in options for key in _CAPS):
+        return options
+    count = num_partitions or _own_partition_count(df)
+    if count is None:
+        return options
+    slots = df.sparkSession.sparkContext.defaultParallelism
+    return {**options, "sink.rate.tasks": str(max(1, min(count, slots)))}
+
+
 def write(df: DataFrame, format: str, options: Mapping[str, object], mode: str = "append",
           num_partitions: int | None = None) -> None:
     from sluice.metrics._progress import WriteProgress
     from sluice.metrics._server import find_target
 
-    strings = {k: str(v) for k, v in options.items()}
+    strings = _with_rate_tasks(df, {k: str(v) for k, v in options.items()}, num_partitions)
     writer = partitioned(df, format, strings, num_partitions).write.format(format).options(**strings).mode(mode)
     target = find_target()  # a collector its tasks report to: then a long write prints its progress
     if target is None:
