@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.formats._avro_scan import first_bad
-from sluice.formats._avro_schema import AvroType, to_json
+from sluice.formats._avro_schema import AvroType, SchemaError, to_json
 from sluice.formats._avro_types import arrow_type
 from sluice.formats._codec import PayloadError
 
@@ -56,21 +56,22 @@ def _header(schema_json: str) -> bytes:
     return bytes(out) + b"\x00" + _SYNC
 
 
-def _read(header: bytes, count: int, data: memoryview | bytes) -> pa.Table:
+def _read(header: bytes, count: int, data: np.ndarray) -> pa.Table:
     fd, path = tempfile.mkstemp(suffix=".avro", prefix="sluice-avro-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header)
             f.write(_varint(count) + _varint(len(data)))
-            f.write(data)
+            f.write(data.data)
             f.write(_SYNC)
         return _session().read_avro(path).to_arrow_table()
     finally:
         os.unlink(path)
 
 
-def decode_raw(bodies: pa.BinaryArray, writer: AvroType) -> pa.StructArray:
-    """Bodies (no nulls) -> a struct array of the writer schema in Spark's types. PayloadError names a bad body."""
+def decode_raw(bodies: pa.BinaryArray, writer: AvroType, text: str | None = None) -> pa.StructArray:
+    """Bodies (no nulls) -> a struct array of the writer schema (`text`, parsed as `writer`) in Spark's types.
+    PayloadError names a bad body; a schema the reader cannot take is a SchemaError."""
     n = len(bodies)
     wtype = arrow_type(writer)[0]
     if n == 0:
@@ -82,10 +83,14 @@ def decode_raw(bodies: pa.BinaryArray, writer: AvroType) -> pa.StructArray:
     bad = first_bad(writer, data, offsets[:-1] - lo, offsets[1:] - lo)
     if bad is not None:
         raise PayloadError(bad[0], f"not an Avro record of the writer schema {writer.name}: {bad[1]}")
-    header = _header(json.dumps(to_json(writer)))
+    header = _header(text if text is not None else json.dumps(to_json(writer)))
     try:
-        table = _read(header, n, memoryview(data))
+        table = _read(header, n, data)
     except Exception as e:  # the reader's error is for the whole block: find the first body it refuses alone
+        try:
+            _read(header, 0, data[:0])
+        except Exception as schema_error:
+            raise SchemaError(f"the Avro reader refuses the writer schema {writer.name}: {schema_error}") from e
         index, reason = _first_refused(header, data, offsets - lo, e)
         raise PayloadError(index, f"not an Avro record of the writer schema {writer.name}: {reason}") from e
     if table.num_rows != n:
@@ -102,13 +107,13 @@ def _first_refused(header: bytes, data: np.ndarray, offsets: np.ndarray, error: 
     while hi - lo > 1:
         mid = (lo + hi) // 2
         try:
-            _read(header, mid, memoryview(data[: offsets[mid]]))
+            _read(header, mid, data[: offsets[mid]])
             lo = mid
         except Exception:
             hi = mid
     i = hi - 1
     try:
-        _read(header, 1, memoryview(data[offsets[i] : offsets[i + 1]]))
+        _read(header, 1, data[offsets[i] : offsets[i + 1]])
     except Exception as e:
         return i, str(e)
     return i, str(error)

@@ -35,10 +35,14 @@ def varints(v: np.ndarray) -> pa.BinaryArray:
     z = ((v << 1) ^ (v >> 63)).view(np.uint64)
     nbytes = np.ones(len(z), dtype=np.int64)
     for k in range(1, 10):
-        nbytes += z >= np.uint64(1 << (7 * k))
-    shifts = (np.arange(10, dtype=np.uint64) * np.uint64(7))[None, :]
-    m = ((z[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    m |= np.where(np.arange(10)[None, :] < (nbytes - 1)[:, None], np.uint8(0x80), np.uint8(0))
+        more = z >= np.uint64(1 << (7 * k))
+        if not more.any():
+            break
+        nbytes += more
+    width = int(nbytes.max()) if len(nbytes) else 1
+    m = np.empty((len(z), width), dtype=np.uint8)
+    for k in range(width):  # column k: bits 7k..7k+6, the high bit set where more bytes follow
+        m[:, k] = ((z >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8) | np.where(nbytes > k + 1, 0x80, 0)
     return _from_matrix(m, nbytes)
 
 

@@ -15,7 +15,6 @@ import numpy as np
 from sluice.formats._avro_schema import AvroType
 
 _PAD = 16
-_SHIFTS = (np.arange(10, dtype=np.uint64) * np.uint64(7)).astype(np.uint64)
 
 
 class _Scan:
@@ -39,20 +38,25 @@ class _Scan:
             self.pos[rows[over]] = self.ends[rows[over]]
 
     def varint(self, rows: np.ndarray, what: str) -> np.ndarray:
-        """Zigzag-decoded longs at each row's position; the positions move past them."""
-        at = np.minimum(self.pos[rows], self.limit)
-        window = self.data[at[:, None] + np.arange(10)]
-        more = window >= 0x80
-        stop = np.argmin(more, axis=1)
-        unterminated = more.all(axis=1)
-        if unterminated.any():
+        """Zigzag-decoded longs at each row's position; the positions move past them. Byte by byte over the rows
+        whose varint goes on: most varints are one or two bytes, so this touches little more than those bytes."""
+        pos = self.pos[rows]
+        z = np.zeros(len(rows), dtype=np.uint64)
+        going = np.arange(len(rows))
+        for k in range(10):
+            byte = self.data[np.minimum(pos[going], self.limit)]
+            z[going] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+            pos[going] += 1
+            going = going[byte >= 0x80]
+            if not len(going):
+                break
+        else:
+            unterminated = np.zeros(len(rows), dtype=bool)
+            unterminated[going] = True
             self.fail(rows, unterminated, f"a varint of {what} runs past 10 bytes (bad varint)")
-        length = np.where(unterminated, 1, stop + 1)
-        keep = np.arange(10)[None, :] < length[:, None]
-        z = np.bitwise_or.reduce(np.where(keep, (window & 0x7F).astype(np.uint64) << _SHIFTS, np.uint64(0)), axis=1)
-        value = (z >> np.uint64(1)).astype(np.int64) ^ -(z & np.uint64(1)).astype(np.int64)
-        self.pos[rows] += length
+        self.pos[rows] = pos
         self._bound(rows, what)
+        value = (z >> np.uint64(1)).astype(np.int64) ^ -(z & np.uint64(1)).astype(np.int64)
         return np.where(self.failed[rows], 0, value)
 
     def skip(self, rows: np.ndarray, nbytes: np.ndarray | int, what: str) -> None:

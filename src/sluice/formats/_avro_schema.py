@@ -159,13 +159,15 @@ def to_json(t: AvroType, seen: set[str] | None = None) -> Any:
     if t.name in seen:
         return t.name
     seen.add(t.name)
+    namespace, _, short = t.name.rpartition(".")
+    named: dict[str, Any] = {"name": short, "namespace": namespace}
     if t.kind == "enum":
-        out = {"type": "enum", "name": t.name, "symbols": list(t.symbols)}
+        out = {"type": "enum", **named, "symbols": list(t.symbols)}
         if t.enum_default is not None:
             out["default"] = t.enum_default
         return out
     if t.kind == "fixed":
-        out = {"type": "fixed", "name": t.name, "size": t.size}
+        out = {"type": "fixed", **named, "size": t.size}
         if t.logical:
             out["logicalType"] = t.logical
             if t.logical == "decimal":
@@ -177,4 +179,4 @@ def to_json(t: AvroType, seen: set[str] | None = None) -> Any:
         if f.default is not NO_DEFAULT:
             fo["default"] = f.default
         fields.append(fo)
-    return {"type": "record", "name": t.name, "fields": fields}
+    return {"type": "record", **named, "fields": fields}
