@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -89,19 +90,25 @@ def _prepare(column: pa.Array, field: Any, path: str, valid: pa.Array) -> pa.Arr
     return _prepare_values(column, field, path)
 
 
+def _seconds_nanos(column: pa.Array) -> pa.StructArray:
+    """Microseconds as Timestamp's and Duration's {seconds, nanos}, in bulk (upb's datetime conversion is Python)."""
+    micros = column.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+    seconds, rest = np.divmod(micros, 1_000_000)
+    return pa.StructArray.from_arrays([pa.array(seconds), pa.array((rest * 1000).astype(np.int32))],
+                                      names=["seconds", "nanos"], mask=column.is_null() if column.null_count else None)
+
+
 def _prepare_values(column: pa.Array, field: Any, path: str) -> pa.Array:
     t = column.type
     kind = field.type
     if kind in (TYPE_MESSAGE, TYPE_GROUP):
         full_name = field.message_type.full_name
         if full_name == "google.protobuf.Timestamp":
-            if pa.types.is_timestamp(t):
-                return column.cast(pa.timestamp("us", tz=t.tz or "UTC"))
-            if pa.types.is_date(t):
-                return column.cast(pa.timestamp("us", tz="UTC"))
+            if pa.types.is_timestamp(t) or pa.types.is_date(t):
+                return _seconds_nanos(column.cast(pa.timestamp("us", tz="UTC")))
         elif full_name == "google.protobuf.Duration":
             if pa.types.is_duration(t):
-                return column
+                return _seconds_nanos(column.cast(pa.duration("us")))
         elif full_name in WRAPPERS:
             inner = _prepare_values(column, field.message_type.fields_by_name["value"], path)
             return pa.StructArray.from_arrays([inner], names=["value"],
