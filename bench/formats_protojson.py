@@ -49,15 +49,16 @@ def rows(n: int) -> pa.StructArray:
     names = pa.array([f"user-{k % 1000}" for k in range(n)])
     tags = pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)),
                                     pa.array(["red", "blue"] * n))
-    where = pa.StructArray.from_arrays([pa.array(i * 0.001), pa.array(["Lyon", "Oslo"] * (n // 2) + ["Kyiv"] * (n % 2))],
-                                       names=["lat", "city"])
+    cities = pa.array(["Lyon", "Oslo"] * (n // 2) + ["Kyiv"] * (n % 2))
+    where = pa.StructArray.from_arrays([pa.array(i * 0.001), cities], names=["lat", "city"])
     note = pa.array([None if k % 2 else "n" for k in range(n)], pa.string())
     columns = {
         "id": pa.array(i), "user": pa.array((i % 100_000).astype(np.int32)), "count": pa.array(i % 7),
         "score": pa.array(i * 0.5), "ratio": pa.array((i % 10 / 10).astype(np.float32)),
         "active": pa.array(i % 2 == 0), "name": names, "email": pa.array([f"u{k}@example.com" for k in range(n)]),
         "kind": pa.array(["VIEW", "CLICK", "BUY"] * (n // 3) + ["VIEW"] * (n % 3)), "at": at, "tags": tags,
-        "where": where, "note": note, "seq": pa.array(i * 3), "country": pa.array(["FR", "NO"] * (n // 2) + ["UA"] * (n % 2)),
+        "where": where, "note": note, "seq": pa.array(i * 3),
+        "country": pa.array(["FR", "NO"] * (n // 2) + ["UA"] * (n % 2)),
     }
     return pa.StructArray.from_arrays(list(columns.values()), names=list(columns))
 
@@ -118,7 +119,8 @@ def json_schema(data: pa.StructArray) -> tuple[float, float]:
             return value.isoformat() if isinstance(value, dt.datetime) else str(value)
         return [dumps(r, separators=(",", ":"), default=default).encode() for r in data.to_pylist()]
 
-    bulk_d = timed("decode: sluice (pyarrow.json over the joined bodies)", n, lambda: fmt.decode(bodies, schema, schema))
+    bulk_d = timed("decode: sluice (pyarrow.json over the joined bodies)", n,
+                   lambda: fmt.decode(bodies, schema, schema))
     naive_d = timed("decode: naive (json.loads + from_pylist)", n, naive_decode)
     bulk_e = timed("encode: sluice (Arrow-level check + polars)", n, lambda: fmt.encode(data, schema))
     naive_e = timed("encode: naive (to_pylist + json.dumps)", n, naive_encode)
