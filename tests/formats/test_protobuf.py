@@ -226,3 +226,10 @@ def test_refusals_of_schemas():
         FORMAT.reader_type(RegisteredSchema(7, "PROTOBUF", 'syntax = "proto3"; message N { N next = 1; }'))
     with pytest.raises(ProtobufSchemaError, match="list of lists"):
         FORMAT.schema_from_arrow(pa.struct([("ll", pa.list_(pa.list_(pa.int32())))]), "R")
+
+
+def test_slices_encode_and_decode_as_their_rows():
+    rows = pa.array([expected(EMPTY), expected(FULL), None, expected(FULL)], FORMAT.reader_type(SCHEMA))
+    whole = FORMAT.encode(rows, SCHEMA)
+    assert FORMAT.encode(rows.slice(1, 3), SCHEMA).to_pylist() == whole.to_pylist()[1:]
+    assert FORMAT.decode(whole.slice(1), SCHEMA, SCHEMA).to_pylist() == rows.to_pylist()[1:]

@@ -65,10 +65,14 @@ def _prepare(column: pa.Array, field: Any, path: str, valid: pa.Array) -> pa.Arr
         if not pa.types.is_map(t):
             raise PayloadError(0, f"a {t} column does not fit map field {field.name!r}", column=path)
         entry = field.message_type
-        keys, items = column.keys, column.items
+        offsets = column.offsets
+        start = offsets[0].as_py() if len(column) else 0
+        keys = column.keys.slice(start, offsets[-1].as_py() - start) if len(column) else column.keys
+        items = column.items.slice(start, len(keys))
+        offsets = pc.subtract(offsets, start)  # a slice's entries start at 0
         _refuse_nulls(items, pc.is_valid(items), f"{path}{{}}", "a Protobuf map value cannot be null")
         return pa.MapArray.from_arrays(
-            column.offsets, _prepare_values(keys, entry.fields_by_name["key"], path),
+            offsets, _prepare_values(keys, entry.fields_by_name["key"], path),
             _prepare_values(items, entry.fields_by_name["value"], path),
             mask=column.is_null() if column.null_count else None)
     if field.is_repeated:
