@@ -8,7 +8,8 @@ record. The bodies are the same for both paths (Confluent's body: for Protobuf w
 
 - Protobuf decode: `ProtobufFormat.decode` (upb parses, columns a field at a time) against the naive path of a
   Python consumer: per record `ParseFromString` + `MessageToDict`, then `pa.Table.from_pylist`.
-- Protobuf encode: `ProtobufFormat.encode` (written column by column with numpy and Arrow kernels) against `to_pylist` + per record `json_format.ParseDict` + serialize.
+- Protobuf encode: `ProtobufFormat.encode` (written column by column with numpy and Arrow kernels) against
+  `to_pylist` + per record `json_format.ParseDict` + serialize.
 - JSON Schema decode: `JsonSchemaFormat.decode` (pyarrow's JSON reader over the joined bodies) against per record
   `json.loads`, then `pa.Table.from_pylist`.
 - JSON Schema encode: `JsonSchemaFormat.encode` (polars) against `to_pylist` + per record `json.dumps`.
