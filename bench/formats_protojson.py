@@ -8,7 +8,8 @@ record. The bodies are the same for both paths (Confluent's body: for Protobuf w
 
 - Protobuf decode: `ProtobufFormat.decode` (upb parses, columns a field at a time) against the naive path of a
   Python consumer: per record `ParseFromString` + `MessageToDict`, then `pa.Table.from_pylist`.
-- Protobuf encode: `ProtobufFormat.encode` against `to_pylist` + per record `json_format.ParseDict` + serialize.
+- Protobuf encode: `ProtobufFormat.encode` (written column by column with numpy and Arrow kernels) against
+  `to_pylist` + per record `json_format.ParseDict` + serialize.
 - JSON Schema decode: `JsonSchemaFormat.decode` (pyarrow's JSON reader over the joined bodies) against per record
   `json.loads`, then `pa.Table.from_pylist`.
 - JSON Schema encode: `JsonSchemaFormat.encode` (polars) against `to_pylist` + per record `json.dumps`.
@@ -96,7 +97,7 @@ def protobuf(data: pa.StructArray) -> tuple[float, float]:
 
     bulk_d = timed("decode: sluice (upb + columns a field at a time)", n, lambda: fmt.decode(bodies, schema, schema))
     naive_d = timed("decode: naive (ParseFromString + MessageToDict + from_pylist)", n, naive_decode)
-    bulk_e = timed("encode: sluice (Arrow-level casts + upb constructors)", n, lambda: fmt.encode(typed, schema))
+    bulk_e = timed("encode: sluice (Arrow-level casts + columnar encoder)", n, lambda: fmt.encode(typed, schema))
     naive_e = timed("encode: naive (to_pylist + ParseDict + SerializeToString)", n, naive_encode)
     return bulk_d / naive_d, bulk_e / naive_e
 

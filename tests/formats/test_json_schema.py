@@ -151,3 +151,11 @@ def test_null_row_is_a_null_body():
     encoded = FORMAT.encode(rows, writer)
     assert encoded.to_pylist() == [b'{"n":1}', None]
     assert FORMAT.decode(encoded, writer, writer).to_pylist() == [{"n": 1}, None]
+
+
+def test_slices_encode_and_decode_as_their_rows():
+    writer = schema(FORMAT.schema_from_arrow(ROW_TYPE, "Rec"))
+    rows = pa.array([ROWS[1], ROWS[0], None, ROWS[0]], ROW_TYPE)
+    whole = FORMAT.encode(rows, writer)
+    assert FORMAT.encode(rows.slice(1, 3), writer).to_pylist() == whole.to_pylist()[1:]
+    assert FORMAT.decode(whole.slice(1), writer, writer).to_pylist() == rows.to_pylist()[1:]

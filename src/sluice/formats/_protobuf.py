@@ -6,8 +6,9 @@ message class, then turned into Arrow columns a field at a time (_protobuf_colum
 fields are matched by number, fields the reader does not know are skipped, fields the writer did not write are
 their defaults (null, for fields with presence).
 
-Encode: the rows are cast at the Arrow level to what upb's constructors take (_protobuf_rows.py), then each row is
-built and serialized by upb; a row that does not fit is named by index and column.
+Encode: the rows are checked and cast at the Arrow level (_protobuf_rows.py), then written column by column in
+Protobuf's binary encoding with numpy and Arrow kernels (_protobuf_encode.py); a row that does not fit is named by
+index and column.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from sluice.formats._protobuf_descriptors import (
     decode_indexes,
     encode_indexes,
 )
-from sluice.formats._protobuf_rows import map_fixer, prepare_struct
+from sluice.formats._protobuf_encode import message_bytes
+from sluice.formats._protobuf_rows import prepare_struct
 from sluice.formats._protobuf_types import message_type, proto_for
 
 __all__ = ["ProtobufFormat", "ProtobufSchemaError"]
@@ -125,28 +127,14 @@ class ProtobufFormat:
         return proto_for(arrow_type, name)
 
     def encode(self, rows: pa.StructArray, writer: RegisteredSchema) -> pa.BinaryArray:
-        from google.protobuf import message_factory
-
         compiled = self._compiled(writer)
         message = self._message(compiled, self.message)
-        prefix = encode_indexes(compiled.indexes_of(message.full_name))
-        prepared = prepare_struct(rows, message, "").to_pylist()
-        fix = map_fixer(message)
-        if fix is not None:
-            prepared = [row if row is None else fix(row) for row in prepared]
-        cls = message_factory.GetMessageClass(message)
-        out: list[bytes | None] = []
-        append = out.append
-        for index, row in enumerate(prepared):
-            if row is None:
-                append(None)
-                continue
-            try:
-                append(prefix + cls(**row).SerializeToString())
-            except (TypeError, ValueError) as e:
-                raise PayloadError(index, f"does not fit message {message.full_name}: {e}",
-                                   column=_culprit(cls, row)) from None
-        return pa.array(out, pa.binary())
+        prefix = pa.scalar(encode_indexes(compiled.indexes_of(message.full_name)), pa.binary())
+        bodies = message_bytes(prepare_struct(rows, message, ""), message)
+        out = pc.binary_join_element_wise(prefix, bodies, pa.scalar(b"", pa.binary()))
+        if rows.null_count:  # a null row is a null value (a tombstone)
+            out = pc.if_else(rows.is_valid(), out, pa.scalar(None, pa.binary()))
+        return out
 
 
 def _first_undecodable(parse: Any, payloads: list[bytes]) -> tuple[int, str]:
@@ -158,13 +146,3 @@ def _first_undecodable(parse: Any, payloads: list[bytes]) -> tuple[int, str]:
         except DecodeError as e:
             return index, str(e)
     return 0, "undecodable"
-
-
-def _culprit(cls: Any, row: dict[str, Any]) -> str | None:
-    """The error path only: the first field whose value alone the constructor refuses."""
-    for name, value in row.items():
-        try:
-            cls(**{name: value})
-        except (TypeError, ValueError):
-            return name
-    return None

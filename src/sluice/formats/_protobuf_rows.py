@@ -1,10 +1,9 @@
-"""Arrow rows -> values the upb runtime's message constructors take, converted at the Arrow level in bulk.
+"""Arrow rows checked against a Protobuf message and cast to its fields' shapes, column by column, in bulk.
 
-upb's constructors take dicts for messages, lists for repeated fields, (key, value) pairs for maps, enum names,
-datetimes for google.protobuf.Timestamp and timedeltas for Duration, and None for an unset field; what Arrow's
-`to_pylist` yields differs only where the column's type differs from the field's (a decimal into a string field, a
-date into an int32, a value into a wrapper message), and that is cast here, column by column. A null where Protobuf
-has no null (a field without presence, a list element, a map value) refuses the row, by index and column.
+Where a column's type differs from its field's, it is cast here: a decimal into a string field, a date into an
+int32, a value into a wrapper message ({value}), a timestamp into google.protobuf.Timestamp ({seconds, nanos}).
+A column the message has no field for, or a null where Protobuf has no null (a field without presence, a list
+element, a map value), refuses the row, by index and column. _protobuf_encode.py writes the result.
 """
 
 from __future__ import annotations
@@ -66,10 +65,14 @@ def _prepare(column: pa.Array, field: Any, path: str, valid: pa.Array) -> pa.Arr
         if not pa.types.is_map(t):
             raise PayloadError(0, f"a {t} column does not fit map field {field.name!r}", column=path)
         entry = field.message_type
-        keys, items = column.keys, column.items
+        offsets = column.offsets
+        start = offsets[0].as_py() if len(column) else 0
+        keys = column.keys.slice(start, offsets[-1].as_py() - start) if len(column) else column.keys
+        items = column.items.slice(start, len(keys))
+        offsets = pc.subtract(offsets, start)  # a slice's entries start at 0
         _refuse_nulls(items, pc.is_valid(items), f"{path}{{}}", "a Protobuf map value cannot be null")
         return pa.MapArray.from_arrays(
-            column.offsets, _prepare_values(keys, entry.fields_by_name["key"], path),
+            offsets, _prepare_values(keys, entry.fields_by_name["key"], path),
             _prepare_values(items, entry.fields_by_name["value"], path),
             mask=column.is_null() if column.null_count else None)
     if field.is_repeated:
@@ -91,7 +94,7 @@ def _prepare(column: pa.Array, field: Any, path: str, valid: pa.Array) -> pa.Arr
 
 
 def _seconds_nanos(column: pa.Array) -> pa.StructArray:
-    """Microseconds as Timestamp's and Duration's {seconds, nanos}, in bulk (upb's datetime conversion is Python)."""
+    """Microseconds as Timestamp's and Duration's {seconds, nanos} (floored: nanos is never negative)."""
     micros = column.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
     seconds, rest = np.divmod(micros, 1_000_000)
     return pa.StructArray.from_arrays([pa.array(seconds), pa.array((rest * 1000).astype(np.int32))],
@@ -131,53 +134,3 @@ def _prepare_values(column: pa.Array, field: Any, path: str) -> pa.Array:
     elif kind == TYPE_ENUM:
         return column
     return column
-
-
-def _message_maps(message: Any, seen: tuple[str, ...] = ()) -> bool:
-    """Whether rows of `message` hold a map with message values anywhere (upb takes (key, value) pairs only for
-    maps of scalars: those need dicts)."""
-    if message.full_name in seen:
-        return False
-    for field in message.fields:
-        if field.message_type is None:
-            continue
-        if is_map(field):
-            value = field.message_type.fields_by_name["value"]
-            if value.message_type is not None:
-                return True
-        elif _message_maps(field.message_type, (*seen, message.full_name)):
-            return True
-    return False
-
-
-def map_fixer(message: Any) -> Any:
-    """A function that turns a row's maps of messages into dicts, in place, or None when the message has none."""
-    if not _message_maps(message):
-        return None
-    plans = []
-    for field in message.fields:
-        if field.message_type is None or field.message_type.full_name in WRAPPERS:
-            continue
-        if is_map(field):
-            value = field.message_type.fields_by_name["value"]
-            inner = map_fixer(value.message_type) if value.message_type is not None else None
-            plans.append((field.name, "map", inner))
-        else:
-            inner = map_fixer(field.message_type)
-            if inner is not None:
-                plans.append((field.name, "list" if field.is_repeated else "one", inner))
-
-    def fix(row: dict[str, Any]) -> dict[str, Any]:
-        for name, kind, inner in plans:
-            value = row.get(name)
-            if value is None:
-                continue
-            if kind == "map":
-                row[name] = {k: (inner(v) if inner is not None and v is not None else v) for k, v in value}
-            elif kind == "list":
-                row[name] = [inner(v) for v in value]
-            else:
-                row[name] = inner(value)
-        return row
-
-    return fix
