@@ -1,0 +1,154 @@
+"""Each contender of the Avro benchmark, on one broker and one registry: the source's decode (Spark's from_avro over
+Spark's Kafka source, confluent-kafka's DeserializingConsumer, the sluice source) and the sink's encode and write
+(Spark's to_avro into Spark's Kafka sink, the sluice sink). Each returns its seconds and checks what it did."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from bench.kafka_formats.data import FIELDS, SCHEMA_JSON, check_avro_sample, confluent_header
+
+# Every decoded field hashed into one figure: no field can be pruned away or left undecoded, and two readers of the
+# same topic that decode the same values to the same Spark types get the same figure.
+CHECKSUM = ("count(*) AS n", f"bit_xor(xxhash64({', '.join(FIELDS)})) AS h")
+
+
+def sluice_avro_options(registry_url: str) -> dict[str, str]:
+    """The sluice_kafka options of an Avro value in Confluent's wire format, the registry at `registry_url`."""
+    return {"value.format": "avro-confluent", "value.avro-confluent.url": registry_url}
+
+
+class AvroBench:
+    def __init__(self, spark: Any, kafka: Any, registry_url: str, df: Any, rows: int) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self.spark, self.kafka, self.url, self.df, self.n = spark, kafka, registry_url, df, rows
+        self.sample: dict[int, dict[str, Any]] = {}
+        self.registry = SchemaRegistryClient({"url": registry_url})
+        self.source_topic = ""
+        self.checksums: dict[str, int] = {}
+
+    def register(self, topic: str) -> int:
+        """Registers the schema under `topic`'s value subject (TopicNameStrategy): its id."""
+        from confluent_kafka.schema_registry import Schema
+
+        return self.registry.register_schema(f"{topic}-value", Schema(SCHEMA_JSON, "AVRO"))
+
+    def topic(self) -> str:
+        name = f"formats-{uuid.uuid4().hex[:8]}"
+        self.kafka.create_topic(name, partitions=2)
+        return name
+
+    def _read(self, fmt: str, options: dict[str, str]) -> Any:
+        return (self.spark.read.format(fmt)
+                .options(**{"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "subscribe": self.source_topic,
+                            "startingOffsets": "earliest", "endingOffsets": "latest", **options}).load())
+
+    def _check(self, name: str, row: Any) -> None:
+        if row.n != self.n:
+            raise SystemExit(f"{name} decoded {row.n} records, not {self.n}")
+        self.checksums[name] = row.h
+
+    # ------------------------------------------------------------------ sources
+    def spark_from_avro(self) -> float:
+        """Spark's own path: its Kafka source, the header cut off by hand, from_avro with the schema's text."""
+        from pyspark.sql.avro.functions import from_avro
+        from pyspark.sql.functions import expr
+
+        started = time.perf_counter()
+        decoded = self._read("kafka", {}).select(
+            from_avro(expr("substring(value, 6)"), SCHEMA_JSON).alias("r")).select("r.*")
+        row = decoded.selectExpr(*CHECKSUM).collect()[0]
+        seconds = time.perf_counter() - started
+        self._check("spark from_avro", row)
+        return seconds
+
+    def sluice_source(self) -> float:
+        started = time.perf_counter()
+        row = self._read("sluice_kafka", sluice_avro_options(self.url)).selectExpr(*CHECKSUM).collect()[0]
+        seconds = time.perf_counter() - started
+        self._check("sluice source", row)
+        return seconds
+
+    def deserializing_consumer(self) -> float:
+        """confluent-kafka's DeserializingConsumer with its AvroDeserializer (the writer schema from the registry by
+        the header's id, fastavro per record into a dict), one process for both partitions; the seconds after the
+        consumer was made. Every record's dict is complete (fastavro decodes every field)."""
+        from confluent_kafka import OFFSET_BEGINNING, DeserializingConsumer, TopicPartition
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+        deserializer = AvroDeserializer(SchemaRegistryClient({"url": self.url}))  # a cold cache, as a new process's
+        consumer = DeserializingConsumer({
+            "bootstrap.servers": self.kafka.bootstrap_servers, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False, "value.deserializer": deserializer})
+        started = time.perf_counter()
+        try:
+            consumer.assign([TopicPartition(self.source_topic, p, OFFSET_BEGINNING) for p in (0, 1)])
+            records = ids = 0
+            poll = consumer.poll
+            while records < self.n:
+                message = poll(5.0)
+                if message is None:
+                    raise SystemExit(f"the DeserializingConsumer got nothing for 5 s after {records} records")
+                if message.error() is not None:
+                    raise SystemExit(f"the DeserializingConsumer failed: {message.error()}")
+                ids += message.value()["id"]
+                records += 1
+        finally:
+            consumer.close()
+        seconds = time.perf_counter() - started
+        if ids != self.n * (self.n - 1) // 2:
+            raise SystemExit(f"the DeserializingConsumer's ids sum to {ids}, not {self.n * (self.n - 1) // 2}")
+        return seconds
+
+    # ------------------------------------------------------------------ sinks
+    def _verify(self, topic: str, schema_id: int | None, what: str) -> None:
+        from sluice.testing import read_committed
+
+        records = read_committed(self.kafka.client_config(), topic, timeout=300)
+        if len(records) != self.n:
+            raise SystemExit(f"{what}: a read_committed consumer reads {len(records)} records, not {self.n}")
+        if schema_id is None:  # the sink registered the schema itself: the id its header names
+            schema_id = int.from_bytes((records[0].value or b"")[1:5], "big")
+        text = self.registry.get_schema(schema_id).schema_str
+        if text is None:
+            raise SystemExit(f"{what}: the registry has no text for schema id {schema_id}")
+        check_avro_sample(records, text, schema_id, self.sample, what)
+
+    def spark_to_avro(self) -> float:
+        """Spark's own path: to_avro of every field under the schema's text, Confluent's header prepended with
+        concat(lit(...)), Spark's Kafka sink (the schema registered beforehand, untimed: Spark has no registry)."""
+        from pyspark.sql.avro.functions import to_avro
+        from pyspark.sql.functions import concat, lit, struct
+
+        topic = self.topic()
+        schema_id = self.register(topic)
+        started = time.perf_counter()
+        (self.df.select("key", concat(lit(confluent_header(schema_id)), to_avro(struct(*FIELDS), SCHEMA_JSON))
+                        .alias("value"))
+         .write.format("kafka").option("kafka.bootstrap.servers", self.kafka.bootstrap_servers)
+         .option("topic", topic).save())
+        seconds = time.perf_counter() - started
+        self._verify(topic, schema_id, "Spark to_avro + kafka sink")
+        return seconds
+
+    def sluice_sink(self) -> float:
+        """The sluice sink encoding the same columns (it registers the schema itself, by the subject of the topic)."""
+        topic = self.topic()
+        started = time.perf_counter()
+        (self.df.select("key", *FIELDS).write.format("sluice_kafka")
+         .options(**{"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic,
+                     "sink.mode": "unordered", **sluice_avro_options(self.url)}).mode("append").save())
+        seconds = time.perf_counter() - started
+        self._verify(topic, None, "sluice sink")
+        return seconds
+
+    def produce_source(self) -> None:
+        from bench.kafka_formats.data import produce_avro
+
+        self.source_topic = self.topic()
+        schema_id = self.register(self.source_topic)
+        self.sample = produce_avro(self.df, self.kafka.client_config(), self.source_topic, schema_id)
