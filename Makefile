@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: check-debian test-main-then-soak s2-proto check-pgjdbc test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-kafka check-chromium check-flink check-promtool
+	check-kafka check-registry check-chromium check-flink check-promtool
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -212,6 +212,28 @@ check-kafka: check-java $(addprefix check-kafka-,$(OTHER_KAFKA_VERSIONS))
 check-kafka-%: check-java
 	$(call maven_fetch,Apache Kafka $*,$(HOME)/.cache/sluice/kafka-$*,$(call kafka_jars,$*),kafka_2.13-$*.jar)
 
+# Apicurio Registry for the schema-registry tests (src/sluice/testing/_registry.py): its prebuilt bundle from Maven
+# Central (io.apicurio:apicurio-registry-app:<version>:tar.gz:all, ~158 MB: quarkus-run.jar and its libraries),
+# unpacked into a cache folder outside the checkout; the stamp file is written last, so an interrupted fetch is redone.
+# Pinned in one place, _registry.py's REGISTRY_VERSION; SLUICE_REGISTRY_HOME moves the folder (the tests read the same
+# variable). It runs on Java 21 or newer, beside Spark's 17: the last step checks that one is found ($SLUICE_REGISTRY_JAVA,
+# else a JDK >= 21 on JAVA_HOME, PATH or under /usr/lib/jvm) and says what to do when none is.
+REGISTRY_VERSION := $(shell sed -n 's/^REGISTRY_VERSION = "\(.*\)"$$/\1/p' src/sluice/testing/_registry.py)
+SLUICE_REGISTRY_HOME ?= $(HOME)/.cache/sluice/apicurio-registry-$(REGISTRY_VERSION)
+export SLUICE_REGISTRY_HOME
+check-registry: $(STAMP)
+	@test -n "$(REGISTRY_VERSION)" || { echo "no REGISTRY_VERSION in src/sluice/testing/_registry.py" >&2; exit 1; }
+	@test -f "$(SLUICE_REGISTRY_HOME)/.complete" || { \
+	  command -v mvn >/dev/null 2>&1 || { echo "fetching Apicurio Registry needs Maven: apt-get install -y maven" >&2; exit 1; }; \
+	  echo "fetching Apicurio Registry $(REGISTRY_VERSION) from Maven Central into $(SLUICE_REGISTRY_HOME)"; \
+	  tmp=$$(mktemp -d) && rm -rf "$(SLUICE_REGISTRY_HOME)" && mkdir -p "$(SLUICE_REGISTRY_HOME)" && \
+	  (cd $$tmp && mvn -q -B dependency:copy -Dartifact=io.apicurio:apicurio-registry-app:$(REGISTRY_VERSION):tar.gz:all \
+	    -DoutputDirectory=$$tmp) && \
+	  tar xzf $$tmp/apicurio-registry-app-$(REGISTRY_VERSION)-all.tar.gz -C "$(SLUICE_REGISTRY_HOME)" && rm -rf $$tmp && \
+	  test -f "$(SLUICE_REGISTRY_HOME)/quarkus-run.jar" && touch "$(SLUICE_REGISTRY_HOME)/.complete"; \
+	} || { rm -rf "$$tmp"; echo "fetching Apicurio Registry $(REGISTRY_VERSION) from Maven Central failed (see above)" >&2; exit 1; }
+	@$(PY) -m sluice.testing._registry
+
 # The page's browser test (tests/ui/test_page.py) drives Debian's chromium with Playwright (never a browser Playwright
 # downloads itself).
 check-chromium:
@@ -263,7 +285,8 @@ s2-proto: $(STAMP)
 # lock). The main suite starts once its own servers are there and lint passed, while the older lines' virtualenvs
 # are still installing. The capability table is checked last: it reads the main run's results. Every test's seconds
 # land in build/junit/ (the time budget's ledger).
-MAIN_SETUP := $(STAMP) check-java check-debian check-cassandra check-opensearch check-elasticsearch check-hbase check-kafka
+MAIN_SETUP := $(STAMP) check-java check-debian check-cassandra check-opensearch check-elasticsearch check-hbase check-kafka \
+	check-registry
 test: $(STAMP)
 	$(MAKE) -j4 test-main-then-soak test-lines-then-versions
 	$(PY) -m tools.lines_table --check $(MAKE_TEST_LINES)
@@ -313,10 +336,11 @@ test-two-hop: $(STAMP) check-java check-postgres
 test-hbase: $(STAMP) check-java check-hbase
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
 
-# The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, the connector's and sluice doctor's)
+# The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, the connector's and sluice doctor's) and
+# the schema-registry client's on a real Apicurio Registry
 # run in make test's second job, after HBase's (make test-kafka runs them alone).
-KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/test_kafka.py
-test-kafka: $(STAMP) check-java check-kafka
+KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/test_kafka.py tests/formats/test_registry.py
+test-kafka: $(STAMP) check-java check-kafka check-registry
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 
 # The bank pipeline under random faults (bench/soak/), with its Kafka branch (hence check-kafka): a short seeded run

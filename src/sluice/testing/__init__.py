@@ -18,6 +18,9 @@
   TLS; restartable on its data. `LocalKafkaCluster`: three of them in one quorum (replication factor 3,
   `min.insync.replicas=2`). `read_committed`/`count_committed`: what a `read_committed` consumer reads of a topic;
   `count_written`: the offsets its logs hold, committed or not.
+- `LocalSchemaRegistry`: a real, throwaway Apicurio Registry 3.3 (its prebuilt bundle from Maven Central, fetched by
+  `make check-registry`; Java 21+) on loopback, serving Confluent's Schema Registry API at `<url>/apis/ccompat/v7`,
+  optionally with HTTP basic authentication and TLS; `restart()` keeps its schemas and their ids.
 - `LocalS3`: a real, throwaway S3-compatible server process (moto's standalone server) for object-storage tests.
 - `TcpProxy`: a loopback TCP proxy that stalls or cuts the connections through it (the network between Spark and a
   store, for fault tests and the soak).
@@ -38,8 +41,10 @@ from sluice.testing._kafka_reads import KafkaRecord, count_committed, count_writ
 from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._proxy import TcpProxy
+from sluice.testing._registry import LocalSchemaRegistry
 from sluice.testing._s3 import LocalS3
 
 __all__ = ["FileStoreDataSource", "FlakyStore", "KafkaRecord", "LocalCassandra", "LocalClickHouse",
            "LocalElasticsearch", "LocalHBase", "LocalKafka", "LocalKafkaCluster", "LocalOpenSearch", "LocalPostgres",
-           "LocalS3", "TcpProxy", "count_committed", "count_written", "read_committed", "read_file_store", "register"]
+           "LocalS3", "LocalSchemaRegistry", "TcpProxy", "count_committed", "count_written", "read_committed",
+           "read_file_store", "register"]
