@@ -16,8 +16,9 @@ CHECKSUM = ("count(*) AS n", f"bit_xor(xxhash64({', '.join(FIELDS)})) AS h")
 
 
 def sluice_avro_options(registry_url: str) -> dict[str, str]:
-    """The sluice_kafka options of an Avro value in Confluent's wire format, the registry at `registry_url`."""
-    return {"value.format": "avro-confluent", "value.avro-confluent.url": registry_url}
+    """The sluice_kafka options of an Avro value in Confluent's wire format, the registry at `registry_url` (the
+    value's fields are top-level columns, the source's default)."""
+    return {"value.format": "avro-confluent", "schema-registry.url": registry_url}
 
 
 class AvroBench:
@@ -136,12 +137,14 @@ class AvroBench:
         return seconds
 
     def sluice_sink(self) -> float:
-        """The sluice sink encoding the same columns (it registers the schema itself, by the subject of the topic)."""
+        """The sluice sink encoding the same columns under the same schema text (value.schema; it registers it
+        itself, under the topic's subject), every column but key being the value's."""
         topic = self.topic()
         started = time.perf_counter()
         (self.df.select("key", *FIELDS).write.format("sluice_kafka")
          .options(**{"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic,
-                     "sink.mode": "unordered", **sluice_avro_options(self.url)}).mode("append").save())
+                     "sink.mode": "unordered", "value.schema": SCHEMA_JSON,
+                     **sluice_avro_options(self.url)}).mode("append").save())
         seconds = time.perf_counter() - started
         self._verify(topic, None, "sluice sink")
         return seconds
