@@ -11,6 +11,12 @@ date, a nested record, an array, an optional string; data.py), one broker (Local
   DataFrame. Each topic written is read back by a read_committed consumer: the count, and every 1000th record
   decoded with fastavro and compared with what was made.
 
+Protobuf beside Avro, sluice's only: the sluice sink (value.format=protobuf-confluent, the schema derived from the
+DataFrame: decimals as strings, dates as days) and the sluice source reading back what it wrote, its checksum taken
+over the fields converted back to decimal and date (so equal to the Avro readers' when every value survived).
+Spark's from_protobuf is not in it: spark-protobuf_2.13 (4.2.0 or any other) is not served by the Maven Central
+this project reaches.
+
 The source topic is produced once, untimed (fastavro per record). Rounds rotate the contenders; each figure is the
 best of --rounds, after one untimed run of each (Python workers, JVM classes, the registry's caches).
 
@@ -40,6 +46,7 @@ from bench.stores.kafka_sink_source import check_installed_sluice
 
 SOURCES = ("spark from_avro", "confluent-kafka DeserializingConsumer", "sluice source")
 SINKS = ("spark to_avro + kafka sink", "sluice sink")
+PROTOBUF = ("sluice sink (protobuf)", "sluice source (protobuf)")  # spark-protobuf: not served (docstring)
 
 
 def load() -> str:
@@ -66,12 +73,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--registry-url", default="",
                         help="Confluent's API of a running schema registry (default: a LocalSchemaRegistry of its own)")
-    parser.add_argument("--only", default="", help=f"comma-separated contenders of {(*SOURCES, *SINKS)}")
+    parser.add_argument("--only", default="", help=f"comma-separated contenders of {(*SOURCES, *SINKS, *PROTOBUF)}")
     args = parser.parse_args()
-    only = [name for name in args.only.split(",") if name] or [*SOURCES, *SINKS]
-    unknown = set(only) - {*SOURCES, *SINKS}
+    only = [name for name in args.only.split(",") if name] or [*SINKS, *SOURCES, *PROTOBUF]
+    unknown = set(only) - {*SOURCES, *SINKS, *PROTOBUF}
     if unknown:
-        raise SystemExit(f"--only: unknown contender(s) {sorted(unknown)}; known: {(*SOURCES, *SINKS)}")
+        raise SystemExit(f"--only: unknown contender(s) {sorted(unknown)}; known: {(*SOURCES, *SINKS, *PROTOBUF)}")
     check_installed_sluice()
 
     import pyspark
@@ -96,7 +103,11 @@ def main() -> int:
                 "sluice source": bench.sluice_source,
                 "spark to_avro + kafka sink": bench.spark_to_avro,
                 "sluice sink": bench.sluice_sink,
+                "sluice sink (protobuf)": bench.sluice_sink_protobuf,
+                "sluice source (protobuf)": bench.sluice_source_protobuf,
             }
+            if "sluice source (protobuf)" in only:  # its topic: the Protobuf sink's first, untimed
+                bench.sluice_sink_protobuf()
             for name in only:  # untimed
                 print(f"  {name:40s} {runs[name]():7.2f} s (warm-up)", file=sys.stderr, flush=True)
 
@@ -139,6 +150,10 @@ def print_table(figures: dict[str, float], checksums: dict[str, int], args: argp
         ratio = figures["spark to_avro + kafka sink"] / figures["sluice sink"]
         notes["sluice sink"] = f"{ratio:.2f}x Spark to_avro + kafka sink's rate (goal >= 1.0)"
         goals["sink vs Spark to_avro + kafka sink >= 1.0x"] = ratio >= 1.0
+    for kind in ("sink", "source"):
+        avro, protobuf = figures.get(f"sluice {kind}"), figures.get(f"sluice {kind} (protobuf)")
+        if avro and protobuf:
+            notes[f"sluice {kind} (protobuf)"] = f"{avro / protobuf:.2f}x the sluice {kind}'s rate with Avro"
     for name, seconds in figures.items():
         print(f"| {name:40s} | {seconds:.2f} | {n / seconds:,.0f} | {notes[name].rstrip('; ')} |")
     if len(set(checksums.values())) > 1:

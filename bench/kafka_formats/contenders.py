@@ -15,10 +15,17 @@ from bench.kafka_formats.data import FIELDS, SCHEMA_JSON, check_avro_sample, con
 CHECKSUM = ("count(*) AS n", f"bit_xor(xxhash64({', '.join(FIELDS)})) AS h")
 
 
-def sluice_avro_options(registry_url: str) -> dict[str, str]:
-    """The sluice_kafka options of an Avro value in Confluent's wire format, the registry at `registry_url` (the
-    value's fields are top-level columns, the source's default)."""
-    return {"value.format": "avro-confluent", "schema-registry.url": registry_url}
+def sluice_options(registry_url: str, fmt: str = "avro-confluent") -> dict[str, str]:
+    """The sluice_kafka options of a value in Confluent's wire format, the registry at `registry_url` (the value's
+    fields are top-level columns, the source's default)."""
+    return {"value.format": fmt, "schema-registry.url": registry_url}
+
+
+def comparable(columns: dict[str, str]) -> list[str]:
+    """The checksum's fields as the Avro readers give them, from a Protobuf read's columns (name: simpleString type):
+    Protobuf has no decimal nor date, so a schema derived from the DataFrame has them as a string and days."""
+    converted = {"amount": "CAST(amount AS DECIMAL(12, 2))", "ship_date": "date_from_unix_date(ship_date)"}
+    return [converted[f] if f in converted and columns[f] in ("string", "int") else f for f in FIELDS]
 
 
 class AvroBench:
@@ -29,6 +36,7 @@ class AvroBench:
         self.sample: dict[int, dict[str, Any]] = {}
         self.registry = SchemaRegistryClient({"url": registry_url})
         self.source_topic = ""
+        self.protobuf_topic = ""
         self.checksums: dict[str, int] = {}
 
     def register(self, topic: str) -> int:
@@ -42,9 +50,10 @@ class AvroBench:
         self.kafka.create_topic(name, partitions=2)
         return name
 
-    def _read(self, fmt: str, options: dict[str, str]) -> Any:
+    def _read(self, fmt: str, options: dict[str, str], topic: str = "") -> Any:
         return (self.spark.read.format(fmt)
-                .options(**{"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "subscribe": self.source_topic,
+                .options(**{"kafka.bootstrap.servers": self.kafka.bootstrap_servers,
+                            "subscribe": topic or self.source_topic,
                             "startingOffsets": "earliest", "endingOffsets": "latest", **options}).load())
 
     def _check(self, name: str, row: Any) -> None:
@@ -68,9 +77,20 @@ class AvroBench:
 
     def sluice_source(self) -> float:
         started = time.perf_counter()
-        row = self._read("sluice_kafka", sluice_avro_options(self.url)).selectExpr(*CHECKSUM).collect()[0]
+        row = self._read("sluice_kafka", sluice_options(self.url)).selectExpr(*CHECKSUM).collect()[0]
         seconds = time.perf_counter() - started
         self._check("sluice source", row)
+        return seconds
+
+    def sluice_source_protobuf(self) -> float:
+        """The sluice source on the Protobuf topic (written by the sluice sink, the schema derived from the
+        DataFrame); the checksum over the fields converted back to the Avro readers' types where Protobuf lacks one."""
+        started = time.perf_counter()
+        df = self._read("sluice_kafka", sluice_options(self.url, "protobuf-confluent"), self.protobuf_topic)
+        fields = comparable({f.name: f.dataType.simpleString() for f in df.schema.fields})
+        row = df.selectExpr("count(*) AS n", f"bit_xor(xxhash64({', '.join(fields)})) AS h").collect()[0]
+        seconds = time.perf_counter() - started
+        self._check("sluice source (protobuf)", row)
         return seconds
 
     def deserializing_consumer(self) -> float:
@@ -140,14 +160,29 @@ class AvroBench:
         """The sluice sink encoding the same columns under the same schema text (value.schema; it registers it
         itself, under the topic's subject), every column but key being the value's."""
         topic = self.topic()
+        seconds = self._sluice_write(topic, {"value.schema": SCHEMA_JSON, **sluice_options(self.url)})
+        self._verify(topic, None, "sluice sink")
+        return seconds
+
+    def sluice_sink_protobuf(self) -> float:
+        """The sluice sink encoding the same columns as Protobuf under a schema it derives from the DataFrame and
+        registers; what it wrote is checked by the Protobuf source's read (its count and checksum)."""
+        from sluice.testing import count_committed
+
+        topic = self.topic()
+        seconds = self._sluice_write(topic, sluice_options(self.url, "protobuf-confluent"))
+        got = count_committed(self.kafka.client_config(), topic, timeout=300)
+        if got != self.n:
+            raise SystemExit(f"sluice sink (protobuf): a read_committed consumer counts {got} records, not {self.n}")
+        self.protobuf_topic = self.protobuf_topic or topic
+        return seconds
+
+    def _sluice_write(self, topic: str, options: dict[str, str]) -> float:
         started = time.perf_counter()
         (self.df.select("key", *FIELDS).write.format("sluice_kafka")
          .options(**{"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic,
-                     "sink.mode": "unordered", "value.schema": SCHEMA_JSON,
-                     **sluice_avro_options(self.url)}).mode("append").save())
-        seconds = time.perf_counter() - started
-        self._verify(topic, None, "sluice sink")
-        return seconds
+                     "sink.mode": "unordered", **options}).mode("append").save())
+        return time.perf_counter() - started
 
     def produce_source(self) -> None:
         from bench.kafka_formats.data import produce_avro
