@@ -59,6 +59,7 @@ EXPRESSIONS = {
     "version": "1",
 }
 assert list(EXPRESSIONS) == FIELDS
+CHUNK = 100_000
 
 
 def confluent_header(schema_id: int) -> bytes:
@@ -87,8 +88,10 @@ def produce_avro(df: Any, config: dict[str, Any], topic: str, schema_id: int) ->
     sample: dict[int, dict[str, Any]] = {}
     buffer = io.BytesIO()
     started = time.perf_counter()
-    for batch in df.drop("key").toArrow().to_batches(max_chunksize=10_000):
-        for record in batch.to_pylist():
+    rows = df.count()
+    for low in range(0, rows, CHUNK):  # a chunk of ids at a time: the whole DataFrame is more than a driver's heap
+        chunk = df.where(f"id >= {low} AND id < {low + CHUNK}").drop("key").toArrow()
+        for record in chunk.to_pylist():
             buffer.seek(0)
             buffer.truncate()
             fastavro.schemaless_writer(buffer, parsed, record)
@@ -101,7 +104,7 @@ def produce_avro(df: Any, config: dict[str, Any], topic: str, schema_id: int) ->
                     producer.poll(0.01)
             if record["id"] % 1000 == 0:
                 sample[record["id"]] = record
-        producer.poll(0)
+            producer.poll(0)
     left = producer.flush(120)
     if failed or left:
         raise SystemExit(f"producing {topic}: {len(failed)} record(s) refused, {left} unacknowledged: {failed[:1]}")
