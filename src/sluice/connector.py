@@ -12,7 +12,10 @@ reader with per-trigger caps is an `AdmissionControlledReader`; reads report liv
 source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`.
 `to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
 option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
-`sluice.register()`.
+`sluice.register()`. Payload formats through a schema registry (sluice/formats): a `PayloadFormat` decodes and
+encodes `RegisteredSchema`s' records in bulk on Arrow (`PayloadError` naming the record), a `RegistryClient` on
+`RegistrySettings` resolves schemas, `subject_name` applies Confluent's subject name strategies, and
+`split_payloads` / `frame_payloads` take Confluent's wire format off and put it on whole arrays.
 
 Built-in connectors (ClickHouse, ...) are written on these names only.
 """
@@ -54,6 +57,15 @@ from sluice.engine import (
     WriteContext,
     completed_future,
 )
+from sluice.formats._avro import AvroFormat
+from sluice.formats._codec import PayloadError, PayloadFormat, RegisteredSchema, SchemaType
+from sluice.formats._json_schema import JsonSchemaFormat
+from sluice.formats._protobuf import ProtobufFormat
+from sluice.formats._registry import RegistryClient, RegistrySettings
+from sluice.formats._subjects import subject_name
+from sluice.formats._wire import Framed
+from sluice.formats._wire import frame as frame_payloads
+from sluice.formats._wire import split as split_payloads
 from sluice.meta import HoldingHeartbeat
 from sluice.metrics._push import SourceReporter
 from sluice.metrics._reads import ReadObserver, observed
@@ -117,6 +129,7 @@ __all__ = [
     "AdmissionControlledReader",
     "AlignedBatchCreator",
     "ArrowRows",
+    "AvroFormat",
     "Batch",
     "BatchCreator",
     "BlockingStore",
@@ -130,7 +143,9 @@ __all__ = [
     "EngineStreamArrowWriter",
     "ErrorKind",
     "Filter",
+    "Framed",
     "HoldingHeartbeat",
+    "JsonSchemaFormat",
     "KeyedRequestBuffer",
     "OpenStreamReaderCore",
     "Option",
@@ -138,18 +153,25 @@ __all__ = [
     "OptionSpec",
     "Options",
     "PartitionKeyBatchCreator",
+    "PayloadError",
+    "PayloadFormat",
     "PrefixSettings",
+    "ProtobufFormat",
     "ReadAllAvailable",
     "ReadLimit",
     "ReadMaxBytes",
     "ReadMaxRows",
     "ReadObserver",
     "RecordTooLargeError",
+    "RegisteredSchema",
+    "RegistryClient",
+    "RegistrySettings",
     "ReplayGuard",
     "RequestBuffer",
     "RequestInfo",
     "RetryEntries",
     "RetryableError",
+    "SchemaType",
     "SimpleBatchCreator",
     "SinkConfig",
     "SinkDataSource",
@@ -196,6 +218,7 @@ __all__ = [
     "delete_mask",
     "first_null",
     "forward_bounds",
+    "frame_payloads",
     "from_arrow_schema",
     "micro_batch_numbers",
     "observed",
@@ -206,6 +229,8 @@ __all__ = [
     "register_format",
     "require",
     "require_name",
+    "split_payloads",
+    "subject_name",
     "task_context",
     "to_arrow_schema",
     "tracking_column_kind",

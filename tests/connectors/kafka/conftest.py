@@ -2,7 +2,7 @@ import uuid
 
 import pytest
 
-from sluice.testing import LocalKafka
+from sluice.testing import LocalKafka, LocalSchemaRegistry
 
 
 @pytest.fixture(scope="package")
@@ -22,3 +22,11 @@ def new_topic(kafka):
         return name
 
     return make
+
+
+@pytest.fixture(scope="package")
+def registry():
+    """One schema registry (Apicurio, Confluent's API at `.ccompat_url`) for the modules that need one, started
+    with the first test that asks; each test on subjects of its own topics."""
+    with LocalSchemaRegistry() as server:
+        yield server

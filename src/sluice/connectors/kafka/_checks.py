@@ -28,22 +28,33 @@ class RecordColumns:
     timestamp: bool
 
 
-def check_columns(schema: T.StructType, topic_option: str | None) -> RecordColumns:
-    """Spark's Kafka sink's columns and types; anything else is refused, naming the column."""
+def check_columns(schema: T.StructType, topic_option: str | None, key_typed: bool = False,
+                  value_typed: bool = False) -> RecordColumns:
+    """Spark's Kafka sink's columns and types; anything else is refused, naming the column. A typed side (key.format,
+    value.format) is a struct column; a typed value whose `value` column is no struct is every other column, the
+    `timestamp` column included (_schemas.py): the record columns are then those the payload encoder makes."""
     fields = {f.name.lower(): f for f in schema.fields}
+    value_fields = value_typed and not isinstance(getattr(fields.get("value"), "dataType", None), T.StructType)
+    if value_fields:
+        fields = {n: f for n, f in fields.items() if n in ("key", "topic", "partition", "headers")}
     extra = [f.name for f in schema.fields if f.name.lower() not in COLUMNS]
-    if extra:
+    if extra and not value_fields:
         raise OptionError(
             f"format 'sluice_kafka' writes the columns {', '.join(COLUMNS)} (value required); the DataFrame also has "
             f"{extra}, which would be dropped. Select the record's columns, e.g. "
             "df.selectExpr('CAST(id AS STRING) AS key', 'to_json(struct(*)) AS value').")
-    if "value" not in fields:
+    if "value" not in fields and not value_fields:
         raise OptionError(
             f"format 'sluice_kafka' needs a 'value' column (string or binary); the DataFrame has "
             f"{schema.fieldNames()}. E.g. df.selectExpr('to_json(struct(*)) AS value').")
     binary = (T.StringType, T.BinaryType)
     for name in ("key", "value"):
         field = fields.get(name)
+        if {"key": key_typed, "value": value_typed}[name]:
+            if field is not None and not isinstance(field.dataType, T.StructType):
+                raise OptionError(f"column '{name}' is {field.dataType.simpleString()}; with {name}.format it must "
+                                  f"be a struct of the fields to encode, e.g. struct(id, name) AS {name}.")
+            continue
         if field is not None and not isinstance(field.dataType, binary):
             raise OptionError(
                 f"column '{name}' is {field.dataType.simpleString()}; Kafka's {name} must be string or binary. "

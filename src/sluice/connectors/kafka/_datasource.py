@@ -5,6 +5,7 @@ reader in _reader.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from pyspark.sql.types import StructType
@@ -21,9 +22,11 @@ from sluice.connector import (
 )
 from sluice.connectors.kafka._checks import check_columns, probe, validate_client
 from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
+from sluice.connectors.kafka._encode import PayloadEncoder, SideEncoder
 from sluice.connectors.kafka._enumerator import KafkaEnumerator
 from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
-from sluice.connectors.kafka._reader import KafkaSplitReader, spark_schema
+from sluice.connectors.kafka._reader import KafkaSplitReader, read_schema
+from sluice.connectors.kafka._schemas import resolve_reads, resolve_writes
 from sluice.connectors.kafka._sink import KafkaWritePlan
 
 
@@ -71,7 +74,7 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig, overwrite: bool) -> KafkaWritePlan:
         self.refuse_overwrite(overwrite)
         write = WriteOptions.of(opts)
-        columns = check_columns(schema, write.topic)
+        columns = check_columns(schema, write.topic, not write.payloads.key.raw, not write.payloads.value.raw)
         marker_topic = write.topic
         if config.transactional and marker_topic is None:
             raise OptionError("sink.transactional=true with a topic column: set .option('topic', ...) too (it then "
@@ -84,16 +87,32 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
             trial["transactional.id"] = "sluice-settings-check"
         validate_client(trial)
         cluster = probe(write, [write.topic] if write.topic else [])
+        payloads = None
+        if not write.payloads.raw:  # after the brokers' checks: a typo in the topic registers nothing
+            resolved, made_of = resolve_writes(write.payloads, schema, write.topic)
+            write = replace(write, payloads=resolved)
+            key, value = (SideEncoder(side, made_of[side.side]) if not side.raw else None
+                          for side in (resolved.key, resolved.value))
+            payloads = PayloadEncoder(key, value, value is None or value.columns.struct_column is not None)
         return KafkaWritePlan(self.format_name, opts, schema, config, write, columns, cluster.record_limit,
-                              cluster.topics, marker_topic, self.check_marker)
+                              cluster.topics, marker_topic, self.check_marker, payloads)
 
     # reads
 
-    def schema(self) -> str:
-        return spark_schema(ReadOptions.of(self.read_options()).include_headers)
+    def _options_resolved(self) -> ReadOptions:
+        """The read's options, with the reader schemas of typed sides resolved (once per driver call: schema() and
+        reader() are separate calls, each asking the registry once)."""
+        options = ReadOptions.of(self.read_options())
+        if options.payloads.raw:
+            return options
+        topics = options.subscribe or tuple(options.assigned or ())
+        return replace(options, payloads=resolve_reads(options.payloads, topics[0] if len(topics) == 1 else None))
+
+    def schema(self) -> StructType | str:
+        return read_schema(self._options_resolved())
 
     def _read_parts(self, schema: StructType, batch: bool) -> tuple[KafkaEnumerator, KafkaSplitReader, ReadOptions]:
-        options = ReadOptions.of(self.read_options())
+        options = self._options_resolved()
         check_consumer_settings(options)
         return KafkaEnumerator(options, discovery_of(options), batch), KafkaSplitReader(options, schema), options
 

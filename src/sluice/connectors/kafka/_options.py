@@ -18,6 +18,14 @@ from typing import Any
 
 from sluice.connector import SINK_SPEC, DataLossError, Option, OptionError, Options, OptionSpec, TypedOptions
 from sluice.connectors.kafka._client import BOOTSTRAP_SERVERS, ClientSettings, client_of, client_option, refuse_owned
+from sluice.connectors.kafka._format_options import (
+    READ_FORMAT_OPTIONS,
+    WRITE_FORMAT_OPTIONS,
+    Payloads,
+    check_formats,
+    check_subject_topics,
+    payloads_of,
+)
 
 log = logging.getLogger("sluice.kafka")
 
@@ -54,8 +62,8 @@ PRODUCER_OWNED = {
     "delivery.report.only.error": "the sink sets it itself (a batch is stored once the producer's queue drained "
                                   "after it; only failed records are reported)",
     "sasl.jaas.config": "librdkafka takes kafka.sasl.username and kafka.sasl.password (and kafka.sasl.mechanism)",
-    "key.serializer": "the key column is written as its bytes (string columns as UTF-8)",
-    "value.serializer": "the value column is written as its bytes (string columns as UTF-8)",
+    "key.serializer": "the key column is written as its bytes (string columns as UTF-8), or set key.format",
+    "value.serializer": "the value column is written as its bytes (string columns as UTF-8), or set value.format",
 }
 
 
@@ -67,8 +75,13 @@ def _check_transactional(opts: Options) -> None:
                                   ".option('sink.transactional', 'true') (with sink.mode=global-ordered).")
 
 
+def _check_write_subjects(opts: Options) -> None:
+    check_subject_topics(opts, (opts["topic"],) if opts["topic"] else (), sink=True)
+
+
 WRITE_SPEC = SINK_SPEC.extend(
-    (BOOTSTRAP_SERVERS, PRODUCER_SETTINGS, *WRITE_OPTIONS), (refuse_owned(PRODUCER_OWNED), _check_transactional),
+    (BOOTSTRAP_SERVERS, PRODUCER_SETTINGS, *WRITE_OPTIONS, *WRITE_FORMAT_OPTIONS),
+    (refuse_owned(PRODUCER_OWNED), _check_transactional, check_formats, _check_write_subjects),
     # librdkafka batches per partition itself (linger.ms); an engine batch is only the unit the sink tracks
     # acknowledgements by, so large ones cost nothing and save a Future per thousand records.
     sink_batch_max_size=10_000, sink_flush_buffer_size=16 * MiB, sink_requests_max_buffered=100_000,
@@ -88,10 +101,11 @@ class WriteOptions(TypedOptions):
     transactional_id_prefix: str | None
     transaction_timeout_ms: int
     client: ClientSettings
+    payloads: Payloads
 
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"client": client_of(opts)}
+        return {"client": client_of(opts), "payloads": payloads_of(opts, sink=True)}
 
 
 READ_OPTIONS = (
@@ -148,8 +162,8 @@ CONSUMER_OWNED = {
     "enable.auto.commit": "the source commits no offsets to Kafka: Spark's checkpoint holds them",
     "auto.offset.reset": "use startingOffsets (and failOnDataLoss for offsets deleted meanwhile)",
     "enable.partition.eof": "the source uses it to know where a partition ends",
-    "key.deserializer": "key is read as binary (cast it: CAST(key AS STRING))",
-    "value.deserializer": "value is read as binary (cast it: CAST(value AS STRING))",
+    "key.deserializer": "key is read as binary (cast it: CAST(key AS STRING)), or set key.format",
+    "value.deserializer": "value is read as binary (cast it: CAST(value AS STRING)), or set value.format",
 }
 
 @dataclass(frozen=True)
@@ -223,10 +237,11 @@ def _check_topics(opts: Options) -> None:
             if others:
                 raise OptionError(f"{name} names topic(s) {others} that the read does not cover "
                                   f"({', '.join(sorted(read))})")
+    check_subject_topics(opts, tuple(sorted(read)) if read is not None else None, sink=False)
 
 
-READ_SPEC = OptionSpec(FORMAT_NAME, (BOOTSTRAP_SERVERS, CONSUMER_SETTINGS, *READ_OPTIONS),
-                       (refuse_owned(CONSUMER_OWNED), _check_topics))
+READ_SPEC = OptionSpec(FORMAT_NAME, (BOOTSTRAP_SERVERS, CONSUMER_SETTINGS, *READ_OPTIONS, *READ_FORMAT_OPTIONS),
+                       (refuse_owned(CONSUMER_OWNED), check_formats, _check_topics))
 
 
 @dataclass(frozen=True)
@@ -253,6 +268,7 @@ class ReadOptions(TypedOptions):
     starting: Positions
     ending: Positions
     assigned: Mapping[str, tuple[int, ...]] | None
+    payloads: Payloads
 
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
@@ -260,7 +276,8 @@ class ReadOptions(TypedOptions):
                     else parse_positions(opts["startingOffsets"], "startingOffsets", "earliest"))
         return {"client": client_of(opts), "starting": starting,
                 "ending": parse_positions(opts["endingOffsets"], "endingOffsets", "latest"),
-                "assigned": parse_assign(opts["assign"]) if opts["assign"] else None}
+                "assigned": parse_assign(opts["assign"]) if opts["assign"] else None,
+                "payloads": payloads_of(opts, sink=False)}
 
     def data_lost(self, what: str, instead: str) -> None:
         """Records to read are gone (`what`): a DataLossError, or with failOnDataLoss=false a warning, and the read

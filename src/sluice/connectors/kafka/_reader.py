@@ -22,7 +22,8 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
-from sluice.connector import OptionError, SluiceError, Split, SplitReader, to_arrow_schema
+from sluice.connector import OptionError, SluiceError, Split, SplitReader, from_arrow_schema, to_arrow_schema
+from sluice.connectors.kafka._decode import SideDecoder
 from sluice.connectors.kafka._enumerator import topic_partition
 from sluice.connectors.kafka._options import ReadOptions
 
@@ -30,6 +31,11 @@ COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timesta
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
           "timestampType int")
 HEADERS = "headers array<struct<key: string, value: binary>>"
+# SCHEMA and HEADERS in Arrow: the columns a read with a typed key or value has besides those.
+ARROW_COLUMNS = (pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("topic", pa.string()),
+                 pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
+                 pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("timestampType", pa.int32()),
+                 pa.field("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))))
 FETCH_RECORDS = 10_000  # records asked of the client per consume() call (one Arrow batch at most)
 
 
@@ -64,6 +70,42 @@ def spark_schema(include_headers: bool) -> str:
     return f"{SCHEMA}, {HEADERS}" if include_headers else SCHEMA
 
 
+def decoders(options: ReadOptions) -> tuple[SideDecoder | None, SideDecoder | None]:
+    """The key's and the value's decoders (None: raw bytes); their reader schemas were resolved on the driver."""
+    payloads = options.payloads
+    if payloads.raw:
+        return None, None
+    assert payloads.registry is not None
+    return tuple(None if side.raw else SideDecoder(side, payloads.registry)  # type: ignore[return-value]
+                 for side in (payloads.key, payloads.value))
+
+
+def read_schema(options: ReadOptions) -> Any:
+    """The read's columns: Spark's Kafka source's, with a typed key a struct, and a typed value a struct or, with
+    value.fields=columns, its fields as top-level columns in the value's place."""
+    if options.payloads.raw:
+        return spark_schema(options.include_headers)
+    key, value = decoders(options)
+    fields: list[pa.Field] = []
+    for field in ARROW_COLUMNS[:None if options.include_headers else -1]:
+        if field.name == "key" and key is not None:
+            fields.append(pa.field("key", key.arrow_type()))
+        elif field.name == "value" and value is not None:
+            value_type = value.arrow_type()
+            if options.payloads.value.fields == "struct":
+                fields.append(pa.field("value", value_type))
+                continue
+            clash = sorted(set(value_type.names) & (set(COLUMNS) - {"value"}))
+            if clash:
+                raise OptionError(f"the value's field(s) {clash} have the names of Kafka's columns: set "
+                                  ".option('value.fields', 'struct') (one column value), or rename them in the "
+                                  "reader schema (value.schema).")
+            fields.extend(value_type)
+        else:
+            fields.append(field)
+    return from_arrow_schema(pa.schema(fields))
+
+
 def headers_array(headers: list[list[tuple[str, bytes | None]] | None], arrow_type: pa.DataType) -> pa.Array:
     """list<struct<key, value>> from flat arrays and offsets."""
     offsets = pa.array([0, *accumulate(len(h) if h else 0 for h in headers)], pa.int32())
@@ -78,7 +120,13 @@ class KafkaSplitReader(SplitReader):
     """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema."""
 
     def __init__(self, options: ReadOptions, schema: Any) -> None:
-        unknown = [n for n in schema.fieldNames() if n not in COLUMNS]
+        self.key_decoder, self.value_decoder = decoders(options)
+        # value.fields=columns: the value's fields are columns of their own, decoded together
+        self.value_fields: tuple[str, ...] = ()
+        if self.value_decoder is not None and options.payloads.value.fields == "columns":
+            self.value_fields = tuple(self.value_decoder.arrow_type().names)
+        allowed = (*COLUMNS, *self.value_fields)
+        unknown = [n for n in schema.fieldNames() if n not in allowed]
         if unknown:
             raise OptionError(f"column(s) {unknown} are not Kafka record columns ({', '.join(COLUMNS)}); parse the "
                               "value after loading, e.g. from_json(CAST(value AS STRING), schema)")
@@ -167,8 +215,18 @@ class KafkaSplitReader(SplitReader):
         # call per record and field.
         if "key" in names:
             columns["key"] = pa.array(list(map(Message.key, records)), pa.binary())
-        if "value" in names:
-            columns["value"] = pa.array(list(map(Message.value, records)), pa.binary())
+            if self.key_decoder is not None:
+                columns["key"] = self.key_decoder.decode(columns["key"], topic, partition, offsets)
+        if self.value_decoder is None:
+            if "value" in names:
+                columns["value"] = pa.array(list(map(Message.value, records)), pa.binary())
+        elif "value" in names or any(name in names for name in self.value_fields):
+            values = pa.array(list(map(Message.value, records)), pa.binary())
+            decoded = self.value_decoder.decode(values, topic, partition, offsets)
+            if self.value_fields:  # flatten(): a tombstone's null reaches every field
+                columns.update(zip(self.value_fields, decoded.flatten(), strict=True))
+            else:
+                columns["value"] = decoded
         if "topic" in names:
             columns["topic"] = pa.repeat(pa.scalar(topic, pa.string()), n)
         if "partition" in names:

@@ -33,6 +33,7 @@ from sluice.connector import (
     WritePlan,
 )
 from sluice.connectors.kafka._checks import RecordColumns
+from sluice.connectors.kafka._encode import PayloadEncoder
 from sluice.connectors.kafka._options import WriteOptions
 from sluice.connectors.kafka._store import KafkaStore, show_key
 from sluice.connectors.kafka._txn import default_transactional_prefix
@@ -71,7 +72,8 @@ class KafkaEncoder:
     over the limit, and a topic that does not exist, before any row of the batch is buffered."""
 
     def __init__(self, columns: RecordColumns, limit: int, topics: frozenset[str], rows: ArrowRows,
-                 store: KafkaStore, fixed_topic: bool) -> None:
+                 store: KafkaStore, fixed_topic: bool, payloads: PayloadEncoder | None = None) -> None:
+        self.payloads = payloads
         self.columns = columns
         self.limit = limit
         self.known_topics = set(topics)
@@ -80,6 +82,8 @@ class KafkaEncoder:
         self.fixed_topic = fixed_topic
 
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
+        if self.payloads is not None:  # key/value formats: encoded and framed before anything else
+            batch = self.payloads(batch)
         sizes = record_sizes(batch, self.columns)
         largest = int(sizes.argmax())
         if sizes[largest] > self.limit:
@@ -124,8 +128,9 @@ PRODUCER_DEFAULTS: tuple[tuple[str, Any], ...] = (
 
 @dataclass(frozen=True)
 class KafkaWritePlan(WritePlan):
-    """`write`: the format's options (its client settings hide secrets in every repr); `columns`, `record_limit`
-    and `topics`: what the driver learned once; `check_marker`: False only in the tests' negative controls."""
+    """`write`: the format's options (its client settings hide secrets in every repr; its payloads carry the writer
+    schemas resolved on the driver); `columns`, `record_limit` and `topics`: what the driver learned once;
+    `check_marker`: False only in the tests' negative controls; `payloads`: the key/value encoder of typed formats."""
 
     write: WriteOptions
     columns: RecordColumns
@@ -133,6 +138,7 @@ class KafkaWritePlan(WritePlan):
     topics: frozenset[str]
     marker_topic: str | None
     check_marker: bool = True
+    payloads: PayloadEncoder | None = None
 
     def producer_config(self) -> dict[str, Any]:
         config = self.write.client.config(**dict(PRODUCER_DEFAULTS))
@@ -153,7 +159,8 @@ class KafkaWritePlan(WritePlan):
         store = KafkaStore(self.write.client, self.columns, rows, topic=self.write.topic,
                            producer_config=self.producer_config(), timeout_ms=self.write.timeout_ms,
                            transaction=transaction, check_marker=self.check_marker)
-        encoder = KafkaEncoder(self.columns, self.record_limit, self.topics, rows, store, self.write.topic is not None)
+        encoder = KafkaEncoder(self.columns, self.record_limit, self.topics, rows, store, self.write.topic is not None,
+                               self.payloads)
         return TaskWriter(encoder, store)
 
     def committer(self) -> Committer:
