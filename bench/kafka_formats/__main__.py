@@ -21,7 +21,7 @@ The source topic is produced once, untimed (fastavro per record). Rounds rotate 
 best of --rounds, after one untimed run of each (Python workers, JVM classes, the registry's caches).
 
     make .venv-spark-4.2/.installed
-    PIP_CONSTRAINT=$PWD/requirements/constraints.txt .venv-spark-4.2/bin/pip install -q \
+    PIP_CONSTRAINT=$PWD/.venv-spark-4.2/constraints.txt .venv-spark-4.2/bin/pip install -q \
       'confluent-kafka[avro,schemaregistry]'
     .venv-spark-4.2/bin/pip wheel . --no-deps --no-build-isolation -q -w build/bench-wheel
     .venv-spark-4.2/bin/pip install -q --no-deps --force-reinstall build/bench-wheel/sluice-*.whl
@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.contenders import rotate
-from bench.latency.kafka_hop import spark_kafka_conf
+from bench.latency.kafka_hop import SPARK_KAFKA, spark_kafka_conf
 from bench.stores.kafka_sink_source import check_installed_sluice
 
 SOURCES = ("spark from_avro", "confluent-kafka DeserializingConsumer", "sluice source")
@@ -55,6 +55,10 @@ def load() -> str:
 
 def spark_conf(pyspark_version: str) -> dict[str, str]:
     """Spark's Kafka connector (kafka_hop's Ivy settings: Maven Central alone) and spark-avro of the same line."""
+    if ".".join(pyspark_version.split(".")[:2]) not in SPARK_KAFKA:
+        raise SystemExit(f"bench.kafka_formats needs Spark's Kafka and Avro connectors, which Maven Central serves for "
+                         f"Spark lines {', '.join(SPARK_KAFKA)}, not for pyspark {pyspark_version}: run it with "
+                         ".venv-spark-4.2/bin/python (this file's docstring says how to make it).")
     conf = spark_kafka_conf(pyspark_version)
     kafka = conf["spark.jars.packages"]
     conf["spark.jars.packages"] = f"{kafka},{kafka.replace('spark-sql-kafka-0-10', 'spark-avro')}"
