@@ -136,6 +136,19 @@ def kafka_bootstrap(kafka):
     return {"kafka.bootstrap.servers": kafka.bootstrap_servers}
 
 
+def test_a_typed_key(spark, kafka, registry, new_topic):
+    """key.format: the struct column key is encoded under its own subject (<topic>-key) and read back as a struct.
+    Negative control: read raw, the key is Confluent's framing with that subject's schema id."""
+    topic = new_topic()
+    df = spark.createDataFrame([((7, "eu"), "ann")], "key struct<id:long,region:string>, name string")
+    sluice.write(df, FORMAT, typed(kafka, registry, topic, **{"key.format": "avro-confluent"}))
+    read = spark.read.format(FORMAT).options(**reading(kafka, registry, topic, **{"key.format": "avro-confluent"}))
+    assert [(r.key.id, r.key.region, r.name) for r in read.load().collect()] == [(7, "eu", "ann")]
+    raw = spark.read.format(FORMAT).options(**kafka_bootstrap(kafka), subscribe=topic).load().collect()
+    key_id = RegistryClient(RegistrySettings(registry.ccompat_url)).latest(f"{topic}-key").schema_id
+    assert [(bytes(r.key)[0], int.from_bytes(bytes(r.key)[1:5], "big")) for r in raw] == [(0, key_id)]
+
+
 # ------------------------------------------------------------------ evolution and compatibility
 
 

@@ -42,6 +42,17 @@ def check_consumer_settings(options: ReadOptions) -> None:
                                                f"{error.args[0].str()}")) from None
 
 
+def check_same_reader_schema(planned: StructType, resolved: StructType) -> None:
+    """schema() and reader() resolve the reader schema in separate calls: a subject whose latest version changed in
+    between would hand the tasks columns of another type than Spark planned."""
+    now = {f.name: f.dataType.simpleString() for f in resolved.fields}  # types, not nullability
+    changed = [f.name for f in planned.fields if f.name in now and now[f.name] != f.dataType.simpleString()]
+    if changed:
+        raise OptionError(f"the reader schema changed while the read was planned (column(s) {changed}): a new version "
+                          "of the subject was registered meanwhile. Run the query again, or pin the version with "
+                          "value.schema-version (key.schema-version).")
+
+
 def discovery_of(options: ReadOptions) -> TopicDiscovery:
     if options.assigned:
         return PartitionList(options.assigned)
@@ -113,6 +124,8 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
 
     def _read_parts(self, schema: StructType, batch: bool) -> tuple[KafkaEnumerator, KafkaSplitReader, ReadOptions]:
         options = self._options_resolved()
+        if not options.payloads.raw:
+            check_same_reader_schema(schema, read_schema(options))
         check_consumer_settings(options)
         return KafkaEnumerator(options, discovery_of(options), batch), KafkaSplitReader(options, schema), options
 
