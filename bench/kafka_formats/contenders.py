@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.kafka_formats.data import FIELDS, SCHEMA_JSON, check_avro_sample, confluent_header
+from bench.kafka_formats.data import FIELDS, SCHEMA_JSON, check_avro_sample, confluent_header, sample_of
 
 # Every decoded field hashed into one figure: no field can be pruned away or left undecoded, and two readers of the
 # same topic that decode the same values to the same Spark types get the same figure.
@@ -39,7 +39,7 @@ class AvroBench:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.spark, self.kafka, self.url, self.df, self.n = spark, kafka, registry_url, df, rows
-        self.sample: dict[int, dict[str, Any]] = {}
+        self.sample = sample_of(df)
         self.registry = SchemaRegistryClient({"url": registry_url})
         self.source_topic = ""
         self.protobuf_topic = ""
@@ -195,4 +195,4 @@ class AvroBench:
 
         self.source_topic = self.topic()
         schema_id = self.register(self.source_topic)
-        self.sample = produce_avro(self.df, self.kafka.client_config(), self.source_topic, schema_id)
+        produce_avro(self.df, self.kafka.client_config(), self.source_topic, schema_id)
