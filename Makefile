@@ -337,9 +337,10 @@ test-hbase: $(STAMP) check-java check-hbase
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
 
 # The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, the connector's and sluice doctor's) and
-# the schema-registry client's on a real Apicurio Registry
+# LocalSchemaRegistry's and the schema-registry client's on a real Apicurio Registry
 # run in make test's second job, after HBase's (make test-kafka runs them alone).
-KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/test_kafka.py tests/formats/test_registry.py
+KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/test_kafka.py tests/test_local_registry.py \
+	tests/formats/test_registry.py
 test-kafka: $(STAMP) check-java check-kafka check-registry
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 

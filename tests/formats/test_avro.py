@@ -334,3 +334,27 @@ def test_sliced_arrays_decode_and_encode() -> None:
     assert fmt.decode(bodies.slice(1), schema, schema).to_pylist() == [as_spark(r) for r in RECORDS[1:]]
     rows = pa.array([as_spark(r) for r in RECORDS], fmt.reader_type(schema))
     assert fmt.encode(rows.slice(1, 2), schema).to_pylist() == bodies.to_pylist()[1:]
+
+
+def test_dotted_names_and_references_across_namespaces() -> None:
+    inner = {"type": "record", "name": "b.Inner", "fields": [{"name": "v", "type": "int"}]}
+    schema = {
+        "type": "record",
+        "name": "a.Outer",
+        "fields": [{"name": "x", "type": inner}, {"name": "y", "type": "b.Inner"}],
+    }
+    bodies = fastavro_bodies(schema, [{"x": {"v": 1}, "y": {"v": 2}}])
+    out = AvroFormat().decode(bodies, registered(schema), registered(schema))
+    assert out.to_pylist() == [{"x": {"v": 1}, "y": {"v": 2}}]
+
+
+def test_a_corrupt_block_count_is_refused_at_once() -> None:
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "d", "type": {"type": "array", "items": "double"}},
+        {"name": "s", "type": {"type": "array", "items": "string"}}]}  # fmt: skip
+    fmt = AvroFormat()
+    assert fmt.decode(fastavro_bodies(schema, [{"d": [1.0], "s": ["x"]}]), registered(schema), registered(schema))
+    huge = b"\xfe\xff\xff\xff\x0f"  # 2**31 - 1 items
+    for body, field in [(huge + b"\x00\x00", "'d'"), (b"\x00" + huge + b"\x00", "'s'")]:
+        with pytest.raises(PayloadError, match=f"block count of field {field} larger than the rest of the body"):
+            fmt.decode(pa.array([body], pa.binary()), registered(schema), registered(schema))

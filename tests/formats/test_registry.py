@@ -3,6 +3,7 @@ back each schema type, a compatibility level's refusal, errors by Confluent's er
 the per-process id cache across a stopped registry, HTTP basic authentication and TLS with a CA as PEM text."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -10,6 +11,7 @@ from sluice._errors import OptionError
 from sluice.formats._registry import (
     IncompatibleSchema,
     RegistryClient,
+    RegistryError,
     RegistrySettings,
     RegistryTlsError,
     RegistryUnauthorized,
@@ -94,6 +96,15 @@ def test_unknown_id_and_unknown_subject_are_named_with_their_error_codes(client,
     assert not_under.value.error_code == 40403 and "not registered under subject" in str(not_under.value)
 
 
+def test_a_url_that_is_not_confluents_api_is_named(registry, client, new_subject):
+    known = client.register(new_subject(), "AVRO", avro("id", "r"))
+    forget_cached_schemas()
+    with pytest.raises(RegistryError) as wrong_root:  # Apicurio's root, without /apis/ccompat/v7
+        RegistryClient(RegistrySettings(registry.url, timeout_s=5)).schema_by_id(known.schema_id)
+    assert not isinstance(wrong_root.value, SchemaNotFound) and wrong_root.value.status == 404
+    assert "not the root of Confluent's Schema Registry API" in str(wrong_root.value)
+
+
 @pytest.mark.parametrize("auth", ["user-info", "bearer"])
 def test_an_unreachable_registry_is_named_without_its_secrets(auth):
     port = free_port()  # nothing listens there
@@ -123,7 +134,7 @@ def test_settings_refuse_what_they_cannot_use():
     assert "pw" not in str(error.value)
 
 
-def test_the_id_cache_serves_a_known_id_while_the_registry_is_stopped(registry, client, new_subject):
+def test_a_stopped_registry_known_ids_from_the_cache_new_ones_waited_for(registry, client, new_subject):
     fetched = client.register(new_subject(), "AVRO", avro("id", "a"))
     never_fetched = client.register(new_subject(), "AVRO", avro("id", "b"))
     forget_cached_schemas()
@@ -135,10 +146,15 @@ def test_the_id_cache_serves_a_known_id_while_the_registry_is_stopped(registry, 
         with pytest.raises(RegistryUnreachable) as unreachable:  # negative control: an id not fetched before
             other_client.schema_by_id(never_fetched.schema_id)
         assert f"schema id {never_fetched.schema_id}" in str(unreachable.value)
+        # A client with time to wait asks again until the registry is back (on the same port and storage).
+        patient = RegistryClient(RegistrySettings(registry.ccompat_url, timeout_s=120))
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(patient.schema_by_id, never_fetched.schema_id)
+            registry.start()
+            assert json.loads(waiting.result(120).text) == json.loads(avro("id", "b"))
     finally:
-        registry.start()
-    # The registry came back on the same port and storage: the id not fetched before is there.
-    assert json.loads(client.schema_by_id(never_fetched.schema_id).text) == json.loads(avro("id", "b"))
+        if registry.pid is None:
+            registry.start()
 
 
 def test_subject_name_strategies():
@@ -154,7 +170,8 @@ def test_subject_name_strategies():
 
 @pytest.fixture(scope="module")
 def secured():
-    """A registry that takes HTTPS only (a certificate from a CA the test makes) and HTTP basic authentication."""
+    """A registry that takes HTTPS only (a certificate from a CA the test makes) and requires authentication: HTTP
+    basic, or a bearer token (a JWT it verifies with a public key)."""
     with LocalSchemaRegistry(auth=True, tls=True) as server:
         yield server
 
@@ -165,26 +182,29 @@ def secured_settings(server, **overrides):
     return RegistrySettings(server.ccompat_url, **values)
 
 
-def test_basic_authentication_and_tls_with_a_ca_as_pem(secured, new_subject):
-    client = RegistryClient(secured_settings(secured))
+@pytest.mark.parametrize("auth", ["basic", "bearer"])
+def test_authentication_and_tls_with_a_ca_as_pem(secured, new_subject, auth):
+    overrides = {"user_info": None, "bearer_token": secured.bearer_token()} if auth == "bearer" else {}
+    client = RegistryClient(secured_settings(secured, **overrides))
     registered = client.register(new_subject(), "AVRO", avro("id"))
     forget_cached_schemas()
     assert client.schema_by_id(registered.schema_id).schema_id == registered.schema_id
     assert secured.url.startswith("https://")
 
 
-@pytest.mark.parametrize("credentials", ["wrong password", "none", "bearer"])
+@pytest.mark.parametrize("credentials", ["wrong password", "none", "forged bearer token"])
 def test_a_refused_credential_is_named_by_url_without_the_secret(secured, credentials):
-    wrong = "not-the-Pa55word"
+    forged = secured.bearer_token(forged=True)
+    wrong = {"wrong password": "not-the-Pa55word", "none": "", "forged bearer token": forged}[credentials]
     overrides = {"wrong password": {"user_info": f"{secured.username}:{wrong}"},
                  "none": {"user_info": None},
-                 "bearer": {"user_info": None, "bearer_token": wrong}}[credentials]
+                 "forged bearer token": {"user_info": None, "bearer_token": forged}}[credentials]
     client = RegistryClient(secured_settings(secured, **overrides))
-    forget_cached_schemas()
     with pytest.raises(RegistryUnauthorized) as refused:
         client.latest("anything-value")
     assert refused.value.status == 401 and secured.ccompat_url in str(refused.value)
-    assert wrong not in str(refused.value) and secured.password not in str(refused.value)
+    assert secured.password not in str(refused.value)
+    assert not wrong or wrong not in str(refused.value)
 
 
 def test_a_certificate_from_another_ca_is_refused(secured):

@@ -49,7 +49,7 @@ class AvroFormat:
             present = np.flatnonzero(valid)
             bodies = bodies.filter(pa.array(valid))
         try:
-            raw = decode_raw(bodies, w, writer.text)
+            raw = decode_raw(bodies, w)
         except Exception as e:
             _reindex(e, present)
             raise

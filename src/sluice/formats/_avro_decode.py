@@ -69,9 +69,10 @@ def _read(header: bytes, count: int, data: np.ndarray) -> pa.Table:
         os.unlink(path)
 
 
-def decode_raw(bodies: pa.BinaryArray, writer: AvroType, text: str | None = None) -> pa.StructArray:
-    """Bodies (no nulls) -> a struct array of the writer schema (`text`, parsed as `writer`) in Spark's types.
-    PayloadError names a bad body; a schema the reader cannot take is a SchemaError."""
+def decode_raw(bodies: pa.BinaryArray, writer: AvroType) -> pa.StructArray:
+    """Bodies (no nulls) -> a struct array of the writer schema in Spark's types. PayloadError names a bad body; a
+    schema the reader cannot take is a SchemaError. The header carries the schema as to_json writes it (names split
+    into name and namespace): arrow-avro does not resolve a reference to a type declared with a dotted name."""
     n = len(bodies)
     wtype = arrow_type(writer)[0]
     if n == 0:
@@ -83,7 +84,7 @@ def decode_raw(bodies: pa.BinaryArray, writer: AvroType, text: str | None = None
     bad = first_bad(writer, data, offsets[:-1] - lo, offsets[1:] - lo)
     if bad is not None:
         raise PayloadError(bad[0], f"not an Avro record of the writer schema {writer.name}: {bad[1]}")
-    header = _header(text if text is not None else json.dumps(to_json(writer)))
+    header = _header(json.dumps(to_json(writer)))
     try:
         table = _read(header, n, data)
     except Exception as e:  # the reader's error is for the whole block: find the first body it refuses alone

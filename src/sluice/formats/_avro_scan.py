@@ -118,6 +118,18 @@ class _Scan:
                     self.fail(rows[sized], bad, f"negative block size of {what}")
                 self.skip(rows[sized], np.maximum(size, 0), what)
             left = np.where(sized | self.failed[rows], 0, count)
+            # a count past what the rest of the body can hold is refused at once, so a corrupt count costs no loop
+            # of that many rounds (nor the reader's: items of no bytes, arrays of null, count as one byte each;
+            # arrow-avro reads no arrays of null anyway). Items of one width are skipped together.
+            least, width = _min_size(t.items) + (1 if t.kind == "map" else 0), _width(t.items)
+            room = self.ends[rows] - self.pos[rows]
+            over = (left > 0) & (left * max(least, 1) > room)
+            if over.any():
+                self.fail(rows, over, f"a block count of {what} larger than the rest of the body")
+                left = np.where(over, 0, left)
+            if t.kind == "array" and width is not None:
+                self.skip(rows, left * width, what)
+                left = np.zeros_like(left)
             items = rows
             while True:
                 live = left > 0
@@ -129,6 +141,27 @@ class _Scan:
                 self.walk(t.items, items, f"an item of {what}")
                 left = np.where(self.failed[items], 0, left)
             rows = rows[(count != 0) & ~self.failed[rows]]
+
+
+def _min_size(t: AvroType) -> int:
+    """The fewest bytes a value of `t` takes."""
+    if t.kind == "null":
+        return 0
+    if t.kind in ("float", "double", "fixed"):
+        return {"float": 4, "double": 8}.get(t.kind, t.size)
+    if t.kind == "record":
+        return sum(_min_size(f.type) for f in t.fields)
+    return 1
+
+
+def _width(t: AvroType) -> int | None:
+    """The one size every value of `t` takes, None when values vary."""
+    if t.kind in ("null", "boolean", "float", "double", "fixed"):
+        return {"null": 0, "boolean": 1, "float": 4, "double": 8}.get(t.kind, t.size)
+    if t.kind == "record":
+        widths = [_width(f.type) for f in t.fields]
+        return None if any(w is None for w in widths) else sum(w for w in widths if w is not None)
+    return None
 
 
 def first_bad(schema: AvroType, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[int, str] | None:

@@ -29,6 +29,8 @@ from sluice.formats._json_schema_types import TIMESTAMP, json_schema_for, parse_
 
 __all__ = ["JsonSchemaFormat"]
 
+_BLOCK = 4 << 20  # pyarrow's JSON reader parses blocks in parallel; fewer, larger chunks are cheaper to combine
+
 
 def _readable(t: pa.DataType, dates: bool = False) -> pa.DataType:
     """The type pyarrow's JSON reader reads into (it parses no dates: they are read as strings and cast after), all
@@ -54,7 +56,6 @@ class JsonSchemaFormat:
         valid = bodies.is_valid()
         has_nulls = bodies.null_count > 0
         lines = bodies.fill_null(b"{}") if has_nulls else bodies
-        lines = pc.replace_substring(pc.replace_substring(lines, b"\n", b" "), b"\r", b" ")
         try:
             table = _read(lines, read_schema)
             if table.num_rows != len(bodies):
@@ -84,16 +85,29 @@ class JsonSchemaFormat:
         return bodies
 
 
-def _read(lines: pa.Array, schema: pa.Schema) -> pa.Table:
-    joined = pc.binary_join_element_wise(lines, pa.scalar(b"", pa.binary()), b"\n")
+def _joined(bodies: pa.BinaryArray) -> pa.Buffer:
+    """The bodies as one newline-delimited document. Raw newlines and carriage returns inside a body can only be
+    JSON whitespace (RFC 8259 section 7: strings escape them), so they become spaces and every body stays one line;
+    the scan for them is one numpy pass over the data buffer, the rewrite happens only when there are some."""
+    data = bodies.buffers()[2]
+    # One comparison pass: bytes up to 13 are tab, newline, carriage return or controls JSON does not allow raw.
+    if data is not None and (np.frombuffer(data, dtype=np.uint8) <= 13).any():
+        bodies = pc.replace_substring(pc.replace_substring(bodies, b"\n", b" "), b"\r", b" ")
+    joined = pc.binary_join_element_wise(bodies, pa.scalar(b"", pa.binary()), b"\n")
     _, offsets, data = joined.buffers()
-    end = int(np.frombuffer(offsets, dtype=np.int32)[joined.offset + len(joined)]) if len(joined) else 0
-    longest = pc.max(pc.binary_length(joined)).as_py() or 0
+    if not len(joined) or data is None:
+        return pa.py_buffer(b"")
+    ends = np.frombuffer(offsets, dtype=np.int32)
+    return data.slice(int(ends[joined.offset]), int(ends[joined.offset + len(joined)] - ends[joined.offset]))
+
+
+def _read(lines: pa.BinaryArray, schema: pa.Schema) -> pa.Table:
+    document = _joined(lines)
+    longest = pc.max(pc.binary_length(lines)).as_py() or 0
     # A line never straddles blocks: a block holds the longest body (pyarrow refuses a straddling object).
-    options = pj.ReadOptions(block_size=max(1 << 20, 2 * longest))
+    options = pj.ReadOptions(block_size=max(_BLOCK, 2 * longest + 2))
     parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    return pj.read_json(pa.BufferReader(data[:end] if data is not None else b""), read_options=options,
-                        parse_options=parse)
+    return pj.read_json(pa.BufferReader(document), read_options=options, parse_options=parse)
 
 
 def _first_bad(lines: pa.Array, schema: pa.Schema, final: pa.StructType) -> tuple[int, str]:

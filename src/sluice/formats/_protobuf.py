@@ -27,7 +27,7 @@ from sluice.formats._protobuf_descriptors import (
     decode_indexes,
     encode_indexes,
 )
-from sluice.formats._protobuf_rows import prepare_struct
+from sluice.formats._protobuf_rows import map_fixer, prepare_struct
 from sluice.formats._protobuf_types import message_type, proto_for
 
 __all__ = ["ProtobufFormat", "ProtobufSchemaError"]
@@ -131,6 +131,9 @@ class ProtobufFormat:
         message = self._message(compiled, self.message)
         prefix = encode_indexes(compiled.indexes_of(message.full_name))
         prepared = prepare_struct(rows, message, "").to_pylist()
+        fix = map_fixer(message)
+        if fix is not None:
+            prepared = [row if row is None else fix(row) for row in prepared]
         cls = message_factory.GetMessageClass(message)
         out: list[bytes | None] = []
         append = out.append

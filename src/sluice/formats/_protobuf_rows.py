@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -89,19 +90,25 @@ def _prepare(column: pa.Array, field: Any, path: str, valid: pa.Array) -> pa.Arr
     return _prepare_values(column, field, path)
 
 
+def _seconds_nanos(column: pa.Array) -> pa.StructArray:
+    """Microseconds as Timestamp's and Duration's {seconds, nanos}, in bulk (upb's datetime conversion is Python)."""
+    micros = column.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+    seconds, rest = np.divmod(micros, 1_000_000)
+    return pa.StructArray.from_arrays([pa.array(seconds), pa.array((rest * 1000).astype(np.int32))],
+                                      names=["seconds", "nanos"], mask=column.is_null() if column.null_count else None)
+
+
 def _prepare_values(column: pa.Array, field: Any, path: str) -> pa.Array:
     t = column.type
     kind = field.type
     if kind in (TYPE_MESSAGE, TYPE_GROUP):
         full_name = field.message_type.full_name
         if full_name == "google.protobuf.Timestamp":
-            if pa.types.is_timestamp(t):
-                return column.cast(pa.timestamp("us", tz=t.tz or "UTC"))
-            if pa.types.is_date(t):
-                return column.cast(pa.timestamp("us", tz="UTC"))
+            if pa.types.is_timestamp(t) or pa.types.is_date(t):
+                return _seconds_nanos(column.cast(pa.timestamp("us", tz="UTC")))
         elif full_name == "google.protobuf.Duration":
             if pa.types.is_duration(t):
-                return column
+                return _seconds_nanos(column.cast(pa.duration("us")))
         elif full_name in WRAPPERS:
             inner = _prepare_values(column, field.message_type.fields_by_name["value"], path)
             return pa.StructArray.from_arrays([inner], names=["value"],
@@ -124,3 +131,53 @@ def _prepare_values(column: pa.Array, field: Any, path: str) -> pa.Array:
     elif kind == TYPE_ENUM:
         return column
     return column
+
+
+def _message_maps(message: Any, seen: tuple[str, ...] = ()) -> bool:
+    """Whether rows of `message` hold a map with message values anywhere (upb takes (key, value) pairs only for
+    maps of scalars: those need dicts)."""
+    if message.full_name in seen:
+        return False
+    for field in message.fields:
+        if field.message_type is None:
+            continue
+        if is_map(field):
+            value = field.message_type.fields_by_name["value"]
+            if value.message_type is not None:
+                return True
+        elif _message_maps(field.message_type, (*seen, message.full_name)):
+            return True
+    return False
+
+
+def map_fixer(message: Any) -> Any:
+    """A function that turns a row's maps of messages into dicts, in place, or None when the message has none."""
+    if not _message_maps(message):
+        return None
+    plans = []
+    for field in message.fields:
+        if field.message_type is None or field.message_type.full_name in WRAPPERS:
+            continue
+        if is_map(field):
+            value = field.message_type.fields_by_name["value"]
+            inner = map_fixer(value.message_type) if value.message_type is not None else None
+            plans.append((field.name, "map", inner))
+        else:
+            inner = map_fixer(field.message_type)
+            if inner is not None:
+                plans.append((field.name, "list" if field.is_repeated else "one", inner))
+
+    def fix(row: dict[str, Any]) -> dict[str, Any]:
+        for name, kind, inner in plans:
+            value = row.get(name)
+            if value is None:
+                continue
+            if kind == "map":
+                row[name] = {k: (inner(v) if inner is not None and v is not None else v) for k, v in value}
+            elif kind == "list":
+                row[name] = [inner(v) for v in value]
+            else:
+                row[name] = inner(value)
+        return row
+
+    return fix

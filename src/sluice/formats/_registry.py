@@ -20,10 +20,25 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from sluice._errors import OptionError, SluiceError
+from sluice._errors import OptionError
 from sluice.formats._codec import RegisteredSchema, SchemaReference, SchemaType
+from sluice.formats._registry_errors import (
+    IncompatibleSchema,
+    InvalidSchema,
+    RegistryError,
+    RegistryTlsError,
+    RegistryUnauthorized,
+    RegistryUnreachable,
+    SchemaNotFound,
+    SubjectNotFound,
+    VersionNotFound,
+)
+
+__all__ = ["COMPATIBILITY_LEVELS", "SCHEMA_TYPES", "IncompatibleSchema", "InvalidSchema", "RegistryClient",
+           "RegistryError", "RegistrySettings", "RegistryTlsError", "RegistryUnauthorized", "RegistryUnreachable",
+           "SchemaNotFound", "SubjectNotFound", "VersionNotFound", "forget_cached_schemas"]
 
 SCHEMA_TYPES: tuple[SchemaType, ...] = ("AVRO", "PROTOBUF", "JSON")
 COMPATIBILITY_LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL",
@@ -58,8 +73,6 @@ class RegistrySettings:
             if user_info is not None:
                 raise OptionError(f"the schema registry's URL {_without_user_info(self.url)!r} carries a user and "
                                   "so do the settings' user-info: keep one")
-            from urllib.parse import unquote
-
             user_info = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         if user_info is not None and ":" not in user_info:
             raise OptionError("the schema registry's user-info must be 'user:password'")
@@ -101,54 +114,6 @@ def _without_user_info(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
-class RegistryError(SluiceError):
-    """A request the schema registry refused or could not answer. `status` is the HTTP status (None: no answer),
-    `error_code` Confluent's (40401 ...), `url` the registry's (without credentials)."""
-
-    def __init__(self, message: str, *, url: str, status: int | None = None, error_code: int | None = None,
-                 subject: str | None = None, schema_id: int | None = None) -> None:
-        super().__init__(message)
-        self.url, self.status, self.error_code = url, status, error_code
-        self.subject, self.schema_id = subject, schema_id
-
-
-class RegistryUnreachable(RegistryError):
-    """No answer (connection refused, timed out) or a 5xx until the timeout."""
-
-
-class RegistryTlsError(RegistryError):
-    """The registry's certificate was refused (not signed by the CA given, or not for its host)."""
-
-
-class RegistryUnauthorized(RegistryError):
-    """401 (credentials missing or refused) or 403 (not allowed)."""
-
-
-class SubjectNotFound(RegistryError):
-    """40401: no such subject."""
-
-
-class VersionNotFound(RegistryError):
-    """40402: the subject has no such version."""
-
-
-class SchemaNotFound(RegistryError):
-    """40403: no schema with that id, or the schema is not registered under the subject."""
-
-
-class IncompatibleSchema(RegistryError):
-    """409: the schema breaks the subject's compatibility level; `reason` is the registry's, `level` the subject's
-    level (from register(): read once the registry refused)."""
-
-    def __init__(self, message: str, *, reason: str, level: str | None = None, **where: Any) -> None:
-        super().__init__(message, **where)
-        self.reason, self.level = reason, level
-
-
-class InvalidSchema(RegistryError):
-    """42201 (or another 422): the schema text does not parse, or its type is unknown."""
-
-
 _POOLS: dict[str | None, Any] = {}
 _LOCK = threading.Lock()
 _BY_ID: dict[tuple[str, int], RegisteredSchema] = {}
@@ -183,7 +148,7 @@ def _schema_type(value: Any) -> SchemaType:
     for known in SCHEMA_TYPES:
         if kind == known:
             return known
-    raise ValueError(f"unknown schemaType {kind!r}")
+    raise ValueError(f"a {kind} schema: sluice's formats read {', '.join(SCHEMA_TYPES)}")
 
 
 class RegistryClient:
@@ -205,8 +170,11 @@ class RegistryClient:
         if cached is not None:
             return cached
         body = self._request("GET", f"/schemas/ids/{int(schema_id)}", schema_id=schema_id)
-        schema = RegisteredSchema(schema_id, _schema_type(body.get("schemaType")), str(body["schema"]),
-                                  _references(body.get("references")))
+        try:
+            schema = RegisteredSchema(schema_id, _schema_type(body.get("schemaType")), str(body["schema"]),
+                                      _references(body.get("references")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._unexpected(f"schema id {schema_id}", body, e) from None
         with _LOCK:
             _BY_ID[key] = schema
         return schema
@@ -226,10 +194,13 @@ class RegistryClient:
     def _registered(self, body: dict[str, Any], subject: str,
                     schema_type: SchemaType | None = None) -> RegisteredSchema:
         """`schema_type`: what the caller sent (Apicurio's lookup answer leaves schemaType out for every type)."""
-        kind = _schema_type(body.get("schemaType") or schema_type)
-        schema = RegisteredSchema(int(body["id"]), kind, str(body["schema"]),
-                                  _references(body.get("references")), str(body.get("subject", subject)),
-                                  int(body["version"]) if body.get("version") is not None else None)
+        try:
+            kind = _schema_type(body.get("schemaType") or schema_type)
+            schema = RegisteredSchema(int(body["id"]), kind, str(body["schema"]),
+                                      _references(body.get("references")), str(body.get("subject", subject)),
+                                      int(body["version"]) if body.get("version") is not None else None)
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._unexpected(f"subject '{subject}'", body, e) from None
         with _LOCK:  # what the id names, for readers in this process
             _BY_ID.setdefault((self.url, schema.schema_id),
                               RegisteredSchema(schema.schema_id, schema.schema_type, schema.text, schema.references))
@@ -257,7 +228,10 @@ class RegistryClient:
                                  self._schema_body(schema_type, text, references), subject=subject)
         except IncompatibleSchema as e:
             raise self._incompatible(e, subject, schema_type) from None
-        schema = RegisteredSchema(int(body["id"]), schema_type, text, tuple(references), subject)
+        try:
+            schema = RegisteredSchema(int(body["id"]), schema_type, text, tuple(references), subject)
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._unexpected(f"subject '{subject}'", body, e) from None
         with _LOCK:
             _BY_SUBJECT_SCHEMA.setdefault(key, schema)
             _BY_ID.setdefault((self.url, schema.schema_id),
@@ -292,6 +266,13 @@ class RegistryClient:
         if references:
             body["references"] = [{"name": r.name, "subject": r.subject, "version": r.version} for r in references]
         return body
+
+    def _unexpected(self, what: str, body: Any, error: Exception) -> RegistryError:
+        """An answer that is not what Confluent's API gives (a field missing, a type sluice does not read)."""
+        return RegistryError(f"the schema registry at {self.url} answered for {what} with what sluice cannot use "
+                             f"({type(error).__name__}: {error}; the answer: {self.settings.scrub(str(body))[:300]}). "
+                             "Check that the URL is the root of Confluent's API (Apicurio's ends in /apis/ccompat/v7).",
+                             url=self.url)
 
     def _incompatible(self, error: IncompatibleSchema, subject: str, schema_type: SchemaType) -> IncompatibleSchema:
         """The 409 named with the subject's compatibility level (asked for once the registry refused)."""
@@ -369,8 +350,11 @@ class RegistryClient:
             raise RegistryUnauthorized(f"the schema registry at {url} forbids {method} {path.split('?')[0]} to "
                                        f"these credentials {named}: {reason}. Grant the user the role it needs.",
                                        **where)
-        if code == 40401 or (code is None and status == 404 and subject is not None and schema_id is None
-                             and not looking_up):
+        if status == 404 and code is None:
+            raise RegistryError(f"the schema registry at {url} answered {method} {path.split('?')[0]} with 404 and no "
+                                "Confluent error_code: the URL is not the root of Confluent's Schema Registry API "
+                                "(Apicurio serves it at /apis/ccompat/v7).", **where)
+        if code == 40401:
             raise SubjectNotFound(f"subject '{subject}' is not in the schema registry at {url} {named}. Check the "
                                   "topic and the subject name strategy (topic, record, topic-record), or register a "
                                   "schema under it first.", **where)
@@ -378,7 +362,7 @@ class RegistryClient:
             raise VersionNotFound(f"subject '{subject}' of the schema registry at {url} has no such version "
                                   f"{named}: {reason}. List its versions (GET /subjects/{{subject}}/versions).",
                                   **where)
-        if code == 40403 or (status == 404 and schema_id is not None):
+        if code == 40403:
             if looking_up:
                 raise SchemaNotFound(f"the schema is not registered under subject '{subject}' in the schema "
                                      f"registry at {url} {named}. Register it first, or let the writer register "

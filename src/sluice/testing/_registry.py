@@ -12,18 +12,20 @@ directory, so the embedded user's password is on no command line): the HTTP and 
 loopback (Quarkus binds both to every interface by default, management on 9000) on free ports; a small heap; storage
 in an H2 database in a file of the folder (Apicurio's default is an in-memory H2), so that `restart()` (or `kill()`
 then `start()`) keeps every schema, its id and every subject's compatibility level, on the same port. Ready when
-`GET /apis/ccompat/v7/schemas/types` answers 200 (storage initialized); its log is output.log of the folder, whose
-end a failed start shows.
+the management interface's `GET /health/ready` answers 200; its log is output.log of the folder, whose end a failed
+start shows.
 
-`auth=True`: HTTP basic authentication (Quarkus's embedded users, which Apicurio's build enables) of the user
-`.username` with `.password` (role sr-admin); a request without them, or with wrong ones, is refused with 401.
-Bearer tokens need an OpenID Connect server (Apicurio 3 checks them through Quarkus OIDC), which this does not run.
+`auth=True`: every request must authenticate, by HTTP basic authentication (Quarkus's embedded users, which
+Apicurio's build enables) of the user `.username` with `.password`, or by a bearer token: a JWT that
+`.bearer_token()` signs (RS256) with a key made at the first start, which Quarkus OIDC verifies locally against its
+public key (`quarkus.oidc.public-key`: no OpenID Connect server). Anything else is refused with 401.
 `tls=True`: HTTPS only, with a certificate for loopback signed by a throwaway CA (`.ca_pem`; `_tls.TestCA`).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import secrets
@@ -118,6 +120,7 @@ class LocalSchemaRegistry(JvmServer):
         self.username: str | None = USERNAME if auth else None
         self.password: str | None = secrets.token_urlsafe(16) if auth else None
         self.ca_pem: str | None = None  # tls: the CA that signed the server's certificate
+        self._signing_key: Any = None  # auth: the private key of the bearer tokens the server accepts
         self.port = 0
         self.management_port = 0
 
@@ -164,11 +167,36 @@ class LocalSchemaRegistry(JvmServer):
         else:
             values["quarkus.http.port"] = self.port
         if self.auth:
-            values.update({"quarkus.http.auth.basic": True, "apicurio.authn.mechanism.priority": "basic",
+            from cryptography.hazmat.primitives import serialization
+            from cryptography.hazmat.primitives.asymmetric import rsa
+
+            self._signing_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            public = self._signing_key.public_key().public_bytes(serialization.Encoding.DER,
+                                                                 serialization.PublicFormat.SubjectPublicKeyInfo)
+            values.update({"quarkus.http.auth.basic": True, "apicurio.authn.mechanism.priority": "basic,oidc",
+                           "quarkus.oidc.tenant-enabled": True,
+                           "quarkus.oidc.public-key": base64.b64encode(public).decode(),
                            "quarkus.security.users.embedded.plain-text": True,
                            f"quarkus.security.users.embedded.users.{self.username}": self.password,
                            f"quarkus.security.users.embedded.roles.{self.username}": "sr-admin"})
         return {**values, **self.settings}
+
+    def bearer_token(self, *, forged: bool = False, lifetime_s: int = 3600) -> str:
+        """auth=True: a JWT for `.username` the server accepts as a bearer token; `forged`: one signed by another
+        key, which it refuses."""
+        if self._signing_key is None:
+            raise RuntimeError("bearer tokens need LocalSchemaRegistry(auth=True), started")
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        now = int(time.time())
+        claims = {"sub": self.username, "preferred_username": self.username, "iat": now, "exp": now + lifetime_s}
+        signed = f"{b64(json.dumps({'alg': 'RS256', 'typ': 'JWT'}).encode())}.{b64(json.dumps(claims).encode())}"
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048) if forged else self._signing_key
+        return f"{signed}.{b64(key.sign(signed.encode(), padding.PKCS1v15(), hashes.SHA256()))}"
 
     def _write_config(self) -> None:
         assert self._dir is not None
@@ -202,23 +230,29 @@ class LocalSchemaRegistry(JvmServer):
             return e.code, e.read()
 
     def _wait_ready(self, timeout: float) -> None:
-        """Until Confluent's API answers a request that reads storage; if the process ends or the time runs out,
-        raise with the end of its log."""
+        """Until the management interface's readiness check (GET /health/ready: storage among its checks) answers 200,
+        then Confluent's API answers (any status: a 401 too, when it takes credentials); if the process ends or the
+        time runs out, raise with the end of its log."""
         assert self._proc is not None
         deadline = time.monotonic() + timeout
+        health = f"http://127.0.0.1:{self.management_port}/health/ready"
         last = ""
         while True:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"{self.server} exited with {self._proc.returncode} while starting:\n"
                                    f"{self._log_tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.server} did not answer on {self.url} within {timeout:.0f} s (last: {last})"
-                                   f":\n{self._log_tail()}")
+                raise RuntimeError(f"{self.server} was not ready on {health} within {timeout:.0f} s (last: {last}):\n"
+                                   f"{self._log_tail()}")
             try:
-                status, body = self.request("GET", f"{CCOMPAT}/schemas/types")
-                if status == 200:
-                    return
-                last = f"{status}: {body[:200]!r}"
+                with urllib.request.urlopen(health, timeout=2) as response:
+                    if response.status == 200:
+                        status, body = self.request("GET", f"{CCOMPAT}/schemas/types")
+                        if status < 500:
+                            return
+                        last = f"{CCOMPAT}/schemas/types: {status}: {body[:200]!r}"
+            except urllib.error.HTTPError as e:  # 503 while a check is down
+                last = f"{e.code}: {e.read()[:300]!r}"
             except OSError as e:  # not listening yet
                 last = repr(e)
             time.sleep(0.2)
