@@ -309,3 +309,14 @@ def test_exactly_once_with_avro_values(spark, kafka, registry, new_topic, tmp_pa
     sluice.write(rows, FORMAT, {**options, "sink.write-id": "another"})
     counts = Counter(decoded_ids(kafka, topic, settings))
     assert len(counts) == 200 and set(counts.values()) == {2}
+
+
+def test_protobuf_writes_a_decimal_and_a_date_under_its_derived_schema(spark, kafka, registry, new_topic):
+    """Protobuf has no decimal or date: the schema derived from the DataFrame holds them as text and int32 days, and
+    the sink writes the DataFrame's own decimal and date columns under it (read back as those)."""
+    topic = new_topic()
+    df = spark.createDataFrame([("k1", Decimal("12.34"), dt.date(1970, 1, 3))], "key string, price decimal(10,2), "
+                               "day date")
+    sluice.write(df, FORMAT, typed(kafka, registry, topic, "protobuf-confluent"))
+    read = spark.read.format(FORMAT).options(**reading(kafka, registry, topic, "protobuf-confluent")).load()
+    assert [(r.price, r.day) for r in read.collect()] == [("12.34", 2)]

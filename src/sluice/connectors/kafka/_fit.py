@@ -1,6 +1,7 @@
 """Whether a DataFrame's columns fit a writer schema, checked on the driver before any task runs: every field of the
 schema has a column of a type that converts to it without loss (a narrower integer or float, a decimal of the same
-scale and less precision, string for string); a column the schema lacks would be dropped, and is refused too."""
+scale and less precision, string for string, a decimal to text and a date to int32 days for Protobuf); a column
+the schema lacks would be dropped, and is refused too."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def _misfit(have: pa.DataType, want: pa.DataType, path: str) -> str | None:
     texts = (pa.string(), pa.large_string())
     blobs = (pa.binary(), pa.large_binary())
     if (have in texts and want in texts) or (have in blobs and want in blobs):
+        return None
+    # Protobuf has no decimal or date: the schema derived from a DataFrame holds them as text and as int32 days since
+    # 1970-01-01 (ProtobufFormat.schema_from_arrow), both lossless casts.
+    if pa.types.is_decimal(have) and want in texts:
+        return None
+    if have == pa.date32() and want == pa.int32():
         return None
     if pa.types.is_decimal(have) and pa.types.is_decimal(want):
         if have.scale == want.scale and have.precision <= want.precision:
