@@ -58,8 +58,41 @@ def _const(value: bytes, n: int) -> pa.BinaryArray:
     return pa.repeat(pa.scalar(value, pa.binary()), n)
 
 
+def _flat(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A binary array's int64 offsets (n + 1, not rebased) and its whole data buffer as uint8."""
+    n = len(arr)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int32, count=arr.offset + n + 1)[arr.offset :].astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, dtype=np.uint8)
+    return offsets, data
+
+
 def _join(*parts: pa.Array) -> pa.BinaryArray:
-    return pc.binary_join_element_wise(*parts, _EMPTY)
+    """Row-wise concatenation of binary arrays (none null) into one buffer: every row's start is the cumulative sum
+    of the rows' totals, and each part's bytes are scattered to their row's start plus the parts before them, so the
+    work is a few numpy passes over the bytes (pyarrow's binary_join_element_wise goes row by row)."""
+    if len(parts) == 1:
+        return parts[0]
+    n = len(parts[0])
+    flats = [_flat(p if pa.types.is_binary(p.type) else p.cast(pa.binary())) for p in parts]
+    lengths = [np.diff(o) for o, _ in flats]
+    total = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sum(lengths), out=total[1:])
+    if total[-1] >= 2**31:
+        raise OverflowError(
+            f"{int(total[-1]):,} bytes of Avro bodies in one batch, past a binary array's 2 GiB: send smaller batches"
+        )
+    out = np.empty(int(total[-1]), dtype=np.uint8)
+    pos = total[:-1].copy()
+    for (offsets, data), size in zip(flats, lengths, strict=True):
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        if hi > lo:
+            # byte k of the part lands at k + (its row's position - its row's source offset)
+            shift = np.repeat(pos - offsets[:-1], size)
+            shift += np.arange(lo, hi, dtype=np.int64)
+            out[shift] = data[lo:hi]
+        pos += size
+    return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(total.astype(np.int32)), pa.py_buffer(out)])
 
 
 def _numpy(arr: pa.Array, fill: object) -> np.ndarray:
