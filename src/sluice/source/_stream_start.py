@@ -4,18 +4,28 @@ Spark's streaming source runner (pyspark.sql.streaming.python_streaming_source_r
 `reader.stop()` in a `finally` around `streamReader()`: an exception raised there leaves `reader` unbound, and the
 user reads Spark's `UnboundLocalError: cannot access local variable 'reader'` with sluice's message buried in the
 traceback. So a failing `streamReader()` returns a `FailedStreamReader` instead, which raises the same exception at
-Spark's first call (initialOffset or latestOffset), where the runner reports it as it is.
+Spark's first call (initialOffset or latestOffset), where the runner reports it as it is. Only inside that runner:
+anywhere else (a test, a tool calling `streamReader()` itself) the exception is raised where it happens.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def in_spark_runner() -> bool:
+    """Whether this process is Spark's streaming source runner: imported by a daemon, or run as `python -m`."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return RUNNER in sys.modules or getattr(main_spec, "name", None) == RUNNER
 
 
 class FailedStreamReader(DataSourceStreamReader):
@@ -53,7 +63,9 @@ def reported_whole(stream_reader: F) -> F:
     def start(self: Any, schema: Any) -> Any:
         try:
             return stream_reader(self, schema)
-        except Exception as error:  # re-raised at Spark's first call, by FailedStreamReader
-            return FailedStreamReader(error)
+        except Exception as error:
+            if not in_spark_runner():
+                raise
+            return FailedStreamReader(error)  # re-raised at Spark's first call
 
     return start  # type: ignore[return-value]
