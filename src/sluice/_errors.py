@@ -56,6 +56,29 @@ class RetryEntries(RetryableError):
         self.cause = cause
 
 
+class RecordError(SluiceError):
+    """The store refused a request for what one of its records holds (a constraint it violates, a value that does not
+    fit, a record over a size limit, a key the store rejects): sending the same record again fails again. Raised (or
+    returned through a future) for a whole batch when the store cannot tell which record it was: with
+    errors.tolerance=all the engine splits the batch until the record is alone, then sends it aside
+    (docs/reliability.md, "When a record is refused")."""
+
+
+class RefusedRecords(SluiceError):
+    """Some entries of a batch were refused for what they hold, each with its own error (a bulk response's items, a
+    producer's per-record delivery reports); the others were stored, except `retry`'s, which failed for a passing
+    reason and go again. `positions` index the batch's entries, in order; `errors` has one error per position."""
+
+    def __init__(self, message: str, positions: list[int], errors: list[BaseException],
+                 retry: RetryEntries | None = None) -> None:
+        super().__init__(message)
+        if len(positions) != len(errors):
+            raise ValueError(f"{len(positions)} refused positions but {len(errors)} errors")
+        self.positions = positions
+        self.errors = errors
+        self.retry = retry
+
+
 class ConflictError(SluiceError):
     """Another query or job holds what this one needs (a replication slot, a table's writing role); the message
     names the holder and what to do."""

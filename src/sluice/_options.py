@@ -20,7 +20,7 @@ _FALSE = {"false", "0", "no", "off"}
 
 @dataclass(frozen=True)
 class Option:
-    """One declared option. `kind` is one of: int, bool, str, choice, list, prefix. A prefix option is named
+    """One declared option. `kind` is one of: int, float, bool, str, choice, list, prefix. A prefix option is named
     `<prefix>.*` and collects every key under `<prefix>.` into one `PrefixSettings` (the prefix left off), those the
     spec declares on their own included, with their parsed value: a client's pass-through settings."""
 
@@ -28,8 +28,8 @@ class Option:
     kind: str
     default: Any
     meaning: str
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: float | None = None  # int and float options
+    maximum: float | None = None
     choices: tuple[str, ...] = ()
     secret: bool = False
     required: bool = False
@@ -45,11 +45,14 @@ class Option:
             if low in _FALSE:
                 return False
             raise OptionError(f"option '{self.name}' must be true or false, got {self._show(raw)}")
-        if self.kind == "int":
+        if self.kind in ("int", "float"):
             try:
-                value = int(text)
+                value = int(text) if self.kind == "int" else float(text)
             except ValueError:
-                raise OptionError(f"option '{self.name}' must be a whole number, got {self._show(raw)}") from None
+                what = "a whole number" if self.kind == "int" else "a number"
+                raise OptionError(f"option '{self.name}' must be {what}, got {self._show(raw)}") from None
+            if value != value:  # NaN passes every comparison below
+                raise OptionError(f"option '{self.name}' must be a number, got {self._show(raw)}")
             if self.minimum is not None and value < self.minimum:
                 raise OptionError(f"option '{self.name}' must be >= {self.minimum}, got {value}")
             if self.maximum is not None and value > self.maximum:
@@ -75,7 +78,7 @@ class Option:
             return " \\| ".join(self.choices)
         if self.kind == "bool":
             return "true \\| false"
-        if self.kind == "int":
+        if self.kind in ("int", "float"):
             low = "" if self.minimum is None else str(self.minimum)
             high = "" if self.maximum is None else str(self.maximum)
             return f"{low}..{high}" if (low or high) else "any"

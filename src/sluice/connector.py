@@ -4,7 +4,10 @@ A sink is a `SinkDataSource` subclass with an `OptionSpec` and a `plan_write()` 
 the plan's `open_task()` gives each Spark task an encoder (Arrow RecordBatch -> `Encoded`) and a `Store`
 (one `submit(batch)` per request; `BlockingStore` for blocking clients). Transactional sinks add a `Committer`.
 The engine does the buffering, batching (`BatchCreator`/`RequestBuffer`, FLIP-509), ordering, retries and
-back-pressure. A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served to Spark by
+back-pressure. A store declares which failures are per record: a `RecordError` for a batch it refused for one of its
+records (the engine splits the batch to find it), `RefusedRecords` for the entries a per-item response refused; with
+errors.tolerance=all they go to the dead-letter target, as the rows `Store.refused_rows` gives back.
+A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served to Spark by
 `SplitBatchReader` / `SplitStreamReader` (FLIP-27) from a `SourceDataSource` subclass; a format that is both
 subclasses both. A store without a change feed streams by a tracking column: a `TrackingEnumerator` and a
 `TrackingReader` served by `TrackingStreamReader`, its options `tracking_options()` (docs/tracking.md). A stream
@@ -24,7 +27,9 @@ from sluice._errors import (
     ConflictError,
     DataLossError,
     OptionError,
+    RecordError,
     RecordTooLargeError,
+    RefusedRecords,
     RetryableError,
     RetryEntries,
     SinkError,
@@ -162,7 +167,9 @@ __all__ = [
     "ReadMaxBytes",
     "ReadMaxRows",
     "ReadObserver",
+    "RecordError",
     "RecordTooLargeError",
+    "RefusedRecords",
     "RegisteredSchema",
     "RegistryClient",
     "RegistrySettings",

@@ -23,11 +23,13 @@ class Batch:
     partition_key: Hashable = None
     attempt: int = 0  # 0 on the first submission, n on the n-th retry
     sizes: Ints = field(default_factory=list, repr=False)
+    split: bool = False  # half of a batch refused for one of its records (errors.tolerance=all)
 
     @classmethod
     def of(cls, taken: Taken, partition_key: Hashable = None) -> Batch:
         """The batch of the entries a creator took from its buffer."""
-        return cls(taken.entries, taken.size_bytes, len(taken.entries), partition_key, taken.attempt, taken.sizes)
+        return cls(taken.entries, taken.size_bytes, len(taken.entries), partition_key, taken.attempt, taken.sizes,
+                   taken.split)
 
 
 @dataclass(frozen=True)

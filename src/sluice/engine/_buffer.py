@@ -66,6 +66,9 @@ class Chunk:
     attempt: int = 0  # how many times these entries were already submitted and failed
     ready_at: float = 0.0  # monotonic time before which the chunk must not be sent (retry backoff)
     start: int = 0  # entries before `start` were already taken
+    # Half of a batch the store refused for one of its records (errors.tolerance=all): sent as a batch of its own,
+    # never merged with its other half or other entries, so that the search for the record narrows.
+    split: bool = False
     left_bytes: int = field(init=False, repr=False)  # the bytes of the entries not taken yet
     # Sizes as an array: their running sums, made once, so a batch's bytes are two lookups, not a sum per batch.
     _sums: Any = field(init=False, repr=False)
@@ -107,6 +110,7 @@ class Taken:
     sizes: Ints
     size_bytes: int
     attempt: int
+    split: bool = False
 
 
 class RequestBuffer(ABC):
@@ -215,11 +219,12 @@ class DequeRequestBuffer(_ChunkBuffer):
         entry_pieces: list[Sequence[Any]] = []
         size_pieces: list[Ints] = []
         count = total = attempt = 0
+        split = False
         while self._chunks and count < max_records:
             chunk = self._chunks[0]
-            if chunk.ready_at > now or (count and chunk.attempt != attempt):
-                break  # a batch never mixes retried entries with fresh ones: retries are counted exactly
-            attempt = chunk.attempt
+            if chunk.ready_at > now or (count and (chunk.attempt != attempt or chunk.split or split)):
+                break  # a batch never mixes retried entries with fresh ones (retries are counted exactly) nor a split
+            attempt, split = chunk.attempt, chunk.split
             start = chunk.start
             stop = min(len(chunk.entries), start + max_records - count)
             whole = not start and stop == len(chunk.entries)
@@ -248,7 +253,7 @@ class DequeRequestBuffer(_ChunkBuffer):
             return None
         self._count -= count
         self._bytes -= total
-        return Taken(_joined(entry_pieces), _joined(size_pieces), total, attempt)
+        return Taken(_joined(entry_pieces), _joined(size_pieces), total, attempt, split)
 
 
 class KeyedRequestBuffer(_ChunkBuffer):

@@ -10,6 +10,7 @@ from sluice._errors import OptionError
 from sluice._options import Option, Options, OptionSpec, TypedOptions, attribute
 from sluice.engine._batch import BatchCreator, PartitionKeyBatchCreator, SimpleBatchCreator
 from sluice.engine._buffer import DequeRequestBuffer, KeyedRequestBuffer, RequestBuffer
+from sluice.engine._refusals import ERROR_OPTIONS, ErrorPolicy, check_error_options
 
 if TYPE_CHECKING:
     from sluice.engine._store import Store
@@ -168,8 +169,10 @@ def load_class(option: str, path: str, base: type) -> type:
     return cls
 
 
-SINK_SPEC = OptionSpec("sink", SINK_OPTIONS, (_check_combinations,))
+SINK_SPEC = OptionSpec("sink", SINK_OPTIONS + ERROR_OPTIONS, (_check_combinations, check_error_options))
 
+
+_NO_TOLERANCE = ErrorPolicy()  # errors.tolerance=none: a refused record fails the write
 
 # Each field's default is its option's (direct construction, in the engine's own tests, starts from them too).
 _DEFAULT = {attribute(o.name.removeprefix("sink.")): o.default for o in SINK_OPTIONS}
@@ -205,6 +208,7 @@ class SinkConfig(TypedOptions):
     # A streaming query's write: planned, run and committed again every micro-batch, so a store may keep its
     # connections between them (not an option: Spark decides).
     streaming: bool = False
+    errors: ErrorPolicy = _NO_TOLERANCE  # the errors.* options: what a record the store refuses does
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -212,7 +216,7 @@ class SinkConfig(TypedOptions):
 
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
-        return {"streaming": False}
+        return {"streaming": False, "errors": ErrorPolicy.of(opts)}
 
     def make_batch_creator(self) -> BatchCreator | None:
         """A new instance of the sink.batch-creator class, or None when the option is not set."""

@@ -39,6 +39,7 @@ class LiveStats:
     last_send_ms: float | None  # the last acknowledged request's round trip (currentSendTime)
     at: float
     rate_wait_s: float = 0.0  # seconds batches waited for the write's rate cap (sink.rate.*)
+    dead_letters: int = 0  # records the store refused, sent to the dead-letter target (errors.tolerance=all)
 
 
 @dataclass
@@ -54,6 +55,8 @@ class WriteStats:
     latency_buckets: Counter[int] = field(default_factory=Counter)
     replays_skipped: int = 0  # tasks of a micro-batch the sink had committed before (a replay), written nothing
     rate_wait_s: float = 0.0  # seconds batches waited for the rate cap (sink.rate.*), summed over tasks
+    dead_letters: int = 0  # records the store refused, sent to the dead-letter target (errors.tolerance=all)
+    splits: int = 0  # batches split in two to find the record the store refused
 
     def record_latency(self, seconds: float) -> None:
         self.latency_buckets[_bucket(seconds)] += 1
@@ -77,6 +80,7 @@ class WriteStats:
             "flush_reasons": dict(self.flush_reasons),
             "latency_buckets": {str(k): v for k, v in self.latency_buckets.items()},
             "replays_skipped": self.replays_skipped, "rate_wait_s": self.rate_wait_s,
+            "dead_letters": self.dead_letters, "splits": self.splits,
         }
 
     @classmethod
@@ -85,7 +89,7 @@ class WriteStats:
             data["records"], data["bytes"], data["batches"], data["retries"], data["throttles"],
             data["peak_inflight"], data.get("tasks", 1), Counter(data["flush_reasons"]),
             Counter({int(k): v for k, v in data["latency_buckets"].items()}), data.get("replays_skipped", 0),
-            data.get("rate_wait_s", 0.0),
+            data.get("rate_wait_s", 0.0), data.get("dead_letters", 0), data.get("splits", 0),
         )
 
     @classmethod
@@ -103,6 +107,8 @@ class WriteStats:
             out.latency_buckets.update(part.latency_buckets)
             out.replays_skipped += part.replays_skipped
             out.rate_wait_s += part.rate_wait_s
+            out.dead_letters += part.dead_letters
+            out.splits += part.splits
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -115,6 +121,7 @@ class WriteStats:
             "submit_latency_p50_ms": None if p50 is None else round(p50, 3),
             "submit_latency_p99_ms": None if p99 is None else round(p99, 3),
             "replays_skipped": self.replays_skipped, "rate_wait_s": round(self.rate_wait_s, 3),
+            "dead_letters": self.dead_letters,
         }
 
     def summary_line(self) -> str:
@@ -123,6 +130,7 @@ class WriteStats:
         return (
             f"records={s['records']} bytes={s['bytes']} batches={s['batches']} tasks={s['tasks']} "
             f"retries={s['retries']} throttles={s['throttles']} rate_wait={s['rate_wait_s']}s "
+            f"dead_letters={s['dead_letters']} "
             f"peak_inflight={s['peak_inflight']} "
             f"flush=[{reasons}] submit_p50={s['submit_latency_p50_ms']}ms submit_p99={s['submit_latency_p99_ms']}ms"
         )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sluice._errors import RetryableError, SinkError, ThrottledError
+from sluice._errors import RecordError, RetryableError, SinkError, ThrottledError
 from sluice.engine._batch import Batch
 
 
@@ -16,6 +18,9 @@ class ErrorKind(enum.Enum):
     RETRYABLE = "retryable"
     THROTTLED = "throttled"  # retryable, and counted as a throttle
     FATAL = "fatal"
+    # A record of the batch is refused for what it holds (RecordError): sent again, it fails again. Fatal unless
+    # errors.tolerance=all, which splits the batch until the record is alone and sends it aside.
+    RECORD = "record"
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class Store(ABC):
         """Send one batch; the future fails with the store's exception when the request fails."""
 
     def classify(self, error: BaseException) -> ErrorKind:
+        if isinstance(error, RecordError):
+            return ErrorKind.RECORD
         if isinstance(error, ThrottledError):
             return ErrorKind.THROTTLED
         if isinstance(error, RetryableError):
@@ -70,6 +77,13 @@ class Store(ABC):
     def explain(self, error: SinkError) -> SinkError:
         """A chance to turn a failure into a clearer one (e.g. what to do about a 401). Default: unchanged."""
         return error
+
+    def refused_rows(self, entries: Sequence[Any]) -> Any:
+        """The rows refused entries came from, for the dead-letter target: a pyarrow Table of the user's columns
+        (ArrowRows.take gives it for stores whose entries are its row numbers) or a list of JSON-able dicts. The
+        entries are not sent again: a store that keeps rows for them lets go of them here. Default: each entry as
+        it is, under the key "entry" (bytes as UTF-8 text, or base64 where it is not)."""
+        return [{"entry": _jsonable(entry)} for entry in entries]
 
     def pre_commit(self) -> Any:
         """After everything is acknowledged: prepare and return a JSON-able message for the driver."""
@@ -111,6 +125,22 @@ class Committer(ABC):
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         """Discard what the tasks prepared."""
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(raw).decode()}
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
 
 
 def _acknowledged() -> Future[None]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
-from sluice._errors import OptionError, RecordTooLargeError, RetryEntries, SinkError
+from sluice._errors import OptionError, RecordTooLargeError, RefusedRecords, RetryEntries, SinkError
 from sluice.engine._batch import (
     Batch,
     BatchCreator,
@@ -73,6 +73,7 @@ class AsyncSinkWriter:
         rng: random.Random | None = None,
         observer: Callable[[LiveStats], None] | None = None,
         observe_every_s: float = 1.0,
+        on_refused: Callable[[Sequence[Any], list[BaseException]], None] | None = None,
     ) -> None:
         if config.transactional and not store.supports_transactions:
             raise OptionError(
@@ -108,6 +109,9 @@ class AsyncSinkWriter:
         self._next_observation = clock() + observe_every_s
         self._failed_records = 0
         self._last_send_s: float | None = None
+        # Where records the store refuses go with errors.tolerance=all (the entries and one error each), called by the
+        # manager thread; None: a refused record fails the write.
+        self._on_refused = on_refused if config.errors.tolerates else None
 
         # Shared between the caller and the manager thread, guarded by _cond.
         self._cond = threading.Condition()
@@ -292,7 +296,7 @@ class AsyncSinkWriter:
             self.stats.records, self.stats.bytes, self.stats.batches, self._failed_records, self.stats.retries,
             self.stats.throttles, self._limiter.inflight_requests, self._limiter.inflight_records,
             self._limiter.window, self._buffer.size(), None if last is None else last * 1000.0, self._clock(),
-            self.stats.rate_wait_s)
+            self.stats.rate_wait_s, self.stats.dead_letters)
 
     def _observe(self) -> None:
         if self._observer is None or self._clock() < self._next_observation:
@@ -392,8 +396,8 @@ class AsyncSinkWriter:
             batch = self._creator.create_next_batch(info if partial else self._request_info(now, False), self._buffer)
             if batch is None:
                 break
-            if batch.attempt:
-                reason = "retry"
+            if batch.attempt or batch.split:
+                reason = "retry" if batch.attempt else "split"
                 self._retry_pending -= batch.record_count
             if self._cap is not None and not self._cap_allows(batch, reason, now):
                 break
@@ -473,7 +477,20 @@ class AsyncSinkWriter:
         if self._failure is not None:
             return
         entries, sizes = batch.entries, batch.sizes
-        if isinstance(error, RetryEntries):  # the rest of the batch was stored
+        if isinstance(error, RefusedRecords):
+            if not self._refuse([batch.entries[i] for i in error.positions], error.errors, batch):
+                return
+            retried = error.retry.positions if error.retry is not None else []
+            stored = batch.record_count - len(error.positions) - len(retried)
+            self.stats.records += stored
+            gone = set(error.positions) | set(retried)
+            self.stats.bytes += total_bytes([int(size) for i, size in enumerate(batch.sizes) if i not in gone])
+            if error.retry is None:
+                return
+            entries = [batch.entries[i] for i in retried]
+            sizes = [int(batch.sizes[i]) for i in retried] if len(batch.sizes) else []
+            error = error.retry.cause
+        elif isinstance(error, RetryEntries):  # the rest of the batch was stored
             entries = [batch.entries[i] for i in error.positions]
             sizes = [int(batch.sizes[i]) for i in error.positions] if len(batch.sizes) else []
             stored = batch.record_count - len(entries)
@@ -484,6 +501,19 @@ class AsyncSinkWriter:
         kind = self.store.classify(error)
         noun = "record" if batch.record_count == 1 else "records"
         where = f"batch of {batch.record_count} {noun} ({batch.size_bytes} bytes) to {self.store.target}"
+        if kind is ErrorKind.RECORD and self._on_refused is not None:
+            if len(entries) == 1:
+                self._refuse(entries, [error], batch)
+            else:
+                self._split(batch, entries, sizes)
+            return
+        if kind is ErrorKind.RECORD:
+            self._fail(self.store.explain(SinkError(
+                f"{self.store.name}: {where} failed: {error}. A record was refused for what it holds; nothing of "
+                "the batch was stored. Fix the record, or set errors.tolerance=all and errors.deadletter.format to "
+                "send such records aside.", store=self.store.name, target=self.store.target,
+                batch_records=batch.record_count, cause=error)))
+            return
         if kind is ErrorKind.FATAL:
             self._fail(self.store.explain(SinkError(
                 f"{self.store.name}: {where} failed: {error}", store=self.store.name, target=self.store.target,
@@ -501,10 +531,52 @@ class AsyncSinkWriter:
         self.stats.retries += 1
         delay = min(_MAX_BACKOFF_S, self.config.retry_delay_ms / 1000.0 * 2**batch.attempt)
         delay *= self._rng.uniform(0.5, 1.0)  # jitter spreads out retries of parallel tasks
-        retry = Chunk(entries, sizes, batch.partition_key, batch.attempt + 1, self._clock() + delay)
+        retry = Chunk(entries, sizes, batch.partition_key, batch.attempt + 1, self._clock() + delay, split=batch.split)
         self._buffer.add_chunk(retry, prioritize=True)
         self._retry_pending += len(entries)
         log.debug("%s: retrying %s in %.3fs: %s", self.store.name, where, delay, error)
+
+    def _split(self, batch: Batch, entries: Sequence[Any], sizes: Ints) -> None:
+        """A batch the store refused for one of its records, without saying which: its halves go again at once, at the
+        head and in order (so per-key and global order hold), until the record is alone (a binary search: about
+        2 log2(n) more requests per refused record in a batch of n)."""
+        if not len(sizes):
+            sizes = [batch.size_bytes // max(1, len(entries))] * len(entries)
+        half = len(entries) // 2
+        now = self._clock()
+        # The second half enters the head first, so the first half is ahead of it.
+        for part, part_sizes in ((entries[half:], sizes[half:]), (entries[:half], sizes[:half])):
+            self._buffer.add_chunk(Chunk(part, part_sizes, batch.partition_key, batch.attempt, now, split=True),
+                                   prioritize=True)
+        self._retry_pending += len(entries)
+        self.stats.splits += 1
+
+    def _refuse(self, entries: Sequence[Any], errors: list[BaseException], batch: Batch) -> bool:
+        """Send refused entries aside (errors.tolerance=all); without a route, or past errors.max-records, fail the
+        write. True when the write goes on."""
+        if self._on_refused is None:
+            first = errors[0] if errors else None
+            more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
+            self._fail(self.store.explain(SinkError(
+                f"{self.store.name}: a record{more} of a batch of {batch.record_count} to {self.store.target} was "
+                f"refused: {first}. Nothing of this task's write counts as done. Fix the record, or set "
+                "errors.tolerance=all and errors.deadletter.format to send such records aside.",
+                store=self.store.name, target=self.store.target, batch_records=len(entries), cause=first)))
+            return False
+        self.stats.dead_letters += len(entries)
+        try:
+            self._on_refused(entries, errors)
+        except BaseException as error:  # the dead-letter route failing fails the write: nothing is dropped
+            self._fail(SinkError(f"{self.store.name}: {len(entries)} refused record(s) could not be sent to the "
+                                 f"dead-letter target: {error!r}", store=self.store.name, target=self.store.target,
+                                 batch_records=len(entries), cause=error))
+            return False
+        bound = self.config.errors.over_bound(self.stats.dead_letters, 0)
+        if bound is not None:
+            self._fail(SinkError(f"{self.store.name} ({self.store.target}), this task alone: {bound}",
+                                 store=self.store.name, target=self.store.target))
+            return False
+        return True
 
     def _finish_checkpoints(self) -> None:
         if not self._checkpoints:

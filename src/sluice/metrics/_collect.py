@@ -26,6 +26,8 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("sluice_sink_retries", "Batches sent again after a retryable failure.", "retries"),
     ("sluice_sink_throttles", "Failures the store classified as throttling.", "throttles"),
     ("sluice_sink_rateWaitSeconds", "Seconds batches waited for the write's rate cap (sink.rate.*).", "rate_wait_s"),
+    ("sluice_sink_deadLetterRecords",
+     "Records the store refused, sent to the dead-letter target (errors.tolerance=all).", "dead_letters"),
 )
 GAUGES: tuple[tuple[str, str, str], ...] = (
     ("sluice_sink_inflightRequests", "Requests sent and not yet answered, over running tasks.", "inflight_requests"),

@@ -4,14 +4,14 @@ driver's commit of what the tasks sent back (sluice/sink/_datasource.py plans th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from sluice._errors import OptionError
+from sluice._errors import OptionError, SinkError
 from sluice.engine import (
     PARTITION_ORDERED,
     AsyncSinkWriter,
@@ -23,6 +23,7 @@ from sluice.engine import (
 )
 from sluice.metrics._push import MetricsPusher
 from sluice.metrics._report import MetricsTarget, TaskIdentity
+from sluice.sink._deadletters import DeadLetterRoute, DeadLetterWriter
 from sluice.sink._encoding import partition_buckets, partition_keys
 from sluice.sink._plan import TaskWriter, WritePlan
 from sluice.spark._compat import StreamArrowWriterBase
@@ -39,6 +40,7 @@ class SluiceCommitMessage(WriterCommitMessage):
     stats: dict[str, Any]
     store_message: Any
     context: WriteContext
+    dead_letters: Any = None  # the dead-letter target's pre-commit message (errors.tolerance=all)
 
 
 def batching(plan: WritePlan) -> tuple[BatchCreator | None, RequestBuffer | None]:
@@ -90,10 +92,12 @@ class _EngineWriterMixin:
 
     streaming = False  # a streaming query's writer: tasks are identified by (query id, batch id)
 
-    def __init__(self, plan: WritePlan, write_id: str, metrics: MetricsTarget | None = None) -> None:
+    def __init__(self, plan: WritePlan, write_id: str, metrics: MetricsTarget | None = None,
+                 dead_letters: DeadLetterRoute | None = None) -> None:
         self.plan = plan
         self.write_id = write_id
         self.metrics = metrics  # where tasks report their write while it runs (sluice.metrics); None: nowhere
+        self.dead_letters = dead_letters  # where refused records go (errors.tolerance=all); None: they fail the write
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> SluiceCommitMessage:
         context = task_context(self.write_id, self.streaming)
@@ -110,14 +114,19 @@ class _EngineWriterMixin:
         task = self.plan.open_task(context)
         creator, buffer = batching(self.plan)
         pusher = self._pusher(context)
+        letters = self.dead_letters.open(context, task.store.target) if self.dead_letters is not None else None
         with AsyncSinkWriter(task.store, self.plan.config, context=context, batch_creator=creator, buffer=buffer,
-                             observer=pusher.offer if pusher is not None else None) as writer:
+                             observer=pusher.offer if pusher is not None else None,
+                             on_refused=_refusals_to(letters, task)) as writer:
             try:
-                message = self._write_batches(writer, task, itertools.chain([first], batches))
+                message = self._write_batches(writer, task, itertools.chain([first], batches), letters)
+                letters_message = letters.finish() if letters is not None else None
             finally:
                 if pusher is not None:
                     pusher.close(writer.live())
-        return SluiceCommitMessage(writer.stats.to_dict(), message, context)
+                if letters is not None:
+                    letters.close()
+        return SluiceCommitMessage(writer.stats.to_dict(), message, context, letters_message)
 
     def _replayed(self, context: WriteContext) -> bool:
         """A micro-batch the sink's replay guard says was committed already (a replay from an older checkpoint)."""
@@ -134,10 +143,13 @@ class _EngineWriterMixin:
                             context.task_attempt_id or 0, context.epoch)
         return MetricsPusher(self.metrics, task)
 
-    def _write_batches(self, writer: AsyncSinkWriter, task: TaskWriter, batches: Iterator[pa.RecordBatch]) -> Any:
+    def _write_batches(self, writer: AsyncSinkWriter, task: TaskWriter, batches: Iterator[pa.RecordBatch],
+                       letters: DeadLetterWriter | None = None) -> Any:
         config = self.plan.config
         keyed = config.mode == PARTITION_ORDERED
         for batch in batches:
+            if letters is not None:
+                letters.drain()  # what the store refused so far, written from this thread
             encoded = task.encode(batch)
             if not keyed:
                 writer.write_chunk(encoded.entries, encoded.sizes)
@@ -160,6 +172,11 @@ class _EngineWriterMixin:
 
     def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
+        self._check_refusals(done)
+        letters = self.dead_letters.committer() if self.dead_letters is not None else None
+        if letters is not None:  # before the write's own: a record is in one of the two once the write is committed
+            letters.commit([m.dead_letters for m in sorted(done, key=lambda m: m.context.partition_id)
+                            if m.dead_letters is not None], self._epoch_context(done, epoch))
         if self.plan.commits_on_driver:
             committer = self.plan.committer()
             assert committer is not None
@@ -171,6 +188,16 @@ class _EngineWriterMixin:
             guard.mark_committed(self._epoch_context(done, epoch).write_id, epoch)
         self._record(done, epoch, "committed")
 
+    def _check_refusals(self, done: list[SluiceCommitMessage]) -> None:
+        """errors.max-records / errors.max-ratio over the whole write (or micro-batch), before anything of it is
+        committed: a transactional write past a bound commits nothing."""
+        if self.dead_letters is None:
+            return
+        stats = WriteStats.merge([WriteStats.from_dict(m.stats) for m in done])
+        bound = self.plan.config.errors.over_bound(stats.dead_letters, stats.records + stats.dead_letters)
+        if bound is not None:
+            raise SinkError(f"{self.plan.format_name}: {bound}", store=self.plan.format_name)
+
     def _abort(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
         try:
@@ -178,6 +205,10 @@ class _EngineWriterMixin:
             if committer is not None:
                 committer.abort([m.store_message for m in done if m.store_message is not None],
                                  self._epoch_context(done, epoch))
+            letters = self.dead_letters.committer() if self.dead_letters is not None else None
+            if letters is not None:
+                letters.abort([m.dead_letters for m in done if m.dead_letters is not None],
+                              self._epoch_context(done, epoch))
         finally:
             # A failed write is the last write too: never leave the previous one's summary in its place.
             self._record(done, epoch, "failed")
@@ -191,6 +222,18 @@ class _EngineWriterMixin:
         where = f" batch {epoch}" if epoch is not None else ""
         failed = " FAILED (tasks that finished before the failure)" if status == "failed" else ""
         log_summary(f"{self.plan.format_name}{where}{failed}: {stats.summary_line()}")
+
+
+def _refusals_to(letters: DeadLetterWriter | None, task: TaskWriter) -> Callable[[Sequence[Any], list[BaseException]],
+                                                                                 None] | None:
+    """The engine's route for refused entries: the rows they came from, to the task's dead letters."""
+    if letters is None:
+        return None
+
+    def refused(entries: Sequence[Any], errors: list[BaseException]) -> None:
+        letters.add(task.store.refused_rows(entries), errors)
+
+    return refused
 
 
 class EngineArrowWriter(_EngineWriterMixin, DataSourceArrowWriter):

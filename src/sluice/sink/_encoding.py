@@ -180,6 +180,12 @@ class ArrowRows:
                 pieces.append(batch.take(pa.array(local)))
         return pa.Table.from_batches(pieces)
 
+    def take(self, entries: Sequence[int]) -> pa.Table:
+        """The rows of entries the store refused (Store.refused_rows), forgotten as they are handed over."""
+        rows = self.table(entries)
+        self.release(entries)
+        return rows
+
     def release(self, entries: Sequence[int]) -> None:
         for start, rows in self._runs(entries):
             with self._lock:

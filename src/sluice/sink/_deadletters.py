@@ -1,0 +1,225 @@
+"""The dead-letter route (errors.tolerance=all): records a store refuses, and records a source cannot decode, go to a
+target of any sluice format with their reason, through that format's own write plan.
+
+The driver plans the target once, beside the write (`plan_route`): the `errors.deadletter.*` options are the target
+format's options, and its rows have a fixed shape (`DEAD_LETTER_COLUMNS`; a Kafka target takes the record as the
+value and the rest as headers, as Kafka Connect's dead-letter queue does; an S2 target the whole dead letter as
+JSON). Each task opens a `DeadLetterWriter` on the route: the engine hands it refused entries with their errors on
+its manager thread, the store turns them back into the rows they came from (`Store.refused_rows`), and the task's
+thread writes them to the target through a second engine writer. A transactional target is staged by the task and
+committed by the driver with the write, per (write id, epoch), so a retried task or a replayed micro-batch sends
+each refused record aside once.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from sluice._errors import OptionError
+from sluice._options import Options
+from sluice.engine import AsyncSinkWriter, Committer, WriteContext
+from sluice.sink._plan import TaskWriter, WritePlan
+
+# The dead letter's columns, in a table-like target (tablestore, postgres, clickhouse, ...).
+DEAD_LETTER_COLUMNS = StructType([
+    StructField("record", StringType()),  # the refused row, as JSON of the user's columns
+    StructField("error_class", StringType()),
+    StructField("error_message", StringType()),
+    StructField("connector", StringType()),  # the format that refused it (or could not decode it)
+    StructField("target", StringType()),  # the table, topic, stream or index it was for
+    StructField("write_id", StringType()),  # the write (a streaming query's id)
+    StructField("micro_batch", LongType()),  # None for batch writes
+    StructField("task", IntegerType()),  # the Spark partition
+    StructField("failed_at", TimestampType()),
+])
+_ARROW_COLUMNS = pa.schema([
+    ("record", pa.string()), ("error_class", pa.string()), ("error_message", pa.string()),
+    ("connector", pa.string()), ("target", pa.string()), ("write_id", pa.string()), ("micro_batch", pa.int64()),
+    ("task", pa.int32()), ("failed_at", pa.timestamp("us", tz="UTC")),
+])
+_KAFKA_HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+# Kafka Connect's names for a dead letter's headers (DeadLetterQueueReporter), under sluice's own prefix.
+_HEADER_PREFIX = "__sluice.errors."
+_MESSAGE_LIMIT = 2000  # characters of an error message kept: a store's message may quote a whole batch
+
+
+def _shape(format_name: str) -> str:
+    """How the target holds a dead letter: 'kafka' (the record as value, the rest as headers), 'body' (one text
+    column: S2's record body), else the columns of DEAD_LETTER_COLUMNS."""
+    if format_name == "sluice_kafka":
+        return "kafka"
+    if format_name in ("s2", "s2_upsert"):
+        return "body"
+    return "columns"
+
+
+def _spark_schema(shape: str) -> StructType:
+    if shape == "kafka":
+        return StructType([StructField("value", StringType()), StructField("headers", _KAFKA_HEADERS)])
+    if shape == "body":
+        return StructType([StructField("body", StringType())])
+    return DEAD_LETTER_COLUMNS
+
+
+@dataclass(frozen=True)
+class DeadLetterRoute:
+    """The dead-letter target of one write or read, planned on the driver and pickled to every task."""
+
+    plan: WritePlan  # the target format's write plan
+    connector: str  # the format whose records are sent aside
+    shape: str
+
+    @property
+    def target_format(self) -> str:
+        return self.plan.format_name
+
+    def open(self, context: WriteContext, target: str) -> DeadLetterWriter:
+        """A task's writer of dead letters for records meant for `target` (a table, topic, stream or index)."""
+        return DeadLetterWriter(self, context, target)
+
+    def committer(self) -> Committer | None:
+        """The driver's committer of the target's staged rows, when the target commits on the driver."""
+        return self.plan.committer() if self.plan.commits_on_driver else None
+
+
+def plan_route(opts: Options, connector: str, streaming: bool) -> DeadLetterRoute | None:
+    """On the driver: the write's dead-letter route from its errors.* options; None unless errors.tolerance=all."""
+    if opts["errors.tolerance"] != "all":
+        return None
+    from sluice.sink._datasource import SinkDataSource
+    from sluice.spark._registry import data_source_class
+
+    target = opts["errors.deadletter.format"]
+    cls = data_source_class(target)
+    if not issubclass(cls, SinkDataSource):
+        raise OptionError(f"errors.deadletter.format={target!r} is not a format sluice writes; choose one that is "
+                          "(sluice_kafka, tablestore, postgres, s2, ...).")
+    settings = {k: v for k, v in dict(opts["errors.deadletter.*"]).items() if k.lower() != "format"}
+    if any(k.lower().startswith("errors.") for k in settings):
+        raise OptionError("the dead-letter target's own errors.* options cannot be set: a record the dead-letter "
+                          "target refuses fails the write (nothing is dropped). Remove errors.deadletter.errors.*.")
+    shape = _shape(cls.format_name)
+    try:
+        plan = cls(settings)._plan(_spark_schema(shape), overwrite=False, streaming=streaming)
+    except OptionError as e:
+        raise OptionError(f"the dead-letter target (errors.deadletter.format={target}): {e} Its options are set "
+                          "with the errors.deadletter. prefix, e.g. errors.deadletter.table.") from None
+    return DeadLetterRoute(plan, connector, shape)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal | datetime.timedelta):
+        return str(value)
+    return repr(value)
+
+
+def record_json(rows: pa.Table | Sequence[dict[str, Any]]) -> list[str]:
+    """Each row as JSON text (bytes as UTF-8 text or base64, times in ISO 8601, decimals as text)."""
+    listed = rows.to_pylist() if isinstance(rows, pa.Table) else list(rows)
+    return [json.dumps(row, default=_json_default, ensure_ascii=False) for row in listed]
+
+
+class DeadLetterWriter:
+    """One task's dead letters: `add` (any thread) collects refused rows with their errors; `drain` (the task's
+    thread) writes what was collected to the target; `finish` drains and returns the target's pre-commit message.
+    The target's writer opens at the first dead letter: a task that refuses nothing opens nothing."""
+
+    def __init__(self, route: DeadLetterRoute, context: WriteContext, target: str) -> None:
+        self.route = route
+        self.context = context
+        self.target = target
+        self._lock = threading.Lock()
+        self._pending: list[tuple[list[str], list[BaseException], float]] = []
+        self._task: TaskWriter | None = None
+        self._writer: AsyncSinkWriter | None = None
+        self.count = 0
+
+    def add(self, rows: pa.Table | Sequence[dict[str, Any]], errors: Sequence[BaseException]) -> None:
+        records = record_json(rows)
+        if len(records) != len(errors):
+            raise ValueError(f"{len(records)} refused rows but {len(errors)} errors")
+        with self._lock:
+            self._pending.append((records, list(errors), time.time()))
+
+    def drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for records, errors, at in pending:
+            self._write(self._batch(records, errors, at))
+
+    def finish(self) -> Any:
+        """Everything collected written and acknowledged; the target's pre-commit message (None: nothing sent)."""
+        self.drain()
+        if self._writer is None:
+            return None
+        return self._writer.finish()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+    def _write(self, batch: pa.RecordBatch) -> None:
+        if self._writer is None:
+            self._task = self.route.plan.open_task(self.context)
+            self._writer = AsyncSinkWriter(self._task.store, self.route.plan.config, context=self.context)
+        assert self._task is not None
+        encoded = self._task.encode(batch)
+        self._writer.write_chunk(encoded.entries, encoded.sizes)
+        self.count += batch.num_rows
+
+    def _batch(self, records: list[str], errors: list[BaseException], at: float) -> pa.RecordBatch:
+        n = len(records)
+        ctx = self.context
+        classes = [type(e).__name__ for e in errors]
+        messages = [str(e)[:_MESSAGE_LIMIT] for e in errors]
+        stamp = datetime.datetime.fromtimestamp(at, datetime.UTC)
+        columns = {
+            "record": records, "error_class": classes, "error_message": messages,
+            "connector": [self.route.connector] * n, "target": [self.target] * n,
+            "write_id": [ctx.write_id] * n, "micro_batch": [ctx.epoch] * n, "task": [ctx.partition_id] * n,
+            "failed_at": [stamp] * n,
+        }
+        letters = pa.RecordBatch.from_pydict(columns, schema=_ARROW_COLUMNS)
+        if self.route.shape == "columns":
+            return letters
+        if self.route.shape == "body":
+            whole = record_json(letters.to_pylist())
+            return pa.RecordBatch.from_pydict({"body": whole}, schema=pa.schema([("body", pa.string())]))
+        context_names = [name for name in _ARROW_COLUMNS.names if name != "record"]
+        headers = [[{"key": _HEADER_PREFIX + name, "value": _header_value(value)}
+                    for name, value in row.items() if value is not None]
+                   for row in letters.select(context_names).to_pylist()]
+        header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+        return pa.RecordBatch.from_pydict({"value": records, "headers": headers},
+                                          schema=pa.schema([("value", pa.string()), ("headers", header_type)]))
+
+
+def _header_value(value: Any) -> bytes:
+    return (value.isoformat() if isinstance(value, datetime.datetime) else str(value)).encode()
