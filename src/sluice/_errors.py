@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class SluiceError(Exception):
     """Base class of every error sluice raises on purpose."""
@@ -61,7 +63,15 @@ class RecordError(SluiceError):
     fit, a record over a size limit, a key the store rejects): sending the same record again fails again. Raised (or
     returned through a future) for a whole batch when the store cannot tell which record it was: with
     errors.tolerance=all the engine splits the batch until the record is alone, then sends it aside
-    (docs/reliability.md, "When a record is refused")."""
+    (docs/reliability.md, "When a record is refused").
+
+    An encoder that finds values the store cannot take before anything is sent raises it with `rows`, the
+    positions of those rows in the Arrow batch it was given: with errors.tolerance=all they go aside and the rest of
+    the batch is encoded again."""
+
+    def __init__(self, message: str, rows: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.rows = list(rows)
 
 
 class RefusedRecords(SluiceError):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sluice._options import option_table
 from sluice.engine import SINK_OPTIONS
+from sluice.engine._refusals import ERROR_OPTIONS
 
 OPTIONS_DOC = Path(__file__).resolve().parents[2] / "docs" / "options.md"  # src/sluice/docgen.py
 
@@ -25,8 +26,15 @@ def render_options_doc() -> str:
         "",
         option_table(SINK_OPTIONS),
         "",
+        "## When a record is refused: options shared by every sluice sink",
+        "",
+        "What each connector counts as a refused record, and the guarantees: "
+        "[docs/reliability.md](reliability.md#when-a-record-is-refused).",
+        "",
+        option_table(ERROR_OPTIONS),
+        "",
     ]
-    shared = {o.name for o in SINK_OPTIONS}
+    shared = {o.name for o in SINK_OPTIONS + ERROR_OPTIONS}
     for name in sorted(BUILTIN_FORMATS):
         source = data_source_class(name)
         write_spec = source.write_spec

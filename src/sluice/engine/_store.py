@@ -5,13 +5,16 @@ from __future__ import annotations
 import base64
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sluice._errors import RecordError, RetryableError, SinkError, ThrottledError
 from sluice.engine._batch import Batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class ErrorKind(enum.Enum):
@@ -78,7 +81,7 @@ class Store(ABC):
         """A chance to turn a failure into a clearer one (e.g. what to do about a 401). Default: unchanged."""
         return error
 
-    def refused_rows(self, entries: Sequence[Any]) -> Any:
+    def refused_rows(self, entries: Sequence[Any]) -> pa.Table | Sequence[Mapping[str, object]]:
         """The rows refused entries came from, for the dead-letter target: a pyarrow Table of the user's columns
         (ArrowRows.take gives it for stores whose entries are its row numbers) or a list of JSON-able dicts. The
         entries are not sent again: a store that keeps rows for them lets go of them here. Default: each entry as

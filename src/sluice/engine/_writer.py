@@ -112,6 +112,7 @@ class AsyncSinkWriter:
         # Where records the store refuses go with errors.tolerance=all (the entries and one error each), called by the
         # manager thread; None: a refused record fails the write.
         self._on_refused = on_refused if config.errors.tolerates else None
+        self._refused_early = 0  # refused on the caller's thread (refused_by_caller), added to the stats by flush()
 
         # Shared between the caller and the manager thread, guarded by _cond.
         self._cond = threading.Condition()
@@ -157,6 +158,8 @@ class AsyncSinkWriter:
         if len(entries) != len(sizes):
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
+        if limit is not None and self._on_refused is not None and largest_size(sizes) > limit:
+            entries, sizes = self._refuse_oversized(entries, sizes, limit)
         if limit is not None:
             largest = largest_size(sizes)
             if largest > limit:
@@ -172,6 +175,32 @@ class AsyncSinkWriter:
         if type(sizes) is not list and getattr(sizes, "dtype", None) is None:
             sizes = list(sizes)
         return Chunk(entries, sizes, key if self._keyed else None)
+
+    def _refuse_oversized(self, entries: Sequence[Any], sizes: Ints, limit: int) -> tuple[Sequence[Any], Ints]:
+        """errors.tolerance=all: entries over the store's record limit go aside from the caller's thread; the rest
+        are the chunk."""
+        keep = [i for i, size in enumerate(sizes) if int(size) <= limit]
+        over = [i for i, size in enumerate(sizes) if int(size) > limit]
+        errors: list[BaseException] = [RecordTooLargeError(
+            f"{self.store.name}: a record of {int(sizes[i])} bytes is over the store's limit of {limit} bytes per "
+            f"record ({self.store.target})", store=self.store.name, target=self.store.target, batch_records=1)
+            for i in over]
+        self._refuse_early([entries[i] for i in over], errors)
+        return [entries[i] for i in keep], [int(sizes[i]) for i in keep]
+
+    def _refuse_early(self, entries: Sequence[Any], errors: list[BaseException]) -> None:
+        if self._on_refused is None:
+            raise SinkError(f"{self.store.name}: {len(entries)} record(s) were refused: {errors[0]}",
+                            store=self.store.name, target=self.store.target, cause=errors[0])
+        self._on_refused(entries, errors)
+        self.count_refused(len(entries))
+
+    def count_refused(self, n: int) -> None:
+        """From the caller's thread: `n` records refused before they reached the buffer (over the store's record
+        limit, or refused by the encoder) and sent aside, counted like the store's refusals (flush() checks the
+        bound)."""
+        with self._cond:
+            self._refused_early += n
 
     def write_keyed(self, entries: Sequence[Any], sizes: Ints, keys: Sequence[Hashable] | NDArray[np.integer],
                     names: Sequence[Hashable] | None = None) -> None:
@@ -215,6 +244,14 @@ class AsyncSinkWriter:
         self._put(marker)
         marker.done.wait()
         self._raise_failure()
+        with self._cond:  # the manager thread is idle now: the stats are the caller's to read and change
+            early, self._refused_early = self._refused_early, 0
+        if early:
+            self.stats.dead_letters += early
+            bound = self.config.errors.over_bound(self.stats.dead_letters, 0)
+            if bound is not None:
+                raise SinkError(f"{self.store.name} ({self.store.target}), this task alone: {bound}",
+                                store=self.store.name, target=self.store.target)
 
     def finish(self) -> Any:
         """flush(), then the store's pre-commit message (transactions are prepared here)."""
@@ -296,7 +333,7 @@ class AsyncSinkWriter:
             self.stats.records, self.stats.bytes, self.stats.batches, self._failed_records, self.stats.retries,
             self.stats.throttles, self._limiter.inflight_requests, self._limiter.inflight_records,
             self._limiter.window, self._buffer.size(), None if last is None else last * 1000.0, self._clock(),
-            self.stats.rate_wait_s, self.stats.dead_letters)
+            self.stats.rate_wait_s, self.stats.dead_letters + self._refused_early)
 
     def _observe(self) -> None:
         if self._observer is None or self._clock() < self._next_observation:

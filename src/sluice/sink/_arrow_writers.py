@@ -6,12 +6,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from sluice._errors import OptionError, SinkError
+from sluice._errors import OptionError, RecordError, SinkError
 from sluice.engine import (
     PARTITION_ORDERED,
     AsyncSinkWriter,
@@ -25,12 +26,9 @@ from sluice.metrics._push import MetricsPusher
 from sluice.metrics._report import MetricsTarget, TaskIdentity
 from sluice.sink._deadletters import DeadLetterRoute, DeadLetterWriter
 from sluice.sink._encoding import partition_buckets, partition_keys
-from sluice.sink._plan import TaskWriter, WritePlan
+from sluice.sink._plan import Encoded, TaskWriter, WritePlan
 from sluice.spark._compat import StreamArrowWriterBase
 from sluice.spark._summary import log_summary, save_summary
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 
 @dataclass
@@ -150,7 +148,11 @@ class _EngineWriterMixin:
         for batch in batches:
             if letters is not None:
                 letters.drain()  # what the store refused so far, written from this thread
-            encoded = task.encode(batch)
+                encoded, batch = _encode_tolerant(task, batch, letters, writer)
+                if encoded is None:
+                    continue
+            else:
+                encoded = task.encode(batch)
             if not keyed:
                 writer.write_chunk(encoded.entries, encoded.sizes)
                 continue
@@ -222,6 +224,26 @@ class _EngineWriterMixin:
         where = f" batch {epoch}" if epoch is not None else ""
         failed = " FAILED (tasks that finished before the failure)" if status == "failed" else ""
         log_summary(f"{self.plan.format_name}{where}{failed}: {stats.summary_line()}")
+
+
+def _encode_tolerant(task: TaskWriter, batch: pa.RecordBatch, letters: DeadLetterWriter,
+                     writer: AsyncSinkWriter) -> tuple[Encoded | None, pa.RecordBatch]:
+    """Encode `batch`, sending aside the rows the encoder refuses (RecordError with rows) and encoding the rest
+    again; None when every row was refused."""
+    while True:
+        try:
+            return task.encode(batch), batch
+        except RecordError as error:
+            if not error.rows:
+                raise
+            refused = sorted(set(error.rows))
+            letters.add(batch.take(pa.array(refused, pa.int64())).to_pylist(), [error] * len(refused))
+            writer.count_refused(len(refused))
+            keep = np.ones(batch.num_rows, dtype=bool)
+            keep[refused] = False
+            batch = batch.filter(pa.array(keep))
+            if not batch.num_rows:
+                return None, batch
 
 
 def _refusals_to(letters: DeadLetterWriter | None, task: TaskWriter) -> Callable[[Sequence[Any], list[BaseException]],

@@ -19,7 +19,7 @@ import decimal
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,12 +106,11 @@ def plan_route(opts: Options, connector: str, streaming: bool) -> DeadLetterRout
     """On the driver: the write's dead-letter route from its errors.* options; None unless errors.tolerance=all."""
     if opts["errors.tolerance"] != "all":
         return None
-    from sluice.sink._datasource import SinkDataSource
     from sluice.spark._registry import data_source_class
 
     target = opts["errors.deadletter.format"]
     cls = data_source_class(target)
-    if not issubclass(cls, SinkDataSource):
+    if not hasattr(cls, "plan_write"):  # a SinkDataSource (imported here, it would import this module round a circle)
         raise OptionError(f"errors.deadletter.format={target!r} is not a format sluice writes; choose one that is "
                           "(sluice_kafka, tablestore, postgres, s2, ...).")
     settings = {k: v for k, v in dict(opts["errors.deadletter.*"]).items() if k.lower() != "format"}
@@ -120,7 +119,7 @@ def plan_route(opts: Options, connector: str, streaming: bool) -> DeadLetterRout
                           "target refuses fails the write (nothing is dropped). Remove errors.deadletter.errors.*.")
     shape = _shape(cls.format_name)
     try:
-        plan = cls(settings)._plan(_spark_schema(shape), overwrite=False, streaming=streaming)
+        plan = cls(settings)._plan(_spark_schema(shape), overwrite=False, streaming=streaming)  # type: ignore[attr-defined]
     except OptionError as e:
         raise OptionError(f"the dead-letter target (errors.deadletter.format={target}): {e} Its options are set "
                           "with the errors.deadletter. prefix, e.g. errors.deadletter.table.") from None
@@ -140,7 +139,7 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
-def record_json(rows: pa.Table | Sequence[dict[str, Any]]) -> list[str]:
+def record_json(rows: pa.Table | Sequence[Mapping[str, object]]) -> list[str]:
     """Each row as JSON text (bytes as UTF-8 text or base64, times in ISO 8601, decimals as text)."""
     listed = rows.to_pylist() if isinstance(rows, pa.Table) else list(rows)
     return [json.dumps(row, default=_json_default, ensure_ascii=False) for row in listed]
@@ -161,7 +160,7 @@ class DeadLetterWriter:
         self._writer: AsyncSinkWriter | None = None
         self.count = 0
 
-    def add(self, rows: pa.Table | Sequence[dict[str, Any]], errors: Sequence[BaseException]) -> None:
+    def add(self, rows: pa.Table | Sequence[Mapping[str, object]], errors: Sequence[BaseException]) -> None:
         records = record_json(rows)
         if len(records) != len(errors):
             raise ValueError(f"{len(records)} refused rows but {len(errors)} errors")

@@ -260,6 +260,13 @@ def is_connection_error(error: BaseException) -> bool:
                                    "connection to server", "no connection to the server", "timeout expired"))
 
 
+def refuses_record(error: BaseException) -> bool:
+    """A failure caused by what a row holds (SQLSTATE class 22, data exception: a value out of range or malformed;
+    class 23, integrity constraint violation: CHECK, NOT NULL, UNIQUE, FOREIGN KEY): the same row fails again."""
+    state = sqlstate_of(error) or ""
+    return state.startswith("22") or state.startswith("23")
+
+
 def classify(error: BaseException) -> BaseException:
     """Wrap a driver error as RetryableError/ThrottledError when retrying can help, else return it."""
     state = sqlstate_of(error) or ""

@@ -31,6 +31,7 @@ from sluice.connector import (
     BlockingStore,
     Committer,
     Encoded,
+    RecordError,
     TaskWriter,
     WriteContext,
     WritePlan,
@@ -43,6 +44,8 @@ from sluice.connectors.postgres._client import (
     qualified,
     quote_ident,
     quote_literal,
+    refuses_record,
+    sqlstate_of,
 )
 from sluice.connectors.postgres._options import WriteOptions
 from sluice.connectors.postgres._pool import Lease
@@ -113,6 +116,9 @@ class PostgresStore(BlockingStore):
                 except Exception:
                     self._drop_conn()
             wrapped = classify(e)
+            if wrapped is e and refuses_record(e):
+                raise RecordError(f"writing {batch.record_count} row(s) to {self.plan.display}: a row was refused "
+                                  f"(SQLSTATE {sqlstate_of(e)}): {self.conn_info.scrub(e)}") from None
             if wrapped is e:
                 raise PostgresError(f"writing {batch.record_count} row(s) to {self.plan.display} failed: "
                                     f"{self.conn_info.scrub(e)}", sqlstate=getattr(e, "sqlstate", None)) from None
@@ -159,6 +165,9 @@ class PostgresStore(BlockingStore):
                 .append_column("_sluice_attempt",
                                pa.repeat(pa.scalar(self.plan.attempt_tag(ctx.task_attempt_id), pa.int64()), n))
                 .append_column("_sluice_seq", pa.array(entries, pa.int64())))
+
+    def refused_rows(self, entries: Sequence[int]) -> pa.Table:
+        return self.rows.take(entries)
 
     def pre_commit(self) -> Any:
         if not self.plan.stage_table:
