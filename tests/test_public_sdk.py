@@ -113,6 +113,7 @@ ALLOWED_ANY = {
     "_ChunkBuffer.buffered_state.return": STORE_ENTRY,
     "Store.pre_commit.return": STORE_MESSAGE,
     "Store.refused_rows.entries": STORE_ENTRY,
+    "DeadLetterWriter.finish.return": STORE_MESSAGE,
     "Committer.commit.messages": STORE_MESSAGE,
     "Committer.abort.messages": STORE_MESSAGE,
     "Option.__init__.default": OPTION_VALUE,

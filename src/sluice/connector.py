@@ -62,6 +62,7 @@ from sluice.engine import (
     WriteContext,
     completed_future,
 )
+from sluice.engine._refusals import ERROR_OPTIONS, ErrorPolicy, check_error_options
 from sluice.formats._avro import AvroFormat
 from sluice.formats._codec import PayloadError, PayloadFormat, RegisteredSchema, SchemaType
 from sluice.formats._json_schema import JsonSchemaFormat
@@ -77,6 +78,7 @@ from sluice.metrics._reads import ReadObserver, observed
 from sluice.metrics._report import SourceReport
 from sluice.sink._arrow_writers import EngineArrowWriter, EngineStreamArrowWriter, task_context
 from sluice.sink._datasource import SinkDataSource
+from sluice.sink._deadletters import DEAD_LETTER_COLUMNS, DeadLetterRoute, DeadLetterWriter, plan_dead_letters
 from sluice.sink._encoding import (
     ArrowRows,
     binary_column,
@@ -124,8 +126,10 @@ from sluice.spark._compat import (
 from sluice.spark._registry import add_format as register_format
 
 __all__ = [
+    "DEAD_LETTER_COLUMNS",
     "DELETE_OPS",
     "DELETE_OPS_SQL",
+    "ERROR_OPTIONS",
     "GLOBAL_ORDERED",
     "HAS_FILTER_PUSHDOWN",
     "PARTITION_ORDERED",
@@ -141,12 +145,15 @@ __all__ = [
     "Committer",
     "ConflictError",
     "DataLossError",
+    "DeadLetterRoute",
+    "DeadLetterWriter",
     "DequeRequestBuffer",
     "Encoded",
     "Encoder",
     "EngineArrowWriter",
     "EngineStreamArrowWriter",
     "ErrorKind",
+    "ErrorPolicy",
     "Filter",
     "Framed",
     "HoldingHeartbeat",
@@ -214,6 +221,7 @@ __all__ = [
     "body_column_name",
     "case_hint",
     "check_dataframe_columns",
+    "check_error_options",
     "check_http_endpoint",
     "check_key_columns",
     "check_offset_version",
@@ -230,6 +238,7 @@ __all__ = [
     "micro_batch_numbers",
     "observed",
     "parse_value",
+    "plan_dead_letters",
     "pushdown_option",
     "refuse_batch_options_in_stream",
     "refuse_tracking_in_batch",

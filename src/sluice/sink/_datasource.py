@@ -23,7 +23,7 @@ from sluice._options import Options, OptionSpec
 from sluice.engine import PARTITION_ORDERED, SINK_SPEC, SinkConfig, Store
 from sluice.metrics._server import find_target
 from sluice.sink._arrow_writers import EngineArrowWriter, EngineStreamArrowWriter, check_batching
-from sluice.sink._deadletters import plan_route
+from sluice.sink._deadletters import plan_dead_letters
 from sluice.sink._encoding import check_writable
 from sluice.sink._plan import WritePlan
 from sluice.spark._datasource import SluiceDataSource
@@ -125,9 +125,9 @@ class SinkDataSource(SluiceDataSource):
     def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
         plan = self._plan(schema, overwrite, streaming=False)
         return EngineArrowWriter(plan, plan.options.get("sink.write-id") or uuid.uuid4().hex, find_target(),
-                                 plan_route(plan.options, self.format_name, streaming=False))
+                                 plan_dead_letters(plan.options, self.format_name, streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
         plan = self._plan(schema, overwrite, streaming=True)
         return EngineStreamArrowWriter(plan, uuid.uuid4().hex, find_target(),
-                                       plan_route(plan.options, self.format_name, streaming=True))
+                                       plan_dead_letters(plan.options, self.format_name, streaming=True))

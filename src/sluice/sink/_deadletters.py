@@ -1,8 +1,8 @@
 """The dead-letter route (errors.tolerance=all): records a store refuses, and records a source cannot decode, go to a
 target of any sluice format with their reason, through that format's own write plan.
 
-The driver plans the target once, beside the write (`plan_route`): the `errors.deadletter.*` options are the target
-format's options, and its rows have a fixed shape (`DEAD_LETTER_COLUMNS`; a Kafka target takes the record as the
+The driver plans the target once, beside the write (`plan_dead_letters`): the `errors.deadletter.*` options are the
+target format's options, and its rows have a fixed shape (`DEAD_LETTER_COLUMNS`; a Kafka target takes the record as the
 value and the rest as headers, as Kafka Connect's dead-letter queue does; an S2 target the whole dead letter as
 JSON). Each task opens a `DeadLetterWriter` on the route: the engine hands it refused entries with their errors on
 its manager thread, the store turns them back into the rows they came from (`Store.refused_rows`), and the task's
@@ -102,7 +102,7 @@ class DeadLetterRoute:
         return self.plan.committer() if self.plan.commits_on_driver else None
 
 
-def plan_route(opts: Options, connector: str, streaming: bool) -> DeadLetterRoute | None:
+def plan_dead_letters(opts: Options, connector: str, streaming: bool) -> DeadLetterRoute | None:
     """On the driver: the write's dead-letter route from its errors.* options; None unless errors.tolerance=all."""
     if opts["errors.tolerance"] != "all":
         return None
@@ -179,6 +179,16 @@ class DeadLetterWriter:
         if self._writer is None:
             return None
         return self._writer.finish()
+
+    def commit(self) -> None:
+        """For a source's read task, which no driver commit follows: finish, and commit what the target staged (a
+        target that commits on the driver) here, as the task's own write. A re-read of the same records (a retried
+        task, a replayed micro-batch) sends them aside again unless the target's commit is idempotent per the
+        task's (write id, epoch, partition): at least once."""
+        message = self.finish()
+        committer = self.route.committer()
+        if committer is not None and message is not None:
+            committer.commit([message], self.context)
 
     def close(self) -> None:
         if self._writer is not None:
