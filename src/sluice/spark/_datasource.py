@@ -37,6 +37,11 @@ class SluiceDataSource(DataSource):
     # read and the format to write with instead.
     read_api: ClassVar[str] = "spark.read"
     write_with: ClassVar[str | None] = None
+    # What counts as a refused record (errors.tolerance=all sends it to the dead-letter target), one sentence each
+    # way, for docs/reliability.md's table, which is generated from them: `refused_writes` the failures the store
+    # reports per record, `refused_reads` the records a read cannot decode or type. None: the format has none.
+    refused_writes: ClassVar[str | None] = None
+    refused_reads: ClassVar[str | None] = None
 
     @classmethod
     def name(cls) -> str:
