@@ -137,7 +137,7 @@ def plan_dead_letters(opts: Options, connector: str, streaming: bool,
                       schema: StructType | None = None) -> DeadLetterRoute | None:
     """On the driver: the write's dead-letter route from its errors.* options; None unless errors.tolerance=all.
     `schema`: the write's columns (errors.record-as=columns keeps them as they are; a read has none to keep)."""
-    if opts["errors.tolerance"] != "all":
+    if opts.get("errors.tolerance", "none") != "all":  # a format without the errors.* options sends nothing aside
         return None
     from sluice.spark._registry import data_source_class
 
