@@ -111,8 +111,9 @@ def varints(v: np.ndarray, write: np.ndarray | None = None) -> Bytes:
     """Zigzag varints of int64 values (Avro's int and long): z = (v << 1) ^ (v >> 63)."""
     m, nbytes = varint_matrix(zigzag(v))
     if write is not None:
-        nbytes = np.where(write, nbytes, 0)
-    return Bytes(m, None if m.shape[1] == 1 and write is None else nbytes)
+        return Bytes(m, np.where(write, nbytes, 0))
+    # values of one width (small ints, lengths, nearby timestamps): a whole matrix, merged without a scatter
+    return Bytes(m, None if m.shape[1] == 1 or int(nbytes.min()) == m.shape[1] else nbytes)
 
 
 def constant(value: int, n: int, write: np.ndarray | None) -> Bytes:
@@ -154,11 +155,18 @@ def decimal_bytes(arr: pa.Decimal128Array, write: np.ndarray | None) -> Bytes:
 
 
 def binary(arr: pa.Array) -> pa.BinaryArray:
+    """`arr` as binary without nulls: a null is empty."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if not pa.types.is_binary(arr.type):
         arr = arr.cast(pa.binary())
-    return arr.fill_null(b"") if arr.null_count else arr
+    if not arr.null_count:
+        return arr
+    if not lengths(arr)[~arr.is_valid().to_numpy(zero_copy_only=False)].any():
+        # the nulls hold no bytes (as Arrow's builders leave them): the same buffers without the validity bitmap
+        _, offsets, data = arr.buffers()
+        return pa.BinaryArray.from_buffers(pa.binary(), len(arr), [None, offsets, data], offset=arr.offset)
+    return arr.fill_null(b"")
 
 
 def _offsets(arr: pa.BinaryArray) -> np.ndarray:
