@@ -169,11 +169,9 @@ class Encoder:
         else:
             values = arr.values.slice(base, offsets[-1] - base)
             item_parts = self.encode(values, t.items, f"{column} item", item_live)
-        enc = parts.join(item_parts, len(item_live))
-        rel = (offsets - base).astype(np.int32)
         counts = np.where(live & valid, np.diff(offsets), 0)
         has = _write(counts > 0)
-        joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(rel), enc), b"")
+        joined = parts.group(parts.join(item_parts, len(item_live)), offsets - base)
         return [parts.varints(counts, has), parts.blank(joined, has), parts.constant(0, len(arr), _write(live))]
 
     def _union(self, arr: pa.Array, t: AvroType, column: str, live: np.ndarray) -> Parts:

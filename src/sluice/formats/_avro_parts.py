@@ -4,9 +4,8 @@ bool mask; None: every row). A body is its parts concatenated row-wise, all of t
 intermediate body per field, nested record or union.
 
 A part is either the column's own binary array (strings, bytes) or `Bytes`, a (rows, width) byte matrix with each
-row's length (numbers, varints, decimals). Before the join, each run of `Bytes` between two binary arrays is merged
-into one matrix, every part written at its rows' running offsets (a short part's bytes past its length land where
-the next part writes, or past the row's end, and are cut): the join then has a few parts, not one per field."""
+row's length (numbers, varints, decimals). Before the join, neighbouring parts of one width in every row are put
+side by side in one matrix, so the join (whose cost is per row and part) has fewer parts."""
 
 from __future__ import annotations
 
@@ -35,30 +34,16 @@ class Bytes:
 Part: TypeAlias = pa.BinaryArray | Bytes
 
 
-def _merge(run: list[Bytes]) -> Bytes:
-    """One matrix holding the run's parts one after the other in every row."""
-    if len(run) == 1:
-        return run[0]
-    n = len(run[0].m)
-    width = sum(b.m.shape[1] for b in run)
-    out = np.empty((n, width), dtype=np.uint8)
-    flat = out.reshape(-1)
-    at = 0  # the column every row is at, while the parts so far are all whole
-    pos: np.ndarray | None = None  # else each row's flat position
+def _whole_runs(run: list[Bytes]) -> list[Bytes]:
+    """The run with each stretch of whole parts side by side in one matrix (a column copy). A part whose rows vary
+    in length stays apart: shifting what follows it row by row costs more than the join's copy of one more part."""
+    groups: list[Bytes] = []
     for b in run:
-        w = b.m.shape[1]
-        if pos is None:
-            out[:, at : at + w] = b.m
-            if b.lengths is None:
-                at += w
-                continue
-            pos = np.arange(n, dtype=np.int64) * width + at + b.lengths
-            continue
-        flat[pos[:, None] + np.arange(w)] = b.m
-        pos += b.row_lengths()
-    if pos is None:
-        return Bytes(out)
-    return Bytes(out, pos - np.arange(n, dtype=np.int64) * width)
+        if b.lengths is None and groups and groups[-1].lengths is None:
+            groups[-1] = Bytes(np.hstack([groups[-1].m, b.m]))
+        else:
+            groups.append(b)
+    return groups
 
 
 def matrix(m: np.ndarray, lengths: np.ndarray | None = None) -> pa.BinaryArray:
@@ -95,6 +80,8 @@ def varint_matrix(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(z)
     top = int(z.max()) if n else 0
     width = max(1, (top.bit_length() + 6) // 7)
+    if width == 1:
+        return z.astype(np.uint8).reshape(n, 1), np.ones(n, dtype=np.int64)
     nbytes = np.ones(n, dtype=np.int64)
     for k in range(1, width):
         nbytes += z >= np.uint64(1 << (7 * k))
@@ -102,7 +89,7 @@ def varint_matrix(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for k in range(width):  # column k: bits 7k..7k+6, the high bit set where more bytes follow
         col = (z >> np.uint64(7 * k)).astype(np.uint8) & np.uint8(0x7F)
         if k + 1 < width:
-            col |= (nbytes > k + 1).astype(np.uint8) << np.uint8(7)
+            col |= (nbytes > k + 1).view(np.uint8) << np.uint8(7)
         m[:, k] = col
     return m, nbytes
 
@@ -177,6 +164,16 @@ def lengths(arr: pa.BinaryArray) -> np.ndarray:
     return np.diff(_offsets(arr)).astype(np.int64)
 
 
+def group(items: pa.BinaryArray, bounds: np.ndarray) -> pa.BinaryArray:
+    """Row i: items bounds[i] to bounds[i + 1] (a list's offsets from 0) concatenated. A row's items are neighbours
+    in `items`' data, so this is new offsets over the same data buffer, no copy."""
+    n = len(bounds) - 1
+    if not len(items):
+        return pa.repeat(_EMPTY, n)
+    offsets = _offsets(items)[bounds]
+    return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), items.buffers()[2]])
+
+
 def blank(part: pa.BinaryArray, write: np.ndarray | None) -> pa.BinaryArray:
     """`part` emptied on the rows not written."""
     if write is None or not (lengths(part)[~write] > 0).any():
@@ -198,8 +195,7 @@ def join(pieces: list[Part], n: int) -> pa.BinaryArray:
             run.append(p)
             continue
         if run:
-            merged = _merge(run)
-            parts.append(matrix(merged.m, merged.lengths))
+            parts += [matrix(b.m, b.lengths) for b in _whole_runs(run)]
             run = []
         if p is not None:
             parts.append(p)
