@@ -27,9 +27,6 @@ class Bytes:
     m: np.ndarray
     lengths: np.ndarray | None = None
 
-    def row_lengths(self) -> np.ndarray:
-        return np.full(len(self.m), self.m.shape[1], np.int64) if self.lengths is None else self.lengths
-
 
 Part: TypeAlias = pa.BinaryArray | Bytes
 
