@@ -45,32 +45,28 @@ def row_key(batch: pa.RecordBatch, keys: Sequence[str], row: int) -> str:
 
 def check_rows(batch: pa.RecordBatch, primary_key: Sequence[str], timestamp_column: str | None, table: str,
                first_row: int) -> None:
-    """RecordError naming the first, with every row that has a null primary key column or a null
-    write.timestamp-column (Cassandra has no null keys; every row needs its write timestamp)."""
-    refused = np.zeros(batch.num_rows, dtype=bool)
-    first: str | None = None
+    """RecordError with the rows of the first primary key column found null (Cassandra has no null keys), else of
+    a null write.timestamp-column (every row needs its write timestamp). One problem at a time, so each dead letter
+    has its own reason: the engine encodes the other rows again."""
     for name in primary_key:
         column = batch.column(name)
         if column.null_count:
-            nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False))
-            if first is None:
-                row = int(np.flatnonzero(nulls)[0])
-                others = [k for k in primary_key if k != name]
-                first = (f"primary key column '{name}' is null in row {first_row + row} of this task "
-                         f"({row_key(batch, others, row) if others else 'no other key columns'}) writing into "
-                         f"{table}: Cassandra has no null keys. Filter such rows out or fill them in")
-            refused |= nulls
+            rows = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False))).tolist()
+            others = [k for k in primary_key if k != name]
+            raise RecordError(f"primary key column '{name}' is null in row {first_row + rows[0]} of this task "
+                              f"({row_key(batch, others, rows[0]) if others else 'no other key columns'}) writing "
+                              f"into {table}: Cassandra has no null keys{_more(rows)}. Filter such rows out or fill "
+                              f"them in. {ADVICE}", rows=rows)
     if timestamp_column is not None and batch.column(timestamp_column).null_count:
-        nulls = np.asarray(batch.column(timestamp_column).is_null().to_numpy(zero_copy_only=False))
-        if first is None:
-            row = int(np.flatnonzero(nulls)[0])
-            first = (f"write.timestamp-column '{timestamp_column}' is null for {row_key(batch, primary_key, row)}; "
-                     "every row needs a timestamp")
-        refused |= nulls
-    if first is not None:
-        rows = np.flatnonzero(refused).tolist()
-        more = f" ({len(rows) - 1} more such row(s) in this batch)" if len(rows) > 1 else ""
-        raise RecordError(f"{first}{more}. {ADVICE}", rows=rows)
+        column = batch.column(timestamp_column)
+        rows = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False))).tolist()
+        raise RecordError(f"write.timestamp-column '{timestamp_column}' is null for "
+                          f"{row_key(batch, primary_key, rows[0])}{_more(rows)}; every row needs a timestamp. "
+                          f"{ADVICE}", rows=rows)
+
+
+def _more(rows: Sequence[int]) -> str:
+    return f" ({len(rows) - 1} more such row(s) in this batch)" if len(rows) > 1 else ""
 
 
 def column_values(batch: pa.RecordBatch, column: str, kind: CQLType, primary_key: Sequence[str],
@@ -95,8 +91,10 @@ def column_values(batch: pa.RecordBatch, column: str, kind: CQLType, primary_key
 
 def bind_refusal(batch: pa.RecordBatch, primary_key: Sequence[str], table: str, failures: dict[int, BaseException]
                  ) -> RecordError:
-    """Rows the driver could not serialize (a value out of its CQL type's range), the first named."""
+    """Rows the driver could not serialize (a value out of its CQL type's range): the first, and those that failed
+    the same way (each dead letter has its own reason: the engine encodes the other rows again)."""
     row = min(failures)
-    more = f" ({len(failures) - 1} more such row(s) in this batch)" if len(failures) > 1 else ""
-    return RecordError(f"{row_key(batch, primary_key, row)} cannot be written into {table}: {failures[row]}{more}. "
-                       f"{ADVICE}", rows=sorted(failures))
+    reason = str(failures[row])
+    rows = sorted(r for r, e in failures.items() if str(e) == reason)
+    return RecordError(f"{row_key(batch, primary_key, row)} cannot be written into {table}: {reason}{_more(rows)}. "
+                       f"{ADVICE}", rows=rows)
