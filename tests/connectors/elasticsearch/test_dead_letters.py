@@ -1,6 +1,8 @@
 """Documents the cluster refuses for what they hold go to the dead-letter route with errors.tolerance=all (as the
 rows they came from, with the server's reason) and the rest is indexed; without it the write fails naming the
-document and the reason. write.error-index is a shorthand for the same route into an index of the same cluster."""
+document and the reason. write.error-index is a shorthand for the same route into an index of the same cluster. A
+value JSON cannot carry is refused by the encoder, before anything is sent. (A document alone over
+http.max_content_length, and refusals among 429s: test_faults.py.)"""
 
 import json
 import re
@@ -67,3 +69,19 @@ def test_write_error_index_is_a_shorthand_for_a_dead_letter_index_on_the_same_cl
     # The bounds of the route apply to the shorthand too.
     with pytest.raises(Exception, match=r"3 records were refused, more than errors.max-records=2"):
         sluice.write(df, "elasticsearch", {**opts, "errors.max-records": "2"})
+
+
+@pytest.mark.parametrize("search", ["opensearch"], indirect=True)  # the encoder's refusal: the same on both engines
+def test_a_value_json_cannot_carry_goes_aside_before_anything_is_sent(spark, search, tmp_path):
+    index = search.index_name()
+    df = spark.createDataFrame([(1, 1.0), (2, float("nan")), (3, 3.0)], "id long, x double").coalesce(1)
+    opts = search.opts(index, **{"mapping.id": "id"})
+    with pytest.raises(Exception, match=r"document '2' has \['x'\] that JSON cannot carry"):
+        sluice.write(df, "elasticsearch", opts)  # the negative control
+    store = {"warehouse": str(tmp_path / "warehouse"), "meta": str(tmp_path / "meta.db")}
+    sluice.write(df, "elasticsearch", {
+        **opts, "errors.tolerance": "all", "errors.deadletter.format": "tablestore",
+        "errors.deadletter.table": "refused", **{f"errors.deadletter.{k}": v for k, v in store.items()}})
+    assert set(search.docs(index)) == {"1", "3"}
+    (letter,) = spark.read.format("tablestore").option("table", "refused").options(**store).load().collect()
+    assert json.loads(letter.record)["id"] == 2 and "that JSON cannot carry" in letter.error_message
