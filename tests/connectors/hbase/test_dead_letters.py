@@ -12,7 +12,8 @@ import sluice
 from sluice.connectors.hbase._catalog import Catalog, Cell
 from sluice.connectors.hbase._keys import KeyCodec
 from sluice.connectors.hbase._refusals import entry_rows
-from sluice.connectors.hbase._sink import MAX_ROW_KEY, RowPlan
+from sluice.connectors.hbase._rowplan import RowPlan
+from sluice.connectors.hbase._sink import MAX_ROW_KEY
 from sluice.connectors.hbase._wire import thrift_puts
 
 ROWS = 300

@@ -24,7 +24,8 @@ from sluice.connectors.hbase._client import Connection, TableFacts, describe, re
 from sluice.connectors.hbase._keys import KeyCodec
 from sluice.connectors.hbase._options import BATCH_ONLY, DURABILITY, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.hbase._replay import check_guard_table
-from sluice.connectors.hbase._sink import HBaseWritePlan, RowPlan
+from sluice.connectors.hbase._rowplan import RowPlan
+from sluice.connectors.hbase._sink import HBaseWritePlan
 from sluice.connectors.hbase._source import (
     HBaseBatchReader,
     HBasePushdownReader,

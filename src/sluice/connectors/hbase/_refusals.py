@@ -14,7 +14,7 @@ from sluice.connectors.hbase._cells import decoder
 from sluice.connectors.hbase._client import thrift
 
 if TYPE_CHECKING:
-    from sluice.connectors.hbase._sink import RowPlan
+    from sluice.connectors.hbase._rowplan import RowPlan
 
 
 def entry_rows(entries: Sequence[Any], plan: RowPlan, schema: pa.Schema) -> pa.Table:

@@ -44,31 +44,16 @@ from sluice.connector import (
     micro_batch_numbers,
     to_arrow_schema,
 )
-from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, thrift
-from sluice.connectors.hbase._keys import ADVICE, KeyCodec
+from sluice.connectors.hbase._keys import ADVICE
 from sluice.connectors.hbase._refusals import entry_rows
 from sluice.connectors.hbase._replay import TableReplayGuard
+from sluice.connectors.hbase._rowplan import RowPlan
 from sluice.connectors.hbase._wire import put_multiple, thrift_puts
 
 MICRO_BATCH_ROWS = 1 << 24  # rows one task may write in one micro-batch under write.timestamp=micro-batch
 MAX_ROW_KEY = 32_767  # HConstants.MAX_ROW_LENGTH
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """How a DataFrame row becomes a put or a delete, decided on the driver."""
-
-    catalog: Catalog
-    key: KeyCodec
-    region_starts: tuple[bytes, ...]  # every region's start key but the first's (b""), in order
-    op_column: str | None
-    timestamp: str  # client | micro-batch | column
-    timestamp_column: str | None
-    delete_nulls: bool
-    durability: int
-    max_cell_bytes: int
 
 
 class RowEncoder:
