@@ -8,12 +8,15 @@ enumerator and reader carry what executors need.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice._options import Options
 from sluice.metrics._reads import ReadObserver
 from sluice.source._stream_start import reported_whole
 from sluice.spark._datasource import SluiceDataSource
+
+if TYPE_CHECKING:
+    from sluice.sink._deadletters import DeadLetterRoute
 
 
 class SourceDataSource(SluiceDataSource):
@@ -34,3 +37,11 @@ class SourceDataSource(SluiceDataSource):
         """The driver's observer of this read (live metrics; None when no collector runs; `event_time`: the
         column of each row's event time)."""
         return ReadObserver.on_driver(self.format_name, event_time=event_time)
+
+    def dead_letters(self, opts: Options, streaming: bool) -> DeadLetterRoute | None:
+        """The read's dead-letter route (errors.tolerance=all: records it cannot decode or type go there), planned
+        on the driver and carried to the read tasks inside the reader (`read_with_letters`); None: such a record
+        fails the read. A read whose spec has ERROR_OPTIONS and check_error_options."""
+        from sluice.sink._deadletters import plan_dead_letters  # the sink side, imported by reads that send aside
+
+        return plan_dead_letters(opts, self.format_name, streaming)
