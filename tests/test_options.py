@@ -106,6 +106,9 @@ def test_docs_options_tables_are_generated_from_the_declarations():
     assert docgen.render_options_doc() == docgen.OPTIONS_DOC.read_text(), (
         "docs/options.md is stale: run `make docs` (python -m sluice.docgen --write)"
     )
+    assert docgen.render_reliability_doc() == docgen.RELIABILITY_DOC.read_text(), (
+        "docs/reliability.md's table of refused records is stale: run `make docs` (python -m sluice.docgen --write)"
+    )
 
 
 def test_every_builtin_format_has_a_discovery_module_exporting_it():

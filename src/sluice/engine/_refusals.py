@@ -32,6 +32,12 @@ ERROR_OPTIONS: tuple[Option, ...] = (
         minimum=0, maximum=1,
     ),
     Option(
+        "errors.meta", "str", None,
+        "errors.tolerance=all: the MetaService (SQLite path or postgresql:// URL) where the driver notes each write's "
+        "records sent aside, for sluice doctor to list the dead-letter targets with recent records. Default: "
+        "$SLUICE_META where it is set, a table-store target's own meta, else not noted.",
+    ),
+    Option(
         "errors.deadletter.format", "str", None,
         "errors.tolerance=all: the sluice format refused records go to (kafka, tablestore, postgres, s2, ...); "
         "its options are set as errors.deadletter.<option>, e.g. errors.deadletter.table.",

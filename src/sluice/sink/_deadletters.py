@@ -17,6 +17,8 @@ import base64
 import datetime
 import decimal
 import json
+import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +42,8 @@ from sluice._options import Options
 from sluice.engine import AsyncSinkWriter, Committer, WriteContext
 from sluice.sink._plan import TaskWriter, WritePlan
 
+log = logging.getLogger("sluice.sink")
+
 # The dead letter's columns, in a table-like target (tablestore, postgres, clickhouse, ...).
 DEAD_LETTER_COLUMNS = StructType([
     StructField("record", StringType()),  # the refused row, as JSON of the user's columns
@@ -60,6 +64,7 @@ _ARROW_COLUMNS = pa.schema([
 _KAFKA_HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 # Kafka Connect's names for a dead letter's headers (DeadLetterQueueReporter), under sluice's own prefix.
 _HEADER_PREFIX = "__sluice.errors."
+_TARGET_OPTIONS = ("table", "topic", "stream", "index")  # the options that name a target, in the formats that have them
 _MESSAGE_LIMIT = 2000  # characters of an error message kept: a store's message may quote a whole batch
 
 
@@ -88,6 +93,7 @@ class DeadLetterRoute:
     plan: WritePlan  # the target format's write plan
     connector: str  # the format whose records are sent aside
     shape: str
+    meta: str | None = None  # errors.meta: where the driver notes the records sent aside (sluice doctor)
 
     @property
     def target_format(self) -> str:
@@ -100,6 +106,29 @@ class DeadLetterRoute:
     def committer(self) -> Committer | None:
         """The driver's committer of the target's staged rows, when the target commits on the driver."""
         return self.plan.committer() if self.plan.commits_on_driver else None
+
+    @property
+    def where(self) -> str:
+        """The target for people: its format and the table, topic, stream or index its options name."""
+        named = next((str(self.plan.options[k]) for k in _TARGET_OPTIONS
+                      if self.plan.options.get(k)), "")
+        return f"{self.target_format} {named}".strip()
+
+    def record(self, records: int, write_id: str) -> None:
+        """On the driver, after a commit that sent `records` aside: note it in the MetaService that `sluice doctor`
+        reads (errors.meta, else $SLUICE_META, else a table-store target's own `meta`), where one is configured.
+        Never fails the write, which is committed: a failure to note it is logged."""
+        url = self.meta or os.environ.get("SLUICE_META") or (
+            self.plan.options.get("meta") if self.target_format == "tablestore" else None)
+        if not url or not records:
+            return
+        try:
+            from sluice.meta import MetaService
+
+            MetaService(url).record_dead_letters(self.where, self.connector, records, write_id)
+        except Exception as e:  # observability of a committed write: say so, do not fail it
+            log.warning("sluice: %d dead letters of %s were written to %s, but noting them in the MetaService "
+                        "failed (sluice doctor will not list them): %s", records, self.connector, self.where, e)
 
 
 def plan_dead_letters(opts: Options, connector: str, streaming: bool) -> DeadLetterRoute | None:
@@ -123,7 +152,7 @@ def plan_dead_letters(opts: Options, connector: str, streaming: bool) -> DeadLet
     except OptionError as e:
         raise OptionError(f"the dead-letter target (errors.deadletter.format={target}): {e} Its options are set "
                           "with the errors.deadletter. prefix, e.g. errors.deadletter.table.") from None
-    return DeadLetterRoute(plan, connector, shape)
+    return DeadLetterRoute(plan, connector, shape, opts["errors.meta"])
 
 
 def _json_default(value: Any) -> Any:
