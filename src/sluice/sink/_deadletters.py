@@ -147,6 +147,10 @@ def plan_dead_letters(opts: Options, connector: str, streaming: bool) -> DeadLet
         raise OptionError("the dead-letter target's own errors.* options cannot be set: a record the dead-letter "
                           "target refuses fails the write (nothing is dropped). Remove errors.deadletter.errors.*.")
     shape = _shape(cls.format_name)
+    if cls.format_name == "s2":
+        # The body column is the record's body as it is (format=raw): S2's default, json, would write it as the
+        # text of {"body": ...}. The target's own `format` cannot be set: errors.deadletter.format names the target.
+        settings["format"] = "raw"
     try:
         plan = cls(settings)._plan(_spark_schema(shape), overwrite=False, streaming=streaming)  # type: ignore[attr-defined]
     except OptionError as e:

@@ -36,8 +36,14 @@ def read_with_letters(route: DeadLetterRoute | None, read_id: str, streaming: bo
                 yield item
                 letters.drain()
         except GeneratorExit:  # Spark read no further (a limit): what was left out so far goes aside all the same
-            letters.commit()
+            _commit(route, letters)
             raise
-        letters.commit()
+        _commit(route, letters)
     finally:
         letters.close()
+
+
+def _commit(route: DeadLetterRoute, letters: DeadLetterWriter) -> None:
+    letters.commit()
+    # No driver commit follows a read task: the task notes its dead letters for sluice doctor (errors.meta).
+    route.record(letters.count, letters.context.write_id)

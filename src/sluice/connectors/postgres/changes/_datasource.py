@@ -34,5 +34,7 @@ class PostgresChangesDataSource(SourceDataSource):
     def streamReader(self, schema: StructType) -> ChangeStreamReader:
         opts = self.read_options()
         options = ChangeOptions.of(opts)
+        # Only a micro-batch's changes send records aside, and one task reads them (ChangeStreamReader.plan).
+        route = self.dead_letters(opts, streaming=True, one_task=True)
         return ChangeStreamReader(resolve(options), options, schema, self.read_observer(event_time=COMMIT_TIME),
-                                  dead_letters=self.dead_letters(opts, streaming=True))
+                                  dead_letters=route)
