@@ -40,6 +40,7 @@ from pyspark.sql.types import (
 from sluice._errors import OptionError
 from sluice._options import Options
 from sluice.engine import AsyncSinkWriter, Committer, WriteContext
+from sluice.engine._refusals import ErrorPolicy
 from sluice.sink._plan import TaskWriter, WritePlan
 
 log = logging.getLogger("sluice.sink")
@@ -94,6 +95,8 @@ class DeadLetterRoute:
     connector: str  # the format whose records are sent aside
     shape: str
     meta: str | None = None  # errors.meta: where the driver notes the records sent aside (sluice doctor)
+    # A read's errors.max-records / errors.max-ratio, checked by its tasks (a write's are in its SinkConfig).
+    read_bounds: ErrorPolicy | None = None
 
     @property
     def target_format(self) -> str:

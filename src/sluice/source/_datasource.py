@@ -8,6 +8,7 @@ enumerator and reader carry what executors need.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sluice._options import Options
@@ -41,20 +42,24 @@ class SourceDataSource(SluiceDataSource):
     def dead_letters(self, opts: Options, streaming: bool, *, one_task: bool = False) -> DeadLetterRoute | None:
         """The read's dead-letter route (errors.tolerance=all: records it cannot decode or type go there), planned
         on the driver and carried to the read tasks inside the reader (`read_with_letters`); None: such a record
-        fails the read. For a read whose spec has ERROR_OPTIONS and check_error_options.
+        fails the read. For a read whose spec has ERROR_OPTIONS and check_error_options; its bounds
+        (errors.max-records, errors.max-ratio) are checked per read task (`read_with_letters`).
 
         `one_task`: the read sends records aside from one task per micro-batch (or batch read) at most. Otherwise a
         target that commits on the driver (tablestore, a transactional sink) is refused: a read task commits its own
         dead letters, and such a target takes a second task's commit under the same query and micro-batch for a
         replay of the first and drops it."""
         from sluice._errors import OptionError
+        from sluice.engine._refusals import ErrorPolicy
         from sluice.sink._deadletters import plan_dead_letters  # the sink side, imported by reads that send aside
 
         route = plan_dead_letters(opts, self.format_name, streaming)
-        if route is not None and not one_task and route.plan.commits_on_driver:
+        if route is None:
+            return None
+        if not one_task and route.plan.commits_on_driver:
             raise OptionError(
                 f"errors.deadletter.format={route.target_format} commits on the driver, which format "
                 f"'{self.format_name}''s read tasks cannot reach: each task commits its own dead letters, and this "
                 "target would keep only the first task's of a micro-batch. Choose a target its tasks write "
                 "themselves: postgres, sluice_kafka or s2 (without errors.deadletter.sink.transactional).")
-        return route
+        return replace(route, read_bounds=ErrorPolicy.of(opts))

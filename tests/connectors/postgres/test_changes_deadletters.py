@@ -65,3 +65,37 @@ def test_a_change_spark_cannot_type_goes_to_the_dead_letters_and_the_stream_goes
     assert f"LSN {record['lsn']}: value 'NaN' of column 'price'" in letter["error_message"]
     assert letter["target"] == f"public.{table}" and letter["micro_batch"] == 0
     assert letter["write_id"] == str(query.id)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("tolerance", ["all", "none"])
+def test_a_tracking_stream_sends_a_row_it_cannot_type_aside_and_goes_on(spark, pg, tmp_path, tolerance):
+    """readStream.format("postgres") by a tracking column: a row with a numeric NaN (no Spark decimal) goes to a
+    PostgreSQL dead-letter table; the batch read and change capture's snapshot type rows the same way."""
+    from pyspark.errors import StreamingQueryException
+
+    t = pg.table("tracked")
+    pg.sql(f"CREATE TABLE {t} (id bigint PRIMARY KEY, price numeric(10,2))")
+    pg.sql(f"INSERT INTO {t} VALUES (1, 1.50), (2, 'NaN'), (3, 2.50)")
+    options = {"tracking.column": "id", "tracking.lag-window-ms": "0"}
+    if tolerance == "all":
+        options |= {"errors.tolerance": "all", "errors.deadletter.format": "postgres",
+                    "errors.deadletter.url": pg.url, "errors.deadletter.table": f"{t}_letters",
+                    "errors.deadletter.create-table": "true"}
+    query = spark.readStream.format("postgres").options(**pg.opts(t, **options)).load() \
+        .writeStream.format("memory").queryName(f"tracked_{tolerance}").trigger(availableNow=True) \
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    if tolerance == "none":
+        with pytest.raises(StreamingQueryException, match=r"column 'price' does not convert .*NaN"):
+            query.awaitTermination(120)
+        return
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted((r.id, str(r.price)) for r in spark.table(f"tracked_{tolerance}").collect()) == \
+        [(1, "1.50"), (3, "2.50")]
+    letters = pg.sql(f"SELECT record, error_class, error_message, connector, target FROM {t}_letters")
+    assert len(letters) == 1
+    record, error_class, message, connector, target = letters[0]
+    assert json.loads(record) == {"id": 2, "price": "NaN"}
+    assert (error_class, connector, target) == ("ValueTypeError", "postgres", f"table {t}")
+    assert f"table {t}, " in message and "the value 'NaN' of column 'price' does not convert" in message

@@ -56,3 +56,19 @@ def test_a_target_committed_on_the_driver_is_refused_for_a_read_of_several_tasks
             "s2.streams": "a", "format": "json", "errors.tolerance": "all", "errors.deadletter.format": "tablestore",
             "errors.deadletter.table": "dl", "errors.deadletter.warehouse": str(tmp_path / "wh"),
             "errors.deadletter.meta": str(tmp_path / "meta.db")}).schema("id long").load().collect()
+
+
+def test_a_read_task_past_errors_max_records_fails(spark, s2_local, read_opts):
+    basin = read_opts["s2.basin"]
+    append(s2_local, basin, "bounded", [b'{"id": 1}', b"not json", b"nor this"])
+    letters = {"errors.tolerance": "all", "errors.deadletter.format": "s2", "errors.deadletter.s2.stream": "dead",
+               "errors.deadletter.s2.create-streams": "true",
+               **{f"errors.deadletter.{k}": v for k, v in read_opts.items()}}
+
+    def read(bound):
+        return spark.read.format("s2").options(**read_opts, **letters, **bound).option("s2.streams", "bounded") \
+            .option("format", "json").schema("id long").load().collect()
+
+    assert [r.id for r in read({"errors.max-records": "2"})] == [1]  # the negative control: within the bound
+    with pytest.raises(Exception, match=r"2 records were refused, more than errors.max-records=1"):
+        read({"errors.max-records": "1"})
