@@ -12,7 +12,9 @@ A source is a `SplitEnumerator` (driver) and a `SplitReader` (executors), served
 subclasses both. A store without a change feed streams by a tracking column: a `TrackingEnumerator` and a
 `TrackingReader` served by `TrackingStreamReader`, its options `tracking_options()` (docs/tracking.md). A stream
 reader with per-trigger caps is an `AdmissionControlledReader`; reads report live metrics through the data
-source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`.
+source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`; a read that cannot decode or type a
+record sends it to the route `SourceDataSource.dead_letters()` planned, its task run by `read_with_letters`
+(`conform_or_aside`: rows with a value that does not convert to the schema go aside).
 `to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
 option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
 `sluice.register()`. Payload formats through a schema registry (sluice/formats): a `PayloadFormat` decodes and
@@ -92,6 +94,7 @@ from sluice.sink._replay import ReplayGuard
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
 from sluice.source._bounds import forward_bounds
 from sluice.source._datasource import SourceDataSource
+from sluice.source._deadletters import ValueTypeError, conform_or_aside, read_with_letters
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
 from sluice.source._stream import OpenStreamReaderCore, StreamReaderCore
@@ -214,6 +217,7 @@ __all__ = [
     "TrackingSql",
     "TrackingStreamReader",
     "TypedOptions",
+    "ValueTypeError",
     "WriteContext",
     "WritePlan",
     "binary_column",
@@ -230,6 +234,7 @@ __all__ = [
     "check_writable",
     "completed_future",
     "conform",
+    "conform_or_aside",
     "delete_mask",
     "first_null",
     "forward_bounds",
@@ -240,6 +245,7 @@ __all__ = [
     "parse_value",
     "plan_dead_letters",
     "pushdown_option",
+    "read_with_letters",
     "refuse_batch_options_in_stream",
     "refuse_tracking_in_batch",
     "register_format",

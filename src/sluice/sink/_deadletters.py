@@ -40,6 +40,7 @@ from pyspark.sql.types import (
 from sluice._errors import OptionError
 from sluice._options import Options
 from sluice.engine import AsyncSinkWriter, Committer, WriteContext
+from sluice.engine._refusals import ErrorPolicy
 from sluice.sink._plan import TaskWriter, WritePlan
 
 log = logging.getLogger("sluice.sink")
@@ -96,6 +97,8 @@ class DeadLetterRoute:
     meta: str | None = None  # errors.meta: where the driver notes the records sent aside (sluice doctor)
     # errors.record-as=columns: the write's own columns, kept as they are beside the dead letter's (else JSON)
     columns: pa.Schema | None = None
+    # A read's errors.max-records / errors.max-ratio, checked by its tasks (a write's are in its SinkConfig).
+    read_bounds: ErrorPolicy | None = None
 
     @property
     def target_format(self) -> str:
@@ -151,6 +154,10 @@ def plan_dead_letters(opts: Options, connector: str, streaming: bool,
         raise OptionError("the dead-letter target's own errors.* options cannot be set: a record the dead-letter "
                           "target refuses fails the write (nothing is dropped). Remove errors.deadletter.errors.*.")
     shape = _shape(cls.format_name)
+    if cls.format_name == "s2":
+        # The body column is the record's body as it is (format=raw): S2's default, json, would write it as the
+        # text of {"body": ...}. The target's own `format` cannot be set: errors.deadletter.format names the target.
+        settings["format"] = "raw"
     letter_schema = _spark_schema(shape)
     columns = None
     if opts["errors.record-as"] == "columns":

@@ -8,12 +8,16 @@ enumerator and reader carry what executors need.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from sluice._options import Options
 from sluice.metrics._reads import ReadObserver
 from sluice.source._stream_start import reported_whole
 from sluice.spark._datasource import SluiceDataSource
+
+if TYPE_CHECKING:
+    from sluice.sink._deadletters import DeadLetterRoute
 
 
 class SourceDataSource(SluiceDataSource):
@@ -34,3 +38,28 @@ class SourceDataSource(SluiceDataSource):
         """The driver's observer of this read (live metrics; None when no collector runs; `event_time`: the
         column of each row's event time)."""
         return ReadObserver.on_driver(self.format_name, event_time=event_time)
+
+    def dead_letters(self, opts: Options, streaming: bool, *, one_task: bool = False) -> DeadLetterRoute | None:
+        """The read's dead-letter route (errors.tolerance=all: records it cannot decode or type go there), planned
+        on the driver and carried to the read tasks inside the reader (`read_with_letters`); None: such a record
+        fails the read. For a read whose spec has ERROR_OPTIONS and check_error_options; its bounds
+        (errors.max-records, errors.max-ratio) are checked per read task (`read_with_letters`).
+
+        `one_task`: the read sends records aside from one task per micro-batch (or batch read) at most. Otherwise a
+        target that commits on the driver (tablestore, a transactional sink) is refused: a read task commits its own
+        dead letters, and such a target takes a second task's commit under the same query and micro-batch for a
+        replay of the first and drops it."""
+        from sluice._errors import OptionError
+        from sluice.engine._refusals import ErrorPolicy
+        from sluice.sink._deadletters import plan_dead_letters  # the sink side, imported by reads that send aside
+
+        route = plan_dead_letters(opts, self.format_name, streaming)
+        if route is None:
+            return None
+        if not one_task and route.plan.commits_on_driver:
+            raise OptionError(
+                f"errors.deadletter.format={route.target_format} commits on the driver, which format "
+                f"'{self.format_name}''s read tasks cannot reach: each task commits its own dead letters, and this "
+                "target would keep only the first task's of a micro-batch. Choose a target its tasks write "
+                "themselves: postgres, sluice_kafka or s2 (without errors.deadletter.sink.transactional).")
+        return replace(route, read_bounds=ErrorPolicy.of(opts))

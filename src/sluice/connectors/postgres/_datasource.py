@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from pyspark.sql.types import StructType
 
 from sluice.connector import (
@@ -43,6 +45,9 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    refused_reads = ("a row with a value that does not convert to its column's Spark type (a numeric NaN or Infinity "
+                     "in a decimal column, a value out of a narrower type the read's schema gives), sent aside as "
+                     "the row the server sent")
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return WriteOptions.of(opts).primary_key
@@ -81,8 +86,9 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         options = self._typed_read_options()
         _, columns, primary_key = infer_schema(options.conn, options)
         kind = PostgresPushdownReader if options.pushdown else PostgresBatchReader
-        return kind(PostgresEnumerator(options.conn, options, columns, primary_key),
-                    PostgresSplitReader(options.conn, options, columns, schema), None,
+        route = self.dead_letters(self.read_options(), streaming=False)
+        rows = PostgresSplitReader(options.conn, options, columns, schema, route, f"read-{uuid.uuid4().hex[:12]}")
+        return kind(PostgresEnumerator(options.conn, options, columns, primary_key), rows, None,
                     reads=self.read_observer())
 
     def streamReader(self, schema: StructType) -> TrackingStreamReader:
@@ -98,8 +104,10 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         sql = PostgresTrackingSql(options, settings.column, pg_type, kind,
                                   [(name, types[name]) for name in primary_key if name != settings.column])
         reads = self.read_observer(event_time=settings.column if kind == "timestamp" else None)
+        rows = PostgresSplitReader(options.conn, options, columns, schema, self.dead_letters(opts, streaming=True),
+                                   f"read-{uuid.uuid4().hex[:12]}", streaming=True)
         return TrackingStreamReader(PostgresTrackingEnumerator(options.conn, sql, settings.column),
-                                    PostgresTrackingReader(options.conn, options, columns, schema, sql), settings,
+                                    PostgresTrackingReader(rows, sql), settings,
                                     source=(self.format_name, _described(options)), reads=reads)
 
 

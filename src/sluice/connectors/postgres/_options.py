@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.connector import (
+    ERROR_OPTIONS,
     SINK_SPEC,
     UNORDERED,
     Option,
@@ -13,6 +14,7 @@ from sluice.connector import (
     Options,
     OptionSpec,
     TypedOptions,
+    check_error_options,
     pushdown_option,
     tracking_options,
 )
@@ -85,7 +87,10 @@ def _check_source(opts: Options) -> None:
         raise OptionError("set exactly one of 'table' and 'query' for spark.read.format('postgres')")
 
 
-READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS), (_check_source,))
+# errors.*: a row with a value that does not convert to its column's Spark type fails the read, or goes to a
+# dead-letter target (errors.tolerance=all).
+READ_SPEC = OptionSpec("postgres", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS, *ERROR_OPTIONS),
+                       (_check_source, check_error_options))
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,17 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from struct import Struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connectors.postgres._client import PostgresError
-from sluice.connectors.postgres._pgtext import text_to_arrow
+from sluice.connectors.postgres._pgtext import UntypedValueError, type_columns
+
+if TYPE_CHECKING:
+    from sluice.connector import DeadLetterWriter
 
 log = logging.getLogger("sluice.postgres")
 _WARNED: set[tuple[str, tuple[str, ...]]] = set()  # (table, columns) warned about in this process: once each
@@ -81,12 +85,15 @@ class ChangeDecoder:
     def __init__(self, schema: pa.Schema, column_types: dict[str, str], start: int, end: int,
                  tables: Mapping[str, Sequence[str]],
                  gone_columns: Callable[[str, list[str]], list[str]] | None = None,
-                 whole_publication: str | None = None, keys: Mapping[str, Sequence[str]] | None = None) -> None:
+                 whole_publication: str | None = None, keys: Mapping[str, Sequence[str]] | None = None,
+                 letters: DeadLetterWriter | None = None) -> None:
         """`tables`: each streamed table's columns in the stream's schema. `gone_columns(table, names)`: which of
         `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new.
         `whole_publication`: the publication, when the stream is all of its tables (a table of it that the stream
         lacks joined it later); None when the stream is some of its tables (the others are left out). `keys`: each
-        table's primary key, which tells an update that changed it under REPLICA IDENTITY FULL."""
+        table's primary key, which tells an update that changed it under REPLICA IDENTITY FULL. `letters`: where a
+        change with a value that does not convert to its column's type goes (errors.tolerance=all); None: it fails
+        the read."""
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
@@ -95,6 +102,7 @@ class ChangeDecoder:
         self.gone_columns = gone_columns
         self.whole_publication = whole_publication
         self.keys = keys or {}
+        self.letters = letters
         self.start, self.end = start, end
         self.tables = tables
         self.relations: dict[int, Relation] = {}
@@ -198,15 +206,43 @@ class ChangeDecoder:
             value_len = np.where(is_delete, old_value_len[:, order], value_len[:, order])
             op_of = np.where(is_delete, 2, np.where(rekeyed[order], 0, op_of[order])).astype(np.int32)
             rows, table_of = rows[order], table_of[order]
-        by_name: dict[str, pa.Array] = {}
-        for i, name in enumerate(self.data_names):
-            texts = _gather(data, value_start[i], value_len[i])
-            by_name[name] = text_to_arrow(texts, self.column_types.get(name, "text"), self.schema.field(name).type,
-                                          name)
-        by_name |= {OP: _ops().take(op_of), LSN: pa.array(lsn[rows], pa.int64()),
-                    COMMIT_TIME: pa.array(ts[rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                    XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(names, pa.string()).take(table_of)}
+        texts = {name: _gather(data, value_start[i], value_len[i]) for i, name in enumerate(self.data_names)}
+        by_name, untyped = type_columns(texts, self.column_types, self.schema)
+        meta = {OP: _ops().take(op_of), LSN: pa.array(lsn[rows], pa.int64()),
+                COMMIT_TIME: pa.array(ts[rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(names, pa.string()).take(table_of)}
+        if untyped:
+            keep = self._refuse(texts, meta, untyped)
+            meta = {name: column.filter(keep) for name, column in meta.items()}
+            if not len(meta[OP]):
+                return None
+        by_name |= meta
         return pa.RecordBatch.from_arrays([by_name[f.name] for f in self.schema], schema=self.schema)
+
+    def _refuse(self, texts: dict[str, pa.Array], meta: dict[str, pa.Array],
+                untyped: dict[int, tuple[str, UntypedValueError]]) -> pa.Array:
+        """Changes with a value that does not convert to its column's type: each named by its table, column, commit
+        LSN and value, sent to the dead letters (errors.tolerance=all: the change as its table, LSN, op, key and
+        every value as PostgreSQL's text) or failing the read. Returns the mask of the changes kept."""
+        rows = sorted(untyped)
+        records, errors = [], []
+        for row in rows:
+            column, error = untyped[row]
+            table, lsn, op = meta[TABLE][row].as_py(), format_lsn(meta[LSN][row].as_py()), meta[OP][row].as_py()
+            value = texts[column][row].as_py()
+            shown = repr(value if len(value) <= 100 else value[:100] + "...")
+            errors.append(UntypedValueError(f"table {table}, the {op} committed at LSN {lsn}: value {shown} of "
+                                            f"{error}"))
+            columns = self.tables.get(table, self.data_names)
+            records.append({"table": table, "lsn": lsn, "op": op, "xid": meta[XID][row].as_py(),
+                            "key": {k: texts[k][row].as_py() for k in self.keys.get(table, ()) if k in texts},
+                            "values": {c: texts[c][row].as_py() for c in columns if c in texts}})
+        if self.letters is None:
+            raise UntypedValueError(f"{errors[0]}. Declare the column as text in the table or send such changes "
+                                    "aside: .option('errors.tolerance', 'all') with errors.deadletter.format and its "
+                                    "options (docs/postgres.md)")
+        self.letters.add(records, errors)
+        return pa.array(np.isin(np.arange(len(meta[OP])), rows, invert=True))
 
     def _parse_rows(self, data: np.ndarray, starts: np.ndarray, kinds: np.ndarray, slots: list[int], relid: int,
                     out_rows: np.ndarray, value_start: np.ndarray, value_len: np.ndarray,

@@ -9,6 +9,10 @@ import pyarrow.compute as pc
 
 from sluice.connectors.postgres._client import PostgresError
 
+
+class UntypedValueError(PostgresError):
+    """A changed value that does not convert to its column's type (a record the change reader cannot type)."""
+
 # +-infinity of dates and timestamps read as the last and first instant Spark holds, as the batch reader (and
 # Spark's JDBC reader) read them.
 _INFINITY = {"date": ("9999-12-31", "0001-01-01"), "timestamp": ("9999-12-31 23:59:59.999999", "0001-01-01 00:00:00")}
@@ -42,9 +46,36 @@ def text_to_arrow(raw: pa.Array, pg_type: str, target: pa.DataType, column: str)
             return raw.cast(target)
     except (pa.ArrowInvalid, ValueError) as e:
         hint = " (numeric NaN and +-Infinity have no Spark decimal)" if pa.types.is_decimal(target) else ""
-        raise PostgresError(f"column '{column}' ({pg_type}): a changed value does not convert to "
-                            f"{target}: {e}{hint}") from None
+        raise UntypedValueError(f"column '{column}' ({pg_type}): a changed value does not convert to "
+                                f"{target}: {e}{hint}") from None
     raise PostgresError(f"column '{column}' ({pg_type}) has no conversion to {target} in the change reader")
+
+
+def type_columns(texts: dict[str, pa.Array], pg_types: dict[str, str], schema: pa.Schema
+                 ) -> tuple[dict[str, pa.Array], dict[int, tuple[str, UntypedValueError]]]:
+    """Each column of text values typed as `schema` says, and the rows holding a value that does not convert:
+    {row: (column, error)}, the first such column of each row. With such rows, the columns are typed without
+    them (rows in their order, the untyped ones left out)."""
+    typed: dict[str, pa.Array] = {}
+    bad: dict[int, tuple[str, UntypedValueError]] = {}
+    for name, raw in texts.items():
+        pg_type, target = pg_types.get(name, "text"), schema.field(name).type
+        try:
+            typed[name] = text_to_arrow(raw, pg_type, target, name)
+        except UntypedValueError:
+            # Rare: find the values at fault one by one, so only their rows are refused.
+            for row, value in enumerate(raw.to_pylist()):
+                if value is None or row in bad:
+                    continue
+                try:
+                    text_to_arrow(pa.array([value], raw.type), pg_type, target, name)
+                except UntypedValueError as e:
+                    bad[row] = (name, e)
+    if bad:
+        keep = pa.array(np.isin(np.arange(len(next(iter(texts.values())))), list(bad), invert=True))
+        typed = {name: text_to_arrow(raw.filter(keep), pg_types.get(name, "text"), schema.field(name).type, name)
+                 for name, raw in texts.items()}
+    return typed, bad
 
 
 def _parse_array(text: str) -> list[str | None]:

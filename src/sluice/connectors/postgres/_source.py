@@ -33,13 +33,16 @@ from pyspark.sql.types import ArrayType, ByteType, DataType, DecimalType, String
 
 from sluice.connector import (
     HAS_FILTER_PUSHDOWN,
+    DeadLetterRoute,
+    DeadLetterWriter,
     Filter,
     OptionError,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
-    conform,
+    conform_or_aside,
+    read_with_letters,
     to_arrow_schema,
 )
 from sluice.connectors.postgres._client import (
@@ -419,8 +422,11 @@ class PostgresSplitReader(SplitReader):
     """Executor side: one split's rows, in the shared snapshot, cast to the declared schema."""
 
     def __init__(self, conn_info: Connection, options: ReadOptions, columns: list[tuple[str, str]],
-                 schema: StructType) -> None:
-
+                 schema: StructType, dead_letters: DeadLetterRoute | None = None, read_id: str = "",
+                 streaming: bool = False) -> None:
+        """`dead_letters`: where rows with a value that does not convert to the schema go (errors.tolerance=all),
+        named after the streaming query, else `read_id`."""
+        self.dead_letters, self.read_id, self.streaming = dead_letters, read_id, streaming
         self.conn_info = conn_info
         self.options = options
         self.columns = columns
@@ -444,7 +450,14 @@ class PostgresSplitReader(SplitReader):
             out.append(f"{col} AS {quote_ident(field.name)}")
         return ", ".join(out) or "1 AS _"
 
+    def described(self) -> str:
+        return f"table {self.options.table}" if self.options.table else "the query"
+
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming, self.described(),
+                                 lambda letters: self._read(split, letters))
+
+    def _read(self, split: Split, letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         source, _ = _source_sql(self.options)
         where = " AND ".join([*self.where, split.info.get("where", "true")])
         sql = f"SELECT {self.select_list()} FROM {source} WHERE {where}"
@@ -465,7 +478,8 @@ class PostgresSplitReader(SplitReader):
                 # ADBC hands over large batches; smaller ones let Spark convert while the next arrives.
                 batch = finite_times(batch)
                 for start in range(0, batch.num_rows, YIELD_ROWS):
-                    yield conform(batch.slice(start, YIELD_ROWS), self.arrow_schema)
+                    yield conform_or_aside(batch.slice(start, YIELD_ROWS), self.arrow_schema, letters,
+                                           f"{self.described()}, {split.split_id}")
             if snapshot:
                 cur.execute("SELECT pg_notify($1, $2)", parameters=(split.info["channel"], split.split_id))
                 cur.fetchall()

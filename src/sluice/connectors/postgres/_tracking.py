@@ -15,15 +15,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.types import StructType
 
 from sluice.connector import (
+    DeadLetterWriter,
     Split,
     SqlTrackingEnumerator,
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
-    conform,
+    conform_or_aside,
+    read_with_letters,
     tracking_column_kind,
 )
 from sluice.connectors.postgres._client import (
@@ -139,12 +140,18 @@ class PostgresTrackingEnumerator(SqlTrackingEnumerator):
 class PostgresTrackingReader(TrackingReader):
     """Executor side: one range of rows over COPY BINARY (ADBC), as the batch read's splits are read."""
 
-    def __init__(self, conn_info: Connection, options: ReadOptions, columns: list[tuple[str, str]],
-                 schema: StructType, sql: PostgresTrackingSql) -> None:
-        self.rows = PostgresSplitReader(conn_info, options, columns, schema)  # its select list and schema
-        self.conn_info, self.sql = conn_info, sql
+    def __init__(self, rows: PostgresSplitReader, sql: PostgresTrackingSql) -> None:
+        """`rows`: the batch read's split reader, whose select list, schema and dead-letter route it reads with."""
+        self.rows = rows
+        self.conn_info, self.sql = rows.conn_info, sql
 
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[pa.RecordBatch]:
+        r = self.rows
+        return read_with_letters(r.dead_letters, r.read_id, r.streaming, r.described(),
+                                 lambda letters: self._read(split, after, upto, letters))
+
+    def _read(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
+              letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         s = self.sql
         query = f"SELECT {self.rows.select_list()} FROM {s.source} WHERE {s.range(after, upto)} ORDER BY {s.order()}"
         with self.conn_info.reading(f"{split.split_id} ({after} - {upto})") as (_, cur):
@@ -152,4 +159,5 @@ class PostgresTrackingReader(TrackingReader):
             for batch in cur.fetch_record_batch():
                 batch = finite_times(batch)
                 for start in range(0, batch.num_rows, YIELD_ROWS):
-                    yield conform(batch.slice(start, YIELD_ROWS), self.rows.arrow_schema)
+                    yield conform_or_aside(batch.slice(start, YIELD_ROWS), self.rows.arrow_schema, letters,
+                                           f"{self.rows.described()}, {split.split_id} ({after} - {upto})")

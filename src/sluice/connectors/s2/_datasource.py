@@ -3,6 +3,7 @@ driver's side) and _reader.py."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from typing import ClassVar
 
@@ -104,8 +105,10 @@ class _S2Base(SinkDataSource, SourceDataSource):
         per_partition = options.s2_max_records_per_partition or None
         if materialize:
             per_partition = None  # a stream is materialized as a whole
-        return (S2Enumerator(conn, options, batch), S2Reader(conn, schema, options, materialize=materialize),
-                per_partition, options)
+        route = self.dead_letters(opts, streaming=not batch)  # a batch read's dead letters: named by a read id
+        reader = S2Reader(conn, schema, options, materialize=materialize, dead_letters=route,
+                          read_id=f"read-{uuid.uuid4().hex[:12]}", streaming=not batch)
+        return S2Enumerator(conn, options, batch), reader, per_partition, options
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, per_partition, _ = self._read_parts(schema, batch=True)
@@ -125,6 +128,8 @@ class S2DataSource(_S2Base):
     """Insert-only appends: one record per row, body = the row as JSON (or a raw column)."""
 
     format_name = "s2"
+    refused_reads = ("with format=json, a record whose body is not a JSON object of the read's schema, sent aside "
+                     "as its stream, seq num, timestamp, headers and body")
 
 
 class S2UpsertDataSource(_S2Base):
@@ -135,6 +140,8 @@ class S2UpsertDataSource(_S2Base):
     read_spec = UPSERT_READ_SPEC
     read_options_type = UpsertReadOptions
     write_options_type = UpsertWriteOptions
+    refused_reads = ("a change whose @key header or body is not a JSON object of the read's schema, sent aside as "
+                     "its stream, seq num, timestamp, headers and body")
 
     def schema(self) -> str:
         raise OptionError("reading format 's2_upsert' needs a schema of the key and value columns: "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sluice.connector import (
+    ERROR_OPTIONS,
     PARTITION_ORDERED,
     SINK_SPEC,
     Option,
@@ -15,6 +16,7 @@ from sluice.connector import (
     Options,
     OptionSpec,
     TypedOptions,
+    check_error_options,
 )
 from sluice.connectors.s2._client import CONNECTION_OPTIONS
 from sluice.connectors.s2._kinds import RecordKind
@@ -150,11 +152,28 @@ UPSERT_SOURCE_OPTIONS = (
 )
 
 
-READ_SPEC = OptionSpec("s2", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS), (_check_streams,))
+def _check_tolerance(opts: Options) -> None:
+    """errors.tolerance=all sends aside bodies that do not parse: they replace mode's handling of them."""
+    if opts["errors.tolerance"] != "all":
+        return
+    if opts.is_set("mode"):
+        raise OptionError(f"mode={opts['mode']} and errors.tolerance=all both say what a body that does not parse "
+                          "does; errors.tolerance=all sends it to the dead-letter target. Remove one of them.")
 
 
-UPSERT_READ_SPEC = OptionSpec("s2_upsert", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS),
-                              (_check_streams,))
+def _check_json_tolerance(opts: Options) -> None:
+    if opts["errors.tolerance"] == "all" and opts["format"] != "json":
+        raise OptionError(f"errors.tolerance=all sends records whose body does not parse aside, and format="
+                          f"{opts['format']} parses nothing; set .option('format', 'json') or remove errors.*.")
+
+
+# errors.*: a record whose body does not parse as a JSON object of the schema goes to a dead-letter target.
+READ_SPEC = OptionSpec("s2", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS, *ERROR_OPTIONS),
+                       (_check_streams, check_error_options, _check_tolerance, _check_json_tolerance))
+
+
+UPSERT_READ_SPEC = OptionSpec("s2_upsert", (*CONNECTION_OPTIONS, *SOURCE_OPTIONS, *UPSERT_SOURCE_OPTIONS,
+                                            *ERROR_OPTIONS), (_check_streams, check_error_options, _check_tolerance))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sluice.connector import DataLossError, OptionError, SluiceError, Split, SplitReader, to_arrow_schema
+from sluice.connector import (
+    DataLossError,
+    DeadLetterRoute,
+    DeadLetterWriter,
+    OptionError,
+    SluiceError,
+    Split,
+    SplitReader,
+    read_with_letters,
+    to_arrow_schema,
+)
 from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import ReadOptions
@@ -25,6 +35,10 @@ log = logging.getLogger("sluice.s2")
 META_COLUMNS = ("stream", "seq_num", "timestamp", "headers", "body")
 CORRUPT = "_corrupt_record"
 ARROW_BATCH_RECORDS = 4096  # records per Arrow batch handed to Spark
+
+
+class BodyError(SluiceError):
+    """A record whose body does not parse as a JSON object of the read's schema."""
 
 
 def _headers_array(headers: list[list[tuple[bytes, bytes]]] | None, n: int, arrow_type: pa.DataType) -> pa.Array:
@@ -47,9 +61,12 @@ def _headers_array(headers: list[list[tuple[bytes, bytes]]] | None, n: int, arro
 class S2Reader(SplitReader):
     """Reads seq nums [start, end) of a stream with one read session; yields Arrow batches of the schema."""
 
-    def __init__(self, conn: Connection, schema: Any, options: ReadOptions, *,
-                 materialize: bool = False) -> None:
-        """`materialize` (upserts, batch reads): the latest row per @key of each stream, without deleted keys."""
+    def __init__(self, conn: Connection, schema: Any, options: ReadOptions, *, materialize: bool = False,
+                 dead_letters: DeadLetterRoute | None = None, read_id: str = "", streaming: bool = False) -> None:
+        """`materialize` (upserts, batch reads): the latest row per @key of each stream, without deleted keys.
+        `dead_letters`: where records whose body does not parse go (errors.tolerance=all), named after the
+        streaming query, else `read_id`."""
+        self.dead_letters, self.read_id, self.streaming = dead_letters, read_id, streaming
 
         self.conn = conn
         self.kind = options.kind
@@ -71,6 +88,11 @@ class S2Reader(SplitReader):
 
     # ------------------------------------------------------------------ reading
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming, split.split_id,
+                                 lambda letters: self._read(split, start, end, letters))
+
+    def _read(self, split: Split, start: int, end: int, letters: DeadLetterWriter | None
+              ) -> Iterator[pa.RecordBatch]:
         loop = asyncio.new_event_loop()
         try:
             agen = self._records(split.split_id, start, end)
@@ -82,12 +104,12 @@ class S2Reader(SplitReader):
                     break
                 pending.extend(columns)
                 if len(pending) >= ARROW_BATCH_RECORDS and not self.materialize:
-                    yield self._to_arrow(split.split_id, pending)
+                    yield self._to_arrow(split.split_id, pending, letters)
                     pending = RecordColumns.empty()
             if self.materialize:
                 pending = self._materialize(pending)
             if len(pending):
-                yield self._to_arrow(split.split_id, pending)
+                yield self._to_arrow(split.split_id, pending, letters)
         finally:
             loop.close()
 
@@ -134,10 +156,18 @@ class S2Reader(SplitReader):
         log.warning("%s; skipping ahead (failOnDataLoss=false)", what)
 
     # ------------------------------------------------------------------ conversion
-    def _to_arrow(self, stream: str, records: RecordColumns) -> pa.RecordBatch:
-        n = len(records)
+    def _to_arrow(self, stream: str, records: RecordColumns, letters: DeadLetterWriter | None) -> pa.RecordBatch:
         columns: dict[str, pa.Array] = {}
         names = self.arrow_schema.names
+        if self.json:
+            parsed, corrupt, reasons = self._parse(stream, records)
+            if letters is not None and any(reason is not None for reason in reasons):
+                records, parsed = self._set_aside(stream, records, parsed, reasons, letters)
+                corrupt = [None] * len(records)
+            if CORRUPT in names:
+                parsed[CORRUPT] = pa.array(corrupt, pa.string())
+            columns.update(parsed)
+        n = len(records)
         if "stream" in names:
             columns["stream"] = pa.repeat(pa.scalar(stream, pa.string()), n)
         if "seq_num" in names:
@@ -149,13 +179,29 @@ class S2Reader(SplitReader):
             columns["headers"] = _headers_array(records.headers, n, self.arrow_schema.field("headers").type)
         if "body" in names:
             columns["body"] = pa.array(records.bodies, pa.binary())
-        if self.json:
-            columns.update(self._parse(stream, records))
         return pa.RecordBatch.from_arrays([columns[name].cast(self.arrow_schema.field(name).type)
                                            for name in names], schema=self.arrow_schema)
 
-    def _parse(self, stream: str, records: RecordColumns) -> dict[str, pa.Array]:
-        """The JSON columns: from the body (format=json) or from @key and the body (upsert)."""
+    def _set_aside(self, stream: str, records: RecordColumns, parsed: dict[str, pa.Array],
+                   reasons: list[str | None], letters: DeadLetterWriter) -> tuple[RecordColumns, dict[str, pa.Array]]:
+        """The records whose body does not parse, to the dead letters (as the raw record); the others returned."""
+        bad = [i for i, reason in enumerate(reasons) if reason is not None]
+        aside = records.take(bad)
+        headers = aside.headers or [[] for _ in bad]
+        letters.add([{"stream": stream, "seq_num": seq_num, "timestamp": at, "headers": [list(h) for h in pairs],
+                      "body": body}
+                     for seq_num, at, pairs, body in zip(aside.seq_nums, aside.timestamps, headers, aside.bodies,
+                                                         strict=True)],
+                    [BodyError(f"record {seq_num} of stream '{stream}' is not a JSON object of the schema "
+                               f"({reasons[i]})") for i, seq_num in zip(bad, aside.seq_nums, strict=True)])
+        keep = [i for i, reason in enumerate(reasons) if reason is None]
+        taken = pa.array(keep, pa.int64())
+        return records.take(keep), {name: column.take(taken) for name, column in parsed.items()}
+
+    def _parse(self, stream: str, records: RecordColumns
+               ) -> tuple[dict[str, pa.Array], list[str | None], list[str | None]]:
+        """The JSON columns: from the body (format=json) or from @key and the body (upsert); each record's text
+        when its body does not parse (_corrupt_record) and why."""
         names = self.arrow_schema.names
         if self.kind is RecordKind.UPSERT:
             headers = records.header_dicts()
@@ -169,17 +215,15 @@ class S2Reader(SplitReader):
                     merged.append(json.dumps(row).encode())
                 except ValueError:
                     merged.append(b"")
-            parsed, corrupt = self._parse_json(stream, records, merged)
+            parsed, corrupt, reasons = self._parse_json(stream, records, merged)
             if "_op" in names:
                 parsed["_op"] = pa.array(ops, pa.string())
         else:
-            parsed, corrupt = self._parse_json(stream, records, records.bodies)
-        if CORRUPT in names:
-            parsed[CORRUPT] = pa.array(corrupt, pa.string())
-        return parsed
+            parsed, corrupt, reasons = self._parse_json(stream, records, records.bodies)
+        return parsed, corrupt, reasons
 
     def _parse_json(self, stream: str, records: RecordColumns, bodies: list[bytes]
-                    ) -> tuple[dict[str, pa.Array], list[str | None]]:
+                    ) -> tuple[dict[str, pa.Array], list[str | None], list[str | None]]:
         import pyarrow.json as pj
 
         schema = pa.schema(self.data_fields)
@@ -189,11 +233,13 @@ class S2Reader(SplitReader):
                 table = pj.read_json(pa.BufferReader(b"\n".join(bodies)), parse_options=pj.ParseOptions(
                     explicit_schema=schema, unexpected_field_behavior="ignore"))
                 if table.num_rows == n:
-                    return {f.name: table.column(f.name).combine_chunks() for f in self.data_fields}, [None] * n
+                    parsed = {f.name: table.column(f.name).combine_chunks() for f in self.data_fields}
+                    return parsed, [None] * n, [None] * n
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 pass  # a malformed body somewhere in the batch: go row by row
         rows: list[dict[str, Any]] = []
         corrupt: list[str | None] = []
+        reasons: list[str | None] = []
         for seq_num, raw, body in zip(records.seq_nums, records.bodies, bodies, strict=True):
             try:
                 value = json.loads(body)
@@ -202,6 +248,7 @@ class S2Reader(SplitReader):
                 table = pa.Table.from_pylist([value], schema=schema)  # type check per field
                 rows.append(table.to_pylist()[0])
                 corrupt.append(None)
+                reasons.append(None)
             except (ValueError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
                 if self.failfast:
                     raise SluiceError(f"record {seq_num} of stream '{stream}' is not a JSON object of the "
@@ -209,8 +256,9 @@ class S2Reader(SplitReader):
                                       f"{CORRUPT} instead.") from None
                 rows.append({})
                 corrupt.append(raw.decode("utf-8", "replace"))
+                reasons.append(str(error))
         table = pa.Table.from_pylist(rows, schema=schema)
-        return {f.name: table.column(f.name).combine_chunks() for f in self.data_fields}, corrupt
+        return {f.name: table.column(f.name).combine_chunks() for f in self.data_fields}, corrupt, reasons
 
     def _materialize(self, records: RecordColumns) -> RecordColumns:
         """Latest record per @key in stream order; keys whose latest change is a delete are dropped."""

@@ -20,6 +20,9 @@ class PostgresChangesDataSource(SourceDataSource):
     read_spec = CHANGES_SPEC
     read_api = "spark.readStream"
     write_with = "postgres"
+    refused_reads = ("a change with a value that does not convert to its column's Spark type (a numeric NaN or "
+                     "Infinity in a decimal column, a date or timestamp out of Spark's range), sent aside as its "
+                     "table, commit LSN, op, key and values as PostgreSQL's text")
 
     def schema(self) -> StructType:
         return spark_schema(resolve(ChangeOptions.of(self.read_options())))
@@ -29,5 +32,9 @@ class PostgresChangesDataSource(SourceDataSource):
                           "use format('postgres')")
 
     def streamReader(self, schema: StructType) -> ChangeStreamReader:
-        options = ChangeOptions.of(self.read_options())
-        return ChangeStreamReader(resolve(options), options, schema, self.read_observer(event_time=COMMIT_TIME))
+        opts = self.read_options()
+        options = ChangeOptions.of(opts)
+        # Only a micro-batch's changes send records aside, and one task reads them (ChangeStreamReader.plan).
+        route = self.dead_letters(opts, streaming=True, one_task=True)
+        return ChangeStreamReader(resolve(options), options, schema, self.read_observer(event_time=COMMIT_TIME),
+                                  dead_letters=route)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import Option, OptionError, Options, OptionSpec, TypedOptions
+from sluice.connector import ERROR_OPTIONS, Option, OptionError, Options, OptionSpec, TypedOptions, check_error_options
 from sluice.connectors.postgres._client import CONNECTION_OPTIONS, Connection
 
 CHANGES_OPTIONS = (
@@ -72,7 +72,10 @@ def _check(opts: Options) -> None:
                           "set .option('job', <job_id>) or remove 'meta'")
 
 
-CHANGES_SPEC = OptionSpec("postgres_changes", (*CONNECTION_OPTIONS, *CHANGES_OPTIONS), (_check,))
+# errors.*: a change with a value that does not convert to its column's Spark type fails the read, or goes to a
+# dead-letter target (errors.tolerance=all) and the stream goes on.
+CHANGES_SPEC = OptionSpec("postgres_changes", (*CONNECTION_OPTIONS, *CHANGES_OPTIONS, *ERROR_OPTIONS),
+                          (_check, check_error_options))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.connector import DataLossError, Split, to_arrow_schema
+from sluice.connector import (
+    DataLossError,
+    DeadLetterRoute,
+    DeadLetterWriter,
+    Split,
+    read_with_letters,
+    to_arrow_schema,
+)
 from sluice.connectors.postgres._client import PostgresError, quote_literal, sqlstate_of
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
 from sluice.connectors.postgres._pool import Lease
@@ -107,18 +114,22 @@ def snapshot_gone(slot: str, error: Exception) -> PostgresError:
 class ChangeReader:
     """Reads one partition of a micro-batch on an executor: a snapshot split or a range of committed changes."""
 
-    def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType) -> None:
+    def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType,
+                 dead_letters: DeadLetterRoute | None = None) -> None:
+        """`dead_letters`: where changes with a value that cannot be typed go (errors.tolerance=all)."""
         self.stream = stream
         self.options = options
         self.schema = schema
         self.arrow_schema = to_arrow_schema(schema)
+        self.dead_letters = dead_letters
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, SnapshotPartition):
-            yield from self._read_snapshot(partition)
-        else:
-            assert isinstance(partition, ChangesPartition)
-            yield from self._read_changes(partition)
+            return self._read_snapshot(partition)
+        assert isinstance(partition, ChangesPartition)
+        # The dead letters' target names what the stream reads; each letter's record names its table.
+        return read_with_letters(self.dead_letters, self.stream.slot, True, ", ".join(self.stream.tables),
+                                 lambda letters: self._read_changes(partition, letters))
 
     def _read_snapshot(self, part: SnapshotPartition) -> Iterator[pa.RecordBatch]:
         cols = self.stream.table_columns[part.table]
@@ -139,7 +150,7 @@ class ChangeReader:
                 raise snapshot_gone(self.stream.slot, e) from None
             raise
 
-    def _read_changes(self, part: ChangesPartition) -> Iterator[pa.RecordBatch]:
+    def _read_changes(self, part: ChangesPartition, letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         """The batch's changes, range by range (wal_ranges), each range's fetch running while the one before it is
         decoded and written. A range holds the transactions whose commit record starts in it: its decoder keeps only
         those, and its slot copy, advanced to the range's start, skips the ones before on the server."""
@@ -154,7 +165,7 @@ class ChangeReader:
                 fetch = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
                 decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, table_columns, self._gone_columns,
-                                        whole_publication, s.primary_keys)
+                                        whole_publication, s.primary_keys, letters)
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.

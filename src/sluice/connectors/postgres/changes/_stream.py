@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     DataLossError,
+    DeadLetterRoute,
     HoldingHeartbeat,
     OptionError,
     ReadLimit,
@@ -46,14 +47,15 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
     cap_options = ("max-changes-per-trigger",)
 
     def __init__(self, stream: ChangeStream, options: ChangeOptions, schema: StructType,
-                 reads: ReadObserver | None = None) -> None:
-        """`reads`: where read tasks report what they fetch (sluice.metrics); None: nowhere."""
+                 reads: ReadObserver | None = None, dead_letters: DeadLetterRoute | None = None) -> None:
+        """`reads`: where read tasks report what they fetch (sluice.metrics); None: nowhere. `dead_letters`: where
+        changes with a value that cannot be typed go (errors.tolerance=all); None: they fail the read."""
         super().__init__(source=("postgres_changes", stream.slot), max_rows=options.max_changes_per_trigger,
                          reads=reads)
         self.stream = stream
         self.options = options
         self.schema = schema
-        self._reader = ChangeReader(stream, options, schema)  # pickled with this reader to the executors
+        self._reader = ChangeReader(stream, options, schema, dead_letters)  # pickled with this reader to the executors
         self._holder: SnapshotHolder | None = None
         self._reported: dict[str, Any] | None = None
         self._initial: ChangeOffset | None = None
