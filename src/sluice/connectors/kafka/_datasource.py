@@ -91,6 +91,8 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
             raise OptionError("sink.transactional=true with a topic column: set .option('topic', ...) too (it then "
                               "overrides the column), or write each topic in a write of its own; the task's commit "
                               "marker needs one topic known before the write.")
+        if config.transactional:
+            check_dead_letter_transactions(opts, write.transactional_id_prefix)
         plan = KafkaWritePlan(self.format_name, opts, schema, config, write, columns, 0, frozenset(), marker_topic,
                               self.check_marker)
         trial = plan.producer_config()
@@ -142,3 +144,19 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
                                  options.max_records_per_trigger, None,
                                  source=(self.format_name, enumerator.discovery.describe()),
                                  reads=self.read_observer(event_time="timestamp"))
+
+
+def check_dead_letter_transactions(opts: Options, prefix: str | None) -> None:
+    """A transactional Kafka write whose dead letters go to a transactional Kafka topic: the two producers of a task
+    need transactional ids of their own, else the dead letters' producer fences the write's (librdkafka's
+    init_transactions) and the task fails."""
+    if opts["errors.tolerance"] != "all" or opts["errors.deadletter.format"] != FORMAT_NAME:
+        return
+    target = {k.lower(): v for k, v in dict(opts["errors.deadletter.*"]).items()}
+    if str(target.get("sink.transactional", "false")).lower() != "true":
+        return
+    if target.get("transactional-id-prefix") == prefix:
+        raise OptionError(
+            "sink.transactional=true with a transactional sluice_kafka dead-letter target: the two need transactional "
+            f"ids of their own, and both use the prefix {prefix or 'sluice-<write id>'}. Set "
+            "errors.deadletter.transactional-id-prefix to another prefix (e.g. '<this write's prefix>-dead-letters').")

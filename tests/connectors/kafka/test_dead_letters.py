@@ -1,0 +1,119 @@
+"""Records Kafka refuses for what they hold go to a dead-letter target with errors.tolerance=all, on a real broker: a
+record over the topic's max.message.bytes (found before it is sent, or refused by the broker), and with none (the
+default) the write fails naming the limit."""
+
+import json
+import uuid
+from dataclasses import replace
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import StringType, StructField, StructType
+
+import sluice
+from sluice.testing import read_committed
+
+pytestmark = pytest.mark.spark
+
+LIMIT = 2000
+OVERSIZED = (7, 150, 299)
+
+
+def make_topic(kafka, partitions=1, **config):
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(name, partitions=partitions, config=config or None)
+    return name
+
+
+def rows(spark):
+    """300 rows, those of OVERSIZED over LIMIT bytes: one Spark partition, so a refused batch is the whole write."""
+    big = " OR ".join(f"id = {i}" for i in OVERSIZED)
+    return spark.range(0, 300, 1, 1).selectExpr("concat('order-', id) AS key",
+                                                f"IF({big}, repeat('x', 3000), concat('small-', id)) AS value")
+
+
+def dead_letter_options(kafka, topic, dead):
+    return {"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, "errors.tolerance": "all",
+            "errors.deadletter.format": "sluice_kafka", "errors.deadletter.topic": dead,
+            "errors.deadletter.kafka.bootstrap.servers": kafka.bootstrap_servers}
+
+
+def test_a_record_over_max_message_bytes_goes_to_a_dead_letter_topic(spark, kafka):
+    topic, dead = make_topic(kafka, **{"max.message.bytes": str(LIMIT)}), make_topic(kafka)
+    rows(spark).write.format("sluice_kafka").options(**dead_letter_options(kafka, topic, dead)).mode("append").save()
+
+    stored = read_committed(kafka.client_config(), topic)
+    assert sorted(r.key.decode() for r in stored) == sorted(f"order-{i}" for i in range(300) if i not in OVERSIZED)
+    letters = read_committed(kafka.client_config(), dead)
+    assert sorted(json.loads(r.value)["key"] for r in letters) == sorted(f"order-{i}" for i in OVERSIZED)
+    assert all(json.loads(r.value)["value"] == "x" * 3000 for r in letters), "the row as the user's columns"
+    headers = dict(letters[0].headers)
+    assert headers["__sluice.errors.error_class"] == b"OversizedRecordError"
+    assert f"over the limit of {LIMIT} bytes per record".encode() in headers["__sluice.errors.error_message"]
+    assert headers["__sluice.errors.connector"] == b"sluice_kafka"
+    assert topic.encode() in headers["__sluice.errors.target"]
+    assert sluice.last_write_summary()["dead_letters"] == 3
+
+
+def test_without_tolerance_an_oversized_record_fails_the_write_naming_the_limit(spark, kafka):
+    topic, dead = make_topic(kafka, **{"max.message.bytes": str(LIMIT)}), make_topic(kafka)
+    with pytest.raises(Exception, match=f"key 'order-150' is 3091 bytes, over the limit of {LIMIT} bytes per record"):
+        rows(spark).write.format("sluice_kafka") \
+            .options(**{"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic}).mode("append").save()
+    assert read_committed(kafka.client_config(), topic) == []
+    assert read_committed(kafka.client_config(), dead) == []
+
+
+@pytest.mark.parametrize("capped", [True, False])
+def test_many_small_records_fit_a_topic_with_a_small_limit(spark, kafka, capped):
+    """librdkafka's record batches stay within the topic's max.message.bytes (batch.size capped at it): records that
+    each fit are never refused for the batch they were put in. The control sets librdkafka's default batch.size."""
+    topic = make_topic(kafka, **{"max.message.bytes": str(LIMIT)})
+    options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic}
+    df = spark.range(0, 2000, 1, 1).selectExpr("CAST(id AS STRING) AS key", "repeat('v', 40) AS value")
+    if not capped:
+        with pytest.raises(Exception, match="MSG_SIZE_TOO_LARGE"):
+            df.write.format("sluice_kafka").options(**options, **{"kafka.batch.size": "1000000"}) \
+                .mode("append").save()
+        return
+    df.write.format("sluice_kafka").options(**options).mode("append").save()
+    assert len(read_committed(kafka.client_config(), topic)) == 2000
+
+
+@pytest.mark.parametrize("tolerant", [True, False])
+def test_a_record_the_broker_refuses_as_too_large_goes_aside_alone(kafka, tolerant):
+    """The broker's MSG_SIZE_TOO_LARGE for a record librdkafka put alone in its batch (larger than batch.size) names
+    that record: it goes aside, the rest is stored. The plan assumes Kafka's default limit, as the driver does without
+    the DescribeConfigs right, so the encoder lets the record through to the broker."""
+    from sluice.connectors.kafka import KafkaDataSource
+    from sluice.connectors.kafka._sink import KafkaEncoder
+    from sluice.engine import AsyncSinkWriter, WriteContext
+
+    topic = make_topic(kafka, **{"max.message.bytes": str(LIMIT)})
+    options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, "kafka.batch.size": "1500"}
+    if tolerant:
+        options.update({"errors.tolerance": "all", "errors.deadletter.format": "sluice_null"})
+    source = KafkaDataSource(options)
+    schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
+    plan = source._plan(schema, overwrite=False, streaming=False)
+    plan = replace(plan, record_limit=1_048_588)
+    task = plan.open_task(WriteContext(write_id="w", partition_id=0))
+    assert isinstance(task.encode, KafkaEncoder) and task.encode.limit == 1_048_588
+    refused = []
+    batch = pa.RecordBatch.from_pydict({"key": [f"k{i}" for i in range(50)],
+                                        "value": ["x" * 3000 if i in (3, 40) else f"v{i}" for i in range(50)]})
+    with AsyncSinkWriter(task.store, plan.config, context=WriteContext(write_id="w", partition_id=0),
+                         on_refused=lambda entries, errors: refused.append(
+                             (task.store.refused_rows(entries), errors))) as writer:
+        encoded = task.encode(batch)
+        writer.write_chunk(encoded.entries, encoded.sizes)
+        if not tolerant:
+            with pytest.raises(Exception, match=r"MSG_SIZE_TOO_LARGE.*over the topic's max\.message\.bytes"):
+                writer.finish()
+            return
+        writer.finish()
+    keys = sorted(key for table, _ in refused for key in table.column("key").to_pylist())
+    assert keys == ["k3", "k40"]
+    assert all("MSG_SIZE_TOO_LARGE" in str(e) for _, errors in refused for e in errors)
+    stored = read_committed(kafka.client_config(), topic)
+    assert sorted(r.key.decode() for r in stored) == sorted(f"k{i}" for i in range(50) if i not in (3, 40))
