@@ -117,3 +117,58 @@ def test_a_record_the_broker_refuses_as_too_large_goes_aside_alone(kafka, tolera
     assert all("MSG_SIZE_TOO_LARGE" in str(e) for _, errors in refused for e in errors)
     stored = read_committed(kafka.client_config(), topic)
     assert sorted(r.key.decode() for r in stored) == sorted(f"k{i}" for i in range(50) if i not in (3, 40))
+
+
+# ------------------------------------------------------------------ the source: payloads that do not decode
+
+
+def produce_bad_payloads(kafka, topic, good_payload: bytes) -> None:
+    """Offsets 3, 4 and 5: a payload without Confluent's magic byte, one of a schema id the registry does not have,
+    and a good payload cut short; offset 6 a good record again."""
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka.client_config())
+    for value in (b"\x07not-avro", b"\x00" + (987_654).to_bytes(4, "big") + good_payload[5:], good_payload[:6],
+                  good_payload):
+        producer.produce(topic, value, b"k")
+    assert producer.flush(30) == 0
+
+
+def typed_read(kafka, registry, topic, **more):
+    return {"kafka.bootstrap.servers": kafka.bootstrap_servers, "subscribe": topic, "value.format": "avro-confluent",
+            "schema-registry.url": registry.ccompat_url, **more}
+
+
+def test_a_kafka_avro_payload_that_does_not_decode_goes_to_the_dead_letters(spark, kafka, registry):
+    topic, dead = make_topic(kafka), make_topic(kafka)
+    sluice.write(spark.createDataFrame([(1, "ann"), (2, "bo"), (3, "cy")], "id long, name string").coalesce(1),
+                 "sluice_kafka", {"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic,
+                                  "value.format": "avro-confluent", "schema-registry.url": registry.ccompat_url})
+    good = read_committed(kafka.client_config(), topic)[0].value
+    produce_bad_payloads(kafka, topic, good)
+
+    read = spark.read.format("sluice_kafka").options(**typed_read(
+        kafka, registry, topic, **{"errors.tolerance": "all", "errors.deadletter.format": "sluice_kafka",
+                                   "errors.deadletter.topic": dead,
+                                   "errors.deadletter.kafka.bootstrap.servers": kafka.bootstrap_servers})).load()
+    assert sorted((r.offset, r.id) for r in read.select("offset", "id").collect()) == [(0, 1), (1, 2), (2, 3), (6, 1)]
+
+    letters = {json.loads(r.value)["offset"]: r for r in read_committed(kafka.client_config(), dead)}
+    assert sorted(letters) == [3, 4, 5]
+    record = json.loads(letters[3].value)
+    assert (record["topic"], record["partition"], record["key"], record["value"]) == (topic, 0, "k", "\x07not-avro")
+    reasons = {offset: dict(r.headers)["__sluice.errors.error_message"].decode() for offset, r in letters.items()}
+    assert f"{topic} partition 0 offset 3" in reasons[3] and "magic byte 7" in reasons[3]
+    assert "schema id 987654" in reasons[4]
+    assert f"{topic} partition 0 offset 5" in reasons[5]
+    assert all(dict(r.headers)["__sluice.errors.error_class"] == b"BadPayloadError" for r in letters.values())
+
+
+def test_without_tolerance_a_payload_that_does_not_decode_fails_the_read_naming_its_offset(spark, kafka, registry):
+    topic = make_topic(kafka)
+    sluice.write(spark.createDataFrame([(1, "ann")], "id long, name string"), "sluice_kafka",
+                 {"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic,
+                  "value.format": "avro-confluent", "schema-registry.url": registry.ccompat_url})
+    produce_bad_payloads(kafka, topic, read_committed(kafka.client_config(), topic)[0].value)
+    with pytest.raises(Exception, match=rf"{topic} partition 0 offset 1: the value cannot be decoded .*magic byte 7"):
+        spark.read.format("sluice_kafka").options(**typed_read(kafka, registry, topic)).load().collect()

@@ -5,6 +5,7 @@ reader in _reader.py."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from typing import ClassVar
 
@@ -12,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     PARTITION_ORDERED,
+    ErrorPolicy,
     OptionError,
     Options,
     SinkConfig,
@@ -19,6 +21,7 @@ from sluice.connector import (
     SourceDataSource,
     SplitBatchReader,
     SplitStreamReader,
+    plan_dead_letters,
 )
 from sluice.connectors.kafka._checks import check_columns, probe, validate_client
 from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
@@ -28,6 +31,7 @@ from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC,
 from sluice.connectors.kafka._reader import KafkaSplitReader, read_schema
 from sluice.connectors.kafka._schemas import resolve_reads, resolve_writes
 from sluice.connectors.kafka._sink import KafkaWritePlan
+from sluice.connectors.kafka._undecodable import ReadRefusals
 
 
 def check_consumer_settings(options: ReadOptions) -> None:
@@ -69,6 +73,12 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
     read_spec = READ_SPEC
     # The exactly-once marker check (_txn.py); the tests' negative controls subclass this with False.
     check_marker: ClassVar[bool] = True
+    refused_writes = ("A record over the topic's max.message.bytes (found before it is sent, or refused by the broker "
+                      "alone in its record batch), and with key.format/value.format a row that does not fit the "
+                      "writer schema.")
+    refused_reads = ("With a schema-registry key.format/value.format, a record whose key or value does not decode: "
+                     "not in Confluent's wire format, a schema id the registry does not have, or a body that does "
+                     "not decode under its writer schema.")
 
     # writes
 
@@ -129,7 +139,16 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
         if not options.payloads.raw:
             check_same_reader_schema(schema, read_schema(options))
         check_consumer_settings(options)
-        return KafkaEnumerator(options, discovery_of(options), batch), KafkaSplitReader(options, schema), options
+        reader = KafkaSplitReader(options, schema, self._read_refusals(streaming=not batch))
+        return KafkaEnumerator(options, discovery_of(options), batch), reader, options
+
+    def _read_refusals(self, streaming: bool) -> ReadRefusals | None:
+        """errors.tolerance=all: where the records the read cannot decode go, planned here on the driver."""
+        opts = self.read_options()
+        route = plan_dead_letters(opts, self.format_name, streaming)
+        if route is None:
+            return None
+        return ReadRefusals(route, ErrorPolicy.of(opts), f"read-{uuid.uuid4().hex}", streaming)
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, options = self._read_parts(schema, batch=True)
