@@ -164,6 +164,27 @@ def test_a_kafka_avro_payload_that_does_not_decode_goes_to_the_dead_letters(spar
     assert all(dict(r.headers)["__sluice.errors.error_class"] == b"BadPayloadError" for r in letters.values())
 
 
+def test_a_stream_reads_past_payloads_that_do_not_decode(spark, kafka, registry, tmp_path):
+    """The same topic read by a streaming query (availableNow, two micro-batches): it ends with the good records and
+    the three bad ones in the dead-letter topic. (The tolerance off: the batch read's negative control below.)"""
+    topic, dead = make_topic(kafka), make_topic(kafka)
+    sluice.write(spark.createDataFrame([(1, "ann"), (2, "bo"), (3, "cy")], "id long, name string").coalesce(1),
+                 "sluice_kafka", {"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic,
+                                  "value.format": "avro-confluent", "schema-registry.url": registry.ccompat_url})
+    produce_bad_payloads(kafka, topic, read_committed(kafka.client_config(), topic)[0].value)
+    name = f"dl_{uuid.uuid4().hex[:8]}"
+    query = (spark.readStream.format("sluice_kafka").options(**typed_read(
+        kafka, registry, topic, **{"errors.tolerance": "all", "errors.deadletter.format": "sluice_kafka",
+                                   "errors.deadletter.topic": dead, "max-records-per-trigger": "4",
+                                   "errors.deadletter.kafka.bootstrap.servers": kafka.bootstrap_servers}))
+             .load().select("offset", "id").writeStream.format("memory").queryName(name)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted(tuple(r) for r in spark.table(name).collect()) == [(0, 1), (1, 2), (2, 3), (6, 1)]
+    assert sorted(json.loads(r.value)["offset"] for r in read_committed(kafka.client_config(), dead)) == [3, 4, 5]
+
+
 def test_without_tolerance_a_payload_that_does_not_decode_fails_the_read_naming_its_offset(spark, kafka, registry):
     topic = make_topic(kafka)
     sluice.write(spark.createDataFrame([(1, "ann")], "id long, name string"), "sluice_kafka",
