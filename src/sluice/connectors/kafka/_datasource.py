@@ -5,6 +5,7 @@ reader in _reader.py."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from typing import ClassVar
 
@@ -12,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     PARTITION_ORDERED,
+    ErrorPolicy,
     OptionError,
     Options,
     SinkConfig,
@@ -19,6 +21,7 @@ from sluice.connector import (
     SourceDataSource,
     SplitBatchReader,
     SplitStreamReader,
+    plan_dead_letters,
 )
 from sluice.connectors.kafka._checks import check_columns, probe, validate_client
 from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
@@ -28,6 +31,7 @@ from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC,
 from sluice.connectors.kafka._reader import KafkaSplitReader, read_schema
 from sluice.connectors.kafka._schemas import resolve_reads, resolve_writes
 from sluice.connectors.kafka._sink import KafkaWritePlan
+from sluice.connectors.kafka._undecodable import ReadRefusals
 
 
 def check_consumer_settings(options: ReadOptions) -> None:
@@ -69,6 +73,12 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
     read_spec = READ_SPEC
     # The exactly-once marker check (_txn.py); the tests' negative controls subclass this with False.
     check_marker: ClassVar[bool] = True
+    refused_writes = ("A record over the topic's max.message.bytes (found before it is sent, or refused by the broker "
+                      "alone in its record batch), and with key.format/value.format a row that does not fit the "
+                      "writer schema.")
+    refused_reads = ("With a schema-registry key.format/value.format, a record whose key or value does not decode: "
+                     "not in Confluent's wire format, a schema id the registry does not have, or a body that does "
+                     "not decode under its writer schema.")
 
     # writes
 
@@ -91,6 +101,8 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
             raise OptionError("sink.transactional=true with a topic column: set .option('topic', ...) too (it then "
                               "overrides the column), or write each topic in a write of its own; the task's commit "
                               "marker needs one topic known before the write.")
+        if config.transactional:
+            check_dead_letter_transactions(opts, write.transactional_id_prefix)
         plan = KafkaWritePlan(self.format_name, opts, schema, config, write, columns, 0, frozenset(), marker_topic,
                               self.check_marker)
         trial = plan.producer_config()
@@ -127,7 +139,16 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
         if not options.payloads.raw:
             check_same_reader_schema(schema, read_schema(options))
         check_consumer_settings(options)
-        return KafkaEnumerator(options, discovery_of(options), batch), KafkaSplitReader(options, schema), options
+        reader = KafkaSplitReader(options, schema, self._read_refusals(streaming=not batch))
+        return KafkaEnumerator(options, discovery_of(options), batch), reader, options
+
+    def _read_refusals(self, streaming: bool) -> ReadRefusals | None:
+        """errors.tolerance=all: where the records the read cannot decode go, planned here on the driver."""
+        opts = self.read_options()
+        route = plan_dead_letters(opts, self.format_name, streaming)
+        if route is None:
+            return None
+        return ReadRefusals(route, ErrorPolicy.of(opts), f"read-{uuid.uuid4().hex}", streaming)
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, options = self._read_parts(schema, batch=True)
@@ -142,3 +163,19 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
                                  options.max_records_per_trigger, None,
                                  source=(self.format_name, enumerator.discovery.describe()),
                                  reads=self.read_observer(event_time="timestamp"))
+
+
+def check_dead_letter_transactions(opts: Options, prefix: str | None) -> None:
+    """A transactional Kafka write whose dead letters go to a transactional Kafka topic: the two producers of a task
+    need transactional ids of their own, else the dead letters' producer fences the write's (librdkafka's
+    init_transactions) and the task fails."""
+    if opts["errors.tolerance"] != "all" or opts["errors.deadletter.format"] != FORMAT_NAME:
+        return
+    target = {k.lower(): v for k, v in dict(opts["errors.deadletter.*"]).items()}
+    if str(target.get("sink.transactional", "false")).lower() != "true":
+        return
+    if target.get("transactional-id-prefix") == prefix:
+        raise OptionError(
+            "sink.transactional=true with a transactional sluice_kafka dead-letter target: the two need transactional "
+            f"ids of their own, and both use the prefix {prefix or 'sluice-<write id>'}. Set "
+            "errors.deadletter.transactional-id-prefix to another prefix (e.g. '<this write's prefix>-dead-letters').")

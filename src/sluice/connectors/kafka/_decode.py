@@ -26,7 +26,20 @@ from sluice.connectors.kafka._format_options import PayloadSide, payload_format
 
 
 class BadPayloadError(SluiceError):
-    """A record whose key or value cannot be decoded, named by topic, partition and offset."""
+    """Records whose key or value cannot be decoded, the first named by topic, partition and offset; `positions`:
+    theirs in the fetch, `errors`: one BadPayloadError each, naming its own offset (the dead letters' reasons)."""
+
+    def __init__(self, message: str, positions: list[int] | None = None,
+                 errors: list[BadPayloadError] | None = None) -> None:
+        super().__init__(message)
+        self.positions = positions or []
+        self.errors = errors or []
+
+
+SCHEMA_NOT_FOUND = 40403  # Confluent's error_code: no schema with that id (the registry's errors carry it)
+_STOPS = ("The query stops here; skip the record by starting after it (startingOffsets), read it with "
+          "{side}.format=raw to look at its bytes, or set errors.tolerance=all and errors.deadletter.format to send "
+          "such records aside.")
 
 
 @dataclass(frozen=True)
@@ -53,15 +66,19 @@ class SideDecoder:
         fmt, reader = self.format, self.reader
         n = len(payloads)
 
-        def fail(index: int, reason: str) -> BadPayloadError:
-            return BadPayloadError(
-                f"kafka: {topic} partition {partition} offset {int(offsets[index])}: the {self.side.side} cannot be "
-                f"decoded as {self.side.format}: {reason}. The query stops here; skip the record by starting after "
-                f"it (startingOffsets), or read it with {self.side.side}.format=raw to look at its bytes.")
+        def why(index: int, reason: str) -> str:
+            return (f"kafka: {topic} partition {partition} offset {int(offsets[index])}: the {self.side.side} cannot "
+                    f"be decoded as {self.side.format}: {reason}.")
+
+        def fail(indexes: list[int], reasons: list[str]) -> BadPayloadError:
+            each = [BadPayloadError(why(i, r), [i]) for i, r in zip(indexes, reasons, strict=True)]
+            return BadPayloadError(f"{why(indexes[0], reasons[0])} {_STOPS.format(side=self.side.side)}", indexes,
+                                   each)
 
         framed = split_payloads(payloads)
         if len(framed.bad):
-            raise fail(int(framed.bad[0]), framed.first_bad_reason(payloads))
+            bad = [int(i) for i in framed.bad]
+            raise fail(bad, [bad_frame_reason(payloads, i) for i in bad])
         ids = framed.schema_ids
         present = np.flatnonzero(ids >= 0) if payloads.null_count else None  # tombstones: -1
         if present is not None:
@@ -87,13 +104,19 @@ class SideDecoder:
         for schema_id, rows in groups:
             try:
                 writer = RegistryClient(self.registry).schema_by_id(schema_id)
-            except Exception as error:  # the registry's answer (unknown id, unreachable), named with the record
-                raise fail(record(0, rows), f"its schema id {schema_id}: {error}") from error
+            except Exception as error:
+                if getattr(error, "error_code", None) != SCHEMA_NOT_FOUND:  # unreachable, refusing: not the record's
+                    raise BadPayloadError(f"{why(record(0, rows), f'its schema id {schema_id}: {error}')} "
+                                          f"{_STOPS.format(side=self.side.side)}") from error
+                # an id the registry does not have: every record of it is unreadable
+                count = len(ids) if rows is None else len(rows)
+                raise fail([record(i, rows) for i in range(count)],
+                           [f"its schema id {schema_id}: {error}"] * count) from error
             group = bodies if rows is None else bodies.take(pa.array(rows))
             try:
                 pieces.append(fmt.decode(group, writer, reader))
             except PayloadError as error:
-                raise fail(record(error.index, rows), error.reason) from None
+                raise fail([record(error.index, rows)], [error.reason]) from None
         decoded = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
         if order is None and present is None:
             return decoded
@@ -108,3 +131,11 @@ class SideDecoder:
         valid = np.zeros(n, bool)
         valid[present] = True
         return decoded.take(pa.array(index, mask=~valid))
+
+
+def bad_frame_reason(payloads: pa.Array, index: int) -> str:
+    """Why the payload at `index` is not in Confluent's wire format (the magic byte and a schema id first)."""
+    value = payloads[index].as_py()
+    if len(value) < 5:
+        return f"a {len(value)}-byte value is shorter than Confluent's 5-byte header (magic byte and schema id)"
+    return f"magic byte {value[0]} where Confluent's wire format has 0: not a schema registry payload"

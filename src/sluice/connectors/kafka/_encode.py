@@ -13,15 +13,17 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from sluice.connector import OptionError, PayloadError, RegisteredSchema, frame_payloads
+from sluice.connector import OptionError, PayloadError, RecordError, RegisteredSchema, frame_payloads
 from sluice.connectors.kafka._fit import conform_struct
 from sluice.connectors.kafka._format_options import RECORD_COLUMNS, PayloadSide, payload_format
 from sluice.connectors.kafka._schemas import SideColumns
 from sluice.connectors.kafka._store import show_key
 
 
-class RowRefusedError(OptionError):
-    """A row whose key or value does not fit its writer schema; nothing of its Arrow batch was sent."""
+class RowRefusedError(RecordError, OptionError):
+    """A row whose key or value does not fit its writer schema (`rows`: its position in the Arrow batch); nothing of
+    its Arrow batch was sent. With errors.tolerance=all the row goes to the dead-letter target and the rest of the
+    batch is encoded again."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ class SideEncoder:
             raise RowRefusedError(
                 f"kafka: the row with key {name_row(row)} does not fit the {self.side.side}'s writer schema (subject "
                 f"{self.writer.subject}, id {self.writer.schema_id}) in column '{column}': {error.reason}. Nothing of "
-                "its Arrow batch was sent. Fix or filter the row, or write with a schema that takes it.") from None
+                "its Arrow batch was sent. Fix or filter the row, write with a schema that takes it, or set "
+                "errors.tolerance=all and errors.deadletter.format to send such rows aside.", rows=[row]) from None
         framed = frame_payloads(bodies, self.writer.schema_id)
         if present is None:
             return framed

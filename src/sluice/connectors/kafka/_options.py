@@ -16,7 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import SINK_SPEC, DataLossError, Option, OptionError, Options, OptionSpec, TypedOptions
+from sluice.connector import (
+    ERROR_OPTIONS,
+    SINK_SPEC,
+    DataLossError,
+    Option,
+    OptionError,
+    Options,
+    OptionSpec,
+    TypedOptions,
+    check_error_options,
+)
 from sluice.connectors.kafka._client import BOOTSTRAP_SERVERS, ClientSettings, client_of, client_option, refuse_owned
 from sluice.connectors.kafka._format_options import (
     READ_FORMAT_OPTIONS,
@@ -240,8 +250,9 @@ def _check_topics(opts: Options) -> None:
     check_subject_topics(opts, tuple(sorted(read)) if read is not None else None, sink=False)
 
 
-READ_SPEC = OptionSpec(FORMAT_NAME, (BOOTSTRAP_SERVERS, CONSUMER_SETTINGS, *READ_OPTIONS, *READ_FORMAT_OPTIONS),
-                       (refuse_owned(CONSUMER_OWNED), check_formats, _check_topics))
+READ_SPEC = OptionSpec(FORMAT_NAME, (BOOTSTRAP_SERVERS, CONSUMER_SETTINGS, *READ_OPTIONS, *READ_FORMAT_OPTIONS,
+                                     *ERROR_OPTIONS),
+                       (refuse_owned(CONSUMER_OWNED), check_formats, _check_topics, check_error_options))
 
 
 @dataclass(frozen=True)

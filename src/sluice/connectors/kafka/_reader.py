@@ -23,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from sluice.connector import OptionError, SluiceError, Split, SplitReader, from_arrow_schema, to_arrow_schema
-from sluice.connectors.kafka._decode import SideDecoder
+from sluice.connectors.kafka._decode import BadPayloadError, SideDecoder
 from sluice.connectors.kafka._enumerator import topic_partition
 from sluice.connectors.kafka._options import ReadOptions
+from sluice.connectors.kafka._undecodable import ReadRefusals, SplitRefusals
 
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -119,7 +120,8 @@ def headers_array(headers: list[list[tuple[str, bytes | None]] | None], arrow_ty
 class KafkaSplitReader(SplitReader):
     """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema."""
 
-    def __init__(self, options: ReadOptions, schema: Any) -> None:
+    def __init__(self, options: ReadOptions, schema: Any, refusals: ReadRefusals | None = None) -> None:
+        self.refusals = refusals  # errors.tolerance=all: where records that do not decode go (_undecodable.py)
         self.key_decoder, self.value_decoder = decoders(options)
         # value.fields=columns: the value's fields are columns of their own, decoded together
         self.value_fields: tuple[str, ...] = ()
@@ -141,30 +143,40 @@ class KafkaSplitReader(SplitReader):
 
         topic, partition = topic_partition(split.split_id)
         consumer = Consumer(self.config)
+        aside = self.refusals.open(split.split_id, topic, partition) if self.refusals is not None else None
         try:
             consumer.assign([TopicPartition(topic, partition, start)])
-            position = start
-            progressed = time.monotonic()
-            while position < end:
-                with gc_paused():
-                    batch, next_position, finished = self._fetch(consumer, split.split_id, topic, partition,
-                                                                 position, start, end)
-                if batch is not None:
-                    yield batch
-                    position = next_position
-                    progressed = time.monotonic()
-                if finished:
-                    return
-                if time.monotonic() - progressed > self.timeout:
-                    raise SluiceError(self.scrub(
-                        f"reading {split.split_id} (offsets {start}..{end - 1}) made no progress at offset {position} "
-                        f"for timeout-ms={int(self.timeout * 1000)}: are the brokers at "
-                        f"{self.config['bootstrap.servers']} up? Raise timeout-ms to wait longer."))
+            yield from self._range(consumer, split.split_id, topic, partition, start, end, aside)
+            if aside is not None:
+                aside.commit()  # the split read whole: its dead letters written (at least once, _undecodable.py)
         finally:
+            if aside is not None:
+                aside.close()
             consumer.close()
 
+    def _range(self, consumer: Any, sid: str, topic: str, partition: int, start: int, end: int,
+               aside: SplitRefusals | None) -> Iterator[pa.RecordBatch]:
+        position = start
+        progressed = time.monotonic()
+        while position < end:
+            with gc_paused():
+                batch, next_position, finished = self._fetch(consumer, sid, topic, partition, position, start, end,
+                                                             aside)
+            if batch is not None:
+                yield batch
+            if next_position > position:  # also when every record of a fetch went aside
+                position = next_position
+                progressed = time.monotonic()
+            if finished:
+                return
+            if time.monotonic() - progressed > self.timeout:
+                raise SluiceError(self.scrub(
+                    f"reading {sid} (offsets {start}..{end - 1}) made no progress at offset {position} "
+                    f"for timeout-ms={int(self.timeout * 1000)}: are the brokers at "
+                    f"{self.config['bootstrap.servers']} up? Raise timeout-ms to wait longer."))
+
     def _fetch(self, consumer: Any, sid: str, topic: str, partition: int, position: int, start: int,
-               end: int) -> tuple[pa.RecordBatch | None, int, bool]:
+               end: int, aside: SplitRefusals | None = None) -> tuple[pa.RecordBatch | None, int, bool]:
         """One consume() and its records up to `end` as an Arrow batch (None: none came), the position after them,
         and whether the range is finished. The fetch's Message objects are freed when it returns."""
         from confluent_kafka import Message
@@ -184,7 +196,18 @@ class KafkaSplitReader(SplitReader):
             records, offsets, finished = records[:cut], offsets[:cut], True
             if not records:
                 return None, position, finished
-        return self._to_arrow(topic, partition, records, offsets), int(offsets[-1]) + 1, finished
+        after = int(offsets[-1]) + 1
+        if aside is not None:
+            aside.seen += len(records)
+        while True:
+            try:
+                return self._to_arrow(topic, partition, records, offsets), after, finished
+            except BadPayloadError as error:
+                if aside is None or not error.positions:
+                    raise
+                records, offsets = aside.add(error, records, offsets)
+                if not records:
+                    return None, after, finished
 
     def _handle(self, error: Any, sid: str, position: int, start: int, end: int) -> bool:
         """An error event of the consumer: True when it ends the range (the partition's end)."""

@@ -27,6 +27,7 @@ from sluice.connector import (
     Committer,
     Encoded,
     OptionError,
+    RecordError,
     RecordTooLargeError,
     TaskWriter,
     WriteContext,
@@ -67,12 +68,18 @@ def _lengths(column: pa.Array) -> np.ndarray:
     return pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+class OversizedRecordError(RecordError, RecordTooLargeError):
+    """Records over the target's limit per record, found before any was sent (`rows`: their positions in the Arrow
+    batch); with errors.tolerance=all they go to the dead-letter target, the rest of the batch is written."""
+
+
 class KafkaEncoder:
     """Arrow batch -> engine entries (row numbers in the task's ArrowRows) with each record's size; refuses a record
     over the limit, and a topic that does not exist, before any row of the batch is buffered."""
 
     def __init__(self, columns: RecordColumns, limit: int, topics: frozenset[str], rows: ArrowRows,
-                 store: KafkaStore, fixed_topic: bool, payloads: PayloadEncoder | None = None) -> None:
+                 store: KafkaStore, fixed_topic: bool, payloads: PayloadEncoder | None = None,
+                 tolerant: bool = False) -> None:
         self.payloads = payloads
         self.columns = columns
         self.limit = limit
@@ -80,23 +87,38 @@ class KafkaEncoder:
         self.rows = rows
         self.store = store
         self.fixed_topic = fixed_topic
+        self.tolerant = tolerant  # errors.tolerance=all: records over the limit go aside (OversizedRecordError)
 
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
         if self.payloads is not None:  # key/value formats: encoded and framed before anything else
             batch = self.payloads(batch)
         sizes = record_sizes(batch, self.columns)
         largest = int(sizes.argmax())
+        if sizes[largest] > self.limit and self.tolerant:
+            self._refuse_oversized(batch, sizes)
         if sizes[largest] > self.limit:
             key = batch.column("key")[largest].as_py() if self.columns.key else None
             raise RecordTooLargeError(
                 f"kafka: the record with key {show_key(key)} is {int(sizes[largest])} bytes, over the limit of "
                 f"{self.limit} bytes per record (the topic's max.message.bytes, or the broker's message.max.bytes) "
-                f"on {self.store.target}. Nothing of its Arrow batch was sent. Shrink or split the record, or raise "
-                "the topic's max.message.bytes.", store="kafka", target=self.store.target, batch_records=1)
+                f"on {self.store.target}. Nothing of its Arrow batch was sent. Shrink or split the record, raise "
+                "the topic's max.message.bytes, or set errors.tolerance=all and errors.deadletter.format to send "
+                "such records aside.", store="kafka", target=self.store.target, batch_records=1)
         if not self.fixed_topic:
             self._check_topics(batch.column("topic"))
         entries, _ = self.rows.add(batch)
         return Encoded(entries, sizes)
+
+    def _refuse_oversized(self, batch: pa.RecordBatch, sizes: np.ndarray) -> None:
+        over = np.flatnonzero(sizes > self.limit)
+        keys = batch.column("key").take(pa.array(over[:5])).to_pylist() if self.columns.key else [None] * 5
+        named = ", ".join(f"key {show_key(key)} ({int(sizes[i])} bytes)" for key, i in zip(keys, over[:5],
+                                                                                          strict=False))
+        more = f" and {len(over) - 5} more" if len(over) > 5 else ""
+        raise OversizedRecordError(
+            f"kafka: over the limit of {self.limit} bytes per record (the topic's max.message.bytes, or the broker's "
+            f"message.max.bytes) on {self.store.target}: {named}{more} in this Arrow batch; sent aside, not "
+            "written.", rows=over.tolist())
 
     def _check_topics(self, column: pa.Array) -> None:
         if column.null_count:
@@ -143,6 +165,11 @@ class KafkaWritePlan(WritePlan):
     def producer_config(self) -> dict[str, Any]:
         config = self.write.client.config(**dict(PRODUCER_DEFAULTS))
         config.setdefault("message.max.bytes", max(self.record_limit, 1_000_000))
+        # The broker compares a whole record batch with the topic's max.message.bytes: librdkafka's batches (1 MB by
+        # default) must stay within it, or a topic with a smaller limit refuses batches of records that each fit.
+        # A record over the limit is then alone in its batch, and the broker's refusal names it alone (_refused.py).
+        if self.record_limit:
+            config.setdefault("batch.size", min(self.record_limit, 1_000_000))
         if self.config.transactional:
             config["transaction.timeout.ms"] = self.write.transaction_timeout_ms
         return config
@@ -160,7 +187,7 @@ class KafkaWritePlan(WritePlan):
                            producer_config=self.producer_config(), timeout_ms=self.write.timeout_ms,
                            transaction=transaction, check_marker=self.check_marker)
         encoder = KafkaEncoder(self.columns, self.record_limit, self.topics, rows, store, self.write.topic is not None,
-                               self.payloads)
+                               self.payloads, self.config.errors.tolerates)
         return TaskWriter(encoder, store)
 
     def committer(self) -> Committer:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -30,6 +31,7 @@ from sluice.connector import (
     ArrowRows,
     Batch,
     ErrorKind,
+    RefusedRecords,
     RetryableError,
     SinkError,
     Store,
@@ -37,6 +39,7 @@ from sluice.connector import (
     completed_future,
 )
 from sluice.connectors.kafka._client import ClientSettings
+from sluice.connectors.kafka._refused import refused_records
 from sluice.connectors.kafka._txn import (
     FencedError,
     Transaction,
@@ -61,18 +64,24 @@ class DeliveryError(Exception):
 
 class _Acks:
     """One engine batch's outcome. `delivered` runs on the poll thread, for refused records only (the producer reports
-    errors only); `produced` is set by the submitting thread once every record was handed to produce()."""
+    errors only); `produced` is set by the submitting thread once every record was handed to produce(). `error` is
+    the first failure (a report, or produce() raising), `reports` every report (error, topic, partition, key, value):
+    which records were refused (_refused.py)."""
 
-    __slots__ = ("error", "future", "produced", "settle")
+    __slots__ = ("error", "future", "produced", "reports", "settle")
 
     def __init__(self, future: Future[None], settle: Any) -> None:
         self.error: Any = None
         self.future = future
         self.produced = -1
+        self.reports: list[tuple[Any, Any, Any, Any, Any]] = []
         self.settle = settle
 
     def delivered(self, err: Any, msg: Any) -> None:
-        if err is not None and self.error is None:
+        if err is None:
+            return
+        self.reports.append((err, msg.topic(), msg.partition(), msg.key(), msg.value()))
+        if self.error is None:
             self.error = (err, msg.topic(), msg.partition(), msg.key())
 
 
@@ -212,6 +221,7 @@ class KafkaStore(Store):
             acks.produced = self._produce(table, acks.delivered)
         except Exception as e:
             acks.error = acks.error or (kafka_error(e) or e, None, None, None)
+            acks.reports.append((None, None, None, None, None))  # not a delivery report: the batch fails whole
             acks.produced = getattr(e, "produced", 0)
         self._unsettled.append(acks)
         return future
@@ -254,10 +264,41 @@ class KafkaStore(Store):
             self.records += sent
             acks.future.set_result(None)
             return
+        refused = self._refused(acks, batch) if self.txn is None else None
+        if refused is not None:
+            again = refused.retry.positions if refused.retry is not None else []
+            gone = set(refused.positions) | set(again)
+            stored = [entry for i, entry in enumerate(batch.entries) if i not in gone]
+            self.rows.release(stored)
+            self.records += len(stored)
+            acks.future.set_exception(refused)
+            return
         err, topic, partition, key = acks.error
         where = f"topic {topic} partition {partition}, key {show_key(key)}" if topic else "producing"
         acks.future.set_exception(DeliveryError(f"kafka refused a record ({where}): {self.client.scrub(describe(err))}",
                                                 err))
+
+    def _refused(self, acks: _Acks, batch: Batch) -> RefusedRecords | None:
+        """The batch's outcome as the records Kafka refused for what they hold (the others stored, or sent again for a
+        passing failure); None: it fails as a whole. Not under sink.transactional: librdkafka makes a transaction
+        abortable when any of its records fails, so the task fails and its retry sends everything again."""
+        if any(report[0] is None for report in acks.reports):
+            return None
+        batch_size = int(self.producer_config.get("batch.size", 1_000_000))
+        return refused_records(acks.reports, self.rows.table(batch.entries), self.topic, batch_size, self._passing,
+                               self._describe_refusal)
+
+    def _passing(self, err: Any) -> bool:
+        return self.classify(DeliveryError("", err)) is ErrorKind.RETRYABLE
+
+    def _describe_refusal(self, err: Any, topic: str, partition: Any, key: Any) -> str:
+        return (f"kafka refused the record with key {show_key(key)} (topic {topic} partition {partition}): "
+                f"{self.client.scrub(describe(err))}: over the topic's max.message.bytes")
+
+    def refused_rows(self, entries: Sequence[int]) -> pa.Table:
+        """The refused records as the task's rows: Spark's Kafka sink columns (or, with key/value formats, the
+        encoded key and value)."""
+        return self.rows.take(entries)
 
     def classify(self, error: BaseException) -> ErrorKind:
         if isinstance(error, RetryableError):
