@@ -44,6 +44,7 @@ from sluice.connector import (
 )
 from sluice.connectors.postgres._client import Connection, PostgresError, qualified, quote_ident, split_qualified
 from sluice.connectors.postgres._options import WriteOptions
+from sluice.connectors.postgres._stage import give_checks, prepare_stage, target_checks
 
 # Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).
 TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
@@ -357,17 +358,12 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
         conn.rollback()
         if staged:
             stage = "sluice_stage_" + schema_digest(schema, table, arrow_schema)
-            tags = pa.schema([("_sluice_write", pa.string()), ("_sluice_epoch", pa.int64()),
-                              ("_sluice_task", pa.int32()), ("_sluice_attempt", pa.int64()),
-                              ("_sluice_seq", pa.int64())])
-            stage_schema = pa.schema([*arrow_schema, *tags])
-            cur.adbc_ingest(stage, stage_schema.empty_table(), mode="create_append", db_schema_name=schema)
-            cur.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(stage + '_epoch')} ON "
-                        f"{qualified(schema, stage)} (_sluice_write, _sluice_epoch)")
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {qualified(schema, 'sluice_commit_log')} (target text NOT NULL, "
-                        "write_id text NOT NULL, epoch bigint NOT NULL, rows bigint NOT NULL, "
-                        "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, write_id, epoch))")
+            stage_checks = target_checks(cur, schema, table, columns, plan.not_null, op_column)
+            unchecked = prepare_stage(cur, schema, stage, arrow_schema, stage_checks)
             conn.commit()
+            if unchecked:
+                with conn_info.pooled(autocommit=False, pooled=pooled) as sql:
+                    give_checks(sql, schema, stage, stage_checks, plan.display)
             plan = TablePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
                              overwrite=overwrite, run=secrets.randbits(30), **checks)
         cur.close()
