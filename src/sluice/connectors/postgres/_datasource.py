@@ -40,6 +40,11 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
     """`format("postgres")`: see the package docstring for usage."""
 
     format_name = "postgres"
+    refused_writes = ("a row the server refuses for what it holds (SQLSTATE class 22, data exception, or 23, "
+                      "integrity constraint violation: CHECK, NOT NULL, UNIQUE, FOREIGN KEY), and a value the sink "
+                      "finds unfit before sending (NULL for NOT NULL, out of an integer's range, longer than "
+                      "varchar(n), too large for numeric(p,s)); in staged writes (sink.transactional, overwrite), "
+                      "UNIQUE and FOREIGN KEY surface only at the driver's commit, which fails whole.")
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
