@@ -44,20 +44,26 @@ def test_exactly_once_rows_violating_a_check_go_aside_once_across_a_killed_worke
                                                                                   tmp_path):
     table = pg.table()
     pg.sql(f'CREATE TABLE "{table}" (id bigint, v bigint CONSTRAINT v_nonneg CHECK (v >= 0), pad text)')
-    hold = tmp_path / "hold"  # the input stops at id 6000 until the worker is killed
+    # The input stops at id 6000 until the worker is killed; it comes slowly enough that the task writes the dead
+    # letters of the rows refused so far (a task writes them from its thread as input arrives) before it stops.
+    hold = tmp_path / "hold"
     hold.touch()
     df = spark.range(0, 10_000, 1, 1).selectExpr("id", "CASE WHEN id % 1000 = 7 THEN -1 ELSE id END AS v",
                                                  "repeat('x', 1000) AS pad") \
-        .mapInArrow(held_at(6000, str(hold), 50, 0.002), "id long, v long, pad string")
+        .mapInArrow(held_at(6000, str(hold), 50, 0.02), "id long, v long, pad string")
     seen = {}
+
+    def letter_files():
+        return list((tmp_path / "warehouse").rglob("*.parquet"))
 
     def strike():
         try:
             deadline = time.monotonic() + 120
-            # 3,000 rows staged: the killed attempt had refused rows 7, 1007 and 2007 (in order: global-ordered).
-            while staged_rows(pg) < 3000 and time.monotonic() < deadline:
+            # 3,000 rows staged: the killed attempt had refused rows 7, 1007 and 2007 (in order: global-ordered),
+            # and its dead letters reached their file (a Parquet file of the dead-letter table, never committed).
+            while (staged_rows(pg) < 3000 or not letter_files()) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            seen["staged"] = staged_rows(pg)
+            seen["staged"], seen["letter files"] = staged_rows(pg), len(letter_files())
             seen["workers"] = kill_python_workers(int(urlsplit(pg.url).port))
         finally:
             hold.unlink()  # the retried task runs through (and a failed strike does not hang the write)
@@ -67,7 +73,7 @@ def test_exactly_once_rows_violating_a_check_go_aside_once_across_a_killed_worke
     options = {**exactly_once(pg, table), "errors.tolerance": "all", **letters_in_tablestore(tmp_path, "dl")}
     df.write.format("postgres").options(**options).mode("append").save()
     striker.join()
-    assert seen["workers"] >= 1 and 3000 <= seen["staged"] < 10_000, seen
+    assert seen["workers"] >= 1 and 3000 <= seen["staged"] < 10_000 and seen["letter files"] >= 1, seen
     ids = [r[0] for r in pg.sql(f'SELECT id FROM "{table}"')]
     assert len(ids) == 9990 and set(ids) == set(range(10_000)) - set(BAD), "9,990 rows, each once"
     assert staged_rows(pg) == 0, "the killed attempt's staged rows were discarded"
