@@ -72,14 +72,15 @@ CLIENT_SPEC = OptionSpec("client", (Option("client.servers", "str", None, "Serve
 def test_a_prefix_option_collects_every_key_under_it_into_one_value_hiding_secrets():
     opts = CLIENT_SPEC.parse({"client.servers": "a:1", "client.linger.ms": "20", "client.sasl.password": "pw-1",
                               "client.ssl.key.password": "pw-2", "client.ssl.keystore.password": "pw-3",
-                              "client.sasl.oauthbearer.client.secret": "pw-4", "timeout-ms": "5"})
+                              "client.sasl.oauthbearer.client.secret": "pw-4", "client.api-key": "pw-5",
+                              "timeout-ms": "5"})
     settings = opts["client.*"]
     assert dict(settings) == {"servers": "a:1", "linger.ms": "20", "sasl.password": "pw-1",
                               "ssl.key.password": "pw-2", "ssl.keystore.password": "pw-3",
-                              "sasl.oauthbearer.client.secret": "pw-4"}
+                              "sasl.oauthbearer.client.secret": "pw-4", "api-key": "pw-5"}
     assert opts["client.servers"] == "a:1" and opts["timeout-ms"] == 5 and opts.is_set("client.*")
     for shown in (repr(opts), str(opts), repr(settings)):
-        assert "a:1" in shown and not any(f"pw-{n}" in shown for n in range(1, 5))
+        assert "a:1" in shown and not any(f"pw-{n}" in shown for n in range(1, 6))
     assert settings.scrub("login pw-1 failed") == "login <redacted> failed"
     assert dict(CLIENT_SPEC.parse({"client.servers": "a:1"})["client.*"]) == {"servers": "a:1"}
     with pytest.raises(OptionError, match="Did you mean 'timeout-ms'") as info:
@@ -105,6 +106,9 @@ def test_docs_options_tables_are_generated_from_the_declarations():
 
     assert docgen.render_options_doc() == docgen.OPTIONS_DOC.read_text(), (
         "docs/options.md is stale: run `make docs` (python -m sluice.docgen --write)"
+    )
+    assert docgen.render_reliability_doc() == docgen.RELIABILITY_DOC.read_text(), (
+        "docs/reliability.md's table of refused records is stale: run `make docs` (python -m sluice.docgen --write)"
     )
 
 

@@ -101,8 +101,8 @@ class Option:
 
 
 # Settings under a prefix whose name says they hold a secret: redacted wherever the settings are shown.
-SECRET_SETTING = re.compile(r"password|secret|token|credential|private|key\.pem|jaas|oauthbearer\.config",
-                            re.IGNORECASE)
+SECRET_SETTING = re.compile(r"password|secret|token|credential|private|key\.pem|api[-_.]?key|jaas|"
+                            r"oauthbearer\.config", re.IGNORECASE)
 
 
 class _Shown(Mapping[str, Any]):

@@ -117,6 +117,9 @@ def _add_doctor(sub: Any) -> None:
     doctor.add_argument("--s2-basin", metavar="BASIN", help="S2 basin to examine (token from S2_ACCESS_TOKEN, "
                         "endpoints from S2_ACCOUNT_ENDPOINT / S2_BASIN_ENDPOINT)")
     doctor.add_argument("--s2-prefix", default="", metavar="PREFIX", help="only the basin's streams with this prefix")
+    doctor.add_argument("--dead-letters-since", type=float, default=86400.0, metavar="SECONDS",
+                        help="list the dead-letter targets (errors.tolerance=all) that received records this recently, "
+                        "as writes noted them in the MetaService (default 86400: a day)")
     doctor.add_argument("--dead-after", type=float, default=None, metavar="SECONDS",
                         help="treat a job recorded running as dead after this long without a sign of life (unless "
                         "its pid runs on this host); default: never")
@@ -131,8 +134,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from sluice.doctor import Doctor, Stores
 
-    doctor = Doctor(args.meta, Stores(args.postgres, args.kafka, args.kafka_open_after, args.s2_basin, args.s2_prefix),
-                    args.dead_after)
+    doctor = Doctor(args.meta, Stores(args.postgres, args.kafka, args.kafka_open_after, args.s2_basin, args.s2_prefix,
+                                      args.dead_letters_since), args.dead_after)
     findings = doctor.examine()
     now = time.time()
     for finding in findings:

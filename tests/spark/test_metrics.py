@@ -45,6 +45,38 @@ def test_a_batch_write_reports_every_record_of_every_task_to_the_collector(spark
     assert found[("sluice_sink_tasksRunning", "postgres")] == 0
 
 
+def test_records_sent_aside_are_shown_in_the_summary_on_the_metrics_and_by_the_doctor(spark, pg, tmp_path, capsys):
+    import psycopg
+
+    from sluice.cli import main as cli
+
+    meta = str(tmp_path / "meta.db")  # where the driver notes the dead-letter target for sluice doctor
+    table, letters = f"checked_{uuid.uuid4().hex[:8]}", f"letters_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint, v bigint CHECK (v >= 0))")
+    rows = spark.range(0, 300, 1, 2).selectExpr("id", "CASE WHEN id IN (5, 150, 299) THEN -1 ELSE id END AS v")
+    with sluice.metrics.serve() as server:
+        rows.write.format("postgres").option("url", pg.url).option("table", table) \
+            .option("errors.tolerance", "all").option("errors.deadletter.format", "postgres") \
+            .option("errors.deadletter.url", pg.url).option("errors.deadletter.table", letters) \
+            .option("errors.deadletter.create-table", "true").option("errors.meta", meta).mode("append").save()
+        found = scraped(server)
+    assert found[("sluice_sink_deadLetterRecords_total", "postgres")] == 3
+    assert found[("sluice_sink_numRecordsSend_total", "postgres")] == 297  # the dead letters go round the metrics
+    assert sluice.last_write_summary()["dead_letters"] == 3
+    with psycopg.connect(pg.url) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 297
+        assert sorted(r[0] for r in conn.execute(f"SELECT record::json->>'id' FROM {letters}")) == ["150", "299", "5"]
+    capsys.readouterr()
+    assert cli(["doctor", "--meta", meta]) == 0
+    listed = capsys.readouterr().out
+    assert f"dead-letter-target  records of postgres  in postgres {letters}" in listed
+    assert "3 records sent aside" in listed and "1 item(s), 0 safe to remove" in listed
+    # Older than --dead-letters-since: not listed.
+    assert cli(["doctor", "--meta", meta, "--dead-letters-since", "0"]) == 0
+    assert "dead-letter-target" not in capsys.readouterr().out
+
+
 def test_counters_rise_while_a_streaming_query_writes(spark, tmp_path):
     with sluice.metrics.serve() as server:
         query = spark.readStream.format("rate").option("rowsPerSecond", 200).load().selectExpr("value AS id") \

@@ -84,6 +84,15 @@ def test_the_page_shows_a_running_two_hop_pipeline_move(spark, tmp_path):
                 page.wait_for_selector('#sources tr[data-name="shop/events"]', timeout=30_000)
                 assert (cell(page, "sources", "shop/events", 3), cell(page, "sources", "shop/events", 4),
                         cell(page, "sources", "shop/events", 5)) == ("-", "42", "-")
+                # A write that sent records aside (errors.tolerance=all): its final task report, as a task pushes it.
+                from sluice.engine import LiveStats
+                from sluice.metrics._push import MetricsPusher
+                from sluice.metrics._report import TaskIdentity
+
+                refused = LiveStats(997, 9_970, 4, 3, 0, 0, 0, 0, 1000, 0, 1.0, time.monotonic(), 0.0, 3)
+                MetricsPusher(server.target, TaskIdentity("postgres", "w-aside", 0, 0, 1, None)).close(refused)
+                page.wait_for_selector('#metrics tr[data-name="postgres"]', timeout=30_000)
+                assert (cell(page, "metrics", "postgres", 2), cell(page, "metrics", "postgres", 5)) == ("997", "3")
                 # Job B's table-store source reports how far it is behind the newest barrier of `orders`, in time.
                 page.wait_for_selector('#sources tr[data-name="orders"]', timeout=60_000)
                 assert cell(page, "sources", "orders", 2) == "tablestore"

@@ -12,6 +12,7 @@ KAFKA_TXN = "kafka-open-transaction"
 TABLE_CLAIM = "tablestore-writer-claim"
 TABLE_BARRIER = "tablestore-barrier-in-progress"
 S2_OPEN = "s2-uncommitted-micro-batch"
+DEAD_LETTERS = "dead-letter-target"  # records sent aside lately (not a leftover: nothing to remove)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sluice._errors import SluiceError
 from sluice.connectors.postgres import Connection
-from sluice.doctor import _kafka, _postgres, _s2, _tablestore
+from sluice.doctor import _deadletters, _kafka, _postgres, _s2, _tablestore
 from sluice.doctor._model import KAFKA_TXN, PG_SLOT, PG_STAGED, TABLE_BARRIER, TABLE_CLAIM, Action, Finding, Verdict
 from sluice.doctor._owners import Owners
 from sluice.meta import MetaService
@@ -22,6 +22,7 @@ class Stores:
     kafka_open_after_s: float = 60.0  # report transactions open at least this long
     s2_basin: str | None = None  # token and endpoints from S2_ACCESS_TOKEN, S2_ACCOUNT_ENDPOINT, S2_BASIN_ENDPOINT
     s2_prefix: str = ""  # the basin's streams with this prefix
+    dead_letters_since_s: float = 86400.0  # list dead-letter targets that received records this recently
 
 
 class Doctor:
@@ -35,6 +36,7 @@ class Doctor:
     def examine(self) -> list[Finding]:
         owners = Owners(self.meta, self.dead_after)
         found = _tablestore.examine(self.meta, owners)
+        found += _deadletters.examine(self.meta, self.stores.dead_letters_since_s)
         if self._pg is not None:
             found += _postgres.examine(self._pg, self.meta, owners)
         if self.stores.kafka:

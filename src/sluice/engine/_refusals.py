@@ -32,6 +32,19 @@ ERROR_OPTIONS: tuple[Option, ...] = (
         minimum=0, maximum=1,
     ),
     Option(
+        "errors.record-as", "choice", "json",
+        "errors.tolerance=all: how a dead letter holds the refused row: json (one text column, record: any target) or "
+        "columns (the write's own columns beside the dead letter's, for a table target: tablestore, postgres, "
+        "clickhouse, cassandra, ...).",
+        choices=("json", "columns"),
+    ),
+    Option(
+        "errors.meta", "str", None,
+        "errors.tolerance=all: the MetaService (SQLite path or postgresql:// URL) where the driver notes each write's "
+        "records sent aside, for sluice doctor to list the dead-letter targets with recent records. Default: "
+        "$SLUICE_META where it is set, a table-store target's own meta, else not noted.",
+    ),
+    Option(
         "errors.deadletter.format", "str", None,
         "errors.tolerance=all: the sluice format refused records go to (kafka, tablestore, postgres, s2, ...); "
         "its options are set as errors.deadletter.<option>, e.g. errors.deadletter.table.",

@@ -11,6 +11,7 @@ From the shell: `sluice meta jobs|tables|lineage|consistent-version T...|release
 """
 
 from sluice.meta._backend import check_url
+from sluice.meta._deadletters import DeadLetterTarget
 from sluice.meta._heartbeat import HoldingHeartbeat
 from sluice.meta._holdings import Holding
 from sluice.meta._model import (
@@ -27,6 +28,6 @@ from sluice.meta._model import (
 )
 from sluice.meta._service import MetaService
 
-__all__ = ["FAILED", "FINISHED", "RELEASED", "RUNNING", "ConsistentVersion", "Holding", "HoldingHeartbeat", "Job",
-           "LineageCycleError", "MetaError", "MetaService", "NoConsistentVersionError", "WriterConflictError",
-           "check_url"]
+__all__ = ["FAILED", "FINISHED", "RELEASED", "RUNNING", "ConsistentVersion", "DeadLetterTarget", "Holding",
+           "HoldingHeartbeat", "Job", "LineageCycleError", "MetaError", "MetaService", "NoConsistentVersionError",
+           "WriterConflictError", "check_url"]

@@ -33,6 +33,10 @@ SCHEMA = (
     # What a job holds in another store (a replication slot), and when it last said so (_holdings.py).
     "CREATE TABLE IF NOT EXISTS sluice_job_holdings (kind TEXT NOT NULL, location TEXT NOT NULL, name TEXT NOT NULL, "
     "job_id TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (kind, location, name))",
+    # Where writes sent refused records (errors.tolerance=all), recorded by their drivers (_deadletters.py).
+    "CREATE TABLE IF NOT EXISTS sluice_dead_letters (target TEXT NOT NULL, connector TEXT NOT NULL, "
+    "records BIGINT NOT NULL, first_at DOUBLE PRECISION NOT NULL, last_at DOUBLE PRECISION NOT NULL, "
+    "write_id TEXT NOT NULL, PRIMARY KEY (target, connector))",
 )
 # Columns added after the first release: (table, column, type), added to an older database when missing.
 ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),

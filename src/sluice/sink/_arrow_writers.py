@@ -188,6 +188,9 @@ class _EngineWriterMixin:
         guard = self.plan.replay_guard() if epoch is not None else None
         if guard is not None and epoch is not None:
             guard.mark_committed(self._epoch_context(done, epoch).write_id, epoch)
+        if self.dead_letters is not None:
+            self.dead_letters.record(sum(int(m.stats.get("dead_letters", 0)) for m in done),
+                                     self._epoch_context(done, epoch).write_id)
         self._record(done, epoch, "committed")
 
     def _check_refusals(self, done: list[SluiceCommitMessage]) -> None:

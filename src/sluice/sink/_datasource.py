@@ -125,9 +125,9 @@ class SinkDataSource(SluiceDataSource):
     def writer(self, schema: StructType, overwrite: bool) -> EngineArrowWriter:
         plan = self._plan(schema, overwrite, streaming=False)
         return EngineArrowWriter(plan, plan.options.get("sink.write-id") or uuid.uuid4().hex, find_target(),
-                                 plan_dead_letters(plan.options, self.format_name, streaming=False))
+                                 plan_dead_letters(plan.options, self.format_name, streaming=False, schema=schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> EngineStreamArrowWriter:
         plan = self._plan(schema, overwrite, streaming=True)
         return EngineStreamArrowWriter(plan, uuid.uuid4().hex, find_target(),
-                                       plan_dead_letters(plan.options, self.format_name, streaming=True))
+                                       plan_dead_letters(plan.options, self.format_name, streaming=True, schema=schema))

@@ -17,6 +17,8 @@ import base64
 import datetime
 import decimal
 import json
+import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +42,8 @@ from sluice._options import Options
 from sluice.engine import AsyncSinkWriter, Committer, WriteContext
 from sluice.sink._plan import TaskWriter, WritePlan
 
+log = logging.getLogger("sluice.sink")
+
 # The dead letter's columns, in a table-like target (tablestore, postgres, clickhouse, ...).
 DEAD_LETTER_COLUMNS = StructType([
     StructField("record", StringType()),  # the refused row, as JSON of the user's columns
@@ -60,6 +64,7 @@ _ARROW_COLUMNS = pa.schema([
 _KAFKA_HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 # Kafka Connect's names for a dead letter's headers (DeadLetterQueueReporter), under sluice's own prefix.
 _HEADER_PREFIX = "__sluice.errors."
+_TARGET_OPTIONS = ("table", "topic", "stream", "index")  # the options that name a target, in the formats that have them
 _MESSAGE_LIMIT = 2000  # characters of an error message kept: a store's message may quote a whole batch
 
 
@@ -88,6 +93,9 @@ class DeadLetterRoute:
     plan: WritePlan  # the target format's write plan
     connector: str  # the format whose records are sent aside
     shape: str
+    meta: str | None = None  # errors.meta: where the driver notes the records sent aside (sluice doctor)
+    # errors.record-as=columns: the write's own columns, kept as they are beside the dead letter's (else JSON)
+    columns: pa.Schema | None = None
 
     @property
     def target_format(self) -> str:
@@ -101,10 +109,35 @@ class DeadLetterRoute:
         """The driver's committer of the target's staged rows, when the target commits on the driver."""
         return self.plan.committer() if self.plan.commits_on_driver else None
 
+    @property
+    def where(self) -> str:
+        """The target for people: its format and the table, topic, stream or index its options name."""
+        named = next((str(self.plan.options[k]) for k in _TARGET_OPTIONS
+                      if self.plan.options.get(k)), "")
+        return f"{self.target_format} {named}".strip()
 
-def plan_dead_letters(opts: Options, connector: str, streaming: bool) -> DeadLetterRoute | None:
-    """On the driver: the write's dead-letter route from its errors.* options; None unless errors.tolerance=all."""
-    if opts["errors.tolerance"] != "all":
+    def record(self, records: int, write_id: str) -> None:
+        """On the driver, after a commit that sent `records` aside: note it in the MetaService that `sluice doctor`
+        reads (errors.meta, else $SLUICE_META, else a table-store target's own `meta`), where one is configured.
+        Never fails the write, which is committed: a failure to note it is logged."""
+        url = self.meta or os.environ.get("SLUICE_META") or (
+            self.plan.options.get("meta") if self.target_format == "tablestore" else None)
+        if not url or not records:
+            return
+        try:
+            from sluice.meta import MetaService
+
+            MetaService(url).record_dead_letters(self.where, self.connector, records, write_id)
+        except Exception as e:  # observability of a committed write: say so, do not fail it
+            log.warning("sluice: %d dead letters of %s were written to %s, but noting them in the MetaService "
+                        "failed (sluice doctor will not list them): %s", records, self.connector, self.where, e)
+
+
+def plan_dead_letters(opts: Options, connector: str, streaming: bool,
+                      schema: StructType | None = None) -> DeadLetterRoute | None:
+    """On the driver: the write's dead-letter route from its errors.* options; None unless errors.tolerance=all.
+    `schema`: the write's columns (errors.record-as=columns keeps them as they are; a read has none to keep)."""
+    if opts.get("errors.tolerance", "none") != "all":  # a format without the errors.* options sends nothing aside
         return None
     from sluice.spark._registry import data_source_class
 
@@ -118,12 +151,34 @@ def plan_dead_letters(opts: Options, connector: str, streaming: bool) -> DeadLet
         raise OptionError("the dead-letter target's own errors.* options cannot be set: a record the dead-letter "
                           "target refuses fails the write (nothing is dropped). Remove errors.deadletter.errors.*.")
     shape = _shape(cls.format_name)
+    letter_schema = _spark_schema(shape)
+    columns = None
+    if opts["errors.record-as"] == "columns":
+        letter_schema, columns = _with_columns(cls.format_name, shape, schema)
     try:
-        plan = cls(settings)._plan(_spark_schema(shape), overwrite=False, streaming=streaming)  # type: ignore[attr-defined]
+        plan = cls(settings)._plan(letter_schema, overwrite=False, streaming=streaming)  # type: ignore[attr-defined]
     except OptionError as e:
         raise OptionError(f"the dead-letter target (errors.deadletter.format={target}): {e} Its options are set "
                           "with the errors.deadletter. prefix, e.g. errors.deadletter.table.") from None
-    return DeadLetterRoute(plan, connector, shape)
+    return DeadLetterRoute(plan, connector, shape, opts["errors.meta"], columns)
+
+
+def _with_columns(target: str, shape: str, schema: StructType | None) -> tuple[StructType, pa.Schema]:
+    """errors.record-as=columns: the dead letter's columns with the write's own in place of `record`."""
+    from sluice.spark._compat import to_arrow_schema
+
+    if schema is None:
+        raise OptionError("errors.record-as=columns keeps a written row's columns, and a read's records that do not "
+                          "decode have none: use errors.record-as=json.")
+    if shape != "columns":
+        raise OptionError(f"errors.record-as=columns needs a table target; errors.deadletter.format={target} holds "
+                          "a dead letter as one message: use errors.record-as=json.")
+    context = [f for f in DEAD_LETTER_COLUMNS.fields if f.name != "record"]
+    clash = sorted({f.name for f in context} & set(schema.fieldNames()))
+    if clash:
+        raise OptionError(f"errors.record-as=columns: the DataFrame's column(s) {clash} have the names of the dead "
+                          "letter's own; rename them, or use errors.record-as=json.")
+    return StructType([*schema.fields, *context]), to_arrow_schema(schema)
 
 
 def _json_default(value: Any) -> Any:
@@ -155,17 +210,22 @@ class DeadLetterWriter:
         self.context = context
         self.target = target
         self._lock = threading.Lock()
-        self._pending: list[tuple[list[str], list[BaseException], float]] = []
+        self._pending: list[tuple[list[str] | pa.Table, list[BaseException], float]] = []
         self._task: TaskWriter | None = None
         self._writer: AsyncSinkWriter | None = None
         self.count = 0
 
     def add(self, rows: pa.Table | Sequence[Mapping[str, object]], errors: Sequence[BaseException]) -> None:
-        records = record_json(rows)
-        if len(records) != len(errors):
-            raise ValueError(f"{len(records)} refused rows but {len(errors)} errors")
+        columns = self.route.columns
+        kept: list[str] | pa.Table
+        if columns is None:
+            kept = record_json(rows)
+        else:  # the write's columns as they are (an encoder's refused rows come as dicts of them)
+            kept = rows.cast(columns) if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), columns)
+        if len(kept) != len(errors):
+            raise ValueError(f"{len(kept)} refused rows but {len(errors)} errors")
         with self._lock:
-            self._pending.append((records, list(errors), time.time()))
+            self._pending.append((kept, list(errors), time.time()))
 
     def drain(self) -> None:
         with self._lock:
@@ -203,7 +263,7 @@ class DeadLetterWriter:
         self._writer.write_chunk(encoded.entries, encoded.sizes)
         self.count += batch.num_rows
 
-    def _batch(self, records: list[str], errors: list[BaseException], at: float) -> pa.RecordBatch:
+    def _batch(self, records: list[str] | pa.Table, errors: list[BaseException], at: float) -> pa.RecordBatch:
         n = len(records)
         ctx = self.context
         classes = [type(e).__name__ for e in errors]
@@ -215,6 +275,12 @@ class DeadLetterWriter:
             "write_id": [ctx.write_id] * n, "micro_batch": [ctx.epoch] * n, "task": [ctx.partition_id] * n,
             "failed_at": [stamp] * n,
         }
+        if isinstance(records, pa.Table):  # errors.record-as=columns: the row's own columns, then the context
+            context = _ARROW_COLUMNS.remove(_ARROW_COLUMNS.get_field_index("record"))
+            del columns["record"]
+            (kept,) = records.combine_chunks().to_batches()
+            return pa.RecordBatch.from_arrays([*kept.columns, *pa.RecordBatch.from_pydict(columns, context).columns],
+                                              schema=pa.unify_schemas([kept.schema, context]))
         letters = pa.RecordBatch.from_pydict(columns, schema=_ARROW_COLUMNS)
         if self.route.shape == "columns":
             return letters

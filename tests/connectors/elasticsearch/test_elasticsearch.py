@@ -1,8 +1,8 @@
 """format("elasticsearch") on a real node of each engine (OpenSearch 2.19 and Elasticsearch 7.17): documents by id from
 the DataFrame's columns, the index created with a mapping from the schema, deletes from a changelog column, partial
 updates, external versions that make a replay of older data change nothing (and, as the negative control, the same
-replay without versions overwrites newer data), per-document refusals named with the id and the server's reason or
-collected in an error index, and bad options refused before any write."""
+replay without versions overwrites newer data), and bad options refused before any write. Refused documents:
+test_dead_letters.py."""
 
 import datetime as dt
 import decimal
@@ -147,20 +147,6 @@ def test_write_refresh_true_makes_the_write_searchable_at_commit(spark, search):
     assert search.call("GET", f"/{index}/_count")["count"] == 0  # the negative control: written, not searchable
     sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id", "write.refresh": "true"}))
     assert search.call("GET", f"/{index}/_count")["count"] == 50
-
-
-def test_refused_documents_are_named_or_collected_in_the_error_index(spark, search):
-    index = search.index_name()
-    search.call("PUT", f"/{index}", {"mappings": {"properties": {"qty": {"type": "integer"}}}})
-    df = spark.createDataFrame([(1, "5"), (2, "many"), (3, "7")], "id int, qty string").coalesce(1)
-    with pytest.raises(Exception, match=r"refused 1 of \d documents of a bulk request: document '2' of index '.*': "
-                                        r"400 mapper_parsing_exception: failed to parse field \[qty\]"):
-        sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
-    errors = search.index_name()
-    sluice.write(df, "elasticsearch", search.opts(index, **{"mapping.id": "id", "write.error-index": errors}))
-    assert set(search.docs(index)) == {"1", "3"}
-    (refused,) = search.docs(errors).values()
-    assert refused["id"] == "2" and refused["status"] == 400 and '"qty":"many"' in refused["document"]
 
 
 def test_bad_input_is_refused_before_any_write(spark, search):

@@ -1,10 +1,12 @@
 """format("elasticsearch") when the node pushes back or fails: a node whose write queue holds one request (a storm
 of 429 es_rejected_execution_exception) slows the write down and only the refused documents go again, every
-document ends up stored; without retries the same storm fails the write naming the 429 (the negative control).
+document ends up stored; without retries the same storm fails the write naming the 429 (the negative control);
+with errors.tolerance=all, documents refused in the storm for what they hold go aside and the rest is stored.
 A node SIGKILLed mid-write and started again on its data: the write retries through the outage and the index
 equals the input; a re-run converges. The node asks for a password (OpenSearch's security plugin): a wrong one is
 refused clearly and never shown."""
 
+import json
 import threading
 import time
 
@@ -53,13 +55,32 @@ def test_a_storm_of_429s_is_ridden_out_resending_only_the_refused_documents(spar
     assert indexed == DOCS
 
 
+def test_in_a_storm_refused_documents_go_aside_and_throttled_ones_go_again(spark, search, tmp_path):
+    index = search.index_name()
+    opts = storm_opts(search, index, **{"sink.max-retries": "30", "sink.retry-delay-ms": "50"})
+    search.call("PUT", f"/{index}/_mapping", {"properties": {"n": {"type": "long"}}})
+    bad = {5, 1000, 1999}  # n does not parse as a long: refused in bulks whose other documents may get 429s
+    df = docs_df(spark).selectExpr("*", f"IF(id IN ({','.join(map(str, bad))}), 'x', CAST(id AS STRING)) AS n")
+    store = {"warehouse": str(tmp_path / "warehouse"), "meta": str(tmp_path / "meta.db")}
+    sluice.write(df, "elasticsearch", {**opts, "errors.tolerance": "all", "errors.deadletter.format": "tablestore",
+                                       "errors.deadletter.table": "refused",
+                                       **{f"errors.deadletter.{k}": v for k, v in store.items()}})
+    summary = sluice.last_write_summary("elasticsearch")
+    assert summary["throttles"] > 0 and summary["dead_letters"] == 3, summary
+    assert summary["records"] == DOCS - 3
+    assert set(search.docs(index)) == {str(i) for i in range(DOCS) if i not in bad}
+    letters = spark.read.format("tablestore").option("table", "refused").options(**store).load().collect()
+    assert sorted(json.loads(letter.record)["id"] for letter in letters) == sorted(bad)
+
+
 def test_without_retries_the_storm_fails_the_write_and_says_429(spark, search):
     index = search.index_name()
     with pytest.raises(Exception, match=r"(?s)sink\.max-retries=0.*429"):
         sluice.write(docs_df(spark), "elasticsearch", storm_opts(search, index, **{"sink.max-retries": "0"}))
 
 
-def test_a_bulk_or_a_document_over_the_nodes_content_length_limit_is_an_error_naming_what_to_change(spark, search):
+def test_a_bulk_or_a_document_over_the_nodes_content_length_limit_is_an_error_naming_what_to_change(spark, search,
+                                                                                                     tmp_path):
     index = search.index_name()
     df = spark.range(0, 200, 1, 1).selectExpr("id", "repeat('x', 1000) AS pad")  # 100 KiB a task, in one bulk
     with pytest.raises(Exception, match=r"bulk request of \d+ bytes \(\d+ documents\) is over the node's "
@@ -72,6 +93,18 @@ def test_a_bulk_or_a_document_over_the_nodes_content_length_limit_is_an_error_na
     with pytest.raises(Exception, match=r"one document of \d+ bytes is over the node's http.max_content_length "
                                         r"\(413\), alone in its bulk request \(.*\"_id\":\"0\""):
         sluice.write(big, "elasticsearch", search.opts(index, **{"mapping.id": "id"}))
+    # A document alone over the limit is a refused record: with errors.tolerance=all it goes aside, as its row.
+    store = {"warehouse": str(tmp_path / "warehouse"), "meta": str(tmp_path / "meta.db")}
+    aside = search.index_name()
+    mixed = spark.range(0, 3, 1, 1).selectExpr("id", "IF(id = 1, repeat('x', 100000), 'small') AS pad")
+    sluice.write(mixed, "elasticsearch", search.opts(aside, **{
+        "mapping.id": "id", "sink.batch.max-size": "1", "errors.tolerance": "all",
+        "errors.deadletter.format": "tablestore", "errors.deadletter.table": "refused",
+        **{f"errors.deadletter.{k}": v for k, v in store.items()}}))
+    assert set(search.docs(aside)) == {"0", "2"}
+    (letter,) = spark.read.format("tablestore").option("table", "refused").options(**store).load().collect()
+    assert letter.record == '{"id": 1, "pad": "' + "x" * 100000 + '"}'
+    assert "over the node's http.max_content_length (413), alone in its bulk request" in letter.error_message
 
 
 def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converges(spark, search, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.connector import OptionError, OptionSpec
+from sluice.connector import OptionError, OptionSpec, RecordError
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS, Catalog
 from sluice.connectors.hbase._cells import decoder, encoder
 from sluice.connectors.hbase._keys import KeyCodec
@@ -60,12 +60,18 @@ def test_a_one_string_key_is_the_strings_bytes_as_other_clients_write_it():
     assert KeyCodec.for_schema(["id"], batch.schema).encode(batch) == [b"row-1", "é".encode()]
 
 
-def test_null_and_nul_keys_are_refused_naming_the_column():
-    batch = pa.record_batch({"a": pa.array(["x", None]), "b": pa.array([1, 2])})
-    with pytest.raises(OptionError, match="row key column 'a' is null in row 1"):
+def test_null_and_nul_keys_are_refused_naming_the_column_and_every_such_row():
+    batch = pa.record_batch({"a": pa.array(["x", None, "z\x00", "w"]), "b": pa.array([1, 2, 3, None])})
+    with pytest.raises(RecordError, match="row key column 'a' is null in row 1") as refused:
         KeyCodec.for_schema(["a", "b"], batch.schema).encode(batch)
+    # One problem at a time, each refused row with its own reason: the rest is encoded again (errors.tolerance=all).
+    assert refused.value.rows == [1]
+    batch = batch.take([0, 2, 3])
+    with pytest.raises(RecordError, match="row key column 'a' holds a 0 byte in row 1") as refused:
+        KeyCodec.for_schema(["a", "b"], batch.schema).encode(batch)
+    assert refused.value.rows == [1]
     batch = pa.record_batch({"a": pa.array(["x\x00y"]), "b": pa.array([1])})
-    with pytest.raises(OptionError, match="row key column 'a' holds a 0 byte"):
+    with pytest.raises(RecordError, match="row key column 'a' holds a 0 byte"):
         KeyCodec.for_schema(["a", "b"], batch.schema).encode(batch)
     with pytest.raises(OptionError, match="row key column 'm' is"):
         KeyCodec.for_schema(["m"], pa.schema([("m", pa.map_(pa.string(), pa.int32()))]))

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, ThrottledError
+from sluice.connector import Option, OptionError, Options, RecordError, RetryableError, SinkError, ThrottledError
+from sluice.connectors.cassandra._refusals import ADVICE, refuses_record
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -219,7 +220,8 @@ def _describe_no_host(error: Any, conn: Connection) -> str:
 
 def classify(error: BaseException, conn: Connection, rows: int | None = None) -> BaseException:
     """A driver error as sluice's: RetryableError for what passes (timeouts, unavailable replicas, lost
-    connections), ThrottledError for an overloaded node (the engine slows down), CassandraError otherwise."""
+    connections), ThrottledError for an overloaded node (the engine slows down), RecordError for a statement refused
+    for what it holds (_refusals.py; the engine finds it in its batch), CassandraError otherwise."""
     from cassandra import (
         CoordinationFailure,
         InvalidRequest,
@@ -241,6 +243,9 @@ def classify(error: BaseException, conn: Connection, rows: int | None = None) ->
                   CoordinationFailure) or (isinstance(error, RequestExecutionException)
                                            and "timeout" in type(error).__name__.lower()):
         return RetryableError(text)
+    if refuses_record(error):
+        where = "a statement" if rows in (None, 1) else f"a statement of a batch of {rows}"
+        return RecordError(f"Cassandra refused {where} into {conn.target} for what it holds: {text}. {ADVICE}")
     if isinstance(error, InvalidRequest) and "Batch too large" in str(error):
         return CassandraError(f"a batch of {rows} statements into {conn.target} is over the server's "
                               f"batch_size_fail_threshold ({error}). Lower sink.flush-buffer.size (the bytes of one "

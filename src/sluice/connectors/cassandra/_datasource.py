@@ -57,6 +57,10 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
 
     format_name = "cassandra"
     no_transactions = NO_TRANSACTIONS
+    refused_writes = ("A row with a null primary key or write.timestamp-column value, or a value its column cannot "
+                      "take, refused before sending; a statement Cassandra refuses for what it holds (InvalidRequest: "
+                      "an empty or over-64 KiB key, a negative or too large TTL, an oversized mutation, a guardrail), "
+                      "found in its batch by splitting it.")
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC

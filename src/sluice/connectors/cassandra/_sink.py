@@ -16,9 +16,10 @@ grouped into UNLOGGED batches of one partition each (FLIP-509's Cassandra case).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,10 +28,14 @@ import numpy as np
 import pyarrow as pa
 
 from sluice.connector import (
+    ArrowRows,
     Batch,
     Encoded,
-    OptionError,
+    RecordError,
+    RefusedRecords,
     ReplayGuard,
+    RetryableError,
+    RetryEntries,
     SinkError,
     Store,
     TaskWriter,
@@ -38,7 +43,6 @@ from sluice.connector import (
     WriteContext,
     WritePlan,
     delete_mask,
-    first_null,
     micro_batch_numbers,
 )
 from sluice.connectors.cassandra._client import (
@@ -48,8 +52,9 @@ from sluice.connectors.cassandra._client import (
     while_overloaded,
 )
 from sluice.connectors.cassandra._options import WriteOptions
+from sluice.connectors.cassandra._refusals import bind_refusal, check_rows, column_values
 from sluice.connectors.cassandra._replay import KeyspaceReplayGuard
-from sluice.connectors.cassandra._types import CQLType, python_values
+from sluice.connectors.cassandra._types import CQLType
 
 if TYPE_CHECKING:
     from cassandra.query import PreparedStatement
@@ -90,29 +95,22 @@ class RowPlan:
         return Statements(insert, delete)
 
 
-def _row_key(batch: pa.RecordBatch, keys: Sequence[str], row: int) -> str:
-    values = {k: batch.column(k)[row].as_py() for k in keys if k in batch.schema.names}
-    return f"the row with primary key {values}"
-
-
 class RowEncoder:
     """One task's encoder: Arrow chunk -> bound statements (serialized here, so a bad value fails with its row)."""
 
     def __init__(self, plan: RowPlan, prepared: tuple[PreparedStatement, PreparedStatement | None],
-                 context: WriteContext, table: str) -> None:
+                 context: WriteContext, table: str, rows: ArrowRows | None = None) -> None:
         self.plan, self.insert, self.delete, self.table = plan, prepared[0], prepared[1], table
         self.context = context
+        # errors.tolerance=all: the rows statements came from, so refused ones go aside as the user's columns.
+        self.rows = rows
         self.rows_seen = 0
         self.last_timestamp = 0
 
     def _timestamps(self, batch: pa.RecordBatch) -> np.ndarray:
         n = batch.num_rows
         if self.plan.timestamp == "column":
-            column = batch.column(self.plan.timestamp_column)
-            if column.null_count:
-                row = first_null(column)
-                raise OptionError(f"write.timestamp-column '{self.plan.timestamp_column}' is null for "
-                                  f"{_row_key(batch, self.plan.primary_key, row)}; every row needs a timestamp.")
+            column = batch.column(self.plan.timestamp_column)  # no nulls: check_rows refused them
             if pa.types.is_timestamp(column.type):
                 column = column.cast(pa.timestamp("us", column.type.tz)).cast(pa.int64())
             return column.cast(pa.int64()).to_numpy()
@@ -123,22 +121,14 @@ class RowEncoder:
         start = max(time.time_ns() // 1000, self.last_timestamp + 1)
         return start + np.arange(n, dtype=np.int64)
 
-    def _check_keys(self, batch: pa.RecordBatch) -> None:
-        for name in self.plan.primary_key:
-            column = batch.column(name)
-            if column.null_count:
-                row = first_null(column)
-                others = [k for k in self.plan.primary_key if k != name]
-                raise OptionError(f"primary key column '{name}' is null in row {self.rows_seen + row} of this task "
-                                  f"({_row_key(batch, others, row) if others else 'no other key columns'}) writing "
-                                  f"into {self.table}: Cassandra has no null keys. Filter such rows out or fill "
-                                  "them in.")
-
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
         from cassandra.query import UNSET_VALUE
 
         plan = self.plan
-        self._check_keys(batch)
+        # Rows Cassandra cannot take go aside (errors.tolerance=all) before anything of the batch changes state.
+        check_rows(batch, plan.primary_key, plan.timestamp_column if plan.timestamp == "column" else None,
+                   self.table, self.rows_seen)
+        values = {c: column_values(batch, c, plan.types[c], plan.primary_key, self.table) for c in plan.columns}
         stamps = self._timestamps(batch)
         n = batch.num_rows
         if plan.ttl_column:
@@ -148,7 +138,6 @@ class RowEncoder:
         deletes = np.zeros(n, dtype=bool)
         if plan.op_column:
             deletes = delete_mask(batch.column(plan.op_column)).to_numpy(zero_copy_only=False)
-        values = {c: python_values(batch.column(c), plan.types[c]) for c in plan.columns}
         if plan.ignore_nulls:
             for c in plan.columns:
                 if c not in plan.primary_key:
@@ -161,6 +150,7 @@ class RowEncoder:
                 raise SinkError(f"rows to delete from {self.table} but no DELETE statement was prepared")
             key_rows = list(zip(*(values[c] for c in plan.primary_key), strict=True))
         statements, sizes = [], []
+        failures: dict[int, BaseException] = {}
         for i in range(n):
             try:
                 if deletes[i] and delete is not None:  # (delete is set whenever a row is one: checked above)
@@ -168,10 +158,16 @@ class RowEncoder:
                 else:
                     bound = self.insert.bind(upsert_rows[i])
             except (TypeError, ValueError, OverflowError) as e:
-                raise OptionError(f"{_row_key(batch, plan.primary_key, i)} cannot be written into {self.table}: "
-                                  f"{e}") from None
+                failures[i] = e
+                continue
             statements.append(bound)
             sizes.append(sum(len(v) for v in bound.values if isinstance(v, bytes)) + 16)
+        if failures:
+            raise bind_refusal(batch, plan.primary_key, self.table, failures)
+        if self.rows is not None:
+            numbers, _ = self.rows.add(batch)
+            for statement, number in zip(statements, numbers, strict=True):
+                statement.sluice_row = number  # BoundStatement takes attributes: the row refused_rows gives back
         self.rows_seen += n
         self.last_timestamp = int(stamps[-1]) if plan.timestamp == "client" and n else self.last_timestamp
         return Encoded(statements, sizes)
@@ -183,9 +179,10 @@ class CassandraStore(Store):
 
     name = "cassandra"
 
-    def __init__(self, conn: Connection, grouping: str, consistency: int) -> None:
+    def __init__(self, conn: Connection, grouping: str, consistency: int, rows: ArrowRows | None = None) -> None:
         self.conn, self.grouping, self.consistency = conn, grouping, consistency
         self.session = conn.session()
+        self.rows = rows  # errors.tolerance=all: the rows of statements not yet acknowledged (RowEncoder.rows)
 
     @property
     def target(self) -> str:
@@ -199,11 +196,24 @@ class CassandraStore(Store):
                          "sink.retry-delay-ms, or lower sink.requests.max-inflight.", store=error.store,
                          target=error.target, batch_records=error.batch_records, cause=error.cause)
 
-    def _execute(self, statement: Any, rows: int) -> Future[None]:
+    def refused_rows(self, entries: Sequence[Any]) -> pa.Table | Sequence[Mapping[str, object]]:
+        if self.rows is None:
+            return super().refused_rows(entries)
+        return self.rows.take([statement.sluice_row for statement in entries])
+
+    def _stored(self, statements: Sequence[Any]) -> None:
+        if self.rows is not None and statements:
+            self.rows.release([statement.sluice_row for statement in statements])
+
+    def _execute(self, statement: Any, rows: int, stored: Sequence[Any] = ()) -> Future[None]:
         done: Future[None] = Future()
         response = self.session.execute_async(statement)
-        response.add_callbacks(lambda _: done.set_result(None),
-                               lambda error: done.set_exception(classify(error, self.conn, rows)))
+
+        def succeeded(_: object) -> None:
+            self._stored(stored)
+            done.set_result(None)
+
+        response.add_callbacks(succeeded, lambda error: done.set_exception(classify(error, self.conn, rows)))
         return done
 
     def submit(self, batch: Batch) -> Future[None]:
@@ -214,35 +224,56 @@ class CassandraStore(Store):
             request = BatchStatement(BatchType.UNLOGGED, consistency_level=self.consistency)
             for statement in statements:
                 request.add(statement)
-            return self._execute(request, len(statements))
+            return self._execute(request, len(statements), statements)
         if len(statements) == 1:
-            return self._execute(statements[0], 1)
-        return _all_of([self._execute(s, 1) for s in statements])
+            return self._execute(statements[0], 1, statements)
+        return self._each_of(statements, [self._execute(s, 1) for s in statements])
+
+    def _each_of(self, statements: Sequence[Any], futures: list[Future[None]]) -> Future[None]:
+        """A future that completes when all of `futures` (one per statement, in order) have: acknowledged when all
+        were; else failed with the first failure that is neither per record nor passing, or with the statements
+        refused for what they hold (RefusedRecords) and those that failed for a passing reason (RetryEntries):
+        the others were stored and do not go again."""
+        done: Future[None] = Future()
+        outcomes: list[BaseException | None] = [None] * len(futures)
+        remaining = [len(futures)]
+        lock = threading.Lock()
+
+        def finished(position: int, future: Future[None]) -> None:
+            with lock:
+                outcomes[position] = future.exception()
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self._stored([s for s, error in zip(statements, outcomes, strict=True) if error is None])
+                error = _outcome(outcomes)
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+
+        for position, future in enumerate(futures):
+            future.add_done_callback(functools.partial(finished, position))
+        return done
 
 
-def _all_of(futures: list[Future[None]]) -> Future[None]:
-    """A future that completes when all of `futures` have, with the first failure if any failed."""
-    done: Future[None] = Future()
-    remaining = [len(futures)]
-    failures: list[BaseException] = []
-    lock = threading.Lock()
-
-    def finished(future: Future[None]) -> None:
-        with lock:
-            error = future.exception()
-            if error is not None:
-                failures.append(error)
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            if failures:
-                done.set_exception(failures[0])
-            else:
-                done.set_result(None)
-
-    for future in futures:
-        future.add_done_callback(finished)
-    return done
+def _outcome(outcomes: list[BaseException | None]) -> BaseException | None:
+    """What the statements of one request that ran one by one come to (CassandraStore._each_of)."""
+    refused = [(i, e) for i, e in enumerate(outcomes) if isinstance(e, RecordError)]
+    passing = [(i, e) for i, e in enumerate(outcomes) if isinstance(e, RetryableError)]
+    other = [e for e in outcomes if e is not None and not isinstance(e, RecordError | RetryableError)]
+    if other:
+        return other[0]
+    retry = None
+    if passing:
+        cause = passing[0][1]
+        assert isinstance(cause, RetryableError)
+        retry = RetryEntries(f"{len(passing)} of {len(outcomes)} statements failed for a passing reason: {cause}",
+                             [i for i, _ in passing], cause)
+    if refused:
+        return RefusedRecords(f"{len(refused)} of {len(outcomes)} statements were refused: {refused[0][1]}",
+                              [i for i, _ in refused], [e for _, e in refused], retry)
+    return retry
 
 
 _PREPARED: dict[tuple[int, str], PreparedStatement] = {}
@@ -278,5 +309,6 @@ class CassandraWritePlan(WritePlan):
         statements = self.rows.statements(self.conn)
         insert = prepared(self.conn, statements.insert, consistency)
         delete = prepared(self.conn, statements.delete, consistency) if statements.delete else None
-        encoder = RowEncoder(self.rows, (insert, delete), context, self.conn.target)
-        return TaskWriter(encoder, CassandraStore(self.conn, self.write.batch_grouping, consistency))
+        rows = ArrowRows() if self.config.errors.tolerates else None
+        encoder = RowEncoder(self.rows, (insert, delete), context, self.conn.target, rows)
+        return TaskWriter(encoder, CassandraStore(self.conn, self.write.batch_grouping, consistency, rows))

@@ -22,7 +22,13 @@ from sluice.connector import (
     refuse_tracking_in_batch,
 )
 from sluice.connectors.elasticsearch._client import Cluster, Connection
-from sluice.connectors.elasticsearch._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.elasticsearch._options import (
+    READ_SPEC,
+    WRITE_SPEC,
+    ReadOptions,
+    WriteOptions,
+    error_index_route,
+)
 from sluice.connectors.elasticsearch._sink import DocPlan, ElasticsearchWritePlan
 from sluice.connectors.elasticsearch._source import (
     PitBatchReader,
@@ -56,6 +62,15 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
     no_transactions = NO_TRANSACTIONS
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    refused_writes = (
+        "A document the bulk response refuses with a 4xx other than 429 (a mapping conflict, a value that does not "
+        "parse, an id that exists under create or is missing under update), one alone over http.max_content_length, "
+        "or a value JSON cannot carry (NaN, infinity)."
+    )
+
+    def write_options(self) -> Options:
+        """write.error-index is a shorthand for the dead-letter route (_options.error_index_route)."""
+        return WRITE_SPEC.parse(error_index_route(self.options))
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         """The id columns: one id's changes share a task and keep their order."""

@@ -4,6 +4,7 @@ page."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,7 @@ from sluice.connector import (
     PARTITION_ORDERED,
     SINK_SPEC,
     Option,
+    OptionError,
     Options,
     OptionSpec,
     TypedOptions,
@@ -55,8 +57,10 @@ WRITE_OPTIONS = (
            "every bulk request waits until its documents are searchable; false: the index's refresh_interval.",
            choices=("false", "true", "wait_for")),
     Option("write.error-index", "str", None,
-           "An index where documents the cluster refuses (mapping errors, conflicts) are written, with the "
-           "reason, instead of failing the write."),
+           "Shorthand for errors.tolerance=all with errors.deadletter.format=elasticsearch and "
+           "errors.deadletter.index=<this index> on the same cluster: documents the cluster refuses for what they "
+           "hold (mapping errors, conflicts) go there as dead letters (the row, the reason) and the write goes on. "
+           "Not together with errors.tolerance or errors.deadletter.*; errors.max-records and errors.max-ratio apply."),
     Option("index.create", "choice", "schema",
            "When the index is missing: schema creates it with a mapping derived from the DataFrame's schema; server "
            "lets the cluster create it on the first write (index templates and dynamic mapping apply); never "
@@ -96,6 +100,31 @@ class WriteOptions(TypedOptions):
     index_create: str
     connections_per_task: int
     index: str
+
+
+def error_index_route(raw: Mapping[str, str]) -> Mapping[str, str]:
+    """Spark's options of a write with write.error-index turned into the dead-letter route it stands for (the
+    errors.* options, the target on the write's own cluster); unchanged without it. One route: refused documents
+    count in the write's summary and metrics and within its bounds like any sink's dead letters."""
+    keys = {k.lower(): k for k in raw}
+    if "write.error-index" not in keys:
+        return raw
+    index = raw[keys["write.error-index"]]
+    clash = sorted(keys[k] for k in keys if k == "errors.tolerance" or k.startswith("errors.deadletter."))
+    if clash:
+        raise OptionError(f"write.error-index={index!r} stands for errors.tolerance=all, "
+                          f"errors.deadletter.format=elasticsearch and errors.deadletter.index={index!r} on this "
+                          f"cluster, so it cannot be set together with {clash[0]}: keep write.error-index alone, or "
+                          "remove it and set the errors.* options (a dead-letter target of any format).")
+    # The record and the reason as full text: a keyword field refuses a term over 32 KiB, and a refused document
+    # may be bigger.
+    route = {"errors.tolerance": "all", "errors.deadletter.format": "elasticsearch",
+             "errors.deadletter.index": index, "errors.deadletter.mapping.text-columns": "record,error_message"}
+    for option in CONNECTION_OPTIONS:
+        name = option.name.lower()
+        if name != "index" and name in keys:
+            route[f"errors.deadletter.{option.name}"] = raw[keys[name]]
+    return {**raw, **route}
 
 
 READ_OPTIONS = (

@@ -7,8 +7,11 @@
   engine applies a write only if its version is higher than the stored one, so a replayed or late write never wins
   over a newer one (its version conflict is expected and counted as stale, not an error).
 - Per-item results: 429s and other passing failures are retried alone (RetryEntries, Flink's retryForEntries),
-  together with the later changes of the same ids; anything else fails the write naming each document's id and
-  the server's reason, or, with `write.error-index`, goes to that index and the write continues.
+  together with the later changes of the same ids. A document refused for what it holds (a 4xx item: a mapping
+  conflict, a value that does not parse, an existing id under write.operation=create) is a refused record
+  (RefusedRecords): it fails the write naming its id and the server's reason, or, with errors.tolerance=all
+  (write.error-index is a shorthand), goes to the dead-letter target as the row it came from (_rows.py). A refusal no
+  document can fix (no index, a closed or blocked index, no permission) fails the write.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -29,6 +33,8 @@ from sluice.connector import (
     Committer,
     Encoded,
     OptionError,
+    RecordError,
+    RefusedRecords,
     ReplayGuard,
     RetryableError,
     RetryEntries,
@@ -42,12 +48,18 @@ from sluice.connector import (
 )
 from sluice.connectors.elasticsearch._client import Connection, ElasticsearchError
 from sluice.connectors.elasticsearch._options import WriteOptions
+from sluice.connectors.elasticsearch._rows import EntryRows
 from sluice.connectors.elasticsearch._types import json_rows
 
 log = logging.getLogger("sluice.elasticsearch")
 
 MICRO_BATCH_ROWS = 1 << 32  # rows one task may write in one micro-batch under write.version=micro-batch
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # one, reused: cheaper
+# Item failures that no document can fix, which stay a task failure rather than a refused record: no permission, and
+# an index that is missing, closed or blocked (read-only, disk flood stage).
+NOT_PER_RECORD_STATUSES = frozenset({401, 403})
+NOT_PER_RECORD_TYPES = frozenset({"index_not_found_exception", "index_closed_exception", "cluster_block_exception",
+                                  "security_exception"})
 
 
 @dataclass(frozen=True)
@@ -78,8 +90,8 @@ def _ids(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[str]:
 class DocEncoder:
     """One task's encoder: Arrow chunk -> bulk entries (an action line, and a source line unless it deletes)."""
 
-    def __init__(self, plan: DocPlan, context: WriteContext) -> None:
-        self.plan, self.context = plan, context
+    def __init__(self, plan: DocPlan, context: WriteContext, rows: EntryRows | None = None) -> None:
+        self.plan, self.context, self.rows = plan, context, rows
         self.rows_seen = 0
 
     def _versions(self, batch: pa.RecordBatch, ids: list[str] | None) -> list[int] | None:
@@ -138,12 +150,14 @@ class DocEncoder:
                 except ValueError as e:  # NaN or infinity: JSON has no such numbers
                     bad = [c for c, v in sources[i].items() if isinstance(v, float) and not np.isfinite(v)]
                     what = f"document {ids[i]!r}" if ids is not None else f"row {self.rows_seen + i}"
-                    raise OptionError(f"{what} has {bad or 'a value'} that JSON cannot carry ({e}); replace NaN "
-                                      "and infinities (e.g. with null) before writing.") from None
+                    raise RecordError(f"{what} has {bad or 'a value'} that JSON cannot carry ({e}); replace NaN "
+                                      "and infinities (e.g. with null) before writing.", rows=[i]) from None
             entry = text.encode()
             entries.append(entry)
             sizes.append(len(entry))
         self.rows_seen += n
+        if self.rows is not None:
+            self.rows.add(batch, entries)
         return Encoded(entries, sizes)
 
 
@@ -165,10 +179,10 @@ class BulkStore(BlockingStore):
 
     name = "elasticsearch"
 
-    def __init__(self, conn: Connection, plan: DocPlan, refresh: str, error_index: str | None,
+    def __init__(self, conn: Connection, plan: DocPlan, refresh: str, rows: EntryRows | None,
                  connections: int) -> None:
         super().__init__()
-        self.conn, self.plan, self.refresh, self.error_index = conn, plan, refresh, error_index
+        self.conn, self.plan, self.refresh, self.rows = conn, plan, refresh, rows
         self.io_threads = connections
         self._lock = threading.Lock()
         self._requests = 0
@@ -198,12 +212,16 @@ class BulkStore(BlockingStore):
                                          "over the node's http.max_content_length (413): lower sink.flush-buffer.size "
                                          "below it.", 413) from None
             action = batch.entries[0].split(b"\n", 1)[0].decode(errors="replace")
-            raise ElasticsearchError(f"one document of {len(body)} bytes is over the node's http.max_content_length "
-                                     f"(413), alone in its bulk request ({action}): shrink the document or raise "
-                                     "the limit.", 413) from None
+            raise RecordError(f"one document of {len(body)} bytes is over the node's http.max_content_length "
+                              f"(413), alone in its bulk request ({action}): shrink the document or raise the "
+                              "limit.") from None
         if not answer.get("errors"):
+            if self.rows is not None:
+                self.rows.release(batch.entries)
             return
-        retry, throttled, failed = [], False, []
+        retry, throttled = [], False
+        refused: list[ItemFailure] = []
+        failed: list[ItemFailure] = []
         retried_ids: set[str] = set()
         for position, item in enumerate(answer["items"]):
             (op, result), = item.items()
@@ -221,35 +239,37 @@ class BulkStore(BlockingStore):
                 if doc_id is not None:
                     retried_ids.add(doc_id)
             else:
-                failed.append(ItemFailure(position, doc_id, status, (error or {}).get("type", "error"),
-                                          self.conn.scrub(str((error or {}).get("reason")))))
-        if failed:
-            self._refused(batch, failed)
-        if retry:
-            cause = (ThrottledError if throttled else RetryableError)(
-                f"{len(retry)} of {len(batch.entries)} documents refused for now (429 or unavailable shards)")
-            raise RetryEntries(str(cause), retry, cause)
-
-    def _refused(self, batch: Batch, failed: list[ItemFailure]) -> None:
-        if self.error_index is None:
+                kind = (error or {}).get("type", "error")
+                item_failure = ItemFailure(position, doc_id, status, kind,
+                                           self.conn.scrub(str((error or {}).get("reason"))))
+                (failed if status in NOT_PER_RECORD_STATUSES or kind in NOT_PER_RECORD_TYPES else refused).append(
+                    item_failure)
+        if failed:  # the index or the cluster refused, not the document: no other document would fare better
             shown = "; ".join(f.describe(self.plan.index) for f in failed[:5])
             more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
             raise ElasticsearchError(f"the cluster refused {len(failed)} of {len(batch.entries)} documents of a bulk "
-                                     f"request: {shown}{more}. Fix the data or the mapping, or set "
-                                     "write.error-index to collect refused documents and go on.", failed[0].status)
-        lines = []
-        for f in failed:
-            action, _, source = batch.entries[f.position].decode().partition("\n")
-            record = {"index": self.plan.index, "id": f.doc_id, "status": f.status, "error_type": f.kind,
-                      "reason": f.reason, "action": action, "document": source.rstrip("\n")}
-            lines.append(json.dumps({"index": {"_index": self.error_index}}) + "\n" + json.dumps(record) + "\n")
-        _, answer = self.conn.request("POST", "/_bulk", "".join(lines).encode(), ndjson=True, node=self._node(),
-                                      filter_path="errors,items.*.error")
-        if answer.get("errors"):
-            raise ElasticsearchError(f"{len(failed)} refused documents could not be written to write.error-index "
-                                     f"'{self.error_index}' either: {answer['items'][0]}")
-        log.warning("elasticsearch: %d documents refused by index '%s' went to '%s'", len(failed), self.plan.index,
-                    self.error_index)
+                                     f"request for a reason no document can fix: {shown}{more}.", failed[0].status)
+        again = None
+        if retry:
+            cause = (ThrottledError if throttled else RetryableError)(
+                f"{len(retry)} of {len(batch.entries)} documents refused for now (429 or unavailable shards)")
+            again = RetryEntries(str(cause), retry, cause)
+        if self.rows is not None:  # rows of the stored documents (and of stale ones) are no longer needed
+            kept = {f.position for f in refused}.union(retry)
+            self.rows.release([entry for i, entry in enumerate(batch.entries) if i not in kept])
+        if refused:
+            errors: list[BaseException] = [ElasticsearchError(f.describe(self.plan.index), f.status) for f in refused]
+            raise RefusedRecords(f"the cluster refused {len(refused)} of {len(batch.entries)} documents of a bulk "
+                                 f"request for what they hold: {errors[0]}", [f.position for f in refused], errors,
+                                 again)
+        if again is not None:
+            raise again
+
+    def refused_rows(self, entries: Sequence[bytes]) -> pa.Table | list[dict[str, object]]:
+        """The rows refused documents were encoded from, as the user's columns (errors.tolerance=all keeps them)."""
+        if self.rows is None:  # not kept (no dead-letter route): the bulk entries themselves
+            return super().refused_rows(entries)
+        return self.rows.take(entries)
 
     def close(self) -> None:
         if self.stale:
@@ -306,6 +326,7 @@ class ElasticsearchWritePlan(WritePlan):
             else None
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-        store = BulkStore(self.conn, self.docs, self.write.write_refresh, self.write.write_error_index,
-                          self.write.connections_per_task)
-        return TaskWriter(DocEncoder(self.docs, context), store)
+        # errors.tolerance=all (or write.error-index): keep the rows entries came from, for the dead letters
+        rows = EntryRows() if self.config.errors.tolerates else None
+        store = BulkStore(self.conn, self.docs, self.write.write_refresh, rows, self.write.connections_per_task)
+        return TaskWriter(DocEncoder(self.docs, context, rows), store)

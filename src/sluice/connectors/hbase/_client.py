@@ -19,7 +19,7 @@ from importlib import resources
 from types import ModuleType
 from typing import Any
 
-from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, ThrottledError
+from sluice.connector import Option, OptionError, Options, RecordError, RetryableError, SinkError, ThrottledError
 
 CONNECTION_OPTIONS = (
     Option("host", "list", (), "Thrift2 gateways (hbase thrift2 start): host names or addresses; a task picks one "
@@ -132,7 +132,9 @@ class Connection:
                 raise
             except Exception as e:  # sorted by classify
                 error = classify(e, self, rows)
-                if isinstance(error, HBaseError) or isinstance(e, thrift().TIOError | thrift().TIllegalArgument):
+                # The gateway answered: the link is sound, and the same call would fail again.
+                if isinstance(error, HBaseError | RecordError) or isinstance(e, thrift().TIOError |
+                                                                             thrift().TIllegalArgument):
                     raise error from None
                 self.forget(index)
                 if attempt or not reused:
@@ -150,7 +152,8 @@ def _ssl_context(ca_pem: str | None) -> ssl.SSLContext:
 
 
 def classify(error: BaseException, conn: Connection, rows: int) -> Exception:
-    """A Thrift or socket failure as a retry (RetryableError), a slow-down (ThrottledError) or an HBaseError."""
+    """A Thrift or socket failure as a retry (RetryableError), a slow-down (ThrottledError), a write refused for what
+    one of its `rows` holds (RecordError) or an HBaseError."""
     module = thrift()
     where = f"{conn.hosts[0]}:{conn.port}" if len(conn.hosts) == 1 else f"{list(conn.hosts)}:{conn.port}"
     if isinstance(error, module.TIOError | module.TIllegalArgument):
@@ -170,9 +173,14 @@ def classify(error: BaseException, conn: Connection, rows: int) -> Exception:
                           f"certificate must be signed by {trusted} and name the host connected to. Set ssl.ca-pem "
                           "to the PEM text of the CA that signed the gateways' certificates.", store="hbase",
                           target=where, batch_records=rows or None)
+    if isinstance(error, TApplicationException) and rows:
+        # The gateway's own client refused the puts or deletes before sending them ("Internal error processing
+        # putMultiple"): for what one of them holds (Put/Delete's checks: a cell over hbase.client.keyvalue.maxsize,
+        # an empty row key or put), so the same call fails again and the engine finds the record in its batch.
+        return RecordError(f"the HBase Thrift2 gateway at {where} refused a put or delete of a batch of {rows} "
+                           f"({error}); its log names the cause (a cell over hbase.client.keyvalue.maxsize, 10 MiB "
+                           "by default, or an empty row key or put)")
     if isinstance(error, TApplicationException):
-        # The gateway's own client refused the call before sending it, e.g. a cell over hbase.client.keyvalue.maxsize
-        # ("Internal error processing putMultiple"): the same call fails again.
         return HBaseError(f"the HBase Thrift2 gateway at {where} failed the call ({error}); its log names the cause "
                           "(a cell over hbase.client.keyvalue.maxsize, 10 MiB by default, or an empty row key or put)",
                           store="hbase", target=where, batch_records=rows or None)

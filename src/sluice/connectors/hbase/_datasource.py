@@ -54,6 +54,10 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
 
     format_name = "hbase"
     no_transactions = NO_TRANSACTIONS
+    refused_writes = ("A row whose key HBase cannot take (a null key column, a 0 byte in a key column not last, a key "
+                      "empty or over 32,767 bytes), a null write.timestamp-column value or a cell over "
+                      "write.max-cell-bytes, refused before sending; a put the Thrift2 gateway refuses (a cell over "
+                      "hbase.client.keyvalue.maxsize), found in its batch by splitting it.")
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
 

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.connector import OptionError, first_null
+from sluice.connector import OptionError, RecordError
 
 # Fixed-width kinds: (width, the integer numpy type of their bits).
 _FIXED = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "date32": 4, "timestamp": 8, "float": 4, "double": 8,
@@ -83,18 +83,31 @@ def _decimal_bits(column: pa.Array) -> list[bytes]:
     return out
 
 
-def _component(column: pa.Array, kind: str, last: bool, name: str) -> pa.Array:
-    """One key column's encodings, as a binary array."""
+ADVICE = "Fix such rows, or set errors.tolerance=all and errors.deadletter.format to send them aside."
+
+
+def _zero_bytes(column: pa.Array, kind: str) -> np.ndarray:
+    """Rows whose value (of a string or binary key column) holds a 0 byte."""
+    found = pc.find_substring(column.cast(pa.binary()) if kind == "binary" else column, "\x00")
+    return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False)) >= 0
+
+
+def _zero_byte_message(column: pa.Array, name: str, row: int) -> str:
+    return (f"row key column '{name}' holds a 0 byte in row {row} of this batch ({column[row].as_py()!r}); only the "
+            "key's last column may (docs/hbase.md, row keys). Put that column last in the rowkey option, or remove "
+            "the 0 bytes")
+
+
+def _component(column: pa.Array, kind: str, last: bool, name: str, checked: bool = False) -> pa.Array:
+    """One key column's encodings, as a binary array (`checked`: its rows hold no 0 byte where none may be)."""
     if kind in ("string", "binary"):
         as_binary = column.cast(pa.binary())
         if last:
             return as_binary
-        found = pc.find_substring(as_binary, "\x00") if kind == "binary" else pc.find_substring(column, "\x00")
-        hits = np.flatnonzero(np.asarray(found.to_numpy(zero_copy_only=False)) >= 0)
-        if hits.size:
-            raise OptionError(f"row key column '{name}' holds a 0 byte in row {int(hits[0])} of this batch "
-                              f"({column[int(hits[0])].as_py()!r}); only the key's last column may (docs/hbase.md, "
-                              "row keys). Put that column last in the rowkey option, or remove the 0 bytes.")
+        if not checked:
+            hits = np.flatnonzero(_zero_bytes(column, kind))
+            if hits.size:
+                raise OptionError(_zero_byte_message(column, name, int(hits[0])) + ".")
         return pc.binary_join_element_wise(as_binary, pa.scalar(b"", pa.binary()), pa.scalar(b"\x00", pa.binary()))
     if kind == "decimal":
         return pa.array(_decimal_bits(column), pa.binary(16)).cast(pa.binary())
@@ -116,19 +129,33 @@ class KeyCodec:
         return cls(tuple(columns), tuple(kind_of(schema.field(c).type, c) for c in columns))
 
     def encode(self, batch: pa.RecordBatch) -> list[bytes]:
-        """Every row's key (OptionError naming the column and row for a null)."""
+        """Every row's key; RecordError with rows that have none (a null key column, or a 0 byte in a string or binary
+        column that is not the key's last)."""
+        self._check(batch)
         parts = []
         for i, (name, kind) in enumerate(zip(self.columns, self.kinds, strict=True)):
-            column = batch.column(name)
-            if column.null_count:
-                row = first_null(column)
-                others = {c: batch.column(c)[row].as_py() for c in self.columns if c != name}
-                raise OptionError(f"row key column '{name}' is null in row {row} of this batch (other key columns: "
-                                  f"{others}): HBase rows need a whole key. Filter such rows out or fill them in.")
-            parts.append(_component(column, kind, i == len(self.columns) - 1, name))
+            parts.append(_component(batch.column(name), kind, i == len(self.columns) - 1, name, checked=True))
         if len(parts) == 1:
             return parts[0].to_pylist()
         return pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.binary())).to_pylist()
+
+    def _check(self, batch: pa.RecordBatch) -> None:
+        """RecordError with the rows of the first key column found null, or holding a 0 byte where none may be (one
+        problem at a time, so each dead letter has its own reason: the engine encodes the other rows again)."""
+        for i, (name, kind) in enumerate(zip(self.columns, self.kinds, strict=True)):
+            column = batch.column(name)
+            rows: list[int] = []
+            if column.null_count:
+                rows = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False))).tolist()
+                others = {c: batch.column(c)[rows[0]].as_py() for c in self.columns if c != name}
+                first = (f"row key column '{name}' is null in row {rows[0]} of this batch (other key columns: "
+                         f"{others}): HBase rows need a whole key. Filter such rows out or fill them in")
+            elif kind in ("string", "binary") and i < len(self.columns) - 1:
+                rows = np.flatnonzero(_zero_bytes(column, kind)).tolist()
+                first = _zero_byte_message(column, name, rows[0]) if rows else ""
+            if rows:
+                more = f" ({len(rows) - 1} more such row(s) in this batch)" if len(rows) > 1 else ""
+                raise RecordError(f"{first}{more}. {ADVICE}", rows=rows)
 
     def encode_values(self, values: Sequence[Any], schema: pa.Schema) -> bytes:
         """The key (or key prefix, if fewer values than columns) of Python values: pushed-down filters."""

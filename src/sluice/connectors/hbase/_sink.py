@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +33,7 @@ from sluice.connector import (
     Batch,
     BlockingStore,
     Encoded,
-    OptionError,
-    RecordTooLargeError,
+    RecordError,
     ReplayGuard,
     SinkError,
     TaskWriter,
@@ -41,14 +41,14 @@ from sluice.connector import (
     WriteContext,
     WritePlan,
     delete_mask,
-    first_null,
     micro_batch_numbers,
     to_arrow_schema,
 )
 from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, thrift
-from sluice.connectors.hbase._keys import KeyCodec
+from sluice.connectors.hbase._keys import ADVICE, KeyCodec
+from sluice.connectors.hbase._refusals import entry_rows
 from sluice.connectors.hbase._replay import TableReplayGuard
 from sluice.connectors.hbase._wire import put_multiple, thrift_puts
 
@@ -86,11 +86,7 @@ class RowEncoder:
         n = batch.num_rows
         plan = self.plan
         if plan.timestamp == "column":
-            column = batch.column(plan.timestamp_column)
-            if column.null_count:
-                row = first_null(column)
-                raise OptionError(f"write.timestamp-column '{plan.timestamp_column}' is null for row key "
-                                  f"{keys[row]!r}; every row needs a timestamp.")
+            column = batch.column(plan.timestamp_column)  # no nulls: _check refused them
             if pa.types.is_timestamp(column.type):
                 column = column.cast(pa.timestamp("ms", column.type.tz))
             return column.cast(pa.int64()).to_pylist()
@@ -109,18 +105,37 @@ class RowEncoder:
         self.last_stamp = max(stamps) if stamps else self.last_stamp
         return stamps
 
-    def _checked(self, column: str, array: pa.Array, keys: list[bytes]) -> pa.Array:
-        """A column's cell values (a binary array), none over write.max-cell-bytes."""
-        limit = self.plan.max_cell_bytes
-        lengths = pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False)
-        if len(lengths) and lengths.max() > limit:
-            row = int(np.flatnonzero(lengths > limit)[0])
-            raise RecordTooLargeError(
-                f"row key {keys[row]!r}: column '{column}' holds {int(lengths[row])} bytes, over "
-                f"write.max-cell-bytes={limit} (the server's hbase.server.keyvalue.maxsize); nothing of this chunk "
-                "was sent. Store large values elsewhere, or raise both limits.",
-                store="hbase", target=self.plan.catalog.table)
-        return array
+    def _check(self, batch: pa.RecordBatch, keys: list[bytes], cells: list[tuple[str, pa.Array]]) -> None:
+        """RecordError with the rows HBase would refuse for the first of these found: a row key over MAX_ROW_KEY bytes,
+        an empty row key, a null write.timestamp-column, a cell over write.max-cell-bytes."""
+        plan = self.plan
+        lengths = pc.binary_length(pa.array(keys, pa.binary())).to_numpy(zero_copy_only=False)
+        problems: list[tuple[np.ndarray, Callable[[int], str]]] = [
+            (lengths > MAX_ROW_KEY, lambda row: f"row key {keys[row][:64]!r}... is {len(keys[row])} bytes; HBase "
+                                                f"takes at most {MAX_ROW_KEY} (shorten the rowkey columns' values)"),
+            (lengths == 0, lambda row: f"the row key of row {row} of this batch is empty (an empty string or binary "
+                                       "rowkey column); HBase rows need a key of at least one byte"),
+        ]
+        if plan.timestamp == "column" and batch.column(plan.timestamp_column).null_count:
+            problems.append((np.asarray(batch.column(plan.timestamp_column).is_null().to_numpy(zero_copy_only=False)),
+                             lambda row: f"write.timestamp-column '{plan.timestamp_column}' is null for row key "
+                                         f"{keys[row]!r}; every row needs a timestamp"))
+        limit = plan.max_cell_bytes
+
+        def too_large(column: str, sizes: np.ndarray) -> Callable[[int], str]:
+            return lambda row: (f"row key {keys[row]!r}: column '{column}' holds {int(sizes[row])} bytes, over "
+                                f"write.max-cell-bytes={limit} (the server's hbase.server.keyvalue.maxsize). Store "
+                                "large values elsewhere, or raise both limits")
+
+        for column, values in cells:
+            sizes = pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False)
+            problems.append((sizes > limit, too_large(column, sizes)))
+        # The rows of one problem at a time, each dead letter with its own reason: the engine encodes the rest again.
+        for mask, describe in problems:
+            if mask.any():
+                rows = np.flatnonzero(mask).tolist()
+                more = f" ({len(rows) - 1} more such row(s) in this batch)" if len(rows) > 1 else ""
+                raise RecordError(f"{describe(rows[0])}{more}; nothing of this chunk was sent. {ADVICE}", rows=rows)
 
     def _puts(self, keys: list[bytes], cells: list[tuple[bytes, bytes, pa.Array]], stamps: list[int]) -> Encoded:
         """Every row a put, as Thrift bytes; a row without cells (all null) is none."""
@@ -139,14 +154,13 @@ class RowEncoder:
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
         plan, module = self.plan, self.module
         keys = plan.key.encode(batch)
-        long_key = next((k for k in keys if len(k) > MAX_ROW_KEY), None)
-        if long_key is not None:
-            raise OptionError(f"row key {long_key[:64]!r}... is {len(long_key)} bytes; HBase takes at most "
-                              f"{MAX_ROW_KEY} (shorten the rowkey columns' values).")
+        encoded = [(column, encode(batch.column(column))) for column, _, _, encode in self.cell_encoders]
+        # Rows HBase cannot take go aside (errors.tolerance=all) before anything of the batch changes state.
+        self._check(batch, keys, encoded)
         stamps = self._stamps(batch, keys)
         n = batch.num_rows
-        cells = [(family, qualifier, self._checked(column, encode(batch.column(column)), keys))
-                 for column, family, qualifier, encode in self.cell_encoders]
+        cells = [(family, qualifier, array)
+                 for (_, family, qualifier, _), (_, array) in zip(self.cell_encoders, encoded, strict=True)]
         if not plan.op_column and not plan.delete_nulls:  # puts only: Thrift bytes built in Arrow (_wire.py)
             return self._puts(keys, cells, stamps)
         deletes = (delete_mask(batch.column(plan.op_column)).to_numpy(zero_copy_only=False) if plan.op_column
@@ -191,9 +205,11 @@ class HBaseStore(BlockingStore):
 
     name = "hbase"
 
-    def __init__(self, conn: Connection, table: str, threads: int, gateway: int) -> None:
+    def __init__(self, conn: Connection, table: str, threads: int, gateway: int,
+                 rows: tuple[RowPlan, pa.Schema] | None = None) -> None:
         super().__init__()
         self.conn, self.table, self.gateway = conn, table, gateway
+        self.rows = rows  # how entries decode back into rows (refused_rows)
         self.io_threads = threads
         self.table_bytes = table.encode()
         self.put_type = thrift().TPut
@@ -209,6 +225,11 @@ class HBaseStore(BlockingStore):
                          "with a higher sink.max-retries and sink.retry-delay-ms, or lower "
                          "sink.requests.max-inflight.", store=error.store, target=error.target,
                          batch_records=error.batch_records, cause=error.cause)
+
+    def refused_rows(self, entries: Sequence[Any]) -> pa.Table | Sequence[Mapping[str, object]]:
+        if self.rows is None:
+            return super().refused_rows(entries)
+        return entry_rows(entries, *self.rows)
 
     def write_batch(self, batch: Batch) -> None:
         encoded = [e for e in batch.entries if isinstance(e, bytes)]  # puts as Thrift bytes (_wire.py)
@@ -234,7 +255,8 @@ class HBaseWritePlan(WritePlan):
         return TableReplayGuard(self.conn, self.guard_table, self.rows.catalog.table) if self.guard_table else None
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-        encode = RowEncoder(self.rows, context, to_arrow_schema(self.schema))
+        schema = to_arrow_schema(self.schema)
+        encode = RowEncoder(self.rows, context, schema)
         store = HBaseStore(self.conn, self.rows.catalog.table, self.config.requests_max_inflight,
-                           context.partition_id)
+                           context.partition_id, (self.rows, schema))
         return TaskWriter(encode, store)
