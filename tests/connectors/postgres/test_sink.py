@@ -252,7 +252,7 @@ def test_rows_postgresql_would_refuse_mid_copy_are_refused_per_chunk_naming_colu
     sluice.write(ok, "postgres", pg.opts(table, **{"primary-key": "id"}))
     too_big = spark.createDataFrame([(3, 30, "c"), (4, 2**31, "d")], "id long, n long, note string").coalesce(1)
     with pytest.raises(Exception, match=r"value 2147483648 of column 'n' is outside -2147483648\.\.2147483647.*"
-                                        r"the row with key \{'id': 4\}.*Nothing of this chunk was sent"):
+                                        r"the row with key \{'id': 4\}.*Refused before anything of its chunk was sent"):
         sluice.write(too_big, "postgres", pg.opts(table, **{"primary-key": "id"}))
     missing = spark.createDataFrame([(5, None, "e")], "id long, n long, note string").coalesce(1)
     with pytest.raises(Exception, match=r"column 'n' is NOT NULL in public\.\S+, but 1 row\(s\) have no value "
@@ -270,7 +270,7 @@ def test_strings_longer_than_varchar_and_numbers_too_large_for_numeric_are_refus
     sluice.write(fits, "postgres", pg.opts(table, **{"primary-key": "id"}))  # at the limits: written
     long_code = spark.createDataFrame([(3, "ab", Decimal(1), 1), (4, "abcd", Decimal(1), 1)], schema).coalesce(1)
     with pytest.raises(Exception, match=r"a value of column 'code' has 4 characters; the column is varchar\(3\) "
-                                        r"in public\.\S+ \(the row with key \{'id': 4\}\)\. Nothing of this chunk"):
+                                        r"in public\.\S+ \(the row with key \{'id': 4\}\)\. Refused before anything"):
         sluice.write(long_code, "postgres", pg.opts(table, **{"primary-key": "id"}))
     big_amount = spark.createDataFrame([(5, "a", Decimal("999.995"), 1)], schema).coalesce(1)
     with pytest.raises(Exception, match=r"value 999\.995 of column 'amount' does not fit numeric\(5,2\) .*"

@@ -231,7 +231,7 @@ class Connection:
 
     def scrub(self, error: BaseException) -> str:
         """An error's text with the password and URI removed (drivers sometimes echo their connection string)."""
-        text = str(error).strip()
+        text = server_words(error) or str(error).strip()
         if self.password:
             text = text.replace(self.password, "<redacted>").replace(quote(self.password, safe=""), "<redacted>")
         # Keep the server's own words (ERROR and DETAIL lines), not the driver's echo of the statement.
@@ -239,6 +239,26 @@ class Connection:
         if found:
             return " ".join(" ".join(part.split()) for part in found)
         return text.splitlines()[0] if text else type(error).__name__
+
+
+def server_words(error: BaseException) -> str | None:
+    """The server's report of a failed statement, from the driver's structured fields: 'ERROR: <message> DETAIL:
+    <detail>'. Both drivers' texts lose a part of it: psycopg's has the message without its ERROR: label (only the
+    DETAIL line is labelled), ADBC's wraps it in its own words."""
+    diag = getattr(error, "diag", None)  # psycopg.Error
+    if diag is not None:
+        primary, detail, severity = diag.message_primary, diag.message_detail, diag.severity_nonlocalized
+    else:  # adbc_driver_manager.Error: (PG_DIAG_* name, value) pairs
+        fields: dict[str, str] = {}
+        for key, value in getattr(error, "details", None) or ():
+            name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+            fields[name] = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        primary, detail = fields.get("PG_DIAG_MESSAGE_PRIMARY"), fields.get("PG_DIAG_MESSAGE_DETAIL")
+        severity = fields.get("PG_DIAG_SEVERITY_NONLOCALIZED")
+    if not primary:
+        return None
+    label = "FATAL" if severity in ("FATAL", "PANIC") else "ERROR"
+    return f"{label}: {primary}" + (f"\nDETAIL: {detail}" if detail else "")
 
 
 # SQLSTATE classes worth a retry: connection (08), serialization/deadlock (40001, 40P01), shutdown (57P0x),

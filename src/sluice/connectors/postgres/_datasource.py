@@ -42,6 +42,12 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
     """`format("postgres")`: see the package docstring for usage."""
 
     format_name = "postgres"
+    refused_writes = ("A row the server refuses for what it holds (SQLSTATE class 22, a data exception, or 23, "
+                      "a CHECK, NOT NULL, UNIQUE or FOREIGN KEY violation), found in its batch by splitting it, or "
+                      "a value refused before sending (a NULL for NOT NULL, an integer out of its column's range, a "
+                      "string over varchar(n), a number over numeric(p,s)); in staged writes (sink.transactional, "
+                      "overwrite) UNIQUE and FOREIGN KEY violations surface only at the driver's commit, which fails "
+                      "whole.")
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC

@@ -8,7 +8,8 @@
   change is a delete (upsert.op-column). The engine never has two batches of one key in flight, so per-key
   order holds.
 - global-ordered + sink.transactional (and every mode(\"overwrite\")): tasks COPY into a staging table,
-  tagged (write, epoch, task, attempt, row number); the driver's commit moves the epoch's rows of the
+  tagged (write, epoch, task, attempt, row number), which carries the table's CHECK constraints and NOT NULLs
+  (_stage.py: a row they refuse is refused by its task); the driver's commit moves the epoch's rows of the
   successful attempts into the table in one transaction, ordered by task then row, and records
   (table, write id, epoch) in `sluice_commit_log` in that same transaction. A replayed epoch finds its log
   row and only clears its staged rows. Overwrite deletes the old rows in the same transaction, so readers
@@ -117,8 +118,10 @@ class PostgresStore(BlockingStore):
                     self._drop_conn()
             wrapped = classify(e)
             if wrapped is e and refuses_record(e):
-                raise RecordError(f"writing {batch.record_count} row(s) to {self.plan.display}: a row was refused "
-                                  f"(SQLSTATE {sqlstate_of(e)}): {self.conn_info.scrub(e)}") from None
+                staged = (f" (staged in {self.plan.stage_table}, which carries the table's CHECK constraints)"
+                          if self.plan.stage_table else "")
+                raise RecordError(f"writing {batch.record_count} row(s) to {self.plan.display}: a row was refused"
+                                  f"{staged} (SQLSTATE {sqlstate_of(e)}): {self.conn_info.scrub(e)}") from None
             if wrapped is e:
                 raise PostgresError(f"writing {batch.record_count} row(s) to {self.plan.display} failed: "
                                     f"{self.conn_info.scrub(e)}", sqlstate=getattr(e, "sqlstate", None)) from None

@@ -35,9 +35,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.connector import DELETE_OPS_SQL, OptionError, check_dataframe_columns, check_key_columns
+from sluice.connector import (
+    DELETE_OPS_SQL,
+    OptionError,
+    RecordError,
+    check_dataframe_columns,
+    check_key_columns,
+)
 from sluice.connectors.postgres._client import Connection, PostgresError, qualified, quote_ident, split_qualified
 from sluice.connectors.postgres._options import WriteOptions
+from sluice.connectors.postgres._stage import give_checks, prepare_stage, target_checks
 
 # Spark type -> PostgreSQL type used by create-table=true (documented in docs/postgres.md).
 TYPE_MAP: tuple[tuple[type[DataType], str], ...] = (
@@ -152,29 +159,29 @@ class TablePlan:
     def check_chunk(self, batch: pa.RecordBatch) -> None:
         """Refuse a chunk with a NULL for a NOT NULL column, an integer out of its column's range, a string longer
         than its varchar(n), or a number too large for its numeric(p,s), naming the column and the row's key,
-        before any row of it is sent."""
+        before any row of it is sent: a RecordError with the rows of the first check that fails (with
+        errors.tolerance=all they go aside and the rest of the chunk is checked again)."""
         import pyarrow.compute as pc
 
         for name in self.not_null:
             column = batch.column(name)
             if column.null_count:
-                self._refuse(batch, pc.index(pc.is_null(column), True).as_py(),
-                             f"column '{name}' is NOT NULL in {self.display}, but {column.null_count} row(s) have "
-                             "no value for it")
+                self._refuse(batch, pc.is_null(column), f"column '{name}' is NOT NULL in {self.display}, but "
+                                                        f"{column.null_count} row(s) have no value for it")
         for name, low, high in self.int_ranges:
             column = batch.column(name)
             outside = pc.or_(pc.less(column, low), pc.greater(column, high))
             if pc.any(outside).as_py():
                 first = pc.index(outside, True).as_py()
-                self._refuse(batch, first, f"value {column[first].as_py()} of column '{name}' is outside "
-                                           f"{low}..{high}, the range of its type in {self.display}")
+                self._refuse(batch, outside, f"value {column[first].as_py()} of column '{name}' is outside "
+                                             f"{low}..{high}, the range of its type in {self.display}")
         for name, limit in self.max_lengths:
             column = batch.column(name)
             longer = pc.greater(pc.utf8_length(column), limit)
             if pc.any(longer).as_py():
                 first = pc.index(longer, True).as_py()
-                self._refuse(batch, first, f"a value of column '{name}' has {len(column[first].as_py())} characters; "
-                                           f"the column is varchar({limit}) in {self.display}")
+                self._refuse(batch, longer, f"a value of column '{name}' has {len(column[first].as_py())} "
+                                            f"characters; the column is varchar({limit}) in {self.display}")
         for name, precision, scale in self.numeric_limits:
             # PostgreSQL rounds to the scale, then refuses |value| >= 10^(precision - scale). Checked in float64:
             # exact far from the limit, and within a rounding step of it PostgreSQL's own check still applies.
@@ -183,15 +190,22 @@ class TablePlan:
             over = pc.greater_equal(pc.abs(column), bound)
             if pc.any(over).as_py():
                 first = pc.index(over, True).as_py()
-                self._refuse(batch, first, f"value {batch.column(name)[first].as_py()} of column '{name}' does not "
-                                           f"fit numeric({precision},{scale}) in {self.display} (absolute values must "
-                                           f"round to less than 10^{precision - scale})")
+                self._refuse(batch, over, f"value {batch.column(name)[first].as_py()} of column '{name}' does not "
+                                          f"fit numeric({precision},{scale}) in {self.display} (absolute values must "
+                                          f"round to less than 10^{precision - scale})")
 
-    def _refuse(self, batch: pa.RecordBatch, row: int, what: str) -> None:
+    def _refuse(self, batch: pa.RecordBatch, mask: pa.Array, what: str) -> None:
+        """Raise RecordError for the rows where `mask` is true, naming the first by its key (else its position)."""
+        import pyarrow.compute as pc
+
+        rows = pc.indices_nonzero(mask).to_pylist()
+        row = rows[0]
         keys = {k: batch.column(k)[row].as_py() for k in self.primary_key if k in batch.schema.names}
         where = f"the row with key {keys}" if keys else f"row {row} of a chunk of {batch.num_rows}"
-        raise PostgresError(f"{what} ({where}). Nothing of this chunk was sent: fix or filter those rows (or widen "
-                            "the column) and write again.")
+        more = f", and {len(rows) - 1} more row(s) of the chunk" if len(rows) > 1 else ""
+        raise RecordError(f"{what} ({where}{more}). Refused before anything of its chunk was sent: fix or filter such "
+                          "rows (or widen the column), or set errors.tolerance=all to send them to a dead-letter "
+                          "target.", rows=rows)
 
     @property
     def target(self) -> str:
@@ -344,17 +358,12 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
         conn.rollback()
         if staged:
             stage = "sluice_stage_" + schema_digest(schema, table, arrow_schema)
-            tags = pa.schema([("_sluice_write", pa.string()), ("_sluice_epoch", pa.int64()),
-                              ("_sluice_task", pa.int32()), ("_sluice_attempt", pa.int64()),
-                              ("_sluice_seq", pa.int64())])
-            stage_schema = pa.schema([*arrow_schema, *tags])
-            cur.adbc_ingest(stage, stage_schema.empty_table(), mode="create_append", db_schema_name=schema)
-            cur.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(stage + '_epoch')} ON "
-                        f"{qualified(schema, stage)} (_sluice_write, _sluice_epoch)")
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {qualified(schema, 'sluice_commit_log')} (target text NOT NULL, "
-                        "write_id text NOT NULL, epoch bigint NOT NULL, rows bigint NOT NULL, "
-                        "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, write_id, epoch))")
+            stage_checks = target_checks(cur, schema, table, columns, plan.not_null, op_column)
+            unchecked = prepare_stage(cur, schema, stage, arrow_schema, stage_checks)
             conn.commit()
+            if unchecked:
+                with conn_info.pooled(autocommit=False, pooled=pooled) as sql:
+                    give_checks(sql, schema, stage, stage_checks, plan.display)
             plan = TablePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
                              overwrite=overwrite, run=secrets.randbits(30), **checks)
         cur.close()
