@@ -37,6 +37,16 @@ def test_refused_rows_go_to_a_clickhouse_dead_letter_table_and_the_rest_is_writt
     assert {r[3] for r in got.values()} == {"clickhouse"} and table in got[7][4] and got[7][5] == "\\N"
     assert sluice.last_write_summary()["dead_letters"] == 5
 
+    # With insert deduplication, a split half carries a token of its own rows: a re-run of the write (same write id,
+    # same aligned batches, the same halves) is deduplicated whole, and no half was taken for its refused batch.
+    dedup = ch.table("id Int64, v Int64, small Int8, CONSTRAINT v_positive CHECK v >= 0",
+                     "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 1000")
+    once = {**opts, **ch.opts(dedup, **{"sink.batch.max-size": "64", "insert.deduplicate": "true",
+                                        "sink.write-id": "dl-dedup"})}
+    for _ in range(2):
+        sluice.write(df, "clickhouse", once)
+    assert ch.rows(f"SELECT count(), uniqExact(id) FROM {dedup}") == [["395", "395"]]
+
     # Negative control: without errors.tolerance=all the same rows fail the write, naming how to send them aside.
     again = ch.table("id Int64, v Int64, small Int8, CONSTRAINT v_positive CHECK v >= 0")
     with pytest.raises(Exception, match=r"VIOLATED_CONSTRAINT.*errors\.tolerance=all"):
