@@ -118,6 +118,8 @@ def plan_dead_letters(opts: Options, connector: str, streaming: bool) -> DeadLet
         raise OptionError("the dead-letter target's own errors.* options cannot be set: a record the dead-letter "
                           "target refuses fails the write (nothing is dropped). Remove errors.deadletter.errors.*.")
     shape = _shape(cls.format_name)
+    if shape == "body" and not any(k.lower() == "format" for k in settings):
+        settings["format"] = "raw"  # the body column is the dead letter's JSON already: not wrapped in another object
     try:
         plan = cls(settings)._plan(_spark_schema(shape), overwrite=False, streaming=streaming)  # type: ignore[attr-defined]
     except OptionError as e:
