@@ -125,12 +125,16 @@ class S2DataSource(_S2Base):
     """Insert-only appends: one record per row, body = the row as JSON (or a raw column)."""
 
     format_name = "s2"
+    refused_writes = ("A record over S2's limit of 1 MiB of metered bytes, and with format=raw a row whose body is "
+                      "NULL; S2 refuses no record for its content otherwise (an append is all or nothing).")
 
 
 class S2UpsertDataSource(_S2Base):
     """An upsert changelog compatible with flink-connector-s2: @key and @action headers, body = non-key columns."""
 
     format_name = "s2_upsert"
+    refused_writes = ("A record over S2's limit of 1 MiB of metered bytes, and a row with a NULL primary-key "
+                      "column; S2 refuses no record for its content otherwise (an append is all or nothing).")
     write_spec = UPSERT_SPEC
     read_spec = UPSERT_READ_SPEC
     read_options_type = UpsertReadOptions
