@@ -140,7 +140,9 @@ class Handler(BaseHTTPRequestHandler):
     @staticmethod
     def _insert(conn: Any, statement: Statement) -> bytes:
         """Data goes through chdb's streaming insert: passed inline in the SQL, chdb would split binary data at
-        blank lines as if they separated statements."""
+        blank lines as if they separated statements. A table with a CONSTRAINT takes it from a file instead."""
+        if _has_constraints(conn, statement.sql):
+            return _insert_from_file(conn, statement)
         insert = conn.send_insert(statement.sql, statement.fmt)
         try:
             data = memoryview(statement.data)
@@ -152,6 +154,35 @@ class Handler(BaseHTTPRequestHandler):
                 insert.cancel()
             raise
         return b""
+
+
+_NAME = r"(?:`(?:[^`\\]|\\.)*`|[A-Za-z_][A-Za-z0-9_]*)"
+_INTO = re.compile(rf"\s*INSERT\s+INTO\s+(?:TABLE\s+)?({_NAME}(?:\.{_NAME})?)", re.IGNORECASE)
+
+
+def _has_constraints(conn: Any, sql: str) -> bool:
+    """Whether an INSERT's table has a CONSTRAINT: chdb's streaming insert (chdb 26.9) drops a block that breaks a
+    CHECK without an error, where ClickHouse refuses the INSERT with VIOLATED_CONSTRAINT."""
+    found = _INTO.match(sql)
+    if found is None:
+        return False
+    try:
+        create = conn.query(f"SHOW CREATE TABLE {found.group(1)}", "TabSeparated").bytes().decode()
+    except Exception:
+        return False  # a table function or a missing table: the streaming insert says what is wrong
+    return "CONSTRAINT" in create
+
+
+def _insert_from_file(conn: Any, statement: Statement) -> bytes:
+    """INSERT ... SELECT from the data in a file, which checks the table's constraints as ClickHouse's INSERT does."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".data") as data:
+        data.write(statement.data or b"")
+        data.flush()
+        source = f"file({quote_literal(data.name)}, {quote_literal(statement.fmt or '')})"
+        conn.query(f"{statement.sql} SELECT * FROM {source}", "TabSeparated")
+    return b""
 
 
 ROUTES = {("GET", "/ping"): Handler.ok}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from sluice.connector import (
     EngineArrowWriter,
     EngineStreamArrowWriter,
+    ErrorPolicy,
     OptionError,
     Options,
     SinkConfig,
@@ -33,6 +36,7 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
     """See sluice/tablestore/_source.py's docstring for usage."""
 
     format_name = "tablestore"
+    refused_writes = "A row with a NULL primary-key column, which an upsert table cannot merge."
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
@@ -42,7 +46,8 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
         return None
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
-        return SINK_CONFIG  # not tunable: one ordered Parquet file per task, committed by the driver
+        # Not tunable: one ordered Parquet file per task, committed by the driver; only errors.* is the user's.
+        return dataclasses.replace(SINK_CONFIG, errors=ErrorPolicy.of(opts))
 
     # ------------------------------------------------------------------ writing
     def plan_write(self, opts: Options, schema: StructType, config: SinkConfig,

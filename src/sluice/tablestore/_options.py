@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import Option, Options, OptionSpec, TypedOptions
+from sluice.connector import ERROR_OPTIONS, Option, Options, OptionSpec, TypedOptions, check_error_options
 from sluice.tablestore._commit import Upkeep
 
 TABLE = Option("table", "str", None, "Table name (letters, digits, '_').", required=True)
@@ -71,7 +71,8 @@ READ_OPTIONS = (
     Option("changes", "bool", False, "Add the change columns _change_type and _commit_version (Delta's change "
            "data feed); needed to stream an upsert table."),
 )
-WRITE_SPEC = OptionSpec("tablestore", (*COMMON, *WRITE_OPTIONS))
+# The sink's engine settings are fixed (SINK_CONFIG), but what a refused row does is the user's: errors.*.
+WRITE_SPEC = OptionSpec("tablestore", (*COMMON, *WRITE_OPTIONS, *ERROR_OPTIONS), (check_error_options,))
 READ_SPEC = OptionSpec("tablestore", (*COMMON, *READ_OPTIONS))
 
 

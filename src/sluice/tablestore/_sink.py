@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from sluice.connector import (
@@ -22,6 +24,7 @@ from sluice.connector import (
     BlockingStore,
     Committer,
     Encoded,
+    RecordError,
     SinkConfig,
     TaskWriter,
     WriteContext,
@@ -32,7 +35,7 @@ from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._commit import BarrierCommit
 from sluice.tablestore._options import WriteOptions
-from sluice.tablestore._table import StagedFile, StoreTable, TableStoreError
+from sluice.tablestore._table import StagedFile, StoreTable
 
 MiB = 1024 * 1024
 # One file per task, written in order: one batch in flight (Parquet writers are sequential), large row groups,
@@ -76,6 +79,9 @@ class ParquetStore(BlockingStore):
         self._writer.write_table(data)
         self._count += data.num_rows
         self.rows.release(batch.entries)
+
+    def refused_rows(self, entries: Sequence[int]) -> pa.Table:
+        return self.rows.take(entries)
 
     def pre_commit(self) -> dict[str, Any] | None:
         if self._writer is None:
@@ -159,12 +165,15 @@ class TableStoreWritePlan(WritePlan):
 
 
 def check_key(table: StoreTable, key: tuple[str, ...], batch: pa.RecordBatch) -> None:
-    """A row without its primary key cannot be merged by it: refuse the write (nothing of it is committed)."""
+    """A row without its primary key cannot be merged by it: refuse those rows (RecordError with their positions:
+    errors.tolerance=all sends them aside, else the write fails and nothing of it is committed)."""
     for name in key:
         column = batch.column(name)
         if column.null_count:
             first = first_null(column)
-            raise TableStoreError(
+            rows = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool))
+            raise RecordError(
                 f"table '{table.name}': {column.null_count} row(s) have a null primary-key column '{name}' (the "
-                f"first at row {first} of a batch); every row needs its key {list(key)}. Nothing of this write is "
-                "committed: filter or fill those rows and write again.")
+                f"first at row {first} of a batch); every row needs its key {list(key)}. Unless errors.tolerance=all "
+                "sends such rows aside, nothing of this write is committed: filter or fill those rows and write "
+                "again.", rows=rows.tolist())

@@ -130,8 +130,8 @@ def test_rows_clickhouse_would_refuse_are_refused_per_chunk_naming_column_and_ke
     table = ch.table("id Int64, small Int8, note String")
     bad = spark.createDataFrame([(1, 1, "a"), (2, 300, "b")], "id long, small int, note string").coalesce(1)
     with pytest.raises(Exception, match=r"value 300 of column 'small' is outside the range of its ClickHouse type "
-                                        r"Int8 \(the row with sorting key \{'id': 2\}\)\. Nothing of this chunk was "
-                                        r"sent"):
+                                        r"Int8 \(the row with sorting key \{'id': 2\}; 1 row\(s\)\)\. Those rows were "
+                                        r"not sent"):
         sluice.write(bad, "clickhouse", ch.opts(table))
     missing = spark.createDataFrame([(3, None, "c")], "id long, small int, note string").coalesce(1)
     with pytest.raises(Exception, match=r"column 'small' is not Nullable in default\.\S+ \(Int8\), but 1 row\(s\) "

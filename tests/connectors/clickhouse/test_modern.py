@@ -63,7 +63,7 @@ def test_values_a_modern_column_cannot_hold_are_refused_before_anything_is_sent(
         (spark.createDataFrame([(1, "blue", [1], dt.date(2000, 1, 1))], "id long, color string, arr array<int>, "
                                "d32 date"),
          r"value 'blue' of column 'color' is not one of its Enum8's names \['red'\] \(the row with sorting key "
-         r"\{'id': 1\}\)\. Nothing of this chunk was sent"),
+         r"\{'id': 1\}; 1 row\(s\)\)\. Those rows were not sent"),
         (spark.createDataFrame([(2, "red", [1, None], dt.date(2000, 1, 1))], "id long, color string, arr array<int>, "
                                "d32 date"),
          r"column 'arr' of default\.\S+ holds a NULL in an element \(the array's type is Array\(Int32\)\), which is "

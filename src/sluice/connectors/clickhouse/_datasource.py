@@ -57,6 +57,10 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
 
     format_name = "clickhouse"
     no_transactions = NO_TRANSACTIONS
+    refused_writes = ("A row with a value its column cannot hold (out of the type's range, NULL in a non-Nullable "
+                      "column or element, not an Enum name), found before anything is sent, or an INSERT ClickHouse "
+                      "refuses for a row's content (a value that does not parse or fit, a string over a FixedString, "
+                      "a CONSTRAINT ... CHECK), the batch split until the row is alone.")
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC

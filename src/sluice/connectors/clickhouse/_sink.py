@@ -10,11 +10,20 @@ ClickHouse converts each column to its type (no per-row work in Python).
   version). Without a version column the last *inserted* row wins, so the default mode is partition-ordered by
   the sorting key; with a version column any mode is safe. `upsert.op-column` turns rows into deletes through
   ReplacingMergeTree(ver, is_deleted).
+
+A row is refused (errors.tolerance=all sends it aside) when a chunk's check finds a value its column cannot hold,
+before anything is sent (RecordError with its rows), or when ClickHouse refuses an INSERT for a row's content
+(RECORD_CODES: a value that does not parse or fit, a CONSTRAINT ... CHECK): the engine splits the batch until the
+row is alone. An INSERT of one batch is one block, applied whole or not at all. With insert.deduplicate, a split
+half is a batch of its own: its token holds its own first row and the hash of its own rows, so it is never taken
+for the refused whole (which ClickHouse did not store, so its token was not kept either); a task re-run cuts the
+same batches and, the same rows refused again, the same halves, whose tokens ClickHouse then recognizes.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,13 +36,14 @@ from sluice.connector import (
     BatchCreator,
     BlockingStore,
     Encoded,
+    RecordError,
     TaskWriter,
     WriteContext,
     WritePlan,
     delete_mask,
 )
 from sluice.connectors.clickhouse._checks import check_chunk
-from sluice.connectors.clickhouse._client import Connection, quote_ident
+from sluice.connectors.clickhouse._client import RECORD_CODES, ClickHouseError, Connection, quote_ident
 from sluice.connectors.clickhouse._types import CHType
 
 
@@ -118,8 +128,17 @@ class ClickHouseStore(BlockingStore):
         settings: dict[str, Any] = dict(self.plan.settings)  # ClickHouse settings, for request's **settings
         if self.plan.deduplicate:
             settings["insert_deduplication_token"] = self.plan.token(self.context, batch.entries[0], body)
-        self.plan.conn.request(self.plan.statement, body=body, **settings)
+        try:
+            self.plan.conn.request(self.plan.statement, body=body, **settings)
+        except ClickHouseError as e:
+            if e.code in RECORD_CODES:  # the engine splits the batch until the row is alone
+                raise RecordError(f"writing {batch.record_count} row(s) to {self.target}: a row was refused for "
+                                  f"what it holds: {e}") from None
+            raise
         self.rows.release(batch.entries)
+
+    def refused_rows(self, entries: Sequence[int]) -> pa.Table:
+        return self.rows.take(entries)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.connector import Encoded, OptionError, WriteContext, delete_mask
+from sluice.connector import Encoded, OptionError, RecordError, WriteContext, delete_mask
 from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import AppendWriteOptions, FormatWriteOptions, template_columns
 
@@ -178,8 +178,9 @@ class S2Encoder:
         if self.format == "raw":
             bodies_array = _as_binary(batch.column(self.body_columns[0]), self.body_columns[0])
             if bodies_array.null_count:
-                raise OptionError(f"column '{self.body_columns[0]}' has {bodies_array.null_count} null value(s); a "
-                                  "record body cannot be null. Filter them or fill them first.")
+                raise RecordError(f"column '{self.body_columns[0]}' has {bodies_array.null_count} null value(s); a "
+                                  "record body cannot be null. Filter them or fill them first (errors.tolerance=all "
+                                  "sends such rows aside).", rows=_null_rows(bodies_array))
         else:
             bodies_array = json_bodies(batch, self.body_columns)
         sizes = _lengths(bodies_array) + 8
@@ -232,8 +233,9 @@ class S2Encoder:
         for column in self.key_columns:
             nulls = batch.column(column).null_count
             if nulls:
-                raise OptionError(f"primary-key column '{column}' has {nulls} null value(s) in this batch; an "
-                                  "upsert key cannot be null. Filter or fill them before writing.")
+                raise RecordError(f"primary-key column '{column}' has {nulls} null value(s) in this batch; an "
+                                  "upsert key cannot be null. Filter or fill them before writing (errors.tolerance="
+                                  "all sends such rows aside).", rows=_null_rows(batch.column(column)))
         kept = None
         if self.reduce and batch.num_rows > 1:
             kept = self._last_per_key(batch)
@@ -302,3 +304,7 @@ class S2Encoder:
             ts = timestamps if timestamps is not None else [None] * n
             entries = [(s, record(b, h, t)) for s, b, h, t in zip(streams, bodies, hs, ts, strict=True)]
         return entries, sizes.tolist()
+
+
+def _null_rows(column: pa.Array) -> list[int]:
+    return np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)).tolist()

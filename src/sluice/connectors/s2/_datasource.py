@@ -130,12 +130,16 @@ class S2DataSource(_S2Base):
     format_name = "s2"
     refused_reads = ("with format=json, a record whose body is not a JSON object of the read's schema, sent aside "
                      "as its stream, seq num, timestamp, headers and body")
+    refused_writes = ("A record over S2's limit of 1 MiB of metered bytes, and with format=raw a row whose body is "
+                      "NULL; S2 refuses no record for its content otherwise (an append is all or nothing).")
 
 
 class S2UpsertDataSource(_S2Base):
     """An upsert changelog compatible with flink-connector-s2: @key and @action headers, body = non-key columns."""
 
     format_name = "s2_upsert"
+    refused_writes = ("A record over S2's limit of 1 MiB of metered bytes, and a row with a NULL primary-key "
+                      "column; S2 refuses no record for its content otherwise (an append is all or nothing).")
     write_spec = UPSERT_SPEC
     read_spec = UPSERT_READ_SPEC
     read_options_type = UpsertReadOptions

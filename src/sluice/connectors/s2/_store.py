@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.connector import Batch, ErrorKind, RetryableError, SinkError, Store, ThrottledError, WriteContext
 from sluice.connectors.s2._client import Connection, explain_sdk_error
 from sluice.connectors.s2._commits import opening_token
+from sluice.connectors.s2._letters import letter
 
 if TYPE_CHECKING:
     import numpy as np
@@ -364,6 +365,11 @@ class S2Store(Store):
                 "sluice.partitioned() do this), or write from a single partition.",
                 store=self.name, target=self.target, batch_records=error.batch_records, cause=cause)
         return error
+
+    def refused_rows(self, entries: Sequence[Any]) -> list[dict[str, object]]:
+        """A refused record as its stream, body (UTF-8 text, else base64), headers and timestamp; a body over
+        S2's record limit cut to its first 64 KiB (LETTER_BODY_BYTES), with body_bytes giving its whole size."""
+        return [letter(*(entry if isinstance(entry, tuple) else (self.one_stream, entry))) for entry in entries]
 
     def pre_commit(self) -> Any:
         return {"streams": dict(self.streams_written), "writer": self.writer_id.decode()}
