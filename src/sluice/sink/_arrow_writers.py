@@ -175,10 +175,11 @@ class _EngineWriterMixin:
     def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
         self._check_refusals(done)
-        letters = self.dead_letters.committer() if self.dead_letters is not None else None
+        staged = [m.dead_letters for m in sorted(done, key=lambda m: m.context.partition_id)
+                  if m.dead_letters is not None]
+        letters = self.dead_letters.committer() if self.dead_letters is not None and staged else None
         if letters is not None:  # before the write's own: a record is in one of the two once the write is committed
-            letters.commit([m.dead_letters for m in sorted(done, key=lambda m: m.context.partition_id)
-                            if m.dead_letters is not None], self._epoch_context(done, epoch))
+            letters.commit(staged, self._epoch_context(done, epoch))  # (nothing sent aside: no empty commit)
         if self.plan.commits_on_driver:
             committer = self.plan.committer()
             assert committer is not None
