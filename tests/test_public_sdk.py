@@ -116,6 +116,8 @@ ALLOWED_ANY = {
     "DeadLetterWriter.finish.return": STORE_MESSAGE,
     "Committer.commit.messages": STORE_MESSAGE,
     "Committer.abort.messages": STORE_MESSAGE,
+    "Committer.commit_with.messages": STORE_MESSAGE,
+    "Committer.commit_with.companion_messages": STORE_MESSAGE,
     "Option.__init__.default": OPTION_VALUE,
     "Option.parse.raw": OPTION_VALUE,
     "Option.parse.return": OPTION_VALUE,

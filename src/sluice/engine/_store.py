@@ -129,6 +129,13 @@ class Committer(ABC):
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         """Discard what the tasks prepared."""
 
+    def commit_with(self, messages: list[Any], context: WriteContext, companion: Committer,
+                    companion_messages: list[Any]) -> bool:
+        """Commit the epoch together with `companion`'s (the write's dead-letter target) in one transaction, when both
+        live in one transactional store this committer can reach: True when done. False (the default): they commit
+        one after the other, the companion first, each once per (write id, epoch)."""
+        return False
+
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):

@@ -175,17 +175,20 @@ class _EngineWriterMixin:
     def _commit(self, messages: list[SluiceCommitMessage | None], epoch: int | None) -> None:
         done = [m for m in messages if m is not None]
         self._check_refusals(done)
-        staged = [m.dead_letters for m in sorted(done, key=lambda m: m.context.partition_id)
-                  if m.dead_letters is not None]
+        ordered = sorted(done, key=lambda m: m.context.partition_id)
+        own = [m.store_message for m in ordered if m.store_message is not None]
+        staged = [m.dead_letters for m in ordered if m.dead_letters is not None]  # none sent aside: no commit there
+        context = self._epoch_context(done, epoch)
         letters = self.dead_letters.committer() if self.dead_letters is not None and staged else None
-        if letters is not None:  # before the write's own: a record is in one of the two once the write is committed
-            letters.commit(staged, self._epoch_context(done, epoch))  # (nothing sent aside: no empty commit)
-        if self.plan.commits_on_driver:
-            committer = self.plan.committer()
-            assert committer is not None
-            ordered = sorted(done, key=lambda m: m.context.partition_id)
-            committer.commit([m.store_message for m in ordered if m.store_message is not None],
-                             self._epoch_context(done, epoch))
+        committer = self.plan.committer() if self.plan.commits_on_driver else None
+        # One transaction where the store can hold both; else the dead letters first: a record is in one of the two
+        # once the write is committed, each commit once per (write id, epoch).
+        together = letters is not None and committer is not None and committer.commit_with(own, context, letters,
+                                                                                             staged)
+        if letters is not None and not together:
+            letters.commit(staged, context)
+        if committer is not None and not together:
+            committer.commit(own, context)
         guard = self.plan.replay_guard() if epoch is not None else None
         if guard is not None and epoch is not None:
             guard.mark_committed(self._epoch_context(done, epoch).write_id, epoch)

@@ -111,6 +111,35 @@ def test_a_check_the_staging_table_cannot_carry_fails_the_commit_whole(spark, pg
     assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(0,)]
 
 
+@pytest.mark.parametrize("same_database", [True, False])
+def test_dead_letters_in_the_same_database_commit_in_the_writes_transaction(spark, pg, same_database):
+    # Row 50 is refused when its task stages it (CHECK v >= 0: it goes aside); rows 0..9 pass staging but fail the
+    # commit (CHECK v >= cap reads a column the DataFrame does not write): the write commits nothing. Dead letters in
+    # the same database commit in the write's transaction, so they are not committed either; the control, in another
+    # database, commits them first, on their own.
+    table, letters = pg.table(), pg.table("dl")
+    pg.sql(f'CREATE TABLE "{table}" (id bigint, v bigint CHECK (v >= 0), cap bigint DEFAULT 10, CHECK (v >= cap))')
+    url = pg.url
+    if not same_database:
+        other = pg.table("db")
+        pg.sql(f'CREATE DATABASE "{other}"')
+        parts = urlsplit(pg.url)
+        url = parts._replace(path=f"/{other}").geturl()
+    df = spark.range(0, 100, 1, 2).selectExpr("id", "CASE WHEN id = 50 THEN -1 ELSE id END AS v")
+    options = {**exactly_once(pg, table), "errors.tolerance": "all", "errors.deadletter.format": "postgres",
+               "errors.deadletter.url": url, "errors.deadletter.table": letters,
+               "errors.deadletter.create-table": "true", "errors.deadletter.sink.mode": "global-ordered",
+               "errors.deadletter.sink.transactional": "true"}
+    with pytest.raises(Exception, match=r'(?s)commit of public\.\S+ .*rolled back'):
+        df.write.format("postgres").options(**options).mode("append").save()
+    assert pg.sql(f'SELECT count(*) FROM "{table}"') == [(0,)]
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        found = conn.execute(f"SELECT record::json->>'id' FROM \"{letters}\"").fetchall()
+    assert found == ([] if same_database else [("50",)])
+
+
 @pytest.mark.parametrize("mode, int_type", [("partition-ordered", "integer"), ("unordered", "integer"),
                                            ("unordered", "bigint")])
 def test_the_other_write_paths_split_a_refused_batch_and_apply_nothing_of_it_twice(spark, pg, mode, int_type):

@@ -109,6 +109,10 @@ class Connection:
     def describe(self) -> str:
         return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
 
+    def same_database(self, other: Connection) -> bool:
+        """Whether `other` reaches the same database as the same user: one transaction may then hold both's work."""
+        return (self.host, self.port, self.dbname, self.user) == (other.host, other.port, other.dbname, other.user)
+
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
         url = opts["url"]

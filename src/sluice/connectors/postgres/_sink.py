@@ -206,7 +206,21 @@ class PostgresCommitter(Committer):
         with self.conn_info.pooled(autocommit=False, pooled=self.pooled) as conn:
             self._commit_on(conn, messages, context)
 
-    def _commit_on(self, conn: Any, messages: list[Any], context: WriteContext) -> None:
+    def commit_with(self, messages: list[Any], context: WriteContext, companion: Committer,
+                    companion_messages: list[Any]) -> bool:
+        """A staged dead-letter table in the same database: its rows and the write's in one transaction, so that
+        no reader ever sees a refused record aside while the write's other rows are not committed, or the reverse."""
+        if not isinstance(companion, PostgresCommitter) or companion.plan.stage_table is None \
+                or not self.conn_info.same_database(companion.conn_info):
+            return False
+        with self.conn_info.pooled(autocommit=False, pooled=self.pooled) as conn:
+            companion._commit_on(conn, companion_messages, context, finish=False)
+            self._commit_on(conn, messages, context)
+        return True
+
+    def _commit_on(self, conn: Any, messages: list[Any], context: WriteContext, finish: bool = True) -> None:
+        """The epoch's staged rows moved into the table and its commit-log row, in `conn`'s transaction: committed
+        when `finish`, else left open for another committer's part (commit_with), rolled back on failure."""
         plan = self.plan
         assert plan.stage_table is not None
         stage = qualified(plan.schema, plan.stage_table)
@@ -220,7 +234,8 @@ class PostgresCommitter(Committer):
                         "ON CONFLICT DO NOTHING RETURNING 1", (plan.display, context.write_id, epoch, rows))
             if not cur.fetchall():
                 cur.execute(f"DELETE FROM {stage} WHERE {where}")
-                conn.commit()
+                if finish:
+                    conn.commit()
                 log.info("postgres: %s epoch %s of %s was committed before; replay is a no-op", plan.display, epoch,
                          context.write_id)
                 return
@@ -237,7 +252,8 @@ class PostgresCommitter(Committer):
             for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq"):
                 cur.execute(sql)
             cur.execute(f"DELETE FROM {stage} WHERE {where}")
-            conn.commit()
+            if finish:
+                conn.commit()
         except PostgresError:
             conn.rollback()
             raise
