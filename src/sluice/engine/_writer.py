@@ -5,10 +5,12 @@ Threads: the caller's thread (a Spark task) pushes chunks of encoded entries int
 other state: it admits chunks while fewer than `requests_max_buffered` entries wait, cuts batches with the
 BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
 the user's rate cap (token buckets, sink.rate.*) and the AIMD rate limiter allow, handles completions (re-adding
-failed entries at the head), and reports the write to an optional observer (live metrics) every few seconds.
+failed entries at the head, splitting a batch refused for one of its records when errors.tolerance=all), and reports
+the write to an optional observer (live metrics) every few seconds.
 
-Over 400 lines on purpose: the manager thread's state and the loop that owns it are one unit; split, each half
-would reach into the other's fields.
+Over 400 lines on purpose: the manager thread's state and the loop that owns it are one unit (the refusals' split
+and route too: they put entries back in its buffer and count in its stats); split, each half would reach into the
+other's fields.
 """
 
 from __future__ import annotations
