@@ -42,6 +42,7 @@ from sluice._options import Options
 from sluice.engine import AsyncSinkWriter, Committer, WriteContext
 from sluice.engine._refusals import ErrorPolicy
 from sluice.sink._plan import TaskWriter, WritePlan
+from sluice.spark._compat import to_arrow_schema
 
 log = logging.getLogger("sluice.sink")
 
@@ -57,11 +58,7 @@ DEAD_LETTER_COLUMNS = StructType([
     StructField("task", IntegerType()),  # the Spark partition
     StructField("failed_at", TimestampType()),
 ])
-_ARROW_COLUMNS = pa.schema([
-    ("record", pa.string()), ("error_class", pa.string()), ("error_message", pa.string()),
-    ("connector", pa.string()), ("target", pa.string()), ("write_id", pa.string()), ("micro_batch", pa.int64()),
-    ("task", pa.int32()), ("failed_at", pa.timestamp("us", tz="UTC")),
-])
+_ARROW_COLUMNS = to_arrow_schema(DEAD_LETTER_COLUMNS)  # the batches the tasks make of them
 _KAFKA_HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 # Kafka Connect's names for a dead letter's headers (DeadLetterQueueReporter), under sluice's own prefix.
 _HEADER_PREFIX = "__sluice.errors."
@@ -172,8 +169,6 @@ def plan_dead_letters(opts: Options, connector: str, streaming: bool,
 
 def _with_columns(target: str, shape: str, schema: StructType | None) -> tuple[StructType, pa.Schema]:
     """errors.record-as=columns: the dead letter's columns with the write's own in place of `record`."""
-    from sluice.spark._compat import to_arrow_schema
-
     if schema is None:
         raise OptionError("errors.record-as=columns keeps a written row's columns, and a read's records that do not "
                           "decode have none: use errors.record-as=json.")
