@@ -91,7 +91,15 @@ from sluice.sink._encoding import (
 )
 from sluice.sink._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.sink._replay import ReplayGuard
-from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
+from sluice.source import (
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitGroup,
+    SplitPartition,
+    SplitReader,
+    SplitStreamReader,
+)
 from sluice.source._bounds import forward_bounds
 from sluice.source._datasource import SourceDataSource
 from sluice.source._deadletters import ValueTypeError, conform_or_aside, read_with_letters
@@ -201,6 +209,7 @@ __all__ = [
     "Split",
     "SplitBatchReader",
     "SplitEnumerator",
+    "SplitGroup",
     "SplitPartition",
     "SplitReader",
     "SplitStreamReader",

@@ -152,6 +152,12 @@ READ_OPTIONS = (
     Option("max-records-per-partition", "int", 500_000,
            "Cut a partition's offsets into Spark partitions of at most this many, read in parallel (0: never).",
            minimum=0),
+    Option("records-per-task", "int", 100_000,
+           "Partitions' ranges of fewer offsets than this are read together, one after another, by read tasks of up "
+           "to this many offsets (a topic of hundreds of small partitions: a few tasks, not one each); a range of "
+           "at least this many, or cut by max-records-per-partition, is read alone. 0: a task per partition, as "
+           "Spark's Kafka source.",
+           minimum=0),
     Option("discovery-interval-ms", "int", 10_000,
            "Streaming: how often topics and partitions are listed again (partitions added, topics created that "
            "match subscribePattern, topics deleted).", minimum=0),
@@ -273,6 +279,7 @@ class ReadOptions(TypedOptions):
     include_headers: bool
     max_records_per_trigger: int | None
     max_records_per_partition: int
+    records_per_task: int
     discovery_interval_ms: int
     timeout_ms: int
     client: ClientSettings
