@@ -13,12 +13,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from sluice.metrics._reads import ReadObserver, observed
+from sluice.metrics._reads import ReadObserver, observed, observed_parts
 from sluice.metrics._report import SourceReport, SplitLag
 from sluice.source._offset import SplitOffset
 from sluice.source._stream import StreamReaderCore
@@ -93,17 +92,16 @@ def pack(parts: Sequence[SplitPartition], per_task: int | None) -> list[SplitPar
     return out
 
 
-def read_parts(reader: SplitReader, task: SplitPartition | SplitGroup) -> Iterator[Any] | None:
-    """A read task's batches: its range's, or its group's ranges' one after another (None: nothing to read)."""
+def read_parts(reader: SplitReader, task: SplitPartition | SplitGroup,
+               reads: ReadObserver | None) -> Iterator[Any] | None:
+    """A read task's batches: its range's, or its group's ranges' one after another (None: nothing to read), reported
+    to `reads` as one task's, with each split's own fetch lag (`observed_parts`)."""
     parts = [p for p in (task.parts if isinstance(task, SplitGroup) else (task,)) if p.end > p.start]
     if not parts:
         return None
-    return chain.from_iterable(reader.read(p.split, p.start, p.end) for p in parts)
-
-
-def split_id(task: SplitPartition | SplitGroup) -> str | None:
-    """The split a read task reads, for its metrics (None: a group's several)."""
-    return None if isinstance(task, SplitGroup) else task.split.split_id
+    if len(parts) == 1:
+        return observed(reads, reader.read(parts[0].split, parts[0].start, parts[0].end), parts[0].split.split_id)
+    return observed_parts(reads, ((p.split.split_id, reader.read(p.split, p.start, p.end)) for p in parts))
 
 
 class SplitEnumerator(ABC):
@@ -201,9 +199,7 @@ class SplitBatchReader(DataSourceReader):
         return out or [SplitPartition(Split("__empty__"), 0, 0)]
 
     def read(self, partition: SplitPartition | SplitGroup) -> Iterator[Any]:  # type: ignore[override]
-        batches = read_parts(self.reader, partition)
-        if batches is not None:
-            yield from observed(self.reads, batches, split_id(partition))
+        yield from read_parts(self.reader, partition, self.reads) or ()
 
 
 class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition | SplitGroup]):
@@ -300,10 +296,11 @@ class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition | SplitGrou
         return tasks(ranges, self.max_per_partition, self.per_task)
 
     def read_partition(self, partition: SplitPartition | SplitGroup) -> Iterator[Any] | None:
-        return read_parts(self.reader, partition)
+        return read_parts(self.reader, partition, None)
 
-    def split_of(self, partition: SplitPartition | SplitGroup) -> str | None:
-        return split_id(partition)
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Each range of a task observed as its split's (`read_parts`), not the task's batches as one."""
+        yield from read_parts(self.reader, cast(SplitPartition | SplitGroup, partition), self.reads) or ()
 
     def lag(self, end: SplitOffset) -> SourceReport:
         """Each split's committed position against its head as the last planning saw it, and their sum."""
