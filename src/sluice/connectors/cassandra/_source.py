@@ -12,6 +12,7 @@ A value that has no form in its column's Spark type (a varint or decimal beyond 
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -113,7 +114,7 @@ def restrictions(filters: list[Any], info: TableInfo) -> list[tuple[Any, Restric
 # InvalidOperation (an ArithmeticError: over 38 digits), ArrowTypeError (a TypeError: a schema given to the read
 # that does not fit the column).
 UNTYPED = (ValueError, TypeError, ArithmeticError)
-_AS_JSON = (str, int, float, bool, Decimal, bytes)
+_AS_JSON = (str, int, float, bool, Decimal, bytes, datetime.date, list, tuple, dict)  # as record_json writes them
 
 
 class CassandraReader(SplitReader):
@@ -201,7 +202,7 @@ class CassandraReader(SplitReader):
                 raise  # no one row is at fault
         if letters is None:
             first = bad[min(bad)]
-            raise ValueTypeError(f"{first} {SEND_ASIDE}") from None
+            raise ValueTypeError(f"{first}. {SEND_ASIDE}") from None
         names = self.schema.names
         letters.add([{n: v if v is None or isinstance(v, _AS_JSON) else str(v) for n, v in zip(names, page[row],
                                                                                                 strict=True)}

@@ -102,8 +102,8 @@ class ClickHouseReader(SplitReader):
                 continue
             try:
                 yield conform_or_aside(batch, self.schema, letters, where, key=self.key)
-            except pa.ArrowInvalid as e:  # without a route (or with no one row at fault)
-                raise ValueTypeError(f"{where}: {e}. {SEND_ASIDE}") from None
+            except pa.ArrowInvalid as e:  # without a route, or with no one row at fault
+                raise ValueTypeError(f"{where}: {e}." + (f" {SEND_ASIDE}" if letters is None else "")) from None
 
     def select_sql(self, split: Split) -> str:
         out = []
