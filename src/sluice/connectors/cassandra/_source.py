@@ -17,7 +17,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import pyarrow as pa
@@ -228,9 +228,10 @@ class CassandraReader(SplitReader):
                 except UNTYPED as e:
                     if r not in bad:
                         named = ", ".join(f"{names[k]}={row[k]!r}" for k in key)
+                        why = "more digits than it holds" if isinstance(e, InvalidOperation) else str(e)
                         bad[r] = ValueTypeError(f"cassandra {self.described()}, split {split}, key ({named}): the "
                                                 f"value {row[i]!r} of column '{field.name}' (CQL {kind}) does not "
-                                                f"convert to {field.type}: {e}")
+                                                f"convert to {field.type}: {why}")
         return bad
 
 
