@@ -13,7 +13,6 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     PARTITION_ORDERED,
-    ErrorPolicy,
     OptionError,
     Options,
     SinkConfig,
@@ -21,7 +20,6 @@ from sluice.connector import (
     SourceDataSource,
     SplitBatchReader,
     SplitStreamReader,
-    plan_dead_letters,
 )
 from sluice.connectors.kafka._checks import check_columns, probe, validate_client
 from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
@@ -31,7 +29,6 @@ from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC,
 from sluice.connectors.kafka._reader import KafkaSplitReader, read_schema
 from sluice.connectors.kafka._schemas import resolve_reads, resolve_writes
 from sluice.connectors.kafka._sink import KafkaWritePlan
-from sluice.connectors.kafka._undecodable import ReadRefusals
 
 
 def check_consumer_settings(options: ReadOptions) -> None:
@@ -139,16 +136,10 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
         if not options.payloads.raw:
             check_same_reader_schema(schema, read_schema(options))
         check_consumer_settings(options)
-        reader = KafkaSplitReader(options, schema, self._read_refusals(streaming=not batch))
+        # errors.tolerance=all: where the records the read cannot decode go, planned here on the driver
+        reader = KafkaSplitReader(options, schema, self.dead_letters(self.read_options(), streaming=not batch),
+                                  f"read-{uuid.uuid4().hex}", streaming=not batch)
         return KafkaEnumerator(options, discovery_of(options), batch), reader, options
-
-    def _read_refusals(self, streaming: bool) -> ReadRefusals | None:
-        """errors.tolerance=all: where the records the read cannot decode go, planned here on the driver."""
-        opts = self.read_options()
-        route = plan_dead_letters(opts, self.format_name, streaming)
-        if route is None:
-            return None
-        return ReadRefusals(route, ErrorPolicy.of(opts), f"read-{uuid.uuid4().hex}", streaming)
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, options = self._read_parts(schema, batch=True)

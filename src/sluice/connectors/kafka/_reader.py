@@ -22,11 +22,21 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
-from sluice.connector import OptionError, SluiceError, Split, SplitReader, from_arrow_schema, to_arrow_schema
+from sluice.connector import (
+    DeadLetterRoute,
+    DeadLetterWriter,
+    OptionError,
+    SluiceError,
+    Split,
+    SplitReader,
+    from_arrow_schema,
+    read_with_letters,
+    to_arrow_schema,
+)
 from sluice.connectors.kafka._decode import BadPayloadError, SideDecoder
 from sluice.connectors.kafka._enumerator import topic_partition
 from sluice.connectors.kafka._options import ReadOptions
-from sluice.connectors.kafka._undecodable import ReadRefusals, SplitRefusals
+from sluice.connectors.kafka._undecodable import set_aside
 
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -120,8 +130,11 @@ def headers_array(headers: list[list[tuple[str, bytes | None]] | None], arrow_ty
 class KafkaSplitReader(SplitReader):
     """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema."""
 
-    def __init__(self, options: ReadOptions, schema: Any, refusals: ReadRefusals | None = None) -> None:
-        self.refusals = refusals  # errors.tolerance=all: where records that do not decode go (_undecodable.py)
+    def __init__(self, options: ReadOptions, schema: Any, dead_letters: DeadLetterRoute | None = None,
+                 read_id: str = "", streaming: bool = False) -> None:
+        """`dead_letters`: where records that do not decode go (errors.tolerance=all, _undecodable.py), named after
+        the streaming query, else `read_id`."""
+        self.dead_letters, self.read_id, self.streaming = dead_letters, read_id, streaming
         self.key_decoder, self.value_decoder = decoders(options)
         # value.fields=columns: the value's fields are columns of their own, decoded together
         self.value_fields: tuple[str, ...] = ()
@@ -139,29 +152,30 @@ class KafkaSplitReader(SplitReader):
         self.arrow_schema = to_arrow_schema(schema)
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        topic, partition = topic_partition(split.split_id)
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming,
+                                 f"topic {topic} partition {partition}",
+                                 partial(self._read, split.split_id, topic, partition, start, end))
+
+    def _read(self, sid: str, topic: str, partition: int, start: int, end: int,
+              letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         from confluent_kafka import Consumer, TopicPartition
 
-        topic, partition = topic_partition(split.split_id)
         consumer = Consumer(self.config)
-        aside = self.refusals.open(split.split_id, topic, partition) if self.refusals is not None else None
         try:
             consumer.assign([TopicPartition(topic, partition, start)])
-            yield from self._range(consumer, split.split_id, topic, partition, start, end, aside)
-            if aside is not None:
-                aside.commit()  # the split read whole: its dead letters written (at least once, _undecodable.py)
+            yield from self._range(consumer, sid, topic, partition, start, end, letters)
         finally:
-            if aside is not None:
-                aside.close()
             consumer.close()
 
     def _range(self, consumer: Any, sid: str, topic: str, partition: int, start: int, end: int,
-               aside: SplitRefusals | None) -> Iterator[pa.RecordBatch]:
+               letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         position = start
         progressed = time.monotonic()
         while position < end:
             with gc_paused():
                 batch, next_position, finished = self._fetch(consumer, sid, topic, partition, position, start, end,
-                                                             aside)
+                                                             letters)
             if batch is not None:
                 yield batch
             if next_position > position:  # also when every record of a fetch went aside
@@ -176,7 +190,7 @@ class KafkaSplitReader(SplitReader):
                     f"{self.config['bootstrap.servers']} up? Raise timeout-ms to wait longer."))
 
     def _fetch(self, consumer: Any, sid: str, topic: str, partition: int, position: int, start: int,
-               end: int, aside: SplitRefusals | None = None) -> tuple[pa.RecordBatch | None, int, bool]:
+               end: int, letters: DeadLetterWriter | None = None) -> tuple[pa.RecordBatch | None, int, bool]:
         """One consume() and its records up to `end` as an Arrow batch (None: none came), the position after them,
         and whether the range is finished. The fetch's Message objects are freed when it returns."""
         from confluent_kafka import Message
@@ -197,15 +211,13 @@ class KafkaSplitReader(SplitReader):
             if not records:
                 return None, position, finished
         after = int(offsets[-1]) + 1
-        if aside is not None:
-            aside.seen += len(records)
         while True:
             try:
                 return self._to_arrow(topic, partition, records, offsets), after, finished
             except BadPayloadError as error:
-                if aside is None or not error.positions:
+                if letters is None or not error.positions:
                     raise
-                records, offsets = aside.add(error, records, offsets)
+                records, offsets = set_aside(letters, error, records, offsets)
                 if not records:
                     return None, after, finished
 
