@@ -95,7 +95,13 @@ from sluice.sink._replay import ReplayGuard
 from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
 from sluice.source._bounds import forward_bounds
 from sluice.source._datasource import SourceDataSource
-from sluice.source._deadletters import ValueTypeError, build_or_aside, conform_or_aside, read_with_letters
+from sluice.source._deadletters import (
+    SEND_ASIDE,
+    ValueTypeError,
+    build_or_aside,
+    conform_or_aside,
+    read_with_letters,
+)
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
 from sluice.source._stream import OpenStreamReaderCore, StreamReaderCore
@@ -137,6 +143,7 @@ __all__ = [
     "GLOBAL_ORDERED",
     "HAS_FILTER_PUSHDOWN",
     "PARTITION_ORDERED",
+    "SEND_ASIDE",
     "SINK_SPEC",
     "UNORDERED",
     "AdmissionControlledReader",

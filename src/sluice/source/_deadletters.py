@@ -91,11 +91,17 @@ class ValueTypeError(SluiceError):
     """A value a read cannot convert to its column's Spark type (a record it cannot type)."""
 
 
+# What a reader's error says when a record it cannot type fails the read (errors.tolerance=none).
+SEND_ASIDE = ("To send such records to a dead-letter target and read on, set errors.tolerance=all with "
+              "errors.deadletter.format and its options (docs/reliability.md).")
+
+
 def conform_or_aside(batch: pa.RecordBatch, schema: pa.Schema, letters: DeadLetterWriter | None,
-                     where: str) -> pa.RecordBatch:
+                     where: str, *, key: Sequence[str] = ()) -> pa.RecordBatch:
     """`conform(batch, schema)`; with `letters`, rows holding a value that does not convert to its column's type
-    go to the dead letters instead (each row as it came, its error naming `where`, the column and the value) and
-    the others are returned. A column whose type cannot convert at all still fails the read: no record is at fault."""
+    go to the dead letters instead (each row as it came, its error naming `where`, the row's `key` columns that
+    the batch holds, the column and the value) and the others are returned. A column whose type cannot convert at
+    all still fails the read: no record is at fault."""
     try:
         return conform(batch, schema)
     except pa.ArrowInvalid:
@@ -114,7 +120,9 @@ def conform_or_aside(batch: pa.RecordBatch, schema: pa.Schema, letters: DeadLett
             except pa.ArrowInvalid as e:
                 if row not in bad:
                     value = column[row].as_py()
-                    bad[row] = ValueTypeError(f"{where}: the value {value!r} of column '{field.name}' does not "
+                    named = [f"{k}={batch.column(k)[row].as_py()!r}" for k in key if k in batch.schema.names]
+                    at = f"{where}, key ({', '.join(named)})" if named else where
+                    bad[row] = ValueTypeError(f"{at}: the value {value!r} of column '{field.name}' does not "
                                               f"convert to {field.type}: {e}")
     rows = sorted(bad)
     if not rows:
