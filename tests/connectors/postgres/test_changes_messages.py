@@ -22,6 +22,7 @@ def contents(table):
     return [bytes(c).decode() for c in table.column("content").to_pylist()]
 
 
+@pytest.mark.pg_versions
 def test_messages_of_the_listed_prefixes_come_in_commit_order_and_a_rolled_back_ones_never(lpg):
     reader = stream(lpg.url, **{"messages.prefix": "outbox,audit", "slot": "sluice_test_messages"})
     start = reader.initialOffset()
