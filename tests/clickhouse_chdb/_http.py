@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True, help="the engine's data folder (one server per folder)")
     parser.add_argument("--certfile", help="serve HTTPS with this certificate chain (PEM; with --keyfile)")
     parser.add_argument("--keyfile", help="the private key of --certfile (PEM)")
+    parser.add_argument("--client-cafile", help="demand a client certificate this CA signed (PEM; with --certfile)")
     parser.epilog = f"The password of the user default is ${PASSWORD_VARIABLE} (empty when unset)."
     args = parser.parse_args(argv)
     engine = Engine(str(Path(args.data).resolve()), os.environ.get(PASSWORD_VARIABLE, ""))
@@ -217,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
 
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(args.certfile, args.keyfile)
+        if args.client_cafile:  # mutual TLS: a handshake without a certificate this CA signed fails
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(args.client_cafile)
         # the handshake happens in the request's thread (its first read), not in the accepting one
         server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         scheme = "https"
