@@ -80,10 +80,7 @@ def unreadable(cass):
 
 
 def read_letters(cass, letters):
-    # batch.grouping=none: with the default (partition) a Cassandra dead-letter target's writer never finishes its
-    # flush (the dead letters are written as one unkeyed chunk into a partition-ordered, batch-by-key writer).
     return {"errors.tolerance": "all", "errors.deadletter.format": "cassandra",
-            "errors.deadletter.batch.grouping": "none",
             **{f"errors.deadletter.{k}": v for k, v in cass.opts(letters).items()}}
 
 

@@ -101,12 +101,11 @@ def untyped(hbase) -> str:
 
 def read_letters(hbase, table: str) -> dict[str, str]:
     """errors.tolerance=all into a dead-letter table of the same HBase (its tasks write it; no driver commit), a
-    row per dead letter keyed by its record. Unordered: a dead letter comes with no partition key, and the engine's
-    PartitionKeyBatchCreator never cuts a batch of the key None (hbase's default sink.mode is partition-ordered)."""
+    row per dead letter keyed by its record, in HBase's default sink.mode (partition-ordered: the dead letters come
+    without a partition key, batched under the key None)."""
     return {"errors.tolerance": "all", "errors.deadletter.format": "hbase", "errors.deadletter.host": hbase.server.host,
             "errors.deadletter.port": str(hbase.server.port), "errors.deadletter.table": table,
-            "errors.deadletter.rowkey": "record", "errors.deadletter.family": "d",
-            "errors.deadletter.sink.mode": "unordered"}
+            "errors.deadletter.rowkey": "record", "errors.deadletter.family": "d"}
 
 
 def assert_one_letter(hbase, letters: str, table: str) -> None:
