@@ -26,6 +26,7 @@ encodes `RegisteredSchema`s' records in bulk on Arrow (`PayloadError` naming the
 Built-in connectors (ClickHouse, ...) are written on these names only.
 """
 
+from sluice._client_certs import ClientCertificate, client_certificate, refused_certificate
 from sluice._errors import (
     ConflictError,
     DataLossError,
@@ -153,6 +154,7 @@ __all__ = [
     "Batch",
     "BatchCreator",
     "BlockingStore",
+    "ClientCertificate",
     "Committer",
     "ConflictError",
     "DataLossError",
@@ -241,6 +243,7 @@ __all__ = [
     "check_option_columns",
     "check_pushdown",
     "check_writable",
+    "client_certificate",
     "completed_future",
     "conform",
     "conform_or_aside",
@@ -257,6 +260,7 @@ __all__ = [
     "read_with_letters",
     "refuse_batch_options_in_stream",
     "refuse_tracking_in_batch",
+    "refused_certificate",
     "register_format",
     "require",
     "require_name",

@@ -32,6 +32,25 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "sluice-chdb-stand-in"
     server: Server
 
+    def setup(self) -> None:
+        """Over TLS, the handshake first: one refused (mutual TLS, a client certificate missing or not trusted) ends
+        the connection as a TLS server does, its alert readable by the client."""
+        import socket
+        import ssl
+
+        if isinstance(self.request, ssl.SSLSocket):
+            try:
+                self.request.do_handshake()
+            except (ssl.SSLError, OSError):
+                # Under TLS 1.3 the client's request is already on its way when its certificate is judged: closed
+                # with it unread, the connection is reset, which can overtake the alert. Read it (raw), then close.
+                self.request.settimeout(0.5)
+                with contextlib.suppress(OSError):
+                    while socket.socket.recv(self.request, 65536):
+                        pass
+                raise
+        super().setup()
+
     def do_GET(self) -> None:
         self._dispatch()
 

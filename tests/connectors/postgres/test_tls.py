@@ -197,10 +197,9 @@ def test_a_missing_foreign_or_expired_certificate_is_refused_by_name(spark, secu
         other = (TestCA("other client CA").client_certificate(CERT_USER) if case == "another CA"
                  else secured.client_ca.client_certificate(CERT_USER, expired=True))
         opts |= {"ssl.cert-pem": other.cert_pem, "ssl.key-pem": other.key_pem}
-        reason = {"another CA": r"TLS \(verify-full\): the server does not trust the CA that signed the client "
-                                r"certificate \(ssl\.cert-pem\).*alert unknown ca",
-                  "expired": r"TLS \(verify-full\): the client certificate \(ssl\.cert-pem\) has expired.*"
-                             r"alert certificate expired"}[case]
+        refused = r"TLS \(verify-full\): the server refused the client certificate \(ssl\.cert-pem\): "
+        reason = refused + {"another CA": r"the server does not trust the CA that signed it.*alert unknown ca",
+                            "expired": r"it has expired: renew it.*alert certificate expired"}[case]
         key = other.key_pem
     with pytest.raises(Exception, match=r"cannot connect to postgresql://sluice_cert@127\.0\.0\.1:\d+/sluice: "
                                         + reason) as refused:

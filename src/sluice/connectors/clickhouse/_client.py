@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import quote
 
-from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, check_http_endpoint
+from sluice.connector import (
+    Option,
+    OptionError,
+    Options,
+    RetryableError,
+    SinkError,
+    check_http_endpoint,
+    client_certificate,
+    refused_certificate,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -144,10 +153,10 @@ class Connection:
                 "POST", url, body=data, headers=self._headers(), preload_content=not stream, timeout=self.timeout_s,
                 retries=False)
         except Exception as e:  # urllib3's connection errors: the server is down or restarting
-            refused = client_certificate_refused(str(e))
+            refused = refused_certificate(str(e))
             if refused:  # the server's TLS alert about our certificate: no attempt changes it
-                raise ClickHouseError(f"TLS: ClickHouse at {self.url} refused the client certificate: {refused} "
-                                      f"({self.scrub(str(e))}).") from None
+                raise ClickHouseError(f"TLS: ClickHouse at {self.url} refused the client certificate (ssl.cert-pem): "
+                                      f"{refused[1]} ({self.scrub(str(e))}).") from None
             if "CERTIFICATE_VERIFY_FAILED" in str(e):  # a certificate does not change between attempts
                 raise ClickHouseError(f"TLS: ClickHouse at {self.url} presented a certificate that was refused "
                                       f"({self.scrub(str(e))}). Check ssl.ca-pem holds the CA that signed it and that "
@@ -205,39 +214,14 @@ def _unescape(value: str) -> str:
 
 
 def _client_certificate(opts: Options, url: str) -> tuple[str | None, str | None]:
-    """(certificate PEM, key PEM), both or neither, for an https:// url; the key's text is in no message."""
-    cert, key = opts["ssl.cert-pem"], opts["ssl.key-pem"]
-    if (cert is None) != (key is None):
-        given, missing = ("ssl.cert-pem", "ssl.key-pem") if key is None else ("ssl.key-pem", "ssl.cert-pem")
-        raise OptionError(f"{given} is set without {missing}: a client certificate needs both")
-    if cert is None or key is None:
+    """(certificate PEM, key PEM), both or neither (the SDK's check), for an https:// url."""
+    given = client_certificate(opts)
+    if given is None:
         return None, None
-    if "-----BEGIN CERTIFICATE-----" not in cert:
-        raise OptionError("ssl.cert-pem must be the client's certificate as PEM text (-----BEGIN CERTIFICATE-----"
-                          "...), not a path: executors cannot read the driver's files")
-    if "PRIVATE KEY-----" not in key or "ENCRYPTED" in key:
-        raise OptionError("ssl.key-pem must be the unencrypted private key as PEM text (-----BEGIN PRIVATE KEY-----"
-                          "...), not a path: executors cannot read the driver's files (its value is not shown)")
     if not url.startswith("https://"):
         raise OptionError(f"ssl.cert-pem is set but url {url} is plain http://: use https://, or remove the client "
                           "certificate")
-    return cert, key
-
-
-# The TLS alerts a server sends when it refuses the client's certificate (OpenSSL's words), and what each means.
-_CLIENT_ALERTS = (
-    ("certificate expired", "it has expired (ssl.cert-pem): renew it"),
-    ("unknown ca", "the server does not trust the CA that signed it (ssl.cert-pem): use one the server trusts"),
-    ("certificate required", "the server requires one: set ssl.cert-pem and ssl.key-pem"),
-    ("bad certificate", "the server refused it (ssl.cert-pem)"),
-    ("certificate unknown", "the server refused it (ssl.cert-pem)"),
-)
-
-
-def client_certificate_refused(text: str) -> str | None:
-    """What a TLS alert about the client's certificate means, or None when `text` is no such alert."""
-    low = text.lower()
-    return next((meaning for alert, meaning in _CLIENT_ALERTS if f"alert {alert}" in low), None)
+    return given.cert_pem, given.key_pem
 
 
 _POOLS: dict[tuple[str | None, str | None, str | None], Any] = {}

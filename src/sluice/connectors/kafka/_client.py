@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sluice.connector import Option, OptionError, Options, PrefixSettings
+from sluice.connector import Option, OptionError, Options, PrefixSettings, refused_certificate
 
 CLIENT = "kafka.*"
 
@@ -53,24 +53,11 @@ def refuse_owned(owned: Mapping[str, str]) -> Callable[[Options], None]:
     return check
 
 
-# The TLS alerts a broker sends when it refuses the client's certificate (OpenSSL's words, which librdkafka reports as
-# a transport failure), and what each means: a Java broker says "bad certificate" for none or another CA's, and
-# "certificate unknown" for one it cannot accept otherwise (expired, say); other servers are more precise.
-_CLIENT_ALERTS = (
-    ("certificate expired", "it has expired"),
-    ("unknown ca", "the broker does not trust the CA that signed it"),
-    ("certificate required", "the broker requires one and none was given"),
-    ("bad certificate", "none was given, or a CA the broker does not trust signed it"),
-    ("certificate unknown", "the broker cannot accept it (expired, or not valid otherwise)"),
-)
-
-
 def client_certificate_refused(text: str) -> str | None:
     """What a broker's TLS alert about the client's certificate in librdkafka's `text` means and what to check, or
     None when there is no such alert."""
-    low = text.lower()
-    for alert, meaning in _CLIENT_ALERTS:
-        if f"alert {alert}" in low:
-            return (f'the broker refused the client certificate (TLS alert "{alert}": {meaning}); check '
-                    "kafka.ssl.certificate.pem and kafka.ssl.key.pem (the key is not shown)")
-    return None
+    refused = refused_certificate(text)  # librdkafka reports the broker's alert as a transport failure
+    if refused is None:
+        return None
+    return (f'the broker refused the client certificate (TLS alert "{refused[0]}": {refused[1]}); check '
+            "kafka.ssl.certificate.pem and kafka.ssl.key.pem (the key is not shown)")

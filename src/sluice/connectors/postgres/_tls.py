@@ -25,7 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from sluice.connector import Option, OptionError, Options
+from sluice.connector import Option, OptionError, Options, refused_certificate
+from sluice.connector import client_certificate as client_certificate_of
 
 MODES = ("verify-full", "verify-ca", "require", "disable")
 
@@ -80,26 +81,14 @@ def resolve(opts: Options, params: dict[str, str], host: str) -> tuple[str, str 
 
 
 def client_certificate(opts: Options, mode: str) -> tuple[str | None, str | None]:
-    """(certificate PEM, key PEM), both or neither, checked on the driver; the key's text is in no message."""
-    cert, key = opts["ssl.cert-pem"], opts["ssl.key-pem"]
-    if (cert is None) != (key is None):
-        given, missing = ("ssl.cert-pem", "ssl.key-pem") if key is None else ("ssl.key-pem", "ssl.cert-pem")
-        raise OptionError(f"option '{given}' is set without '{missing}': a client certificate needs both")
-    if cert is None or key is None:
+    """(certificate PEM, key PEM), both or neither (the SDK's check), and TLS on with them."""
+    given = client_certificate_of(opts)
+    if given is None:
         return None, None
-    if "-----BEGIN CERTIFICATE-----" not in cert:
-        raise OptionError("option 'ssl.cert-pem' must be the client's certificate as PEM text (-----BEGIN "
-                          "CERTIFICATE-----...), not a path: executors cannot read the driver's files")
-    if "PRIVATE KEY-----" not in key:
-        raise OptionError("option 'ssl.key-pem' must be the private key as PEM text (-----BEGIN PRIVATE KEY-----...), "
-                          "not a path: executors cannot read the driver's files (its value is not shown)")
-    if "ENCRYPTED" in key:
-        raise OptionError("option 'ssl.key-pem' is an encrypted key; give it unencrypted (the option is a secret, "
-                          "redacted everywhere; libpq would ask for a passphrase)")
     if mode == "disable":
         raise OptionError("options 'ssl.cert-pem'/'ssl.key-pem' are set with sslmode=disable: a client certificate "
                           "needs TLS (remove sslmode=disable, or the certificate)")
-    return cert, key
+    return given.cert_pem, given.key_pem
 
 
 def libpq_params(mode: str, ca_pem: str | None, cert_pem: str | None = None,
@@ -153,23 +142,11 @@ def _private_file(kind: str, pem: str) -> Path:
         return path
 
 
-# The TLS alerts a server sends when it refuses the client's certificate (OpenSSL's words), and what each means.
-_CLIENT_ALERTS = (
-    ("certificate expired", "the client certificate (ssl.cert-pem) has expired: renew it"),
-    ("unknown ca", "the server does not trust the CA that signed the client certificate (ssl.cert-pem): use one "
-                   "its ssl_ca_file trusts"),
-    ("certificate required", "the server requires a client certificate: set ssl.cert-pem and ssl.key-pem"),
-    ("bad certificate", "the server refused the client certificate (ssl.cert-pem)"),
-    ("certificate unknown", "the server refused the client certificate (ssl.cert-pem)"),
-)
-
-
 def explain_failure(text: str, mode: str) -> str | None:
     """What a TLS failure means and what to do, or None when `text` is no TLS failure (libpq's words)."""
     low = text.lower()
-    for alert, meaning in _CLIENT_ALERTS:
-        if f"alert {alert}" in low:
-            return f"TLS ({mode}): {meaning} ({text})"
+    if (refused := refused_certificate(text)) is not None:
+        return f"TLS ({mode}): the server refused the client certificate (ssl.cert-pem): {refused[1]} ({text})"
     if "requires a valid client certificate" in low:
         return (f"the server requires a client certificate ({text}); set ssl.cert-pem and ssl.key-pem to one its CA "
                 "signed")
