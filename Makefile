@@ -336,12 +336,13 @@ test-two-hop: $(STAMP) check-java check-postgres
 test-hbase: $(STAMP) check-java check-hbase
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
 
-# The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, the connector's and sluice doctor's) and
+# The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, the connector's and sluice doctor's; the
+# outbox's from a PostgreSQL, hence check-postgres) and
 # LocalSchemaRegistry's and the schema-registry client's on a real Apicurio Registry
 # run in make test's second job, after HBase's (make test-kafka runs them alone).
 KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/test_kafka.py tests/test_local_registry.py \
 	tests/formats/test_registry.py
-test-kafka: $(STAMP) check-java check-kafka check-registry
+test-kafka: $(STAMP) check-java check-kafka check-registry check-postgres
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
 
 # The bank pipeline under random faults (bench/soak/), with its Kafka branch (hence check-kafka): a short seeded run

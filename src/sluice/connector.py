@@ -14,7 +14,8 @@ subclasses both. A store without a change feed streams by a tracking column: a `
 reader with per-trigger caps is an `AdmissionControlledReader`; reads report live metrics through the data
 source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`; a read that cannot decode or type a
 record sends it to the route `SourceDataSource.dead_letters()` planned, its task run by `read_with_letters`
-(`conform_or_aside`: rows with a value that does not convert to the schema go aside).
+(`conform_or_aside`: rows with a value that does not convert to the schema go aside; `build_or_aside`: records a
+reader builds its batch from, one holding a value it cannot type going aside as it came).
 `to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
 option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
 `sluice.register()`. Payload formats through a schema registry (sluice/formats): a `PayloadFormat` decodes and
@@ -25,6 +26,7 @@ encodes `RegisteredSchema`s' records in bulk on Arrow (`PayloadError` naming the
 Built-in connectors (ClickHouse, ...) are written on these names only.
 """
 
+from sluice._client_certs import ClientCertificate, client_certificate, refused_certificate
 from sluice._errors import (
     ConflictError,
     DataLossError,
@@ -102,7 +104,13 @@ from sluice.source import (
 )
 from sluice.source._bounds import forward_bounds
 from sluice.source._datasource import SourceDataSource
-from sluice.source._deadletters import ValueTypeError, conform_or_aside, read_with_letters
+from sluice.source._deadletters import (
+    SEND_ASIDE,
+    ValueTypeError,
+    build_or_aside,
+    conform_or_aside,
+    read_with_letters,
+)
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
 from sluice.source._stream import OpenStreamReaderCore, StreamReaderCore
@@ -144,6 +152,7 @@ __all__ = [
     "GLOBAL_ORDERED",
     "HAS_FILTER_PUSHDOWN",
     "PARTITION_ORDERED",
+    "SEND_ASIDE",
     "SINK_SPEC",
     "UNORDERED",
     "AdmissionControlledReader",
@@ -153,6 +162,7 @@ __all__ = [
     "Batch",
     "BatchCreator",
     "BlockingStore",
+    "ClientCertificate",
     "Committer",
     "ConflictError",
     "DataLossError",
@@ -232,6 +242,7 @@ __all__ = [
     "binary_column",
     "binary_sizes",
     "body_column_name",
+    "build_or_aside",
     "case_hint",
     "check_dataframe_columns",
     "check_error_options",
@@ -241,6 +252,7 @@ __all__ = [
     "check_option_columns",
     "check_pushdown",
     "check_writable",
+    "client_certificate",
     "completed_future",
     "conform",
     "conform_or_aside",
@@ -257,6 +269,7 @@ __all__ = [
     "read_with_letters",
     "refuse_batch_options_in_stream",
     "refuse_tracking_in_batch",
+    "refused_certificate",
     "register_format",
     "require",
     "require_name",

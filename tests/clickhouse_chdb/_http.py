@@ -32,6 +32,25 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "sluice-chdb-stand-in"
     server: Server
 
+    def setup(self) -> None:
+        """Over TLS, the handshake first: one refused (mutual TLS, a client certificate missing or not trusted) ends
+        the connection as a TLS server does, its alert readable by the client."""
+        import socket
+        import ssl
+
+        if isinstance(self.request, ssl.SSLSocket):
+            try:
+                self.request.do_handshake()
+            except (ssl.SSLError, OSError):
+                # Under TLS 1.3 the client's request is already on its way when its certificate is judged: closed
+                # with it unread, the connection is reset, which can overtake the alert. Read it (raw), then close.
+                self.request.settimeout(0.5)
+                with contextlib.suppress(OSError):
+                    while socket.socket.recv(self.request, 65536):
+                        pass
+                raise
+        super().setup()
+
     def do_GET(self) -> None:
         self._dispatch()
 
@@ -207,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True, help="the engine's data folder (one server per folder)")
     parser.add_argument("--certfile", help="serve HTTPS with this certificate chain (PEM; with --keyfile)")
     parser.add_argument("--keyfile", help="the private key of --certfile (PEM)")
+    parser.add_argument("--client-cafile", help="demand a client certificate this CA signed (PEM; with --certfile)")
     parser.epilog = f"The password of the user default is ${PASSWORD_VARIABLE} (empty when unset)."
     args = parser.parse_args(argv)
     engine = Engine(str(Path(args.data).resolve()), os.environ.get(PASSWORD_VARIABLE, ""))
@@ -217,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
 
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(args.certfile, args.keyfile)
+        if args.client_cafile:  # mutual TLS: a handshake without a certificate this CA signed fails
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(args.client_cafile)
         # the handshake happens in the request's thread (its first read), not in the accepting one
         server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         scheme = "https"

@@ -20,12 +20,21 @@ class ChdbClickHouse(ClickHouseHTTP):
     """Context manager: the stand-in in a subprocess of its own; `.url` is its HTTP endpoint, `.password` the
     default user's (the surface of sluice.testing.LocalClickHouse). `tls=True`: HTTPS only, with a certificate for
     127.0.0.1/localhost that a throwaway CA signed (`.ca_pem`, what clients trust; sluice.testing._tls), or for
-    `tls_names` only (then `.url` names the first)."""
+    `tls_names` only (then `.url` names the first). `client_auth=True` (with tls): every client must present a
+    certificate that `.client_ca` signed (Python's ssl, verify_mode=CERT_REQUIRED); the harness presents its own."""
 
     def __init__(self, *, password: str = "sluice-test-pw", tls: bool = False,
-                 tls_names: tuple[str, ...] = ()) -> None:
+                 tls_names: tuple[str, ...] = (), client_auth: bool = False) -> None:
+        if client_auth and not tls:
+            raise ValueError("client_auth needs tls=True (client certificates are part of TLS)")
         super().__init__(password=password, tls=tls)
         self.tls_names = tls_names
+        self.client_ca: Any = None
+        if client_auth:
+            from sluice.testing._tls import TestCA
+
+            self.client_ca = TestCA("sluice test client CA (clickhouse)")
+            self.client_certificate = self.client_ca.client_certificate("sluice-test-harness")
         if tls_names:
             self.host = tls_names[0]
 
@@ -38,6 +47,8 @@ class ChdbClickHouse(ClickHouseHTTP):
             ca = TestCA("sluice test CA (clickhouse)")
             self.ca_pem = ca.pem
             ca.server_certificate(*(self.tls_names and (self.tls_names,))).write(self._dir)
+            if self.client_ca is not None:
+                (self._dir / "client-ca.pem").write_text(self.client_ca.pem)
         self._launch()
         return self
 
@@ -63,8 +74,10 @@ class ChdbClickHouse(ClickHouseHTTP):
 
     def _certificate_arguments(self) -> list[str]:
         assert self._dir is not None
-        return ["--certfile", str(self._dir / "server.crt"), "--keyfile", str(self._dir / "server.key")] \
-            if self.tls else []
+        if not self.tls:
+            return []
+        client = ["--client-cafile", str(self._dir / "client-ca.pem")] if self.client_ca is not None else []
+        return ["--certfile", str(self._dir / "server.crt"), "--keyfile", str(self._dir / "server.key"), *client]
 
 
 def clickhouse_server() -> Any:

@@ -114,6 +114,15 @@ def test_partition_key_creator_cuts_only_full_batches_when_partial_is_not_allowe
     assert creator.create_next_batch(held, buf).entries == ["b1"]  # full by bytes
 
 
+def test_records_given_without_a_key_are_batched_under_the_key_none():
+    """A chunk without a key (a dead-letter writer's, into an HBase or Cassandra target) is cut like any key's: the
+    creator once took None for "no key found", and the task's flush waited for it without end."""
+    buf = KeyedRequestBuffer()
+    buf.add_chunk(Chunk(["d1", "d2"], [1, 1], key=None))
+    assert PartitionKeyBatchCreator().create_next_batch(info(), buf).entries == ["d1", "d2"]
+    assert buf.size() == 0
+
+
 def test_retry_backoff_is_found_among_delayed_keys_only():
     buf = KeyedRequestBuffer()
     buf.add_chunk(Chunk(["x"], [1], key="fresh"))

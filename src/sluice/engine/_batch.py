@@ -98,6 +98,9 @@ class AlignedBatchCreator(BatchCreator):
         return buffer.head_ready_at()
 
 
+_NO_KEY: Hashable = object()
+
+
 class PartitionKeyBatchCreator(BatchCreator):
     """A batch never mixes partition keys, and a key with a batch in flight is skipped.
 
@@ -110,12 +113,12 @@ class PartitionKeyBatchCreator(BatchCreator):
     def create_next_batch(self, request_info: RequestInfo, buffer: RequestBuffer) -> Batch | None:
         if not isinstance(buffer, KeyedRequestBuffer):
             raise TypeError("PartitionKeyBatchCreator needs a KeyedRequestBuffer")
-        best = None
+        best: Hashable = _NO_KEY  # None is a key: chunks given without one (a dead-letter writer's) share it
         for key in buffer.fullest_keys():
             if key not in request_info.busy_keys and buffer.key_ready_at(key) <= request_info.now:
                 best = key
                 break
-        if best is None:
+        if best is _NO_KEY:
             return None
         if not request_info.partial and buffer.key_size(best) < request_info.batch_size \
                 and buffer.key_size_bytes(best) < request_info.max_batch_bytes:

@@ -11,12 +11,14 @@ errors.max-records as records go aside, errors.max-ratio over the task's whole r
 read to check them at over a micro-batch).
 
 `conform_or_aside` is the SDK's `conform` for readers whose values a store hands over as text or wider types: a row
-with a value that does not convert goes aside instead of failing its whole batch.
+with a value that does not convert goes aside instead of failing its whole batch. `build_or_aside` is the same for
+readers that build their batch from the store's records themselves (documents, rows of cells): a record holding a
+value the read cannot type goes aside, as it came.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -30,6 +32,7 @@ from sluice.sink._deadletters import DeadLetterRoute, DeadLetterWriter
 from sluice.sink._encoding import conform
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ReadBoundError(SluiceError):
@@ -88,11 +91,17 @@ class ValueTypeError(SluiceError):
     """A value a read cannot convert to its column's Spark type (a record it cannot type)."""
 
 
+# What a reader's error says when a record it cannot type fails the read (errors.tolerance=none).
+SEND_ASIDE = ("To send such records to a dead-letter target and read on, set errors.tolerance=all with "
+              "errors.deadletter.format and its options (docs/reliability.md).")
+
+
 def conform_or_aside(batch: pa.RecordBatch, schema: pa.Schema, letters: DeadLetterWriter | None,
-                     where: str) -> pa.RecordBatch:
+                     where: str, *, key: Sequence[str] = ()) -> pa.RecordBatch:
     """`conform(batch, schema)`; with `letters`, rows holding a value that does not convert to its column's type
-    go to the dead letters instead (each row as it came, its error naming `where`, the column and the value) and
-    the others are returned. A column whose type cannot convert at all still fails the read: no record is at fault."""
+    go to the dead letters instead (each row as it came, its error naming `where`, the row's `key` columns that
+    the batch holds, the column and the value) and the others are returned. A column whose type cannot convert at
+    all still fails the read: no record is at fault."""
     try:
         return conform(batch, schema)
     except pa.ArrowInvalid:
@@ -111,7 +120,9 @@ def conform_or_aside(batch: pa.RecordBatch, schema: pa.Schema, letters: DeadLett
             except pa.ArrowInvalid as e:
                 if row not in bad:
                     value = column[row].as_py()
-                    bad[row] = ValueTypeError(f"{where}: the value {value!r} of column '{field.name}' does not "
+                    named = [f"{k}={batch.column(k)[row].as_py()!r}" for k in key if k in batch.schema.names]
+                    at = f"{where}, key ({', '.join(named)})" if named else where
+                    bad[row] = ValueTypeError(f"{at}: the value {value!r} of column '{field.name}' does not "
                                               f"convert to {field.type}: {e}")
     rows = sorted(bad)
     if not rows:
@@ -119,3 +130,43 @@ def conform_or_aside(batch: pa.RecordBatch, schema: pa.Schema, letters: DeadLett
     letters.add(pa.Table.from_batches([batch.take(pa.array(rows, pa.int64()))]), [bad[row] for row in rows])
     keep = pa.array(np.isin(np.arange(batch.num_rows), rows, invert=True))
     return conform(batch.filter(keep), schema)
+
+
+# What building a batch raises on a value the read cannot type (OptionError is a ValueError).
+UNTYPED = (ValueError, TypeError, ArithmeticError, pa.ArrowException, ValueTypeError)
+
+
+def build_or_aside(records: Sequence[R], build: Callable[[Sequence[R]], pa.RecordBatch],
+                   letters: DeadLetterWriter | None, described: Callable[[R], str],
+                   letter: Callable[[R], Mapping[str, object]]) -> pa.RecordBatch:
+    """`build(records)`: the batch a reader makes of records as its store handed them over, in one call. When it
+    fails on a value the read cannot type (`UNTYPED`), the records are built one by one to find those at fault;
+    `build`'s error should name the column and the value. With `letters` they go aside (`letter(record)`: the
+    record as it came; the error: `described(record)`, e.g. its table and key, and what building it raised) and the
+    batch of the others is returned (empty when none is left). Without, the read fails with a ValueTypeError naming
+    the first and saying how to send such records aside. When no one record fails alone, `build`'s error is raised."""
+    try:
+        return build(records)
+    except UNTYPED as e:
+        failed = e
+    kept: list[R] = []
+    bad: list[R] = []
+    errors: list[BaseException] = []
+    for record in records:  # rare: the records at fault found one by one
+        try:
+            build([record])
+        except UNTYPED as e:
+            error = ValueTypeError(f"{described(record)}: {e}")
+            if letters is None:
+                raise ValueTypeError(f"{error}. To send such records aside and read on: .option('errors.tolerance', "
+                                     "'all') with errors.deadletter.format and its options (docs/reliability.md)"
+                                     ) from None
+            bad.append(record)
+            errors.append(error)
+        else:
+            kept.append(record)
+    if not bad:
+        raise failed
+    assert letters is not None
+    letters.add([letter(record) for record in bad], errors)
+    return build(kept)

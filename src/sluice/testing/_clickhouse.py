@@ -62,6 +62,7 @@ class ClickHouseHTTP:
         self.password = password
         self.tls = tls  # HTTPS (the chdb stand-in of tests/clickhouse_chdb serves it; LocalClickHouse does not yet)
         self.ca_pem = ""
+        self.client_certificate: Any = None  # a server demanding client certificates: the harness's own
         self.host = "127.0.0.1"  # the name in .url (the server listens on 127.0.0.1)
         self.port = 0
         self._dir: Path | None = None
@@ -72,10 +73,17 @@ class ClickHouseHTTP:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def _context(self) -> Any:
-        """The TLS context of the test's own requests: trusts the server's CA (None for plain HTTP)."""
+        """The TLS context of the test's own requests: trusts the server's CA, and presents the harness's client
+        certificate when the server demands one (None for plain HTTP)."""
         import ssl
 
-        return ssl.create_default_context(cadata=self.ca_pem) if self.tls else None
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cadata=self.ca_pem)
+        if self.client_certificate is not None:
+            assert self._dir is not None
+            context.load_cert_chain(*self.client_certificate.write(self._dir, "harness-client"))
+        return context
 
     def _wait_ready(self, log: Path, what: str, timeout: float = 60) -> None:
         """Until GET /ping answers Ok.; if the process ends or the time runs out, stop it and raise with its log."""

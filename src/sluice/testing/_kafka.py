@@ -26,7 +26,9 @@ brokers' own traffic and the controller stay on plaintext listeners of their own
 SCRAM user's creation use too. TLS: a self-signed certificate for 127.0.0.1 (keytool, as LocalCassandra's), which
 `ca_path`/`ca_pem` give clients to verify against. SASL: the user `sluice` with a random password (`.password`),
 PLAIN from the broker's JAAS settings, SCRAM-SHA-512 made through the admin API after the start (never on a command
-line).
+line). `client_auth=True` (with tls): the clients' listener demands a client certificate (`ssl.client.auth=required`,
+also on SASL_SSL, where the SASL user stays the principal) signed by `.client_ca` (a `sluice.testing._tls.TestCA`,
+the broker's PEM trust store); `client_config()` carries the harness's own (`.client_certificate`).
 """
 
 from __future__ import annotations
@@ -194,7 +196,9 @@ class KafkaNode(JvmServer, _Clients):
 
     def __init__(self, quorum: _Quorum, node_id: int, *, sasl: str | None = None, tls: bool = False,
                  heap_mb: int = 512, start_timeout: float = 90, broker_config: dict[str, Any] | None = None,
-                 version: str = KAFKA_VERSION) -> None:
+                 version: str = KAFKA_VERSION, client_auth: bool = False) -> None:
+        if client_auth and not tls:
+            raise ValueError("client_auth needs tls=True (client certificates are part of TLS)")
         if sasl is not None and sasl not in SASL_MECHANISMS:
             raise ValueError(f"sasl must be one of {', '.join(SASL_MECHANISMS)} or None, not {sasl!r}")
         if version not in KAFKA_VERSIONS:
@@ -207,6 +211,14 @@ class KafkaNode(JvmServer, _Clients):
         self.username: str | None = USERNAME if sasl else None
         self.password: str | None = secrets.token_urlsafe(16) if sasl else None
         self.ca_pem: str | None = None  # tls: the certificate clients verify the broker's against
+        self.client_auth = client_auth
+        self.client_ca: Any = None  # client_auth: the TestCA the broker trusts client certificates of
+        self.client_certificate: Any = None  # client_auth: the harness's own, signed by client_ca
+        if client_auth:
+            from sluice.testing._tls import TestCA
+
+            self.client_ca = TestCA("sluice test client CA (kafka)")
+            self.client_certificate = self.client_ca.client_certificate("sluice-test-harness")
         self._scram_made = False
 
     @property
@@ -246,6 +258,9 @@ class KafkaNode(JvmServer, _Clients):
                            "sasl.password": self.password})
         if self.tls:
             config["ssl.ca.location"] = str(self.ca_path)
+        if self.client_certificate is not None:
+            config["ssl.certificate.pem"] = self.client_certificate.cert_pem
+            config["ssl.key.pem"] = self.client_certificate.key_pem
         return config
 
     def _server_properties(self) -> dict[str, Any]:
@@ -294,6 +309,11 @@ class KafkaNode(JvmServer, _Clients):
                            "listener.name.client.ssl.keystore.type": "PKCS12",
                            "listener.name.client.ssl.keystore.password": password,
                            "listener.name.client.ssl.key.password": password})
+        if self.client_ca is not None:
+            (self._dir / "client-ca.pem").write_text(self.client_ca.pem)
+            values.update({"listener.name.client.ssl.client.auth": "required",
+                           "listener.name.client.ssl.truststore.type": "PEM",
+                           "listener.name.client.ssl.truststore.location": self._dir / "client-ca.pem"})
         if self.sasl == "PLAIN":
             values["listener.name.client.plain.sasl.jaas.config"] = (
                 "org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -410,6 +430,6 @@ class LocalKafka(KafkaNode):
     one of KAFKA_VERSIONS (the same KRaft settings serve 4.1 and 3.9)."""
 
     def __init__(self, sasl: str | None = None, tls: bool = False, heap_mb: int = 512, *, start_timeout: float = 90,
-                 version: str = KAFKA_VERSION, **broker_config: Any) -> None:
+                 version: str = KAFKA_VERSION, client_auth: bool = False, **broker_config: Any) -> None:
         super().__init__(_Quorum(1), 1, sasl=sasl, tls=tls, heap_mb=heap_mb, start_timeout=start_timeout,
-                         broker_config=broker_config, version=version)
+                         broker_config=broker_config, version=version, client_auth=client_auth)

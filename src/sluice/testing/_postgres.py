@@ -13,6 +13,12 @@ a version under /usr/lib/postgresql/<major> is taken first. When none is found t
 certificate for 127.0.0.1/::1/localhost that a throwaway CA signed (sluice.testing._tls); `.ca_pem` is what a
 client trusts (sluice's `ssl.ca-pem`), and `.url` then verifies it (sslmode=verify-full, sslrootcert=`.ca_path`, a
 file on this machine: fine for a test's own clients, never for options that executors read).
+
+`cert_users=("name", ...)` (with tls=True): those users sign in by client certificate only (pg_hba's `cert` method,
+which implies clientcert=verify-full: the certificate must be valid, signed by `.client_ca`, and its CN the user
+name), with no password; they can log in, replicate, and create in the database (publications too) and its public
+schema. `.client_ca` (a `sluice.testing._tls.TestCA`) signs the tests' client certificates; everyone else signs in
+by password as before.
 """
 
 from __future__ import annotations
@@ -111,9 +117,14 @@ class LocalPostgres:
     """Context manager: a fresh PostgreSQL cluster; `.url` is a postgresql:// URL with the password."""
 
     def __init__(self, *, user: str = "sluice", password: str = "sluice-test-pw", dbname: str = "sluice",
-                 settings: dict[str, str] | None = None, version: str | None = None, tls: bool = False) -> None:
+                 settings: dict[str, str] | None = None, version: str | None = None, tls: bool = False,
+                 cert_users: tuple[str, ...] = ()) -> None:
+        if cert_users and not tls:
+            raise ValueError("cert_users needs tls=True (client certificates are part of TLS)")
         self.user, self.password, self.dbname = user, password, dbname
         self.tls = tls
+        self.cert_users = tuple(cert_users)
+        self.client_ca: Any = None  # cert_users: the TestCA whose client certificates the server trusts
         self.ca_pem = ""
         # The major version to run; $SLUICE_TEST_PG_VERSION points a whole test run at another one.
         self.version = version or os.environ.get("SLUICE_TEST_PG_VERSION") or None
@@ -184,15 +195,25 @@ class LocalPostgres:
         self.ca_pem = ca.pem
         (self._dir / "ca.pem").write_text(ca.pem)
         cert, key = ca.server_certificate().write(data)
+        owned = [cert, key, data / "pg_hba.conf"]
+        # pg_hba takes the first line that matches: the certificate users' lines come first (no password for them)
+        by_certificate = "".join(f"hostssl {db} \"{u}\" 127.0.0.1/32 cert\n" for u in self.cert_users
+                                 for db in ("all", "replication"))
         (data / "pg_hba.conf").write_text(
-            "local all all scram-sha-256\n"
+            "local all all scram-sha-256\n" + by_certificate +
             "hostssl all all 127.0.0.1/32 scram-sha-256\nhostssl replication all 127.0.0.1/32 scram-sha-256\n"
             "hostnossl all all all reject\nhostnossl replication all all reject\n")
-        if self._as_user():
-            for path in (cert, key, data / "pg_hba.conf"):
-                shutil.chown(path, "postgres", "postgres")
         self.settings.update({"ssl": "on", "ssl_cert_file": str(cert), "ssl_key_file": str(key),
                               "password_encryption": "scram-sha-256"})
+        if self.cert_users:
+            self.client_ca = TestCA("sluice test client CA (postgres)")
+            client_ca = data / "client-ca.pem"
+            client_ca.write_text(self.client_ca.pem)
+            owned.append(client_ca)
+            self.settings["ssl_ca_file"] = str(client_ca)  # the CA the server checks client certificates against
+        if self._as_user():
+            for path in owned:
+                shutil.chown(path, "postgres", "postgres")
 
     def _launch(self) -> None:
         assert self._dir is not None
@@ -248,6 +269,13 @@ class LocalPostgres:
 
         with psycopg.connect(self._url_for("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.dbname}"')
+            for name in self.cert_users:
+                conn.execute(f'CREATE ROLE "{name}" LOGIN REPLICATION')
+                conn.execute(f'GRANT ALL ON DATABASE "{self.dbname}" TO "{name}"')
+        if self.cert_users:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                for name in self.cert_users:
+                    conn.execute(f'GRANT ALL ON SCHEMA public TO "{name}"')
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

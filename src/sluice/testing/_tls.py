@@ -3,8 +3,10 @@
 `TestCA()` makes a CA (EC P-256, valid one day) with the `cryptography` package (pinned in
 requirements/constraints.txt); `ca.server_certificate()` signs a certificate for loopback (SANs 127.0.0.1, ::1 and
 localhost unless told other names) that a client verifies with `ca.pem`. A second `TestCA()` is an unrelated CA: a
-client that trusts only it must refuse the server. Nothing here is a secret worth keeping; the keys live in memory
-and in the files a test writes for its server.
+client that trusts only it must refuse the server. `ca.client_certificate(name)` signs a client's certificate (the
+subject's common name `name`: PostgreSQL's `cert` authentication maps it to the user), `expired=True` one whose
+validity ended yesterday, for servers that demand client certificates (mutual TLS). Nothing here is a secret worth
+keeping; the keys live in memory and in the files a test writes for its server.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cryptography.x509 import ObjectIdentifier, SubjectAlternativeName
 
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
 
@@ -55,6 +61,20 @@ class ServerCertificate:
             serialization.BestAvailableEncryption(password.encode()))
 
 
+@dataclass(frozen=True)
+class ClientCertificate:
+    """A client's certificate and key as PEM text (what sluice's ssl.cert-pem / ssl.key-pem take), and its CA."""
+
+    cert_pem: str
+    key_pem: str = field(repr=False)
+    ca_pem: str
+    name: str
+
+    def write(self, folder: Path, stem: str = "client") -> tuple[Path, Path]:
+        """The certificate and the key (owner-only) as `<stem>.crt` and `<stem>.key` under `folder`."""
+        return ServerCertificate(self.cert_pem, self.key_pem, self.ca_pem, (self.name,)).write(folder, stem)
+
+
 class TestCA:
     """A certificate authority for one test run; `.pem` is its certificate (what clients trust)."""
 
@@ -86,31 +106,50 @@ class TestCA:
     def server_certificate(self, names: tuple[str, ...] = LOOPBACK_NAMES) -> ServerCertificate:
         """A server certificate signed by this CA, valid for `names` (IP addresses and DNS names)."""
         from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+        from cryptography.x509.oid import ExtendedKeyUsageOID
 
-        key = ec.generate_private_key(ec.SECP256R1())
         sans: list[x509.GeneralName] = []
         for name in names:
             try:
                 sans.append(x509.IPAddress(ipaddress.ip_address(name)))
             except ValueError:
                 sans.append(x509.DNSName(name))
+        cert_pem, key_pem = self._sign(names[0], ExtendedKeyUsageOID.SERVER_AUTH, x509.SubjectAlternativeName(sans))
+        return ServerCertificate(cert_pem, key_pem, self.pem, tuple(names))
+
+    def client_certificate(self, name: str, *, expired: bool = False) -> ClientCertificate:
+        """A client certificate signed by this CA for the subject CN=`name`; `expired`: valid from two days ago to
+        yesterday (a server must refuse it)."""
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+
+        cert_pem, key_pem = self._sign(name, ExtendedKeyUsageOID.CLIENT_AUTH, None, expired=expired)
+        return ClientCertificate(cert_pem, key_pem, self.pem, name)
+
+    def _sign(self, common_name: str, usage: ObjectIdentifier, sans: SubjectAlternativeName | None, *,
+              expired: bool = False) -> tuple[str, str]:
+        """(certificate, PKCS#8 key) as PEM text: a new P-256 key for CN=`common_name`, extended key usage `usage`,
+        the subject alternative names `sans` (or none), signed by this CA."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-                .issuer_name(self._cert.subject).public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
-                               critical=False)
-                .sign(self._key, hashes.SHA256()))
+        start, end = ((now - datetime.timedelta(days=2), now - datetime.timedelta(days=1)) if expired
+                      else (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)))
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+                   .issuer_name(self._cert.subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(start).not_valid_after(end)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
+                                  critical=False))
+        if sans is not None:
+            builder = builder.add_extension(sans, critical=False)
+        cert = builder.sign(self._key, hashes.SHA256())
         key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                     serialization.NoEncryption()).decode()
-        return ServerCertificate(cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem, self.pem,
-                                 tuple(names))
+        return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem

@@ -62,3 +62,66 @@ def test_without_tolerance_the_same_rows_fail_the_write_naming_them(spark, cass)
     no_null_keys = rows(spark).where("ck IS NOT NULL")
     with pytest.raises(Exception, match=r"Key may not be empty.*errors\.tolerance=all"):
         sluice.write(no_null_keys, "cassandra", cass.opts(table))
+
+
+# Reads: a varint of 41 digits has no form in Spark's decimal(38,0) (the row of id 2); its letter goes to a Cassandra
+# table (a read's tasks commit their own dead letters: the target must be one they write themselves).
+BIG = 10**40
+LETTERS = ("record text, error_class text, error_message text, connector text, target text, write_id text, "
+           "micro_batch bigint, task int, failed_at timestamp, PRIMARY KEY ((record), failed_at)")
+
+
+def unreadable(cass):
+    table = cass.table("id int PRIMARY KEY, seq bigint, n varint")
+    cass.cql(f"CREATE INDEX ON sluice.{table} (seq) USING 'sai'")  # a tracking stream's column
+    for i, n in ((1, 10), (2, BIG), (3, 30)):
+        cass.cql(f"INSERT INTO sluice.{table} (id, seq, n) VALUES (%s, %s, %s)", (i, i, n))
+    return table
+
+
+def read_letters(cass, letters):
+    return {"errors.tolerance": "all", "errors.deadletter.format": "cassandra",
+            **{f"errors.deadletter.{k}": v for k, v in cass.opts(letters).items()}}
+
+
+def check_the_letter(cass, letters, table):
+    got = cass.cql(f"SELECT record, error_class, error_message, connector, target FROM sluice.{letters}")
+    assert len(got) == 1
+    record, error_class, message, connector, target = got[0]
+    assert json.loads(record) == {"id": 2, "seq": 2, "n": BIG}, "the row as the driver read it"
+    assert (error_class, connector, target) == ("ValueTypeError", "cassandra", f'table "sluice"."{table}"')
+    assert f'cassandra table "sluice"."{table}", split ' in message
+    assert f"key (id=2): the value {BIG} of column 'n' (CQL varint) does not convert to decimal128(38, 0)" in message
+
+
+def test_a_batch_read_sends_a_row_it_cannot_type_aside_and_reads_the_others(spark, cass):
+    table, letters = unreadable(cass), cass.table(LETTERS)
+    rows = spark.read.format("cassandra").options(**cass.opts(table), **read_letters(cass, letters)).load().collect()
+    assert sorted((r.id, int(r.n)) for r in rows) == [(1, 10), (3, 30)]
+    check_the_letter(cass, letters, table)
+
+    # Negative control: without errors.tolerance=all the row fails the read, named, saying how to send it aside.
+    with pytest.raises(Exception, match=rf"(?s)key \(id=2\): the value {BIG} of column 'n'.*errors\.tolerance=all"):
+        spark.read.format("cassandra").options(**cass.opts(table)).load().collect()
+
+
+@pytest.mark.parametrize("tolerance", ["all", "none"])
+def test_a_tracking_stream_sends_a_row_it_cannot_type_aside_and_goes_on(spark, cass, tmp_path, tolerance):
+    from pyspark.errors import StreamingQueryException
+
+    table, letters = unreadable(cass), cass.table(LETTERS)
+    options = {"tracking.column": "seq", "tracking.lag-window-ms": "0"}
+    if tolerance == "all":
+        options |= read_letters(cass, letters)
+    query = spark.readStream.format("cassandra").options(**cass.opts(table, **options)).load() \
+        .writeStream.format("memory").queryName(f"cass_tracked_{tolerance}").trigger(availableNow=True) \
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    if tolerance == "none":
+        with pytest.raises(StreamingQueryException, match=rf"(?s)the value {BIG} of column 'n'.*errors\.tolerance=all"):
+            query.awaitTermination(120)
+        return
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted((r.id, int(r.n)) for r in spark.table(f"cass_tracked_{tolerance}").collect()) == [(1, 10), (3, 30)]
+    check_the_letter(cass, letters, table)
+

@@ -53,3 +53,63 @@ def test_refused_rows_go_to_a_clickhouse_dead_letter_table_and_the_rest_is_writt
         sluice.write(df.where("small < 200"), "clickhouse", ch.opts(again))
     with pytest.raises(Exception, match=r"value 300 of column 'small' is outside the range .*errors\.tolerance=all"):
         sluice.write(df.where("v >= 0"), "clickhouse", ch.opts(again))
+
+
+def narrowed(ch):
+    """A table whose column `n` a read's schema narrows to int: 'x' does not convert (the row of id 2)."""
+    table = ch.table("id Int64, n String")
+    ch.sql(f"INSERT INTO {table} VALUES (1, '10'), (2, 'x'), (3, '30')")
+    return table
+
+
+def read_letters(ch, letters):
+    return {"errors.tolerance": "all", "errors.deadletter.format": "clickhouse",
+            **{f"errors.deadletter.{k}": v for k, v in ch.opts(letters).items()}}
+
+
+def check_the_letter(ch, letters, table):
+    got = ch.rows(f"SELECT record, error_class, error_message, connector, target FROM {letters}")
+    assert len(got) == 1
+    record, error_class, message, connector, target = got[0]
+    message = message.replace("\\'", "'")  # as TabSeparated escapes it
+    assert json.loads(record) == {"id": 2, "n": "x"}, "the row as the server sent it"
+    assert (error_class, connector, target) == ("ValueTypeError", "clickhouse", f"table `default`.`{table}`")
+    assert f"clickhouse table `default`.`{table}`, split " in message
+    assert "key (id=2): the value 'x' of column 'n' does not convert to int32" in message
+
+
+def test_a_batch_read_sends_a_row_its_schema_cannot_type_aside_and_reads_the_others(spark, ch):
+    table, letters = narrowed(ch), ch.table(LETTERS, "MergeTree ORDER BY tuple()")
+
+    def read(**options):  # a new DataFrameReader each time: options() adds to the one it is called on
+        return spark.read.format("clickhouse").schema("id long, n int").options(**ch.opts(table), **options).load()
+
+    rows = read(**read_letters(ch, letters)).collect()
+    assert sorted((r.id, r.n) for r in rows) == [(1, 10), (3, 30)]
+    check_the_letter(ch, letters, table)
+
+    # Negative control: without errors.tolerance=all the row fails the read, saying how to send it aside.
+    with pytest.raises(Exception, match=r"(?s)column 'n' does not convert from string to int32.*'x'.*"
+                                        r"errors\.tolerance=all"):
+        read().collect()
+
+
+@pytest.mark.parametrize("tolerance", ["all", "none"])
+def test_a_tracking_stream_sends_a_row_its_schema_cannot_type_aside_and_goes_on(spark, ch, tmp_path, tolerance):
+    from pyspark.errors import StreamingQueryException
+
+    table, letters = narrowed(ch), ch.table(LETTERS, "MergeTree ORDER BY tuple()")
+    options = {"tracking.column": "id", "tracking.lag-window-ms": "0"}
+    if tolerance == "all":
+        options |= read_letters(ch, letters)
+    query = spark.readStream.format("clickhouse").schema("id long, n int").options(**ch.opts(table, **options)) \
+        .load().writeStream.format("memory").queryName(f"ch_tracked_{tolerance}").trigger(availableNow=True) \
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    if tolerance == "none":
+        with pytest.raises(StreamingQueryException, match=r"(?s)'x'.*errors\.tolerance=all"):
+            query.awaitTermination(120)
+        return
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted((r.id, r.n) for r in spark.table(f"ch_tracked_{tolerance}").collect()) == [(1, 10), (3, 30)]
+    check_the_letter(ch, letters, table)

@@ -2,7 +2,9 @@
 rows they came from, with the server's reason) and the rest is indexed; without it the write fails naming the
 document and the reason. write.error-index is a shorthand for the same route into an index of the same cluster. A
 value JSON cannot carry is refused by the encoder, before anything is sent. (A document alone over
-http.max_content_length, and refusals among 429s: test_faults.py.)"""
+http.max_content_length, and refusals among 429s: test_faults.py.) Reading, a document with a value the read cannot
+type (text kept in a long field by ignore_malformed) goes to a dead-letter index with errors.tolerance=all, in a batch
+read and in a tracking stream, and the others are read; without it the read fails naming the document."""
 
 import json
 import re
@@ -85,3 +87,68 @@ def test_a_value_json_cannot_carry_goes_aside_before_anything_is_sent(spark, sea
     assert set(search.docs(index)) == {"1", "3"}
     (letter,) = spark.read.format("tablestore").option("table", "refused").options(**store).load().collect()
     assert json.loads(letter.record)["id"] == 2 and "that JSON cannot carry" in letter.error_message
+
+
+def malformed(search) -> str:
+    """An index whose long field n keeps a value that does not parse (ignore_malformed: the document is indexed, the
+    text stays in its _source): documents 1 and 3 read, document 2's n cannot be typed as the read's long."""
+    index = search.index_name()
+    search.call("PUT", f"/{index}", {"settings": {"number_of_shards": 1, "number_of_replicas": 0},
+                                     "mappings": {"properties": {"id": {"type": "long"},
+                                                                 "n": {"type": "long", "ignore_malformed": True}}}})
+    lines = "".join(f'{{"index": {{"_id": "{d["id"]}"}}}}\n{json.dumps(d)}\n'
+                    for d in ({"id": 1, "n": 10}, {"id": 2, "n": "abc"}, {"id": 3, "n": 30}))
+    response = search.http.request("POST", f"{search.server.url}/{index}/_bulk?refresh=true", body=lines.encode(),
+                                   headers={"Content-Type": "application/x-ndjson"})
+    assert response.status == 200 and b'"errors":false' in response.data, response.data[:500]
+    return index
+
+
+def read_letters(search, index: str) -> dict[str, str]:
+    """errors.tolerance=all into a dead-letter index of the same cluster (its tasks write it; no driver commit)."""
+    return {"errors.tolerance": "all", "errors.deadletter.format": "elasticsearch",
+            "errors.deadletter.nodes": search.server.url, "errors.deadletter.index": index,
+            "errors.deadletter.mapping.text-columns": "record,error_message"}
+
+
+def assert_one_letter(search, letters: str, index: str) -> None:
+    (letter,) = search.docs(letters).values()
+    assert json.loads(letter["record"]) == {"_index": index, "_id": "2", "_source": {"id": 2, "n": "abc"}}
+    assert (letter["error_class"], letter["connector"], letter["target"]) == ("ValueTypeError", "elasticsearch", index)
+    assert f"elasticsearch index '{index}', document '2': the value 'abc' of field 'n' does not convert to " \
+           "bigint" in letter["error_message"], letter["error_message"]
+
+
+UNTYPED = r"(?s)document '2': the value 'abc' of field 'n' does not convert to bigint.*errors\.tolerance"
+
+
+@pytest.mark.parametrize("search", ["opensearch"], indirect=True)  # the client code is the same on both engines
+def test_a_batch_read_sends_a_document_it_cannot_type_aside_and_reads_the_others(spark, search):
+    index, letters = malformed(search), search.index_name()
+    with pytest.raises(Exception, match=UNTYPED):  # the negative control: errors.tolerance=none fails the read
+        spark.read.format("elasticsearch").options(**search.opts(index)).load().collect()
+    rows = spark.read.format("elasticsearch").options(**search.opts(index, **read_letters(search, letters))).load()
+    assert sorted((r.id, r.n) for r in rows.collect()) == [(1, 10), (3, 30)]
+    assert_one_letter(search, letters, index)
+
+
+@pytest.mark.parametrize("search", ["opensearch"], indirect=True)
+@pytest.mark.parametrize("tolerance", ["all", "none"])
+def test_a_tracking_stream_sends_a_document_it_cannot_type_aside_and_goes_on(spark, search, tmp_path, tolerance):
+    from pyspark.errors import StreamingQueryException
+
+    index, letters = malformed(search), search.index_name()
+    options = {"tracking.column": "id", "tracking.lag-window-ms": "0"}
+    if tolerance == "all":
+        options |= read_letters(search, letters)
+    query = spark.readStream.format("elasticsearch").options(**search.opts(index, **options)).load() \
+        .writeStream.format("memory").queryName(f"es_untyped_{tolerance}").trigger(availableNow=True) \
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    if tolerance == "none":  # the negative control
+        with pytest.raises(StreamingQueryException, match=UNTYPED):
+            query.awaitTermination(120)
+        return
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted((r.id, r.n) for r in spark.table(f"es_untyped_{tolerance}").collect()) == [(1, 10), (3, 30)]
+    assert_one_letter(search, letters, index)

@@ -1,7 +1,10 @@
 """format("hbase") with errors.tolerance=all on a real HBase: rows HBase cannot take (an over-long row key, a cell over
 write.max-cell-bytes, a cell the gateway refuses) go to a dead-letter table with their reason, the others are stored;
 with errors.tolerance=none (the default) the same rows fail the write, naming them. (The negative control of the
-gateway's refusal is test_faults.py's test_a_cell_the_gateway_refuses_as_too_large_fails_the_write_naming_the_limit.)"""
+gateway's refusal is test_faults.py's test_a_cell_the_gateway_refuses_as_too_large_fails_the_write_naming_the_limit.)
+Reading, a row whose cell does not decode as the read's type (3 bytes for an int) goes to a dead-letter HBase table
+with errors.tolerance=all, in a batch read and in a tracking stream, and the others are read; without it the read
+fails naming the row key, the cell and its bytes."""
 
 import json
 
@@ -84,6 +87,72 @@ def test_a_cell_the_gateway_refuses_goes_aside_decoded_from_its_put(spark, hbase
     (letter,) = dead_letters(spark, tmp_path)
     assert json.loads(letter.record) == {"id": 3, "v": "x" * (12 << 20)}
     assert "hbase.client.keyvalue.maxsize" in letter.error_message
+
+
+def untyped(hbase) -> str:
+    """A table of rows r1..r3 whose cell d:n is a 4-byte int, r2's being 3 bytes ('abc'): no int."""
+    table, t = hbase.table(), hbase.t
+    cells = {b"r1": (10).to_bytes(4, "big"), b"r2": b"abc", b"r3": (30).to_bytes(4, "big")}
+    hbase.conn.call("putMultiple", table.encode(), [
+        t.TPut(row=key, columnValues=[t.TColumnValue(family=b"d", qualifier=b"n", value=value)])
+        for key, value in cells.items()])
+    return table
+
+
+def read_letters(hbase, table: str) -> dict[str, str]:
+    """errors.tolerance=all into a dead-letter table of the same HBase (its tasks write it; no driver commit), a
+    row per dead letter keyed by its record, in HBase's default sink.mode (partition-ordered: the dead letters come
+    without a partition key, batched under the key None)."""
+    return {"errors.tolerance": "all", "errors.deadletter.format": "hbase", "errors.deadletter.host": hbase.server.host,
+            "errors.deadletter.port": str(hbase.server.port), "errors.deadletter.table": table,
+            "errors.deadletter.rowkey": "record", "errors.deadletter.family": "d"}
+
+
+def assert_one_letter(hbase, letters: str, table: str) -> None:
+    ((record, cells),) = hbase.rows(letters).items()
+    letter = json.loads(record)
+    assert (letter["row"], letter["cells"]) == ("r2", {"d:n": "abc"}) and letter["timestamp"] > 0
+    assert (cells["d:error_class"], cells["d:connector"], cells["d:target"]) == \
+        (b"ValueTypeError", b"hbase", table.encode())
+    assert f"hbase table {table}, row key b'r2': the cell d:n (b'abc') of column 'n' does not decode: a cell of 3 " \
+           "bytes cannot be column 'n'" in cells["d:error_message"].decode()
+
+
+UNTYPED = r"(?s)row key b'r2': the cell d:n \(b'abc'\) of column 'n' does not decode.*errors\.tolerance"
+
+
+@pytest.mark.spark
+def test_a_batch_read_sends_a_row_it_cannot_decode_aside_and_reads_the_others(spark, hbase):
+    table, letters = untyped(hbase), hbase.table()
+    opts = hbase.opts(table, rowkey="id", family="d")
+    with pytest.raises(Exception, match=UNTYPED):  # the negative control: errors.tolerance=none fails the read
+        spark.read.format("hbase").options(**opts).schema("id string, n int").load().collect()
+    rows = spark.read.format("hbase").options(**opts, **read_letters(hbase, letters)).schema("id string, n int").load()
+    assert sorted((r.id, r.n) for r in rows.collect()) == [("r1", 10), ("r3", 30)]
+    assert_one_letter(hbase, letters, table)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("tolerance", ["all", "none"])
+def test_a_tracking_stream_sends_a_row_it_cannot_decode_aside_and_goes_on(spark, hbase, tmp_path, tolerance):
+    from pyspark.errors import StreamingQueryException
+
+    table, letters = untyped(hbase), hbase.table()
+    options = {"tracking.column": "at", "tracking.lag-window-ms": "0"}
+    if tolerance == "all":
+        options |= read_letters(hbase, letters)
+    query = spark.readStream.format("hbase").options(**hbase.opts(table, rowkey="id", family="d", **options)) \
+        .schema("id string, n int, at timestamp").load().select("id", "n") \
+        .writeStream.format("memory").queryName(f"hbase_untyped_{tolerance}").trigger(availableNow=True) \
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    if tolerance == "none":  # the negative control
+        with pytest.raises(StreamingQueryException, match=UNTYPED):
+            query.awaitTermination(120)
+        return
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted((r.id, r.n) for r in spark.table(f"hbase_untyped_{tolerance}").collect()) == [("r1", 10), ("r3", 30)]
+    assert_one_letter(hbase, letters, table)
 
 
 def test_refused_entries_decode_back_into_the_users_columns():

@@ -1,9 +1,16 @@
 """format("postgres") over TLS with SCRAM passwords, against a server that takes TCP clients only over TLS
 (LocalPostgres(tls=True): hostssl ... scram-sha-256, hostnossl ... reject). The CA travels as PEM text in the
 options; the certificate and the host name are checked (sslmode=verify-full) and a failure names the host and what
-failed, without a retry and without the password; nothing falls back to plaintext."""
+failed, without a retry and without the password; nothing falls back to plaintext.
 
-from urllib.parse import quote
+The same server signs in one user by client certificate only (cert_users: pg_hba's `cert` method, which implies
+clientcert=verify-full): ssl.cert-pem and ssl.key-pem as PEM text; no certificate, one of another CA and an expired
+one are refused naming the server and the reason, and the key is in no error, plan or repr."""
+
+import os
+import stat
+from pathlib import Path
+from urllib.parse import quote, unquote
 
 import psycopg
 import pytest
@@ -20,9 +27,32 @@ PASSWORD = "scram-Pw-7f3c9e1d"
 
 @pytest.fixture(scope="module")
 def secured():
-    with LocalPostgres(tls=True, password=PASSWORD, settings={"wal_level": "logical", "synchronous_commit": "on"}) \
-            as server:
+    with LocalPostgres(tls=True, password=PASSWORD, settings={"wal_level": "logical", "synchronous_commit": "on"},
+                       cert_users=(CERT_USER,)) as server:
         yield server
+
+
+CERT_USER = "sluice_cert"
+
+
+@pytest.fixture(scope="module")
+def client(secured):
+    return secured.client_ca.client_certificate(CERT_USER)
+
+
+def cert_options(server, certificate, **more):
+    """Signed in by the client certificate alone: no password."""
+    return {"host": "127.0.0.1", "port": str(server.port), "user": CERT_USER, "dbname": server.dbname,
+            "ssl.ca-pem": server.ca_pem, "ssl.cert-pem": certificate.cert_pem, "ssl.key-pem": certificate.key_pem,
+            **more}
+
+
+def as_cert_user(server, certificate, tmp_path):
+    """A psycopg connection of the test's own, signed in by `certificate` (files of this machine)."""
+    cert, key = certificate.write(tmp_path)
+    return psycopg.connect(host="127.0.0.1", port=server.port, dbname=server.dbname, user=CERT_USER,
+                           sslmode="verify-full", sslrootcert=str(server.ca_path), sslcert=str(cert),
+                           sslkey=str(key), autocommit=True)
 
 
 def options(server, **more):
@@ -135,3 +165,83 @@ def test_tls_asked_of_a_server_without_it_is_refused_never_downgraded(pg):
         conn.connect_psycopg()
     with _conn({"url": pg.url}).connect_psycopg() as plain:  # the control: the same server, plaintext asked
         assert plain.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.spark
+def test_a_client_certificate_signs_in_to_write_and_read(spark, secured, client, capsys):
+    with psycopg.connect(secured.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE mtls_rw (id bigint PRIMARY KEY, body text); GRANT ALL ON mtls_rw TO {CERT_USER}")
+    df = spark.range(0, 100, 1, 2).selectExpr("id", "concat('row ', id) AS body")
+    sluice.write(df, "postgres", {**cert_options(secured, client), "table": "mtls_rw", "primary-key": "id"})
+    read = spark.read.format("postgres").options(**cert_options(secured, client, table="mtls_rw")).load()
+    assert sorted(r.id for r in read.collect()) == list(range(100))
+    read.explain(True)
+    assert client.key_pem.strip() not in capsys.readouterr().out
+    conn = _conn(cert_options(secured, client))
+    assert client.key_pem.strip() not in repr(conn) + repr(READ_SPEC.parse({"table": "t", **cert_options(secured,
+                                                                                                         client)}))
+    with psycopg.connect(secured.url) as check:  # the server saw the certificate: CN = the user
+        assert check.execute("SELECT count(*) FROM mtls_rw").fetchone() == (100,)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("case", ["no certificate", "another CA", "expired"])
+def test_a_missing_foreign_or_expired_certificate_is_refused_by_name(spark, secured, client, case):
+    """The negative controls: the same options as the write above, but for the certificate."""
+    opts = cert_options(secured, client, table="pg_class", **{"connect.retries": "5"})
+    if case == "no certificate":
+        del opts["ssl.cert-pem"], opts["ssl.key-pem"]
+        reason = r"the server requires a client certificate .*connection requires a valid client certificate"
+        key = client.key_pem
+    else:
+        other = (TestCA("other client CA").client_certificate(CERT_USER) if case == "another CA"
+                 else secured.client_ca.client_certificate(CERT_USER, expired=True))
+        opts |= {"ssl.cert-pem": other.cert_pem, "ssl.key-pem": other.key_pem}
+        refused = r"TLS \(verify-full\): the server refused the client certificate \(ssl\.cert-pem\): "
+        reason = refused + {"another CA": r"the server does not trust the CA that signed it.*alert unknown ca",
+                            "expired": r"it has expired: renew it.*alert certificate expired"}[case]
+        key = other.key_pem
+    with pytest.raises(Exception, match=r"cannot connect to postgresql://sluice_cert@127\.0\.0\.1:\d+/sluice: "
+                                        + reason) as refused:
+        spark.read.format("postgres").options(**opts).load().collect()
+    assert key.strip() not in str(refused.value)
+    assert "attempt(s)" not in str(refused.value)  # a certificate does not change between attempts
+
+
+def test_the_key_is_a_file_only_this_user_reads_in_a_folder_of_its_own(secured, client):
+    uri = _conn(cert_options(secured, client)).uri()
+    assert client.key_pem.strip() not in uri and "sslcert=" in uri
+    key = next(v for k, v in (p.split("=", 1) for p in uri.split("?", 1)[1].split("&")) if k == "sslkey")
+    path = Path(unquote(key))
+    assert path.read_text() == client.key_pem
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert path.parent.stat().st_uid == os.geteuid()
+    with pytest.raises(OptionError, match=r"without 'ssl\.key-pem'"):
+        _conn({"host": "h", "ssl.cert-pem": client.cert_pem})
+    with pytest.raises(OptionError, match="not a path") as as_path:
+        _conn({"host": "h", "ssl.cert-pem": client.cert_pem, "ssl.key-pem": "/etc/ssl/private/client.key"})
+    assert "/etc/ssl/private/client.key" not in str(as_path.value)  # the key option's value is never echoed
+    with pytest.raises(OptionError, match="needs TLS"):
+        _conn({"host": "h", "sslmode": "disable", "ssl.cert-pem": client.cert_pem, "ssl.key-pem": client.key_pem})
+
+
+def test_change_capture_signed_in_by_certificate(secured, client, tmp_path):
+    """postgres_changes with the certificate alone: the replication connection, the snapshot holder (a process of
+    its own, given the key's file path, never the key) and the reads."""
+    from sluice.connectors.postgres import PostgresChangesDataSource
+    from tests.connectors.postgres.test_changes import batch
+
+    with as_cert_user(secured, client, tmp_path) as conn:  # the owner of its table (publications need one)
+        conn.execute("CREATE TABLE mtls_cdc (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO mtls_cdc SELECT g, 'before' FROM generate_series(1, 20) g")
+    source = PostgresChangesDataSource({**cert_options(secured, client), "table": "mtls_cdc"})
+    reader = source.streamReader(source.schema())
+    end, first = batch(reader, reader.initialOffset())
+    assert sorted(first.column("id").to_pylist()) == list(range(1, 21))  # the snapshot
+    reader.commit(end)
+    with as_cert_user(secured, client, tmp_path) as conn:
+        conn.execute("UPDATE mtls_cdc SET v = 'after' WHERE id <= 3")
+    end2, changes = batch(reader, end)
+    assert sorted((r["_op"], r["id"]) for r in changes.to_pylist()) == [("update", i) for i in range(1, 4)]
+    reader.commit(end2)
+    reader.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 from pyspark.sql.types import StructType
@@ -64,6 +65,11 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    refused_reads = ("a row with a value that has no form in its column's Spark type (a varint or decimal beyond "
+                     "decimal(38,0) or decimal(38,18), a date outside years 1-9999, a value out of a narrower type a "
+                     "schema given to the read sets), sent aside with its values as the driver read them; a "
+                     "timestamp outside years 1-9999 fails its whole page in the driver, so the read fails naming "
+                     "no row")
 
     def _table(self, opts: Options) -> tuple[Connection, TableInfo]:
         """The cluster and table, described once per planned write."""
@@ -155,7 +161,8 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         conn = options.conn
         check_columns(info, schema.fieldNames(), conn)
         reader = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size,
-                                 options.read_consistency)
+                                 options.read_consistency, self.dead_letters(self.read_options(), streaming=False),
+                                 f"read-{uuid.uuid4().hex[:12]}")
         enumerator = CassandraEnumerator(conn, options.partitions, options.read_split_size_mb * 1024 * 1024)
         kind = CassandraPushdownReader if options.pushdown else CassandraBatchReader
         return kind(enumerator, reader, None, reads=self.read_observer())
@@ -181,7 +188,9 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         settings = replace(settings, rows_per_task=0)
         conn = options.conn
         check_columns(info, schema.fieldNames(), conn)
-        rows = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size, cql.consistency)
+        rows = CassandraReader(conn, info, to_arrow_schema(schema), options.read_fetch_size, cql.consistency,
+                               self.dead_letters(self.read_options(), streaming=True),
+                               f"read-{uuid.uuid4().hex[:12]}", streaming=True)
         reads = self.read_observer(event_time=settings.column if cql.kind == "timestamp" else None)
         return TrackingStreamReader(CassandraTrackingEnumerator(cql, settings.column, options.partitions or 1),
                                     CassandraTrackingReader(rows, cql), settings,

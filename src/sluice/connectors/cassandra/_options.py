@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sluice.connector import (
+    ERROR_OPTIONS,
     PARTITION_ORDERED,
     SINK_SPEC,
     Option,
     OptionSpec,
     TypedOptions,
+    check_error_options,
     pushdown_option,
     tracking_options,
 )
@@ -101,7 +103,10 @@ STREAM_OPTIONS = tuple(
         "'sai', Cassandra 5.0) whose values grow as rows are written (e.g. toTimestamp(now())); a micro-batch takes "
         "whole groups of one value."))
 
-READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
+# errors.*: a row with a value that has no form in its column's Spark type goes to the read's dead-letter target
+# (errors.tolerance=all).
+READ_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS, *ERROR_OPTIONS),
+                       (check_error_options,))
 
 
 @dataclass(frozen=True)

@@ -4,26 +4,37 @@ split reader), each read with a paged `SELECT ... WHERE token(key) > lo AND toke
 The number of splits comes from the table's size estimates (`system.size_estimates`, refreshed by each node every
 few minutes) divided by `read.split-size-mb`, or is set with `partitions`. Cassandra has no snapshots: splits read
 at slightly different moments, so a read concurrent with writes may see some of them (docs/cassandra.md).
+
+A value that has no form in its column's Spark type (a varint or decimal beyond decimal(38), a date beyond year
+9999) fails its page's conversion; only then are its rows found one by one, and they go to the read's dead letters
+(errors.tolerance=all) or fail the read naming them.
 """
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from sluice.connector import (
+    SEND_ASIDE,
+    DeadLetterRoute,
+    DeadLetterWriter,
     OptionError,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitPartition,
     SplitReader,
+    ValueTypeError,
+    read_with_letters,
 )
 from sluice.connectors.cassandra._client import TUPLES, Connection, quote_ident
 from sluice.connectors.cassandra._table import TableInfo
@@ -98,11 +109,23 @@ def restrictions(filters: list[Any], info: TableInfo) -> list[tuple[Any, Restric
     return out
 
 
+# What converting a value the driver read into Arrow raises when the value has no form in the Spark type:
+# ArrowInvalid (a ValueError: out of the type's range), ValueError (a date beyond year 9999), decimal's
+# InvalidOperation (an ArithmeticError: over 38 digits), ArrowTypeError (a TypeError: a schema given to the read
+# that does not fit the column).
+UNTYPED = (ValueError, TypeError, ArithmeticError)
+_AS_JSON = (str, int, float, bool, Decimal, bytes, datetime.date, list, tuple, dict)  # as record_json writes them
+
+
 class CassandraReader(SplitReader):
     def __init__(self, conn: Connection, info: TableInfo, schema: pa.Schema, fetch_size: int,
-                 consistency: str) -> None:
+                 consistency: str, dead_letters: DeadLetterRoute | None = None, read_id: str = "",
+                 streaming: bool = False) -> None:
+        """`dead_letters`: where rows with a value that does not convert to the schema go (errors.tolerance=all),
+        named after the streaming query, else `read_id`."""
         self.conn, self.info, self.schema = conn, info, schema
         self.fetch_size, self.consistency = fetch_size, consistency
+        self.dead_letters, self.read_id, self.streaming = dead_letters, read_id, streaming
         self.where: list[Restriction] = []  # pushed filters
 
     @property
@@ -129,10 +152,20 @@ class CassandraReader(SplitReader):
         return (*tokens, *(r.value for r in self.where))
 
     def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
-        yield from self.batches(self.select(), self.bound_values(split))
+        return self.with_letters(self.select(), self.bound_values(split), split.split_id)
 
-    def batches(self, query: str, values: Sequence[Any]) -> Iterator[pa.RecordBatch]:
-        """The rows of `query` bound to `values`, a record batch per page."""
+    def described(self) -> str:
+        return f"table {self.conn.target}"
+
+    def with_letters(self, query: str, values: Sequence[Any], split: str) -> Iterator[pa.RecordBatch]:
+        """`batches` in a read task that sends the rows it cannot type aside."""
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming, self.described(),
+                                 lambda letters: self.batches(query, values, letters, split))
+
+    def batches(self, query: str, values: Sequence[Any], letters: DeadLetterWriter | None = None,
+                split: str = "") -> Iterator[pa.RecordBatch]:
+        """The rows of `query` bound to `values`, a record batch per page; rows with a value that does not convert
+        go to `letters`, or fail the read when it is None."""
         from cassandra import ConsistencyLevel
 
         session = self.conn.session()
@@ -144,13 +177,62 @@ class CassandraReader(SplitReader):
         while True:
             page = result.current_rows
             if page:
-                columns = list(zip(*page, strict=True))
-                arrays = [arrow_column(list(cells), kind, field.type)
-                          for cells, kind, field in zip(columns, kinds, self.schema, strict=True)]
-                yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+                batch = self._typed(page, kinds, letters, split)
+                if batch is not None:
+                    yield batch
             if not result.has_more_pages:
                 return
             result.fetch_next_page()
+
+    def _arrow(self, page: Sequence[Sequence[Any]], kinds: list[CQLType]) -> pa.RecordBatch:
+        columns = list(zip(*page, strict=True))
+        arrays = [arrow_column(list(cells), kind, field.type)
+                  for cells, kind, field in zip(columns, kinds, self.schema, strict=True)]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _typed(self, page: Sequence[Sequence[Any]], kinds: list[CQLType], letters: DeadLetterWriter | None,
+               split: str) -> pa.RecordBatch | None:
+        """The page as Arrow, without the rows whose values do not convert (sent to `letters`); None when none
+        is left."""
+        try:
+            return self._arrow(page, kinds)
+        except UNTYPED:
+            bad = self._untyped(page, kinds, split)
+            if not bad:
+                raise  # no one row is at fault
+        if letters is None:
+            first = bad[min(bad)]
+            raise ValueTypeError(f"{first}. {SEND_ASIDE}") from None
+        names = self.schema.names
+        letters.add([{n: v if v is None or isinstance(v, _AS_JSON) else str(v) for n, v in zip(names, page[row],
+                                                                                                strict=True)}
+                     for row in sorted(bad)], [bad[row] for row in sorted(bad)])
+        kept = [row for i, row in enumerate(page) if i not in bad]
+        return self._arrow(kept, kinds) if kept else None
+
+    def _untyped(self, page: Sequence[Sequence[Any]], kinds: list[CQLType], split: str) -> dict[int, ValueTypeError]:
+        """The rows of a page that failed to convert, each with an error naming the table, split, key, column and
+        value (rare: each column of the page is tried, then the failing ones value by value)."""
+        names = self.schema.names
+        key = [names.index(c) for c in self.info.primary_key if c in names]
+        bad: dict[int, ValueTypeError] = {}
+        for i, (kind, field) in enumerate(zip(kinds, self.schema, strict=True)):
+            try:
+                arrow_column([row[i] for row in page], kind, field.type)
+                continue
+            except UNTYPED:
+                pass
+            for r, row in enumerate(page):
+                try:
+                    arrow_column([row[i]], kind, field.type)
+                except UNTYPED as e:
+                    if r not in bad:
+                        named = ", ".join(f"{names[k]}={row[k]!r}" for k in key)
+                        why = "more digits than it holds" if isinstance(e, InvalidOperation) else str(e)
+                        bad[r] = ValueTypeError(f"cassandra {self.described()}, split {split}, key ({named}): the "
+                                                f"value {row[i]!r} of column '{field.name}' (CQL {kind}) does not "
+                                                f"convert to {field.type}: {why}")
+        return bad
 
 
 class CassandraBatchReader(SplitBatchReader):

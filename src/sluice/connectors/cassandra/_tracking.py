@@ -244,5 +244,6 @@ class CassandraTrackingReader(TrackingReader):
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[Any]:
         condition, values = self.cql.range(after, upto)
         token = f"token({', '.join(quote_ident(c) for c in self.rows.info.partition_key)})"
-        yield from self.rows.batches(f"{self.rows.select_columns()} WHERE {token} > ? AND {token} <= ? AND "
-                                     f"{condition}", [split.info["lo"], split.info["hi"], *values])
+        return self.rows.with_letters(f"{self.rows.select_columns()} WHERE {token} > ? AND {token} <= ? AND "
+                                      f"{condition}", [split.info["lo"], split.info["hi"], *values],
+                                      f"{split.split_id} ({after} - {upto})")

@@ -211,15 +211,17 @@ def python_values(column: pa.Array, kind: CQLType) -> list[Any]:
 
 
 def _read_leaf(kind: CQLType) -> Callable[[Any], Any] | None:
-    from decimal import Decimal
+    from decimal import Context, Decimal
 
     if kind.name in ("uuid", "timeuuid", "inet"):
         return str
     if kind.name == "varint":
         return Decimal
     if kind.name == "decimal":
-        step = Decimal(1).scaleb(-18)
-        return lambda v: v.quantize(step)
+        # decimal(38,18)'s 38 digits, not Python's default 28: a value with more than 20 integer digits raises
+        # InvalidOperation (a value the read cannot type).
+        step, digits = Decimal(1).scaleb(-18), Context(prec=38)
+        return lambda v: v.quantize(step, context=digits)
     if kind.name == "date":
         return lambda v: v.date()  # cassandra.util.Date
     if kind.name == "time":

@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import quote
 
-from sluice.connector import Option, OptionError, Options, RetryableError, SinkError, check_http_endpoint
+from sluice.connector import (
+    Option,
+    OptionError,
+    Options,
+    RetryableError,
+    SinkError,
+    check_http_endpoint,
+    client_certificate,
+    refused_certificate,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,6 +35,12 @@ CONNECTION_OPTIONS = (
     Option("ssl.ca-pem", "str", None,
            "PEM text of the CA that signed an https:// url's certificate (text, not a path: executors cannot read "
            "the driver's files); default: the system's CAs. The certificate and host name are always checked."),
+    Option("ssl.cert-pem", "str", None,
+           "PEM text of this client's certificate, for an https:// server that demands one (mutual TLS); with "
+           "ssl.key-pem."),
+    Option("ssl.key-pem", "str", None,
+           "PEM text of the client certificate's private key (unencrypted); with ssl.cert-pem. Never shown; each "
+           "process loads it into its TLS context through a private temp file removed at once.", secret=True),
 )
 
 
@@ -88,6 +103,8 @@ class Connection:
     timeout_s: float
     password: str | None = field(default=None, repr=False)
     ca_pem: str | None = field(default=None, repr=False)
+    cert_pem: str | None = field(default=None, repr=False)  # a client certificate (mutual TLS) and its key
+    key_pem: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
@@ -102,7 +119,9 @@ class Connection:
             if not url.startswith("https://"):
                 raise OptionError(f"ssl.ca-pem is set but url {url} is plain http://: use https://, or remove "
                                   "ssl.ca-pem")
-        return cls(url, opts["user"], opts["database"], opts["table"], opts["http.timeout-ms"] / 1000, password, ca)
+        cert, key = _client_certificate(opts, url)
+        return cls(url, opts["user"], opts["database"], opts["table"], opts["http.timeout-ms"] / 1000, password, ca,
+                   cert, key)
 
     @property
     def target(self) -> str:
@@ -113,6 +132,8 @@ class Connection:
         return f"{self.url} {self.database}.{self.table}"
 
     def scrub(self, text: str) -> str:
+        if self.key_pem:
+            text = text.replace(self.key_pem.strip(), "<redacted>")
         return text.replace(self.password, "<redacted>") if self.password else text
 
     def _headers(self) -> dict[str, str]:
@@ -126,10 +147,16 @@ class Connection:
             url, data = f"{self.url}/?{params}", sql.encode()
         else:
             url, data = f"{self.url}/?query={quote(sql)}&{params}", body
+        pool = _pool(self.ca_pem, self.cert_pem, self.key_pem)  # a key that does not load fails here, once
         try:
-            response = _pool(self.ca_pem).request("POST", url, body=data, headers=self._headers(),
-                                                  preload_content=not stream, timeout=self.timeout_s, retries=False)
+            response = pool.request(
+                "POST", url, body=data, headers=self._headers(), preload_content=not stream, timeout=self.timeout_s,
+                retries=False)
         except Exception as e:  # urllib3's connection errors: the server is down or restarting
+            refused = refused_certificate(str(e))
+            if refused:  # the server's TLS alert about our certificate: no attempt changes it
+                raise ClickHouseError(f"TLS: ClickHouse at {self.url} refused the client certificate (ssl.cert-pem): "
+                                      f"{refused[1]} ({self.scrub(str(e))}).") from None
             if "CERTIFICATE_VERIFY_FAILED" in str(e):  # a certificate does not change between attempts
                 raise ClickHouseError(f"TLS: ClickHouse at {self.url} presented a certificate that was refused "
                                       f"({self.scrub(str(e))}). Check ssl.ca-pem holds the CA that signed it and that "
@@ -186,22 +213,58 @@ def _unescape(value: str) -> str:
     return re.sub(r"\\[tn\\'0bfr]", lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
 
 
-_POOLS: dict[str | None, Any] = {}
+def _client_certificate(opts: Options, url: str) -> tuple[str | None, str | None]:
+    """(certificate PEM, key PEM), both or neither (the SDK's check), for an https:// url."""
+    given = client_certificate(opts)
+    if given is None:
+        return None, None
+    if not url.startswith("https://"):
+        raise OptionError(f"ssl.cert-pem is set but url {url} is plain http://: use https://, or remove the client "
+                          "certificate")
+    return given.cert_pem, given.key_pem
+
+
+_POOLS: dict[tuple[str | None, str | None, str | None], Any] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def _pool(ca_pem: str | None) -> Any:
-    """One connection pool per process and CA (tasks of one Python worker share it); thread-safe. Its TLS context
-    checks the certificate and the host name (ssl.create_default_context), against the CA given or the system's."""
-    pool = _POOLS.get(ca_pem)
+def _pool(ca_pem: str | None, cert_pem: str | None = None, key_pem: str | None = None) -> Any:
+    """One connection pool per process, CA and client certificate (tasks of one Python worker share it);
+    thread-safe. Its TLS context checks the certificate and the host name (ssl.create_default_context), against the
+    CA given or the system's, and presents the client certificate when one is given."""
+    key = (ca_pem, cert_pem, key_pem)
+    pool = _POOLS.get(key)
     if pool is None:
         import ssl
 
         import urllib3
 
         with _POOLS_LOCK:
-            pool = _POOLS.get(ca_pem)
+            pool = _POOLS.get(key)
             if pool is None:
                 context = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
-                pool = _POOLS[ca_pem] = urllib3.PoolManager(maxsize=16, block=False, ssl_context=context)
+                if cert_pem and key_pem:
+                    _load_client_certificate(context, cert_pem, key_pem)
+                pool = _POOLS[key] = urllib3.PoolManager(maxsize=16, block=False, ssl_context=context)
     return pool
+
+
+def _load_client_certificate(context: Any, cert_pem: str, key_pem: str) -> None:
+    """Python's ssl loads a certificate and key from files only: they are written, owner-only (0600), to a folder
+    only this user can enter (mkdtemp: 0700, a random name), loaded into the context (which keeps them in memory)
+    and removed at once; the key is never on a command line or in the environment."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="sluice-ch-client-") as folder:
+        paths = []
+        for name, pem in (("client.crt", cert_pem), ("client.key", key_pem)):
+            path = Path(folder) / name
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+                out.write(pem)
+            paths.append(str(path))
+        try:
+            context.load_cert_chain(paths[0], paths[1])
+        except Exception as e:  # ssl.SSLError: its text names OpenSSL's reason, never the key
+            raise OptionError(f"ssl.cert-pem and ssl.key-pem could not be loaded as a certificate and its key ({e}): "
+                              "check they are PEM text of one pair, the key unencrypted") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 from pyspark.sql.types import StructType
@@ -22,6 +23,7 @@ from sluice.connector import (
     from_arrow_schema,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
+    to_arrow_schema,
 )
 from sluice.connectors.clickhouse._client import Connection
 from sluice.connectors.clickhouse._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
@@ -64,6 +66,10 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    refused_reads = ("a row with a value that does not convert to the type a schema given to the read sets for its "
+                     "column (text that is no number, a number out of a narrower type), sent aside as the row the "
+                     "server sent; the table's own types never refuse one: the server casts every column to a type "
+                     "Spark holds whole, and a String's bytes pass as they are, invalid UTF-8 included")
 
     def _table(self, opts: Options) -> tuple[Connection, TableInfo]:
         """The server and table, described once per planned write."""
@@ -136,21 +142,22 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
             self._tracking(opts, options, info)
         return from_arrow_schema(read_schema(info)[1])
 
-    def _rows_reader(self, options: ReadOptions, info: TableInfo, schema: StructType) -> ClickHouseReader:
+    def _rows_reader(self, options: ReadOptions, info: TableInfo, schema: StructType,
+                     streaming: bool) -> ClickHouseReader:
+        """The reader of the schema's columns, cast to the schema's types (the server casts to the read types)."""
         conn = options.conn
         types, arrow_schema = read_schema(info)
-        wanted = [f for f in arrow_schema if f.name in schema.fieldNames()]
         missing = [n for n in schema.fieldNames() if n not in arrow_schema.names]
         if missing:
             raise OptionError(f"column(s) {missing} of the given schema are not in {conn.database}.{conn.table}")
-        import pyarrow as pa
-
-        return ClickHouseReader(conn, types, pa.schema(wanted), check_final(info, options.final))
+        route = self.dead_letters(self.read_options(), streaming)
+        return ClickHouseReader(conn, types, to_arrow_schema(schema), check_final(info, options.final),
+                                info.sorting_key, route, f"read-{uuid.uuid4().hex[:12]}", streaming)
 
     def reader(self, schema: StructType) -> SplitBatchReader:
         refuse_tracking_in_batch(self.read_options(), self.format_name)
         options, info = self._read_parts()
-        reader = self._rows_reader(options, info, schema)
+        reader = self._rows_reader(options, info, schema, streaming=False)
         return SplitBatchReader(ClickHouseEnumerator(options.conn, info, reader.types, options.partitions), reader,
                                 None, reads=self.read_observer())
 
@@ -169,7 +176,7 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         refuse_batch_options_in_stream(opts, self.format_name, ("partitions",))
         options, info = self._read_parts()
         settings, sql = self._tracking(opts, options, info)
-        rows = self._rows_reader(options, info, schema)
+        rows = self._rows_reader(options, info, schema, streaming=True)
         reads = self.read_observer(event_time=settings.column if sql.kind == "timestamp" else None)
         return TrackingStreamReader(ClickHouseTrackingEnumerator(sql, settings.column, rows.final),
                                     ClickHouseTrackingReader(rows, sql), settings,

@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.connector import (
+    ERROR_OPTIONS,
     SINK_SPEC,
     Option,
     OptionSpec,
     TypedOptions,
+    check_error_options,
     tracking_options,
 )
 from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection
@@ -67,7 +69,10 @@ STREAM_OPTIONS = (
            "between them; none: a micro-batch takes every row of a tracking value."),
 )
 
-READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
+# errors.*: a row with a value that does not convert to the type the read's schema gives its column goes to the
+# read's dead-letter target (errors.tolerance=all).
+READ_SPEC = OptionSpec("clickhouse", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS, *ERROR_OPTIONS),
+                       (check_error_options,))
 
 
 @dataclass(frozen=True)

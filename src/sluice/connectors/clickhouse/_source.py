@@ -3,9 +3,11 @@
 The enumerator (driver) asks for the column's min and max once and cuts [min, max] into `partitions` ranges;
 each reader (executor) runs `SELECT ... WHERE lo <= key < hi FORMAT ArrowStream` (ClickHouse's primary index skips
 the rest), casting each column to a type whose Arrow form Spark has (`_types.read_type`), and hands pyarrow's
-record batches on as they stream in. ReplacingMergeTree tables are read with FINAL, so a key's replaced and
-deleted rows never show. ClickHouse has no snapshots: splits read at slightly different moments, so a read
-concurrent with writes may see some of them (docs/clickhouse.md).
+record batches on as they stream in, cast to the read's schema (a schema the user gives may narrow a column: a row
+whose value does not convert goes to the read's dead letters with errors.tolerance=all, `conform_or_aside`).
+ReplacingMergeTree tables are read with FINAL, so a key's replaced and deleted rows never show. ClickHouse has no
+snapshots: splits read at slightly different moments, so a read concurrent with writes may see some of them
+(docs/clickhouse.md).
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.connector import (
+    SEND_ASIDE,
+    DeadLetterRoute,
+    DeadLetterWriter,
     OptionError,
     Split,
     SplitEnumerator,
     SplitReader,
-    conform,
+    ValueTypeError,
+    conform_or_aside,
+    read_with_letters,
 )
 from sluice.connectors.clickhouse._client import Connection, quote_ident
 from sluice.connectors.clickhouse._table import TableInfo
@@ -72,8 +79,31 @@ class ClickHouseEnumerator(SplitEnumerator):
 
 
 class ClickHouseReader(SplitReader):
-    def __init__(self, conn: Connection, types: dict[str, CHType], schema: pa.Schema, final: bool) -> None:
-        self.conn, self.types, self.schema, self.final = conn, types, schema, final
+    def __init__(self, conn: Connection, types: dict[str, CHType], schema: pa.Schema, final: bool, key: tuple[str, ...],
+                 dead_letters: DeadLetterRoute | None = None, read_id: str = "", streaming: bool = False) -> None:
+        """`schema`: the read's (its types may narrow the columns' read types); `key`: the columns that name a row
+        in errors (the sorting key); `dead_letters`: where rows with a value that does not convert to `schema` go
+        (errors.tolerance=all), named after the streaming query, else `read_id`."""
+        self.conn, self.types, self.schema, self.final, self.key = conn, types, schema, final, key
+        self.dead_letters, self.read_id, self.streaming = dead_letters, read_id, streaming
+
+    def described(self) -> str:
+        return f"table {self.conn.target}"
+
+    def with_letters(self, sql: str, split: str) -> Iterator[pa.RecordBatch]:
+        """The rows of `sql` cast to the schema, in a read task that sends the rows that do not convert aside."""
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming, self.described(),
+                                 lambda letters: self._conformed(sql, split, letters))
+
+    def _conformed(self, sql: str, split: str, letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
+        where = f"clickhouse {self.described()}, split {split}"
+        for batch in self.conn.arrow_batches(sql):
+            if not batch.num_rows:
+                continue
+            try:
+                yield conform_or_aside(batch, self.schema, letters, where, key=self.key)
+            except pa.ArrowInvalid as e:  # without a route, or with no one row at fault
+                raise ValueTypeError(f"{where}: {e}." + (f" {SEND_ASIDE}" if letters is None else "")) from None
 
     def select_sql(self, split: Split) -> str:
         out = []
@@ -92,9 +122,7 @@ class ClickHouseReader(SplitReader):
         return f"SELECT {', '.join(out)} FROM {self.conn.target}{final}{where}"
 
     def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
-        for batch in self.conn.arrow_batches(self.select_sql(split)):
-            if batch.num_rows:
-                yield conform(batch, self.schema)
+        return self.with_letters(self.select_sql(split), split.split_id)
 
 
 def check_final(info: TableInfo, final: bool | None) -> bool:

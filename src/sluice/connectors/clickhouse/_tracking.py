@@ -21,7 +21,6 @@ from sluice.connector import (
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
-    conform,
     tracking_column_kind,
 )
 from sluice.connectors.clickhouse._client import Connection, quote_ident, quote_literal
@@ -98,7 +97,8 @@ class ClickHouseTrackingEnumerator(SqlTrackingEnumerator):
 
 
 class ClickHouseTrackingReader(TrackingReader):
-    """Executor side: one range as Arrow (the batch read's SELECT, its casts and FINAL, with the range's WHERE)."""
+    """Executor side: one range as Arrow (the batch read's SELECT, its casts, FINAL and dead letters, with the
+    range's WHERE)."""
 
     def __init__(self, rows: ClickHouseReader, sql: ClickHouseTrackingSql) -> None:
         self.rows, self.sql = rows, sql
@@ -106,7 +106,5 @@ class ClickHouseTrackingReader(TrackingReader):
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[Any]:
         s = self.sql
         query = f"{self.rows.select_sql(Split('all'))} WHERE {s.range(after, upto)} ORDER BY {s.order()}"
-        for batch in s.conn.arrow_batches(query):
-            if batch.num_rows:
-                yield conform(batch, self.rows.schema)
+        return self.rows.with_letters(query, f"{split.split_id} ({after} - {upto})")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 from pyspark.sql import types as T
@@ -67,6 +68,9 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         "parse, an id that exists under create or is missing under update), one alone over http.max_content_length, "
         "or a value JSON cannot carry (NaN, infinity)."
     )
+    refused_reads = ("a document with a value that does not convert to its field's Spark type (a _source value the "
+                     "engine kept unparsed with ignore_malformed or in a field it does not index, several values in "
+                     "a field not read as an array), sent aside as its _index, _id and _source")
 
     def write_options(self) -> Options:
         """write.error-index is a shorthand for the dead-letter route (_options.error_index_route)."""
@@ -118,14 +122,15 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         return schema
 
     def _slice_reader(self, options: ReadOptions, known: StructType, kinds: dict[str, str], schema: StructType,
-                      query: dict | None) -> SliceReader:
+                      query: dict | None, streaming: bool = False) -> SliceReader:
         conn = options.conn
         missing = [n for n in schema.fieldNames() if n not in known.fieldNames()]
         if missing:
             raise OptionError(f"column(s) {missing} of the given schema are not fields of index '{conn.index}'; its "
                               f"fields: {known.fieldNames()}.")
         return SliceReader(conn, schema, options.read_page_size, options.read_keep_alive, query,
-                           options.read_metadata, kinds)
+                           options.read_metadata, kinds, self.dead_letters(self.read_options(), streaming),
+                           f"read-{uuid.uuid4().hex[:12]}", streaming)
 
     def reader(self, schema: StructType) -> PitBatchReader:
         refuse_tracking_in_batch(self.read_options(), self.format_name)
@@ -151,7 +156,7 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         options, known, kinds = self._read_parts()
         settings, positions = self._tracking(options, kinds)
         conn = options.conn
-        rows = self._slice_reader(options, known, kinds, schema, None)
+        rows = self._slice_reader(options, known, kinds, schema, None, streaming=True)
         reads = self.read_observer(event_time=settings.column if positions.kind == "timestamp" else None)
         return TrackingStreamReader(SearchTrackingEnumerator(conn, positions),
                                     SearchTrackingReader(rows, positions, PitLayout.of(conn, None)), settings,

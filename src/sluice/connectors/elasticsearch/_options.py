@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.connector import (
+    ERROR_OPTIONS,
     PARTITION_ORDERED,
     SINK_SPEC,
     Option,
@@ -16,6 +17,7 @@ from sluice.connector import (
     Options,
     OptionSpec,
     TypedOptions,
+    check_error_options,
     pushdown_option,
     tracking_options,
 )
@@ -152,7 +154,9 @@ STREAM_OPTIONS = (
 )
 
 
-READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
+# errors.*: documents with a value the read cannot type go to a dead-letter target (errors.tolerance=all).
+READ_SPEC = OptionSpec("elasticsearch", (*CONNECTION_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS, *ERROR_OPTIONS),
+                       (check_error_options,))
 
 
 @dataclass(frozen=True)

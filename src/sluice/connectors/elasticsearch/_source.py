@@ -7,6 +7,9 @@ are pruned through `_source`, Spark's filters on keyword, numeric, date and bool
 filters, and `read.query` adds a query of the user's.
 The PIT is closed by its keep-alive (`read.keep-alive`): Spark tells a batch reader's driver side nothing when the
 last split is read.
+A document holding a value the read cannot type (a `_source` value the engine kept unparsed, with `ignore_malformed`
+or in a field it does not index) fails the read, or with errors.tolerance=all goes to the read's dead letters as
+its index, `_id` and `_source` (`build_or_aside`; the others are read).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +25,17 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from sluice.connector import (
+    DeadLetterRoute,
+    DeadLetterWriter,
     OptionError,
     ReadObserver,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
+    ValueTypeError,
+    build_or_aside,
+    read_with_letters,
     to_arrow_schema,
 )
 from sluice.connectors.elasticsearch._client import Cluster, Connection
@@ -188,7 +196,11 @@ class SliceReader(SplitReader):
     """Reads one slice of the point in time, page by page with search_after, into Arrow batches."""
 
     def __init__(self, conn: Connection, schema: T.StructType, page_size: int, keep_alive: str,
-                 query: dict | None, metadata: bool, kinds: dict[str, str]) -> None:
+                 query: dict | None, metadata: bool, kinds: dict[str, str], dead_letters: DeadLetterRoute | None = None,
+                 read_id: str = "", streaming: bool = False) -> None:
+        """`dead_letters`: where documents with a value the read cannot type go (errors.tolerance=all), named after
+        the streaming query, else `read_id`."""
+        self.dead_letters, self.read_id, self.streaming = dead_letters, read_id, streaming
         self.conn, self.schema, self.page_size, self.keep_alive = conn, schema, page_size, keep_alive
         self.query, self.metadata = query, metadata
         self.filters: list[dict] = []  # pushed by Spark
@@ -221,6 +233,12 @@ class SliceReader(SplitReader):
         return hit.get("_source", {}).get(field.name)
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming, self.conn.index,
+                                 lambda letters: self.pages(split, letters))
+
+    def pages(self, split: Split, letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
+        """The slice's documents, a page at a time; those with a value the read cannot type go to `letters` (None:
+        they fail the read)."""
         arrow = to_arrow_schema(self.schema)
         body = self.body(split)
         while True:
@@ -228,14 +246,38 @@ class SliceReader(SplitReader):
             hits = answer["hits"]["hits"]
             if not hits:
                 return
-            columns: dict[str, list[Any]] = {f.name: [] for f in self.schema.fields}
-            for hit in hits:
-                for f in self.schema.fields:
-                    columns[f.name].append(python_value(self.value(hit, f), f.dataType, f.name))
-            yield pa.RecordBatch.from_arrays([pa.array(columns[f.name], arrow.field(f.name).type)
-                                              for f in self.schema.fields], schema=arrow)
+            batch = build_or_aside(hits, lambda some: self.batch(some, arrow), letters, self.described, _letter)
+            if batch.num_rows:
+                yield batch
             body["search_after"] = hits[-1]["sort"]
             body["pit"]["id"] = answer.get("pit_id", body["pit"]["id"])
+
+    def batch(self, hits: Sequence[dict], arrow: pa.Schema) -> pa.RecordBatch:
+        """The hits as one batch of the schema; a value that does not convert raises a ValueTypeError naming its
+        field (and the value, for one hit)."""
+        arrays = []
+        for f in self.schema.fields:
+            kind = arrow.field(f.name).type
+            try:
+                arrays.append(pa.array([python_value(self.value(hit, f), f.dataType, f.name) for hit in hits], kind))
+            except (ValueError, TypeError, ArithmeticError, pa.ArrowException) as e:
+                shown = f"the value {_shown(self.value(hits[0], f))} of" if len(hits) == 1 else "a value of"
+                raise ValueTypeError(f"{shown} field '{f.name}' does not convert to {f.dataType.simpleString()}: "
+                                     f"{e}") from None
+        return pa.RecordBatch.from_arrays(arrays, schema=arrow)
+
+    def described(self, hit: dict) -> str:
+        return f"elasticsearch index '{hit.get('_index', self.conn.index)}', document '{hit.get('_id')}'"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
+
+
+def _letter(hit: dict) -> dict[str, Any]:
+    """A refused document's dead letter: its index, id and _source (the fields the read asked for) as it came."""
+    return {"_index": hit.get("_index"), "_id": hit.get("_id"), "_source": hit.get("_source")}
 
 
 class PitBatchReader(SplitBatchReader):

@@ -21,12 +21,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sluice.connector import (
+    DeadLetterWriter,
     OptionError,
     Split,
     TrackingEnumerator,
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
+    read_with_letters,
     tracking_column_kind,
 )
 from sluice.connectors.elasticsearch._client import Connection
@@ -196,6 +198,12 @@ class SearchTrackingReader(TrackingReader):
         self.rows, self.positions, self.layout = rows, positions, layout
 
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[Any]:
+        r = self.rows
+        return read_with_letters(r.dead_letters, r.read_id, r.streaming, r.conn.index,
+                                 lambda letters: self._read(after, upto, letters))
+
+    def _read(self, after: TrackingPosition, upto: TrackingPosition,
+              letters: DeadLetterWriter | None) -> Iterator[Any]:
         conn, layout = self.rows.conn, self.layout
         rows = copy.copy(self.rows)
         rows.query = self.positions.range(after, upto)
@@ -204,7 +212,7 @@ class SearchTrackingReader(TrackingReader):
         pit = layout.open(conn, self.rows.keep_alive)
         try:
             for i in range(slices):
-                yield from rows.read(Split(f"slice:{i}", {"pit": pit, "slice": i, "max": slices, "sort": sort}),
-                                          0, 1)
+                yield from rows.pages(Split(f"slice:{i}", {"pit": pit, "slice": i, "max": slices, "sort": sort}),
+                                      letters)
         finally:
             layout.close(conn, pit)

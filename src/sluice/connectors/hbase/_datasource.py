@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from pyspark.sql.types import StructType
 
 from sluice.connector import (
@@ -61,6 +63,9 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
                       "hbase.client.keyvalue.maxsize), found in its batch by splitting it.")
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    refused_reads = ("a row whose key or a cell does not decode as the read's schema types it (a cell of another width "
+                     "than its column's type, text that is not UTF-8, a key written with other key columns), sent "
+                     "aside as its row key, timestamp and cells")
 
     def _facts(self, conn: Connection, table: str) -> TableFacts:
         return self.learn_once(("table", conn, table), lambda: describe(conn, table))
@@ -131,7 +136,8 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         catalog.check_families(facts.families)
         check_versions(options.read_versions, catalog, facts.max_versions)
         reader = HBaseReader(conn, catalog, key, arrow, options.read_rows_per_fetch,
-                             time_range(options.read_time_range), options.read_versions, stamp)
+                             time_range(options.read_time_range), options.read_versions, stamp,
+                             self.dead_letters(opts, streaming=False), f"read-{uuid.uuid4().hex[:12]}")
         enumerator = RegionEnumerator(conn, catalog.table, options.read_splits_per_region)
         kind = HBasePushdownReader if options.pushdown else HBaseBatchReader
         return kind(enumerator, reader, None, reads=self.read_observer())
@@ -149,7 +155,8 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
         key = KeyCodec.for_schema(catalog.key, arrow)
         conn = Connection.from_options(opts)
         catalog.check_families(describe(conn, catalog.table).families)
-        rows = HBaseReader(conn, catalog, key, arrow, options.read_rows_per_fetch, None, 1, settings.column)
+        rows = HBaseReader(conn, catalog, key, arrow, options.read_rows_per_fetch, None, 1, settings.column,
+                           self.dead_letters(opts, streaming=True), f"read-{uuid.uuid4().hex[:12]}", streaming=True)
         scans = RegionScans(conn, catalog.table, [(c.family, c.qualifier) for _, c in catalog.cells],
                             options.read_rows_per_fetch)
         return TrackingStreamReader(HBaseTrackingEnumerator(scans, settings.column),

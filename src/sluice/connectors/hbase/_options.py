@@ -8,12 +8,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sluice.connector import (
+    ERROR_OPTIONS,
     PARTITION_ORDERED,
     SINK_SPEC,
     Option,
     Options,
     OptionSpec,
     TypedOptions,
+    check_error_options,
     pushdown_option,
     tracking_options,
 )
@@ -103,7 +105,9 @@ STREAM_OPTIONS = tuple(
                               "row's newest cell timestamp, the tracking value (docs/hbase.md)"))
 BATCH_ONLY = ("read.splits-per-region", "read.time-range", "read.versions", "read.timestamp-column", "pushdown")
 
-READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS))
+# errors.*: rows whose key or cells do not decode go to a dead-letter target (errors.tolerance=all).
+READ_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *READ_OPTIONS, *STREAM_OPTIONS,
+                                 *ERROR_OPTIONS), (check_error_options,))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ HBase has no snapshots across regions: splits scan at slightly different moments
 
 Versions: a scan with maxVersions=N returns up to N cells per column; a row per distinct cell timestamp is the
 unit a writer made (sluice writes every cell of a put, and a delete, with one timestamp).
+
+A row whose key or a cell does not decode as the read's types fails the read, or with errors.tolerance=all goes to
+the read's dead letters as its row key, timestamp and cells (`build_or_aside`; the others are read).
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.connector import (
+    DeadLetterRoute,
+    DeadLetterWriter,
     OptionError,
     Split,
     SplitBatchReader,
     SplitEnumerator,
     SplitReader,
+    ValueTypeError,
+    build_or_aside,
+    read_with_letters,
 )
 from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import decoder
@@ -105,16 +113,27 @@ def key_range(filters: Sequence[Any], key: KeyCodec, schema: pa.Schema) -> tuple
     return whole, taken
 
 
+Row = tuple[bytes, int, dict[int, bytes]]  # a row read: its key, timestamp and {cell's index: value}
+
+
 class HBaseReader(SplitReader):
     """Scans one split's key range, its cells decoded into the schema's columns."""
 
     def __init__(self, conn: Connection, catalog: Catalog, key: KeyCodec, schema: pa.Schema, rows_per_fetch: int,
-                 time_range: tuple[int, int] | None, versions: int = 1, stamp_column: str | None = None) -> None:
+                 time_range: tuple[int, int] | None, versions: int = 1, stamp_column: str | None = None,
+                 dead_letters: DeadLetterRoute | None = None, read_id: str = "", streaming: bool = False) -> None:
+        """`dead_letters`: where rows that do not decode go (errors.tolerance=all), named after the streaming query,
+        else `read_id`."""
         self.conn, self.catalog, self.key, self.schema = conn, catalog, key, schema
         self.rows_per_fetch, self.time_range = rows_per_fetch, time_range
         self.versions, self.stamp_column = versions, stamp_column
+        self.dead_letters, self.read_id, self.streaming = dead_letters, read_id, streaming
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming, self.catalog.table,
+                                 lambda letters: self._scan(split, letters))
+
+    def _scan(self, split: Split, letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         module = thrift()
         cells = self.catalog.cells
         columns = [module.TColumn(family=c.family, qualifier=c.qualifier) for _, c in cells]
@@ -131,20 +150,25 @@ class HBaseReader(SplitReader):
                 results = self.conn.call("getScannerRows", scanner, self.rows_per_fetch, index=index)
                 if not results:
                     return
-                yield self._batch(results, place, decode_key, decoders)
+                batch = self._typed(list(self._rows(results, place)), decode_key, decoders, letters)
+                if batch.num_rows:
+                    yield batch
         finally:
             self.conn.call("closeScanner", scanner, index=index)
 
-    def batches(self, results: Sequence[Any]) -> Iterator[pa.RecordBatch]:
-        """Rows of this reader's cells (Thrift results, in the order given) as record batches of rows-per-fetch."""
+    def batches(self, results: Sequence[Any], letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
+        """Rows of this reader's cells (Thrift results, in the order given) as record batches of rows-per-fetch;
+        rows that do not decode go to `letters` (None: they fail the read)."""
         place = {(c.family, c.qualifier): i for i, (_, c) in enumerate(self.catalog.cells)}
         decode_key = self.key.decoder(self.schema)
         decoders = [decoder(self.schema.field(name).type, name) for name, _ in self.catalog.cells]
         for i in range(0, len(results), self.rows_per_fetch):
-            yield self._batch(list(results[i:i + self.rows_per_fetch]), place, decode_key, decoders)
+            rows = list(self._rows(list(results[i:i + self.rows_per_fetch]), place))
+            batch = self._typed(rows, decode_key, decoders, letters)
+            if batch.num_rows:
+                yield batch
 
-    def _rows(self, results: list[Any], place: dict[tuple[bytes, bytes], int]
-              ) -> Iterator[tuple[bytes, int, dict[int, bytes]]]:
+    def _rows(self, results: list[Any], place: dict[tuple[bytes, bytes], int]) -> Iterator[Row]:
         """(row key, timestamp, {cell's index: value}) per row read: a row key's newest cells, or with
         read.versions > 1 its cells grouped by timestamp, newest first."""
         for result in results:
@@ -161,10 +185,24 @@ class HBaseReader(SplitReader):
                 for stamp in sorted(by_stamp, reverse=True)[:self.versions]:
                     yield key, stamp, by_stamp[stamp]
 
-    def _batch(self, results: list[Any], place: dict[tuple[bytes, bytes], int], decode_key: Any,
-               decoders: list[Any]) -> pa.RecordBatch:
+    def _typed(self, rows: list[Row], decode_key: Any, decoders: list[Any],
+               letters: DeadLetterWriter | None) -> pa.RecordBatch:
+        table = self.catalog.table
+        return build_or_aside(rows, lambda some: self._batch(some, decode_key, decoders), letters,
+                              lambda row: f"hbase table {table}, row key {row[0]!r}", self._letter)
+
+    def _letter(self, row: Row) -> dict[str, Any]:
+        """A row that does not decode, as its dead letter: its key, timestamp and cells ("family:qualifier": the
+        bytes; the dead letter's JSON holds them as text, or as {"base64": ...} when they are not UTF-8)."""
+        key, stamp, found = row
         cells = self.catalog.cells
-        rows = list(self._rows(results, place))
+        return {"row": key, "timestamp": stamp,
+                "cells": {str(cells[i][1]): value for i, value in sorted(found.items())}}
+
+    def _batch(self, rows: Sequence[Row], decode_key: Any, decoders: list[Any]) -> pa.RecordBatch:
+        """The rows as one batch of the schema; a key or cell that does not decode raises a ValueTypeError naming it
+        (and the cell's column and bytes)."""
+        cells = self.catalog.cells
         keys = [key for key, _, _ in rows]
         values: list[list[Any]] = [[None] * len(rows) for _ in cells]
         for row, (_, _, found) in enumerate(rows):
@@ -172,19 +210,23 @@ class HBaseReader(SplitReader):
                 try:
                     values[i][row] = decoders[i](value)
                 except (ValueError, UnicodeDecodeError) as e:
-                    raise OptionError(f"row key {keys[row]!r}, cell {cells[i][1]}: {e}") from None
+                    raise ValueTypeError(f"the cell {cells[i][1]} ({_shown(value)}) of column "
+                                         f"'{cells[i][0]}' does not decode: {e}") from None
         try:
             arrays = dict(zip(self.key.columns, decode_key(keys), strict=True))
         except (ValueError, IndexError) as e:
-            raise OptionError(f"a row key of {self.catalog.table} does not decode as rowkey "
-                              f"{list(self.key.columns)} ({e}): was it written with the same key columns and "
-                              "types? (docs/hbase.md, row keys)") from None
+            raise ValueTypeError(f"the row key does not decode as rowkey {list(self.key.columns)} ({e}): was it "
+                                 "written with the same key columns and types? (docs/hbase.md, row keys)") from None
         arrays.update((name, pa.array(values[i], self.schema.field(name).type)) for i, (name, _) in enumerate(cells))
         if self.stamp_column:
             kind = self.schema.field(self.stamp_column).type
             scale = 1 if kind == pa.int64() else 1000  # Spark's timestamps are microseconds
             arrays[self.stamp_column] = pa.array([stamp * scale for _, stamp, _ in rows], kind)
         return pa.RecordBatch.from_arrays([arrays[n] for n in self.schema.names], schema=self.schema)
+
+
+def _shown(value: bytes) -> str:
+    return repr(value) if len(value) <= 64 else f"{value[:64]!r}... ({len(value)} bytes)"
 
 
 class RegionEnumerator(SplitEnumerator):

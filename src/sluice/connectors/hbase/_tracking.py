@@ -26,12 +26,14 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.connector import (
+    DeadLetterWriter,
     OptionError,
     Split,
     TrackingEnumerator,
     TrackingPosition,
     TrackingReader,
     TrackingSettings,
+    read_with_letters,
     tracking_column_kind,
 )
 from sluice.connectors.hbase._client import Connection, regions, thrift
@@ -179,6 +181,12 @@ class HBaseTrackingReader(TrackingReader):
         self.scans, self.rows = scans, rows
 
     def read(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> Iterator[pa.RecordBatch]:
+        r = self.rows
+        return read_with_letters(r.dead_letters, r.read_id, r.streaming, r.catalog.table,
+                                 lambda letters: self._read(split, after, upto, letters))
+
+    def _read(self, split: Split, after: TrackingPosition, upto: TrackingPosition,
+              letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         kept: list[tuple[tuple[int, str], Any]] = []
         for results in self.scans.scan(split, after, upto):
             kept.extend((p, r) for p, r in ((_position(r), r) for r in results) if within(p, after, upto))
@@ -194,4 +202,4 @@ class HBaseTrackingReader(TrackingReader):
                 whole.update(self.scans.as_of(partial[i:i + self.rows.rows_per_fetch], high, index))
             kept = [(p, whole.get(bytes(r.row), r)) for p, r in kept]
         kept.sort(key=lambda pr: pr[0])
-        yield from self.rows.batches([r for _, r in kept])
+        yield from self.rows.batches([r for _, r in kept], letters)

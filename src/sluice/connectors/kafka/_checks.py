@@ -9,7 +9,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 from sluice.connector import OptionError, SinkError
-from sluice.connectors.kafka._client import ClientSettings
+from sluice.connectors.kafka._client import ClientSettings, client_certificate_refused
 from sluice.connectors.kafka._options import WriteOptions
 from sluice.connectors.kafka._txn import connection_settings, describe
 
@@ -141,7 +141,10 @@ def unreachable(client: ClientSettings, timeout_ms: int, error: Any, seen: list[
     if any(e.code() == _authentication() for e in seen):
         seen_text += (" Authentication failed: check kafka.sasl.mechanism, kafka.sasl.username and "
                       "kafka.sasl.password (the password is not shown).")
-    if any(e.code() == _ssl() for e in seen):
+    refused = client_certificate_refused(" ".join(describe(e) for e in seen))  # a transport error, not _SSL
+    if refused:
+        seen_text += f" TLS failed: {refused}."
+    elif any(e.code() == _ssl() for e in seen):
         seen_text += " TLS failed: check that kafka.ssl.ca.pem holds the CA that signed the brokers' certificates."
     return SinkError(
         f"kafka: no broker of kafka.bootstrap.servers={client.bootstrap_servers} answered within {timeout_ms} ms "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sluice.connector import Option, OptionError, Options, PrefixSettings
+from sluice.connector import Option, OptionError, Options, PrefixSettings, refused_certificate
 
 CLIENT = "kafka.*"
 
@@ -51,3 +51,13 @@ def refuse_owned(owned: Mapping[str, str]) -> Callable[[Options], None]:
                 raise OptionError(f"option 'kafka.{name}' is not passed to the Kafka client: {owned[name.lower()]}.")
 
     return check
+
+
+def client_certificate_refused(text: str) -> str | None:
+    """What a broker's TLS alert about the client's certificate in librdkafka's `text` means and what to check, or
+    None when there is no such alert."""
+    refused = refused_certificate(text)  # librdkafka reports the broker's alert as a transport failure
+    if refused is None:
+        return None
+    return (f'the broker refused the client certificate (TLS alert "{refused[0]}": {refused[1]}); check '
+            "kafka.ssl.certificate.pem and kafka.ssl.key.pem (the key is not shown)")

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sluice.connector import OptionError, SluiceError, Split, SplitEnumerator, forward_bounds
+from sluice.connectors.kafka._client import client_certificate_refused
 from sluice.connectors.kafka._discovery import TopicDiscovery
 from sluice.connectors.kafka._options import EARLIEST, LATEST, Positions, ReadOptions
 
@@ -70,8 +71,11 @@ class KafkaEnumerator(SplitEnumerator):
             self._admin.poll(0 if self._errors else 0.5)  # serves the error callbacks queued meanwhile
         signed_in = [e for e in self._errors if e.code() == KafkaError._AUTHENTICATION]
         tls = [e for e in self._errors if e.code() == KafkaError._SSL]
+        alerts = [(e.str(), refused) for e in self._errors if (refused := client_certificate_refused(e.str()))]
         why = f"authentication failed: {signed_in[-1].str()}" if signed_in else str(error)
-        if tls and not signed_in:
+        if alerts and not signed_in:  # librdkafka reports a broker's alert as a transport failure
+            why = f"TLS failed: {alerts[-1][0]}; {alerts[-1][1]}"
+        elif tls and not signed_in:
             why = f"TLS failed: {tls[-1].str()}; check that kafka.ssl.ca.pem holds the CA that signed the brokers' " \
                   "certificates"
         return SluiceError(self.options.client.scrub(

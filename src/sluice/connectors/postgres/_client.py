@@ -18,7 +18,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from sluice.connector import Option, OptionError, Options, RetryableError, SluiceError, ThrottledError
 from sluice.connectors.postgres._pool import POOL, Lease, PoolKey
-from sluice.connectors.postgres._tls import TLS_OPTIONS, explain_failure, libpq_params, resolve
+from sluice.connectors.postgres._tls import TLS_OPTIONS, client_certificate, explain_failure, libpq_params, resolve
 
 CONNECTION_OPTIONS = (
     Option("url", "str", None, "postgresql://user@host:port/dbname (a password in it is redacted everywhere); "
@@ -102,6 +102,8 @@ class Connection:
     params: tuple[tuple[str, str], ...] = ()
     sslmode: str = "disable"
     ca_pem: str | None = None
+    cert_pem: str | None = None  # a client certificate (mutual TLS), and its key (a secret: in no repr or message)
+    key_pem: str | None = None
 
     def __repr__(self) -> str:
         return f"Connection({self.describe()}, password=<redacted>)"
@@ -144,8 +146,9 @@ class Connection:
         password = opts["password"] or url_password or os.environ.get("PGPASSWORD")
         params.pop("password", None)
         sslmode, ca_pem = resolve(opts, params, host)
+        cert_pem, key_pem = client_certificate(opts, sslmode)
         return cls(host, port, dbname, user, password, opts["connect.timeout-s"], opts["connect.retries"],
-                   tuple(sorted(params.items())), sslmode, ca_pem)
+                   tuple(sorted(params.items())), sslmode, ca_pem, cert_pem, key_pem)
 
     def uri(self) -> str:
         auth = quote(self.user, safe="")
@@ -154,7 +157,8 @@ class Connection:
         query = dict(self.params)
         query.setdefault("connect_timeout", str(self.connect_timeout_s))
         query.setdefault("application_name", "sluice")
-        query.update(libpq_params(self.sslmode, self.ca_pem))  # always explicit: never libpq's sslmode=prefer
+        # always explicit: never libpq's sslmode=prefer
+        query.update(libpq_params(self.sslmode, self.ca_pem, self.cert_pem, self.key_pem))
         qs = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query.items())
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"postgresql://{auth}@{host}:{self.port}/{quote(self.dbname, safe='')}?{qs}"
@@ -236,6 +240,8 @@ class Connection:
     def scrub(self, error: BaseException) -> str:
         """An error's text with the password and URI removed (drivers sometimes echo their connection string)."""
         text = server_words(error) or str(error).strip()
+        if self.key_pem:  # no driver is known to echo it; a key must never reach a message all the same
+            text = text.replace(self.key_pem.strip(), "<redacted>")
         if self.password:
             text = text.replace(self.password, "<redacted>").replace(quote(self.password, safe=""), "<redacted>")
         # Keep the server's own words (ERROR and DETAIL lines), not the driver's echo of the statement.

@@ -27,6 +27,9 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
 - **Rows**: the tables' columns typed as `format("postgres")` types them, then `_op` (insert, update, delete:
   values `upsert.op-column` takes; snapshot rows are inserts), `_lsn` (the commit LSN as a number),
   `_commit_time`, `_xid` (null for snapshot rows) and `_table` (schema.name).
+- **Logical decoding messages** (option 'messages.prefix', PostgreSQL 14+): instead of table changes, the
+  messages of the listed prefixes (pg_logical_emit_message), transactional ones with their transaction in commit
+  order, each batch read from the slot moved to the batch's start (_messages.py plans, _pgmessages.py decodes).
 - **A lost slot is data loss**: dropped, invalidated (max_slot_wal_keep_size) or moved past the query's
   position by someone else (checked when a batch is planned and again, on the executor, after its changes are
   fetched). failOnDataLoss=true (default) fails; false warns, re-creates the slot and goes on from its new position.
@@ -35,8 +38,9 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
 
 The package, one concern per module: _options (the options), _publication (what the driver resolves: publication,
 tables, columns), _slot (slot state, the one-query-per-slot guard, operations on slots), _offset (the offset Spark
-checkpoints, typed), _stream (the driver's side: micro-batch planning, the slot moved as Spark commits), _read (the
-executors' side: snapshot splits and WAL ranges read and decoded) and _datasource (the Spark data source).
+checkpoints, typed), _messages (where a batch of messages ends), _stream (the driver's side: micro-batch planning,
+the slot moved as Spark commits), _read (the executors' side: snapshot splits and WAL ranges read and decoded) and
+_datasource (the Spark data source).
 """
 
 from sluice.connectors.postgres.changes._datasource import PostgresChangesDataSource

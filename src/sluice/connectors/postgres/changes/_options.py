@@ -29,11 +29,19 @@ CHANGES_OPTIONS = (
            "(pg_log_standby_snapshot()), so the slot's restart_lsn follows the query and each batch's decoding "
            "starts near its position, not up to 15 s of WAL back (the server logs one that often). Needs EXECUTE on "
            "the function (superusers by default); without it, a warning and the server's own records."),
+    Option("messages.prefix", "list", (),
+           "Stream logical decoding messages (pg_logical_emit_message; PostgreSQL 14+) instead of table changes: "
+           "those whose prefix is one of these, comma-separated, compared exactly (the server sends every message; "
+           "sluice keeps these). Columns prefix, content, transactional, message_lsn, _lsn, _commit_time, _xid; a "
+           "transactional message comes when its transaction commits, in commit order, never when it rolls back. "
+           "Not with 'table'; 'publication', if given, must have no tables (default: sluice creates publication "
+           "<slot> without tables). snapshot and fetch-ranges do not apply."),
     Option("snapshot", "bool", True,
            "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
            "(every row as an insert), then stream changes from exactly there. false: changes only."),
     Option("max-changes-per-trigger", "int", 0,
-           "Most changes per micro-batch (whole transactions; at least one); 0 = all available. The initial "
+           "Most changes (with messages.prefix: messages) per micro-batch (whole transactions; at least one); 0 = "
+           "all available. The initial "
            "snapshot is read in splits of about this many rows, as many micro-batches.", minimum=0),
     Option("failOnDataLoss", "bool", True,
            "Fail when the slot is missing, invalidated or moved past the query's position (false: warn, "
@@ -65,8 +73,17 @@ CHANGES_OPTIONS = (
 
 
 def _check(opts: Options) -> None:
-    if not opts["table"] and not opts["publication"]:
-        raise OptionError("format('postgres_changes') needs option 'table' (tables to stream) or 'publication'")
+    if opts["messages.prefix"]:
+        if opts["table"]:
+            raise OptionError("options 'messages.prefix' and 'table' together: a query streams either logical "
+                              "decoding messages or table changes (their rows share no columns); stream the table's "
+                              "changes with a query of its own")
+        if any(not prefix for prefix in opts["messages.prefix"]):
+            raise OptionError("option 'messages.prefix': an empty prefix; list the prefixes to stream, "
+                              "comma-separated, as pg_logical_emit_message was given them")
+    elif not opts["table"] and not opts["publication"]:
+        raise OptionError("format('postgres_changes') needs option 'table' (tables to stream), 'publication' or "
+                          "'messages.prefix' (logical decoding messages to stream)")
     if opts.is_set("meta") and not opts["job"]:
         raise OptionError("option 'meta' only applies with option 'job' (the MetaService job that owns the slot); "
                           "set .option('job', <job_id>) or remove 'meta'")
@@ -92,6 +109,7 @@ class ChangeOptions(TypedOptions):
     slot: str | None
     slot_failover: bool
     slot_log_restart_point: bool
+    messages_prefix: tuple[str, ...]
     snapshot: bool
     max_changes_per_trigger: int
     fail_on_data_loss: bool

@@ -11,7 +11,7 @@ from typing import Any
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from sluice.connector import OptionError
+from sluice.connector import OptionError, from_arrow_schema
 from sluice.connectors.postgres._client import (
     Connection,
     PostgresError,
@@ -22,6 +22,7 @@ from sluice.connectors.postgres._client import (
     sqlstate_of,
 )
 from sluice.connectors.postgres._options import READ_SPEC, ReadOptions
+from sluice.connectors.postgres._pgmessages import MESSAGES_SCHEMA
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, XID
 from sluice.connectors.postgres._source import infer_schema, spark_type
 from sluice.connectors.postgres.changes._options import ChangeOptions
@@ -29,7 +30,7 @@ from sluice.connectors.postgres.changes._options import ChangeOptions
 log = logging.getLogger("sluice.postgres")
 
 _PEEK = ("pg_logical_slot_peek_binary_changes({slot}, {upto}, {count}, 'proto_version', '1', "
-         "'publication_names', {publication})")
+         "'publication_names', {publication}{messages})")
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,13 @@ class ChangeStream:
     table_columns: dict[str, tuple[tuple[str, str], ...]]
     primary_keys: dict[str, tuple[str, ...]]
     table_options: dict[str, ReadOptions]  # each table's options for format("postgres")'s snapshot reader
+    messages: tuple[str, ...] = ()  # the prefixes of the logical decoding messages streamed (messages.prefix)
 
     def peek(self, upto: str, count: int | None, slot: str | None = None) -> str:
         return _PEEK.format(slot=quote_literal(slot or self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
                             count="NULL" if count is None else int(count),
-                            publication=quote_literal(quote_ident(self.publication)))
+                            publication=quote_literal(quote_ident(self.publication)),
+                            messages=", 'messages', 'true'" if self.messages else "")
 
 
 def default_slot(conn: Connection, tables: Sequence[str], publication: str | None) -> str:
@@ -59,11 +62,10 @@ def default_slot(conn: Connection, tables: Sequence[str], publication: str | Non
 def resolve(options: ChangeOptions) -> ChangeStream:
     """On the driver: the publication's tables (created for `table` if needed) and their columns."""
     conn = options.conn
+    if options.messages_prefix:
+        return _resolve_messages(options)
     wanted = [".".join(split_qualified(t)) for t in options.table]
-    slot = options.slot or default_slot(conn, wanted, options.publication)
-    if len(slot) > 63 or not slot.replace("_", "").isalnum() or slot != slot.lower():
-        raise OptionError(f"option 'slot': {slot!r} is not a valid replication slot name (lower-case letters, "
-                          "digits and _, at most 63)")
+    slot = _checked_slot(options.slot or default_slot(conn, wanted, options.publication))
     publication = options.publication or slot
     with conn.connect_psycopg() as pg:
         version = _check_server(pg, conn)
@@ -97,6 +99,45 @@ def resolve(options: ChangeOptions) -> ChangeStream:
     table_options = {t: table_opts(options, t) for t in tables}
     return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options, column_lists),
                         table_options)
+
+
+def _resolve_messages(options: ChangeOptions) -> ChangeStream:
+    """A stream of logical decoding messages: pgoutput needs a publication, which here has no tables (their changes
+    would be decoded and sent only to be dropped)."""
+    conn = options.conn
+    slot = _checked_slot(options.slot or default_slot(conn, [f"messages:{p}" for p in options.messages_prefix],
+                                                      options.publication))
+    publication = options.publication or slot
+    with conn.connect_psycopg() as pg:
+        version = _check_server(pg, conn)
+        if version < 140000:
+            raise OptionError(f"option 'messages.prefix' needs PostgreSQL 14 or later (pgoutput sends logical "
+                              f"decoding messages from 14 on); {conn.describe()} runs {version // 10000}. Remove "
+                              "the option, or upgrade the server")
+        published = _published_tables(pg, publication)
+        if published:
+            raise OptionError(f"publication '{publication}' (option 'publication') has tables {published}: a stream "
+                              "of messages (messages.prefix) reads a publication without tables, since their changes "
+                              "would be decoded and sent only to be dropped. Name one without tables "
+                              f"(CREATE PUBLICATION name), or leave 'publication' out")
+        if published is None:
+            if options.publication:
+                raise OptionError(f"publication '{publication}' does not exist on {conn.describe()} "
+                                  "(option 'publication'); create it without tables, or leave the option out")
+            try:
+                pg.execute(f"CREATE PUBLICATION {quote_ident(publication)}")
+            except Exception as e:
+                raise PostgresError(f"could not create publication '{publication}' (no tables: pgoutput needs one "
+                                    f"to send messages) on {conn.describe()}: {conn.scrub(e)}; create it yourself "
+                                    "and pass option 'publication'", sqlstate_of(e)) from None
+    return ChangeStream(conn, slot, publication, (), {}, {}, {}, {}, tuple(options.messages_prefix))
+
+
+def _checked_slot(slot: str) -> str:
+    if len(slot) > 63 or not slot.replace("_", "").isalnum() or slot != slot.lower():
+        raise OptionError(f"option 'slot': {slot!r} is not a valid replication slot name (lower-case letters, "
+                          "digits and _, at most 63)")
+    return slot
 
 
 def _describe(conn: Connection, table_options: dict[str, ReadOptions],
@@ -225,6 +266,8 @@ def _check_replica_identity(pg: Any, tables: list[str]) -> None:
 
 
 def spark_schema(stream: ChangeStream) -> StructType:
+    if stream.messages:
+        return from_arrow_schema(MESSAGES_SCHEMA)
     fields = [StructField(name, spark_type(pg_type)[0], True) for name, pg_type in stream.columns.items()]
     return StructType([*fields, StructField(OP, StringType(), False), StructField(LSN, LongType(), False),
                        StructField(COMMIT_TIME, TimestampType(), True), StructField(XID, LongType(), True),

@@ -24,6 +24,7 @@ from sluice.connector import (
     to_arrow_schema,
 )
 from sluice.connectors.postgres._client import PostgresError, quote_literal, sqlstate_of
+from sluice.connectors.postgres._pgmessages import MessageDecoder
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
@@ -127,6 +128,8 @@ class ChangeReader:
         if isinstance(partition, SnapshotPartition):
             return self._read_snapshot(partition)
         assert isinstance(partition, ChangesPartition)
+        if self.stream.messages:  # no value to type: nothing is sent aside
+            return self._read_messages(partition)
         # The dead letters' target names what the stream reads; each letter's record names its table.
         return read_with_letters(self.dead_letters, self.stream.slot, True, ", ".join(self.stream.tables),
                                  lambda letters: self._read_changes(partition, letters))
@@ -175,6 +178,24 @@ class ChangeReader:
             pool.shutdown(wait=False, cancel_futures=True)
             if ahead is not None:  # the query stopped reading: close the next range's session when it is open
                 ahead.add_done_callback(_close_fetched)
+
+    def _read_messages(self, part: ChangesPartition) -> Iterator[pa.RecordBatch]:
+        """A batch of logical decoding messages, in one fetch from the slot itself, moved to the batch's start first:
+        the server sends a non-transactional message when the slot is at or before the start of its WAL record, so a
+        slot behind would send again a message the batch before ended inside of (its LSN, the record's end, cannot
+        tell). Spark runs a batch only once every batch before it is committed: the slot may move there."""
+        s = self.stream
+        at = format_lsn(part.start)
+        with s.conn.pooled() as pg:
+            busy_retry(lambda: pg.execute(
+                "SELECT CASE WHEN confirmed_flush_lsn < %s::pg_lsn THEN (pg_replication_slot_advance(slot_name, "
+                "%s::pg_lsn)).end_lsn::text END FROM pg_replication_slots WHERE slot_name = %s",
+                (at, at, s.slot)).fetchall(), f"moving slot '{s.slot}' to {at}", s.conn)
+        decoder = MessageDecoder(s.messages, part.start, part.end, s.publication)
+        with self._fetch(part.start, part.end, copy=False) as fetch:
+            for messages in fetch.arrays():
+                for first in range(0, len(messages), DECODE_SLICE):
+                    yield from decoder.feed(messages.slice(first, DECODE_SLICE))
 
     def _fetch(self, low: int, high: int, *, copy: bool) -> RangeFetch:
         """The pgoutput messages of the transactions committed before `high`, streaming in record batches (a large

@@ -28,6 +28,7 @@ from sluice.connectors.postgres._options import ReadOptions
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._source import PostgresEnumerator
+from sluice.connectors.postgres.changes._messages import cut_messages
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream, table_opts
@@ -93,8 +94,9 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
         s = self.stream
         with s.conn.connect_psycopg() as pg:
             state = slot_state(pg, s.slot)
+            snapshot = self.options.snapshot and not s.messages  # a stream of messages reads no table
             if state is not None:
-                if not self.options.snapshot:
+                if not snapshot:
                     return ChangeOffset(state.confirmed)
                 held = holder_of(pg, s.slot)
                 if held is None:
@@ -105,7 +107,7 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
                         f"(sluice postgres drop-slot {s.slot} --url ...) and the checkpoint, or set snapshot=false "
                         f"to stream from the slot's position {format_lsn(state.confirmed)}")
                 return ChangeOffset(state.confirmed, snapshot=held[0], channel=held[1])
-            if not self.options.snapshot:
+            if not snapshot:
                 return ChangeOffset(parse_lsn(self._create_slot(pg)))
         holder = SnapshotHolder(s.conn, self.options.snapshot_timeout_s, slot=s.slot,
                                 failover=self.options.slot_failover)
@@ -143,7 +145,10 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
         upto = flush if self.target is None else min(flush, self.target.lsn)
         if upto <= begin or upto == self._nothing_before:  # no WAL since the last look found no change
             return ChangeOffset(begin)
-        end = self._cut(pg, begin, upto, self.rows_of(limit))
+        if s.messages:
+            end = cut_messages(pg, s, begin, upto, self.rows_of(limit))
+        else:
+            end = self._cut(pg, begin, upto, self.rows_of(limit))
         if end == begin:
             self._nothing_before = upto  # Spark polls every few ms: peek again only once the WAL moved
         elif self._log_restart_points:  # a batch with changes (never an idle poll: the record is WAL too)

@@ -1,0 +1,60 @@
+"""Client certificates (mutual TLS) as every connector takes them: a certificate and its key as PEM text in two
+options (executors are other machines: no driver file paths), both or neither, the key unencrypted and secret; and
+what a server's TLS alert about the certificate means (OpenSSL's alert names, as a server sends them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice._errors import OptionError
+from sluice._options import Options
+
+# The TLS alerts a server sends when it refuses the client's certificate, and what each means. A Java server (a Kafka
+# broker) says "bad certificate" for none as for another CA's, and "certificate unknown" for one it cannot accept
+# otherwise (expired, say); OpenSSL servers are more precise.
+CLIENT_ALERTS = (
+    ("certificate expired", "it has expired: renew it"),
+    ("unknown ca", "the server does not trust the CA that signed it"),
+    ("certificate required", "the server requires one and none was given: set the certificate and its key"),
+    ("bad certificate", "none was given, or a CA the server does not trust signed it"),
+    ("certificate unknown", "the server cannot accept it (expired, or not valid otherwise)"),
+)
+
+
+@dataclass(frozen=True)
+class ClientCertificate:
+    """A client's certificate and its private key, PEM text; the key never in a repr."""
+
+    cert_pem: str
+    key_pem: str
+
+    def __repr__(self) -> str:
+        return "ClientCertificate(<certificate>, key=<redacted>)"
+
+
+def client_certificate(opts: Options, cert_option: str = "ssl.cert-pem",
+                       key_option: str = "ssl.key-pem") -> ClientCertificate | None:
+    """The certificate and key the options give (None: neither), checked on the driver; the key's text is in no
+    message."""
+    cert, key = opts[cert_option], opts[key_option]
+    if (cert is None) != (key is None):
+        given, missing = (cert_option, key_option) if key is None else (key_option, cert_option)
+        raise OptionError(f"option '{given}' is set without '{missing}': a client certificate needs both")
+    if cert is None or key is None:
+        return None
+    if "-----BEGIN CERTIFICATE-----" not in cert:
+        raise OptionError(f"option '{cert_option}' must be the client's certificate as PEM text (-----BEGIN "
+                          "CERTIFICATE-----...), not a path: executors cannot read the driver's files")
+    if "PRIVATE KEY-----" not in key:
+        raise OptionError(f"option '{key_option}' must be the private key as PEM text (-----BEGIN PRIVATE KEY-----"
+                          "...), not a path: executors cannot read the driver's files (its value is not shown)")
+    if "ENCRYPTED" in key:
+        raise OptionError(f"option '{key_option}' is an encrypted key; give it unencrypted (the option is a secret, "
+                          "redacted everywhere)")
+    return ClientCertificate(cert, key)
+
+
+def refused_certificate(text: str) -> tuple[str, str] | None:
+    """(the alert, what it means) when `text` reports a TLS alert about the client's certificate, else None."""
+    low = text.lower()
+    return next(((alert, meaning) for alert, meaning in CLIENT_ALERTS if f"alert {alert}" in low), None)
