@@ -164,6 +164,7 @@ ALLOWED_ANY = {
     "last_write_summary.return": JSON,
     "SplitReader.read.return": SPARK_ROWS,
     "SplitBatchReader.read.return": SPARK_ROWS,
+    "SplitStreamReader.read.return": SPARK_ROWS,
     "TrackingReader.read.return": SPARK_ROWS,
 }
 # `Any`, and the bare generics that mean it (`dict` is dict[Any, Any]).

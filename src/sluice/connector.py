@@ -93,7 +93,15 @@ from sluice.sink._encoding import (
 )
 from sluice.sink._plan import Encoded, Encoder, TaskWriter, WritePlan
 from sluice.sink._replay import ReplayGuard
-from sluice.source import Split, SplitBatchReader, SplitEnumerator, SplitPartition, SplitReader, SplitStreamReader
+from sluice.source import (
+    Split,
+    SplitBatchReader,
+    SplitEnumerator,
+    SplitGroup,
+    SplitPartition,
+    SplitReader,
+    SplitStreamReader,
+)
 from sluice.source._bounds import forward_bounds
 from sluice.source._datasource import SourceDataSource
 from sluice.source._deadletters import (
@@ -211,6 +219,7 @@ __all__ = [
     "Split",
     "SplitBatchReader",
     "SplitEnumerator",
+    "SplitGroup",
     "SplitPartition",
     "SplitReader",
     "SplitStreamReader",

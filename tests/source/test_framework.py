@@ -1,6 +1,7 @@
-"""The split framework without Spark: cutting, fair row budgets, AvailableNow and discovery."""
+"""The split framework without Spark: cutting, packing small ranges into tasks, fair row budgets, AvailableNow and
+discovery."""
 
-from sluice.source import Split, SplitStreamReader, cut
+from sluice.source import Split, SplitGroup, SplitPartition, SplitStreamReader, cut, pack, tasks
 from sluice.spark._compat import ReadAllAvailable, ReadMaxRows
 from tests.source.helpers import ListEnumerator, NoReader
 
@@ -14,6 +15,21 @@ def test_cut_covers_the_range_exactly_once():
     assert [(p.start, p.end) for p in parts] == [(5, 15), (15, 25), (25, 27)]
     assert cut(Split("s"), 5, 5, 10) == []
     assert [(p.start, p.end) for p in cut(Split("s"), 0, 100, None)] == [(0, 100)]
+
+
+def test_small_ranges_are_packed_into_tasks_and_large_ones_stay_alone():
+    parts = [SplitPartition(Split(f"t-{i:02d}"), 0, n) for i, n in enumerate([40, 40, 30, 250, 10, 100, 5])]
+    packed = pack(parts, 100)
+    shapes = [[(p.split.split_id, p.end) for p in t.parts] if isinstance(t, SplitGroup) else (t.split.split_id, t.end)
+              for t in packed]
+    assert shapes == [[("t-00", 40), ("t-01", 40)], ("t-03", 250), ("t-05", 100),
+                      [("t-02", 30), ("t-04", 10), ("t-06", 5)]]
+    assert pack(list(reversed(parts)), 100) == packed  # the same ranges, the same tasks (a replayed micro-batch)
+    assert pack(parts, None) == parts and pack(parts, 0) == parts  # off: a task per range
+    # A range cut for parallel reads (max-records-per-partition) keeps its pieces apart; whole ones are packed.
+    planned = tasks([(Split("a"), 0, 250), (Split("b"), 0, 10), (Split("c"), 0, 10)], 100, 1000)
+    assert [(t.split.split_id, t.start) for t in planned[:3]] == [("a", 0), ("a", 100), ("a", 200)]
+    assert [p.split.split_id for p in planned[3].parts] == ["b", "c"] and len(planned) == 4
 
 
 def test_row_budget_is_shared_fairly_and_unused_shares_go_around():

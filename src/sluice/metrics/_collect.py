@@ -155,14 +155,15 @@ class ReadMetrics(TaskMetrics):
         lag, at = getattr(report.stats, "event_lag_ms", None), report.stats.at
         if lag is not None:
             fmt, split = report.task.format, getattr(report.stats, "split", None)
+            per_split = [*([(split, lag)] if split is not None else []), *getattr(report.stats, "split_lags", ())]
             with self._lock:
                 if at >= self._lags.get(fmt, (0.0, 0.0))[0]:
                     self._lags[fmt] = (at, lag)
-                if split is not None:
-                    known = self._split_lags.get((fmt, split))
+                for name, split_lag in per_split:
+                    known = self._split_lags.get((fmt, name))
                     if known is None or at >= known.at:
-                        self._split_lags[(fmt, split)] = SplitFetchLag(fmt, split, lag, at)
-                        self._split_lags.move_to_end((fmt, split))
+                        self._split_lags[(fmt, name)] = SplitFetchLag(fmt, name, split_lag, at)
+                        self._split_lags.move_to_end((fmt, name))
                         while len(self._split_lags) > _SPLITS_KEPT:
                             self._split_lags.popitem(last=False)
         super().add(report)

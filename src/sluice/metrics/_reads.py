@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,36 @@ class ReadObserver:
         finally:
             pusher.close(ReadStats(records, size, count, self._lag_ms(last), time.time(), split))
 
+    def observed_parts(self, parts: Iterable[tuple[str, Iterator[pa.RecordBatch]]]) -> Iterator[pa.RecordBatch]:
+        """A read task's batches from several splits in turn (a split source's group of small ranges), counted as
+        one task's; each report carries every split's fetch lag so far (`ReadStats.split_lags`), so a split read
+        between two reports still has its own."""
+        pusher = MetricsPusher(self.target, self._task(), ReadReport)
+        records = size = count = 0
+        lags: dict[str, float] = {}
+        lag: float | None = None
+        next_report = time.monotonic() + REPORT_EVERY_S
+
+        def stats() -> ReadStats:
+            return ReadStats(records, size, count, lag, time.time(), None, tuple(lags.items()))
+
+        try:
+            for split, batches in parts:
+                last: Any = None
+                for batch in batches:
+                    records += batch.num_rows
+                    size += batch.nbytes
+                    count += 1
+                    last = batch
+                    if time.monotonic() >= next_report:
+                        pusher.offer(stats())
+                        next_report = time.monotonic() + REPORT_EVERY_S
+                    yield batch
+                if (split_lag := self._lag_ms(last)) is not None:
+                    lags[split] = lag = split_lag
+        finally:
+            pusher.close(stats())
+
     def _lag_ms(self, batch: Any) -> float | None:
         """Now minus the newest commit time in `batch` (Flink's currentFetchEventTimeLag)."""
         if self.event_time is None or batch is None or batch.num_rows == 0:
@@ -88,3 +118,12 @@ def observed(observer: ReadObserver | None, batches: Iterator[pa.RecordBatch],
              split: str | None = None) -> Iterator[pa.RecordBatch]:
     """`batches`, reported to the collector when a read has an observer (`split`: the split they are of, if any)."""
     return batches if observer is None else observer.observed(batches, split)
+
+
+def observed_parts(observer: ReadObserver | None,
+                   parts: Iterable[tuple[str, Iterator[pa.RecordBatch]]]) -> Iterator[pa.RecordBatch]:
+    """Several splits' batches in turn as one read task's (`ReadObserver.observed_parts`), or as they come without
+    an observer."""
+    if observer is None:
+        return (batch for _, batches in parts for batch in batches)
+    return observer.observed_parts(parts)

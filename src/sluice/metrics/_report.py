@@ -86,6 +86,8 @@ class ReadStats:
     event_lag_ms: float | None  # None: the records carry no commit time
     at: float  # epoch seconds
     split: str | None = None  # the split the task reads (a split source's: Kafka's "<topic>:<partition>"), else None
+    # A task that reads several splits in turn (a group of small ranges): each one's fetch lag when it was read.
+    split_lags: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,13 @@ from sluice.source._framework import (
     Split,
     SplitBatchReader,
     SplitEnumerator,
+    SplitGroup,
     SplitPartition,
     SplitReader,
     SplitStreamReader,
     cut,
+    pack,
+    tasks,
 )
 from sluice.source._offset import SplitOffset, check_offset_version
 
@@ -17,10 +20,13 @@ __all__ = [
     "Split",
     "SplitBatchReader",
     "SplitEnumerator",
+    "SplitGroup",
     "SplitOffset",
     "SplitPartition",
     "SplitReader",
     "SplitStreamReader",
     "check_offset_version",
     "cut",
+    "pack",
+    "tasks",
 ]

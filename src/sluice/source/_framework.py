@@ -11,13 +11,13 @@ from the checkpoint reads exactly the same positions.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from sluice.metrics._reads import ReadObserver, observed
+from sluice.metrics._reads import ReadObserver, observed, observed_parts
 from sluice.metrics._report import SourceReport, SplitLag
 from sluice.source._offset import SplitOffset
 from sluice.source._stream import StreamReaderCore
@@ -41,6 +41,67 @@ class SplitPartition(InputPartition):
     def __init__(self, split: Split, start: int, end: int) -> None:
         super().__init__(f"{split.split_id}:{start}-{end}")
         self.split, self.start, self.end = split, start, end
+
+
+@dataclass
+class SplitGroup(InputPartition):
+    """Several splits' ranges read one after another by one task: many small splits (a topic of hundreds of
+    partitions) cost one task, not one each. Pickled to executors."""
+
+    parts: tuple[SplitPartition, ...]
+
+    def __init__(self, parts: Sequence[SplitPartition]) -> None:
+        super().__init__(f"{parts[0].value}+{len(parts) - 1}")
+        self.parts = tuple(parts)
+
+
+def tasks(ranges: Iterable[tuple[Split, int, int]], max_per_partition: int | None,
+          per_task: int | None) -> list[SplitPartition | SplitGroup]:
+    """The read tasks of splits' ranges: a range cut in pieces of `max_per_partition` (`cut`) is read in parallel,
+    piece by piece; whole ranges are packed (`pack`)."""
+    out: list[SplitPartition | SplitGroup] = []
+    whole: list[SplitPartition] = []
+    for split, start, end in ranges:
+        pieces = cut(split, start, end, max_per_partition)
+        (whole if len(pieces) == 1 else out).extend(pieces)
+    return out + pack(whole, per_task)
+
+
+def pack(parts: Sequence[SplitPartition], per_task: int | None) -> list[SplitPartition | SplitGroup]:
+    """`parts` as read tasks of up to `per_task` positions each (records, where a position is a record): a range of
+    at least that many stays a task of its own, smaller ones are packed in turn, in split order, into groups. The
+    same parts always pack the same way, so a micro-batch replayed from the checkpoint reads the same tasks.
+    None or 0: a task per part."""
+    if not per_task:
+        return list(parts)
+    out: list[SplitPartition | SplitGroup] = []
+    group: list[SplitPartition] = []
+    size = 0
+    for part in sorted(parts, key=lambda p: (p.split.split_id, p.start)):
+        n = part.end - part.start
+        if n >= per_task:
+            out.append(part)
+            continue
+        if group and size + n > per_task:
+            out.append(group[0] if len(group) == 1 else SplitGroup(group))
+            group, size = [], 0
+        group.append(part)
+        size += n
+    if group:
+        out.append(group[0] if len(group) == 1 else SplitGroup(group))
+    return out
+
+
+def read_parts(reader: SplitReader, task: SplitPartition | SplitGroup,
+               reads: ReadObserver | None) -> Iterator[Any] | None:
+    """A read task's batches: its range's, or its group's ranges' one after another (None: nothing to read), reported
+    to `reads` as one task's, with each split's own fetch lag (`observed_parts`)."""
+    parts = [p for p in (task.parts if isinstance(task, SplitGroup) else (task,)) if p.end > p.start]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return observed(reads, reader.read(parts[0].split, parts[0].start, parts[0].end), parts[0].split.split_id)
+    return observed_parts(reads, ((p.split.split_id, reader.read(p.split, p.start, p.end)) for p in parts))
 
 
 class SplitEnumerator(ABC):
@@ -122,42 +183,42 @@ class SplitBatchReader(DataSourceReader):
     """Batch read: every split's end is fixed when the query is planned."""
 
     def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None, *,
-                 reads: ReadObserver | None = None) -> None:
-        """`reads`: where read tasks report what they fetch (sluice.metrics; None: nowhere)."""
+                 reads: ReadObserver | None = None, per_task: int | None = None) -> None:
+        """`reads`: where read tasks report what they fetch (sluice.metrics; None: nowhere); `per_task`: ranges of
+        fewer positions are packed into tasks of up to that many (`pack`; None: a task per range)."""
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
         self.reads = reads
+        self.per_task = per_task
 
     def partitions(self) -> Sequence[InputPartition]:
         splits = self.enumerator.discover()
         bounds = self.enumerator.bounds(splits)
-        out: list[InputPartition] = []
-        for split in splits:
-            out += cut(split, *bounds[split.split_id], self.max_per_partition)
+        out = tasks(((split, *bounds[split.split_id]) for split in splits), self.max_per_partition, self.per_task)
         return out or [SplitPartition(Split("__empty__"), 0, 0)]
 
-    def read(self, partition: SplitPartition) -> Iterator[Any]:  # type: ignore[override]
-        if partition.end > partition.start:
-            yield from observed(self.reads, self.reader.read(partition.split, partition.start, partition.end),
-                                partition.split.split_id)
+    def read(self, partition: SplitPartition | SplitGroup) -> Iterator[Any]:  # type: ignore[override]
+        yield from read_parts(self.reader, partition, self.reads) or ()
 
 
-class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition]):
+class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition | SplitGroup]):
     """Streaming read with discovery, admission control (rows or bytes per trigger) and AvailableNow."""
 
     cap_options = ("max-records-per-trigger", "max-bytes-per-trigger")
 
     def __init__(self, enumerator: SplitEnumerator, reader: SplitReader, max_per_partition: int | None,
                  max_records: int | None, max_bytes: int | None, *, source: tuple[str, str] | None = None,
-                 reads: ReadObserver | None = None) -> None:
+                 reads: ReadObserver | None = None, per_task: int | None = None) -> None:
         """`source`: (format, what is read) to report how far the query is behind to a metrics collector
         (sluice.metrics), per split and in all, in positions, which are records where a position is a record (S2's
-        seq nums, Kafka's offsets); `reads`: where read tasks report what they fetch."""
+        seq nums, Kafka's offsets); `reads`: where read tasks report what they fetch; `per_task`: ranges of fewer
+        positions are packed into tasks of up to that many (`pack`)."""
         super().__init__(source=source, max_rows=max_records, max_bytes=max_bytes, reads=reads)
         self.enumerator = enumerator
         self.reader = reader
         self.max_per_partition = max_per_partition
+        self.per_task = per_task
         self._splits: dict[str, Split] = {}
         self._heads: dict[str, int] = {}  # each split's end as the last planning saw it
 
@@ -226,21 +287,20 @@ class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition]):
                     break
         return {sid: positions[sid] + take[sid] for sid in ends}
 
-    def plan(self, start: SplitOffset, end: SplitOffset) -> Sequence[SplitPartition]:
+    def plan(self, start: SplitOffset, end: SplitOffset) -> Sequence[SplitPartition | SplitGroup]:
         begin = start.positions
-        out: list[SplitPartition] = []
+        ranges = []
         for sid, stop in sorted(end.positions.items()):
             split = self._splits.get(sid) or Split(sid)
-            first = begin.get(sid, self.enumerator.new_split_position(split))
-            out += cut(split, first, stop, self.max_per_partition)
-        return out
+            ranges.append((split, begin.get(sid, self.enumerator.new_split_position(split)), stop))
+        return tasks(ranges, self.max_per_partition, self.per_task)
 
-    def read_partition(self, partition: SplitPartition) -> Iterator[Any] | None:
-        return self.reader.read(partition.split, partition.start, partition.end) \
-            if partition.end > partition.start else None
+    def read_partition(self, partition: SplitPartition | SplitGroup) -> Iterator[Any] | None:
+        return read_parts(self.reader, partition, None)
 
-    def split_of(self, partition: SplitPartition) -> str:
-        return partition.split.split_id
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Each range of a task observed as its split's (`read_parts`), not the task's batches as one."""
+        yield from read_parts(self.reader, cast(SplitPartition | SplitGroup, partition), self.reads) or ()
 
     def lag(self, end: SplitOffset) -> SourceReport:
         """Each split's committed position against its head as the last planning saw it, and their sum."""

@@ -160,6 +160,33 @@ def test_one_partition_cut_into_ranges_reads_in_parallel(spark, kafka, new_topic
     assert sorted(r.offset for r in df.select("offset").collect()) == list(range(1050))
 
 
+def test_small_partitions_are_read_by_a_few_tasks_with_warm_consumers(spark, kafka, new_topic, opts, tmp_path):
+    """12 partitions of 10 records: one read task by default (records-per-task), 6 at records-per-task=25, 12 at 0
+    (Spark's Kafka source's shape: the negative control); every record once each time. A stream of small capped
+    micro-batches reads the same partitions again and again, with the consumers its Python workers keep: every record
+    once."""
+    topic = new_topic(partitions=12)
+    for partition in range(12):
+        produce(kafka, topic, values(10, prefix=f"p{partition}-"), partition=partition)
+    every = sorted((p, o) for p in range(12) for o in range(10))
+
+    def read(**extra):
+        return spark.read.format(FORMAT).options(**opts, subscribe=topic, **extra).load()
+
+    for extra, tasks in (({}, 1), ({"records-per-task": "25"}, 6), ({"records-per-task": "0"}, 12)):
+        df = read(**extra)
+        assert df.rdd.getNumPartitions() == tasks, extra
+        assert sorted((r.partition, r.offset) for r in df.select("partition", "offset").collect()) == every
+
+    name = f"small_{topic}"
+    query = (spark.readStream.format(FORMAT).options(**opts, subscribe=topic, **{"max-records-per-trigger": "30"})
+             .load().select("partition", "offset").writeStream.format("memory").queryName(name)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None and len(query.recentProgress) >= 4
+    assert sorted((r.partition, r.offset) for r in spark.table(name).collect()) == every
+
+
 def test_sasl_ssl_with_the_ca_in_the_options_and_a_wrong_password(spark, capsys):
     with LocalKafka(sasl="SCRAM-SHA-512", tls=True, heap_mb=256) as secured:
         secured.create_topic("s", 2)

@@ -144,7 +144,7 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
     def reader(self, schema: StructType) -> SplitBatchReader:
         enumerator, reader, options = self._read_parts(schema, batch=True)
         return SplitBatchReader(enumerator, reader, options.max_records_per_partition or None,
-                                reads=self.read_observer(event_time="timestamp"))
+                                reads=self.read_observer(event_time="timestamp"), per_task=options.records_per_task)
 
     def streamReader(self, schema: StructType) -> SplitStreamReader:
         if any(k.lower() == "endingoffsets" for k in self.options):
@@ -153,7 +153,8 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
         return SplitStreamReader(enumerator, reader, options.max_records_per_partition or None,
                                  options.max_records_per_trigger, None,
                                  source=(self.format_name, enumerator.discovery.describe()),
-                                 reads=self.read_observer(event_time="timestamp"))
+                                 reads=self.read_observer(event_time="timestamp"),
+                                 per_task=options.records_per_task)
 
 
 def check_dead_letter_transactions(opts: Options, prefix: str | None) -> None:

@@ -33,6 +33,7 @@ from sluice.connector import (
     read_with_letters,
     to_arrow_schema,
 )
+from sluice.connectors.kafka._consumers import lent
 from sluice.connectors.kafka._decode import BadPayloadError, SideDecoder
 from sluice.connectors.kafka._enumerator import topic_partition
 from sluice.connectors.kafka._options import ReadOptions
@@ -67,14 +68,13 @@ def gc_paused() -> Iterator[None]:
 
 
 def split_errors(messages: list[Any]) -> tuple[list[Any], list[Any]]:
-    """A fetch's records and its error events (partition EOF and the like, rare): the records are the whole fetch
-    unless an error came, found without a Python loop over the records."""
+    """A fetch's records and its error events (partition EOF and the like, rare; as messages, which name their
+    partition): the records are the whole fetch unless an error came, found without a Python loop over the records."""
     from confluent_kafka import Message
 
-    errors = list(filter(partial(is_not, None), map(Message.error, messages)))
-    if not errors:
-        return messages, errors
-    return [m for m in messages if m.error() is None], errors
+    if not any(map(partial(is_not, None), map(Message.error, messages))):
+        return messages, []
+    return [m for m in messages if m.error() is None], [m for m in messages if m.error() is not None]
 
 
 def spark_schema(include_headers: bool) -> str:
@@ -159,14 +159,11 @@ class KafkaSplitReader(SplitReader):
 
     def _read(self, sid: str, topic: str, partition: int, start: int, end: int,
               letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
-        consumer = Consumer(self.config)
-        try:
+        with lent(self.config) as consumer:  # a warm consumer of this worker's, given back when the range is read
             consumer.assign([TopicPartition(topic, partition, start)])
             yield from self._range(consumer, sid, topic, partition, start, end, letters)
-        finally:
-            consumer.close()
 
     def _range(self, consumer: Any, sid: str, topic: str, partition: int, start: int, end: int,
                letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
@@ -198,13 +195,23 @@ class KafkaSplitReader(SplitReader):
         # Never more than the range holds: consume() returns once it has as many as asked, else only at its timeout,
         # which a micro-batch's last fetch would otherwise always wait out.
         messages = consumer.consume(min(FETCH_RECORDS, end - position), timeout=min(1.0, self.timeout))
-        records, errors = split_errors(messages)
+        records, events = split_errors(messages)
         finished = False
-        for error in errors:
-            finished |= self._handle(error, sid, position, start, end)
+        for event in events:
+            if event.topic() in (None, topic) and event.partition() in (None, -1, partition):
+                finished |= self._handle(event.error(), sid, position, start, end)
+        if records and (records[0].partition() != partition or records[-1].partition() != partition
+                        or records[0].topic() != topic):
+            # A pooled consumer's earlier assignment (_consumers.py): librdkafka drops its fetches; never read them.
+            records = [m for m in records if m.partition() == partition and m.topic() == topic]
         if not records:
             return None, position, finished
         offsets = np.fromiter(map(Message.offset, records), np.int64, len(records))
+        if offsets[0] < position:  # fetched for an earlier range of this partition (a pooled consumer's)
+            keep = int(np.searchsorted(offsets, position))
+            records, offsets = records[keep:], offsets[keep:]
+            if not records:
+                return None, position, finished
         if offsets[-1] >= end:  # offsets increase: cut without testing each one
             cut = int(np.searchsorted(offsets, end))
             records, offsets, finished = records[:cut], offsets[:cut], True
