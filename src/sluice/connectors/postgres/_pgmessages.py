@@ -17,7 +17,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connectors.postgres._client import PostgresError
-from sluice.connectors.postgres._pgoutput import _PG_EPOCH_US, COMMIT_TIME, LSN, XID, _be, format_lsn
+from sluice.connectors.postgres._pgoutput import (
+    _PG_EPOCH_US,
+    COMMIT_TIME,
+    LSN,
+    XID,
+    _be,
+    format_lsn,
+    message_bytes,
+)
 
 PREFIX, CONTENT, TRANSACTIONAL, MESSAGE_LSN = "prefix", "content", "transactional", "message_lsn"
 MESSAGE_FIELDS = (
@@ -57,11 +65,8 @@ class MessageDecoder:
         """Decode a chunk of messages (an Arrow binary array); yields at most one record batch."""
         if len(messages) == 0:
             return
-        messages = messages.cast(pa.binary()) if not pa.types.is_binary(messages.type) else messages
-        buffers = messages.buffers()
-        offsets = np.frombuffer(buffers[1], np.int32)[messages.offset:messages.offset + len(messages) + 1]
-        data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-        starts = offsets[:-1].astype(np.int64)
+        messages, data, offsets = message_bytes(messages)
+        starts = offsets[:-1]
         kinds = data[starts]
         if np.isin(kinds, _TABLE_MESSAGES).any():
             raise PostgresError(

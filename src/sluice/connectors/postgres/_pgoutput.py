@@ -114,11 +114,8 @@ class ChangeDecoder:
         """Decode a chunk of messages (an Arrow binary array); yields one record batch per run of change messages."""
         if len(messages) == 0:
             return
-        messages = messages.cast(pa.binary()) if not pa.types.is_binary(messages.type) else messages
-        buffers = messages.buffers()
-        offsets = np.frombuffer(buffers[1], np.int32)[messages.offset:messages.offset + len(messages) + 1]
-        data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-        starts = offsets[:-1].astype(np.int64)
+        messages, data, offsets = message_bytes(messages)
+        starts = offsets[:-1]
         kinds = data[starts]
         # Relation (R) and Truncate (T) messages are handled one by one, in order, between runs of the others.
         special = np.flatnonzero((kinds == 0x52) | (kinds == 0x54))
@@ -353,6 +350,16 @@ class ChangeDecoder:
                 f"TRUNCATE of {hit} (transaction committed at LSN {format_lsn(self.txn[0])}): a changelog of per-row "
                 "changes cannot express it. Reload the table: drop the slot (sluice postgres drop-slot), clear the "
                 "target and start the query with a new checkpoint (snapshot=true reads the table again)")
+
+
+def message_bytes(messages: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """A chunk of pgoutput messages as binary, the bytes of all of them and where each starts and the last ends in
+    those bytes (numpy, over the Arrow buffers: the decoders read every message's fields at once)."""
+    messages = messages.cast(pa.binary()) if not pa.types.is_binary(messages.type) else messages
+    buffers = messages.buffers()
+    offsets = np.frombuffer(buffers[1], np.int32)[messages.offset:messages.offset + len(messages) + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return messages, data, offsets.astype(np.int64)
 
 
 @functools.cache
