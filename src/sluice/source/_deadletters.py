@@ -158,9 +158,7 @@ def build_or_aside(records: Sequence[R], build: Callable[[Sequence[R]], pa.Recor
         except UNTYPED as e:
             error = ValueTypeError(f"{described(record)}: {e}")
             if letters is None:
-                raise ValueTypeError(f"{error}. To send such records aside and read on: .option('errors.tolerance', "
-                                     "'all') with errors.deadletter.format and its options (docs/reliability.md)"
-                                     ) from None
+                raise ValueTypeError(f"{error}. {SEND_ASIDE}") from None
             bad.append(record)
             errors.append(error)
         else:
