@@ -46,12 +46,19 @@ def cut_messages(pg: Any, stream: ChangeStream, begin: int, upto: int, budget: i
         return items[-1][0] if truncated and items else begin
     if budget is None:
         return upto
-    taken = total = 0
-    for _, messages in wanted:
-        if taken and total + messages > budget:
-            break
-        taken += 1
-        total += messages
+    taken = whole_units(wanted, budget)
     if taken == len(wanted) and not truncated:
         return upto
     return wanted[taken - 1][0]
+
+
+def whole_units(units: list[Any], budget: int) -> int:
+    """How many of `units` ((position, count) each: a transaction and its changes, a message) fit `budget` counted,
+    whole and in order; at least one, so a micro-batch always moves."""
+    taken = total = 0
+    for _, count in units:
+        if taken and total + count > budget:
+            break
+        taken += 1
+        total += count
+    return taken

@@ -28,7 +28,7 @@ from sluice.connectors.postgres._options import ReadOptions
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._source import PostgresEnumerator
-from sluice.connectors.postgres.changes._messages import cut_messages
+from sluice.connectors.postgres.changes._messages import cut_messages, whole_units
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream, table_opts
@@ -285,12 +285,7 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
             return begin
         if budget is None:
             return upto
-        taken = total = 0
-        for _, changes in txns:
-            if taken and total + changes > budget:
-                break
-            taken += 1
-            total += changes
+        taken = whole_units(txns, budget)
         if taken == len(txns) and len(rows) < count:
             return upto  # the peek saw everything before `upto`, and it all fits
         return txns[taken - 1][0] + 1
