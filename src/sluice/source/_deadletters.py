@@ -55,7 +55,8 @@ def read_with_letters(route: DeadLetterRoute | None, read_id: str, streaming: bo
             for item in read(letters):
                 yield item
                 letters.drain()
-                seen += getattr(item, "num_rows", 1)
+                batch = item[-1] if isinstance(item, tuple) else item  # or a (split id, batch) of read_many
+                seen += getattr(batch, "num_rows", 1)
                 _check(route, letters, seen, ratio=False)  # a count bound is known to be broken at once
         except GeneratorExit:  # Spark read no further (a limit): what was left out so far goes aside all the same
             _commit(route, letters)

@@ -101,7 +101,8 @@ def read_parts(reader: SplitReader, task: SplitPartition | SplitGroup,
         return None
     if len(parts) == 1:
         return observed(reads, reader.read(parts[0].split, parts[0].start, parts[0].end), parts[0].split.split_id)
-    return observed_parts(reads, ((p.split.split_id, reader.read(p.split, p.start, p.end)) for p in parts))
+    pairs = reader.read_many([(p.split, p.start, p.end) for p in parts])
+    return observed_parts(reads, ((split_id, iter((batch,))) for split_id, batch in pairs))
 
 
 class SplitEnumerator(ABC):
@@ -168,6 +169,14 @@ class SplitReader(ABC):
     @abstractmethod
     def read(self, split: Split, start: int, end: int) -> Iterator[Any]:
         """Yield Arrow RecordBatches matching the declared schema."""
+
+    def read_many(self, ranges: Sequence[tuple[Split, int, int]]) -> Iterator[tuple[str, Any]]:
+        """The ranges of one read task (`pack`'s group of small ranges) as (split id, batch) pairs, each split's in
+        order. One range after another unless overridden: a store that fetches many splits at once (Kafka's consumer
+        assigned all of a group's partitions) overrides it, and may interleave the splits' batches."""
+        for split, start, end in ranges:
+            for batch in self.read(split, start, end):
+                yield split.split_id, batch
 
 
 def cut(split: Split, start: int, end: int, max_per_partition: int | None) -> list[SplitPartition]:

@@ -44,6 +44,7 @@ def lent(config: dict[str, Any]) -> Iterator[Any]:
     except BaseException:
         consumer.close()
         raise
+    consumer.resume(consumer.assignment())  # what a read paused (a range read before the others) is not kept so
     consumer.unassign()
     while consumer.consume(10_000, timeout=0):  # what the assignment left queued goes now, not to the next task
         pass

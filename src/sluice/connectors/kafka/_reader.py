@@ -1,6 +1,6 @@
-"""Reading Kafka on the executors: one consumer per Spark partition, assigned to one topic partition at the range's
-first offset (Consumer.assign, no consumer group), fetching with consume(num_messages) and handing Spark Arrow
-batches with the columns Spark's Kafka source has.
+"""Reading Kafka on the executors: one consumer per read task, assigned the topic partitions of its ranges at their
+first offsets (Consumer.assign, no consumer group; a task reads one range, or `pack`'s group of small ones at once),
+fetching with consume(num_messages) and handing Spark Arrow batches with the columns Spark's Kafka source has.
 
 Where a range ends: at the first record at or past its end offset, or at the partition's end (librdkafka's partition
 EOF, which under read_committed is the last stable offset). The end was at most the partition's end when it was
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
 from operator import is_not, itemgetter
@@ -127,8 +128,45 @@ def headers_array(headers: list[list[tuple[str, bytes | None]] | None], arrow_ty
     return pa.ListArray.from_arrays(offsets, values, type=arrow_type)
 
 
+@dataclass
+class _Range:
+    """A range being read: the split, its topic partition, offsets [start, end) and the position reached."""
+
+    sid: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+    position: int = -1
+
+    def __post_init__(self) -> None:
+        self.position = self.start
+
+
+def by_partition(records: list[Any]) -> Iterator[tuple[tuple[str, int], list[Any]]]:
+    """A fetch's records by topic partition, each partition's in their fetched order. A fetch of one partition is
+    its own run, without a copy."""
+    from confluent_kafka import Message
+
+    if not records:
+        return
+    topics = sorted(cast("set[str]", set(map(Message.topic, records))))
+    keys = np.fromiter(map(Message.partition, records), np.int64, len(records))
+    if len(topics) > 1:
+        index: dict[str | None, int] = {topic: i for i, topic in enumerate(topics)}
+        keys += np.fromiter(map(index.__getitem__, map(Message.topic, records)), np.int64, len(records)) << 32
+    if (keys == keys[0]).all():
+        yield (records[0].topic(), records[0].partition()), records
+        return
+    order = np.argsort(keys, kind="stable")  # each partition's records stay in their order
+    ordered = itemgetter(*order.tolist())(records)
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    for lo, hi in zip((0, *bounds.tolist()), (*bounds.tolist(), len(records)), strict=True):
+        yield (ordered[lo].topic(), ordered[lo].partition()), list(ordered[lo:hi])
+
+
 class KafkaSplitReader(SplitReader):
-    """Reads offsets [start, end) of one topic partition; yields Arrow batches of the query's schema."""
+    """Reads offsets [start, end) of topic partitions; yields Arrow batches of the query's schema."""
 
     def __init__(self, options: ReadOptions, schema: Any, dead_letters: DeadLetterRoute | None = None,
                  read_id: str = "", streaming: bool = False) -> None:
@@ -152,75 +190,104 @@ class KafkaSplitReader(SplitReader):
         self.arrow_schema = to_arrow_schema(schema)
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        topic, partition = topic_partition(split.split_id)
-        return read_with_letters(self.dead_letters, self.read_id, self.streaming,
-                                 f"topic {topic} partition {partition}",
-                                 partial(self._read, split.split_id, topic, partition, start, end))
+        return (batch for _, batch in self.read_many([(split, start, end)]))
 
-    def _read(self, sid: str, topic: str, partition: int, start: int, end: int,
-              letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
+    def read_many(self, ranges: Sequence[tuple[Split, int, int]]) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """A task's ranges read at once: one consumer assigned all their partitions, so librdkafka fetches them
+        together (a fetch request per broker covers every partition it leads) instead of one after another."""
+        wanted = [_Range(split.split_id, *topic_partition(split.split_id), start, end)
+                  for split, start, end in ranges if end > start]
+        if not wanted:
+            return iter(())
+        topics = sorted({r.topic for r in wanted})
+        partitions = ", ".join(str(r.partition) for r in wanted[:10]) + (", ..." if len(wanted) > 10 else "")
+        target = f"topic{'s' if len(topics) > 1 else ''} {', '.join(topics)} partition" \
+                 f"{'s' if len(wanted) > 1 else ''} {partitions}"
+        return read_with_letters(self.dead_letters, self.read_id, self.streaming, target,
+                                 partial(self._read_ranges, wanted))
+
+    def _read_ranges(self, ranges: list[_Range],
+                     letters: DeadLetterWriter | None) -> Iterator[tuple[str, pa.RecordBatch]]:
         from confluent_kafka import TopicPartition
 
-        with lent(self.config) as consumer:  # a warm consumer of this worker's, given back when the range is read
-            consumer.assign([TopicPartition(topic, partition, start)])
-            yield from self._range(consumer, sid, topic, partition, start, end, letters)
+        reading = {(r.topic, r.partition): r for r in ranges}
+        with lent(self.config) as consumer:  # a warm consumer of this worker's, given back when the ranges are read
+            consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r in ranges])
+            progressed = time.monotonic()
+            while reading:
+                with gc_paused():
+                    batches, moved = self._fetch(consumer, reading, letters)
+                yield from batches
+                if moved:  # also when every record of a fetch went aside
+                    progressed = time.monotonic()
+                elif time.monotonic() - progressed > self.timeout:
+                    stalled = min(reading.values(), key=lambda r: (r.topic, r.partition))
+                    raise SluiceError(self.scrub(
+                        f"reading {stalled.sid} (offsets {stalled.start}..{stalled.end - 1}) made no progress at "
+                        f"offset {stalled.position} for timeout-ms={int(self.timeout * 1000)}"
+                        f"{f' (and {len(reading) - 1} more partitions)' if len(reading) > 1 else ''}: are the brokers "
+                        f"at {self.config['bootstrap.servers']} up? Raise timeout-ms to wait longer."))
 
-    def _range(self, consumer: Any, sid: str, topic: str, partition: int, start: int, end: int,
-               letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
-        position = start
-        progressed = time.monotonic()
-        while position < end:
-            with gc_paused():
-                batch, next_position, finished = self._fetch(consumer, sid, topic, partition, position, start, end,
-                                                             letters)
+    def _fetch(self, consumer: Any, reading: dict[tuple[str, int], _Range],
+               letters: DeadLetterWriter | None) -> tuple[list[tuple[str, pa.RecordBatch]], bool]:
+        """One consume() and its records up to each range's end as Arrow batches, a range taken out of `reading`
+        when finished; and whether any range moved. The fetch's Message objects are freed when it returns."""
+        from confluent_kafka import TopicPartition
+
+        # Never more than the ranges hold: consume() returns once it has as many as asked, else only at its
+        # timeout, which a micro-batch's last fetch would otherwise always wait out.
+        left = sum(r.end - r.position for r in reading.values())
+        messages = consumer.consume(min(FETCH_RECORDS, left), timeout=min(1.0, self.timeout))
+        records, events = split_errors(messages)
+        moved = False
+        done: list[Any] = []
+        out: list[tuple[str, pa.RecordBatch]] = []
+        for (topic, partition), run in by_partition(records):
+            r = reading.get((topic, partition))
+            if r is None:  # a finished range's, or a pooled consumer's earlier assignment (_consumers.py)
+                continue
+            batch, after, finished = self._records(r, run, letters)
+            moved |= after > r.position or finished
+            r.position = after
             if batch is not None:
-                yield batch
-            if next_position > position:  # also when every record of a fetch went aside
-                position = next_position
-                progressed = time.monotonic()
+                out.append((r.sid, batch))
             if finished:
-                return
-            if time.monotonic() - progressed > self.timeout:
-                raise SluiceError(self.scrub(
-                    f"reading {sid} (offsets {start}..{end - 1}) made no progress at offset {position} "
-                    f"for timeout-ms={int(self.timeout * 1000)}: are the brokers at "
-                    f"{self.config['bootstrap.servers']} up? Raise timeout-ms to wait longer."))
+                del reading[(topic, partition)]
+                done.append(TopicPartition(topic, partition))
+        for event in events:  # after the records: a partition's end comes after its last records
+            for hit in list(reading.values()):
+                if event.topic() in (None, hit.topic) and event.partition() in (None, -1, hit.partition) and \
+                        self._handle(event.error(), hit.sid, hit.position, hit.start, hit.end):
+                    del reading[(hit.topic, hit.partition)]
+                    done.append(TopicPartition(hit.topic, hit.partition))
+                    moved = True
+        if done and reading:  # librdkafka stops fetching what is read: its records would only be dropped
+            consumer.pause(done)
+        return out, moved
 
-    def _fetch(self, consumer: Any, sid: str, topic: str, partition: int, position: int, start: int,
-               end: int, letters: DeadLetterWriter | None = None) -> tuple[pa.RecordBatch | None, int, bool]:
-        """One consume() and its records up to `end` as an Arrow batch (None: none came), the position after them,
-        and whether the range is finished. The fetch's Message objects are freed when it returns."""
+    def _records(self, r: _Range, records: list[Any],
+                 letters: DeadLetterWriter | None) -> tuple[pa.RecordBatch | None, int, bool]:
+        """One partition's records of a fetch up to its range's end as an Arrow batch (None: none left), the position
+        after them, and whether the range is finished."""
         from confluent_kafka import Message
 
-        # Never more than the range holds: consume() returns once it has as many as asked, else only at its timeout,
-        # which a micro-batch's last fetch would otherwise always wait out.
-        messages = consumer.consume(min(FETCH_RECORDS, end - position), timeout=min(1.0, self.timeout))
-        records, events = split_errors(messages)
-        finished = False
-        for event in events:
-            if event.topic() in (None, topic) and event.partition() in (None, -1, partition):
-                finished |= self._handle(event.error(), sid, position, start, end)
-        if records and (records[0].partition() != partition or records[-1].partition() != partition
-                        or records[0].topic() != topic):
-            # A pooled consumer's earlier assignment (_consumers.py): librdkafka drops its fetches; never read them.
-            records = [m for m in records if m.partition() == partition and m.topic() == topic]
-        if not records:
-            return None, position, finished
         offsets = np.fromiter(map(Message.offset, records), np.int64, len(records))
-        if offsets[0] < position:  # fetched for an earlier range of this partition (a pooled consumer's)
-            keep = int(np.searchsorted(offsets, position))
+        if offsets[0] < r.position:  # fetched for an earlier range of this partition (a pooled consumer's)
+            keep = int(np.searchsorted(offsets, r.position))
             records, offsets = records[keep:], offsets[keep:]
             if not records:
-                return None, position, finished
-        if offsets[-1] >= end:  # offsets increase: cut without testing each one
-            cut = int(np.searchsorted(offsets, end))
+                return None, r.position, False
+        finished = False
+        if offsets[-1] >= r.end:  # offsets increase: cut without testing each one
+            cut = int(np.searchsorted(offsets, r.end))
             records, offsets, finished = records[:cut], offsets[:cut], True
             if not records:
-                return None, position, finished
+                return None, r.position, finished
         after = int(offsets[-1]) + 1
+        finished |= after >= r.end
         while True:
             try:
-                return self._to_arrow(topic, partition, records, offsets), after, finished
+                return self._to_arrow(r.topic, r.partition, records, offsets), after, finished
             except BadPayloadError as error:
                 if letters is None or not error.positions:
                     raise
