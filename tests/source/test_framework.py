@@ -42,7 +42,7 @@ def test_row_budget_is_shared_fairly_and_unused_shares_go_around():
 
 def test_read_all_available_ignores_the_option_limit():
     reader = stream({"a": 500}, max_records=10)
-    assert reader.latestOffset(reader.initialOffset(), ReadAllAvailable()) == {"v": 1, "splits": {"a": 500}}
+    assert reader.latestOffset(reader.initialOffset(), ReadAllAvailable()) == {"v": 2, "splits": {"a": 500}, "runs": {}}
 
 
 def test_available_now_never_goes_past_the_target_and_new_splits_start_at_zero():
@@ -52,12 +52,12 @@ def test_available_now_never_goes_past_the_target_and_new_splits_start_at_zero()
     reader.prepareForTriggerAvailableNow()
     ends["a"] = 80  # arrives after the query started
     ends["b"] = 7  # a new split, too
-    assert reader.latestOffset(offset, ReadMaxRows(1000)) == {"v": 1, "splits": {"a": 50}}
+    assert reader.latestOffset(offset, ReadMaxRows(1000)) == {"v": 2, "splits": {"a": 50}, "runs": {}}
     plain = stream({"a": 50})
     first = plain.latestOffset(plain.initialOffset(), ReadAllAvailable())
     plain.enumerator.ends["b"] = 7
     second = plain.latestOffset(first, ReadAllAvailable())
-    assert second == {"v": 1, "splits": {"a": 50, "b": 7}}
+    assert second == {"v": 2, "splits": {"a": 50, "b": 7}, "runs": {}}
     parts = plain.partitions(first, second)
     assert [(p.split.split_id, p.start, p.end) for p in parts] == [("b", 0, 7)]
     assert [(p.split.split_id, p.start, p.end) for p in plain.partitions(first, second)] == \
