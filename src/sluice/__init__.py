@@ -60,7 +60,8 @@ def write(df: DataFrame, format: str, options: Mapping[str, object] | None = Non
 
 def partitioned(df: DataFrame, format: str, options: Mapping[str, object] | None = None,
                 num_partitions: int | None = None) -> DataFrame:
-    """`df` repartitioned by the sink's partition key (partition-ordered mode); use before writeStream."""
+    """`df` laid out for the sink's guarantee, as `write` lays it out (partition-ordered mode: repartitioned by the
+    partition key; Kafka's transaction.by-partition: by the Kafka partition); use before writeStream."""
     from sluice.sink._dataframe_write import partitioned as _partitioned
 
     return _partitioned(df, format, options or {}, num_partitions)

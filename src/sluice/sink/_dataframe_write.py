@@ -30,6 +30,7 @@ def partitioned(df: DataFrame, format: str, options: Mapping[str, object],
     # A format one writes to is a sink (write_options() refuses the others).
     source = cast("SinkDataSource", data_source_class(format)(options={k: str(v) for k, v in options.items()}))
     opts = source.write_options()
+    df = source.with_layout_columns(opts, df)
     columns = source.partitioning(opts, df.schema)
     if columns is None:
         return df

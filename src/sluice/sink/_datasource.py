@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark.sql.types import StructType
 
@@ -27,6 +27,9 @@ from sluice.sink._deadletters import plan_dead_letters
 from sluice.sink._encoding import check_writable
 from sluice.sink._plan import WritePlan
 from sluice.spark._datasource import SluiceDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 class SinkDataSource(SluiceDataSource):
@@ -60,6 +63,11 @@ class SinkDataSource(SluiceDataSource):
         """Columns whose rows must share a task for the mode's guarantee; () = one task; None = any layout."""
         config = self._sink_config(opts, schema)
         return config.partition_key if config.mode == PARTITION_ORDERED else None
+
+    def with_layout_columns(self, opts: Options, df: DataFrame) -> DataFrame:
+        """`df` with the columns `partitioning` names that the store computes from each row (Kafka's partition of a
+        key), for `sluice.write` to lay the rows out by; `df` itself when there are none."""
+        return df
 
     def write_order(self, opts: Options, schema: StructType) -> tuple[str, ...]:
         """Columns `sluice.write` sorts each task's rows by after partitioning, so that a batch creator grouping

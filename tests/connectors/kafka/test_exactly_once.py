@@ -393,3 +393,39 @@ def test_a_batch_write_rerun_with_its_write_id_completes_once(spark, kafka, tmp_
     assert counted(kafka, topic) == (4000, 2000, 2000)
     rows.write.format(unchecked).options(**options).mode("append").save()
     assert counted(kafka, topic)[0] == 6000, "negative control: without the marker the same write id writes again"
+
+
+def test_by_partition_gives_each_task_a_share_of_the_partitions_and_each_record_lands_in_its_own(spark, kafka):
+    """transaction.by-partition: sluice.partitioned() puts each Kafka partition's rows in one Spark task, so a task's
+    transaction adds only its share of the topic's partitions; the partition computed from the key is the one the
+    brokers hold the record in (Kafka's murmur2, as librdkafka's murmur2_random picks it). Negative control: the
+    DataFrame as it comes spreads every task's rows over all the partitions."""
+    from pyspark.sql.functions import spark_partition_id
+
+    from sluice.connectors.kafka._partitioner import kafka_partitions
+
+    topic = make_topic(kafka, partitions=12)
+    rows = spark.range(0, 600, 1, 3).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+    options = eo_options(kafka, topic, **{"transaction.by-partition": "true"})
+
+    def shares(df):
+        """The Kafka partitions of each Spark task's rows."""
+        got = df.select(spark_partition_id().alias("task"), "key").collect()
+        by_task: dict[int, set[int]] = {}
+        for row, partition in zip(got, kafka_partitions(pa.array([r.key for r in got]), 12).to_pylist(), strict=True):
+            by_task.setdefault(row.task, set()).add(partition)
+        return by_task
+
+    laid_out = shares(sluice.partitioned(rows, "sluice_kafka", options))
+    assert sum(len(p) for p in laid_out.values()) == 12 == len(set().union(*laid_out.values())), \
+        f"each Kafka partition in exactly one task: {laid_out}"
+    assert all(len(p) == 12 for p in shares(rows).values()), "negative control: every task writes every partition"
+
+    sluice.write(rows, "sluice_kafka", options)
+    records = read_committed(kafka.client_config(), topic)
+    assert sorted(int(r.value) for r in records) == list(range(600))
+    keys = pa.array([r.key for r in records], pa.binary())
+    assert kafka_partitions(keys, 12).to_pylist() == [r.partition for r in records]
+    with pytest.raises(Exception, match=r"transaction.by-partition only applies to sink.transactional=true"):
+        sluice.partitioned(rows, "sluice_kafka", {**options, "sink.transactional": "false"})
+

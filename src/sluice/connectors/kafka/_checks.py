@@ -134,6 +134,27 @@ def probe(write: WriteOptions, topics: list[str]) -> Cluster:
     return Cluster(existing, limit)
 
 
+def partition_count(write: WriteOptions, topic: str) -> int:
+    """How many partitions `topic` has now, asked of the brokers within timeout-ms."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    client, timeout_s = write.client, write.timeout_ms / 1000.0
+    errors: list[Any] = []
+    settings: dict[str, Any] = {**connection_settings(client), "error_cb": errors.append, "log_level": 0}
+    admin = AdminClient(settings)
+    try:
+        metadata = admin.list_topics(topic, timeout=timeout_s)
+    except KafkaException as e:
+        admin.poll(0.5)
+        raise unreachable(client, write.timeout_ms, e, errors) from None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise OptionError(f"topic {topic!r} does not exist on {client.bootstrap_servers}; the sink does not create "
+                          "topics. Create it first (kafka-topics.sh --create, or AdminClient.create_topics).")
+    return len(found.partitions)
+
+
 def unreachable(client: ClientSettings, timeout_ms: int, error: Any, seen: list[Any]) -> SinkError:
     """No metadata within the timeout: name the servers and what librdkafka saw (refused, authentication, TLS)."""
     reasons = sorted({client.scrub(describe(e)) for e in seen})[:3]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pyspark.sql.types import StructType
 
@@ -21,14 +21,18 @@ from sluice.connector import (
     SplitBatchReader,
     SplitStreamReader,
 )
-from sluice.connectors.kafka._checks import check_columns, probe, validate_client
+from sluice.connectors.kafka._checks import check_columns, partition_count, probe, validate_client
 from sluice.connectors.kafka._discovery import PartitionList, TopicDiscovery, TopicList, TopicPattern
 from sluice.connectors.kafka._encode import PayloadEncoder, SideEncoder
 from sluice.connectors.kafka._enumerator import KafkaEnumerator
 from sluice.connectors.kafka._options import FORMAT_NAME, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.kafka._partitioner import with_partition_column
 from sluice.connectors.kafka._reader import KafkaSplitReader, read_schema
 from sluice.connectors.kafka._schemas import resolve_reads, resolve_writes
 from sluice.connectors.kafka._sink import KafkaWritePlan
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def check_consumer_settings(options: ReadOptions) -> None:
@@ -81,6 +85,25 @@ class KafkaDataSource(SinkDataSource, SourceDataSource):
 
     def primary_key(self, opts: Options) -> tuple[str, ...]:
         return ("key",)  # partition-ordered keeps each Kafka key's order unless sink.partition-key says otherwise
+
+    def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
+        if opts["transaction.by-partition"]:
+            return ("partition",)  # with_layout_columns made it from the key when the DataFrame had none
+        return super().partitioning(opts, schema)
+
+    def with_layout_columns(self, opts: Options, df: DataFrame) -> DataFrame:
+        """transaction.by-partition without a `partition` column: the key's partition, as Kafka's partitioner picks
+        it (_partitioner.py), set as the column, so each task's rows go to the partitions it was given."""
+        if not opts["transaction.by-partition"] or "partition" in df.columns:
+            return df
+        write = WriteOptions.of(opts)
+        if "key" not in df.columns or not write.payloads.key.raw:
+            raise OptionError("transaction.by-partition lays rows out by their Kafka partition: give the DataFrame a "
+                              "'partition' column, or a 'key' column written as its bytes (not key.format), from "
+                              "which the partition is computed as Kafka's partitioner does.")
+        if write.topic is None:
+            raise OptionError("transaction.by-partition needs the topic option (the partition count is the topic's)")
+        return with_partition_column(df, partition_count(write, write.topic))
 
     def sink_config(self, opts: Options, schema: StructType) -> SinkConfig:
         if (opts["sink.mode"] == PARTITION_ORDERED and not opts["sink.partition-key"]

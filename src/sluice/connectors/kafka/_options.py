@@ -62,6 +62,11 @@ WRITE_OPTIONS = (
            "sink.transactional: the producer's transaction.timeout.ms. A transaction a killed task left open is "
            "aborted when the task's retry starts, at the latest after this long (the broker's timeout), so "
            "read_committed readers wait at most this long for it.", minimum=1000, maximum=900_000),
+    Option("transaction.by-partition", "bool", False,
+           "sink.transactional with sluice.write() or sluice.partitioned(): the rows are repartitioned by their Kafka "
+           "partition (the `partition` column, else the one Kafka's murmur2 partitioner gives the key, set as the "
+           "`partition` column), so each task's transaction adds a share of the topic's partitions, not all of "
+           "them. For topics of hundreds of partitions."),
 )
 
 # librdkafka settings sluice sets itself: a user's value would break the mode's guarantee or the sink's accounting.
@@ -79,7 +84,7 @@ PRODUCER_OWNED = {
 
 def _check_transactional(opts: Options) -> None:
     if not opts["sink.transactional"]:
-        for key in ("transactional-id-prefix", "transaction.timeout-ms"):
+        for key in ("transactional-id-prefix", "transaction.timeout-ms", "transaction.by-partition"):
             if opts.is_set(key):
                 raise OptionError(f"{key} only applies to sink.transactional=true; remove it or set "
                                   ".option('sink.transactional', 'true') (with sink.mode=global-ordered).")
@@ -110,6 +115,7 @@ class WriteOptions(TypedOptions):
     timeout_ms: int
     transactional_id_prefix: str | None
     transaction_timeout_ms: int
+    transaction_by_partition: bool
     client: ClientSettings
     payloads: Payloads
 
