@@ -1,7 +1,8 @@
-"""Kafka reads at hundreds of partitions: the same rows (--rows of ~100 bytes) in a topic of few partitions and in
+"""Kafka at hundreds of partitions: the same rows (--rows of ~100 bytes) in a topic of few partitions and in
 topics of many, read by a batch count and by a streaming query (AvailableNow, --micro-batches micro-batches), on one
 broker (LocalKafka), local[2], against Spark's own Kafka source on the same topics (the 4.0-4.2 lines: its connector
-comes from Maven Central by its coordinates).
+comes from Maven Central by its coordinates); and written exactly-once (a cached DataFrame of 2 partitions, keyed),
+as it comes and with transaction.by-partition.
 
 Each topic is produced once, untimed (librdkafka, round-robin over the partitions). Rounds rotate the contenders; each
 figure is the best of --rounds, after one untimed run of each. The sluice source runs with its defaults
@@ -83,6 +84,17 @@ class ScaleBench:
             raise SystemExit(f"{fmt} stream of {topic}: {got} records, not {self.rows} ({query.exception()})")
         return seconds
 
+    def write(self, topic: str, rows: Any, by_partition: bool) -> float:
+        """An exactly-once batch write of `rows` (cached) into `topic`; by_partition: transaction.by-partition."""
+        import sluice
+
+        options = {"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic,
+                   "sink.mode": "global-ordered", "sink.transactional": "true",
+                   "transaction.by-partition": str(by_partition).lower()}
+        started = time.perf_counter()
+        sluice.write(rows, "sluice_kafka", options)
+        return time.perf_counter() - started
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,7 +124,15 @@ def main() -> int:
         with LocalKafka(heap_mb=1024) as kafka:
             bench = ScaleBench(spark, kafka, args.rows, args.micro_batches)
             runs: dict[str, Callable[[], float]] = {}
+            rows = spark.range(0, args.rows, 1, 2).selectExpr("CAST(id AS STRING) AS key",
+                                                             f"repeat('x', {len(VALUE)}) AS value").cache()
+            rows.count()
             for n in counts:
+                written = f"scale{n}_w_{uuid.uuid4().hex[:6]}"
+                kafka.create_topic(written, n)
+                for by_partition in (False, True):
+                    runs[f"{n} write sluice{' by-partition' if by_partition else ''}"] = \
+                        lambda t=written, b=by_partition: bench.write(t, rows, b)
                 topic = f"scale{n}_{uuid.uuid4().hex[:6]}"
                 kafka.create_topic(topic, n)
                 produce(kafka, topic, args.rows)
@@ -150,6 +170,12 @@ def main() -> int:
             print(f"| {read} | {n} | {ours:.2f} | {ours / base:.2f}x | {'-' if alone is None else f'{alone:.2f}'} | "
                   f"{'-' if spark_s is None else f'{spark_s:.2f}'} | "
                   f"{'-' if spark_s is None else f'{spark_s / ours:.2f}x'} |")
+    print("\n| exactly-once write | partitions | sluice (s) | vs the fewest partitions | transaction.by-partition (s) "
+          "| vs the fewest partitions |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    plain_base, by_base = best[f"{counts[0]} write sluice"], best[f"{counts[0]} write sluice by-partition"]
+    for n in counts:
+        plain, by = best[f"{n} write sluice"], best[f"{n} write sluice by-partition"]
+        print(f"| write | {n} | {plain:.2f} | {plain / plain_base:.2f}x | {by:.2f} | {by / by_base:.2f}x |")
     return 0
 
 
