@@ -287,7 +287,7 @@ def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_include
     # Negative control: decoding as if the stream were some of the publication's tables, the new table's change is
     # left out without a word.
     decoder = _read.ChangeDecoder
-    monkeypatch.setattr(_read, "ChangeDecoder", lambda *args: decoder(*args[:6]))
+    monkeypatch.setattr(_read, "ChangeDecoder", lambda *args, **kwargs: decoder(*args[:6], **kwargs))
     stale = _stream.ChangeStreamReader(reader.stream, reader.options, reader.schema)  # resolved at start: two tables
     _, rows = batch(stale, start)
     assert [r["_table"] for r in rows.to_pylist()] == ["public.pub_a"]

@@ -77,6 +77,7 @@ class PostgresStore(BlockingStore):
         self._all: list[Lease] = []
         self._lock = threading.Lock()
         self._written = 0
+        self._truncates = False  # a staged batch held a truncate (upsert.op-column): the commit applies it
         # Staged and direct appends are single COPYs (autocommit); the temp-table path is a transaction.
         self._autocommit = bool(plan.stage_table) or plan.direct
         self._pool_key = conn_info.pool_key("psycopg" if plan.csv else "adbc", autocommit=self._autocommit)
@@ -138,6 +139,8 @@ class PostgresStore(BlockingStore):
         plan = self.plan
         if plan.stage_table:
             cur.adbc_ingest(plan.stage_table, self._tagged(table, entries), mode="append", db_schema_name=plan.schema)
+            if plan.truncates(table) is not None:
+                self._truncates = True
         elif plan.direct:
             cur.adbc_ingest(plan.table, table, mode="append", db_schema_name=plan.schema)
         else:
@@ -181,7 +184,7 @@ class PostgresStore(BlockingStore):
         if not self.plan.stage_table:
             return None
         return {"task": self.context.partition_id, "attempt": self.plan.attempt_tag(self.context.task_attempt_id),
-                "rows": self._written}
+                "rows": self._written, "truncates": self._truncates}
 
     def close(self) -> None:
         super().close()
@@ -254,7 +257,8 @@ class PostgresCommitter(Committer):
             if plan.overwrite:
                 cur.execute(f"DELETE FROM {plan.target}")
             source = f"(SELECT DISTINCT ON (_sluice_task, _sluice_seq) * FROM {stage} WHERE {chosen})"
-            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq"):
+            truncates = any(m.get("truncates", False) for m in messages)
+            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq", truncates=truncates):
                 cur.execute(sql)
             cur.execute(f"DELETE FROM {stage} WHERE {where}")
             if finish:

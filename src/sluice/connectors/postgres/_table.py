@@ -236,7 +236,7 @@ class TablePlan:
         ref = f"{alias}.{quote_ident(column)}"
         return f"{ref}::{pg}" if pg in ("json", "jsonb") else ref
 
-    def move_sql(self, source: str, order: str, truncates: bool = True) -> list[str]:
+    def move_sql(self, source: str, order: str, truncates: bool = False) -> list[str]:
         """Statements that apply the rows of `source` (a relation, aliased s) to the target, in `order` (columns of
         s). `truncates`: `source` may hold a truncate (upsert.op-column): the target is emptied, and only the rows
         after the last one are applied."""
