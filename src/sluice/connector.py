@@ -43,7 +43,17 @@ from sluice._errors import (
 from sluice._micro_batch import micro_batch_numbers
 from sluice._names import case_hint, check_dataframe_columns, check_option_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
-from sluice._upsert import DELETE_OPS, DELETE_OPS_SQL, check_key_columns, delete_mask, first_null
+from sluice._upsert import (
+    DELETE_OPS,
+    DELETE_OPS_SQL,
+    TRUNCATE_OP,
+    VALUELESS_OPS_SQL,
+    TruncateRefusedError,
+    check_key_columns,
+    delete_mask,
+    first_null,
+    refuse_truncate,
+)
 from sluice.engine import (
     GLOBAL_ORDERED,
     PARTITION_ORDERED,
@@ -154,7 +164,9 @@ __all__ = [
     "PARTITION_ORDERED",
     "SEND_ASIDE",
     "SINK_SPEC",
+    "TRUNCATE_OP",
     "UNORDERED",
+    "VALUELESS_OPS_SQL",
     "AdmissionControlledReader",
     "AlignedBatchCreator",
     "ArrowRows",
@@ -235,6 +247,7 @@ __all__ = [
     "TrackingSettings",
     "TrackingSql",
     "TrackingStreamReader",
+    "TruncateRefusedError",
     "TypedOptions",
     "ValueTypeError",
     "WriteContext",
@@ -269,6 +282,7 @@ __all__ = [
     "read_with_letters",
     "refuse_batch_options_in_stream",
     "refuse_tracking_in_batch",
+    "refuse_truncate",
     "refused_certificate",
     "register_format",
     "require",

@@ -68,6 +68,31 @@ def test_upserts_merge_the_last_change_per_key_and_delete(spark, store):
     assert read(spark, store, "orders").columns == ["id", "amount"], "the op column is not stored"
 
 
+def test_a_truncate_empties_an_upserted_table_in_the_version_of_its_batch_and_keeps_the_changes_after_it(store):
+    """Three commits of staged changes (upsert.op-column 'op'), in order: inserts; an insert then a truncate, last
+    (the table ends empty); an insert, a truncate, then inserts (only those stay). One Delta version each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table, meta = StoreTable("emptied", store["warehouse"]), MetaService(store["meta"])
+    table.create(pa.schema([("id", pa.int64()), ("v", pa.string())]), ("id",))
+
+    def commit(barrier, rows):
+        relative = f"data/b{barrier}/part.parquet"
+        (table.root / relative).parent.mkdir(parents=True)
+        pq.write_table(pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "v": [r[1] for r in rows],
+                                 "op": [r[2] for r in rows]}), table.root / relative)
+        table.commit([StagedFile(relative, (table.root / relative).stat().st_size, len(rows))],
+                     BarrierCommit("q", barrier), meta, op_column="op")
+        return sorted(tuple(r.values()) for r in table.delta().to_pyarrow_table().to_pylist())
+
+    assert commit(1, [(1, "a", "insert"), (2, "b", "insert")]) == [(1, "a"), (2, "b")]
+    assert commit(2, [(3, "c", "insert"), (None, None, "truncate")]) == []
+    assert commit(3, [(4, "d", "insert"), (None, None, "truncate"), (5, "e", "insert"), (5, "e2", "update"),
+                      (6, "f", "insert")]) == [(5, "e2"), (6, "f")]
+    assert table.delta().version() == 3
+
+
 def test_a_replayed_barrier_is_not_committed_twice(spark, store, tmp_path):
     spark.range(0, 10).write.format("tablestore").option("table", "t").options(**store).mode("append").save()
     table = StoreTable("t", store["warehouse"])

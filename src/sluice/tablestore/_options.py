@@ -36,7 +36,8 @@ COMMON = (TABLE, *WAREHOUSE, META)
 WRITE_OPTIONS = (
     Option("primary-key", "list", (), "Key columns: writes are upserts (merge) by this key; set when the table is "
            "created."),
-    Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored)."),
+    Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored); "
+           "'truncate' (postgres_changes) deletes every row, in the same Delta version as the changes after it."),
     Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
            "streaming writes use the query id."),
     Option("writer-lease", "int", 600, "Seconds a streaming query that did not register_job stays the table's "

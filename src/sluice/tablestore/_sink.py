@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sluice.connector import (
     GLOBAL_ORDERED,
+    TRUNCATE_OP,
     ArrowRows,
     Batch,
     BlockingStore,
@@ -29,7 +31,6 @@ from sluice.connector import (
     TaskWriter,
     WriteContext,
     WritePlan,
-    first_null,
 )
 from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
@@ -152,10 +153,10 @@ class TableStoreWritePlan(WritePlan):
     created: bool = False  # the plan made the table (it did not exist)
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-        rows, table, key = ArrowRows(), self.table, self.key
+        rows, table, key, op = ArrowRows(), self.table, self.key, self.write.upsert_op_column
 
         def encode(batch: pa.RecordBatch) -> Encoded:
-            check_key(table, key, batch)
+            check_key(table, key, batch, op)
             return Encoded(*rows.add(batch))
 
         return TaskWriter(encode, ParquetStore(table, rows, context))
@@ -164,16 +165,21 @@ class TableStoreWritePlan(WritePlan):
         return TableStoreCommitter(self.table, self.write, self.created)
 
 
-def check_key(table: StoreTable, key: tuple[str, ...], batch: pa.RecordBatch) -> None:
+def check_key(table: StoreTable, key: tuple[str, ...], batch: pa.RecordBatch, op_column: str | None = None) -> None:
     """A row without its primary key cannot be merged by it: refuse those rows (RecordError with their positions:
-    errors.tolerance=all sends them aside, else the write fails and nothing of it is committed)."""
+    errors.tolerance=all sends them aside, else the write fails and nothing of it is committed). A truncate
+    (upsert.op-column TRUNCATE_OP) has no key: it is not one of them."""
+    truncates = pc.fill_null(pc.equal(batch.column(op_column), TRUNCATE_OP), False) if op_column else None
     for name in key:
         column = batch.column(name)
         if column.null_count:
-            first = first_null(column)
-            rows = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool))
+            missing = column.is_null() if truncates is None else pc.and_not(column.is_null(), truncates)
+            rows = np.flatnonzero(np.asarray(missing.to_numpy(zero_copy_only=False), dtype=bool))
+            if not len(rows):
+                continue
+            first = int(rows[0])
             raise RecordError(
-                f"table '{table.name}': {column.null_count} row(s) have a null primary-key column '{name}' (the "
+                f"table '{table.name}': {len(rows)} row(s) have a null primary-key column '{name}' (the "
                 f"first at row {first} of a batch); every row needs its key {list(key)}. Unless errors.tolerance=all "
                 "sends such rows aside, nothing of this write is committed: filter or fill those rows and write "
                 "again.", rows=rows.tolist())

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import DELETE_OPS_SQL, OptionError, SluiceError
+from sluice.connector import DELETE_OPS_SQL, TRUNCATE_OP, OptionError, SluiceError
 from sluice.meta import MetaService
 from sluice.tablestore._commit import CHECKPOINT_INTERVAL, COMPACT_TARGET_BYTES, DEFAULT_UPKEEP, BarrierCommit, Upkeep
 from sluice.tablestore._retention import oldest_needed_version, trim_log
@@ -330,6 +330,16 @@ class StoreTable:
         # Last change per key wins: row order within the staged files is task order, then row order.
         import pyarrow.compute as pc
 
+        # A truncate empties the table in this same version: only the changes after the last one are applied, and
+        # every other row of the table is deleted (when_not_matched_by_source_delete).
+        truncated = op_column is not None and pc.any(pc.equal(source.column(op_column), TRUNCATE_OP)).as_py()
+        if truncated:
+            marks = pc.indices_nonzero(pc.fill_null(pc.equal(source.column(op_column), TRUNCATE_OP), False))
+            source = source.slice(pc.max(marks).as_py() + 1)
+            if not source.num_rows:
+                dt.delete(commit_properties=props, post_commithook_properties=hooks)
+                return
+
         source = source.append_column("_sluice_row", pa.array(range(source.num_rows), pa.int64()))
         last = source.group_by(list(key)).aggregate([("_sluice_row", "max")])
         rows = pc.sort_indices(last.column("_sluice_row_max"))
@@ -342,6 +352,8 @@ class StoreTable:
             cols = {c: f"s.`{c}`" for c in source.column_names if c != op_column}
             merge = (merge.when_matched_delete(deleted).when_matched_update(cols, f"NOT ({deleted})")
                      .when_not_matched_insert(cols, f"NOT ({deleted})"))
+            if truncated:
+                merge = merge.when_not_matched_by_source_delete()
         else:
             merge = merge.when_matched_update_all().when_not_matched_insert_all()
         merge.execute()

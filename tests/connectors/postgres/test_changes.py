@@ -287,7 +287,7 @@ def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_include
     # Negative control: decoding as if the stream were some of the publication's tables, the new table's change is
     # left out without a word.
     decoder = _read.ChangeDecoder
-    monkeypatch.setattr(_read, "ChangeDecoder", lambda *args: decoder(*args[:6]))
+    monkeypatch.setattr(_read, "ChangeDecoder", lambda *args, **kwargs: decoder(*args[:6], **kwargs))
     stale = _stream.ChangeStreamReader(reader.stream, reader.options, reader.schema)  # resolved at start: two tables
     _, rows = batch(stale, start)
     assert [r["_table"] for r in rows.to_pylist()] == ["public.pub_a"]
@@ -442,24 +442,32 @@ def test_toasted_values_left_out_of_an_update_fail_clearly_or_are_carried_with_r
 
 
 @pytest.mark.pg_versions
-def test_truncate_fails_clearly_and_an_added_column_needs_a_restart_that_reads_it(lpg):
-    t = new_table(lpg.url, "ddl")
+def test_an_added_column_needs_a_restart_that_reads_it_and_a_truncate_is_an_event_per_table_or_a_failure(lpg):
+    t, other = new_table(lpg.url, "ddl"), new_table(lpg.url, "ddl_other")
     slot = "sluice_test_ddl"
-    reader = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    reader = stream(lpg.url, table=f"{t},{other}", snapshot="false", slot=slot)
     start = reader.initialOffset()
     sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a')", f"ALTER TABLE {t} ADD COLUMN extra int",
         f"INSERT INTO {t} VALUES (2, 'b', 7)")
     with pytest.raises(PostgresError, match=r"column\(s\) \['extra'\].*restart the query"):
         batch(reader, start)
     reader.stop()
-    restarted = stream(lpg.url, table=t, snapshot="false", slot=slot)
+    restarted = stream(lpg.url, table=f"{t},{other}", snapshot="false", slot=slot)
     end, rows = batch(restarted, start)
     assert [(r["id"], r["extra"]) for r in rows.to_pylist()] == [(1, None), (2, 7)]
     restarted.commit(end)
 
-    sql(lpg.url, f"TRUNCATE {t}")
-    with pytest.raises(PostgresError, match=r"TRUNCATE of .*public\.ddl"):
-        batch(restarted, end)
+    failing = stream(lpg.url, table=f"{t},{other}", snapshot="false", slot="sluice_test_ddl_fail", truncate="fail")
+    fail_start = failing.initialOffset()
+    sql(lpg.url, f"BEGIN; INSERT INTO {t} VALUES (3, 'c', 8); TRUNCATE {t}, {other} RESTART IDENTITY; "
+                 f"INSERT INTO {t} VALUES (4, 'd', 9); COMMIT")
+    _, rows = batch(restarted, end)
+    got = [(r["_op"], r["_table"], r["id"], r["v"], r["extra"]) for r in rows.to_pylist()]
+    assert got == [("insert", "public.ddl", 3, "c", 8), ("truncate", "public.ddl", None, None, None),
+                   ("truncate", "public.ddl_other", None, None, None), ("insert", "public.ddl", 4, "d", 9)]
+    assert len({(r["_lsn"], r["_xid"], r["_commit_time"]) for r in rows.to_pylist()}) == 1  # one transaction's
+    with pytest.raises(PostgresError, match=r"TRUNCATE of \['public\.ddl', 'public\.ddl_other'\] .*truncate=fail"):
+        batch(failing, fail_start)
 
 
 @pytest.mark.pg_versions
@@ -739,7 +747,8 @@ def test_a_publications_column_list_shapes_the_schema_and_left_out_operations_ar
     sql(lpg.url, f"CREATE PUBLICATION inserts_only FOR TABLE {t} WITH (publish = 'insert')")
     with caplog.at_level("WARNING", logger="sluice.postgres"):
         stream(lpg.url, publication="inserts_only", slot="sluice_test_inserts_only")
-    assert any("publication inserts_only does not publish update, delete" in r.getMessage() for r in caplog.records)
+    assert any("publication inserts_only does not publish update, delete, truncate" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_quoted_names_stream_and_generated_columns_are_left_out_as_pgoutput_leaves_them(lpg, monkeypatch):
@@ -908,3 +917,100 @@ def test_transfers_stream_into_postgres_and_the_table_store_untorn_and_exactly_o
     for version in versions:
         at = DeltaTable(f"{warehouse}/accounts", version=version).to_pyarrow_table(columns=["balance"])
         assert at.num_rows == 0 or pa.compute.sum(at.column("balance")).as_py() == total, f"version {version}"
+
+
+def test_a_truncate_is_applied_in_its_batch_in_global_order_and_refused_by_name_where_it_cannot_be(lpg,
+                                                                                                monkeypatch):
+    """The postgres sink in global-ordered mode (not staged: a temporary table per batch) empties the target at the
+    truncate and keeps the changes after it. In partition-ordered mode (batches of different keys at once) it
+    refuses it, and so does a sink that cannot empty its target (s2_upsert), naming it, when it encodes the chunk:
+    before any row of it is buffered, let alone written."""
+    from sluice.connector import RecordError, TruncateRefusedError, WriteContext, from_arrow_schema
+    from sluice.connectors.postgres import PostgresDataSource
+    from sluice.connectors.s2 import _codec
+    from sluice.connectors.s2._options import UPSERT_SPEC, UpsertWriteOptions
+    from sluice.engine import AsyncSinkWriter
+
+    t, target = new_table(lpg.url, "refused"), new_table(lpg.url, "refused_replica")
+    reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_refused")
+    start = reader.initialOffset()
+    sql(lpg.url, f"INSERT INTO {t} VALUES (1, 'a')", f"TRUNCATE {t}", f"INSERT INTO {t} VALUES (2, 'b')",
+        f"INSERT INTO {target} VALUES (9, 'from an earlier batch')")
+    _, rows = batch(reader, start)
+    changes = rows.select(["id", "v", "_op"]).combine_chunks().to_batches()[0]
+    assert changes.column("_op").to_pylist() == ["insert", "truncate", "insert"]
+    upsert = {"url": lpg.url, "table": target, "primary-key": "id", "upsert.op-column": "_op"}
+
+    def task(options):
+        plan = PostgresDataSource(options)._plan(from_arrow_schema(changes.schema), overwrite=False, streaming=False)
+        return plan, plan.open_task(WriteContext(write_id="w", partition_id=0))
+
+    with pytest.raises(TruncateRefusedError, match=r"upsert.op-column '_op' has the value 'truncate'.*"
+                                                   r"sink.mode=partition-ordered .*Set sink.mode=global-ordered"):
+        task(upsert)[1].encode(changes)  # the default mode of upserts
+    plan, ordered = task({**upsert, "sink.mode": "global-ordered"})
+    with AsyncSinkWriter(ordered.store, plan.config, context=WriteContext(write_id="w", partition_id=0)) as writer:
+        encoded = ordered.encode(changes)
+        writer.write_chunk(encoded.entries, encoded.sizes)
+        writer.finish()
+    assert sql(lpg.url, f"SELECT id, v FROM {target}") == sql(lpg.url, f"SELECT id, v FROM {t}") == [(2, "b")]
+
+    s2 = _codec.S2Encoder(UpsertWriteOptions.of(UPSERT_SPEC.parse({
+        "s2.basin": "b", "s2.auth-token": "t", "s2.endpoints.account": "http://h:1", "s2.endpoints.basin": "http://h:1",
+        "s2.stream": "s", "primary-key": "id", "upsert.op-column": "_op"})), changes.schema.names, WriteContext(),
+        stamp=False)
+    with pytest.raises(TruncateRefusedError, match=r"upsert.op-column '_op' has the value 'truncate'.*the s2 sink "
+                                                   r"cannot apply.*format\('postgres'\) or format\('tablestore'\)"):
+        s2(changes)
+    # The control: without the refusal, a row without its key, which errors.tolerance=all would send aside as a bad
+    # record while the stream goes on with the target's rows left in place.
+    monkeypatch.setattr(_codec, "refuse_truncate", lambda *args: None)
+    with pytest.raises(RecordError, match=r"primary-key column 'id' has 1 null"):
+        s2(changes)
+
+
+@pytest.mark.spark
+def test_a_truncate_between_changes_reaches_postgres_and_the_table_store_in_order(spark, lpg, tmp_path):
+    """Inserts, then one transaction of an insert, a TRUNCATE, inserts and an update, then an insert, in three
+    micro-batches: the postgres sink (staged, global-ordered) and the table store empty their target at the truncate
+    and keep what came after, equal to the source. Negative control: the same stream without its truncate events
+    keeps rows the source no longer has."""
+    from deltalake import DeltaTable
+
+    sql(lpg.url, *[f"CREATE TABLE {name} (id int PRIMARY KEY, v text)"
+                   for name in ("emptied", "emptied_pg", "emptied_ignored")])
+    slots = ("sluice_emptied_store", "sluice_emptied_pg", "sluice_emptied_ignored")
+    for slot in slots:  # the queries stream from the slots' positions: every change below is theirs
+        stream(lpg.url, table="emptied", snapshot="false", slot=slot).initialOffset()
+    sql(lpg.url, "INSERT INTO emptied VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+        "BEGIN; INSERT INTO emptied VALUES (4, 'd'); TRUNCATE emptied; "
+        "INSERT INTO emptied VALUES (5, 'e'), (6, 'f'); UPDATE emptied SET v = 'f2' WHERE id = 6; COMMIT",
+        "INSERT INTO emptied VALUES (7, 'g')")
+    warehouse, meta = str(tmp_path / "wh"), str(tmp_path / "meta.db")
+    upsert = {"primary-key": "id", "upsert.op-column": "_op"}
+    ordered = {**upsert, "sink.mode": "global-ordered", "sink.transactional": "true"}
+
+    def start(slot, fmt, keep=lambda rows: rows, **options):
+        rows = spark.readStream.format("postgres_changes").options(url=lpg.url, table="emptied", slot=slot) \
+            .option("snapshot", "false").option("max-changes-per-trigger", "3").load()  # a transaction a batch
+        return keep(rows.select("id", "v", "_op")).writeStream.format(fmt).options(**options) \
+            .option("checkpointLocation", str(tmp_path / slot)).start()
+
+    queries = [start(slots[0], "tablestore", table="emptied", warehouse=warehouse, meta=meta, **upsert),
+               start(slots[1], "postgres", url=lpg.url, table="emptied_pg", **ordered),
+               start(slots[2], "postgres", lambda rows: rows.where("_op <> 'truncate'"), url=lpg.url,
+                     table="emptied_ignored", **ordered)]
+    for q in queries:
+        q.processAllAvailable()
+        assert len([p for p in q.recentProgress if p["numInputRows"]]) == 3
+        q.stop()
+
+    source = sql(lpg.url, "SELECT id, v FROM emptied ORDER BY id")
+    assert source == [(5, "e"), (6, "f2"), (7, "g")]
+    assert sql(lpg.url, "SELECT id, v FROM emptied_pg ORDER BY id") == source
+    table = DeltaTable(f"{warehouse}/emptied")
+    stored = table.to_pyarrow_table(columns=["id", "v"]).sort_by("id").to_pylist()
+    assert [(r["id"], r["v"]) for r in stored] == source
+    assert table.version() == 3  # created (0), then one version per micro-batch, the TRUNCATE included
+    # The control: the truncate events left out, the rows from before the TRUNCATE stay.
+    assert sql(lpg.url, "SELECT id FROM emptied_ignored ORDER BY id") == [(i,) for i in range(1, 8)]

@@ -153,9 +153,23 @@ def test_a_column_added_under_a_running_query_stops_it_and_a_dropped_one_is_left
     assert rows(gone, added) == [("insert", 1, "a", 100, 7)]
 
 
-def test_truncate_of_a_streamed_table_is_refused_and_of_another_table_ignored():
-    base = [relation(1, "public.t", ["id", "name"]), relation(2, "public.other", ["id"]), begin(100, T0, 7)]
-    assert rows(decoder(), [*base, truncate([2]), commit(100, T0)]) == []
-    with pytest.raises(PostgresError, match=r"TRUNCATE of \['public\.t'\] .*Reload the table"):
-        rows(decoder(), [*base, truncate([1]), commit(100, T0)])
-    assert rows(decoder(start=200), [*base, truncate([1]), commit(100, T0)]) == []  # outside the batch's range
+def test_truncate_is_one_event_per_streamed_table_in_its_place_or_refused_with_truncate_fail():
+    tables = {"public.t": ["id", "name"], "public.u": ["id", "name"]}
+    base = [relation(1, "public.t", ["id", "name"]), relation(2, "public.other", ["id"]),
+            relation(3, "public.u", ["id", "name"]), begin(100, T0, 7), insert(1, [1, "a"])]
+    after = [insert(1, [2, "b"]), commit(100, T0)]
+    emit = ChangeDecoder(SCHEMA, TYPES, 0, 1 << 62, tables, emit_truncates=True)
+    # One statement over three tables (as a CASCADE lists them too): an event for each streamed one, in its place.
+    assert rows(emit, [*base, truncate([1, 2, 3]), *after]) == [
+        ("insert", 1, "a", 100, 7), ("truncate", None, None, 100, 7), ("truncate", None, None, 100, 7),
+        ("insert", 2, "b", 100, 7)]
+    emit = ChangeDecoder(SCHEMA, TYPES, 0, 1 << 62, tables, emit_truncates=True)
+    tables_of = [r["_table"] for b in emit.feed(pa.array([*base, truncate([3, 1]), *after], pa.binary()))
+                 for r in b.to_pylist() if r["_op"] == "truncate"]
+    assert tables_of == ["public.u", "public.t"]
+    assert rows(decoder(), [*base[:4], truncate([2]), commit(100, T0)]) == []  # another table's: nothing
+    with pytest.raises(PostgresError, match=r"TRUNCATE of \['public\.t'\] .*truncate=fail.*Set truncate=emit"):
+        rows(decoder(), [*base, truncate([1]), *after])
+    assert rows(decoder(start=200), [*base, truncate([1]), *after]) == []  # outside the batch's range
+
+

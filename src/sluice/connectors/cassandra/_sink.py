@@ -44,6 +44,7 @@ from sluice.connector import (
     WritePlan,
     delete_mask,
     micro_batch_numbers,
+    refuse_truncate,
 )
 from sluice.connectors.cassandra._client import (
     Connection,
@@ -125,6 +126,8 @@ class RowEncoder:
         from cassandra.query import UNSET_VALUE
 
         plan = self.plan
+        if plan.op_column:
+            refuse_truncate(batch.column(plan.op_column), plan.op_column, "cassandra")
         # Rows Cassandra cannot take go aside (errors.tolerance=all) before anything of the batch changes state.
         check_rows(batch, plan.primary_key, plan.timestamp_column if plan.timestamp == "column" else None,
                    self.table, self.rows_seen)

@@ -41,6 +41,7 @@ from sluice.connector import (
     WriteContext,
     WritePlan,
     delete_mask,
+    refuse_truncate,
 )
 from sluice.connectors.clickhouse._checks import check_chunk
 from sluice.connectors.clickhouse._client import RECORD_CODES, ClickHouseError, Connection, quote_ident
@@ -84,6 +85,7 @@ class InsertPlan:
             check_chunk(batch, self.types, table, lambda row: self.row_key(batch, row))
             return batch
         op = self.deletes.op_column
+        refuse_truncate(batch.column(op), op, "clickhouse")
         deletes = delete_mask(batch.column(op))
         optional = frozenset(self.types) - self.deletes.required
         check_chunk(batch, self.types, table, lambda row: self.row_key(batch, row), optional, deletes)

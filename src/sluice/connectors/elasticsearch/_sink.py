@@ -45,6 +45,7 @@ from sluice.connector import (
     delete_mask,
     first_null,
     micro_batch_numbers,
+    refuse_truncate,
 )
 from sluice.connectors.elasticsearch._client import Connection, ElasticsearchError
 from sluice.connectors.elasticsearch._options import WriteOptions
@@ -111,6 +112,8 @@ class DocEncoder:
 
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
         plan, n = self.plan, batch.num_rows
+        if plan.op_column:
+            refuse_truncate(batch.column(plan.op_column), plan.op_column, "elasticsearch")
         for name in plan.id_columns:
             if batch.column(name).null_count:
                 row = self.rows_seen + first_null(batch.column(name))

@@ -42,6 +42,7 @@ from sluice.connector import (
     WritePlan,
     delete_mask,
     micro_batch_numbers,
+    refuse_truncate,
     to_arrow_schema,
 )
 from sluice.connectors.hbase._cells import encoder
@@ -138,6 +139,8 @@ class RowEncoder:
 
     def __call__(self, batch: pa.RecordBatch) -> Encoded:
         plan, module = self.plan, self.module
+        if plan.op_column:
+            refuse_truncate(batch.column(plan.op_column), plan.op_column, "hbase")
         keys = plan.key.encode(batch)
         encoded = [(column, encode(batch.column(column))) for column, _, _, encode in self.cell_encoders]
         # Rows HBase cannot take go aside (errors.tolerance=all) before anything of the batch changes state.

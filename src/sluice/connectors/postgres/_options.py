@@ -26,7 +26,9 @@ WRITE_OPTIONS = (
     Option("table", "str", None, "Target table, [schema.]name (quote odd names: '\"My Table\"').", required=True),
     Option("primary-key", "list", (), "Key columns: rows are upserted (INSERT ... ON CONFLICT) by this key."),
     Option("upsert.op-column", "str", None,
-           "Column whose value d, delete, D or -D deletes the row with that key (needs primary-key); not written."),
+           "Column whose value d, delete, D or -D deletes the row with that key (needs primary-key); not written. "
+           "'truncate' (postgres_changes) deletes every row, in order with the changes around it (sink.mode="
+           "global-ordered; refused in the other modes)."),
     Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
     Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
            maximum=64),

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.connector import TRUNCATE_OP
 from sluice.connectors.postgres._client import PostgresError
 from sluice.connectors.postgres._pgtext import UntypedValueError, type_columns
 
@@ -86,14 +87,15 @@ class ChangeDecoder:
                  tables: Mapping[str, Sequence[str]],
                  gone_columns: Callable[[str, list[str]], list[str]] | None = None,
                  whole_publication: str | None = None, keys: Mapping[str, Sequence[str]] | None = None,
-                 letters: DeadLetterWriter | None = None) -> None:
+                 letters: DeadLetterWriter | None = None, emit_truncates: bool = False) -> None:
         """`tables`: each streamed table's columns in the stream's schema. `gone_columns(table, names)`: which of
         `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new.
         `whole_publication`: the publication, when the stream is all of its tables (a table of it that the stream
         lacks joined it later); None when the stream is some of its tables (the others are left out). `keys`: each
         table's primary key, which tells an update that changed it under REPLICA IDENTITY FULL. `letters`: where a
         change with a value that does not convert to its column's type goes (errors.tolerance=all); None: it fails
-        the read."""
+        the read. `emit_truncates`: a TRUNCATE of a streamed table comes as events (_truncate); False: it fails the
+        read."""
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
@@ -103,6 +105,7 @@ class ChangeDecoder:
         self.whole_publication = whole_publication
         self.keys = keys or {}
         self.letters = letters
+        self.emit_truncates = emit_truncates
         self.start, self.end = start, end
         self.tables = tables
         self.relations: dict[int, Relation] = {}
@@ -129,8 +132,8 @@ class ChangeDecoder:
                 msg = messages[i].as_py()
                 if msg[0] == 0x52:
                     self._relation(msg)
-                elif self._in_range(self.txn[0]):
-                    self._truncate(msg)
+                elif self._in_range(self.txn[0]) and (events := self._truncate(msg)) is not None:
+                    yield events
             first = i + 1
 
     def _in_range(self, lsn: int) -> bool:
@@ -341,15 +344,29 @@ class ChangeDecoder:
                 "query with the same checkpoint to stream it too. Its rows from before it joined are not changes: "
                 "read them with format('postgres')")
 
-    def _truncate(self, msg: bytes) -> None:
+    def _truncate(self, msg: bytes) -> pa.RecordBatch | None:
+        """A TRUNCATE of streamed tables: one event per table, in its place among the changes (emit_truncates), else
+        the failure that stops the query (option truncate=fail). The message ('T', count, options, relation ids)
+        lists every table it emptied, those a CASCADE reached included; its options (CASCADE, RESTART IDENTITY)
+        are not carried: a target's sequences and other tables are its own."""
         count = _I32.unpack_from(msg, 1)[0]
         relids = [_I32.unpack_from(msg, 6 + 4 * i)[0] for i in range(count)]
         hit = [self.relations[r].name for r in relids if r in self._slots]
-        if hit:
+        if not hit:
+            return None
+        lsn, commit_us, xid = self.txn
+        if not self.emit_truncates:
             raise PostgresError(
-                f"TRUNCATE of {hit} (transaction committed at LSN {format_lsn(self.txn[0])}): a changelog of per-row "
-                "changes cannot express it. Reload the table: drop the slot (sluice postgres drop-slot), clear the "
+                f"TRUNCATE of {hit} (transaction committed at LSN {format_lsn(lsn)}), and option truncate=fail. "
+                f"Set truncate=emit to stream it as an event (_op = '{TRUNCATE_OP}'), which the postgres and "
+                "tablestore sinks apply; or reload the table: drop the slot (sluice postgres drop-slot), clear the "
                 "target and start the query with a new checkpoint (snapshot=true reads the table again)")
+        n = len(hit)
+        meta = {OP: pa.array([TRUNCATE_OP] * n, pa.string()), LSN: pa.array([lsn] * n, pa.int64()),
+                COMMIT_TIME: pa.array([commit_us] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                XID: pa.array([xid] * n, pa.int64()), TABLE: pa.array(hit, pa.string())}
+        return pa.RecordBatch.from_arrays([meta.get(f.name, pa.nulls(n, f.type)) for f in self.schema],
+                                          schema=self.schema)
 
 
 def message_bytes(messages: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:

@@ -6,7 +6,9 @@
 - partition-ordered (with primary-key): each batch goes to a temporary table and is applied in one
   transaction: INSERT ... ON CONFLICT DO UPDATE for the last change of each key, DELETE for keys whose last
   change is a delete (upsert.op-column). The engine never has two batches of one key in flight, so per-key
-  order holds.
+  order holds. A truncate (upsert.op-column TRUNCATE_OP) empties the table in the transaction of its batch, which
+  then applies only the changes after it; it needs one order across keys, so global-ordered mode (one batch in
+  flight; staged or not), and partition-ordered and unordered modes refuse it.
 - global-ordered + sink.transactional (and every mode(\"overwrite\")): tasks COPY into a staging table,
   tagged (write, epoch, task, attempt, row number), which carries the table's CHECK constraints and NOT NULLs
   (_stage.py: a row they refuse is refused by its task); the driver's commit moves the epoch's rows of the
@@ -27,6 +29,8 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.connector import (
+    GLOBAL_ORDERED,
+    TRUNCATE_OP,
     ArrowRows,
     Batch,
     BlockingStore,
@@ -34,6 +38,7 @@ from sluice.connector import (
     Encoded,
     RecordError,
     TaskWriter,
+    TruncateRefusedError,
     WriteContext,
     WritePlan,
 )
@@ -72,6 +77,7 @@ class PostgresStore(BlockingStore):
         self._all: list[Lease] = []
         self._lock = threading.Lock()
         self._written = 0
+        self._truncates = False  # a staged batch held a truncate (upsert.op-column): the commit applies it
         # Staged and direct appends are single COPYs (autocommit); the temp-table path is a transaction.
         self._autocommit = bool(plan.stage_table) or plan.direct
         self._pool_key = conn_info.pool_key("psycopg" if plan.csv else "adbc", autocommit=self._autocommit)
@@ -133,13 +139,15 @@ class PostgresStore(BlockingStore):
         plan = self.plan
         if plan.stage_table:
             cur.adbc_ingest(plan.stage_table, self._tagged(table, entries), mode="append", db_schema_name=plan.schema)
+            if plan.truncates(table) is not None:
+                self._truncates = True
         elif plan.direct:
             cur.adbc_ingest(plan.table, table, mode="append", db_schema_name=plan.schema)
         else:
             tmp = "sluice_tmp_" + schema_digest(plan.schema, plan.table, table.schema)
             seq = pa.array(entries, pa.int64())
             cur.adbc_ingest(tmp, table.append_column("_sluice_seq", seq), mode="create_append", temporary=True)
-            for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq"):
+            for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq", truncates=plan.truncates(table) is not None):
                 cur.execute(sql)
             cur.execute(f"TRUNCATE pg_temp.{tmp}")
             conn.commit()
@@ -176,7 +184,7 @@ class PostgresStore(BlockingStore):
         if not self.plan.stage_table:
             return None
         return {"task": self.context.partition_id, "attempt": self.plan.attempt_tag(self.context.task_attempt_id),
-                "rows": self._written}
+                "rows": self._written, "truncates": self._truncates}
 
     def close(self) -> None:
         super().close()
@@ -249,7 +257,8 @@ class PostgresCommitter(Committer):
             if plan.overwrite:
                 cur.execute(f"DELETE FROM {plan.target}")
             source = f"(SELECT DISTINCT ON (_sluice_task, _sluice_seq) * FROM {stage} WHERE {chosen})"
-            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq"):
+            truncates = any(m.get("truncates", False) for m in messages)
+            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq", truncates=truncates):
                 cur.execute(sql)
             cur.execute(f"DELETE FROM {stage} WHERE {where}")
             if finish:
@@ -284,9 +293,15 @@ class PostgresWritePlan(WritePlan):
         return self.config.transactional or self.overwrite  # overwrite is always staged and committed by the driver
 
     def open_task(self, context: WriteContext) -> TaskWriter:
-        rows, table = ArrowRows(), self.table
+        rows, table, mode = ArrowRows(), self.table, self.config.mode
 
         def encode(batch: pa.RecordBatch) -> Encoded:
+            if mode != GLOBAL_ORDERED and table.truncates(batch) is not None:
+                raise TruncateRefusedError(
+                    f"upsert.op-column '{table.op_column}' has the value '{TRUNCATE_OP}' (a TRUNCATE), which empties "
+                    f"{table.display} in order with the rows around it; sink.mode={mode} applies batches of "
+                    "different keys at once, so it cannot. Set sink.mode=global-ordered (with "
+                    "sink.transactional=true for exactly-once)")
             table.check_chunk(batch)  # before any row of this chunk is buffered, let alone sent
             return Encoded(*rows.add(batch))
 

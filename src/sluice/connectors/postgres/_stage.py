@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import DELETE_OPS_SQL
+from sluice.connector import VALUELESS_OPS_SQL
 from sluice.connectors.postgres._client import qualified, quote_ident, quote_literal, server_words
 
 log = logging.getLogger("sluice.postgres")
@@ -32,7 +32,7 @@ def target_checks(cur: Any, schema: str, table: str, columns: tuple[str, ...], n
                   op_column: str | None) -> list[Check]:
     """(name, CHECK clause, usable) for the staging table: the target's CHECK constraints, then a CHECK per NOT NULL
     column; one that reads a column the DataFrame does not write is not usable (its clause says why). With an op
-    column, a delete is not checked (it inserts nothing)."""
+    column, a delete or a truncate is not checked (it inserts nothing)."""
     cur.execute(
         "SELECT c.conname::text, pg_get_expr(c.conbin, c.conrelid), "
         "(SELECT array_agg(a.attname::text) FROM pg_attribute a WHERE a.attrelid = c.conrelid "
@@ -41,7 +41,7 @@ def target_checks(cur: Any, schema: str, table: str, columns: tuple[str, ...], n
         parameters=(qualified(schema, table),),
     )
     written = set(columns)
-    is_delete = f"COALESCE({quote_ident(op_column)} IN {DELETE_OPS_SQL}, false)" if op_column else None
+    is_delete = f"COALESCE({quote_ident(op_column)} IN {VALUELESS_OPS_SQL}, false)" if op_column else None
 
     def clause(expr: str) -> str:
         return f"({is_delete} OR {expr})" if is_delete else expr

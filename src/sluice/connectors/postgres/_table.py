@@ -37,6 +37,7 @@ from pyspark.sql.types import (
 
 from sluice.connector import (
     DELETE_OPS_SQL,
+    TRUNCATE_OP,
     OptionError,
     RecordError,
     check_dataframe_columns,
@@ -163,11 +164,14 @@ class TablePlan:
         errors.tolerance=all they go aside and the rest of the chunk is checked again)."""
         import pyarrow.compute as pc
 
+        truncates = self.truncates(batch)
         for name in self.not_null:
             column = batch.column(name)
             if column.null_count:
-                self._refuse(batch, pc.is_null(column), f"column '{name}' is NOT NULL in {self.display}, but "
-                                                        f"{column.null_count} row(s) have no value for it")
+                missing = pc.is_null(column) if truncates is None else pc.and_not(pc.is_null(column), truncates)
+                if pc.any(missing).as_py():  # a truncate (upsert.op-column) has no values
+                    self._refuse(batch, missing, f"column '{name}' is NOT NULL in {self.display}, but "
+                                                 f"{pc.sum(missing).as_py()} row(s) have no value for it")
         for name, low, high in self.int_ranges:
             column = batch.column(name)
             outside = pc.or_(pc.less(column, low), pc.greater(column, high))
@@ -193,6 +197,15 @@ class TablePlan:
                 self._refuse(batch, over, f"value {batch.column(name)[first].as_py()} of column '{name}' does not "
                                           f"fit numeric({precision},{scale}) in {self.display} (absolute values must "
                                           f"round to less than 10^{precision - scale})")
+
+    def truncates(self, batch: pa.RecordBatch | pa.Table) -> pa.Array | None:
+        """Which rows upsert.op-column marks as a truncate (TRUNCATE_OP); None when there is none."""
+        if not self.op_column:
+            return None
+        import pyarrow.compute as pc
+
+        mask = pc.fill_null(pc.equal(batch.column(self.op_column), TRUNCATE_OP), False)
+        return mask if pc.any(mask).as_py() else None
 
     def _refuse(self, batch: pa.RecordBatch, mask: pa.Array, what: str) -> None:
         """Raise RecordError for the rows where `mask` is true, naming the first by its key (else its position)."""
@@ -223,8 +236,18 @@ class TablePlan:
         ref = f"{alias}.{quote_ident(column)}"
         return f"{ref}::{pg}" if pg in ("json", "jsonb") else ref
 
-    def move_sql(self, source: str, order: str) -> list[str]:
-        """Statements that apply the rows of `source` (a relation, aliased s) to the target, in `order`."""
+    def move_sql(self, source: str, order: str, truncates: bool = False) -> list[str]:
+        """Statements that apply the rows of `source` (a relation, aliased s) to the target, in `order` (columns of
+        s). `truncates`: `source` may hold a truncate (upsert.op-column): the target is emptied, and only the rows
+        after the last one are applied."""
+        statements = []
+        if self.op_column and truncates:
+            op, t_order = quote_ident(self.op_column), order.replace("s.", "t.")
+            statements.append(f"DELETE FROM {self.target} WHERE EXISTS (SELECT FROM {source} s WHERE s.{op} = "
+                              f"'{TRUNCATE_OP}')")
+            # Uncorrelated, so PostgreSQL reads the truncates once (a materialized subplan), not per row.
+            source = (f"(SELECT * FROM {source} s WHERE ROW({order}) > ALL (SELECT {t_order} FROM {source} t "
+                      f"WHERE t.{op} = '{TRUNCATE_OP}'))")
         cols = ", ".join(quote_ident(c) for c in self.columns)
         values = ", ".join(self._value(c, t, "s") for c, t in zip(self.columns, self.target_types, strict=True))
         if not self.upsert:
@@ -236,8 +259,8 @@ class TablePlan:
         conflict = ", ".join(quote_ident(c) for c in self.primary_key)
         action = ("DO UPDATE SET " + ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in rest)
                   if rest else "DO NOTHING")
-        statements = [f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {last} s WHERE {keep} "
-                      f"ON CONFLICT ({conflict}) {action}"]
+        statements.append(f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {last} s WHERE {keep} "
+                          f"ON CONFLICT ({conflict}) {action}")
         if self.op_column:
             types = dict(zip(self.columns, self.target_types, strict=True))
             match = " AND ".join(f"t.{quote_ident(c)} = s.{quote_ident(c)}::{types[c]}" for c in self.primary_key)

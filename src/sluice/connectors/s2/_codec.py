@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.connector import Encoded, OptionError, RecordError, WriteContext, delete_mask
+from sluice.connector import Encoded, OptionError, RecordError, WriteContext, delete_mask, refuse_truncate
 from sluice.connectors.s2._kinds import RecordKind
 from sluice.connectors.s2._options import AppendWriteOptions, FormatWriteOptions, template_columns
 
@@ -230,6 +230,8 @@ class S2Encoder:
 
     # ------------------------------------------------------------------ upsert
     def _upsert(self, batch: pa.RecordBatch) -> Encoded:
+        if self.op_column:
+            refuse_truncate(batch.column(self.op_column), self.op_column, "s2")
         for column in self.key_columns:
             nulls = batch.column(column).null_count
             if nulls:

@@ -25,7 +25,8 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
   whole splits each; the splits are planned once and carried in the offsets, so a replayed batch reads the same
   ones (typed in _offset.py, with their serialized form).
 - **Rows**: the tables' columns typed as `format("postgres")` types them, then `_op` (insert, update, delete:
-  values `upsert.op-column` takes; snapshot rows are inserts), `_lsn` (the commit LSN as a number),
+  values `upsert.op-column` takes; snapshot rows are inserts; truncate, one row per emptied table with the
+  columns null, unless option truncate=fail), `_lsn` (the commit LSN as a number),
   `_commit_time`, `_xid` (null for snapshot rows) and `_table` (schema.name).
 - **Logical decoding messages** (option 'messages.prefix', PostgreSQL 14+): instead of table changes, the
   messages of the listed prefixes (pg_logical_emit_message), transactional ones with their transaction in commit

@@ -39,6 +39,12 @@ CHANGES_OPTIONS = (
     Option("snapshot", "bool", True,
            "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
            "(every row as an insert), then stream changes from exactly there. false: changes only."),
+    Option("truncate", "choice", "emit",
+           "A TRUNCATE of a streamed table: emit = one row per table it emptied (those a CASCADE reached included), "
+           "in commit order among the changes: _op = 'truncate', _table, _lsn, _commit_time and _xid set, the "
+           "table's columns null; the postgres and tablestore sinks empty their target there, other upserting sinks "
+           "refuse it by name. fail = the query fails at it (reload the table to go on).",
+           choices=("emit", "fail")),
     Option("max-changes-per-trigger", "int", 0,
            "Most changes (with messages.prefix: messages) per micro-batch (whole transactions; at least one); 0 = "
            "all available. The initial "
@@ -111,6 +117,7 @@ class ChangeOptions(TypedOptions):
     slot_log_restart_point: bool
     messages_prefix: tuple[str, ...]
     snapshot: bool
+    truncate: str
     max_changes_per_trigger: int
     fail_on_data_loss: bool
     quiet_advance_wal_bytes: int

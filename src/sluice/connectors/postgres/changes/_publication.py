@@ -199,9 +199,10 @@ def _published_tables(pg: Any, publication: str) -> list[str] | None:
 
 def _warn_unpublished_operations(pg: Any, publication: str) -> None:
     """A publication may leave operations out (publish = 'insert', ...): the stream then never carries them."""
-    flags = pg.execute("SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = %s",
+    flags = pg.execute("SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = %s",
                        (publication,)).fetchone()
-    left_out = [op for op, published in zip(("insert", "update", "delete"), flags, strict=True) if not published]
+    left_out = [op for op, published in zip(("insert", "update", "delete", "truncate"), flags, strict=True)
+                if not published]
     if left_out:
         log.warning("publication %s does not publish %s: the stream carries no such changes, and what it feeds "
                     "will not see them (ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate') "

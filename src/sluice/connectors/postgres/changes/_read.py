@@ -168,7 +168,8 @@ class ChangeReader:
                 fetch = ahead.result() if ahead is not None else self._fetch(low, high, copy=False)
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
                 decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, table_columns, self._gone_columns,
-                                        whole_publication, s.primary_keys, letters)
+                                        whole_publication, s.primary_keys, letters,
+                                        emit_truncates=self.options.truncate == "emit")
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.
