@@ -163,6 +163,7 @@ ALLOWED_ANY = {
     "TrackingStreamReader.read_partition.return": SPARK_ROWS,
     "last_write_summary.return": JSON,
     "SplitReader.read.return": SPARK_ROWS,
+    "SplitReader.read_many.return": SPARK_ROWS,
     "SplitBatchReader.read.return": SPARK_ROWS,
     "SplitStreamReader.read.return": SPARK_ROWS,
     "TrackingReader.read.return": SPARK_ROWS,
