@@ -1,9 +1,11 @@
 """A lookup join's work on the Python workers: per Arrow batch of the DataFrame, its distinct keys looked up in bulk
 (through the cache when there is one) and the rows joined back in Arrow, for every store alike.
 
-The join runs on row positions only (Acero's hash join of the key columns plus a position column on each side), and
-the output columns are taken by position: any column type passes through, the input's order is kept, a key with
-several rows gives several rows, a missing key nulls (left) or no row (inner). Rows never become Python objects; the
+The join runs on row positions only, and the output columns are taken by position: with one key column and one row
+per key (a primary key), each row's key is found among the rows' keys by a hash lookup (`index_in`); otherwise by
+Acero's hash join of the key columns plus a position column on each side. Either way any column type passes
+through, the input's order is kept, a key with several rows gives several rows, a missing key nulls (left) or no
+row (inner). Rows never become Python objects; the
 cache alone handles keys as Python values, one per distinct key.
 """
 
@@ -70,15 +72,29 @@ def enrich(plan: LookupPlan, batch: pa.RecordBatch, cache: LookupCache | None) -
     distinct = keys.filter(valid).group_by(list(plan.on), use_threads=False).aggregate([])
     rows = rows_for(plan, distinct, cache)
 
+    at_left, at_right = positions(plan, keys, rows)
+    columns = [batch.column(i) if at_left is None else batch.column(i).take(at_left) for i in range(batch.num_columns)]
+    columns += [rows.column(f.name).take(at_right) for f in plan.looked_up]
+    schema = pa.schema([*batch.schema, *plan.looked_up])
+    return pa.Table.from_arrays(columns, schema=schema).combine_chunks()
+
+
+def positions(plan: LookupPlan, keys: pa.Table, rows: pa.Table) -> tuple[pa.Array | pa.ChunkedArray | None,
+                                                                         pa.Array | pa.ChunkedArray]:
+    """(the batch's row of each output row, None: each row once, in order; the store row of each, null: none)."""
+    key = rows.column(plan.on[0])
+    if len(plan.on) == 1 and pc.count_distinct(key).as_py() == rows.num_rows:
+        # One key column, one row per key (a primary key): a hash lookup of each row's key, no join to plan.
+        at_right = pc.index_in(keys.column(0), value_set=key.combine_chunks())
+        if plan.how == "left":
+            return None, at_right
+        matched = pc.is_valid(at_right)
+        return pc.indices_nonzero(matched), at_right.filter(matched)
     left = keys.append_column(_LEFT, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
     right = rows.select(list(plan.on)).append_column(_RIGHT, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     joined = left.join(right, keys=list(plan.on), join_type="left outer" if plan.how == "left" else "inner",
                        use_threads=False).sort_by([(_LEFT, "ascending"), (_RIGHT, "ascending")])
-    at_left, at_right = joined.column(_LEFT), joined.column(_RIGHT)
-    columns = [batch.column(i).take(at_left) for i in range(batch.num_columns)]
-    columns += [rows.column(f.name).take(at_right) for f in plan.looked_up]
-    schema = pa.schema([*batch.schema, *plan.looked_up])
-    return pa.Table.from_arrays(columns, schema=schema).combine_chunks()
+    return joined.column(_LEFT), joined.column(_RIGHT)
 
 
 def read(plan: LookupPlan, keys: pa.Table) -> pa.Table:
@@ -97,7 +113,8 @@ def rows_for(plan: LookupPlan, distinct: pa.Table, cache: LookupCache | None) ->
     found, missing = cache.get_many(asked)
     fetched = read(plan, distinct.take(pa.array(missing, pa.int64()))) if missing else plan.rows.empty_table()
     cache.put_many(by_key(plan, fetched, [asked[i] for i in missing]))
-    return pa.concat_tables([fetched, *found]) if found else fetched
+    # One chunk: the join and the takes then index one array, not a chunk per cached key.
+    return pa.concat_tables([fetched, *found]).combine_chunks() if found else fetched
 
 
 def by_key(plan: LookupPlan, rows: pa.Table, asked: list[tuple[Hashable, ...]]) -> list[tuple[Hashable, pa.Table]]:
