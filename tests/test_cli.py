@@ -15,6 +15,9 @@ def test_formats_and_options_commands():
     assert "| `sink.batch.max-size` | int | 1000 |" in out
     read_only = run("options", "postgres_changes").stdout
     assert read_only.startswith("Read only.") and "Writing:" not in read_only and "| `slot` |" in read_only
+    assert "Lookup joins" not in read_only
+    lookups = run("options", "postgres").stdout.split("Lookup joins (sluice.lookup):")[1]
+    assert "| `lookup.partial-cache.max-rows` | int | 10000 |" in lookups and "| `table` |" in lookups
 
 
 def test_unknown_format_is_a_clear_error():

@@ -10,7 +10,7 @@ Importing `sluice` (or `sluice.engine`) does not import pyspark; the Spark helpe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sluice._errors import (
@@ -67,6 +67,17 @@ def partitioned(df: DataFrame, format: str, options: Mapping[str, object] | None
     return _partitioned(df, format, options or {}, num_partitions)
 
 
+def lookup(df: DataFrame, format: str, options: Mapping[str, object] | None = None, *, on: str | Sequence[str],
+           how: str = "left", columns: Sequence[str] | None = None) -> DataFrame:
+    """`df` (batch or streaming) with the columns of the rows a store holds for each row's key `on` (Flink's lookup
+    join): per Arrow batch, distinct keys read in bulk, optionally cached (lookup.cache), joined back in Arrow. `how`:
+    "left" (no match: nulls) or "inner" (no match: no row); `columns`: the store's columns to add (default: all but
+    the keys). Options are the format's lookup options (docs/lookup.md), all checked before any work."""
+    from sluice.source._lookup_dataframe import lookup as _lookup
+
+    return _lookup(df, format, options or {}, on, how, columns)
+
+
 def last_write_summary(format: str | None = None, spark: SparkSession | None = None) -> dict[str, Any] | None:
     """The statistics summary of the last write (or micro-batch), committed or failed (`status`).
 
@@ -91,6 +102,7 @@ __all__ = [
     "ThrottledError",
     "__version__",
     "last_write_summary",
+    "lookup",
     "partitioned",
     "register",
     "session",

@@ -29,6 +29,9 @@ def _options(args: argparse.Namespace) -> int:
     read_spec = source.read_spec
     if read_spec is not None:
         print("\nReading:\n\n" + option_table(read_spec.options))
+    lookup_spec = getattr(source, "lookup_spec", None)  # a source's (sluice.lookup); sinks have none
+    if lookup_spec is not None:
+        print("\nLookup joins (sluice.lookup):\n\n" + option_table(lookup_spec.options))
     return 0
 
 

@@ -15,7 +15,10 @@ reader with per-trigger caps is an `AdmissionControlledReader`; reads report liv
 source's `read_observer()` (`observed`), a stream's lag through `SourceReporter`; a read that cannot decode or type a
 record sends it to the route `SourceDataSource.dead_letters()` planned, its task run by `read_with_letters`
 (`conform_or_aside`: rows with a value that does not convert to the schema go aside; `build_or_aside`: records a
-reader builds its batch from, one holding a value it cannot type going aside as it came).
+reader builds its batch from, one holding a value it cannot type going aside as it came). A store that serves
+lookup joins (`sluice.lookup`, docs/lookup.md) declares `SourceDataSource.lookup_spec` (with `LOOKUP_OPTIONS`, the
+cache's, typed by `LookupCacheSettings`) and returns a `LookupReader` from `lookup_reader()`: rows by distinct keys,
+in bulk, in Arrow.
 `to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
 option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
 `sluice.register()`. Payload formats through a schema registry (sluice/formats): a `PayloadFormat` decodes and
@@ -121,6 +124,7 @@ from sluice.source._deadletters import (
     conform_or_aside,
     read_with_letters,
 )
+from sluice.source._lookup import LOOKUP_OPTIONS, LookupCacheSettings, LookupReader
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
 from sluice.source._stream import OpenStreamReaderCore, StreamReaderCore
@@ -161,6 +165,7 @@ __all__ = [
     "ERROR_OPTIONS",
     "GLOBAL_ORDERED",
     "HAS_FILTER_PUSHDOWN",
+    "LOOKUP_OPTIONS",
     "PARTITION_ORDERED",
     "SEND_ASIDE",
     "SINK_SPEC",
@@ -192,6 +197,8 @@ __all__ = [
     "HoldingHeartbeat",
     "JsonSchemaFormat",
     "KeyedRequestBuffer",
+    "LookupCacheSettings",
+    "LookupReader",
     "OpenStreamReaderCore",
     "Option",
     "OptionError",

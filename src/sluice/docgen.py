@@ -69,6 +69,10 @@ def render_options_doc() -> str:
         read_spec = source.read_spec
         if read_spec is not None:
             parts += ["Reading (`spark.read` / `spark.readStream`):", "", option_table(read_spec.options), ""]
+        lookup_spec = getattr(source, "lookup_spec", None)  # a source's (SourceDataSource); sinks have none
+        if lookup_spec is not None:
+            parts += ["Lookup joins (`sluice.lookup`, [docs/lookup.md](lookup.md)):", "",
+                      option_table(lookup_spec.options), ""]
     return "\n".join(parts)
 
 

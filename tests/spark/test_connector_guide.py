@@ -159,3 +159,18 @@ def test_the_guide_connectors_stream_reader_caps_micro_batches_and_finds_new_fil
     # Negative control: without the cap, one micro-batch reads everything there is.
     whole = guide.DirLogDataSource(options={"folder": str(folder)}).streamReader(schema)
     assert drain(whole, whole.initialOffset())[1] == [1500]
+
+
+def test_the_guide_connectors_lookup_joins_rows_by_key_and_refuses_what_it_cannot(spark, guide, tmp_path):
+    sluice.write(spark.range(40).selectExpr("id", "id % 7 AS k", "concat('row ', id) AS note"), "dirlog",
+                 {"folder": str(tmp_path)})
+    events = spark.createDataFrame([(3, "a"), (3, "b"), (99, "c")], "id long, event string")
+    options = {"folder": str(tmp_path), "schema": "id long, k long, note string"}
+    rows = sluice.lookup(events, "dirlog", options, on="id", columns=["note"]).collect()
+    assert sorted((r.event, r.note) for r in rows) == [("a", "row 3"), ("b", "row 3"), ("c", None)]
+    inner = sluice.lookup(events, "dirlog", options, on="id", how="inner", columns=["note"])
+    assert sorted(r.event for r in inner.collect()) == ["a", "b"]
+    with pytest.raises(sluice.OptionError, match=r"dirlog looks rows up by one key column; on= names 2"):
+        sluice.lookup(events, "dirlog", options, on=["id", "event"])
+    with pytest.raises(sluice.OptionError, match=r"unknown option 'shema'.*Did you mean 'schema'"):
+        sluice.lookup(events, "dirlog", {"folder": str(tmp_path), "shema": "id long"}, on="id")

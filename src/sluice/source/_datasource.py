@@ -9,18 +9,23 @@ enumerator and reader carry what executors need.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sluice._options import Options
+from sluice._options import Options, OptionSpec
 from sluice.metrics._reads import ReadObserver
 from sluice.source._stream_start import reported_whole
 from sluice.spark._datasource import SluiceDataSource
 
 if TYPE_CHECKING:
     from sluice.sink._deadletters import DeadLetterRoute
+    from sluice.source._lookup import LookupReader
 
 
 class SourceDataSource(SluiceDataSource):
+    # The options of a lookup join on this store (sluice.lookup, docs/lookup.md): its connection, what names the
+    # table, and sluice.connector.LOOKUP_OPTIONS; None: the store has no lookups.
+    lookup_spec: ClassVar[OptionSpec | None] = None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A source's own `streamReader()` is wrapped so that an error raised when the stream starts reaches the
         user whole, not masked by Spark's streaming runner (sluice/source/_stream_start.py says how)."""
@@ -33,6 +38,18 @@ class SourceDataSource(SluiceDataSource):
         if self.read_spec is None:
             raise NotImplementedError(f"{type(self).__name__} declares no read_spec")
         return self.read_spec.parse(self.options)
+
+    def lookup_options(self) -> Options:
+        """The options of a lookup join on this store, parsed and checked once on the driver."""
+        if self.lookup_spec is None:
+            raise NotImplementedError(f"{type(self).__name__} declares no lookup_spec")
+        return self.lookup_spec.parse(self.options)
+
+    def lookup_reader(self, opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | None) -> LookupReader:
+        """The driver's plan of a lookup join (a store with `lookup_spec` implements it): the table checked to have
+        the key columns `on` and the looked-up `columns` (None: all its others), refusing either by name, and the
+        `LookupReader` the workers call, its schema typed as this store's batch read types those columns."""
+        raise NotImplementedError(f"{type(self).__name__} declares lookup_spec without lookup_reader()")
 
     def read_observer(self, event_time: str | None = None) -> ReadObserver | None:
         """The driver's observer of this read (live metrics; None when no collector runs; `event_time`: the

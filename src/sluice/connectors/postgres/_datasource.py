@@ -20,7 +20,8 @@ from sluice.connector import (
     to_arrow_schema,
 )
 from sluice.connectors.postgres._client import Connection
-from sluice.connectors.postgres._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.postgres._lookup import PostgresLookupReader, plan_lookup
+from sluice.connectors.postgres._options import LOOKUP_SPEC, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.postgres._sink import PostgresWritePlan
 from sluice.connectors.postgres._source import (
     PostgresBatchReader,
@@ -51,6 +52,7 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    lookup_spec = LOOKUP_SPEC
     refused_reads = ("a row with a value that does not convert to its column's Spark type (a numeric NaN or Infinity "
                      "in a decimal column, a value out of a narrower type the read's schema gives), sent aside as "
                      "the row the server sent")
@@ -115,6 +117,13 @@ class PostgresDataSource(SinkDataSource, SourceDataSource):
         return TrackingStreamReader(PostgresTrackingEnumerator(options.conn, sql, settings.column),
                                     PostgresTrackingReader(rows, sql), settings,
                                     source=(self.format_name, _described(options)), reads=reads)
+
+
+    # ------------------------------------------------------------------ lookup joins
+    def lookup_reader(self, opts: Options, on: tuple[str, ...],
+                      columns: tuple[str, ...] | None) -> PostgresLookupReader:
+        """sluice.lookup(df, "postgres", ...): rows by key, `= ANY` in one prepared statement (_lookup.py)."""
+        return plan_lookup(opts, on, columns)
 
 
 def _described(options: ReadOptions) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sluice.connector import (
     ERROR_OPTIONS,
+    LOOKUP_OPTIONS,
     SINK_SPEC,
     UNORDERED,
     Option,
@@ -110,4 +111,24 @@ class ReadOptions(TypedOptions):
     consistent_snapshot: bool
     pushdown: bool
     snapshot_timeout_s: int
+    conn: Connection
+
+
+# sluice.lookup(df, "postgres", ...): the table looked up by key (docs/lookup.md), and the cache's options.
+LOOKUP_SPEC = OptionSpec("postgres", (
+    *CONNECTION_OPTIONS,
+    Option("table", "str", None, "Table (or view) to look rows up in, [schema.]name.", required=True),
+    *LOOKUP_OPTIONS,
+))
+
+
+@dataclass(frozen=True)
+class LookupOptions(TypedOptions):
+    """The lookup options of format("postgres") besides the cache's; `conn`: the server (its repr hides the
+    password)."""
+
+    declared = (LOOKUP_SPEC.get("table"),)
+    conn_from = Connection.from_options
+
+    table: str
     conn: Connection

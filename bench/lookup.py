@@ -1,0 +1,167 @@
+"""Lookup joins against PostgreSQL: rows read from the store per micro-batch, lookups/s, and the cache on Zipf keys.
+
+Run: `.venv/bin/python -m bench.lookup [--rows 200000] [--keys 1000] [--batches 10]` (starts a throwaway PostgreSQL).
+Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows rows; --batches micro-batches of
+--keys keys each, drawn uniformly from 1 .. 1.1 x rows (about one key in eleven missing).
+- streaming, Spark local[2]: a file stream of the key batches (one file per micro-batch, Trigger.AvailableNow, Spark's
+  noop sink) enriched by `sluice.lookup` against the same stream joined to `spark.read.format("postgres")` of the
+  table (Spark's stream-static join). Rows read from the store are counted by the server: the table's
+  `seq_tup_read + idx_tup_fetch` (pg_stat_user_tables) over the query, read once every connection of the run has
+  ended (a backend reports its counts when it exits; the lookup's pooled connections end 10 s after their last use).
+- one process, no Spark, the same Arrow batches: sluice's worker path (`enrich`: dedupe, one prepared `= ANY`, rows to
+  Arrow, the join back) against a bare psycopg loop (the distinct keys, the same prepared `= ANY`, rows to Arrow
+  columns, no join): keys looked up per second.
+- the cache: --batches batches of keys drawn from a Zipf distribution (a = 1.2) over the table, sluice's worker path
+  with lookup.cache=partial (max-rows 10000) against lookup.cache=none: hit rate and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+
+SETTLE_TIMEOUT_S = 60.0
+
+
+def keys_of(rng: np.random.Generator, rows: int, keys: int, batches: int, zipf: bool = False) -> list[np.ndarray]:
+    if zipf:
+        return [np.minimum(rng.zipf(1.2, keys), rows).astype(np.int64) for _ in range(batches)]
+    return [rng.integers(1, int(rows * 1.1) + 1, keys, dtype=np.int64) for _ in range(batches)]
+
+
+def rows_read(url: str, table: str) -> int:
+    """The table's rows read by scans and index fetches since the last reset, once no sluice connection is left."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    with psycopg.connect(url, autocommit=True) as conn:
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sluice'").fetchone()[0]:
+            if time.monotonic() > deadline:
+                left = conn.execute("SELECT state, backend_start, left(query, 80) FROM pg_stat_activity "
+                                    "WHERE application_name = 'sluice'").fetchall()
+                raise RuntimeError(f"sluice connections left after 60 s (counts would be partial): {left}")
+            time.sleep(0.5)
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        count = conn.execute("SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables "
+                             "WHERE relname = %s", (table,)).fetchone()[0]
+    return int(count)
+
+
+def streaming(spark, url: str, batches: list[np.ndarray], folder: Path) -> dict[str, dict[str, float]]:
+    import sluice
+
+    files = folder / "keys"
+    files.mkdir()
+    for i, keys in enumerate(batches):
+        (files / f"{i:05d}.json").write_text("\n".join(json.dumps({"id": int(k)}) for k in keys))
+    options = {"url": url, "table": "dim"}
+    out = {}
+    for name in ("sluice.lookup", "stream-static join"):
+        stream = spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(str(files))
+        if name == "sluice.lookup":
+            enriched = sluice.lookup(stream, "postgres", options, on="id")
+        else:
+            # consistent-snapshot=false: a snapshot is no use to a static side, and the held ones would keep
+            # connections open past the query (the counts are read once every connection has ended).
+            static = spark.read.format("postgres").options(**options).option("consistent-snapshot", "false").load()
+            enriched = stream.join(static, "id", "left")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_reset()")
+        started = time.perf_counter()
+        query = enriched.writeStream.format("noop").trigger(availableNow=True) \
+            .option("checkpointLocation", str(folder / name.replace(" ", "_"))).start()
+        query.awaitTermination()
+        seconds = time.perf_counter() - started
+        micro_batches = len([p for p in query.recentProgress if p["numInputRows"]])
+        read = rows_read(url, "dim")
+        out[name] = {"micro_batches": micro_batches, "rows_read_per_micro_batch": read / max(1, micro_batches),
+                     "seconds_per_micro_batch": seconds / max(1, micro_batches)}
+    return out
+
+
+def bare_loop(url: str, batches: list[pa.RecordBatch]) -> float:
+    """Seconds for a bare psycopg loop over the batches: distinct keys, prepared = ANY, rows to Arrow columns."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        for batch in batches:
+            keys = list(set(batch.column(0).to_pylist()))
+            rows = conn.execute("SELECT id, name, value FROM dim WHERE id = ANY(%s::int8[])", [keys],
+                                prepare=True).fetchall()
+            columns = list(zip(*rows, strict=True))
+            pa.table({"id": pa.array(columns[0], pa.int64()), "name": pa.array(columns[1], pa.string()),
+                      "value": pa.array(columns[2], pa.int64())})
+        return time.perf_counter() - started
+
+
+def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str) -> tuple[float, object]:
+    """Seconds for sluice's worker path over the batches, and its cache's counts."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sluice.source._lookup_cache import cache_for
+    from sluice.source._lookup_dataframe import plan_lookup
+    from sluice.source._lookup_join import enrich
+
+    schema = StructType([StructField("id", LongType())])
+    plan, _ = plan_lookup(schema, "postgres", {"url": url, "table": "dim", "lookup.cache": cache,
+                                               "lookup.partial-cache.max-rows": "10000"}, "id", "left", None)
+    store = cache_for(plan.lookup_id, plan.cache)
+    try:
+        started = time.perf_counter()
+        for batch in batches:
+            enrich(plan, batch, store)
+        seconds = time.perf_counter() - started
+    finally:
+        plan.reader.close(clean=True)
+    return seconds, store.stats() if store is not None else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--keys", type=int, default=1000, help="keys per micro-batch")
+    parser.add_argument("--batches", type=int, default=10)
+    args = parser.parse_args(argv)
+
+    import sluice
+    from sluice.testing import LocalPostgres
+
+    rng = np.random.default_rng(7)
+    with LocalPostgres() as server, tempfile.TemporaryDirectory() as tmp:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE dim (id bigint PRIMARY KEY, name text, value bigint)")
+            conn.execute("INSERT INTO dim SELECT g, 'name-' || g, g * 7 FROM generate_series(1, %s) g", (args.rows,))
+            conn.execute("VACUUM ANALYZE dim")
+        uniform = keys_of(rng, args.rows, args.keys, args.batches)
+        report: dict[str, object] = {"rows": args.rows, "keys_per_batch": args.keys, "batches": args.batches}
+
+        spark = sluice.session("bench-lookup", master="local[2]", **{"spark.sql.shuffle.partitions": "2"})
+        try:
+            report["streaming"] = streaming(spark, server.url, uniform, Path(tmp))
+        finally:
+            spark.stop()
+
+        arrow = [pa.record_batch({"id": pa.array(k)}) for k in uniform]
+        sluice_loop(server.url, arrow[:1], "none")  # warm: the server's cache of the table and the index
+        bare_s = bare_loop(server.url, arrow)
+        sluice_s, _ = sluice_loop(server.url, arrow, "none")
+        looked_up = sum(len(set(k.tolist())) for k in uniform)
+        report["one_process"] = {"bare_psycopg_keys_per_s": looked_up / bare_s,
+                                 "sluice_keys_per_s": looked_up / sluice_s, "ratio": bare_s / sluice_s}
+
+        zipf = [pa.record_batch({"id": pa.array(k)}) for k in keys_of(rng, args.rows, args.keys, args.batches, True)]
+        off_s, _ = sluice_loop(server.url, zipf, "none")
+        on_s, stats = sluice_loop(server.url, zipf, "partial")
+        report["cache_zipf"] = {"seconds_off": off_s, "seconds_on": on_s, "speed_up": off_s / on_s,
+                                "hit_rate": stats.hits / max(1, stats.hits + stats.misses),  # type: ignore[attr-defined]
+                                "evictions": stats.evictions}  # type: ignore[attr-defined]
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

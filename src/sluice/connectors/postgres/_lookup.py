@@ -1,0 +1,157 @@
+"""Lookup joins on PostgreSQL (`sluice.lookup(df, "postgres", ...)`, docs/lookup.md): a `LookupReader` whose one
+statement finds every key of an Arrow batch at once.
+
+One key column: `SELECT ... FROM t q WHERE q.k = ANY($1::type[])`; several: `WHERE (q.a, q.b) IN (SELECT * FROM
+unnest($1::ta[], $2::tb[]))`. Either is prepared once per connection (psycopg's `prepare=True`), so the server
+plans it once, and an index on the key serves it. Columns are selected as the batch read selects them (text forms,
+numeric(p,s)), so a looked-up row is typed as `spark.read.format("postgres")` types it.
+
+What a lookup reads: committed rows only. Each Arrow batch's keys are one statement in autocommit (READ COMMITTED),
+which reads one snapshot: the rows of one batch are one picture of the table; two batches may see two. The
+connection comes from the process's pool (_pool.py) and serves the task's batches one after the other; it goes back
+to the pool when the task ends cleanly, so the worker's next task, of this micro-batch or the next, reuses it with
+its prepared statement.
+
+A server that cannot be reached is retried as connecting is (connect.retries, backoff from 0.5 s), then fails the
+task naming the table and the server; a lookup never returns no rows for a key it could not ask about.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.types import ArrayType, StructField, StructType
+
+from sluice.connector import LookupReader, OptionError, Options, require_name, to_arrow_schema
+from sluice.connectors.postgres._client import (
+    Connection,
+    PostgresError,
+    is_connection_error,
+    qualified,
+    quote_ident,
+    split_qualified,
+)
+from sluice.connectors.postgres._options import LookupOptions
+from sluice.connectors.postgres._pool import Lease
+from sluice.connectors.postgres._source import spark_type
+
+
+class PostgresLookupReader(LookupReader):
+    """Rows of one table by key: see the module's docstring. Made by `plan_lookup` on the driver."""
+
+    def __init__(self, conn_info: Connection, described: str, sql: str, on: tuple[str, ...],
+                 schema: StructType) -> None:
+        self.conn_info = conn_info
+        self._described = described
+        self.sql = sql
+        self.on = on
+        self._schema = schema
+        self.arrow = to_arrow_schema(schema)
+        self._lease: Lease | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_lease": None}  # a connection never travels
+
+    @property
+    def schema(self) -> StructType:
+        return self._schema
+
+    @property
+    def described(self) -> str:
+        return self._described
+
+    def lookup(self, keys: pa.Table) -> pa.Table:
+        params = [keys.column(name).to_pylist() for name in self.on]
+        rows = self._execute(params, keys.num_rows)
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in self.arrow]
+        arrays = [pa.array(values, type=field.type) for values, field in zip(columns, self.arrow, strict=True)]
+        return pa.Table.from_arrays(arrays, schema=self.arrow)
+
+    def _execute(self, params: list[list[Any]], count: int) -> list[tuple[Any, ...]]:
+        """The statement's rows, on the task's connection; a lost connection is replaced, connect.retries times."""
+        delay = 0.5
+        for attempt in range(self.conn_info.connect_retries + 1):
+            conn = self._connection()
+            try:
+                rows: list[tuple[Any, ...]] = conn.execute(self.sql, params, prepare=True).fetchall()
+                return rows
+            except Exception as e:
+                self.close(clean=False)
+                if attempt == self.conn_info.connect_retries or not is_connection_error(e):
+                    raise PostgresError(f"looking up {count} key(s) in {self.described} failed: "
+                                        f"{self.conn_info.scrub(e)}", getattr(e, "sqlstate", None)) from None
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _connection(self) -> Any:
+        if self._lease is None:
+            try:
+                self._lease = self.conn_info.lease(self.conn_info.pool_key("psycopg", autocommit=True))
+            except PostgresError as e:
+                raise PostgresError(f"looking up keys in {self.described}: {e}", e.sqlstate) from None
+        return self._lease.conn
+
+    def close(self, clean: bool) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release(clean)
+
+
+def _select(name: str, pg_type: str) -> str:
+    """How the batch read selects a column (source/_source.py's select_list): its text form, or numeric(p,s)."""
+    col = f"q.{quote_ident(name)}"
+    _, how = spark_type(pg_type)
+    if how == "text":
+        col = f"{col}::text"
+    elif how.startswith("numeric("):
+        col = f"{col}::{how}"
+    return f"{col} AS {quote_ident(name)}"
+
+
+def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | None) -> PostgresLookupReader:
+    """The reader of a lookup in the table the options name, its key and looked-up columns checked on the driver,
+    and its statement run once on no keys, so that a key the server cannot compare fails here, named."""
+    options = LookupOptions.of(opts)
+    conn_info = options.conn
+    schema_name, table = split_qualified(options.table)
+    relation = qualified(schema_name, table)
+    described = f"table {schema_name}.{table} on {conn_info.describe()}"
+    conn = conn_info.connect_psycopg(autocommit=True)
+    try:
+        if conn.execute("SELECT to_regclass(%s)", (relation,)).fetchone()[0] is None:
+            raise OptionError(f"table {schema_name}.{table} does not exist on {conn_info.describe()} (option 'table')")
+        catalog = conn.execute(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), format('%%I.%%I', n.nspname, t.typname) "
+            "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace n ON n.oid = t.typnamespace "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (relation,)).fetchall()
+        types = {name: (pg_type, base) for name, pg_type, base in catalog}
+        of = f"table {schema_name}.{table}"
+        for key in on:
+            require_name(key, types, "key column", of, advice="Name the table's key column in on=, as the "
+                         "DataFrame names it (rename the DataFrame's column to match).")
+            if isinstance(spark_type(types[key][0])[0], ArrayType):
+                raise OptionError(f"key column '{key}' of {of} is an array ({types[key][0]}): look up by a "
+                                  "scalar column")
+        for name in columns or ():
+            require_name(name, types, "looked-up column", of, advice="Leave it out of columns=[...].")
+        wanted = [*on, *(columns if columns is not None else [n for n in types if n not in on])]
+        selected = ", ".join(_select(name, types[name][0]) for name in dict.fromkeys(wanted))
+        if len(on) == 1:
+            where = f"q.{quote_ident(on[0])} = ANY(%s::{types[on[0]][1]}[])"
+        else:
+            unnest = ", ".join(f"%s::{types[key][1]}[]" for key in on)
+            where = f"({', '.join(f'q.{quote_ident(key)}' for key in on)}) IN (SELECT * FROM unnest({unnest}))"
+        sql = f"SELECT {selected} FROM {relation} q WHERE {where}"
+        try:
+            conn.execute(sql, [[] for _ in on]).fetchall()
+        except Exception as e:
+            raise PostgresError(f"the lookup of keys {list(on)} in {described} cannot run: "
+                                f"{conn_info.scrub(e)}", getattr(e, "sqlstate", None)) from None
+    finally:
+        conn.close()
+    schema = StructType([StructField(name, spark_type(types[name][0])[0], True) for name in dict.fromkeys(wanted)])
+    return PostgresLookupReader(conn_info, described, sql, on, schema)

@@ -1,0 +1,168 @@
+"""sluice.lookup(df, "postgres", ...) on a real server: left and inner joins, duplicate and non-unique keys, a
+streaming DataFrame, the partial cache and its negative control, a stopped server, and bad input named."""
+
+import json
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+import sluice
+from sluice.source._lookup_cache import cache_for
+from sluice.source._lookup_dataframe import plan_lookup
+from sluice.source._lookup_join import enrich
+from sluice.testing import LocalPostgres
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def users(pg):
+    """id 1: one row; id 2: two rows (a non-unique key); id 3: none."""
+    table = pg.table("users")
+    pg.sql(f'CREATE TABLE "{table}" (id integer, name text, score numeric(5,2), tags int[])')
+    pg.sql(f"CREATE INDEX ON \"{table}\" (id)")
+    pg.sql(f"INSERT INTO \"{table}\" VALUES (1, 'ann', 1.5, '{{1,2}}'), (2, 'bo', 2, NULL), (2, 'bea', 3, '{{}}')")
+    return table
+
+
+def test_left_and_inner_give_a_row_per_match_typed_as_the_batch_read_types_them(spark, pg, users):
+    df = spark.createDataFrame([(1, "a"), (1, "b"), (2, "c"), (3, "d"), (None, "e")], "id long, event string")
+    left = sluice.lookup(df, "postgres", pg.opts(users), on="id", columns=["name", "score", "tags"])
+    read = spark.read.format("postgres").options(**pg.opts(users)).load()
+    assert left.schema.fields[2:] == [f for f in read.schema.fields if f.name != "id"]
+    rows = sorted((r.event, r.name, r.tags) for r in left.collect())
+    assert rows == [("a", "ann", [1, 2]), ("b", "ann", [1, 2]), ("c", "bea", []), ("c", "bo", None),
+                    ("d", None, None), ("e", None, None)]
+    inner = sluice.lookup(df, "postgres", pg.opts(users), on="id", how="inner", columns=["name"])
+    assert sorted((r.event, r.name) for r in inner.collect()) == [("a", "ann"), ("b", "ann"), ("c", "bea"),
+                                                                   ("c", "bo")]
+
+
+def test_a_composite_key_is_looked_up_through_unnest(spark, pg):
+    table = pg.table("pairs")
+    pg.sql(f'CREATE TABLE "{table}" (tenant text, id bigint, v text, PRIMARY KEY (tenant, id))')
+    pg.sql(f"INSERT INTO \"{table}\" VALUES ('a', 1, 'a1'), ('b', 1, 'b1')")
+    df = spark.createDataFrame([("a", 1), ("b", 1), ("a", 2)], "tenant string, id int")
+    out = sluice.lookup(df, "postgres", pg.opts(table), on=["tenant", "id"])
+    assert sorted((r.tenant, r.id, r.v) for r in out.collect()) == [("a", 1, "a1"), ("a", 2, None), ("b", 1, "b1")]
+
+
+def test_a_streaming_dataframe_is_enriched_micro_batch_by_micro_batch(spark, pg, users, tmp_path):
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "0.json").write_text("\n".join(json.dumps({"id": i, "seq": n}) for n, i in enumerate([1, 2, 3])))
+    stream = spark.readStream.schema("id long, seq int").json(str(events))
+    query = (sluice.lookup(stream, "postgres", pg.opts(users, **{"lookup.cache": "partial"}), on="id",
+                           columns=["name"])
+             .writeStream.format("memory").queryName("lookup_stream").trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    query.awaitTermination()
+    assert query.exception() is None
+    rows = sorted((r.seq, r.name) for r in spark.table("lookup_stream").collect())
+    assert rows == [(0, "ann"), (1, "bea"), (1, "bo"), (2, None)]
+
+
+SCHEMA = StructType([StructField("id", LongType()), StructField("event", StringType())])
+
+
+def run(plan, ids):
+    """One Arrow batch through the workers' code, in this process (the cache is this process's)."""
+    batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "event": [str(i) for i in ids]})
+    return enrich(plan, batch, cache_for(plan.lookup_id, plan.cache)).to_pydict()
+
+
+@pytest.mark.parametrize("cache", ["partial", "none"])
+def test_the_partial_cache_answers_without_the_store_and_with_it_off_the_store_is_asked_again(pg, cache):
+    """A row changed in the store after it was looked up: the cache serves the value it read (hits counted); the
+    negative control, lookup.cache=none, reads the new value."""
+    table = pg.table("cached")
+    pg.sql(f'CREATE TABLE "{table}" (id bigint, name text)')
+    pg.sql(f"INSERT INTO \"{table}\" VALUES (1, 'old'), (2, 'two')")
+    plan, _ = plan_lookup(SCHEMA, "postgres", pg.opts(table, **{"lookup.cache": cache}), "id", "left", None)
+    try:
+        assert run(plan, [1, 2, 9])["name"] == ["old", "two", None]
+        pg.sql(f"UPDATE \"{table}\" SET name = 'new' WHERE id = 1")
+        pg.sql(f"INSERT INTO \"{table}\" VALUES (9, 'nine')")
+        again = run(plan, [1, 1, 9])["name"]
+    finally:
+        plan.reader.close(clean=True)
+    stats = cache_for(plan.lookup_id, plan.cache)
+    if cache == "partial":
+        assert again == ["old", "old", None]  # the missing key 9 was cached too (cache-missing-key's default)
+        assert (stats.hits, stats.misses, stats.evictions) == (2, 3, 0)
+    else:
+        assert again == ["new", "new", "nine"] and stats is None
+
+
+def test_eviction_and_expiry_send_a_key_back_to_the_store(pg):
+    """max-rows=1 keeps one key: the other is evicted and read again (its new value); cache-missing-key=false and
+    expire-after-write are the other ways back to the store."""
+    table = pg.table("evicted")
+    pg.sql(f'CREATE TABLE "{table}" (id bigint, name text)')
+    pg.sql(f"INSERT INTO \"{table}\" VALUES (1, 'one'), (2, 'two')")
+    options = pg.opts(table, **{"lookup.cache": "partial", "lookup.partial-cache.max-rows": "1",
+                                "lookup.partial-cache.cache-missing-key": "false"})
+    plan, _ = plan_lookup(SCHEMA, "postgres", options, "id", "left", None)
+    try:
+        assert run(plan, [1])["name"] == ["one"] and run(plan, [2, 3])["name"] == ["two", None]
+        pg.sql(f"UPDATE \"{table}\" SET name = name || '!'")
+        pg.sql(f"INSERT INTO \"{table}\" VALUES (3, 'three')")
+        assert run(plan, [1, 2, 3])["name"] == ["one!", "two", "three"]  # 1 evicted, 2 cached, 3 not cached
+    finally:
+        plan.reader.close(clean=True)
+    stats = cache_for(plan.lookup_id, plan.cache).stats()
+    assert stats.evictions >= 1 and stats.hits == 1 and stats.rows == 1
+    expiring = {**options, "lookup.partial-cache.max-rows": "10", "lookup.partial-cache.expire-after-write": "1e-6"}
+    plan, _ = plan_lookup(SCHEMA, "postgres", expiring, "id", "left", None)
+    try:
+        assert run(plan, [1])["name"] == ["one!"]
+        pg.sql(f"UPDATE \"{table}\" SET name = 'uno' WHERE id = 1")
+        assert run(plan, [1])["name"] == ["uno"]  # a microsecond later, the key read first has expired
+    finally:
+        plan.reader.close(clean=True)
+    assert cache_for(plan.lookup_id, plan.cache).stats().hits == 0
+
+
+def test_a_stopped_server_fails_the_query_naming_the_store(spark, tmp_path):
+    """Negative control: the same lookup answers while the server runs."""
+    with LocalPostgres() as server:
+        import psycopg
+
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE gone (id bigint, name text)")
+            conn.execute("INSERT INTO gone VALUES (1, 'one')")
+        df = spark.createDataFrame([(1, "a")], "id long, event string")
+        enriched = sluice.lookup(df, "postgres", {"url": server.url, "table": "gone", "connect.retries": "0"}, on="id")
+        assert [r.name for r in enriched.collect()] == ["one"]
+        server.stop()
+        with pytest.raises(Exception) as failed:
+            enriched.collect()
+    message = str(failed.value)
+    assert "looking up keys in table public.gone on postgresql://sluice@127.0.0.1" in message, message
+    assert "sluice-test-pw" not in message
+
+
+def test_bad_input_is_named_before_any_work(pg, users):
+    def refused(options=None, on="id", schema=SCHEMA, **kw):
+        with pytest.raises(sluice.OptionError) as failed:
+            plan_lookup(schema, "postgres", {**pg.opts(users), **(options or {})}, on, kw.get("how", "left"),
+                        kw.get("columns"))
+        return str(failed.value)
+
+    message = refused({"lookup.cach": "partial", "password": "hunter2"})
+    assert "unknown option 'lookup.cach'" in message and "Did you mean 'lookup.cache'?" in message
+    assert "hunter2" not in message
+    assert "key column 'user_id' (on=) is not a DataFrame column" in refused(on="user_id")
+    assert f"key column 'event' is not a column of table public.{users}" in refused(on="event")
+    assert f"looked-up column 'nope' is not a column of table public.{users}" in refused(columns=["nope"])
+    text_keys = StructType([StructField("id", StringType())])
+    assert "key column 'id' is string in the DataFrame, but the key id of table" in refused(schema=text_keys)
+    assert "is read as int" in refused(schema=text_keys)
+    assert "does not exist" in refused({"table": "no_such_table"})
+    assert "how='outer'" in refused(how="outer")
+    clash = StructType([*SCHEMA.fields, StructField("name", StringType())])
+    assert "looked-up column 'name'" in refused(schema=clash)
+    with pytest.raises(sluice.OptionError, match=r"format 'sluice_null' has no lookup joins; formats that have: .*"
+                                                 r"postgres"):
+        plan_lookup(SCHEMA, "sluice_null", {}, "id", "left", None)
