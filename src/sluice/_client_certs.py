@@ -84,3 +84,24 @@ def refused_certificate(text: str) -> tuple[str, str] | None:
     """(the alert, what it means) when `text` reports a TLS alert about the client's certificate, else None."""
     low = text.lower()
     return next(((alert, meaning) for alert, meaning in CLIENT_ALERTS if f"alert {alert}" in low), None)
+
+
+def server_alert(host: str, port: int, context: ssl.SSLContext, wait_s: float = 2.0) -> str | None:
+    """The TLS alert the server at `host`:`port` sends a connection of `context` that sends nothing after its
+    handshake, as "SSLError: ..." text; None when none comes within `wait_s` (it waits for a request: it accepted the
+    client) or the server cannot be reached. Over TLS 1.3 the client's handshake ends before the server has checked
+    the client's certificate: a client that sends its request at once makes a refusing server close a connection
+    holding unread data, and that close (a reset) can overtake the alert. On this connection the alert arrives
+    whole."""
+    import socket
+    import ssl
+
+    try:
+        with socket.create_connection((host, port), timeout=wait_s) as raw, \
+                context.wrap_socket(raw, server_hostname=host) as tls:
+            tls.recv(1)
+    except ssl.SSLError as e:
+        return f"{type(e).__name__}: {e}"
+    except OSError:  # no alert within the wait, or no server there
+        return None
+    return None
