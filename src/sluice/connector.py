@@ -29,7 +29,7 @@ encodes `RegisteredSchema`s' records in bulk on Arrow (`PayloadError` naming the
 Built-in connectors (ClickHouse, ...) are written on these names only.
 """
 
-from sluice._client_certs import ClientCertificate, client_certificate, refused_certificate
+from sluice._client_certs import ClientCertificate, client_certificate, refused_certificate, server_alert
 from sluice._errors import (
     ConflictError,
     DataLossError,
@@ -294,6 +294,7 @@ __all__ = [
     "register_format",
     "require",
     "require_name",
+    "server_alert",
     "split_payloads",
     "subject_name",
     "task_context",

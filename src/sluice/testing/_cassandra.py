@@ -30,6 +30,10 @@ and on the nodes before it. They join without bootstrapping (`auto_bootstrap: fa
 Cassandra's own nodetool from the server's jars (`nodetool("flush", "ks", "t")`, `nodetool("compact", ...)`), for
 tests of what the server forgets at a compaction.
 
+`tls=True` makes clients use TLS (`.ca_pem` verifies the node); `client_auth=True` with it makes the node demand a
+client certificate (require_client_auth) signed by a client CA of the server's own (`.client_ca`, a TestCA, its
+certificate in the node's truststore); `cluster()` then presents one of that CA's.
+
 `auth=True` turns on password authentication: after start a superuser `sluice` (`.username`, `.password`) is made,
 and `cluster()` signs in with it. `kill()` and `start()` kill the server and start it again on the same folder and
 ports, for tests of a node that dies mid-write.
@@ -48,6 +52,7 @@ from typing import Any
 from sluice.testing._jvm import JvmServer
 from sluice.testing._jvm import find_java as jvm_java
 from sluice.testing._postgres import free_port
+from sluice.testing._tls import ClientCertificate, TestCA
 
 # The one place the version is pinned: the Makefile's check-cassandra reads this line.
 CASSANDRA_VERSION = "5.0.9"
@@ -119,8 +124,8 @@ client_encryption_options:
   keystore: {keystore}
   keystore_password: {password}
   store_type: PKCS12
-  require_client_auth: false
-"""
+  require_client_auth: {client_auth}
+{truststore}"""
 
 # Cassandra's own log, warnings and errors only (and gossip's news of peers), to a file in the server's folder (read
 # back when it fails).
@@ -195,8 +200,10 @@ class LocalCassandra(JvmServer):
                  commitlog_sync: str = "periodic", fsync: bool = False, heap: str = "512m", num_tokens: int = 16,
                  batch_size_warn_threshold_kib: int = 5, batch_size_fail_threshold_kib: int = 50,
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 180,
-                 port: int = 0, storage_port: int = 0, tls: bool = False, jmx: bool = False,
-                 settings: dict[str, str | int | bool] | None = None) -> None:
+                 port: int = 0, storage_port: int = 0, tls: bool = False, client_auth: bool = False,
+                 jmx: bool = False, settings: dict[str, str | int | bool] | None = None) -> None:
+        if client_auth and not tls:
+            raise ValueError("client_auth=True needs tls=True: client certificates are part of the TLS handshake")
         if commitlog_sync not in COMMITLOG_SYNC:
             raise ValueError(f"commitlog_sync must be one of {', '.join(COMMITLOG_SYNC)}, not {commitlog_sync!r}")
         self.host, self.auth, self.cluster_name = host, auth, cluster_name
@@ -218,6 +225,10 @@ class LocalCassandra(JvmServer):
         # what a client verifies it against (sluice's ssl.ca-pem).
         self.tls = tls
         self.ca_pem: str | None = None
+        # client_auth: the node demands a certificate `client_ca` signed; `cluster()` presents `_own_certificate`.
+        self.client_auth = client_auth
+        self.client_ca: TestCA | None = None
+        self._own_certificate: ClientCertificate | None = None
         # The ports asked for (0: a free one on `host`, picked at the first start).
         self._ports_wanted = (port, storage_port)
         self.port = 0  # native transport (CQL)
@@ -266,7 +277,19 @@ class LocalCassandra(JvmServer):
         assert self._dir is not None
         password = "sluice-test-keystore"
         self.ca_pem = self_signed_certificate(self._dir, self.host, password)
-        return CLIENT_ENCRYPTION.format(keystore=self._dir / "node.p12", password=password)
+        truststore = ""
+        if self.client_auth:
+            if self.client_ca is None:
+                self.client_ca = TestCA("sluice test client CA (cassandra)")
+                self._own_certificate = self.client_ca.client_certificate("sluice-test-admin")
+            (self._dir / "client-ca.pem").write_text(self.client_ca.pem)
+            keytool = str(Path(find_java()).resolve().parent / "keytool")
+            subprocess.run([keytool, "-importcert", "-noprompt", "-keystore", str(self._dir / "trust.p12"),
+                            "-storetype", "PKCS12", "-storepass", password, "-alias", "client-ca", "-file",
+                            str(self._dir / "client-ca.pem")], check=True, capture_output=True)
+            truststore = f"  truststore: {self._dir / 'trust.p12'}\n  truststore_password: {password}\n"
+        return CLIENT_ENCRYPTION.format(keystore=self._dir / "node.p12", password=password,
+                                        client_auth=str(self.client_auth).lower(), truststore=truststore)
 
     def _class_data_sharing(self, java: str, classpath: str) -> list[str]:
         """Class data sharing: the classes a start loads, archived by the first server that stops cleanly next to
@@ -432,7 +455,12 @@ class LocalCassandra(JvmServer):
         if self.tls:
             import ssl
 
-            kwargs.setdefault("ssl_context", ssl.create_default_context(cadata=self.ca_pem))
+            context = ssl.create_default_context(cadata=self.ca_pem)
+            if self._own_certificate is not None:
+                from sluice._client_certs import ClientCertificate as Presented
+
+                Presented(self._own_certificate.cert_pem, self._own_certificate.key_pem).load_into(context)
+            kwargs.setdefault("ssl_context", context)
         return Cluster(contact_points=self.contact_points, **kwargs)
 
     def _exited(self, returncode: int | None) -> None:

@@ -20,7 +20,12 @@ analysis-common analyzers (the standard analyzer is in the server), no reindex.
 which make check-opensearch unpacks into plugins/opensearch-security): HTTP basic authentication against its internal
 user database, where `.username` (`sluice`, role all_access) has `.password`; plain HTTP (no TLS on the REST layer)
 unless `tls=True` (HTTPS with a certificate for 127.0.0.1/localhost from a throwaway CA, `.ca_pem`), while the
-transport layer, which the plugin requires to be TLS, gets a self-signed certificate. The plugin's newest
+transport layer, which the plugin requires to be TLS, gets a self-signed certificate. `client_auth=True` (with
+`tls=True`) makes the REST layer demand a client certificate (`plugins.security.ssl.http.clientauth_mode: REQUIRE`)
+signed by a client CA of the server's own (`.client_ca`, a TestCA), and turns on the plugin's client-certificate
+authentication (config.yml's clientcert_auth_domain, order 2: before HTTP basic, whose challenge answers a request
+without a password at once): a certificate whose common name is `.username` signs in as that user, mapped to
+all_access; `request()` presents one. The plugin's newest
 2.19 release on Maven Central is older than the server: its descriptor is given the range ~<its version> of
 compatible servers (which OpenSearch 2.x reads), in place of its exact version. `settings` are more opensearch.yml
 settings (for example `{"thread_pool.write.queue_size": 2}` for 429s). `kill()` and `start()` kill the server and
@@ -39,12 +44,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.testing._cassandra import self_signed_certificate
 from sluice.testing._jvm import JvmServer
 from sluice.testing._jvm import find_java as jvm_java
 from sluice.testing._postgres import free_port
+
+if TYPE_CHECKING:
+    from sluice.testing._tls import ClientCertificate, TestCA
 
 # The one place the versions are pinned: the Makefile's check-opensearch reads these lines.
 OPENSEARCH_VERSION = "2.19.6"
@@ -97,6 +105,11 @@ plugins.security.ssl.http.enabled: true
 plugins.security.ssl.http.pemcert_filepath: http.crt
 plugins.security.ssl.http.pemkey_filepath: http.key
 plugins.security.ssl.http.pemtrustedcas_filepath: http-ca.pem
+"""
+
+# Client certificates on the REST layer, checked against http-ca.pem (then the client CA).
+CLIENT_AUTH_CONFIG = """\
+plugins.security.ssl.http.clientauth_mode: REQUIRE
 """
 
 INTERNAL_USERS = """\
@@ -208,9 +221,15 @@ class LocalOpenSearch(JvmServer):
                  password: str = "sluice-test-pw", cluster_name: str = "sluice-test", heap: str = "512m",
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 120,
                  http_port: int = 0, transport_port: int = 0,
-                 settings: dict[str, Any] | None = None, tls: bool = False) -> None:
+                 settings: dict[str, Any] | None = None, tls: bool = False, client_auth: bool = False) -> None:
         if tls and not auth:
             raise ValueError("tls=True needs auth=True: HTTPS comes from the security plugin")
+        if client_auth and not tls:
+            raise ValueError("client_auth=True needs tls=True: client certificates are part of the TLS handshake")
+        # client_auth: the REST layer demands a certificate `client_ca` signed; request() presents `_own_certificate`.
+        self.client_auth = client_auth
+        self.client_ca: TestCA | None = None
+        self._own_certificate: ClientCertificate | None = None
         self.host, self.auth, self.cluster_name, self.heap = host, auth, cluster_name, heap
         # tls: HTTPS on the REST layer with a certificate for 127.0.0.1/localhost that a throwaway CA signed
         # (sluice.testing._tls); `ca_pem` is what a client trusts (the connector's ssl.ca-pem).
@@ -295,7 +314,36 @@ class LocalOpenSearch(JvmServer):
             ca.server_certificate().write(conf, "http")
             (conf / "http-ca.pem").write_text(ca.pem)
             config = config.replace("plugins.security.ssl.http.enabled: false\n", HTTPS_CONFIG)
+            if self.client_auth:
+                self._client_certificates(conf)
+                config += CLIENT_AUTH_CONFIG
         return config
+
+    def _client_certificates(self, conf: Path) -> None:
+        """The client CA the REST layer checks certificates against, the plugin's client-certificate
+        authentication (its own order, before HTTP basic) and the user it signs in mapped to all_access."""
+        from sluice.testing._tls import TestCA
+
+        assert self.username is not None
+        if self.client_ca is None:
+            self.client_ca = TestCA("sluice test client CA (opensearch)")
+            self._own_certificate = self.client_ca.client_certificate(self.username)
+        (conf / "http-ca.pem").write_text(self.client_ca.pem)
+        security = conf / "opensearch-security"
+        config = (security / "config.yml").read_text()
+        domain = config.index("clientcert_auth_domain:")
+        head, tail = config[:domain], config[domain:]
+        if "http_enabled: false" not in tail:
+            raise RuntimeError("the security plugin's config.yml has no 'http_enabled: false' in its clientcert "
+                               "domain")
+        tail = tail.replace("http_enabled: false", "http_enabled: true", 1)
+        (security / "config.yml").write_text(head + tail)
+        mapping = (security / "roles_mapping.yml").read_text()
+        marker = '  description: "Maps admin to all_access"\n'
+        if marker not in mapping:
+            raise RuntimeError("the security plugin's roles_mapping.yml maps all_access otherwise than expected")
+        (security / "roles_mapping.yml").write_text(
+            mapping.replace(marker, marker + f'  users:\n  - "{self.username}"\n', 1))
 
     def _command(self) -> list[str]:
         assert self._dir is not None
@@ -328,6 +376,10 @@ class LocalOpenSearch(JvmServer):
             req.add_header("Authorization", f"Basic {token}")
         try:
             context = ssl.create_default_context(cadata=self.ca_pem) if self.tls else None
+            if context is not None and self._own_certificate is not None:
+                from sluice._client_certs import ClientCertificate as Presented
+
+                Presented(self._own_certificate.cert_pem, self._own_certificate.key_pem).load_into(context)
             with urllib.request.urlopen(req, timeout=timeout, context=context) as answer:
                 status, text = answer.status, answer.read()
         except urllib.error.HTTPError as e:

@@ -17,8 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sluice.connector import Option, OptionError, Options, RecordError, RetryableError, SinkError, ThrottledError
+from sluice.connector import (
+    ClientCertificate,
+    Option,
+    OptionError,
+    Options,
+    RecordError,
+    RetryableError,
+    SinkError,
+    ThrottledError,
+    client_certificate,
+)
 from sluice.connectors.cassandra._refusals import ADVICE, refuses_record
+from sluice.connectors.cassandra._tls import explain as explain_tls_failure
+from sluice.connectors.cassandra._tls import ssl_context
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -38,6 +50,11 @@ CONNECTION_OPTIONS = (
     Option("ssl", "bool", False, "TLS to the nodes, verified against the system's trusted CAs (or ssl.ca-pem)."),
     Option("ssl.ca-pem", "str", None, "PEM text of the CA that signed the nodes' certificates (text, not a path: "
            "executors are other machines). Implies ssl=true."),
+    Option("ssl.cert-pem", "str", None, "PEM text of this client's certificate, for nodes that demand one "
+           "(client_encryption_options' require_client_auth); with ssl.key-pem. Implies ssl=true."),
+    Option("ssl.key-pem", "str", None, "PEM text of the client certificate's private key (unencrypted); with "
+           "ssl.cert-pem. Never shown; each process loads it into its TLS context through a private temp file "
+           "removed at once.", secret=True),
     Option("local-dc", "str", None, "The data center whose nodes take requests (DCAwareRoundRobinPolicy); "
            "default: the driver's choice from the contact points."),
     Option("request.timeout-ms", "int", 12_000, "Client-side timeout of one request.", minimum=100),
@@ -62,6 +79,7 @@ class Connection:
     ca_pem: str | None = field(default=None, repr=False)
     local_dc: str | None = None
     password: str | None = field(default=None, repr=False)
+    certificate: ClientCertificate | None = field(default=None, repr=False)  # mutual TLS; its repr hides the key
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
@@ -70,9 +88,11 @@ class Connection:
         password = opts["password"] if opts["password"] is not None else os.environ.get("CASSANDRA_PASSWORD")
         if password is not None and not opts["username"]:
             raise OptionError("password is set but username is not: set .option('username', ...) too.")
+        certificate = client_certificate(opts)
+        tls = opts["ssl"] or opts["ssl.ca-pem"] is not None or certificate is not None
         return cls(tuple(opts["host"]), opts["port"], opts["keyspace"], opts["table"], opts["username"],
-                   opts["request.timeout-ms"] / 1000, opts["ssl"] or opts["ssl.ca-pem"] is not None,
-                   opts["ssl.ca-pem"], opts["local-dc"], password)
+                   opts["request.timeout-ms"] / 1000, tls, opts["ssl.ca-pem"], opts["local-dc"], password,
+                   certificate)
 
     @property
     def target(self) -> str:
@@ -98,7 +118,7 @@ _SESSIONS_LOCK = threading.Lock()
 
 def session_for(conn: Connection) -> Session:
     """This process's session to `conn`'s cluster as `conn`'s user (one per server, user and TLS setting)."""
-    key = (conn.hosts, conn.port, conn.username, conn.password, conn.ssl, conn.ca_pem, conn.local_dc)
+    key = _session_key(conn)
     with _SESSIONS_LOCK:
         session = _SESSIONS.get(key)
         if session is not None and not session.is_shutdown and _all_down(session):
@@ -110,6 +130,11 @@ def session_for(conn: Connection) -> Session:
         return session
 
 
+def _session_key(conn: Connection) -> tuple[Any, ...]:
+    return (conn.hosts, conn.port, conn.username, conn.password, conn.ssl, conn.ca_pem, conn.local_dc,
+            conn.certificate)
+
+
 def _all_down(session: Session) -> bool:
     hosts = session.cluster.metadata.all_hosts()
     return bool(hosts) and all(host.is_up is False for host in hosts)
@@ -118,7 +143,7 @@ def _all_down(session: Session) -> bool:
 def forget_session(conn: Connection) -> None:
     """Close this process's session to `conn`'s cluster, so the next session_for() connects anew (after a restart
     of the cluster, before the old session's reconnection finds it)."""
-    key = (conn.hosts, conn.port, conn.username, conn.password, conn.ssl, conn.ca_pem, conn.local_dc)
+    key = _session_key(conn)
     with _SESSIONS_LOCK:
         session = _SESSIONS.pop(key, None)
     if session is not None:
@@ -141,17 +166,13 @@ def _connect(conn: Connection) -> Session:
     from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
     from cassandra.query import tuple_factory
 
-    ssl_context = None
-    if conn.ssl:
-        import ssl
-
-        ssl_context = ssl.create_default_context(cadata=conn.ca_pem) if conn.ca_pem else ssl.create_default_context()
+    context = ssl_context(conn) if conn.ssl else None
     auth = PlainTextAuthProvider(conn.username, conn.password or "") if conn.username else None
     policy = TokenAwarePolicy(DCAwareRoundRobinPolicy(conn.local_dc))
     profiles = {EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=policy, request_timeout=conn.timeout_s),
                 TUPLES: ExecutionProfile(load_balancing_policy=policy, request_timeout=conn.timeout_s,
                                          row_factory=tuple_factory)}
-    cluster = Cluster(list(conn.hosts), port=conn.port, auth_provider=auth, ssl_context=ssl_context,
+    cluster = Cluster(list(conn.hosts), port=conn.port, auth_provider=auth, ssl_context=context,
                       execution_profiles=profiles, protocol_version=5,
                       # A restarted node is found again within seconds (the driver's default waits up to 10 min).
                       reconnection_policy=ExponentialReconnectionPolicy(0.5, 10.0),
@@ -198,8 +219,6 @@ def while_overloaded(call: Callable[[], T], conn: Connection, what: str) -> T:
 
 
 def _describe_no_host(error: Any, conn: Connection) -> str:
-    import ssl
-
     from cassandra import AuthenticationFailed
 
     causes = list(getattr(error, "errors", {}).values())
@@ -207,11 +226,8 @@ def _describe_no_host(error: Any, conn: Connection) -> str:
         return ("authentication failed: check username and password (or CASSANDRA_PASSWORD), and that the user "
                 "exists")
     detail = "; ".join(f"{type(c).__name__}: {c}" for c in causes) or str(error)
-    # The driver reports a failed handshake as an OSError whose text carries the ssl module's ("[SSL: ...]").
-    if any(isinstance(c, ssl.SSLError) or "[SSL" in str(c) for c in causes):
-        trusted = "the CA in ssl.ca-pem" if conn.ca_pem else "the system's trusted CAs (ssl.ca-pem not set)"
-        return (f"TLS failed ({detail}): the node's certificate must be signed by {trusted} and name the host "
-                "connected to. Set ssl.ca-pem to the PEM text of the CA that signed the nodes' certificates.")
+    if conn.ssl and (tls := explain_tls_failure(getattr(error, "errors", {}), conn)) is not None:
+        return tls
     if not conn.ssl:
         return (f"{detail}. If the nodes take TLS clients only (client_encryption_options), set ssl=true and "
                 "ssl.ca-pem.")

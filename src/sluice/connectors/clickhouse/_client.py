@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import quote
 
 from sluice.connector import (
+    ClientCertificate,
     Option,
     OptionError,
     Options,
@@ -244,27 +245,6 @@ def _pool(ca_pem: str | None, cert_pem: str | None = None, key_pem: str | None =
             if pool is None:
                 context = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
                 if cert_pem and key_pem:
-                    _load_client_certificate(context, cert_pem, key_pem)
+                    ClientCertificate(cert_pem, key_pem).load_into(context)
                 pool = _POOLS[key] = urllib3.PoolManager(maxsize=16, block=False, ssl_context=context)
     return pool
-
-
-def _load_client_certificate(context: Any, cert_pem: str, key_pem: str) -> None:
-    """Python's ssl loads a certificate and key from files only: they are written, owner-only (0600), to a folder
-    only this user can enter (mkdtemp: 0700, a random name), loaded into the context (which keeps them in memory)
-    and removed at once; the key is never on a command line or in the environment."""
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory(prefix="sluice-ch-client-") as folder:
-        paths = []
-        for name, pem in (("client.crt", cert_pem), ("client.key", key_pem)):
-            path = Path(folder) / name
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
-                out.write(pem)
-            paths.append(str(path))
-        try:
-            context.load_cert_chain(paths[0], paths[1])
-        except Exception as e:  # ssl.SSLError: its text names OpenSSL's reason, never the key
-            raise OptionError(f"ssl.cert-pem and ssl.key-pem could not be loaded as a certificate and its key ({e}): "
-                              "check they are PEM text of one pair, the key unencrypted") from None

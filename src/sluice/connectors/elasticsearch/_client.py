@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sluice.connector import (
+    ClientCertificate,
     Option,
     OptionError,
     Options,
@@ -23,6 +24,9 @@ from sluice.connector import (
     SinkError,
     ThrottledError,
     check_http_endpoint,
+    client_certificate,
+    refused_certificate,
+    server_alert,
 )
 
 CONNECTION_OPTIONS = (
@@ -35,6 +39,12 @@ CONNECTION_OPTIONS = (
            "Never logged.", secret=True),
     Option("ssl.ca-pem", "str", None, "PEM text of the CA that signed the nodes' certificates (text, not a path: "
            "executors are other machines). Default: the system's trusted CAs."),
+    Option("ssl.cert-pem", "str", None, "PEM text of this client's certificate, for https:// nodes that demand one "
+           "(mutual TLS: OpenSearch's security plugin with clientauth_mode REQUIRE or OPTIONAL and its clientcert "
+           "authentication, Elasticsearch's PKI realm); with ssl.key-pem."),
+    Option("ssl.key-pem", "str", None, "PEM text of the client certificate's private key (unencrypted); with "
+           "ssl.cert-pem. Never shown; each process loads it into its TLS context through a private temp file "
+           "removed at once.", secret=True),
     Option("http.timeout-ms", "int", 60_000, "Timeout of one HTTP request.", minimum=100),
 )
 
@@ -70,6 +80,7 @@ class Connection:
     ca_pem: str | None = None
     password: str | None = field(default=None, repr=False)
     api_key: str | None = field(default=None, repr=False)
+    certificate: ClientCertificate | None = field(default=None, repr=False)  # mutual TLS; its repr hides the key
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
@@ -81,15 +92,19 @@ class Connection:
         api_key = opts["api-key"] if opts["api-key"] is not None else os.environ.get("ELASTICSEARCH_API_KEY")
         if api_key and opts["username"]:
             raise OptionError("api-key and username both authenticate; keep one.")
+        certificate = client_certificate(opts)
+        if certificate is not None and not all(n.startswith("https://") for n in nodes):
+            raise OptionError("ssl.cert-pem is set but nodes lists a plain http:// endpoint: use https://, or remove "
+                              "the client certificate")
         return cls(nodes, opts["index"], opts["http.timeout-ms"] / 1000, opts["username"], opts["ssl.ca-pem"],
-                   password, api_key)
+                   password, api_key, certificate)
 
     @property
     def display(self) -> str:
         return f"{self.nodes[0]}/{self.index}"
 
     def scrub(self, text: str) -> str:
-        for secret in (self.password, self.api_key):
+        for secret in (self.password, self.api_key, self.certificate.key_pem.strip() if self.certificate else None):
             if secret:
                 text = text.replace(secret, "<redacted>")
         return text
@@ -113,9 +128,19 @@ class Connection:
         url = f"{base}{path}" + (f"?{query}" if query else "")
         data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
         try:
-            response = _pool(self.ca_pem).request(method, url, body=data, headers=self._headers(ndjson),
-                                                  timeout=self.timeout_s, retries=False)
+            response = _pool(self.ca_pem, self.certificate).request(
+                method, url, body=data, headers=self._headers(ndjson), timeout=self.timeout_s, retries=False)
         except Exception as e:  # urllib3's connection and timeout errors: the node is down, restarting or slow
+            said = str(e)
+            if any(cut in said for cut in _CUT_OFF):  # perhaps a refusal whose alert a reset overtook
+                said = node_alert(base, self.ca_pem, self.certificate) or said
+            refused = refused_certificate(said)
+            if refused:  # the node's TLS alert about the client's certificate: no attempt changes it
+                raise ElasticsearchError(f"TLS: {base} refused the client certificate (ssl.cert-pem"
+                                         f"{'' if self.certificate else ' unset'}; TLS alert \"{refused[0]}\": "
+                                         f"{refused[1]}) [{self.scrub(said)}]. Set ssl.cert-pem and ssl.key-pem to a "
+                                         "certificate and key the node's client CA signed (the key is not shown).") \
+                    from None
             if "CERTIFICATE_VERIFY_FAILED" in str(e):  # a certificate does not change between attempts
                 raise ElasticsearchError(f"TLS: {base} presented a certificate that was refused ({self.scrub(str(e))})."
                                          " Check ssl.ca-pem holds the CA that signed it and that the node's host is a "
@@ -149,18 +174,41 @@ class Connection:
         raise ElasticsearchError(f"{base}: {method} {path} failed ({status}): {said}", status)
 
 
-_POOLS: dict[str | None, Any] = {}
+_POOLS: dict[tuple[str | None, ClientCertificate | None], Any] = {}
+# How a connection cut off during or right after its TLS handshake reads (urllib3 and the ssl module).
+_CUT_OFF = ("EOF occurred in violation of protocol", "Connection reset by peer", "ConnectionResetError")
 
 
-def _pool(ca_pem: str | None) -> Any:
-    """One connection pool per process and CA (the tasks of one Python worker share it); thread-safe."""
-    pool = _POOLS.get(ca_pem)
+def _context(ca_pem: str | None, certificate: ClientCertificate | None) -> ssl.SSLContext:
+    """Certificate and host name checked against `ca_pem` (else the system's CAs); presents `certificate`."""
+    context = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
+    if certificate is not None:
+        certificate.load_into(context)
+    return context
+
+
+def _pool(ca_pem: str | None, certificate: ClientCertificate | None = None) -> Any:
+    """One connection pool per process, CA and client certificate (the tasks of one Python worker share it);
+    thread-safe."""
+    pool = _POOLS.get((ca_pem, certificate))
     if pool is None:
         import urllib3
 
-        context = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
-        pool = _POOLS[ca_pem] = urllib3.PoolManager(maxsize=32, block=False, ssl_context=context)
+        context = _context(ca_pem, certificate)
+        pool = _POOLS[(ca_pem, certificate)] = urllib3.PoolManager(maxsize=32, block=False, ssl_context=context)
     return pool
+
+
+def node_alert(base: str, ca_pem: str | None, certificate: ClientCertificate | None) -> str | None:
+    """The TLS alert the https:// node `base` sends a connection presenting `certificate` that sends nothing after
+    its handshake: over TLS 1.3 a request sent at once can make a refusing node's close (a reset) overtake its
+    alert, which this connection reads whole. None when no alert comes (the node accepted it)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base)
+    if parts.scheme != "https" or parts.hostname is None:
+        return None
+    return server_alert(parts.hostname, parts.port or 443, _context(ca_pem, certificate))
 
 
 @dataclass(frozen=True)
