@@ -17,6 +17,7 @@ from sluice.connector import (
     check_error_options,
     pushdown_option,
     tracking_options,
+    unchanged_column_option,
 )
 from sluice.connectors.postgres._client import CONNECTION_OPTIONS, Connection
 
@@ -27,6 +28,8 @@ WRITE_OPTIONS = (
     Option("primary-key", "list", (), "Key columns: rows are upserted (INSERT ... ON CONFLICT) by this key."),
     Option("upsert.op-column", "str", None,
            "Column whose value d, delete, D or -D deletes the row with that key (needs primary-key); not written."),
+    unchanged_column_option("the upsert keeps the table's value of each column a row names (or the value the "
+                            "row's last earlier change in the same batch set)."),
     Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
     Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
            maximum=64),
@@ -42,6 +45,7 @@ class WriteOptions(TypedOptions):
     table: str
     primary_key: tuple[str, ...]
     upsert_op_column: str | None
+    upsert_unchanged_column: str | None
     create_table: bool
     connections_per_task: int
 

@@ -139,7 +139,7 @@ class PostgresStore(BlockingStore):
             tmp = "sluice_tmp_" + schema_digest(plan.schema, plan.table, table.schema)
             seq = pa.array(entries, pa.int64())
             cur.adbc_ingest(tmp, table.append_column("_sluice_seq", seq), mode="create_append", temporary=True)
-            for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq"):
+            for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq", plan.marked_in(table)):
                 cur.execute(sql)
             cur.execute(f"TRUNCATE pg_temp.{tmp}")
             conn.commit()
@@ -249,7 +249,12 @@ class PostgresCommitter(Committer):
             if plan.overwrite:
                 cur.execute(f"DELETE FROM {plan.target}")
             source = f"(SELECT DISTINCT ON (_sluice_task, _sluice_seq) * FROM {stage} WHERE {chosen})"
-            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq"):
+            marked: tuple[str, ...] = ()
+            if plan.unchanged_column:
+                cur.execute(f"SELECT DISTINCT unnest({quote_ident(plan.unchanged_column)})::text FROM {stage} "
+                            f"WHERE {chosen}")
+                marked = plan.marked([row[0] for row in cur.fetchall()])
+            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq", marked):
                 cur.execute(sql)
             cur.execute(f"DELETE FROM {stage} WHERE {where}")
             if finish:
