@@ -263,7 +263,7 @@ class ChangeDecoder:
         # Inserts and updates: the new tuple; deletes: the old key or row (pos still points at it).
         v_start, v_len, _ = _tuples(data, pos, len(slots), np.ones(len(starts), bool))
         unchanged = (v_len == _UNCHANGED) & new_tuple[None, :]
-        if unchanged.any() and old_len is not None:
+        if unchanged.any() and old_start is not None and old_len is not None:
             # With the old row (REPLICA IDENTITY FULL) the value is known: filled in. Otherwise the value stays
             # _UNCHANGED (null, and named in the row's UNCHANGED list).
             carried = unchanged & (marker == 0x4F)[None, :]
