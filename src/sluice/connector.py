@@ -46,6 +46,14 @@ from sluice._errors import (
 from sluice._micro_batch import micro_batch_numbers
 from sluice._names import case_hint, check_dataframe_columns, check_option_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
+from sluice._unchanged import (
+    check_unchanged_column,
+    fill_unchanged,
+    marked_columns,
+    marked_rows,
+    refuse_unchanged,
+    unchanged_column_option,
+)
 from sluice._upsert import (
     DELETE_OPS,
     DELETE_OPS_SQL,
@@ -271,16 +279,20 @@ __all__ = [
     "check_offset_version",
     "check_option_columns",
     "check_pushdown",
+    "check_unchanged_column",
     "check_writable",
     "client_certificate",
     "completed_future",
     "conform",
     "conform_or_aside",
     "delete_mask",
+    "fill_unchanged",
     "first_null",
     "forward_bounds",
     "frame_payloads",
     "from_arrow_schema",
+    "marked_columns",
+    "marked_rows",
     "micro_batch_numbers",
     "observed",
     "parse_value",
@@ -290,6 +302,7 @@ __all__ = [
     "refuse_batch_options_in_stream",
     "refuse_tracking_in_batch",
     "refuse_truncate",
+    "refuse_unchanged",
     "refused_certificate",
     "register_format",
     "require",
@@ -301,4 +314,5 @@ __all__ = [
     "to_arrow_schema",
     "tracking_column_kind",
     "tracking_options",
+    "unchanged_column_option",
 ]

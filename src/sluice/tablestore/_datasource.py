@@ -17,6 +17,7 @@ from sluice.connector import (
     SinkDataSource,
     SourceDataSource,
     check_key_columns,
+    check_unchanged_column,
     from_arrow_schema,
     to_arrow_schema,
 )
@@ -60,7 +61,10 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
         created = not table.exists()
         if op and not write.primary_key and (created or not table.primary_key()):
             raise OptionError("upsert.op-column needs a primary key (option primary-key)")
-        arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name != op]))
+        unchanged = write.upsert_unchanged_column
+        check_unchanged_column(to_arrow_schema(schema), unchanged,
+                               write.primary_key or (() if created else table.primary_key()))
+        arrow = to_arrow_schema(StructType([f for f in schema.fields if f.name not in (op, unchanged)]))
         if created:
             check_url(write.meta)  # the commit needs it: refused before a table is made
             table.create(arrow, write.primary_key)

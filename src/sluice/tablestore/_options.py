@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.connector import ERROR_OPTIONS, Option, Options, OptionSpec, TypedOptions, check_error_options
+from sluice.connector import (
+    ERROR_OPTIONS,
+    Option,
+    Options,
+    OptionSpec,
+    TypedOptions,
+    check_error_options,
+    unchanged_column_option,
+)
 from sluice.tablestore._commit import Upkeep
 
 TABLE = Option("table", "str", None, "Table name (letters, digits, '_').", required=True)
@@ -38,6 +46,8 @@ WRITE_OPTIONS = (
            "created."),
     Option("upsert.op-column", "str", None, "Column whose value d, delete, D or -D deletes the key (not stored); "
            "'truncate' (postgres_changes) deletes every row, in the same Delta version as the changes after it."),
+    unchanged_column_option("the merge keeps the table's value of each column a row names (the row's last earlier "
+                            "change in the same commit that set it, if any)."),
     Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
            "streaming writes use the query id."),
     Option("writer-lease", "int", 600, "Seconds a streaming query that did not register_job stays the table's "
@@ -88,6 +98,7 @@ class WriteOptions(TypedOptions):
     meta: str | None = field(repr=False)  # a postgresql:// URL may carry a password
     primary_key: tuple[str, ...]
     upsert_op_column: str | None
+    upsert_unchanged_column: str | None
     job: str
     writer_lease: int
     checkpoint_interval: int

@@ -137,7 +137,7 @@ class TableStoreCommitter(Committer):
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
         self.table.commit(files, BarrierCommit(app, barrier, writer), meta, op_column=write.upsert_op_column,
-                          upkeep=write.upkeep())
+                          unchanged_column=write.upsert_unchanged_column, upkeep=write.upkeep())
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import DELETE_OPS_SQL, TRUNCATE_OP, OptionError, SluiceError
+from sluice.connector import DELETE_OPS_SQL, TRUNCATE_OP, OptionError, SluiceError, fill_unchanged, marked_columns
 from sluice.meta import MetaService
 from sluice.tablestore._commit import CHECKPOINT_INTERVAL, COMPACT_TARGET_BYTES, DEFAULT_UPKEEP, BarrierCommit, Upkeep
 from sluice.tablestore._retention import oldest_needed_version, trim_log
@@ -175,7 +175,7 @@ class StoreTable:
         return f"{DATA}/{write_id if epoch is None else f'{write_id}-e{epoch}'}"
 
     def commit(self, files: list[StagedFile], by: BarrierCommit, meta: MetaService, *, op_column: str | None = None,
-               upkeep: Upkeep = DEFAULT_UPKEEP) -> Commit:
+               unchanged_column: str | None = None, upkeep: Upkeep = DEFAULT_UPKEEP) -> Commit:
         """Make `files` visible in one Delta version for `by.barrier` (append, or merge by the primary key), then
         the table's `upkeep`: a Delta checkpoint on its interval, so opening the table reads a checkpoint and the log
         after it instead of the whole log; once enough small files pile up, a compaction right after the barrier's
@@ -189,7 +189,7 @@ class StoreTable:
             if done is not None and done >= barrier:
                 return self._replayed(dt, files, by, meta)
             try:
-                version = self._commit_once(dt, files, by, op_column)
+                version = self._commit_once(dt, files, by, op_column, unchanged_column)
                 break
             except CommitFailedError:  # another commit took the next version first: commit on top of it
                 dt.update_incremental()
@@ -266,7 +266,8 @@ class StoreTable:
             meta.prune_barriers(self.name, keep_from)
         return deleted + trim_log(self.warehouse, self.file_path("_delta_log"), keep_from, dry_run=dry_run)
 
-    def _commit_once(self, dt: Any, files: list[StagedFile], by: BarrierCommit, op_column: str | None) -> int:
+    def _commit_once(self, dt: Any, files: list[StagedFile], by: BarrierCommit, op_column: str | None,
+                     unchanged_column: str | None = None) -> int:
         """One attempt at the version after `dt`'s; returns that version. No silent retry at a later version (so
         the version is known without reading the log again): a lost race raises CommitFailedError."""
         from deltalake import CommitProperties, Transaction
@@ -278,7 +279,8 @@ class StoreTable:
         hooks = _hooks()
         key = self.primary_key(dt)
         if key:
-            self._merge(dt, files, key, op_column, props, hooks)  # a merge advances the handle itself
+            # a merge advances the handle itself
+            self._merge(dt, files, key, op_column, props, hooks, unchanged_column)
             self._drop(files)
             return int(dt.version())
         now = int(time.time() * 1000)
@@ -317,7 +319,7 @@ class StoreTable:
         return metrics
 
     def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
-               props: Any, hooks: Any) -> None:
+               props: Any, hooks: Any, unchanged_column: str | None = None) -> None:
         import pyarrow.parquet as pq
 
         fs = self.warehouse.filesystem()
@@ -341,16 +343,23 @@ class StoreTable:
                 return
 
         source = source.append_column("_sluice_row", pa.array(range(source.num_rows), pa.int64()))
-        last = source.group_by(list(key)).aggregate([("_sluice_row", "max")])
-        rows = pc.sort_indices(last.column("_sluice_row_max"))
-        source = source.take(pc.take(last.column("_sluice_row_max"), rows)).drop_columns(["_sluice_row"])
+        keeps: dict[str, str] = {}
+        if unchanged_column and marked_columns(source.column(unchanged_column)):
+            # A row that left a column unchanged: the key's last earlier row that set it, else the table's value.
+            source, keeps = fill_unchanged(source, key, unchanged_column, "_sluice_row")
+        else:
+            last = source.group_by(list(key)).aggregate([("_sluice_row", "max")])
+            rows = pc.sort_indices(last.column("_sluice_row_max"))
+            source = source.take(pc.take(last.column("_sluice_row_max"), rows)).drop_columns(["_sluice_row"])
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
         merge = dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=props,
                          post_commithook_properties=hooks)
-        if op_column:
-            deleted = f"s.`{op_column}` IN {DELETE_OPS_SQL}"
-            cols = {c: f"s.`{c}`" for c in source.column_names if c != op_column}
-            merge = (merge.when_matched_delete(deleted).when_matched_update(cols, f"NOT ({deleted})")
+        if op_column or unchanged_column:
+            special = {op_column, unchanged_column, *keeps.values()}
+            cols = {c: f"s.`{c}`" for c in source.column_names if c not in special}
+            kept = {c: f"CASE WHEN s.`{keep}` THEN t.`{c}` ELSE s.`{c}` END" for c, keep in keeps.items()}
+            deleted = f"s.`{op_column}` IN {DELETE_OPS_SQL}" if op_column else "false"
+            merge = (merge.when_matched_delete(deleted).when_matched_update(cols | kept, f"NOT ({deleted})")
                      .when_not_matched_insert(cols, f"NOT ({deleted})"))
             if truncated:
                 merge = merge.when_not_matched_by_source_delete()

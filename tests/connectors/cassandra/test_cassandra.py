@@ -142,6 +142,19 @@ def test_every_cql_type_with_a_spark_counterpart_round_trips(spark, cass):
                                           if got[want.id][k] != v}
 
 
+def test_a_column_a_row_leaves_unchanged_is_left_unset_so_the_stored_cell_stays(spark, cass):
+    table = cass.table(KEYED)
+    df, _ = keyed_rows(spark, partitions=1, per_partition=2)
+    sluice.write(df, "cassandra", cass.opts(table))
+    changes = spark.createDataFrame([(0, 0, None, 9.0, ["v"]), (0, 1, "new", 8.0, None)],
+                                    "pk int, ck int, v string, amount double, _unchanged array<string>")
+    sluice.write(changes, "cassandra", cass.opts(table, **{"upsert.unchanged-column": "_unchanged"}))
+    assert stored(cass, table) == {(0, 0, "v0-0", 9.0), (0, 1, "new", 8.0)}
+    # The negative control: the marker dropped, the row's null deletes the stored cell.
+    sluice.write(changes.drop("_unchanged"), "cassandra", cass.opts(table))
+    assert stored(cass, table) == {(0, 0, None, 9.0), (0, 1, "new", 8.0)}
+
+
 def test_deletes_ttls_timestamps_and_ignored_nulls(spark, cass):
     table = cass.table(KEYED)
     df, _ = keyed_rows(spark, partitions=3, per_partition=3)

@@ -254,3 +254,18 @@ def test_a_replayed_micro_batch_is_applied_once(spark, ch, tmp_path):
     assert replayed(DEDUP, **{"insert.deduplicate": "true"}) == [["9000", "9000"]]
     total, distinct = replayed("MergeTree ORDER BY id")[0]  # a table that does not deduplicate: the replay shows
     assert distinct == "9000" and int(total) > 9000
+
+
+def test_a_row_that_leaves_a_column_unchanged_is_refused_naming_its_key_as_a_replacing_row_would_null_it(spark, ch):
+    table = ch.table("id Int64, ver UInt64, v Nullable(String)", "ReplacingMergeTree(ver) ORDER BY id")
+    opts = ch.opts(table, **{"upsert.unchanged-column": "_unchanged"})
+    schema = "id long, ver long, v string, _unchanged array<string>"
+    sluice.write(spark.createDataFrame([(1, 1, "long", None)], schema), "clickhouse", opts)
+    update = spark.createDataFrame([(1, 2, None, ["v"])], schema)
+    with pytest.raises(Exception, match=r"ClickHouse table default\.\S+ cannot keep a stored value: the row with key "
+                                        r"\{'id': 1\} leaves column\(s\) \['v'\] unchanged .*REPLICA IDENTITY FULL"):
+        sluice.write(update, "clickhouse", opts)
+    assert ch.rows(f"SELECT v FROM {table} FINAL") == [["long"]]
+    # The negative control: the marker dropped, the replacing row nulls the value.
+    sluice.write(update.drop("_unchanged"), "clickhouse", ch.opts(table))
+    assert ch.rows(f"SELECT v IS NULL FROM {table} FINAL") == [["1"]]

@@ -129,11 +129,21 @@ def test_a_full_old_row_tells_a_key_change_and_fills_an_unchanged_toasted_value(
     assert got == [("update", 1, "long", 100, 7), ("delete", 1, "long", 100, 7), ("insert", 2, "long", 100, 7)]
 
 
-def test_an_unchanged_toasted_value_without_the_old_row_is_refused_naming_the_fix():
+def test_an_unchanged_toasted_value_without_the_old_row_is_null_and_named_in_the_unchanged_column():
     dec = decoder()
-    with pytest.raises(UnchangedToastError, match=r"public\.t .* LSN 0/64\).*\['name'\].*REPLICA IDENTITY FULL"):
-        rows(dec, [relation(1, "public.t", ["id", "name"]), begin(100, T0, 7), update(1, [1, UNCHANGED]),
-                   commit(100, T0)])
+    got = [b for b in dec.feed(pa.array([relation(1, "public.t", ["id", "name"]), begin(100, T0, 7),
+                                         insert(1, [1, "long"]), update(1, [1, UNCHANGED]), update(1, [1, "x"]),
+                                         commit(100, T0)], pa.binary()))]
+    assert [(r["_op"], r["name"], r["_unchanged"]) for b in got for r in b.to_pylist()] == [
+        ("insert", "long", None), ("update", None, ["name"]), ("update", "x", None)]
+
+
+def test_an_update_changing_the_key_with_an_unchanged_toasted_value_and_no_old_row_is_refused_naming_the_fix():
+    dec = decoder()
+    with pytest.raises(UnchangedToastError, match=r"public\.t .* LSN 0/64\).*primary key.*\['name'\].*REPLICA "
+                                                  r"IDENTITY FULL"):
+        rows(dec, [relation(1, "public.t", ["id", "name"]), begin(100, T0, 7),
+                   update(1, [2, UNCHANGED], old=[1, None], old_kind=b"K"), commit(100, T0)])
 
 
 def test_other_tables_of_the_publication_are_left_out_unless_the_stream_is_the_whole_publication():

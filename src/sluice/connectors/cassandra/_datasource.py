@@ -20,6 +20,7 @@ from sluice.connector import (
     check_dataframe_columns,
     check_option_columns,
     check_pushdown,
+    check_unchanged_column,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
     to_arrow_schema,
@@ -117,8 +118,10 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         names = schema.fieldNames()
         special = {"upsert.op-column": options.upsert_op_column,
                    "write.timestamp-column": options.write_timestamp_column,
-                   "write.ttl-column": options.write_ttl_column}
+                   "write.ttl-column": options.write_ttl_column,
+                   "upsert.unchanged-column": options.upsert_unchanged_column}
         check_option_columns(special, names)
+        check_unchanged_column(to_arrow_schema(schema), options.upsert_unchanged_column, info.primary_key)
         if options.write_timestamp_column and opts.is_set("write.timestamp"):
             raise OptionError("write.timestamp and write.timestamp-column both say where timestamps come from; "
                               "keep one.")
@@ -138,7 +141,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         timestamp = "column" if options.write_timestamp_column else options.write_timestamp
         rows = RowPlan(tuple(columns), {c: info.columns[c] for c in columns}, info.primary_key,
                        options.upsert_op_column, timestamp, options.write_timestamp_column, options.write_ttl,
-                       options.write_ttl_column, options.write_ignore_nulls)
+                       options.write_ttl_column, options.write_ignore_nulls, options.upsert_unchanged_column)
         return CassandraWritePlan(self.format_name, opts, schema, config, conn, rows, options)
 
     # ------------------------------------------------------------------ reading

@@ -16,6 +16,7 @@ from sluice.connector import (
     check_error_options,
     pushdown_option,
     tracking_options,
+    unchanged_column_option,
 )
 from sluice.connectors.cassandra._client import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, Connection
 
@@ -49,6 +50,7 @@ WRITE_OPTIONS = (
            "Leave a null cell unset (the stored value stays) instead of deleting it, as Cassandra does for null."),
     Option("upsert.op-column", "str", None,
            "Column whose value d, delete, D or -D deletes the row (by its whole primary key). Not written."),
+    unchanged_column_option("the INSERT leaves each column a row names unset, so the stored cell stays."),
 )
 
 
@@ -68,6 +70,7 @@ class WriteOptions(TypedOptions):
     write_ttl_column: str | None
     write_ignore_nulls: bool
     upsert_op_column: str | None
+    upsert_unchanged_column: str | None
 
 
 # Partition-ordered by default: rows of one partition share a task (sluice.write repartitions by the key), so they

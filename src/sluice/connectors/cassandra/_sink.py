@@ -43,6 +43,8 @@ from sluice.connector import (
     WriteContext,
     WritePlan,
     delete_mask,
+    marked_columns,
+    marked_rows,
     micro_batch_numbers,
     refuse_truncate,
 )
@@ -84,6 +86,7 @@ class RowPlan:
     ttl: int
     ttl_column: str | None
     ignore_nulls: bool
+    unchanged_column: str | None = None  # upsert.unchanged-column: the columns a row names are left unset
 
     def statements(self, conn: Connection) -> Statements:
         names = ", ".join(quote_ident(c) for c in self.columns)
@@ -145,6 +148,12 @@ class RowEncoder:
             for c in plan.columns:
                 if c not in plan.primary_key:
                     values[c] = [UNSET_VALUE if v is None else v for v in values[c]]
+        if plan.unchanged_column:  # an unset value writes no cell: the stored one stays
+            marker = batch.column(plan.unchanged_column)
+            for c in marked_columns(marker):
+                if c in values and c not in plan.primary_key:
+                    hit = marked_rows(marker, c).tolist()
+                    values[c] = [UNSET_VALUE if h else v for v, h in zip(values[c], hit, strict=True)]
         stamp_list = stamps.tolist()
         upsert_rows = list(zip(*(values[c] for c in plan.columns), stamp_list, ttls, strict=True))
         delete, key_rows = self.delete, []

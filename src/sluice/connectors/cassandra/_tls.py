@@ -12,12 +12,20 @@ just waits on that connection for a request; the wait ends after a short timeout
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from sluice.connector import refused_certificate, server_alert
+from sluice.connector import ClientCertificate, refused_certificate, server_alert
 
-if TYPE_CHECKING:
-    from sluice.connectors.cassandra._client import Connection
+
+class Connection(Protocol):
+    """What the TLS context and the explanation of a refusal read of a connection's settings (_client.Connection)."""
+
+    @property
+    def port(self) -> int: ...
+    @property
+    def ca_pem(self) -> str | None: ...
+    @property
+    def certificate(self) -> ClientCertificate | None: ...
 
 # How long the probe waits for a node's alert: it comes as soon as the node has read the handshake.
 _PROBE_WAIT_S = 2.0

@@ -20,6 +20,7 @@ from sluice.connector import (
     TrackingStreamReader,
     check_dataframe_columns,
     check_option_columns,
+    check_unchanged_column,
     from_arrow_schema,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
@@ -110,7 +111,9 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         options = WriteOptions.of(opts)
         table = f"{conn.database}.{conn.table}"
         deletes = _deletes(options.upsert_op_column, schema, info, table)
-        columns = [c for c in schema.fieldNames() if deletes is None or c != deletes.op_column]
+        unchanged = options.upsert_unchanged_column
+        check_unchanged_column(to_arrow_schema(schema), unchanged, info.sorting_key)
+        columns = [c for c in schema.fieldNames() if (deletes is None or c != deletes.op_column) and c != unchanged]
         check_dataframe_columns(columns, info.spelled, table)
         for name in info.spelled:
             if name not in columns and name not in info.defaults and name in info.sorting_key:
@@ -127,7 +130,7 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         if options.insert_async:
             settings.update(async_insert=1, wait_for_async_insert=1)
         insert = InsertPlan(conn, tuple(columns), types, tuple(c for c in info.sorting_key if c in columns), deletes,
-                            options.insert_deduplicate, settings)
+                            options.insert_deduplicate, settings, unchanged)
         return ClickHouseWritePlan(self.format_name, opts, schema, config, insert, options.connections_per_task)
 
     # ------------------------------------------------------------------ reading

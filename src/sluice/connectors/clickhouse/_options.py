@@ -13,6 +13,7 @@ from sluice.connector import (
     TypedOptions,
     check_error_options,
     tracking_options,
+    unchanged_column_option,
 )
 from sluice.connectors.clickhouse._client import CONNECTION_OPTIONS, Connection
 
@@ -30,6 +31,8 @@ WRITE_OPTIONS = (
     Option("upsert.op-column", "str", None,
            "Column whose value d, delete, D or -D deletes the row's key; a ReplacingMergeTree(ver, is_deleted) "
            "table only. Not written."),
+    unchanged_column_option("a ClickHouse row replaces the whole row (ReplacingMergeTree), so a row that names a "
+                            "column is refused, naming its key, before anything of its chunk is written."),
 )
 
 
@@ -43,6 +46,7 @@ class WriteOptions(TypedOptions):
     insert_deduplicate: bool
     insert_async: bool
     upsert_op_column: str | None
+    upsert_unchanged_column: str | None
 
 
 # ClickHouse wants few, large inserts (each one is a part on disk that merges later): large batches by default.

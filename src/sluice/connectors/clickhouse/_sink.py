@@ -42,6 +42,7 @@ from sluice.connector import (
     WritePlan,
     delete_mask,
     refuse_truncate,
+    refuse_unchanged,
 )
 from sluice.connectors.clickhouse._checks import check_chunk
 from sluice.connectors.clickhouse._client import RECORD_CODES, ClickHouseError, Connection, quote_ident
@@ -68,6 +69,7 @@ class InsertPlan:
     deletes: Deletes | None = None
     deduplicate: bool = False
     settings: dict[str, str | int] = field(default_factory=dict)
+    unchanged_column: str | None = None  # upsert.unchanged-column: rows that name a column are refused
 
     @property
     def statement(self) -> str:
@@ -81,6 +83,12 @@ class InsertPlan:
     def prepare(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Check a chunk, then give it the table's columns: the op column becomes is_deleted (1 for deletes)."""
         table = f"{self.conn.database}.{self.conn.table}"
+        if self.unchanged_column is not None:
+            refuse_unchanged(batch, self.unchanged_column, self.row_key_columns, f"ClickHouse table {table}",
+                             "A ReplacingMergeTree row replaces the whole row: run ALTER TABLE ... REPLICA IDENTITY "
+                             "FULL on the source table so that postgres_changes carries every value, or write such "
+                             "a table to postgres or the table store, which keep the stored value.")
+            batch = batch.drop_columns([self.unchanged_column])
         if self.deletes is None:
             check_chunk(batch, self.types, table, lambda row: self.row_key(batch, row))
             return batch

@@ -18,6 +18,7 @@ from sluice.connector import (
     check_error_options,
     pushdown_option,
     tracking_options,
+    unchanged_column_option,
 )
 from sluice.connectors.postgres._client import CONNECTION_OPTIONS, Connection
 
@@ -30,6 +31,8 @@ WRITE_OPTIONS = (
            "Column whose value d, delete, D or -D deletes the row with that key (needs primary-key); not written. "
            "'truncate' (postgres_changes) deletes every row, in order with the changes around it (sink.mode="
            "global-ordered; refused in the other modes)."),
+    unchanged_column_option("the upsert keeps the table's value of each column a row names (or the value the "
+                            "row's last earlier change in the same batch set)."),
     Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
     Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
            maximum=64),
@@ -45,6 +48,7 @@ class WriteOptions(TypedOptions):
     table: str
     primary_key: tuple[str, ...]
     upsert_op_column: str | None
+    upsert_unchanged_column: str | None
     create_table: bool
     connections_per_task: int
 

@@ -34,9 +34,12 @@ _WARNED: set[tuple[str, tuple[str, ...]]] = set()  # (table, columns) warned abo
 
 # Metadata columns every change row carries after the table's columns.
 OP, LSN, COMMIT_TIME, XID, TABLE = "_op", "_lsn", "_commit_time", "_xid", "_table"
+# The columns an UPDATE left unchanged and pgoutput did not send (TOASTed values, 'u'), null in the row; null when
+# none. Upsert sinks keep the stored value for them (their upsert.unchanged-column option).
+UNCHANGED = "_unchanged"
 METADATA_FIELDS = (
     pa.field(OP, pa.string()), pa.field(LSN, pa.int64()), pa.field(COMMIT_TIME, pa.timestamp("us", tz="UTC")),
-    pa.field(XID, pa.int64()), pa.field(TABLE, pa.string()),
+    pa.field(XID, pa.int64()), pa.field(TABLE, pa.string()), pa.field(UNCHANGED, pa.list_(pa.string())),
 )
 METADATA_COLUMNS = tuple(f.name for f in METADATA_FIELDS)
 
@@ -210,7 +213,8 @@ class ChangeDecoder:
         by_name, untyped = type_columns(texts, self.column_types, self.schema)
         meta = {OP: _ops().take(op_of), LSN: pa.array(lsn[rows], pa.int64()),
                 COMMIT_TIME: pa.array(ts[rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(names, pa.string()).take(table_of)}
+                XID: pa.array(xid[rows], pa.int64()), TABLE: pa.array(names, pa.string()).take(table_of),
+                UNCHANGED: _unchanged_lists(value_len[:-1] == _UNCHANGED, self.data_names)}
         if untyped:
             keep = self._refuse(texts, meta, untyped)
             meta = {name: column.filter(keep) for name, column in meta.items()}
@@ -262,18 +266,11 @@ class ChangeDecoder:
         # Inserts and updates: the new tuple; deletes: the old key or row (pos still points at it).
         v_start, v_len, _ = _tuples(data, pos, len(slots), np.ones(len(starts), bool))
         unchanged = (v_len == _UNCHANGED) & new_tuple[None, :]
-        if unchanged.any():
-            carried = unchanged & (data[starts + 5] == 0x4F)[None, :] & (old_len is not None)
-            if not (carried == unchanged).all():
-                col, row = np.argwhere(unchanged & ~carried)[0]
-                rel = self.relations[relid]
-                raise UnchangedToastError(
-                    f"an UPDATE of {rel.name} (transaction committed at LSN {format_lsn(int(lsns[row]))}) left the "
-                    f"large (TOASTed) column(s) {[rel.columns[col]]} unchanged and PostgreSQL did not send their "
-                    f"values. Run ALTER TABLE {rel.name} REPLICA IDENTITY FULL so updates carry the old row, then "
-                    "restart the query")
-            assert old_start is not None and old_len is not None
-            v_start[unchanged], v_len[unchanged] = old_start[unchanged], old_len[unchanged]  # from the old row
+        if unchanged.any() and old_start is not None and old_len is not None:
+            # With the old row (REPLICA IDENTITY FULL) the value is known: filled in. Otherwise the value stays
+            # _UNCHANGED (null, and named in the row's UNCHANGED list).
+            carried = unchanged & (marker == 0x4F)[None, :]
+            v_start[carried], v_len[carried] = old_start[carried], old_len[carried]
         for i, slot in enumerate(slots):
             value_start[slot, out_rows] = v_start[i]
             value_len[slot, out_rows] = v_len[i]
@@ -282,12 +279,27 @@ class ChangeDecoder:
             changed = self._key_changed(data, self.relations[relid], marker, updates_with_old, old_start, old_len,
                                         v_start, v_len)
             if changed.any():
+                self._refuse_rekeyed_unchanged(relid, (v_len == _UNCHANGED) & changed[None, :], lsns)
                 old_value_start = np.zeros((value_start.shape[0], int(changed.sum())), np.int64)
                 old_value_len = np.full_like(old_value_start, -1)
                 for i, slot in enumerate(slots):
                     old_value_start[slot], old_value_len[slot] = old_start[i][changed], old_len[i][changed]
                 return out_rows[changed], old_value_start, old_value_len
         return None
+
+    def _refuse_rekeyed_unchanged(self, relid: int, unknown: np.ndarray, lsns: np.ndarray) -> None:
+        """An update that changed the key becomes an insert of the new key, which must carry every value: one the
+        update left unchanged, and pgoutput did not send, is not known (the old row, under REPLICA IDENTITY FULL,
+        carries it)."""
+        if unknown.any():
+            col, row = np.argwhere(unknown)[0]
+            rel = self.relations[relid]
+            raise UnchangedToastError(
+                f"an UPDATE of {rel.name} (transaction committed at LSN {format_lsn(int(lsns[row]))}) changed the "
+                f"row's primary key and left the large (TOASTed) column(s) {[rel.columns[col]]} unchanged, and "
+                "PostgreSQL did not send their values: the row under its new key cannot be written whole. Run "
+                f"ALTER TABLE {rel.name} REPLICA IDENTITY FULL so such updates carry the old row, then restart the "
+                "query")
 
     def _key_changed(self, data: np.ndarray, rel: Relation, marker: np.ndarray, updates_with_old: np.ndarray,
                      old_start: np.ndarray, old_len: np.ndarray, v_start: np.ndarray, v_len: np.ndarray) -> np.ndarray:
@@ -385,6 +397,20 @@ def _ops() -> pa.Array:
     one-shot planning workers, importing this module to unpickle the data source, would pay on every call."""
     return pa.array(["insert", "update", "delete"], pa.string())
 _UNCHANGED = -2  # value length of an unchanged TOASTed value ('u')
+
+
+def _unchanged_lists(unchanged: np.ndarray, names: list[str]) -> pa.Array:
+    """The UNCHANGED column: per row (columns of `unchanged`), the names of the columns marked in it, in schema
+    order; null for a row without any."""
+    per_row = unchanged.sum(axis=0)
+    if not per_row.any():
+        return pa.nulls(unchanged.shape[1], pa.list_(pa.string()))
+    _, cols = np.nonzero(unchanged.T)  # row-major: each row's columns in order
+    offsets = np.zeros(len(per_row) + 1, np.int32)
+    np.cumsum(per_row, out=offsets[1:])
+    values = pa.array(names, pa.string()).take(pa.array(cols))
+    mask = pa.array(per_row == 0)
+    return pa.ListArray.from_arrays(pa.array(offsets), values, mask=mask)
 
 
 def _be(data: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:

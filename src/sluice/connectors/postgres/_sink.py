@@ -147,7 +147,8 @@ class PostgresStore(BlockingStore):
             tmp = "sluice_tmp_" + schema_digest(plan.schema, plan.table, table.schema)
             seq = pa.array(entries, pa.int64())
             cur.adbc_ingest(tmp, table.append_column("_sluice_seq", seq), mode="create_append", temporary=True)
-            for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq", truncates=plan.truncates(table) is not None):
+            for sql in plan.move_sql(f"pg_temp.{tmp}", "s._sluice_seq", plan.marked_in(table),
+                                     truncates=plan.truncates(table) is not None):
                 cur.execute(sql)
             cur.execute(f"TRUNCATE pg_temp.{tmp}")
             conn.commit()
@@ -258,7 +259,12 @@ class PostgresCommitter(Committer):
                 cur.execute(f"DELETE FROM {plan.target}")
             source = f"(SELECT DISTINCT ON (_sluice_task, _sluice_seq) * FROM {stage} WHERE {chosen})"
             truncates = any(m.get("truncates", False) for m in messages)
-            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq", truncates=truncates):
+            marked: tuple[str, ...] = ()
+            if plan.unchanged_column:
+                cur.execute(f"SELECT DISTINCT unnest({quote_ident(plan.unchanged_column)})::text FROM {stage} "
+                            f"WHERE {chosen}")
+                marked = plan.marked([row[0] for row in cur.fetchall()])
+            for sql in plan.move_sql(source, "s._sluice_task, s._sluice_seq", marked, truncates=truncates):
                 cur.execute(sql)
             cur.execute(f"DELETE FROM {stage} WHERE {where}")
             if finish:

@@ -29,10 +29,11 @@ _MARK = "sluice checks "  # the staging table's comment: which checks it carries
 
 
 def target_checks(cur: Any, schema: str, table: str, columns: tuple[str, ...], not_null: tuple[str, ...],
-                  op_column: str | None) -> list[Check]:
+                  op_column: str | None, unchanged_column: str | None = None) -> list[Check]:
     """(name, CHECK clause, usable) for the staging table: the target's CHECK constraints, then a CHECK per NOT NULL
     column; one that reads a column the DataFrame does not write is not usable (its clause says why). With an op
-    column, a delete or a truncate is not checked (it inserts nothing)."""
+    column, a delete or a truncate is not checked (it inserts nothing); with an unchanged column, a NOT NULL column a
+    row names is not either (the table keeps its value)."""
     cur.execute(
         "SELECT c.conname::text, pg_get_expr(c.conbin, c.conrelid), "
         "(SELECT array_agg(a.attname::text) FROM pg_attribute a WHERE a.attrelid = c.conrelid "
@@ -57,7 +58,9 @@ def target_checks(cur: Any, schema: str, table: str, columns: tuple[str, ...], n
     for column in not_null:
         name = f"{table}_{column}_not_null"
         if name not in taken:
-            checks.append((name, clause(f"({quote_ident(column)} IS NOT NULL)"), True))
+            kept = (f" OR COALESCE({quote_literal(column)} = ANY({quote_ident(unchanged_column)}), false)"
+                    if unchanged_column else "")
+            checks.append((name, clause(f"({quote_ident(column)} IS NOT NULL{kept})"), True))
     return checks
 
 

@@ -42,8 +42,19 @@ from sluice.connector import (
     RecordError,
     check_dataframe_columns,
     check_key_columns,
+    check_unchanged_column,
+    delete_mask,
+    marked_columns,
+    marked_rows,
 )
-from sluice.connectors.postgres._client import Connection, PostgresError, qualified, quote_ident, split_qualified
+from sluice.connectors.postgres._client import (
+    Connection,
+    PostgresError,
+    qualified,
+    quote_ident,
+    quote_literal,
+    split_qualified,
+)
 from sluice.connectors.postgres._options import WriteOptions
 from sluice.connectors.postgres._stage import give_checks, prepare_stage, target_checks
 
@@ -137,10 +148,11 @@ class TablePlan:
 
     schema: str
     table: str
-    columns: tuple[str, ...]  # DataFrame columns written to the table (the op column is not one)
+    columns: tuple[str, ...]  # DataFrame columns written to the table (the op and unchanged columns are not)
     target_types: tuple[str, ...]  # their PostgreSQL types in the table
     primary_key: tuple[str, ...] = ()
     op_column: str | None = None
+    unchanged_column: str | None = None  # upsert.unchanged-column
     direct: bool = False  # COPY straight into the table (CSV, or BINARY when the Arrow types are exactly its types)
     csv: bool = False  # direct, and every type's CSV text parses back to the same value: COPY ... (FORMAT csv)
     stage_table: str | None = None  # staged (transactional / overwrite) writes
@@ -168,10 +180,16 @@ class TablePlan:
         for name in self.not_null:
             column = batch.column(name)
             if column.null_count:
-                missing = pc.is_null(column) if truncates is None else pc.and_not(pc.is_null(column), truncates)
-                if pc.any(missing).as_py():  # a truncate (upsert.op-column) has no values
-                    self._refuse(batch, missing, f"column '{name}' is NOT NULL in {self.display}, but "
-                                                 f"{pc.sum(missing).as_py()} row(s) have no value for it")
+                nulls = pc.is_null(column)
+                if truncates is not None:  # a truncate (upsert.op-column) has no values
+                    nulls = pc.and_not(nulls, truncates)
+                if self.op_column:  # a delete writes no value (as the staging table's checks have it)
+                    nulls = pc.and_(nulls, pc.invert(delete_mask(batch.column(self.op_column).cast(pa.string()))))
+                if self.unchanged_column:  # a row that leaves the column unchanged keeps the table's value
+                    nulls = pc.and_(nulls, pa.array(~marked_rows(batch.column(self.unchanged_column), name)))
+                if pc.any(nulls).as_py():
+                    self._refuse(batch, nulls, f"column '{name}' is NOT NULL in {self.display}, but "
+                                               f"{pc.sum(nulls).as_py()} row(s) have no value for it")
         for name, low, high in self.int_ranges:
             column = batch.column(name)
             outside = pc.or_(pc.less(column, low), pc.greater(column, high))
@@ -236,9 +254,18 @@ class TablePlan:
         ref = f"{alias}.{quote_ident(column)}"
         return f"{ref}::{pg}" if pg in ("json", "jsonb") else ref
 
-    def move_sql(self, source: str, order: str, truncates: bool = False) -> list[str]:
+    def marked(self, names: list[str]) -> tuple[str, ...]:
+        """Of the columns a batch's rows name unchanged (`names`), those the upsert must keep: written, not the key."""
+        return tuple(c for c in self.columns if c in names and c not in self.primary_key)
+
+    def marked_in(self, table: pa.Table) -> tuple[str, ...]:
+        """The columns rows of `table` leave unchanged (upsert.unchanged-column) that the upsert must keep."""
+        return self.marked(marked_columns(table.column(self.unchanged_column))) if self.unchanged_column else ()
+
+    def move_sql(self, source: str, order: str, marked: tuple[str, ...] = (), truncates: bool = False) -> list[str]:
         """Statements that apply the rows of `source` (a relation, aliased s) to the target, in `order` (columns of
-        s). `truncates`: `source` may hold a truncate (upsert.op-column): the target is emptied, and only the rows
+        s). `marked`: the columns some row leaves unchanged (marked_in), whose stored values the upsert keeps.
+        `truncates`: `source` may hold a truncate (upsert.op-column): the target is emptied, and only the rows
         after the last one are applied."""
         statements = []
         if self.op_column and truncates:
@@ -252,6 +279,8 @@ class TablePlan:
         values = ", ".join(self._value(c, t, "s") for c, t in zip(self.columns, self.target_types, strict=True))
         if not self.upsert:
             return [f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {source} s ORDER BY {order}"]
+        if marked:
+            return statements + self._move_keeping(source, order, marked)
         key = ", ".join(f"s.{quote_ident(c)}" for c in self.primary_key)
         last = f"(SELECT DISTINCT ON ({key}) * FROM {source} s ORDER BY {key}, {order.replace(',', ' DESC,')} DESC)"
         keep = f"NOT {is_delete_sql(self.op_column)}" if self.op_column else "true"
@@ -262,10 +291,54 @@ class TablePlan:
         statements.append(f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {last} s WHERE {keep} "
                           f"ON CONFLICT ({conflict}) {action}")
         if self.op_column:
-            types = dict(zip(self.columns, self.target_types, strict=True))
-            match = " AND ".join(f"t.{quote_ident(c)} = s.{quote_ident(c)}::{types[c]}" for c in self.primary_key)
-            statements.append(f"DELETE FROM {self.target} t USING {last} s WHERE {match} AND "
-                              f"{is_delete_sql(self.op_column)}")
+            statements.append(self._delete_sql(last))
+        return statements
+
+    def _delete_sql(self, last: str) -> str:
+        assert self.op_column is not None
+        types = dict(zip(self.columns, self.target_types, strict=True))
+        match = " AND ".join(f"t.{quote_ident(c)} = s.{quote_ident(c)}::{types[c]}" for c in self.primary_key)
+        return f"DELETE FROM {self.target} t USING {last} s WHERE {match} AND {is_delete_sql(self.op_column)}"
+
+    def _move_keeping(self, source: str, order: str, marked: tuple[str, ...]) -> list[str]:
+        """move_sql when rows leave `marked` columns unchanged. Per key, the last row wins as ever, but each marked
+        column takes the value of the last row that set it (the `_sluice_g<i>`-th: rows that set it, counted in
+        order), and where no row of the key set it the table keeps its value: an UPDATE that keeps them for those
+        keys, an INSERT of keys the table lacks (the value unknown: null), and the plain upsert for the other keys."""
+        assert self.unchanged_column is not None
+        key = ", ".join(f"s.{quote_ident(c)}" for c in self.primary_key)
+        flag = quote_ident(self.unchanged_column)
+        counts = ", ".join(
+            f"count(*) FILTER (WHERE NOT COALESCE({quote_literal(c)} = ANY(s.{flag}), false)) OVER (PARTITION BY "
+            f"{key} ORDER BY {order}) AS _sluice_g{i}" for i, c in enumerate(marked))
+        firsts = ", ".join(f"first_value(s.{quote_ident(c)}) OVER (PARTITION BY {key}, s._sluice_g{i} ORDER BY "
+                           f"{order}) AS _sluice_v{i}" for i, c in enumerate(marked))
+        filled = f"(SELECT s.*, {firsts} FROM (SELECT s.*, {counts} FROM {source} s) s)"
+        last = f"(SELECT DISTINCT ON ({key}) * FROM {filled} s ORDER BY {key}, {order.replace(',', ' DESC,')} DESC)"
+        index = {c: i for i, c in enumerate(marked)}
+        types = dict(zip(self.columns, self.target_types, strict=True))
+
+        def value(c: str) -> str:
+            return self._value(f"_sluice_v{index[c]}", types[c], "s") if c in index else self._value(c, types[c], "s")
+
+        cols = ", ".join(quote_ident(c) for c in self.columns)
+        values = ", ".join(value(c) for c in self.columns)
+        live = f"NOT {is_delete_sql(self.op_column)}" if self.op_column else "true"
+        kept = " OR ".join(f"s._sluice_g{i} = 0" for i in range(len(marked)))
+        rest = [c for c in self.columns if c not in self.primary_key]
+        conflict = ", ".join(quote_ident(c) for c in self.primary_key)
+        sets = ", ".join(f"{quote_ident(c)} = CASE WHEN s._sluice_g{index[c]} = 0 THEN t.{quote_ident(c)} "
+                         f"ELSE {value(c)} END" if c in index else f"{quote_ident(c)} = {value(c)}" for c in rest)
+        match = " AND ".join(f"t.{quote_ident(c)} = s.{quote_ident(c)}::{types[c]}" for c in self.primary_key)
+        action = "DO UPDATE SET " + ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in rest)
+        statements = [
+            f"UPDATE {self.target} t SET {sets} FROM {last} s WHERE {match} AND {live} AND ({kept})",
+            f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {last} s WHERE {live} AND ({kept}) "
+            f"ON CONFLICT ({conflict}) DO NOTHING",
+            f"INSERT INTO {self.target} ({cols}) SELECT {values} FROM {last} s WHERE {live} AND NOT ({kept}) "
+            f"ON CONFLICT ({conflict}) {action}"]
+        if self.op_column:
+            statements.append(self._delete_sql(last))
         return statements
 
 
@@ -328,10 +401,12 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
     schema, table = split_qualified(options.table)
     pk = options.primary_key
     op_column = options.upsert_op_column
+    unchanged = options.upsert_unchanged_column
     check_key_columns(spark_schema.fieldNames(), pk, op_column)
     if op_column and not pk:
         raise OptionError("upsert.op-column needs primary-key: deletes find their row by key")
-    data_fields = [f for f in spark_schema.fields if f.name != op_column]
+    check_unchanged_column(arrow_schema, unchanged, pk)
+    data_fields = [f for f in spark_schema.fields if f.name not in (op_column, unchanged)]
     columns = tuple(f.name for f in data_fields)
     lease = conn_info.lease(conn_info.pool_key("adbc", autocommit=False), pooled=pooled)
     conn = lease.conn
@@ -366,8 +441,8 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
         csv = not pk and all(_base(a) == _base(b) and _base(b) in CSV_TYPES
                              for a, b in zip(loaded_types, target_types, strict=True))
         checks = _chunk_checks(columns, target_types, by_name, data_schema)
-        plan = TablePlan(schema, table, columns, target_types, pk, op_column, direct=direct or csv, csv=csv,
-                         **checks)
+        plan = TablePlan(schema, table, columns, target_types, pk, op_column, unchanged, direct=direct or csv,
+                         csv=csv, **checks)
         try:
             values = ", ".join(plan._value(c, t, "s") for c, t in zip(columns, target_types, strict=True))
             # PREPARE parses and type-checks the INSERT exactly as the writes will run it, without running it.
@@ -381,13 +456,13 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
         conn.rollback()
         if staged:
             stage = "sluice_stage_" + schema_digest(schema, table, arrow_schema)
-            stage_checks = target_checks(cur, schema, table, columns, plan.not_null, op_column)
+            stage_checks = target_checks(cur, schema, table, columns, plan.not_null, op_column, unchanged)
             unchecked = prepare_stage(cur, schema, stage, arrow_schema, stage_checks)
             conn.commit()
             if unchecked:
                 with conn_info.pooled(autocommit=False, pooled=pooled) as sql:
                     give_checks(sql, schema, stage, stage_checks, plan.display)
-            plan = TablePlan(schema, table, columns, target_types, pk, op_column, stage_table=stage,
+            plan = TablePlan(schema, table, columns, target_types, pk, op_column, unchanged, stage_table=stage,
                              overwrite=overwrite, run=secrets.randbits(30), **checks)
         cur.close()
         finished = True

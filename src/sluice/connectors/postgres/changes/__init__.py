@@ -27,7 +27,8 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
 - **Rows**: the tables' columns typed as `format("postgres")` types them, then `_op` (insert, update, delete:
   values `upsert.op-column` takes; snapshot rows are inserts; truncate, one row per emptied table with the
   columns null, unless option truncate=fail), `_lsn` (the commit LSN as a number),
-  `_commit_time`, `_xid` (null for snapshot rows) and `_table` (schema.name).
+  `_commit_time`, `_xid` (null for snapshot rows), `_table` (schema.name) and `_unchanged` (the columns an UPDATE
+  left unchanged and pgoutput did not send, TOASTed values: null in the row; what `upsert.unchanged-column` takes).
 - **Logical decoding messages** (option 'messages.prefix', PostgreSQL 14+): instead of table changes, the
   messages of the listed prefixes (pg_logical_emit_message), transactional ones with their transaction in commit
   order, each batch read from the slot moved to the batch's start (_messages.py plans, _pgmessages.py decodes).

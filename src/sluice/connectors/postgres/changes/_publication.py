@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType, TimestampType
 
 from sluice.connector import OptionError, from_arrow_schema
 from sluice.connectors.postgres._client import (
@@ -23,7 +23,7 @@ from sluice.connectors.postgres._client import (
 )
 from sluice.connectors.postgres._options import READ_SPEC, ReadOptions
 from sluice.connectors.postgres._pgmessages import MESSAGES_SCHEMA
-from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, XID
+from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, UNCHANGED, XID
 from sluice.connectors.postgres._source import infer_schema, spark_type
 from sluice.connectors.postgres.changes._options import ChangeOptions
 
@@ -272,5 +272,5 @@ def spark_schema(stream: ChangeStream) -> StructType:
     fields = [StructField(name, spark_type(pg_type)[0], True) for name, pg_type in stream.columns.items()]
     return StructType([*fields, StructField(OP, StringType(), False), StructField(LSN, LongType(), False),
                        StructField(COMMIT_TIME, TimestampType(), True), StructField(XID, LongType(), True),
-                       StructField(TABLE, StringType(), False)])
+                       StructField(TABLE, StringType(), False), StructField(UNCHANGED, ArrayType(StringType()), True)])
 
