@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/constraints.txt
 export PIP_CONSTRAINT := $(abspath $(CONSTRAINTS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: check-debian test-main-then-soak s2-proto check-pgjdbc test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
+.PHONY: check-debian test-main-then-soak s2-proto check-pgjdbc test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-client-certs test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
 	check-kafka check-registry check-chromium check-flink check-promtool
 
@@ -307,11 +307,12 @@ test-lines-then-versions: $(MAIN_SETUP) check-postgres-versions $(foreach l,$(MA
 	  "next to the main suite;" \
 	  "their output is shown when they end ($(LINES_THEN_VERSIONS_LOG))"
 	@$(MAKE) -j1 $(addprefix test-spark-,$(MAKE_TEST_LINES)) test-postgres-versions test-two-hop test-hbase test-kafka \
-	  > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
-	  rc=$$?; echo "===== the older Spark lines, the other PostgreSQL versions, two-hop, HBase and Kafka: exit $$rc ====="; \
+	  test-client-certs > $(LINES_THEN_VERSIONS_LOG) 2>&1; \
+	  rc=$$?; echo "===== the older Spark lines, the other PostgreSQL versions, two-hop, HBase, Kafka and client certificates: exit $$rc ====="; \
 	  cat $(LINES_THEN_VERSIONS_LOG); echo "===== end of $(LINES_THEN_VERSIONS_LOG) ====="; exit $$rc
 
-test-serial: test-main test-two-hop test-hbase test-kafka test-soak test-postgres-versions test-spark-lines
+test-serial: test-main test-two-hop test-hbase test-kafka test-client-certs test-soak test-postgres-versions \
+	test-spark-lines
 
 # The tests on a real HBase (one standalone HBase and its gateway for the connector's, one for LocalHBase's own, one
 # for the stream's crash test; 30 tests, 80 s alone before the 8 of the stream by cell timestamps, which add ~125 s at
@@ -324,7 +325,7 @@ HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbas
 test-main: $(MAIN_SETUP) lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
-	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(KAFKA_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS))
+	  $(addprefix --ignore=,$(HBASE_SERVER_TESTS) $(KAFKA_TESTS) $(TWO_HOP_TESTS) $(SOAK_TESTS) $(CLIENT_CERT_TESTS))
 
 # The table store's two-hop pipelines (3 tests, ~3.5 min) and the tracking-column stream into it across a driver kill
 # (2 tests, Spark driver processes of their own) run in make test's second job, after the PostgreSQL versions: that
@@ -344,6 +345,13 @@ KAFKA_TESTS := tests/test_local_kafka.py tests/connectors/kafka tests/doctor/tes
 	tests/formats/test_registry.py
 test-kafka: $(STAMP) check-java check-kafka check-registry check-postgres
 	$(PY) -m pytest -p no:cacheprovider $(KAFKA_TESTS)
+
+# Client certificates on Cassandra and OpenSearch (a server of each that demands one, ~70 s with their starts) run
+# last in make test's second job, which ended with the first (2026-12-06: 36.2 min against 36.7), before the first
+# job's suite grew by this session's tests (make test-client-certs runs them alone).
+CLIENT_CERT_TESTS := tests/connectors/cassandra/test_tls.py tests/connectors/elasticsearch/test_mtls.py
+test-client-certs: $(STAMP) check-java check-cassandra check-opensearch
+	$(PY) -m pytest -p no:cacheprovider $(CLIENT_CERT_TESTS)
 
 # The bank pipeline under random faults (bench/soak/), with its Kafka branch (hence check-kafka): a short seeded run
 # (90 s of faults, ~3 min in all; and the design-store checks' own test, ~20 s) after the main suite in make test's first job; `make soak MINUTES=30` is the long run, with its
