@@ -7,6 +7,10 @@ timestamps); only arrays and bytea are converted value by value. Values are in P
 form with the reading session's DateStyle ISO and TimeZone UTC (set by the reader).
 
 Message layout: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
+
+One module past ~400 lines on purpose: its message handlers (Begin, Commit, Relation, Insert/Update/Delete with
+their unchanged TOAST values, Truncate) share one decoder's state, the relation cache and the open transaction, in
+the order the stream gives them; split, each part would reach into the others' state.
 """
 
 from __future__ import annotations

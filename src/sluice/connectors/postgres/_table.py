@@ -5,6 +5,10 @@ the DataFrame's Arrow schema is loaded (empty) into a temporary table with the s
 uses, and `PREPARE ... AS INSERT INTO target SELECT ... FROM that table` must parse and type-check, i.e. every
 column has an assignment cast (not EXPLAIN: ADBC wraps statements that return rows in COPY). The server's
 message names the column and both types when it does not.
+
+One module past ~400 lines on purpose: the driver's checks (`prepare_target`) build the `TablePlan` whose per-chunk
+checks and statements (deletes, truncates, columns left unchanged) the tasks and the commit run; both read the same
+column facts (types, NOT NULLs, the key), learnt once on the driver.
 """
 
 from __future__ import annotations
