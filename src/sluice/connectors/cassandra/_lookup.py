@@ -68,7 +68,11 @@ class CassandraLookupReader(LookupReader):
         return f"table {self.conn.keyspace}.{self.conn.table} on {self.conn.display}"
 
     def lookup(self, keys: pa.Table) -> pa.Table:
-        values = [python_values(keys.column(name).combine_chunks(), self.kinds[name]) for name in self.on]
+        try:
+            values = [python_values(keys.column(name).combine_chunks(), self.kinds[name]) for name in self.on]
+        except ValueError as e:  # a string key that is no UUID for a uuid column
+            raise CassandraError(f"a key looked up in {self.described} does not fit its column's CQL type: {e}",
+                                 store="cassandra", target=self.conn.display) from None
         rows = self._rows(list(zip(*values, strict=True)))
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in self.arrow]
         try:
