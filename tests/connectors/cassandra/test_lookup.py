@@ -67,6 +67,20 @@ def test_a_clustering_prefix_narrows_the_partition_and_each_select_is_routed_at_
     assert run(one, [(2, 0)])["v"] == ["v2-1"] and one.reader._prepared.consistency_level == ConsistencyLevel.ONE
 
 
+def test_many_partitions_of_one_batch_are_read_concurrently_each_once(cass):
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    table = cass.table("pk int, ck int, v text, PRIMARY KEY ((pk), ck)")
+    insert = cass.session.prepare(f"INSERT INTO sluice.{table} (pk, ck, v) VALUES (?, ?, ?)")
+    execute_concurrent_with_args(cass.session, insert, [(p, c, f"{p}-{c}") for p in range(150) for c in range(2)])
+    options = cass.opts(table, **{"lookup.max-concurrent-requests": "4"})
+    plan, _ = plan_lookup(SCHEMA, "cassandra", options, "pk", "inner", ["v"])
+    assert plan.reader.concurrency == 4
+    keys = [(p, 0) for p in range(0, 300, 2)]  # every even pk: 75 found (two rows each), 75 missing
+    out = run(plan, keys)["v"]
+    assert sorted(out) == sorted(f"{p}-{c}" for p in range(0, 150, 2) for c in range(2))
+
+
 def test_a_composite_partition_key_is_looked_up_whole(cass):
     table = cass.table("tenant text, day int, n int, v text, PRIMARY KEY ((tenant, day), n)")
     cass.cql(f"INSERT INTO sluice.{table} (tenant, day, n, v) VALUES ('a', 1, 1, 'a11')")

@@ -90,21 +90,25 @@ class CassandraLookupReader(LookupReader):
 
         delay = 0.5
         for attempt in range(self.retries + 1):
+            error: BaseException
             try:
                 session = self.conn.session()
-                statement = self._statement(session)
-                results = execute_concurrent_with_args(session, statement, params, concurrency=self.concurrency,
-                                                       raise_on_first_error=True, execution_profile=TUPLES)
-                return [tuple(row) for result in results for row in result.result_or_exc]
-            except Exception as e:
-                error = e if isinstance(e, CassandraError) else classify(e, self.conn, len(params))
-                passes = isinstance(error, RetryableError | ThrottledError) or (
-                    isinstance(e, CassandraError) and "cannot connect" in str(e))
-                self._prepared = None  # a new session (a restarted cluster) prepares anew
-                if attempt == self.retries or not passes:
-                    raise CassandraError(f"looking up {len(params)} key(s) in {self.described} failed after "
-                                         f"{attempt + 1} attempt(s) (lookup.max-retries={self.retries}): {error}",
-                                         store="cassandra", target=self.conn.display) from None
+            except CassandraError as e:  # no node reachable (a wrong password passes no better the next time)
+                error, passes = e, "authentication failed" not in str(e)
+            else:
+                try:
+                    statement = self._statement(session)
+                    results = execute_concurrent_with_args(session, statement, params, concurrency=self.concurrency,
+                                                           raise_on_first_error=True, execution_profile=TUPLES)
+                    return [tuple(row) for result in results for row in result.result_or_exc]
+                except Exception as e:
+                    error = classify(e, self.conn, len(params))
+                    passes = isinstance(error, RetryableError | ThrottledError)
+                    self._prepared = None  # the next session (a restarted cluster's) prepares anew
+            if attempt == self.retries or not passes:
+                raise CassandraError(f"looking up {len(params)} key(s) in {self.described} failed after "
+                                     f"{attempt + 1} attempt(s) (lookup.max-retries={self.retries}): {error}",
+                                     store="cassandra", target=self.conn.display) from None
             time.sleep(delay)
             delay = min(delay * 2, 8.0)
         raise AssertionError("unreachable: the last attempt returns or raises")
