@@ -7,20 +7,26 @@ with), resolved on the driver when the lookup is planned (so that a table withou
 by each task when it starts, so that a streaming query's later micro-batches see later barriers. All the batches
 of one task read one version; two tasks may read two, when a barrier completes between their starts.
 
-How: deltalake's pyarrow dataset of that version, whose fragments carry each data file's min/max statistics from
-the Delta log, filtered by `is_in` on the key (several key columns: `is_in` on each, then the exact pairs by a join
-in sluice's join back). pyarrow skips every file whose statistics cannot match before opening it, then row groups
-by their Parquet statistics. The dataset reaches the warehouse as the table's batch read does: a local folder, or
-s3:// with the storage.* options resolved on the driver (`Warehouse`), through deltalake's own filesystem. Each
-worker process keeps the datasets of the last few versions it opened, so the next task does not replay the log.
+How: the version's add actions (from the Delta log: each data file's path and its columns' min/max) pick the files
+whose range on every key column can hold one of the batch's keys; a file without bounds for a key column is kept.
+Only those files are opened, as one pyarrow dataset filtered by `is_in` on the key, so pyarrow also skips row groups
+by their Parquet statistics. (Not deltalake's own `to_pyarrow_dataset()`: for a file whose log entry has stats but
+none for the filtered column, deltalake 1.6 guarantees `column >= null`, and pyarrow then drops the file: rows lost.)
+The files are reached through the warehouse's pyarrow filesystem, as the table's batch read reaches them: a local
+folder, or s3:// with the storage.* options resolved on the driver (`Warehouse`). Each worker process keeps the
+file lists of the last few versions it opened, so the next task does not replay the Delta log.
 """
 
 from __future__ import annotations
 
+import bisect
+import datetime
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,26 +36,69 @@ from sluice.connector import LookupReader, OptionError, Options, from_arrow_sche
 from sluice.meta import MetaService, check_url
 from sluice.tablestore._options import LookupOptions
 from sluice.tablestore._storage import Warehouse
-from sluice.tablestore._table import StoreTable
+from sluice.tablestore._table import StoreTable, TableStoreError
 
-_DATASETS: OrderedDict[tuple[str, int], Any] = OrderedDict()
-_DATASETS_LOCK = threading.Lock()
-KEPT_VERSIONS = 4  # datasets a worker process keeps (a stream moves from barrier to barrier)
+_VERSIONS: OrderedDict[tuple[str, int], VersionFiles] = OrderedDict()
+_VERSIONS_LOCK = threading.Lock()
+KEPT_VERSIONS = 4  # versions a worker process keeps the file lists of (a stream moves from barrier to barrier)
 
 
-def _dataset(table: StoreTable, version: int) -> Any:
-    """This process's pyarrow dataset of `table` at `version` (deltalake's: fragments with the files' stats)."""
+@dataclass(frozen=True)
+class VersionFiles:
+    """One version's data files (as the warehouse's filesystem names them), its Arrow schema, and the add actions'
+    per-file bounds of each column (None where a file has none)."""
+
+    paths: tuple[str, ...]
+    schema: pa.Schema
+    low: dict[str, list[Any]]
+    high: dict[str, list[Any]]
+
+    def holding(self, column: str, keys: list[Any]) -> list[bool]:
+        """Per file: whether its range of `column` can hold one of `keys` (sorted): unknown bounds can."""
+        lows, highs = self.low.get(column), self.high.get(column)
+        if lows is None or highs is None:
+            return [True] * len(self.paths)
+        out = []
+        for low, high in zip(lows, highs, strict=True):
+            try:
+                out.append(low is None or high is None or
+                           bisect.bisect_right(keys, high) > bisect.bisect_left(keys, low))
+            except TypeError:  # bounds the keys do not compare with: the file is read
+                out.append(True)
+        return out
+
+
+def _version_files(table: StoreTable, version: int) -> VersionFiles:
+    """This process's file list of `table` at `version`, from its Delta log."""
     key = (table.uri, version)
-    with _DATASETS_LOCK:
-        if key in _DATASETS:
-            _DATASETS.move_to_end(key)
-            return _DATASETS[key]
-    dataset = table.delta(version).to_pyarrow_dataset()
-    with _DATASETS_LOCK:
-        _DATASETS[key] = dataset
-        while len(_DATASETS) > KEPT_VERSIONS:
-            _DATASETS.popitem(last=False)
-    return dataset
+    with _VERSIONS_LOCK:
+        if key in _VERSIONS:
+            _VERSIONS.move_to_end(key)
+            return _VERSIONS[key]
+    dt = table.delta(version)
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if "deletionVector.storageType" in actions.column_names and \
+            actions.column("deletionVector.storageType").null_count < actions.num_rows:
+        raise TableStoreError(f"table '{table.name}' has deletion vectors, which this reader does not apply; rewrite "
+                              "the table without them (OPTIMIZE / REORG PURGE)")
+    schema = pa.schema(dt.schema().to_arrow())
+    paths = tuple(table.file_path(unquote(p)) for p in actions.column("path").to_pylist())
+    bounds = {side: {name.removeprefix(f"{side}."): actions.column(name).to_pylist()
+                     for name in actions.column_names if name.startswith(f"{side}.")} for side in ("min", "max")}
+    for name, highs in bounds["max"].items():
+        kind = schema.field(name).type if name in schema.names else None
+        if kind is not None and pa.types.is_timestamp(kind):
+            # Delta keeps timestamp bounds in milliseconds, the maximum truncated: a microsecond later may be in it.
+            bounds["max"][name] = [None if h is None else h + datetime.timedelta(milliseconds=1) for h in highs]
+        elif kind is not None and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            # Writers may cut a long string bound to a prefix (Delta's default: 32 characters), below the true maximum.
+            bounds["max"][name] = [None if h is None or len(h) >= 32 else h for h in highs]
+    found = VersionFiles(paths, schema, bounds["min"], bounds["max"])
+    with _VERSIONS_LOCK:
+        _VERSIONS[key] = found
+        while len(_VERSIONS) > KEPT_VERSIONS:
+            _VERSIONS.popitem(last=False)
+    return found
 
 
 def _latest_barrier_version(table: StoreTable, meta: str) -> int:
@@ -95,12 +144,23 @@ class TableStoreLookupReader(LookupReader):
         return self._task_version
 
     def lookup(self, keys: pa.Table) -> pa.Table:
-        dataset = _dataset(self.table, self.task_version())
+        import pyarrow.dataset as ds
+
+        files = _version_files(self.table, self.task_version())
+        keep = [True] * len(files.paths)
         where = None
         for name in self.on:
-            values = pc.unique(keys.column(name).combine_chunks())
-            found = pc.field(name).isin(values.cast(dataset.schema.field(name).type))
+            values = pc.unique(keys.column(name).combine_chunks()).cast(files.schema.field(name).type)
+            ordered = pc.sort_indices(values)
+            held = files.holding(name, values.take(ordered).to_pylist())
+            keep = [k and h for k, h in zip(keep, held, strict=True)]
+            found = pc.field(name).isin(values)
             where = found if where is None else where & found
+        paths = [path for path, kept in zip(files.paths, keep, strict=True) if kept]
+        if not paths:
+            return files.schema.empty_table().select(list(self.columns))
+        dataset = ds.dataset(paths, schema=files.schema, format="parquet",
+                             filesystem=self.table.warehouse.filesystem())
         return dataset.to_table(columns=list(self.columns), filter=where)
 
 
