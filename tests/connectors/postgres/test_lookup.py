@@ -42,6 +42,21 @@ def test_left_and_inner_give_a_row_per_match_typed_as_the_batch_read_types_them(
                                                                    ("c", "bo")]
 
 
+def test_infinite_dates_and_timestamps_are_looked_up_as_the_batch_read_gives_them(spark, pg):
+    table = pg.table("spans")
+    pg.sql(f'CREATE TABLE "{table}" (id int, d date, ts timestamp, tz timestamptz)')
+    pg.sql(f"INSERT INTO \"{table}\" VALUES (1, 'infinity', '-infinity', 'infinity'), "
+           "(2, '-infinity', 'infinity', '-infinity'), (3, '2026-12-06', '2026-12-06 10:00', '2026-12-06 10:00+00')")
+    df = spark.createDataFrame([(1,), (2,), (3,)], "id int")
+    # As numbers: Python's datetime cannot hold Spark's first instant in every zone (collect() would fail on it).
+    as_numbers = "id, unix_date(d) AS d, unix_micros(CAST(ts AS timestamp)) AS ts, unix_micros(tz) AS tz"
+    looked_up = sluice.lookup(df, "postgres", pg.opts(table), on="id").selectExpr(*as_numbers.split(", "))
+    read = spark.read.format("postgres").options(**pg.opts(table)).load().selectExpr(*as_numbers.split(", "))
+    rows = sorted(tuple(r) for r in looked_up.collect())
+    assert rows == sorted(tuple(r) for r in read.collect())
+    assert rows[0][1:] == (2932896, -62135596800000000, 253402300799999999)  # 9999-12-31, first and last instant
+
+
 def test_a_composite_key_is_looked_up_through_unnest(spark, pg):
     table = pg.table("pairs")
     pg.sql(f'CREATE TABLE "{table}" (tenant text, id bigint, v text, PRIMARY KEY (tenant, id))')
