@@ -11,6 +11,10 @@ in the Java admin client only), so which producer holds a partition cannot be re
 --fix aborts what a stopped job's ids left open the way a restarted task does: `init_transactions()` with the id
 fences its last producer and aborts its open transaction (KIP-98). A user's own transactional-id-prefix is not
 known to the MetaService: such ids are not found.
+
+Every client reaches the brokers through the connection settings the doctor was given (_reach.py: TLS, a client
+certificate, SASL, as the jobs' `kafka.*` options); brokers that do not answer are reported as the sink reports them
+(the broker's TLS alert, a failed authentication).
 """
 
 from __future__ import annotations
@@ -19,17 +23,27 @@ import time
 from typing import Any
 
 from sluice.connectors.kafka import MARKER_GROUP_PREFIX, default_transactional_prefix
+from sluice.connectors.kafka._checks import unreachable
+from sluice.connectors.kafka._client import ClientSettings
 from sluice.doctor._model import KAFKA_TXN, Finding, Verdict
 from sluice.doctor._owners import Owners
 
 TIMEOUT_S = 15.0
 
 
-def examine(bootstrap: str, owners: Owners, open_after_s: float) -> list[Finding]:
+def examine(client: ClientSettings, owners: Owners, open_after_s: float) -> list[Finding]:
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    stuck = _lagging_partitions(admin, bootstrap)
+    errors: list[Any] = []
+    admin = AdminClient(client.config(error_cb=errors.append, log_level=0))
+    try:
+        topics = admin.list_topics(timeout=TIMEOUT_S).topics
+    except KafkaException as e:
+        admin.poll(0.5)  # serves error_cb: what librdkafka saw on the way (refused, authentication, TLS)
+        raise unreachable(client, int(TIMEOUT_S * 1000), e, errors) from None
+    bootstrap = client.bootstrap_servers
+    stuck = _lagging_partitions(admin, client, topics)
     now = time.time()
     old = [(tp, lso, hw, age) for tp, lso, hw, first in stuck if (age := now - first) >= open_after_s]
     ids = _sluice_transactional_ids(admin)
@@ -56,13 +70,13 @@ def examine(bootstrap: str, owners: Owners, open_after_s: float) -> list[Finding
     return found
 
 
-def _lagging_partitions(admin: Any, bootstrap: str) -> list[tuple[tuple[str, int], int, int, float]]:
+def _lagging_partitions(admin: Any, client: ClientSettings, topics: dict[str, Any]
+                        ) -> list[tuple[tuple[str, int], int, int, float]]:
     """(topic, partition), last stable offset, high watermark and the first open record's time, of every partition
     whose last stable offset lags its high watermark (internal topics left out)."""
     from confluent_kafka import IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    topics = admin.list_topics(timeout=TIMEOUT_S).topics
     parts = [TopicPartition(t, p) for t, meta in topics.items() if not t.startswith("__") for p in meta.partitions]
     if not parts:
         return []
@@ -74,15 +88,15 @@ def _lagging_partitions(admin: Any, bootstrap: str) -> list[tuple[tuple[str, int
     lagging = [(key, lso, offsets[IsolationLevel.READ_UNCOMMITTED][key])
                for key, lso in offsets[IsolationLevel.READ_COMMITTED].items()
                if lso < offsets[IsolationLevel.READ_UNCOMMITTED][key]]
-    return [(key, lso, hw, _first_open_record_time(bootstrap, key, lso)) for key, lso, hw in lagging]
+    return [(key, lso, hw, _first_open_record_time(client, key, lso)) for key, lso, hw in lagging]
 
 
-def _first_open_record_time(bootstrap: str, key: tuple[str, int], lso: int) -> float:
+def _first_open_record_time(client: ClientSettings, key: tuple[str, int], lso: int) -> float:
     """When the record at the last stable offset was made: the open transaction's first record."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-doctor", "enable.auto.commit": False,
-                         "isolation.level": "read_uncommitted"})
+    consumer = Consumer(client.config(**{"group.id": "sluice-doctor", "enable.auto.commit": False,
+                                         "isolation.level": "read_uncommitted"}))
     try:
         consumer.assign([TopicPartition(key[0], key[1], lso)])
         until = time.monotonic() + TIMEOUT_S
@@ -91,7 +105,7 @@ def _first_open_record_time(bootstrap: str, key: tuple[str, int], lso: int) -> f
             if message is not None and message.error() is None:
                 return message.timestamp()[1] / 1000.0
         raise TimeoutError(f"reading the record at the last stable offset {lso} of {key[0]}[{key[1]}] on "
-                           f"{bootstrap} took more than {TIMEOUT_S:g} s")
+                           f"{client.bootstrap_servers} took more than {TIMEOUT_S:g} s")
     finally:
         consumer.close()
 
@@ -109,12 +123,12 @@ def _sluice_transactional_ids(admin: Any) -> dict[str, set[int]]:
     return ids
 
 
-def remove(bootstrap: str, finding: Finding) -> str:
+def remove(client: ClientSettings, finding: Finding) -> str:
     """Abort what each id left open: init_transactions() fences the id's last producer and aborts its transaction."""
     from confluent_kafka import Producer
 
     for txn_id in finding.handle:
-        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id})
+        producer = Producer(client.config(**{"transactional.id": txn_id}))
         producer.init_transactions(TIMEOUT_S)
         producer.flush(0)
     return f"fenced transactional ids {', '.join(finding.handle)}: any transaction they left open is aborted"
