@@ -111,12 +111,11 @@ def test_a_stopped_jobs_open_transaction_is_aborted_and_a_running_jobs_is_left(k
         live.wait()
 
 
-def test_the_doctor_reaches_a_broker_over_sasl_ssl_with_a_client_certificate(tmp_path, capsys, monkeypatch):
+def test_the_doctor_reaches_a_broker_over_sasl_ssl_with_a_client_certificate(tmp_path, capsys):
     """A broker that demands SASL on TLS and a client certificate (ssl.client.auth=required), reached from a
     --kafka-options file of format("sluice_kafka")'s own kafka.* options: a transaction left open there is found.
     The negative control: the same file but for the certificate fails naming the broker and its TLS alert, the
     password and the key in no output."""
-    from sluice.doctor import _kafka
     from sluice.testing import LocalKafka
 
     with LocalKafka(sasl="SCRAM-SHA-512", tls=True, client_auth=True, heap_mb=256) as secured:
@@ -145,12 +144,12 @@ def test_the_doctor_reaches_a_broker_over_sasl_ssl_with_a_client_certificate(tmp
             assert mine.key_pem.strip() not in captured.out + captured.err
 
             del opts["kafka.ssl.certificate.pem"], opts["kafka.ssl.key.pem"]
-            options.write_text(json.dumps(opts))
-            monkeypatch.setattr(_kafka, "TIMEOUT_S", 5.0)  # the broker's alert comes at once; librdkafka retries
+            # The broker's alert comes at once; librdkafka retries until timeout-ms (the source's option) ends.
+            options.write_text(json.dumps({**opts, "timeout-ms": 5000}))
             assert cli(["doctor", "--meta", meta, "--kafka-options", str(options)]) == 2
             captured = capsys.readouterr()
             assert captured.err.startswith(f"sluice: kafka: no broker of kafka.bootstrap.servers="
-                                           f"{secured.bootstrap_servers} answered")
+                                           f"{secured.bootstrap_servers} answered within 5000 ms (timeout-ms)")
             assert 'TLS failed: the broker refused the client certificate (TLS alert "bad certificate"' \
                 in captured.err
             assert "Traceback" not in captured.err and secured.password not in captured.err

@@ -159,9 +159,13 @@ def test_the_options_file_is_checked_by_the_formats_own_declarations(client, tmp
         kafka_client(None, str(kafka))
     assert key.strip() not in str(refused.value)
     kafka.write_text(kafka.read_text().replace("kafka.ssl.ca.pen", "kafka.ssl.ca.pem"))
-    settings = kafka_client(None, str(kafka))
+    reach = kafka_client(None, str(kafka))
+    settings = reach.client
     assert settings["ssl.key.pem"] == key.strip() and settings.bootstrap_servers == "broker:9093"
-    assert "subscribe" not in settings and key.strip() not in repr(settings)
+    assert "subscribe" not in settings and key.strip() not in repr(reach)
+    assert reach.timeout_ms == 15_000 and kafka_client("broker:9093", None).timeout_ms == 15_000
+    kafka.write_text("kafka.bootstrap.servers=broker:9093\ntimeout-ms=2000\n")
+    assert kafka_client(None, str(kafka)).timeout_ms == 2000, "the source's timeout-ms bounds the doctor's requests"
     with pytest.raises(OptionError, match=r"unknown option 'bootstrap.servers' for format 'sluice_kafka'. Did you "
                                           r"mean 'kafka.bootstrap.servers'\?"):
         kafka.write_text("bootstrap.servers=broker:9093\n")

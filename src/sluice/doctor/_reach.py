@@ -6,8 +6,9 @@ made into the connector's own client: PostgreSQL's `Connection` (libpq's sslmode
 Kafka's librdkafka settings (security.protocol, ssl.*, sasl.*), checked by librdkafka before a broker is asked.
 
 The other options of the format's jobs (table, subscribe, sink.mode, ...) are read and left aside: a job's own options
-file serves as it is. The environment gives what it gives the jobs: PGPASSWORD and PGUSER (Connection reads them); the
-Kafka connector reads no environment variable, so Kafka's secrets come from the file alone.
+file serves as it is; `timeout-ms`, the source's, bounds each of the doctor's Kafka requests. The environment gives
+what it gives the jobs: PGPASSWORD and PGUSER (Connection reads them); the Kafka connector reads no environment
+variable, so Kafka's secrets come from the file alone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,13 +24,29 @@ from urllib.parse import urlsplit
 from sluice.connector import Option, OptionError, OptionSpec
 from sluice.connectors.kafka._checks import validate_client
 from sluice.connectors.kafka._client import BOOTSTRAP_SERVERS, ClientSettings, client_of
-from sluice.connectors.kafka._options import CONSUMER_SETTINGS
+from sluice.connectors.kafka._options import CONSUMER_SETTINGS, READ_SPEC
 from sluice.connectors.kafka._txn import connection_settings
 from sluice.connectors.postgres import Connection
 from sluice.connectors.postgres._client import CONNECTION_OPTIONS
 
 POSTGRES_FORMATS = ("postgres", "postgres_changes")
 KAFKA_FORMATS = ("sluice_kafka",)
+# How long the doctor's Kafka requests wait: the source's own `timeout-ms` option, with a shorter default (a doctor
+# that waits on an unreachable broker only delays its report).
+KAFKA_TIMEOUT = replace(READ_SPEC.get("timeout-ms"), default=15_000)
+
+
+@dataclass(frozen=True)
+class KafkaReach:
+    """The brokers as the doctor reaches them: librdkafka's connection settings (the repr hides secrets) and how long
+    each request may wait (timeout-ms)."""
+
+    client: ClientSettings
+    timeout_ms: int
+
+    @property
+    def timeout_s(self) -> float:
+        return self.timeout_ms / 1000.0
 
 
 def postgres_connection(url: str | None, options_file: str | None, url_flag: str = "--postgres",
@@ -47,21 +65,22 @@ def postgres_connection(url: str | None, options_file: str | None, url_flag: str
 
 
 def kafka_client(bootstrap: str | None, options_file: str | None, bootstrap_flag: str = "--kafka",
-                 file_flag: str = "--kafka-options") -> ClientSettings:
+                 file_flag: str = "--kafka-options") -> KafkaReach:
     """The librdkafka settings that reach the brokers (the connection's: bootstrap.servers, security.*, ssl.*,
-    sasl.*, ...) from `bootstrap_flag` and the `kafka.*` options of `options_file`, checked by librdkafka."""
+    sasl.*, ...) from `bootstrap_flag` and the `kafka.*` options of `options_file`, checked by librdkafka, and the
+    file's timeout-ms."""
     raw = read_options_file(options_file, file_flag) if options_file else {}
     if bootstrap:
         _refuse_both(raw, BOOTSTRAP_SERVERS.name, bootstrap_flag, file_flag)
         raw[BOOTSTRAP_SERVERS.name] = bootstrap
-    opts = _parse(_spec("sluice_kafka", (BOOTSTRAP_SERVERS, CONSUMER_SETTINGS), KAFKA_FORMATS), raw, options_file,
-                  file_flag)
+    opts = _parse(_spec("sluice_kafka", (BOOTSTRAP_SERVERS, CONSUMER_SETTINGS, KAFKA_TIMEOUT), KAFKA_FORMATS), raw,
+                  options_file, file_flag)
     client = ClientSettings(connection_settings(client_of(opts)))
     try:
         validate_client(dict(client))
     except OptionError as e:
         raise OptionError(client.scrub(str(e))) from None  # librdkafka may echo a value it refuses
-    return client
+    return KafkaReach(client, opts[KAFKA_TIMEOUT.name])
 
 
 def read_options_file(path: str, flag: str) -> dict[str, str]:
