@@ -126,8 +126,8 @@ def test_the_options_file_is_checked_by_the_formats_own_declarations(client, tmp
     key = client.key_pem
     typo = tmp_path / "typo.json"
     typo.write_text(json.dumps({"host": "db.example", "ssl.cert-pem": client.cert_pem, "ssl.key-pen": key}))
-    with pytest.raises(OptionError, match=rf"--postgres-options {typo}: unknown option 'ssl.key-pen' for format "
-                                          r"'postgres'. Did you mean 'ssl.key-pem'\?") as refused:
+    with pytest.raises(OptionError, match=rf"the PostgreSQL options file {typo}: unknown option 'ssl.key-pen' for "
+                                          r"format 'postgres'. Did you mean 'ssl.key-pem'\?") as refused:
         postgres_connection(None, str(typo))
     assert key.strip() not in str(refused.value)
     not_pem = tmp_path / "path.json"
@@ -136,10 +136,11 @@ def test_the_options_file_is_checked_by_the_formats_own_declarations(client, tmp
         postgres_connection(None, str(not_pem))
     assert "/k/x.key" not in str(refused.value)
     with pytest.raises(OptionError, match="from this machine's file system only"):
-        read_options_file("s3://bucket/pg.json", "--postgres-options")
-    with pytest.raises(OptionError, match="--postgres carries a password"):
+        read_options_file("s3://bucket/pg.json", "PostgreSQL")
+    with pytest.raises(OptionError, match="the PostgreSQL URL given carries a password"):
         postgres_connection("postgresql://app:hunter2@db/app", None)
-    with pytest.raises(OptionError, match="--postgres and option 'url' of --postgres-options's file"):
+    with pytest.raises(OptionError, match=r"the PostgreSQL URL given and option 'url' of the options file .* both "
+                                          "name the server"):
         both = tmp_path / "url.json"
         both.write_text(json.dumps({"url": "postgresql://app@db/app"}))
         postgres_connection("postgresql://app@db/app", str(both))

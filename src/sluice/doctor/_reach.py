@@ -49,32 +49,30 @@ class KafkaReach:
         return self.timeout_ms / 1000.0
 
 
-def postgres_connection(url: str | None, options_file: str | None, url_flag: str = "--postgres",
-                        file_flag: str = "--postgres-options") -> Connection:
-    """The PostgreSQL `url_flag` names (no password: PGPASSWORD has it) with the connection options of
+def postgres_connection(url: str | None, options_file: str | None) -> Connection:
+    """The PostgreSQL `url` names (no password: PGPASSWORD has it) with the connection options of
     `options_file`, as format("postgres") reaches it."""
-    raw = read_options_file(options_file, file_flag) if options_file else {}
+    raw = read_options_file(options_file, "PostgreSQL") if options_file else {}
     if url:
         if urlsplit(url).password:
-            raise OptionError(f"{url_flag} carries a password, which ps shows to every user of this machine; put it "
-                              f"in PGPASSWORD or in {file_flag}'s file (option 'password') instead")
-        _refuse_both(raw, "url", url_flag, file_flag)
+            raise OptionError("the PostgreSQL URL given carries a password, which ps shows to every user of this "
+                              "machine; put it in PGPASSWORD or in the options file (option 'password') instead")
+        _refuse_both(raw, "url", "the PostgreSQL URL given", options_file)
         raw["url"] = url
-    opts = _parse(_spec("postgres", CONNECTION_OPTIONS, POSTGRES_FORMATS), raw, options_file, file_flag)
+    opts = _parse(_spec("postgres", CONNECTION_OPTIONS, POSTGRES_FORMATS), raw, options_file, "PostgreSQL")
     return Connection.from_options(opts)
 
 
-def kafka_client(bootstrap: str | None, options_file: str | None, bootstrap_flag: str = "--kafka",
-                 file_flag: str = "--kafka-options") -> KafkaReach:
+def kafka_client(bootstrap: str | None, options_file: str | None) -> KafkaReach:
     """The librdkafka settings that reach the brokers (the connection's: bootstrap.servers, security.*, ssl.*,
-    sasl.*, ...) from `bootstrap_flag` and the `kafka.*` options of `options_file`, checked by librdkafka, and the
+    sasl.*, ...) from `bootstrap` and the `kafka.*` options of `options_file`, checked by librdkafka, and the
     file's timeout-ms."""
-    raw = read_options_file(options_file, file_flag) if options_file else {}
+    raw = read_options_file(options_file, "Kafka") if options_file else {}
     if bootstrap:
-        _refuse_both(raw, BOOTSTRAP_SERVERS.name, bootstrap_flag, file_flag)
+        _refuse_both(raw, BOOTSTRAP_SERVERS.name, "the Kafka bootstrap servers given", options_file)
         raw[BOOTSTRAP_SERVERS.name] = bootstrap
     opts = _parse(_spec("sluice_kafka", (BOOTSTRAP_SERVERS, CONSUMER_SETTINGS, KAFKA_TIMEOUT), KAFKA_FORMATS), raw,
-                  options_file, file_flag)
+                  options_file, "Kafka")
     client = ClientSettings(connection_settings(client_of(opts)))
     try:
         validate_client(dict(client))
@@ -83,25 +81,26 @@ def kafka_client(bootstrap: str | None, options_file: str | None, bootstrap_flag
     return KafkaReach(client, opts[KAFKA_TIMEOUT.name])
 
 
-def read_options_file(path: str, flag: str) -> dict[str, str]:
+def read_options_file(path: str, store: str) -> dict[str, str]:
     """The options in the file at `path` on this machine: a JSON object (its first character `{`) or a Java
-    properties file; every value as the text a job would pass to `.option(...)`."""
+    properties file; every value as the text a job would pass to `.option(...)`. Errors name the `store`'s file."""
+    label = f"the {store} options file {path}"
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path):
-        raise OptionError(f"{flag} {path}: the doctor reads its options file from this machine's file system only; "
+        raise OptionError(f"{label}: the doctor reads its options files from this machine's file system only; "
                           "copy it here (keep it readable by you alone: it holds secrets)")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise OptionError(f"{flag} {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+        raise OptionError(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     if not text.lstrip().startswith("{"):
         return parse_properties(text)
     try:
         values = json.loads(text)
     except json.JSONDecodeError as e:  # its message names the place, never the text there
-        raise OptionError(f"{flag} {path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        raise OptionError(f"{label}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if not isinstance(values, dict):
-        raise OptionError(f"{flag} {path}: a JSON object of option names and values is expected")
-    return {key: _text(key, value, flag, path) for key, value in values.items()}
+        raise OptionError(f"{label}: a JSON object of option names and values is expected")
+    return {key: _text(key, value, label) for key, value in values.items()}
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -145,7 +144,7 @@ def _unescape(text: str) -> str:
                   else _ESCAPES.get(m.group(1), m.group(1)), text)
 
 
-def _text(key: str, value: Any, flag: str, path: str) -> str:
+def _text(key: str, value: Any, label: str) -> str:
     """An option's JSON value as the text `.option(key, value)` passes: strings as they are, numbers and booleans
     as Spark writes them; nothing nested (the value is not shown: it may be a secret)."""
     if isinstance(value, str):
@@ -154,12 +153,12 @@ def _text(key: str, value: Any, flag: str, path: str) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return str(value)
-    raise OptionError(f"{flag} {path}: option '{key}' must be a string, a number or a boolean, as .option() takes")
+    raise OptionError(f"{label}: option '{key}' must be a string, a number or a boolean, as .option() takes")
 
 
-def _refuse_both(raw: Mapping[str, str], option: str, flag: str, file_flag: str) -> None:
+def _refuse_both(raw: Mapping[str, str], option: str, given: str, path: str | None) -> None:
     if any(key.lower() == option.lower() for key in raw):
-        raise OptionError(f"{flag} and option '{option}' of {file_flag}'s file both name the server: give one")
+        raise OptionError(f"{given} and option '{option}' of the options file {path} both name the server: give one")
 
 
 def _spec(format_name: str, connection: tuple[Option, ...], formats: tuple[str, ...]) -> OptionSpec:
@@ -176,8 +175,8 @@ def _spec(format_name: str, connection: tuple[Option, ...], formats: tuple[str, 
     return OptionSpec(format_name, connection, passthrough=base.passthrough | frozenset(jobs - mine))
 
 
-def _parse(spec: OptionSpec, raw: dict[str, str], path: str | None, flag: str) -> Any:
+def _parse(spec: OptionSpec, raw: dict[str, str], path: str | None, store: str) -> Any:
     try:
         return spec.parse(raw)
     except OptionError as e:  # its message names options, never a secret's value
-        raise OptionError(f"{flag} {path}: {e}" if path else str(e)) from None
+        raise OptionError(f"the {store} options file {path}: {e}" if path else str(e)) from None
