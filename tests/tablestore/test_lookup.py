@@ -12,6 +12,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import sluice
 from sluice.meta import MetaService
+from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
 from sluice.tablestore import StoreTable
@@ -41,7 +42,7 @@ SCHEMA = StructType([StructField("id", LongType()), StructField("event", StringT
 def run(plan, ids):
     """One Arrow batch through the workers' code, in this process."""
     batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "event": [str(i) for i in ids]})
-    return enrich(plan, batch, None).to_pydict()
+    return enrich(plan, batch, None, LookupTally()).to_pydict()
 
 
 def test_left_and_inner_read_the_latest_barrier_typed_as_the_batch_read_types_them(spark, store, users):

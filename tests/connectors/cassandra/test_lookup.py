@@ -11,6 +11,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 import sluice
 from sluice.connectors.cassandra._client import CassandraError
+from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
 from sluice.testing._postgres import free_port
@@ -50,7 +51,7 @@ def run(plan, keys):
     batch = pa.record_batch({"pk": pa.array([k[0] for k in keys], pa.int32()),
                              "ck": pa.array([k[1] for k in keys], pa.int32()), "event": [str(k) for k in keys]})
     try:
-        return enrich(plan, batch, None).to_pydict()
+        return enrich(plan, batch, None, LookupTally()).to_pydict()
     finally:
         plan.reader.close(clean=True)
 
@@ -90,7 +91,7 @@ def test_a_composite_partition_key_is_looked_up_whole(cass):
     plan, _ = plan_lookup(schema, "cassandra", cass.opts(table), ["tenant", "day"], "inner", ["n", "v"])
     batch = pa.record_batch({"tenant": ["a", "b", "a", "c"], "day": pa.array([1, 1, 2, 1], pa.int64())})
     try:
-        out = enrich(plan, batch, None).to_pydict()
+        out = enrich(plan, batch, None, LookupTally()).to_pydict()
     finally:
         plan.reader.close(clean=True)
     assert sorted(zip(out["tenant"], out["v"], strict=True)) == [("a", "a11"), ("a", "a12"), ("b", "b11")]
