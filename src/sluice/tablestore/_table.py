@@ -29,6 +29,7 @@ from sluice.connector import (
 )
 from sluice.meta import MetaService
 from sluice.tablestore._commit import CHECKPOINT_INTERVAL, COMPACT_TARGET_BYTES, DEFAULT_UPKEEP, BarrierCommit, Upkeep
+from sluice.tablestore._evolve import adds_columns, append_adding_columns, nullable_added, staged_rows
 from sluice.tablestore._retention import oldest_needed_version, trim_log
 from sluice.tablestore._storage import Warehouse
 
@@ -292,19 +293,15 @@ class StoreTable:
                                  max_commit_retries=0)
         hooks = _hooks()
         key = self.primary_key(dt)
-        evolves = add_columns and self._adds_columns(dt, files)
+        rows = [self.file_path(f.path) for f in files if f.rows]
+        evolves = add_columns and adds_columns(dt, self.warehouse.filesystem(), rows[0] if rows else None)
         if key:
             # a merge advances the handle itself
             self._merge(dt, files, key, op_column, props, hooks, unchanged_column, evolves)
             self._drop(files)
             return int(dt.version())
-        if evolves:
-            # The staged files' columns the table lacks: Delta's schema change and the rows in one version, by
-            # writing the rows again through deltalake (only in the commit that adds them).
-            from deltalake import write_deltalake
-
-            write_deltalake(dt, _nullable_added(self._staged(files), dt), mode="append", schema_mode="merge",
-                            commit_properties=props, post_commithook_properties=hooks)
+        if evolves:  # the schema change and the rows in one version (_evolve.py)
+            append_adding_columns(dt, staged_rows(self.warehouse.filesystem(), rows), props, hooks)
             self._drop(files)
             return int(dt.version())
         now = int(time.time() * 1000)
@@ -342,34 +339,15 @@ class StoreTable:
         self.checkpoint_if_crossed(dt, before, checkpoint_interval)
         return metrics
 
-    def _staged(self, files: list[StagedFile]) -> pa.Table | None:
-        """The rows of the staged `files`, in order; None when they hold none."""
-        import pyarrow.parquet as pq
-
-        fs = self.warehouse.filesystem()
-        tables = [pq.read_table(self.file_path(f.path), filesystem=fs) for f in files if f.rows]
-        return pa.concat_tables(tables) if tables else None
-
-    def _adds_columns(self, dt: Any, files: list[StagedFile]) -> bool:
-        """Whether the staged files carry a column the table lacks (they share the write's schema)."""
-        import pyarrow.parquet as pq
-
-        staged = next((f for f in files if f.rows), None)
-        if staged is None:
-            return False
-        have = set(pa.schema(dt.schema().to_arrow()).names)
-        names = pq.read_schema(self.file_path(staged.path), filesystem=self.warehouse.filesystem()).names
-        return any(name not in have for name in names)
-
     def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
                props: Any, hooks: Any, unchanged_column: str | None = None, evolves: bool = False) -> None:
-        source = self._staged(files)
+        source = staged_rows(self.warehouse.filesystem(), [self.file_path(f.path) for f in files if f.rows])
         if source is None:  # nothing changed; the barrier still completes with an empty commit
             dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=props,
                                         post_commithook_properties=hooks)
             return
         if evolves:
-            source = _nullable_added(source, dt)
+            source = nullable_added(source, dt)
         # Last change per key wins: row order within the staged files is task order, then row order.
         import pyarrow.compute as pc
 
@@ -431,11 +409,3 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     if (pa.types.is_list(a) and pa.types.is_list(b)) or (pa.types.is_large_list(a) and pa.types.is_large_list(b)):
         return _same_type(a.value_type, b.value_type)
     return a == b
-
-
-def _nullable_added(table: pa.Table | None, dt: Any) -> pa.Table:
-    """`table` with the columns `dt` lacks made nullable: the table's earlier rows have no value for them."""
-    assert table is not None
-    have = set(pa.schema(dt.schema().to_arrow()).names)
-    fields = [f.with_nullable(True) if f.name not in have else f for f in table.schema]
-    return table.cast(pa.schema(fields))
