@@ -20,6 +20,7 @@ from sluice.connector import (
     schema_evolution_option,
     unchanged_column_option,
 )
+from sluice.connector import LOOKUP_OPTIONS as SDK_LOOKUP_OPTIONS
 from sluice.tablestore._commit import Upkeep
 
 TABLE = Option("table", "str", None, "Table name (letters, digits, '_').", required=True)
@@ -88,6 +89,11 @@ READ_OPTIONS = (
 # The sink's engine settings are fixed (SINK_CONFIG), but what a refused row does is the user's: errors.*.
 WRITE_SPEC = OptionSpec("tablestore", (*COMMON, *WRITE_OPTIONS, *ERROR_OPTIONS), (check_error_options,))
 READ_SPEC = OptionSpec("tablestore", (*COMMON, *READ_OPTIONS))
+# sluice.lookup(df, "tablestore", ...): rows by key from one version (docs/lookup.md), the cache's options too.
+LOOKUP_VERSION = Option("lookup.version", "int", None, "Look rows up in this Delta version of the table; default: "
+                        "the version of its latest completed barrier, as each task finds it when it starts.",
+                        minimum=0)
+LOOKUP_SPEC = OptionSpec("tablestore", (*COMMON, LOOKUP_VERSION, *SDK_LOOKUP_OPTIONS))
 
 
 @dataclass(frozen=True)
@@ -137,3 +143,14 @@ class ReadOptions(TypedOptions):
     aligned_with: tuple[str, ...]
     max_partition_bytes: int
     changes: bool
+
+
+@dataclass(frozen=True)
+class LookupOptions(TypedOptions):
+    """The lookup options of format("tablestore") besides the cache's and the warehouse's."""
+
+    declared = (TABLE, META, LOOKUP_VERSION)
+
+    table: str
+    meta: str | None = field(repr=False)  # a postgresql:// URL may carry a password
+    lookup_version: int | None

@@ -37,6 +37,7 @@ from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._commit import BarrierCommit
 from sluice.tablestore._options import WriteOptions
+from sluice.tablestore._stats import FileStats
 from sluice.tablestore._table import StagedFile, StoreTable
 
 MiB = 1024 * 1024
@@ -62,6 +63,7 @@ class ParquetStore(BlockingStore):
         self._out: Any = None  # the file's output stream (local file or object-store upload)
         self._writer: Any = None
         self._count = 0
+        self._stats = FileStats()  # its columns' ranges for the Delta log, so that filtered reads can skip it
 
     @property
     def target(self) -> str:
@@ -80,6 +82,7 @@ class ParquetStore(BlockingStore):
             self._writer = pq.ParquetWriter(self._out, data.schema)
         self._writer.write_table(data)
         self._count += data.num_rows
+        self._stats.add(data)
         self.rows.release(batch.entries)
 
     def refused_rows(self, entries: Sequence[int]) -> pa.Table:
@@ -93,7 +96,7 @@ class ParquetStore(BlockingStore):
         size = self._out.tell()
         self._out.close()  # on an object store, the upload completes here
         self._out = None
-        return {"path": self.relative, "size": size, "rows": self._count}
+        return {"path": self.relative, "size": size, "rows": self._count, "stats": self._stats.json()}
 
     def close(self) -> None:
         super().close()

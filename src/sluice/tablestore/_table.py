@@ -78,6 +78,7 @@ class StagedFile:
     path: str
     size: int
     rows: int
+    stats: str | None = None  # the Delta log's per-file stats (_stats.py); None: the row count alone
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,8 @@ class StoreTable:
             self._drop(files)
             return int(dt.version())
         now = int(time.time() * 1000)
-        actions = [AddAction(f.path, f.size, {}, now, True, f'{{"numRecords": {f.rows}}}') for f in files if f.rows]
+        actions = [AddAction(f.path, f.size, {}, now, True, f.stats or f'{{"numRecords": {f.rows}}}')
+                   for f in files if f.rows]
         read = int(dt.version())
         dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props,
                                     post_commithook_properties=hooks)
