@@ -71,7 +71,7 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
             check_url(write.meta)  # the commit needs it: refused before a table is made
             table.create(arrow, write.primary_key)
         else:
-            table.check_schema(arrow)
+            table.check_schema(arrow, write.schema_evolution)
             if opts.is_set("primary-key") and write.primary_key != table.primary_key():
                 raise OptionError(f"table '{table.name}' has primary key {list(table.primary_key())}; the write asks "
                                   f"for {list(write.primary_key)}")

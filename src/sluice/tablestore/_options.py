@@ -17,6 +17,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    schema_evolution_option,
     unchanged_column_option,
 )
 from sluice.connector import LOOKUP_OPTIONS as SDK_LOOKUP_OPTIONS
@@ -49,6 +50,8 @@ WRITE_OPTIONS = (
            "'truncate' (postgres_changes) deletes every row, in the same Delta version as the changes after it."),
     unchanged_column_option("the merge keeps the table's value of each column a row names (the row's last earlier "
                             "change in the same commit that set it, if any)."),
+    schema_evolution_option("The Delta schema change is in the same version as the first rows that carry it (the "
+                            "commit of their write or micro-batch)."),
     Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
            "streaming writes use the query id."),
     Option("writer-lease", "int", 600, "Seconds a streaming query that did not register_job stays the table's "
@@ -105,6 +108,7 @@ class WriteOptions(TypedOptions):
     primary_key: tuple[str, ...]
     upsert_op_column: str | None
     upsert_unchanged_column: str | None
+    schema_evolution: str
     job: str
     writer_lease: int
     checkpoint_interval: int

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import (
+    ADD_COLUMNS,
     GLOBAL_ORDERED,
     TRUNCATE_OP,
     ArrowRows,
@@ -140,7 +141,8 @@ class TableStoreCommitter(Committer):
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
         self.table.commit(files, BarrierCommit(app, barrier, writer), meta, op_column=write.upsert_op_column,
-                          unchanged_column=write.upsert_unchanged_column, upkeep=write.upkeep())
+                          unchanged_column=write.upsert_unchanged_column, upkeep=write.upkeep(),
+                          add_columns=write.schema_evolution == ADD_COLUMNS)
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])
