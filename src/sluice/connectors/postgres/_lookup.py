@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.types import ArrayType, DateType, StructField, StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import ArrayType, DataType, DateType, StructField, StructType, TimestampNTZType, TimestampType
 
 from sluice.connector import LookupReader, OptionError, Options, require_name, to_arrow_schema
 from sluice.connectors.postgres._client import (
@@ -101,7 +101,7 @@ class PostgresLookupReader(LookupReader):
 
 
 # +-infinity as the batch read gives them (source/_source.py): Spark's last and first date and instant.
-_INFINITY = {DateType: ("'9999-12-31'", "'0001-01-01'"),
+_INFINITY: dict[type[DataType], tuple[str, str]] = {DateType: ("'9999-12-31'", "'0001-01-01'"),
              TimestampNTZType: ("'9999-12-31 23:59:59.999999'", "'0001-01-01 00:00:00'"),
              TimestampType: ("'9999-12-31 23:59:59.999999+00'", "'0001-01-01 00:00:00+00'")}
 
