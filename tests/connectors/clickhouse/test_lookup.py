@@ -2,11 +2,12 @@
 types them, a non-unique key, a composite key of quoted strings, FINAL on a ReplacingMergeTree (and without it, the
 negative control), bad input named, and a server that does not answer failing the lookup."""
 
+import datetime as dt
 from dataclasses import replace
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import DateType, LongType, StringType, StructField, StructType
 
 import sluice
 from sluice.connectors.clickhouse._client import ClickHouseError
@@ -58,6 +59,17 @@ def test_a_composite_key_of_quoted_strings_is_sent_as_typed_parameters(ch):
                              "id": pa.array([1, 1, 2, 258, 1], pa.int64())})
     assert enrich(plan, batch, None).column("v").to_pylist() == ["quote", "backslash", "a2", None, None]
     assert out.fieldNames() == ["tenant", "id", "v"]
+
+
+def test_a_date_before_the_first_day_a_date_column_holds_matches_nothing(ch):
+    """The server would clamp 1900-01-02 into a Date parameter as 1970-01-01 and match that day's row: such a key
+    is not sent."""
+    table = ch.table("day Date, v String", "MergeTree() ORDER BY day")
+    ch.sql(f"INSERT INTO {table} VALUES ('1970-01-01', 'epoch'), ('2149-06-06', 'last')")
+    schema = StructType([StructField("day", DateType())])
+    plan, _ = plan_lookup(schema, "clickhouse", ch.opts(table), "day", "left", None)
+    days = pa.array([dt.date(1900, 1, 2), dt.date(1970, 1, 1), dt.date(2149, 6, 6), dt.date(2200, 1, 1)])
+    assert enrich(plan, pa.record_batch({"day": days}), None).column("v").to_pylist() == [None, "epoch", "last", None]
 
 
 @pytest.mark.parametrize("final", ["default", "false"])

@@ -22,6 +22,7 @@ the table and the server; a lookup never returns no rows for a key it could not 
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -39,6 +40,8 @@ from sluice.connectors.clickhouse._types import SIGNED, UNSIGNED, CHType, read_t
 
 STRINGS = ("String", "UUID")
 DATES = ("Date", "Date32")
+DATE_RANGES = {"Date": (dt.date(1970, 1, 1), dt.date(2149, 6, 6)),
+               "Date32": (dt.date(1900, 1, 1), dt.date(2299, 12, 31))}
 KEY_TYPES = "Int8..Int64, UInt8..UInt64, String, UUID, Date or Date32 (or Nullable/LowCardinality of them)"
 # Query parameters travel in the URL: ClickHouse takes 1 MiB (http_max_uri_size), common proxies and the test
 # stand-in 64 KiB. Keys beyond this many URL bytes go in a further query of the same batch.
@@ -53,8 +56,12 @@ def _range(kind: str) -> tuple[int, int]:
 
 
 def _in_range(column: pa.ChunkedArray | pa.Array, kind: CHType) -> pa.Array | None:
-    """Which keys the column's type can hold (None: all): an integer out of its range cannot be in the table, and
-    the server would refuse it as a parameter of that type."""
+    """Which keys the column's type can hold (None: all): an integer or date out of its range cannot be in the
+    table, and the server would refuse it as a parameter of that type, or, for a date, clamp it into the range
+    and match the first or last day's rows."""
+    if kind.name in DATE_RANGES:
+        first, last = (pa.scalar(day, pa.date32()) for day in DATE_RANGES[kind.name])
+        return pc.and_(pc.greater_equal(column, first), pc.less_equal(column, last))
     if kind.name not in SIGNED and kind.name not in UNSIGNED:
         return None
     low, high = _range(kind.name)
