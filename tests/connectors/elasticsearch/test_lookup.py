@@ -106,7 +106,7 @@ def test_bad_input_is_named_before_any_work(search, users):
     text = StructType([StructField("bio", StringType())])
     assert f"key column 'bio' of index '{users}' is a text field" in refused(on="bio", schema=text)
     long_ids = StructType([StructField("_id", LongType())])
-    assert "key column '_id' is bigint in the DataFrame, but the key _id of index" in refused(schema=long_ids)
+    assert "is read as string: cast it (df.withColumn('_id', df['_id'].cast('string')))" in refused(schema=long_ids)
     both = StructType([*BY_USER.fields, StructField("_id", StringType())])
     assert "takes one key column" in refused(on=["user", "_id"], schema=both)
 
@@ -121,5 +121,6 @@ def test_a_node_that_does_not_answer_fails_the_lookup_naming_the_index(search, u
     with pytest.raises(ElasticsearchError) as failed:
         run(plan, "_id", ["a"])
     message = str(failed.value)
-    assert f"looking up 1 key(s) in index '{users}' on {search.server.url} failed after 1 retries" in message
+    engine = "Elasticsearch" if isinstance(search.server, LocalElasticsearch) else "OpenSearch"
+    assert f"looking up 1 key(s) in {engine} index '{users}' on {search.server.url} failed after 1 retries" in message
     assert "is unreachable" in message

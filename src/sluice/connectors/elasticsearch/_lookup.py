@@ -35,7 +35,7 @@ from sluice.connector import (
     require_name,
     to_arrow_schema,
 )
-from sluice.connectors.elasticsearch._client import Connection, ElasticsearchError
+from sluice.connectors.elasticsearch._client import Cluster, Connection, ElasticsearchError
 from sluice.connectors.elasticsearch._options import LookupOptions
 from sluice.connectors.elasticsearch._source import python_value, spark_schema
 
@@ -131,7 +131,6 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     options = LookupOptions.of(opts)
     conn = options.conn
     of = f"index '{conn.index}'"
-    described = f"{of} on {conn.nodes[0]}"
     if len(on) != 1:
         raise OptionError(f"on={list(on)}: a lookup in {of} takes one key column: _id (the document id) or one "
                           "field. For a document id made of several columns (mapping.id), look up by _id, the "
@@ -141,6 +140,8 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     if status == 404:
         raise OptionError(f"{of} does not exist on {conn.nodes[0]} (option 'index'): create it first, or name an "
                           "existing index or alias.")
+    engine = "OpenSearch" if Cluster.of(conn).engine == "opensearch" else "Elasticsearch"
+    described = f"{engine} {of} on {conn.nodes[0]}"
     properties: dict[str, Any] = {}
     for definition in (answer or {}).values():
         properties.update(definition.get("mappings", {}).get("properties", {}))
