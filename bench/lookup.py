@@ -102,6 +102,7 @@ def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str) -> tuple[fl
     """Seconds for sluice's worker path over the batches, and its cache's counts."""
     from pyspark.sql.types import LongType, StructField, StructType
 
+    from sluice.metrics._lookups import LookupTally
     from sluice.source._lookup_cache import cache_for
     from sluice.source._lookup_dataframe import plan_lookup
     from sluice.source._lookup_join import enrich
@@ -113,7 +114,7 @@ def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str) -> tuple[fl
     try:
         started = time.perf_counter()
         for batch in batches:
-            enrich(plan, batch, store)
+            enrich(plan, batch, store, LookupTally())
         seconds = time.perf_counter() - started
     finally:
         plan.reader.close(clean=True)

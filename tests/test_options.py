@@ -183,7 +183,7 @@ def test_postgres_reads_and_writes_its_options_typed_and_never_shows_the_passwor
     write = WriteOptions.of(WRITE_SPEC.parse({"url": "postgresql://u:s3cret@h/db", "table": "s.t",
                                               "primary-key": "a, b", "connections-per-task": "4"}))
     assert write == WriteOptions(table="s.t", primary_key=("a", "b"), upsert_op_column=None,
-                                 upsert_unchanged_column=None, create_table=False,
+                                 upsert_unchanged_column=None, schema_evolution="none", create_table=False,
                                  connections_per_task=4)
     read = ReadOptions.of(READ_SPEC.parse({"url": "postgresql://u:s3cret@h:5433/db", "query": "SELECT 1",
                                            "num-partitions": "3"}))

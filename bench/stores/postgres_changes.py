@@ -176,7 +176,7 @@ def spark_run(spark, cpu: CpuSampler, url: str, slot: str, ranges: int, sink: st
 
 
 FLOOR_SCHEMA = ("id bigint, v bigint, s string, _op string, _lsn bigint, _commit_time timestamp, _xid bigint, "
-                "_table string")
+                "_table string, _unchanged array<string>")
 
 
 def floor_source(rows: int) -> type:
@@ -204,8 +204,9 @@ def floor_source(rows: int) -> type:
                 ids, pc.multiply(ids, 2), pc.cast(pc.add(ids, 10_000_000), pa.string()),
                 pa.array(["insert"] * (n // 2) + ["update"] * (n - n // 2)), pc.divide(ids, 1000),
                 pa.array(np.full(n, 1_700_000_000_000_000, np.int64)).cast(pa.timestamp("us", tz="UTC")),
-                pc.divide(ids, 1000), pa.array(["public.narrow"] * n)],
-                names=["id", "v", "s", "_op", "_lsn", "_commit_time", "_xid", "_table"])
+                pc.divide(ids, 1000), pa.array(["public.narrow"] * n),
+                pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()))],
+                names=["id", "v", "s", "_op", "_lsn", "_commit_time", "_xid", "_table", "_unchanged"])
             for first in range(0, partition.value, n):
                 yield batch.slice(0, min(n, partition.value - first))
 

@@ -20,6 +20,7 @@ from sluice._errors import (
     RecordError,
     RecordTooLargeError,
     RefusedRecords,
+    RestartNeededError,
     RetryableError,
     SinkError,
     SluiceError,
@@ -27,7 +28,10 @@ from sluice._errors import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 __version__ = "0.1.0"
 
@@ -78,6 +82,16 @@ def lookup(df: DataFrame, format: str, options: Mapping[str, object] | None = No
     return _lookup(df, format, options or {}, on, how, columns)
 
 
+def run(start_query: Callable[[], StreamingQuery], *, max_restarts: int = 10) -> StreamingQuery:
+    """Run a streaming query to its end, starting it again (`start_query()`: it builds the streaming DataFrame and
+    starts the query on its checkpoint) whenever it stops on sluice's "restart needed" error (RestartNeededError,
+    e.g. a column added to a table postgres_changes captures), at most `max_restarts` times; any other error is
+    raised. Returns the last query (docs/postgres.md, schema changes)."""
+    from sluice.spark._run import run as _run
+
+    return _run(start_query, max_restarts=max_restarts)
+
+
 def last_write_summary(format: str | None = None, spark: SparkSession | None = None) -> dict[str, Any] | None:
     """The statistics summary of the last write (or micro-batch), committed or failed (`status`).
 
@@ -96,6 +110,7 @@ __all__ = [
     "RecordError",
     "RecordTooLargeError",
     "RefusedRecords",
+    "RestartNeededError",
     "RetryableError",
     "SinkError",
     "SluiceError",
@@ -105,6 +120,7 @@ __all__ = [
     "lookup",
     "partitioned",
     "register",
+    "run",
     "session",
     "write",
 ]

@@ -96,3 +96,15 @@ class ConflictError(SluiceError):
 
 class DataLossError(SluiceError):
     """Data a streaming query needed is gone from the store (trimmed, deleted, or a replication slot lost)."""
+
+
+class RestartNeededError(SluiceError):
+    """A streaming query must be started again with the same checkpoint to go on: what it reads changed in a way a
+    running query's fixed schema cannot carry (a column added to a captured table). `sluice.run` restarts the query
+    on this error and on no other. The message starts with `CODE`, so the error is recognized in the text Spark
+    gives a driver for a task's failure (StreamingQueryException), where the class itself is not kept."""
+
+    CODE = "[SLUICE_RESTART_NEEDED]"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{self.CODE} {message}")

@@ -70,12 +70,14 @@ def _add_ui(sub: Any) -> None:
     ui.add_argument("--running-only", action="store_true", help="hide jobs that ended")
     ui.add_argument("--doctor-postgres", metavar="URL", help="also run sluice doctor on this database (password from "
                     "PGPASSWORD): its findings on the page and as sluice_doctor_* gauges")
+    ui.add_argument("--doctor-postgres-options", metavar="FILE", help="the doctor's --postgres-options")
     ui.add_argument("--doctor-kafka", metavar="BOOTSTRAP", help="also run sluice doctor on these Kafka brokers")
+    ui.add_argument("--doctor-kafka-options", metavar="FILE", help="the doctor's --kafka-options")
     ui.add_argument("--doctor-s2-basin", metavar="BASIN", help="also run sluice doctor on this S2 basin")
     ui.add_argument("--doctor-every", type=float, default=60.0, metavar="SECONDS",
                     help="seconds between the doctor's rounds (default 60)")
     ui.add_argument("--doctor", action="store_true", help="run sluice doctor on the MetaService alone (implied by "
-                    "--doctor-postgres / --doctor-kafka / --doctor-s2-basin)")
+                    "--doctor-postgres(-options) / --doctor-kafka(-options) / --doctor-s2-basin)")
     ui.add_argument("--dead-after", type=float, default=None, metavar="SECONDS", help="the doctor's --dead-after")
     ui.set_defaults(run=_ui)
 
@@ -91,8 +93,10 @@ def _ui(args: argparse.Namespace) -> int:
     # The token comes from the environment, never the command line, where `ps` would show it.
     token = os.environ.get("SLUICE_UI_TOKEN") or None
     watch = None
-    if args.doctor or args.doctor_postgres or args.doctor_kafka or args.doctor_s2_basin:
-        stores = Stores(args.doctor_postgres, args.doctor_kafka, s2_basin=args.doctor_s2_basin)
+    if args.doctor or args.doctor_postgres or args.doctor_kafka or args.doctor_s2_basin or \
+            args.doctor_postgres_options or args.doctor_kafka_options:
+        stores = Stores(args.doctor_postgres, args.doctor_kafka, s2_basin=args.doctor_s2_basin,
+                        postgres_options=args.doctor_postgres_options, kafka_options=args.doctor_kafka_options)
         watch = DoctorWatch(Doctor(args.meta, stores, args.dead_after), args.doctor_every).start()
     try:
         with serve_ui(args.meta, args.host, args.port, advertise=args.advertise, token=token,
@@ -114,7 +118,14 @@ def _add_doctor(sub: Any) -> None:
                         "$SLUICE_META, else .sluice/meta.db)")
     doctor.add_argument("--postgres", metavar="URL", help="postgresql://user@host:port/dbname to examine; the "
                         "password comes from PGPASSWORD (never on the command line, where ps shows it)")
+    doctor.add_argument("--postgres-options", metavar="FILE", help="a JSON or Java-properties file, on this "
+                        "machine, of format(\"postgres\")'s connection options as a job passes them (sslmode, "
+                        "ssl.ca-pem, ssl.cert-pem, ssl.key-pem, password, host/port/dbname/user or url); a job's "
+                        "other options in it are left aside")
     doctor.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers to examine")
+    doctor.add_argument("--kafka-options", metavar="FILE", help="a JSON or Java-properties file, on this machine, "
+                        "of format(\"sluice_kafka\")'s kafka.* options as a job passes them "
+                        "(kafka.bootstrap.servers, kafka.security.protocol, kafka.ssl.*, kafka.sasl.*)")
     doctor.add_argument("--kafka-open-after", type=float, default=60.0, metavar="SECONDS",
                         help="report transactions open at least this long (default 60)")
     doctor.add_argument("--s2-basin", metavar="BASIN", help="S2 basin to examine (token from S2_ACCESS_TOKEN, "
@@ -138,7 +149,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from sluice.doctor import Doctor, Stores
 
     doctor = Doctor(args.meta, Stores(args.postgres, args.kafka, args.kafka_open_after, args.s2_basin, args.s2_prefix,
-                                      args.dead_letters_since), args.dead_after)
+                                      args.dead_letters_since, args.postgres_options, args.kafka_options),
+                    args.dead_after)
     findings = doctor.examine()
     now = time.time()
     for finding in findings:

@@ -37,6 +37,7 @@ from sluice._errors import (
     RecordError,
     RecordTooLargeError,
     RefusedRecords,
+    RestartNeededError,
     RetryableError,
     RetryEntries,
     SinkError,
@@ -46,6 +47,7 @@ from sluice._errors import (
 from sluice._micro_batch import micro_batch_numbers
 from sluice._names import case_hint, check_dataframe_columns, check_option_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
+from sluice._schema_evolution import ADD_COLUMNS, new_columns, schema_evolution_option
 from sluice._unchanged import (
     check_unchanged_column,
     fill_unchanged,
@@ -167,6 +169,7 @@ from sluice.spark._compat import (
 from sluice.spark._registry import add_format as register_format
 
 __all__ = [
+    "ADD_COLUMNS",
     "DEAD_LETTER_COLUMNS",
     "DELETE_OPS",
     "DELETE_OPS_SQL",
@@ -231,6 +234,7 @@ __all__ = [
     "ReplayGuard",
     "RequestBuffer",
     "RequestInfo",
+    "RestartNeededError",
     "RetryEntries",
     "RetryableError",
     "SchemaType",
@@ -294,6 +298,7 @@ __all__ = [
     "marked_columns",
     "marked_rows",
     "micro_batch_numbers",
+    "new_columns",
     "observed",
     "parse_value",
     "plan_dead_letters",
@@ -307,6 +312,7 @@ __all__ = [
     "register_format",
     "require",
     "require_name",
+    "schema_evolution_option",
     "server_alert",
     "split_payloads",
     "subject_name",

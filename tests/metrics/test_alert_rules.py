@@ -16,7 +16,7 @@ from sluice.doctor._model import KAFKA_TXN, Finding, Verdict
 from sluice.doctor._watch import DoctorWatch
 from sluice.engine import LiveStats
 from sluice.metrics import SourceReport, SplitLag, TaskIdentity, TaskReport
-from sluice.metrics._collect import PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
+from sluice.metrics._collect import LookupMetrics, PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
 from sluice.metrics._report import ReadReport, ReadStats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_every_metric_the_rules_read_is_one_the_collector_exposes():
     assert watch.wait_round(30)
     watch.stop()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PrometheusCollector(sinks, sources, reads))
+    registry.register(PrometheusCollector(sinks, sources, reads, LookupMetrics()))
     registry.register(watch)
     exposed = {sample.name for family in text_string_to_metric_families(generate_latest(registry).decode())
                for sample in family.samples}

@@ -119,3 +119,28 @@ def test_a_committed_micro_batch_reports_each_splits_records_behind_and_their_su
     assert report.splits == (SplitLag("a", 30, 100, 70), SplitLag("b", 10, 10, 0))
     assert report.pending_records == 70  # the total, as before
     assert [lag.split for lag in lags] == ["a", "b"] and all(60_000 <= lag.lag_ms < 120_000 for lag in lags)
+
+
+class CountingEnumerator(ListEnumerator):
+    """Counts where a new split's position is asked (a Kafka enumerator makes an admin request for each)."""
+
+    def __init__(self, ends):
+        super().__init__(ends)
+        self.asked = []
+
+    def new_split_position(self, split):
+        self.asked.append(split.split_id)
+        return 0
+
+
+def test_planning_asks_a_new_splits_position_only_for_the_splits_the_start_lacks():
+    ends = {f"p{i}": 10 for i in range(50)}
+    reader = SplitStreamReader(CountingEnumerator(ends), NoReader(), None, None, None)
+    first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    reader.partitions(reader.initialOffset(), first)
+    assert reader.enumerator.asked == []  # every split is in the start: nothing to ask, at 50 splits as at 1
+    ends["new"] = 4
+    second = reader.latestOffset(first, ReadAllAvailable())
+    reader.partitions(first, second)
+    # The one split found since: asked when the end is planned and when its range is (each planning on its own).
+    assert reader.enumerator.asked == ["new", "new"]

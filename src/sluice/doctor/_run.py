@@ -6,8 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice._errors import SluiceError
-from sluice.connectors.postgres import Connection
-from sluice.doctor import _deadletters, _kafka, _postgres, _s2, _tablestore
+from sluice.doctor import _deadletters, _kafka, _postgres, _reach, _s2, _tablestore
 from sluice.doctor._model import KAFKA_TXN, PG_SLOT, PG_STAGED, TABLE_BARRIER, TABLE_CLAIM, Action, Finding, Verdict
 from sluice.doctor._owners import Owners
 from sluice.meta import MetaService
@@ -15,7 +14,9 @@ from sluice.meta import MetaService
 
 @dataclass(frozen=True)
 class Stores:
-    """Where to look besides the MetaService. The PostgreSQL URL carries no password (PGPASSWORD has it)."""
+    """Where to look besides the MetaService. The PostgreSQL URL carries no password (PGPASSWORD has it). The
+    options files (paths on this machine) give a store's connection options as its jobs give them: TLS, a client
+    certificate, SASL, a password (see _reach.py)."""
 
     postgres: str | None = None
     kafka: str | None = None  # bootstrap servers
@@ -23,6 +24,8 @@ class Stores:
     s2_basin: str | None = None  # token and endpoints from S2_ACCESS_TOKEN, S2_ACCOUNT_ENDPOINT, S2_BASIN_ENDPOINT
     s2_prefix: str = ""  # the basin's streams with this prefix
     dead_letters_since_s: float = 86400.0  # list dead-letter targets that received records this recently
+    postgres_options: str | None = None  # a JSON or properties file of format("postgres")'s connection options
+    kafka_options: str | None = None  # ... of format("sluice_kafka")'s kafka.* options
 
 
 class Doctor:
@@ -30,7 +33,10 @@ class Doctor:
         self.meta = MetaService(meta)
         self.stores = stores
         self.dead_after = dead_after
-        self._pg = _pg_connection(stores.postgres) if stores.postgres else None
+        self._pg = (_reach.postgres_connection(stores.postgres, stores.postgres_options)
+                    if stores.postgres or stores.postgres_options else None)
+        self._kafka = (_reach.kafka_client(stores.kafka, stores.kafka_options)
+                       if stores.kafka or stores.kafka_options else None)
         self._s2 = _s2.connection(stores.s2_basin) if stores.s2_basin else None
 
     def examine(self) -> list[Finding]:
@@ -39,8 +45,8 @@ class Doctor:
         found += _deadletters.examine(self.meta, self.stores.dead_letters_since_s)
         if self._pg is not None:
             found += _postgres.examine(self._pg, self.meta, owners)
-        if self.stores.kafka:
-            found += _kafka.examine(self.stores.kafka, owners, self.stores.kafka_open_after_s)
+        if self._kafka is not None:
+            found += _kafka.examine(self._kafka, owners, self.stores.kafka_open_after_s)
         if self._s2 is not None:
             found += _s2.examine(self._s2, owners, self.stores.s2_prefix)
         return found
@@ -81,18 +87,7 @@ class Doctor:
             assert self._pg is not None
             return _postgres.remove(self._pg, self.meta, finding)
         if finding.kind == KAFKA_TXN:
-            assert self.stores.kafka is not None
-            return _kafka.remove(self.stores.kafka, finding)
+            assert self._kafka is not None
+            return _kafka.remove(self._kafka, finding)
         return _tablestore.remove(self.meta, finding)
 
-
-def _pg_connection(url: str) -> Connection:
-    from urllib.parse import urlsplit
-
-    from sluice import OptionError
-    from sluice.connectors.postgres.changes import CHANGES_SPEC
-
-    if urlsplit(url).password:
-        raise OptionError("--postgres carries a password, which ps shows to every user of this machine; "
-                          "put it in PGPASSWORD instead")
-    return Connection.from_options(CHANGES_SPEC.parse({"url": url, "table": "-"}))

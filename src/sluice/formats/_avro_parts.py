@@ -9,6 +9,7 @@ side by side in one matrix, so the join (whose cost is per row and part) has few
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -16,7 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_EMPTY = pa.scalar(b"", pa.binary())
+
+@functools.cache
+def _empty() -> pa.Scalar:
+    """b"" as an Arrow scalar; made on first use, as pyarrow's first scalar imports pandas (seconds in a new worker)."""
+    return pa.scalar(b"", pa.binary())
+
+
 _LIMIT = 2**31  # a binary array's int32 offsets
 
 
@@ -166,7 +173,7 @@ def group(items: pa.BinaryArray, bounds: np.ndarray) -> pa.BinaryArray:
     in `items`' data, so this is new offsets over the same data buffer, no copy."""
     n = len(bounds) - 1
     if not len(items):
-        return pa.repeat(_EMPTY, n)
+        return pa.repeat(_empty(), n)
     offsets = _offsets(items)[bounds]
     return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), items.buffers()[2]])
 
@@ -175,7 +182,7 @@ def blank(part: pa.BinaryArray, write: np.ndarray | None) -> pa.BinaryArray:
     """`part` emptied on the rows not written."""
     if write is None or not (lengths(part)[~write] > 0).any():
         return part
-    out = pc.if_else(pa.array(write), part, _EMPTY)
+    out = pc.if_else(pa.array(write), part, _empty())
     assert isinstance(out, pa.BinaryArray)
     return out
 
@@ -184,7 +191,7 @@ def join(pieces: list[Part], n: int) -> pa.BinaryArray:
     """Row-wise concatenation of the parts, in order: each run of Bytes merged, then one pass of
     binary_join_element_wise over all of them."""
     if not pieces or n == 0:
-        return pa.repeat(_EMPTY, n)
+        return pa.repeat(_empty(), n)
     parts: list[pa.BinaryArray] = []
     run: list[Bytes] = []
     for p in [*pieces, None]:
@@ -206,6 +213,6 @@ def join(pieces: list[Part], n: int) -> pa.BinaryArray:
         )
     if len(parts) == 1:
         return parts[0]
-    out = pc.binary_join_element_wise(*parts, _EMPTY)
+    out = pc.binary_join_element_wise(*parts, _empty())
     assert isinstance(out, pa.BinaryArray)
     return out

@@ -10,6 +10,7 @@ writes, up to the order of map entries (the encoding section of protobuf.dev's d
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,13 @@ from sluice.formats._protobuf_types import (
     is_map,
 )
 
-_EMPTY = pa.scalar(b"", pa.binary())
+
+@functools.cache
+def _empty() -> pa.Scalar:
+    """b"" as an Arrow scalar; made on first use, as pyarrow's first scalar imports pandas (seconds in a new worker)."""
+    return pa.scalar(b"", pa.binary())
+
+
 _FIXED = {TYPE_FIXED32: "<u4", TYPE_SFIXED32: "<i4", TYPE_FLOAT: "<f4", TYPE_FIXED64: "<u8", TYPE_SFIXED64: "<i8",
           TYPE_DOUBLE: "<f8"}
 _RANGES = {TYPE_INT32: (-2**31, 2**31 - 1), TYPE_SINT32: (-2**31, 2**31 - 1), TYPE_SFIXED32: (-2**31, 2**31 - 1),
@@ -79,7 +86,7 @@ def _tag(number: int, wire_type: int) -> pa.Scalar:
 
 
 def _join(*parts: pa.Array | pa.Scalar) -> pa.BinaryArray:
-    return pc.binary_join_element_wise(*parts, _EMPTY)
+    return pc.binary_join_element_wise(*parts, _empty())
 
 
 def _delimited(payload: pa.BinaryArray) -> pa.BinaryArray:
@@ -188,14 +195,14 @@ def field_bytes(column: pa.Array, field: Any, path: str) -> pa.BinaryArray:
         else:  # packed: one length-delimited run of the values
             payloads, _ = _payloads(values, field, path)
             offsets = pc.subtract(lists.offsets, lists.offsets[0]) if len(lists) else lists.offsets
-            packed = pc.binary_join(pa.ListArray.from_arrays(offsets, payloads), _EMPTY)
+            packed = pc.binary_join(pa.ListArray.from_arrays(offsets, payloads), _empty())
             return pc.if_else(pc.greater(pc.binary_length(packed).fill_null(0), 0),
-                              _join(_tag(number, 2), _delimited(packed.fill_null(b""))), _EMPTY)
+                              _join(_tag(number, 2), _delimited(packed.fill_null(b""))), _empty())
         offsets = pc.subtract(lists.offsets, lists.offsets[0]) if len(lists) else lists.offsets
-        return pc.binary_join(pa.ListArray.from_arrays(offsets, encoded), _EMPTY).fill_null(b"")
+        return pc.binary_join(pa.ListArray.from_arrays(offsets, encoded), _empty()).fill_null(b"")
     payloads, wire = _payloads(column, field, path)
     written = column.is_valid() if field.has_presence else pc.invert(_default(column, field).fill_null(True))
-    return pc.if_else(written, _join(_tag(number, wire), payloads), _EMPTY)
+    return pc.if_else(written, _join(_tag(number, wire), payloads), _empty())
 
 
 def message_bytes(rows: pa.StructArray, message: Any, path: str = "") -> pa.BinaryArray:

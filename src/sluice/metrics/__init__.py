@@ -1,7 +1,8 @@
 """Live metrics of sluice writes while they run, exposed to Prometheus.
 
 Reads report too: every read task what it fetched (records, bytes) and, where records carry their commit time, how
-old the newest one was when fetched (sluice.metrics._reads); split sources (Kafka, S2) per split as well.
+old the newest one was when fetched (sluice.metrics._reads); split sources (Kafka, S2) per split as well. Lookup
+joins report their rows, the store's loads and their cache's hits, misses and evictions (sluice.metrics._lookups).
 
 Executors are other machines: each task's engine reports its write every second (`sluice.engine.LiveStats`) to a
 pusher thread, which POSTs the latest report to a collector on the driver; the collector folds the tasks' reports
@@ -16,6 +17,8 @@ runs there. Without one, nothing is sent. A collector that cannot be reached nev
 
 from sluice.metrics._progress import ProgressLines
 from sluice.metrics._report import (
+    LookupReport,
+    LookupStats,
     MetricsTarget,
     ReadReport,
     ReadStats,
@@ -26,5 +29,5 @@ from sluice.metrics._report import (
 )
 from sluice.metrics._server import MetricsServer, find_target, serve
 
-__all__ = ["MetricsServer", "MetricsTarget", "ProgressLines", "ReadReport", "ReadStats", "SourceReport", "SplitLag",
-           "TaskIdentity", "TaskReport", "find_target", "serve"]
+__all__ = ["LookupReport", "LookupStats", "MetricsServer", "MetricsTarget", "ProgressLines", "ReadReport", "ReadStats",
+           "SourceReport", "SplitLag", "TaskIdentity", "TaskReport", "find_target", "serve"]

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from sluice.metrics._report import ReadReport, SourceReport, TaskReport
+from sluice.metrics._report import LookupReport, ReadReport, SourceReport, TaskReport
 
 # (exposed name, help, LiveStats field): prometheus_client adds `_total` to counters.
 COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -40,13 +40,30 @@ READ_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("sluice_source_numRecordsIn", "Records read tasks fetched.", "records"),
     ("sluice_source_numBytesIn", "Arrow bytes of the batches read tasks fetched.", "bytes"),
 )
+# Lookup joins (sluice.lookup): Flink's lookup cache metrics (FLIP-221) plus evictions, and the rows in and out.
+LOOKUP_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("sluice_lookup_numRecordsIn", "DataFrame rows lookup tasks enriched.", "records_in"),
+    ("sluice_lookup_numRecordsOut", "Rows lookup tasks gave back (several per key with several rows; inner joins "
+     "drop the unmatched).", "records_out"),
+    ("sluice_lookup_hitCount", "Distinct keys of a batch the cache answered.", "hits"),
+    ("sluice_lookup_missCount", "Distinct keys of a batch read from the store (every key without a cache).",
+     "misses"),
+    ("sluice_lookup_evictionCount", "Cached keys dropped for the cache's size or expiry.", "evictions"),
+    ("sluice_lookup_loadCount", "Calls to the store (one per batch with keys to read).", "loads"),
+    ("sluice_lookup_numKeysLoaded", "Keys the store was asked for.", "keys_loaded"),
+    ("sluice_lookup_numRecordsLoaded", "Rows the store returned.", "records_loaded"),
+)
+LOOKUP_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("sluice_lookup_numCachedRecords", "Rows held in the caches of running lookup tasks' worker processes.",
+     "cached_records"),
+)
 _RETIRED_KEPT = 10_000  # keys of ended tasks remembered, to ignore their late reports
 _SPLITS_KEPT = 10_000  # splits whose fetch lag is remembered (the least recently reported go first)
 
 
 @dataclass
 class _Running:
-    report: TaskReport | ReadReport
+    report: TaskReport | ReadReport | LookupReport
     seen: float
 
 
@@ -66,7 +83,7 @@ class TaskMetrics:
         self._ended_tasks: dict[str, int] = {}
         self._retired: OrderedDict[tuple, None] = OrderedDict()
 
-    def add(self, report: TaskReport | ReadReport) -> None:
+    def add(self, report: TaskReport | ReadReport | LookupReport) -> None:
         key = report.task.key
         with self._lock:
             if key in self._retired:
@@ -83,7 +100,7 @@ class TaskMetrics:
         with self._lock:
             return self._lock.wait_for(lambda: predicate(self._snapshot()), timeout)
 
-    def _retire(self, key: tuple, report: TaskReport | ReadReport) -> None:
+    def _retire(self, key: tuple, report: TaskReport | ReadReport | LookupReport) -> None:
         ended = self._ended.setdefault(report.task.format, {})
         for field in self.counters:
             ended[field] = ended.get(field, 0) + getattr(report.stats, field)
@@ -151,7 +168,7 @@ class ReadMetrics(TaskMetrics):
         self._lags: dict[str, tuple[float, float]] = {}  # format -> (report time, lag ms)
         self._split_lags: OrderedDict[tuple[str, str], SplitFetchLag] = OrderedDict()  # (format, split) -> newest
 
-    def add(self, report: TaskReport | ReadReport) -> None:
+    def add(self, report: TaskReport | ReadReport | LookupReport) -> None:
         lag, at = getattr(report.stats, "event_lag_ms", None), report.stats.at
         if lag is not None:
             fmt, split = report.task.format, getattr(report.stats, "split", None)
@@ -176,6 +193,18 @@ class ReadMetrics(TaskMetrics):
     def _extra(self, format_name: str, live: list) -> dict[str, float | None]:
         at, lag = self._lags.get(format_name, (None, None))
         return {"event_lag_ms": lag, "lag_at": at}
+
+
+class LookupMetrics(TaskMetrics):
+    """Lookup joins: rows in and out, the cache's hits, misses and evictions, the store's loads; the latest load's
+    duration among running tasks."""
+
+    counters = tuple(field for _, _, field in LOOKUP_COUNTERS)
+    gauges = tuple(field for _, _, field in LOOKUP_GAUGES)
+
+    def _extra(self, format_name: str, live: list) -> dict[str, float | None]:
+        loads = [(s.at, s.load_ms) for s in live if s.load_ms is not None]
+        return {"load_ms": max(loads)[1] if loads else None}
 
 
 class SourceMetrics:
@@ -239,18 +268,22 @@ def per_format(kind: type, declared: Iterable[tuple[str, str, str]], snapshot: d
 
 
 class PrometheusCollector:
-    """A prometheus_client collector over SinkMetrics and SourceMetrics: values computed at scrape time."""
+    """A prometheus_client collector over the sinks', sources', reads' and lookups' metrics: values computed at
+    scrape time."""
 
-    def __init__(self, metrics: SinkMetrics, sources: SourceMetrics, reads: ReadMetrics) -> None:
+    def __init__(self, metrics: SinkMetrics, sources: SourceMetrics, reads: ReadMetrics,
+                 lookups: LookupMetrics) -> None:
         self.metrics = metrics
         self.sources = sources
         self.reads = reads
+        self.lookups = lookups
 
     def collect(self) -> Iterator:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield from self._source_families(GaugeMetricFamily)
         yield from self._read_families(CounterMetricFamily, GaugeMetricFamily)
+        yield from self._lookup_families(CounterMetricFamily, GaugeMetricFamily)
         snapshot = self.metrics.snapshot()
         gauges = (*GAUGES, ("sluice_sink_currentSendTime", "The slowest running task's last request, in ms.",
                             "send_ms"), ("sluice_sink_tasksRunning", "Tasks writing now.", "tasks_running"))
@@ -277,6 +310,18 @@ class PrometheusCollector:
         for found in self.reads.split_lags():
             per_split.add_metric([found.format, found.split], found.lag_ms)
         yield per_split
+
+    def _lookup_families(self, counter: type, gauge: type) -> Iterator:
+        snapshot = self.lookups.snapshot()
+        yield from per_format(counter, LOOKUP_COUNTERS, snapshot)
+        yield from per_format(gauge, (*LOOKUP_GAUGES, ("sluice_lookup_tasksRunning", "Lookup tasks running now.",
+                                                       "tasks_running")), snapshot)
+        latest = gauge("sluice_lookup_latestLoadTime", "The latest store call of a running lookup task, ms.",
+                       labels=["format"])
+        for fmt, values in snapshot.items():
+            if values["load_ms"] is not None:
+                latest.add_metric([fmt], values["load_ms"])
+        yield latest
 
     def _source_families(self, gauge: type) -> Iterator:
         reports = self.sources.snapshot()

@@ -9,7 +9,7 @@ import threading
 import urllib.request
 from typing import Any
 
-from sluice.metrics._report import MetricsTarget, ReadReport, SourceReport, TaskIdentity, TaskReport
+from sluice.metrics._report import LookupReport, MetricsTarget, ReadReport, SourceReport, TaskIdentity, TaskReport
 
 log = logging.getLogger("sluice.metrics")
 
@@ -17,16 +17,16 @@ _TIMEOUT_S = 2.0
 
 
 class MetricsPusher:
-    """`offer` (the engine's observer, on its manager thread; a read task's batch loop) never blocks; `close`
-    sends the final report. Writes send `TaskReport`s of `LiveStats` to /push, reads `ReadReport`s of `ReadStats`
-    to /push/read."""
+    """`offer` (the engine's observer, on its manager thread; a read or lookup task's batch loop) never blocks;
+    `close` sends the final report. Writes send `TaskReport`s of `LiveStats` to /push, reads `ReadReport`s of
+    `ReadStats` to /push/read, lookups `LookupReport`s to /push/lookup (each report type's `path`)."""
 
     def __init__(self, target: MetricsTarget, task: TaskIdentity,
-                 report: type[TaskReport] | type[ReadReport] = TaskReport) -> None:
+                 report: type[TaskReport] | type[ReadReport] | type[LookupReport] = TaskReport) -> None:
         self.target = target
         self.task = task
         self._report = report
-        self._path = "/push/read" if report is ReadReport else "/push"
+        self._path = report.path
         self._cond = threading.Condition()
         self._latest: Any = None
         self._closing = False
@@ -56,7 +56,7 @@ class MetricsPusher:
             assert stats is not None
             self._send(self._report(self.task, stats, done=False))
 
-    def _send(self, report: TaskReport | ReadReport) -> None:
+    def _send(self, report: TaskReport | ReadReport | LookupReport) -> None:
         if self._dead:
             return
         try:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.metrics._push import MetricsPusher
-from sluice.metrics._report import MetricsTarget, ReadReport, ReadStats, TaskIdentity
+from sluice.metrics._report import MetricsTarget, ReadReport, ReadStats, TaskIdentity, current_task
 
 REPORT_EVERY_S = 1.0
 _PER_MS = {"s": 1e-3, "ms": 1.0, "us": 1e3, "ns": 1e6}
@@ -104,14 +104,7 @@ class ReadObserver:
         return max(0.0, time.time() * 1000 - ms)
 
     def _task(self) -> TaskIdentity:
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        if tc is None:  # read outside a Spark task (a test calling the reader): one anonymous task
-            return TaskIdentity(self.format, self.read_id, 0, 0, 0, None)
-        batch_id = tc.getLocalProperty("streaming.sql.batchId")
-        return TaskIdentity(self.format, self.read_id, tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId(),
-                            int(batch_id) if batch_id is not None else None)
+        return current_task(self.format, self.read_id)
 
 
 def observed(observer: ReadObserver | None, batches: Iterator[pa.RecordBatch],

@@ -36,12 +36,26 @@ class TaskIdentity:
         return (self.format, self.write_id, self.partition, self.attempt, self.task_attempt_id, self.epoch)
 
 
+def current_task(format_name: str, run_id: str) -> TaskIdentity:
+    """The Spark task running this code, for a read's or a lookup's reports (`run_id`: the read's or the lookup's
+    id, made when it was planned); outside a Spark task (a test calling a reader), one anonymous task."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return TaskIdentity(format_name, run_id, 0, 0, 0, None)
+    batch_id = tc.getLocalProperty("streaming.sql.batchId")
+    return TaskIdentity(format_name, run_id, tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId(),
+                        int(batch_id) if batch_id is not None else None)
+
+
 class _TaskReportJson:
     """A task's report as JSON, version 1: {"v": 1, "task": ..., <stats_key>: ..., "done": ...}."""
 
     stats_type: ClassVar[type]
     stats_key: ClassVar[str]  # the JSON key of the stats
     kind: ClassVar[str]  # what errors call it: a task report, a read report
+    path: ClassVar[str]  # where the collector takes it (metrics/_server.py's routes)
     task: TaskIdentity
     stats: Any
     done: bool
@@ -69,6 +83,7 @@ class TaskReport(_TaskReportJson):
     stats_type = LiveStats
     stats_key = "stats"
     kind = "task"
+    path = "/push"
     task: TaskIdentity
     stats: LiveStats
     done: bool  # the task's write ended (committed or failed): its counters are final
@@ -95,8 +110,38 @@ class ReadReport(_TaskReportJson):
     stats_type = ReadStats
     stats_key = "read"
     kind = "read"
+    path = "/push/read"
     task: TaskIdentity  # write_id: the read's id, made when it is planned
     stats: ReadStats
+    done: bool
+
+
+@dataclass(frozen=True)
+class LookupStats:
+    """One lookup join task's work so far (`sluice.lookup`, docs/lookup.md), with the cache metrics of Flink's
+    lookup joins (FLIP-221: hitCount, missCount, loadCount, latestLoadTime, numCachedRecords) plus evictions."""
+
+    records_in: int  # the DataFrame's rows the task enriched
+    records_out: int  # the rows it gave back (a key with several rows gives several; inner drops the unmatched)
+    hits: int  # distinct keys of a batch the cache answered
+    misses: int  # distinct keys of a batch the cache did not have (read from the store); all of them without cache
+    evictions: int  # cached keys dropped, for the cache's size or expiry
+    loads: int  # calls to the store (one per batch with keys to read)
+    keys_loaded: int  # keys the store was asked for
+    records_loaded: int  # rows the store returned
+    load_ms: float | None  # the latest store call's duration; None: none yet
+    cached_records: int  # rows the task's worker process holds in its cache now
+    at: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class LookupReport(_TaskReportJson):
+    stats_type = LookupStats
+    stats_key = "lookup"
+    kind = "lookup"
+    path = "/push/lookup"
+    task: TaskIdentity  # write_id: the lookup's id, made when it is planned
+    stats: LookupStats
     done: bool
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from sluice._driver import stats_dir  # the folder the driver's planning workers already share
 from sluice._errors import OptionError
-from sluice.metrics._collect import PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
+from sluice.metrics._collect import LookupMetrics, PrometheusCollector, ReadMetrics, SinkMetrics, SourceMetrics
 from sluice.metrics._history import MetricsHistory
-from sluice.metrics._report import MetricsTarget, ReadReport, SourceReport, TaskReport
+from sluice.metrics._report import LookupReport, MetricsTarget, ReadReport, SourceReport, TaskReport
 
 log = logging.getLogger("sluice.metrics")
 
@@ -67,6 +67,7 @@ class MetricsServer:
         self.metrics = SinkMetrics()
         self.sources = SourceMetrics()
         self.reads = ReadMetrics()
+        self.lookups = LookupMetrics()
         # The page's charts: samples of the above every history_interval_s, the last 15 minutes of them.
         self.history = MetricsHistory(self.metrics, self.sources, self.reads, interval_s=history_interval_s)
         self._token = token
@@ -99,7 +100,7 @@ class MetricsServer:
         from starlette.routing import Route
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(PrometheusCollector(self.metrics, self.sources, self.reads))
+        registry.register(PrometheusCollector(self.metrics, self.sources, self.reads, self.lookups))
         for collector in self._collectors:
             registry.register(collector)
 
@@ -121,6 +122,7 @@ class MetricsServer:
 
         async def metrics_json(request: Request) -> Response:
             return JSONResponse({"sinks": self.metrics.snapshot(), "reads": self.reads.snapshot(),
+                                 "lookups": self.lookups.snapshot(),
                                  "sources": [dataclasses.asdict(r) for r in self.sources.snapshot()],
                                  "split_fetch_lags": [dataclasses.asdict(lag) for lag in self.reads.split_lags()]})
 
@@ -132,6 +134,7 @@ class MetricsServer:
             Route("/push", receiver(TaskReport.from_json, self.metrics.add), methods=["POST"]),
             Route("/push/source", receiver(SourceReport.from_json, self.sources.add), methods=["POST"]),
             Route("/push/read", receiver(ReadReport.from_json, self.reads.add), methods=["POST"]),
+            Route("/push/lookup", receiver(LookupReport.from_json, self.lookups.add), methods=["POST"]),
             Route("/metrics", guarded(metrics)), Route("/metrics.json", guarded(metrics_json)),
             Route("/metrics/history.json", guarded(history)), *extra])
 

@@ -250,7 +250,8 @@ class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition | SplitGrou
         target = None if self.target is None else self.target.positions
         splits = self._known() if target is None else {k: self._splits[k] for k in target}
         for sid, split in splits.items():
-            positions.setdefault(sid, self.enumerator.new_split_position(split))
+            if sid not in positions:  # asked only for a split the start lacks: one request each (Kafka: an admin call)
+                positions[sid] = self.enumerator.new_split_position(split)
         ends = {}
         latest = self.enumerator.end_positions(list(splits.values()), positions)
         self._heads.update(latest)
@@ -301,7 +302,7 @@ class SplitStreamReader(StreamReaderCore[SplitOffset, SplitPartition | SplitGrou
         ranges = []
         for sid, stop in sorted(end.positions.items()):
             split = self._splits.get(sid) or Split(sid)
-            ranges.append((split, begin.get(sid, self.enumerator.new_split_position(split)), stop))
+            ranges.append((split, begin[sid] if sid in begin else self.enumerator.new_split_position(split), stop))
         return tasks(ranges, self.max_per_partition, self.per_task)
 
     def read_partition(self, partition: SplitPartition | SplitGroup) -> Iterator[Any] | None:

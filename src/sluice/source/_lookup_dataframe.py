@@ -21,6 +21,7 @@ from pyspark.sql.types import DataType, DecimalType, IntegralType, StringType, S
 
 from sluice._errors import OptionError
 from sluice._names import case_hint
+from sluice.metrics._lookups import LookupObserver
 from sluice.source._lookup import LookupCacheSettings, arrow_rows
 from sluice.source._lookup_join import LookupPlan
 from sluice.spark._compat import to_arrow_schema
@@ -83,7 +84,9 @@ def plan_lookup(df_schema: StructType, format: str, options: Mapping[str, object
     out = StructType([*df_schema.fields, *(StructField(f.name, f.dataType, True) for f in added)])
     rows = arrow_rows(reader.schema)
     looked_up = tuple(f.with_nullable(True) for f in to_arrow_schema(StructType(added)))
-    plan = LookupPlan(reader, keys, how, looked_up, rows, LookupCacheSettings.of(opts), uuid.uuid4().hex)
+    lookup_id = uuid.uuid4().hex
+    plan = LookupPlan(reader, keys, how, looked_up, rows, LookupCacheSettings.of(opts), lookup_id,
+                      LookupObserver.on_driver(format, lookup_id))
     return plan, out
 
 

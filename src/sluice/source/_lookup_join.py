@@ -12,6 +12,7 @@ cache alone handles keys as Python values, one per distinct key.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.metrics._lookups import LookupObserver, LookupTally
 from sluice.source._lookup import LookupCacheSettings, LookupReader
 from sluice.source._lookup_cache import LookupCache, cache_for
 
@@ -36,14 +38,35 @@ class LookupPlan:
     rows: pa.Schema  # the reader's rows (key columns included)
     cache: LookupCacheSettings
     lookup_id: str  # names this lookup's cache in each worker process
+    observer: LookupObserver | None = None  # reports each task's counts to the collector, if one runs
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """mapInArrow's function: one task's batches, enriched."""
         cache = cache_for(self.lookup_id, self.cache)
+        tally = LookupTally()
+        out = self._enriched(batches, cache, tally)
+        if self.observer is None:
+            return out
+        # A worker process runs one task at a time: its cache's evictions since the task started are the task's.
+        evicted_before = cache.stats().evictions if cache is not None else 0
+
+        def cache_counts() -> tuple[int, int]:
+            if cache is None:
+                return 0, 0
+            now = cache.stats()
+            return now.evictions - evicted_before, now.rows
+
+        return self.observer.observed(out, tally, cache_counts)
+
+    def _enriched(self, batches: Iterator[pa.RecordBatch], cache: LookupCache | None,
+                  tally: LookupTally) -> Iterator[pa.RecordBatch]:
         clean = False
         try:
             for batch in batches:
-                yield from enrich(self, batch, cache).to_batches()
+                enriched = enrich(self, batch, cache, tally)
+                tally.records_in += batch.num_rows
+                tally.records_out += enriched.num_rows
+                yield from enriched.to_batches()
             clean = True
         finally:
             self.reader.close(clean)
@@ -61,7 +84,7 @@ def key_column(column: pa.Array, to: pa.DataType) -> pa.Array:
     return column.cast(to)
 
 
-def enrich(plan: LookupPlan, batch: pa.RecordBatch, cache: LookupCache | None) -> pa.Table:
+def enrich(plan: LookupPlan, batch: pa.RecordBatch, cache: LookupCache | None, tally: LookupTally) -> pa.Table:
     """`batch` with the looked-up columns: each row once per matching store row (left: once with nulls if none)."""
     key_types = [plan.rows.field(name).type for name in plan.on]
     keys = pa.table([key_column(batch.column(name), to) for name, to in zip(plan.on, key_types, strict=True)],
@@ -70,7 +93,7 @@ def enrich(plan: LookupPlan, batch: pa.RecordBatch, cache: LookupCache | None) -
     for name in plan.on[1:]:
         valid = pc.and_(valid, pc.is_valid(keys.column(name)))
     distinct = keys.filter(valid).group_by(list(plan.on), use_threads=False).aggregate([])
-    rows = rows_for(plan, distinct, cache)
+    rows = rows_for(plan, distinct, cache, tally)
 
     at_left, at_right = positions(plan, keys, rows)
     columns = [batch.column(i) if at_left is None else batch.column(i).take(at_left) for i in range(batch.num_columns)]
@@ -97,21 +120,25 @@ def positions(plan: LookupPlan, keys: pa.Table, rows: pa.Table) -> tuple[pa.Arra
     return joined.column(_LEFT), joined.column(_RIGHT)
 
 
-def read(plan: LookupPlan, keys: pa.Table) -> pa.Table:
+def read(plan: LookupPlan, keys: pa.Table, tally: LookupTally) -> pa.Table:
     """The reader's rows for `keys`, in the planned Arrow schema."""
     if keys.num_rows == 0:
         return plan.rows.empty_table()
+    started = time.perf_counter()
     rows = plan.reader.lookup(keys)
+    tally.loaded(keys.num_rows, rows.num_rows, time.perf_counter() - started)
     return rows if rows.schema == plan.rows else rows.cast(plan.rows)
 
 
-def rows_for(plan: LookupPlan, distinct: pa.Table, cache: LookupCache | None) -> pa.Table:
+def rows_for(plan: LookupPlan, distinct: pa.Table, cache: LookupCache | None, tally: LookupTally) -> pa.Table:
     """The rows of the distinct keys: from the cache where it has them, the rest read (and cached) in one call."""
     if cache is None:
-        return read(plan, distinct)
+        tally.looked_up(0, distinct.num_rows)
+        return read(plan, distinct, tally)
     asked = list(zip(*(distinct.column(name).to_pylist() for name in plan.on), strict=True))
     found, missing = cache.get_many(asked)
-    fetched = read(plan, distinct.take(pa.array(missing, pa.int64()))) if missing else plan.rows.empty_table()
+    tally.looked_up(len(found), len(missing))
+    fetched = read(plan, distinct.take(pa.array(missing, pa.int64())), tally) if missing else plan.rows.empty_table()
     cache.put_many(by_key(plan, fetched, [asked[i] for i in missing]))
     # One chunk: the join and the takes then index one array, not a chunk per cached key.
     return pa.concat_tables([fetched, *found]).combine_chunks() if found else fetched

@@ -22,7 +22,8 @@ from sluice.connector import (
     to_arrow_schema,
 )
 from sluice.meta import MetaService, check_url
-from sluice.tablestore._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.tablestore._lookup import TableStoreLookupReader, plan_lookup
+from sluice.tablestore._options import LOOKUP_SPEC, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.tablestore._sink import SINK_CONFIG, TableStoreWritePlan
 from sluice.tablestore._source import (
     CHANGE_COLUMNS,
@@ -41,6 +42,7 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    lookup_spec = LOOKUP_SPEC
 
     def partitioning(self, opts: Options, schema: StructType) -> tuple[str, ...] | None:
         """For sluice.write: any layout works (the commit orders rows by task, then row)."""
@@ -69,7 +71,7 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
             check_url(write.meta)  # the commit needs it: refused before a table is made
             table.create(arrow, write.primary_key)
         else:
-            table.check_schema(arrow)
+            table.check_schema(arrow, write.schema_evolution)
             if opts.is_set("primary-key") and write.primary_key != table.primary_key():
                 raise OptionError(f"table '{table.name}' has primary key {list(table.primary_key())}; the write asks "
                                   f"for {list(write.primary_key)}")
@@ -143,6 +145,12 @@ class TableStoreDataSource(SinkDataSource, SourceDataSource):
             version = MetaService(read.meta).consistent_version([table.name, *read.consistent_with]) \
                 .versions[table.name]
         return TableStoreReader(table, version, schema, read.max_partition_bytes, self.read_observer())
+
+    # ------------------------------------------------------------------ lookup joins
+    def lookup_reader(self, opts: Options, on: tuple[str, ...],
+                      columns: tuple[str, ...] | None) -> TableStoreLookupReader:
+        """sluice.lookup(df, "tablestore", ...): rows by key from one version, files pruned by stats (_lookup.py)."""
+        return plan_lookup(opts, on, columns)
 
 
 def _table(typed: WriteOptions | ReadOptions, opts: Options) -> StoreTable:

@@ -17,8 +17,10 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    schema_evolution_option,
     unchanged_column_option,
 )
+from sluice.connector import LOOKUP_OPTIONS as SDK_LOOKUP_OPTIONS
 from sluice.tablestore._commit import Upkeep
 
 TABLE = Option("table", "str", None, "Table name (letters, digits, '_').", required=True)
@@ -48,6 +50,8 @@ WRITE_OPTIONS = (
            "'truncate' (postgres_changes) deletes every row, in the same Delta version as the changes after it."),
     unchanged_column_option("the merge keeps the table's value of each column a row names (the row's last earlier "
                             "change in the same commit that set it, if any)."),
+    schema_evolution_option("The Delta schema change is in the same version as the first rows that carry it (the "
+                            "commit of their write or micro-batch)."),
     Option("job", "str", "batch", "Name of the writing job in commits (app transaction id) for batch writes; "
            "streaming writes use the query id."),
     Option("writer-lease", "int", 600, "Seconds a streaming query that did not register_job stays the table's "
@@ -85,6 +89,11 @@ READ_OPTIONS = (
 # The sink's engine settings are fixed (SINK_CONFIG), but what a refused row does is the user's: errors.*.
 WRITE_SPEC = OptionSpec("tablestore", (*COMMON, *WRITE_OPTIONS, *ERROR_OPTIONS), (check_error_options,))
 READ_SPEC = OptionSpec("tablestore", (*COMMON, *READ_OPTIONS))
+# sluice.lookup(df, "tablestore", ...): rows by key from one version (docs/lookup.md), the cache's options too.
+LOOKUP_VERSION = Option("lookup.version", "int", None, "Look rows up in this Delta version of the table; default: "
+                        "the version of its latest completed barrier, as each task finds it when it starts.",
+                        minimum=0)
+LOOKUP_SPEC = OptionSpec("tablestore", (*COMMON, LOOKUP_VERSION, *SDK_LOOKUP_OPTIONS))
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,7 @@ class WriteOptions(TypedOptions):
     primary_key: tuple[str, ...]
     upsert_op_column: str | None
     upsert_unchanged_column: str | None
+    schema_evolution: str
     job: str
     writer_lease: int
     checkpoint_interval: int
@@ -133,3 +143,14 @@ class ReadOptions(TypedOptions):
     aligned_with: tuple[str, ...]
     max_partition_bytes: int
     changes: bool
+
+
+@dataclass(frozen=True)
+class LookupOptions(TypedOptions):
+    """The lookup options of format("tablestore") besides the cache's and the warehouse's."""
+
+    declared = (TABLE, META, LOOKUP_VERSION)
+
+    table: str
+    meta: str | None = field(repr=False)  # a postgresql:// URL may carry a password
+    lookup_version: int | None

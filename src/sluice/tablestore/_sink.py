@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import (
+    ADD_COLUMNS,
     GLOBAL_ORDERED,
     TRUNCATE_OP,
     ArrowRows,
@@ -36,6 +37,7 @@ from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
 from sluice.tablestore._commit import BarrierCommit
 from sluice.tablestore._options import WriteOptions
+from sluice.tablestore._stats import FileStats
 from sluice.tablestore._table import StagedFile, StoreTable
 
 MiB = 1024 * 1024
@@ -61,6 +63,7 @@ class ParquetStore(BlockingStore):
         self._out: Any = None  # the file's output stream (local file or object-store upload)
         self._writer: Any = None
         self._count = 0
+        self._stats = FileStats()  # its columns' ranges for the Delta log, so that filtered reads can skip it
 
     @property
     def target(self) -> str:
@@ -79,6 +82,7 @@ class ParquetStore(BlockingStore):
             self._writer = pq.ParquetWriter(self._out, data.schema)
         self._writer.write_table(data)
         self._count += data.num_rows
+        self._stats.add(data)
         self.rows.release(batch.entries)
 
     def refused_rows(self, entries: Sequence[int]) -> pa.Table:
@@ -92,7 +96,7 @@ class ParquetStore(BlockingStore):
         size = self._out.tell()
         self._out.close()  # on an object store, the upload completes here
         self._out = None
-        return {"path": self.relative, "size": size, "rows": self._count}
+        return {"path": self.relative, "size": size, "rows": self._count, "stats": self._stats.json()}
 
     def close(self) -> None:
         super().close()
@@ -137,7 +141,8 @@ class TableStoreCommitter(Committer):
             last = meta.last_barrier(self.table.name)
             barrier = max(int(time.time() * 1000), (last[0] + 1) if last else 0)
         self.table.commit(files, BarrierCommit(app, barrier, writer), meta, op_column=write.upsert_op_column,
-                          unchanged_column=write.upsert_unchanged_column, upkeep=write.upkeep())
+                          unchanged_column=write.upsert_unchanged_column, upkeep=write.upkeep(),
+                          add_columns=write.schema_evolution == ADD_COLUMNS)
 
     def abort(self, messages: list[Any], context: WriteContext) -> None:
         self.table.delete_files([m["path"] for m in messages if m])

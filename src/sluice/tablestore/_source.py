@@ -121,7 +121,15 @@ class TableStoreReader(DataSourceReader):
         for uri in partition.uris:
             with fs.open_input_file(partition.warehouse.path(uri)) as file:
                 for batch in pq.ParquetFile(file).iter_batches(batch_size=65536, columns=names):
-                    yield conform(batch, self.arrow_schema)
+                    yield conform(_with_added(batch, self.arrow_schema), self.arrow_schema)
+
+
+def _with_added(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A file written before a column was added (schema.evolution) lacks it: null there, as Delta reads it."""
+    missing = [f for f in schema if f.name not in batch.schema.names]
+    for f in missing:
+        batch = batch.append_column(f.name, pa.nulls(batch.num_rows, f.type))
+    return batch
 
 
 CHANGE_COLUMNS = (("_change_type", pa.string()), ("_commit_version", pa.int64()))

@@ -18,9 +18,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.connector import DELETE_OPS_SQL, TRUNCATE_OP, OptionError, SluiceError, fill_unchanged, marked_columns
+from sluice.connector import (
+    DELETE_OPS_SQL,
+    TRUNCATE_OP,
+    OptionError,
+    SluiceError,
+    fill_unchanged,
+    marked_columns,
+    new_columns,
+)
 from sluice.meta import MetaService
 from sluice.tablestore._commit import CHECKPOINT_INTERVAL, COMPACT_TARGET_BYTES, DEFAULT_UPKEEP, BarrierCommit, Upkeep
+from sluice.tablestore._evolve import adds_columns, append_adding_columns, nullable_added, staged_rows
 from sluice.tablestore._retention import oldest_needed_version, trim_log
 from sluice.tablestore._storage import Warehouse
 
@@ -69,6 +78,7 @@ class StagedFile:
     path: str
     size: int
     rows: int
+    stats: str | None = None  # the Delta log's per-file stats (_stats.py); None: the row count alone
 
 
 @dataclass(frozen=True)
@@ -159,12 +169,15 @@ class StoreTable:
         self.warehouse.filesystem().delete_dir(self.warehouse.path(self.uri))
         return True
 
-    def check_schema(self, schema: pa.Schema) -> None:
+    def check_schema(self, schema: pa.Schema, evolution: str) -> None:
+        """Refuse a DataFrame column the table has under another type, and one it lacks unless `evolution`
+        (schema.evolution) is add-columns: then the commit adds it (`commit`'s add_columns)."""
         have = pa.schema(self.delta().schema().to_arrow())
         names = {f.name: f for f in have}
+        added = new_columns(schema.names, names, f"'{self.name}'", evolution, "Drop or rename it")
         for f in schema:
-            if f.name not in names:
-                raise OptionError(f"column '{f.name}' is not in table '{self.name}' (columns: {list(names)})")
+            if f.name in added:
+                continue
             if not _same_type(names[f.name].type, f.type):
                 raise OptionError(f"column '{f.name}' is {f.type} in the DataFrame but {names[f.name].type} in table "
                                   f"'{self.name}'; cast it first")
@@ -175,11 +188,14 @@ class StoreTable:
         return f"{DATA}/{write_id if epoch is None else f'{write_id}-e{epoch}'}"
 
     def commit(self, files: list[StagedFile], by: BarrierCommit, meta: MetaService, *, op_column: str | None = None,
-               unchanged_column: str | None = None, upkeep: Upkeep = DEFAULT_UPKEEP) -> Commit:
+               unchanged_column: str | None = None, upkeep: Upkeep = DEFAULT_UPKEEP,
+               add_columns: bool = False) -> Commit:
         """Make `files` visible in one Delta version for `by.barrier` (append, or merge by the primary key), then
         the table's `upkeep`: a Delta checkpoint on its interval, so opening the table reads a checkpoint and the log
         after it instead of the whole log; once enough small files pile up, a compaction right after the barrier's
-        version (see `compact`), then `clean`; a `clean` every `log_retention` versions too (see Upkeep)."""
+        version (see `compact`), then `clean`; a `clean` every `log_retention` versions too (see Upkeep).
+        `add_columns` (schema.evolution=add-columns): columns of `files` the table lacks join its schema in that
+        same version."""
         from deltalake.exceptions import CommitFailedError
 
         barrier, interval, min_files = by.barrier, upkeep.checkpoint_interval, upkeep.compact_min_files
@@ -189,7 +205,7 @@ class StoreTable:
             if done is not None and done >= barrier:
                 return self._replayed(dt, files, by, meta)
             try:
-                version = self._commit_once(dt, files, by, op_column, unchanged_column)
+                version = self._commit_once(dt, files, by, op_column, unchanged_column, add_columns)
                 break
             except CommitFailedError:  # another commit took the next version first: commit on top of it
                 dt.update_incremental()
@@ -267,7 +283,7 @@ class StoreTable:
         return deleted + trim_log(self.warehouse, self.file_path("_delta_log"), keep_from, dry_run=dry_run)
 
     def _commit_once(self, dt: Any, files: list[StagedFile], by: BarrierCommit, op_column: str | None,
-                     unchanged_column: str | None = None) -> int:
+                     unchanged_column: str | None = None, add_columns: bool = False) -> int:
         """One attempt at the version after `dt`'s; returns that version. No silent retry at a later version (so
         the version is known without reading the log again): a lost race raises CommitFailedError."""
         from deltalake import CommitProperties, Transaction
@@ -278,13 +294,20 @@ class StoreTable:
                                  max_commit_retries=0)
         hooks = _hooks()
         key = self.primary_key(dt)
+        rows = [self.file_path(f.path) for f in files if f.rows]
+        evolves = add_columns and adds_columns(dt, self.warehouse.filesystem(), rows[0] if rows else None)
         if key:
             # a merge advances the handle itself
-            self._merge(dt, files, key, op_column, props, hooks, unchanged_column)
+            self._merge(dt, files, key, op_column, props, hooks, unchanged_column, evolves)
+            self._drop(files)
+            return int(dt.version())
+        if evolves:  # the schema change and the rows in one version (_evolve.py)
+            append_adding_columns(dt, staged_rows(self.warehouse.filesystem(), rows), props, hooks)
             self._drop(files)
             return int(dt.version())
         now = int(time.time() * 1000)
-        actions = [AddAction(f.path, f.size, {}, now, True, f'{{"numRecords": {f.rows}}}') for f in files if f.rows]
+        actions = [AddAction(f.path, f.size, {}, now, True, f.stats or f'{{"numRecords": {f.rows}}}')
+                   for f in files if f.rows]
         read = int(dt.version())
         dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props,
                                     post_commithook_properties=hooks)
@@ -319,16 +342,14 @@ class StoreTable:
         return metrics
 
     def _merge(self, dt: Any, files: list[StagedFile], key: tuple[str, ...], op_column: str | None,
-               props: Any, hooks: Any, unchanged_column: str | None = None) -> None:
-        import pyarrow.parquet as pq
-
-        fs = self.warehouse.filesystem()
-        tables = [pq.read_table(self.file_path(f.path), filesystem=fs) for f in files if f.rows]
-        if not tables:  # nothing changed; the barrier still completes with an empty commit
+               props: Any, hooks: Any, unchanged_column: str | None = None, evolves: bool = False) -> None:
+        source = staged_rows(self.warehouse.filesystem(), [self.file_path(f.path) for f in files if f.rows])
+        if source is None:  # nothing changed; the barrier still completes with an empty commit
             dt.create_write_transaction([], mode="append", schema=dt.schema(), commit_properties=props,
                                         post_commithook_properties=hooks)
             return
-        source = pa.concat_tables(tables)
+        if evolves:
+            source = nullable_added(source, dt)
         # Last change per key wins: row order within the staged files is task order, then row order.
         import pyarrow.compute as pc
 
@@ -352,8 +373,8 @@ class StoreTable:
             rows = pc.sort_indices(last.column("_sluice_row_max"))
             source = source.take(pc.take(last.column("_sluice_row_max"), rows)).drop_columns(["_sluice_row"])
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key)
-        merge = dt.merge(source, on, source_alias="s", target_alias="t", commit_properties=props,
-                         post_commithook_properties=hooks)
+        merge = dt.merge(source, on, source_alias="s", target_alias="t", merge_schema=evolves,
+                         commit_properties=props, post_commithook_properties=hooks)
         if op_column or unchanged_column:
             special = {op_column, unchanged_column, *keeps.values()}
             cols = {c: f"s.`{c}`" for c in source.column_names if c not in special}

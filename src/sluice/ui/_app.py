@@ -38,7 +38,7 @@ def ui_routes(meta_url: str | None, include_ended: bool = True, doctor: DoctorWa
             splits = [{**dataclasses.asdict(v), "reported": as_time(v.at)}
                       for v in split_views(server.sources.snapshot(), server.reads.split_lags())]
             return JSONResponse({**found.to_json(), "metrics": server.metrics.snapshot(), "sources": sources,
-                                 "splits": splits, "reads": reads})
+                                 "splits": splits, "reads": reads, "lookups": server.lookups.snapshot()})
 
         async def consistent(request: Request) -> Response:
             tables = [t for t in request.query_params.get("tables", "").split(",") if t]

@@ -13,6 +13,7 @@ from pyspark.sql.types import DateType, LongType, StringType, StructField, Struc
 import sluice
 from sluice.connectors.clickhouse._client import ClickHouseError
 from sluice.connectors.clickhouse._lookup import URL_BUDGET, _chunks, _elements
+from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
 from sluice.testing._postgres import free_port
@@ -23,7 +24,7 @@ SCHEMA = StructType([StructField("id", LongType()), StructField("event", StringT
 def run(plan, ids):
     """One Arrow batch through the workers' code, in this process, without a cache."""
     batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "event": [str(i) for i in ids]})
-    return enrich(plan, batch, None).to_pydict()
+    return enrich(plan, batch, None, LookupTally()).to_pydict()
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_a_composite_key_of_quoted_strings_is_sent_as_typed_parameters(ch):
     plan, out = plan_lookup(schema, "clickhouse", ch.opts(table), ["tenant", "id"], "left", None)
     batch = pa.record_batch({"tenant": ["o'brien", "back\\slash", "a", "a", "') OR 1=1 --"],
                              "id": pa.array([1, 1, 2, 258, 1], pa.int64())})
-    assert enrich(plan, batch, None).column("v").to_pylist() == ["quote", "backslash", "a2", None, None]
+    assert enrich(plan, batch, None, LookupTally()).column("v").to_pylist() == ["quote", "backslash", "a2", None, None]
     assert out.fieldNames() == ["tenant", "id", "v"]
 
 
@@ -71,7 +72,8 @@ def test_a_date_before_the_first_day_a_date_column_holds_matches_nothing(ch):
     schema = StructType([StructField("day", DateType())])
     plan, _ = plan_lookup(schema, "clickhouse", ch.opts(table), "day", "left", None)
     days = pa.array([dt.date(1900, 1, 2), dt.date(1970, 1, 1), dt.date(2149, 6, 6), dt.date(2200, 1, 1)])
-    assert enrich(plan, pa.record_batch({"day": days}), None).column("v").to_pylist() == [None, "epoch", "last", None]
+    found = enrich(plan, pa.record_batch({"day": days}), None, LookupTally()).column("v").to_pylist()
+    assert found == [None, "epoch", "last", None]
 
 
 @pytest.mark.parametrize("final", ["default", "false"])

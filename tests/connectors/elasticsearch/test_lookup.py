@@ -11,6 +11,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import sluice
 from sluice.connectors.elasticsearch._client import ElasticsearchError
+from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
 from sluice.testing import LocalElasticsearch
@@ -25,7 +26,7 @@ BY_USER = StructType([StructField("user", StringType()), StructField("event", St
 def run(plan, key, values):
     """One Arrow batch through the workers' code, in this process, without a cache."""
     batch = pa.record_batch({key: pa.array(values, pa.string()), "event": [str(v) for v in values]})
-    return enrich(plan, batch, None).to_pydict()
+    return enrich(plan, batch, None, LookupTally()).to_pydict()
 
 
 def new_index(search, refresh="1s", **settings):

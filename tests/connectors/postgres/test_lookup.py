@@ -2,12 +2,15 @@
 streaming DataFrame, the partial cache and its negative control, a stopped server, and bad input named."""
 
 import json
+import urllib.request
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import sluice
+import sluice.metrics
+from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_cache import cache_for
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
@@ -39,6 +42,21 @@ def test_left_and_inner_give_a_row_per_match_typed_as_the_batch_read_types_them(
                                                                    ("c", "bo")]
 
 
+def test_infinite_dates_and_timestamps_are_looked_up_as_the_batch_read_gives_them(spark, pg):
+    table = pg.table("spans")
+    pg.sql(f'CREATE TABLE "{table}" (id int, d date, ts timestamp, tz timestamptz)')
+    pg.sql(f"INSERT INTO \"{table}\" VALUES (1, 'infinity', '-infinity', 'infinity'), "
+           "(2, '-infinity', 'infinity', '-infinity'), (3, '2026-12-06', '2026-12-06 10:00', '2026-12-06 10:00+00')")
+    df = spark.createDataFrame([(1,), (2,), (3,)], "id int")
+    # As numbers: Python's datetime cannot hold Spark's first instant in every zone (collect() would fail on it).
+    as_numbers = "id, unix_date(d) AS d, unix_micros(CAST(ts AS timestamp)) AS ts, unix_micros(tz) AS tz"
+    looked_up = sluice.lookup(df, "postgres", pg.opts(table), on="id").selectExpr(*as_numbers.split(", "))
+    read = spark.read.format("postgres").options(**pg.opts(table)).load().selectExpr(*as_numbers.split(", "))
+    rows = sorted(tuple(r) for r in looked_up.collect())
+    assert rows == sorted(tuple(r) for r in read.collect())
+    assert rows[0][1:] == (2932896, -62135596800000000, 253402300799999999)  # 9999-12-31, first and last instant
+
+
 def test_a_composite_key_is_looked_up_through_unnest(spark, pg):
     table = pg.table("pairs")
     pg.sql(f'CREATE TABLE "{table}" (tenant text, id bigint, v text, PRIMARY KEY (tenant, id))')
@@ -48,17 +66,27 @@ def test_a_composite_key_is_looked_up_through_unnest(spark, pg):
     assert sorted((r.tenant, r.id, r.v) for r in out.collect()) == [("a", 1, "a1"), ("a", 2, None), ("b", 1, "b1")]
 
 
-def test_a_streaming_dataframe_is_enriched_micro_batch_by_micro_batch(spark, pg, users, tmp_path):
+def test_a_streaming_dataframe_is_enriched_micro_batch_by_micro_batch_and_counted(spark, pg, users, tmp_path):
     events = tmp_path / "events"
     events.mkdir()
     (events / "0.json").write_text("\n".join(json.dumps({"id": i, "seq": n}) for n, i in enumerate([1, 2, 3])))
     stream = spark.readStream.schema("id long, seq int").json(str(events))
-    query = (sluice.lookup(stream, "postgres", pg.opts(users, **{"lookup.cache": "partial"}), on="id",
-                           columns=["name"])
-             .writeStream.format("memory").queryName("lookup_stream").trigger(availableNow=True)
-             .option("checkpointLocation", str(tmp_path / "ck")).start())
-    query.awaitTermination()
-    assert query.exception() is None
+    with sluice.metrics.serve() as server:
+        query = (sluice.lookup(stream, "postgres", pg.opts(users, **{"lookup.cache": "partial"}), on="id",
+                               columns=["name"])
+                 .writeStream.format("memory").queryName("lookup_stream").trigger(availableNow=True)
+                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+        query.awaitTermination()
+        assert query.exception() is None
+        # The task's final report: 3 rows in, 4 out (id 2 has two rows); each of the 3 distinct keys a hit or a
+        # miss (which one depends on the worker process a task lands on), and each miss asked of the store.
+        assert server.lookups.wait_for(lambda snapshot: snapshot.get("postgres", {}).get("records_in") == 3, 30)
+        counted = server.lookups.snapshot()["postgres"]
+        text = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
+    assert counted["records_out"] == 4 and counted["hits"] + counted["misses"] == 3
+    assert counted["keys_loaded"] == counted["misses"] and counted["records_loaded"] <= 4
+    assert 'sluice_lookup_numRecordsIn_total{format="postgres"} 3.0' in text
+    assert 'sluice_lookup_hitCount_total{format="postgres"}' in text
     rows = sorted((r.seq, r.name) for r in spark.table("lookup_stream").collect())
     assert rows == [(0, "ann"), (1, "bea"), (1, "bo"), (2, None)]
 
@@ -66,10 +94,10 @@ def test_a_streaming_dataframe_is_enriched_micro_batch_by_micro_batch(spark, pg,
 SCHEMA = StructType([StructField("id", LongType()), StructField("event", StringType())])
 
 
-def run(plan, ids):
+def run(plan, ids, tally=None):
     """One Arrow batch through the workers' code, in this process (the cache is this process's)."""
     batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "event": [str(i) for i in ids]})
-    return enrich(plan, batch, cache_for(plan.lookup_id, plan.cache)).to_pydict()
+    return enrich(plan, batch, cache_for(plan.lookup_id, plan.cache), tally or LookupTally()).to_pydict()
 
 
 @pytest.mark.parametrize("cache", ["partial", "none"])
@@ -80,19 +108,22 @@ def test_the_partial_cache_answers_without_the_store_and_with_it_off_the_store_i
     pg.sql(f'CREATE TABLE "{table}" (id bigint, name text)')
     pg.sql(f"INSERT INTO \"{table}\" VALUES (1, 'old'), (2, 'two')")
     plan, _ = plan_lookup(SCHEMA, "postgres", pg.opts(table, **{"lookup.cache": cache}), "id", "left", None)
+    tally = LookupTally()  # what the task reports to the metrics
     try:
-        assert run(plan, [1, 2, 9])["name"] == ["old", "two", None]
+        assert run(plan, [1, 2, 9], tally)["name"] == ["old", "two", None]
         pg.sql(f"UPDATE \"{table}\" SET name = 'new' WHERE id = 1")
         pg.sql(f"INSERT INTO \"{table}\" VALUES (9, 'nine')")
-        again = run(plan, [1, 1, 9])["name"]
+        again = run(plan, [1, 1, 9], tally)["name"]
     finally:
         plan.reader.close(clean=True)
     stats = cache_for(plan.lookup_id, plan.cache)
     if cache == "partial":
         assert again == ["old", "old", None]  # the missing key 9 was cached too (cache-missing-key's default)
         assert (stats.hits, stats.misses, stats.evictions) == (2, 3, 0)
+        assert (tally.hits, tally.misses, tally.loads, tally.keys_loaded) == (2, 3, 1, 3)
     else:
         assert again == ["new", "new", "nine"] and stats is None
+        assert (tally.hits, tally.misses, tally.loads, tally.keys_loaded) == (0, 5, 2, 5)
 
 
 def test_eviction_and_expiry_send_a_key_back_to_the_store(pg):

@@ -26,7 +26,8 @@ from sluice.connector import (
     to_arrow_schema,
 )
 from sluice.connectors.cassandra._client import Connection
-from sluice.connectors.cassandra._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.cassandra._lookup import CassandraLookupReader, plan_lookup
+from sluice.connectors.cassandra._options import LOOKUP_SPEC, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.cassandra._sink import CassandraWritePlan, RowPlan
 from sluice.connectors.cassandra._source import (
     CassandraBatchReader,
@@ -66,6 +67,7 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    lookup_spec = LOOKUP_SPEC
     refused_reads = ("a row with a value that has no form in its column's Spark type (a varint or decimal beyond "
                      "decimal(38,0) or decimal(38,18), a date outside years 1-9999, a value out of a narrower type a "
                      "schema given to the read sets), sent aside with its values as the driver read them; a "
@@ -198,6 +200,13 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
         return TrackingStreamReader(CassandraTrackingEnumerator(cql, settings.column, options.partitions or 1),
                                     CassandraTrackingReader(rows, cql), settings,
                                     source=(self.format_name, f"{conn.keyspace}.{conn.table}"), reads=reads)
+
+    # ------------------------------------------------------------------ lookup joins
+    def lookup_reader(self, opts: Options, on: tuple[str, ...],
+                      columns: tuple[str, ...] | None) -> CassandraLookupReader:
+        """sluice.lookup(df, "cassandra", ...): a prepared, token-aware SELECT per partition, run concurrently
+        (_lookup.py)."""
+        return plan_lookup(opts, on, columns)
 
 
 def _check_special_types(schema: StructType, options: WriteOptions) -> None:

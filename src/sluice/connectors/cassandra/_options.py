@@ -18,6 +18,7 @@ from sluice.connector import (
     tracking_options,
     unchanged_column_option,
 )
+from sluice.connector import LOOKUP_OPTIONS as SDK_LOOKUP_OPTIONS
 from sluice.connectors.cassandra._client import CONNECTION_OPTIONS, CONSISTENCY_LEVELS, Connection
 
 GROUPINGS = ("partition", "mixed", "none")
@@ -125,4 +126,33 @@ class ReadOptions(TypedOptions):
     read_fetch_size: int
     read_consistency: str
     pushdown: bool
+    conn: Connection
+
+
+# sluice.lookup(df, "cassandra", ...): rows by partition key (docs/lookup.md), the cache's options too. Reads at
+# LOCAL_QUORUM unless told: with writes at LOCAL_QUORUM (the sink's default) a lookup sees every acknowledged write.
+LOOKUP_OPTIONS = (
+    replace(next(o for o in READ_OPTIONS if o.name == "read.consistency"), default="LOCAL_QUORUM",
+            meaning="Consistency level of each lookup's SELECTs (LOCAL_QUORUM: with writes at LOCAL_QUORUM, a "
+            "lookup sees every acknowledged write)."),
+    Option("lookup.max-concurrent-requests", "int", 64, "SELECTs (one per distinct partition or clustering prefix "
+           "of an Arrow batch) in flight at once per task, each routed to a replica of its partition.",
+           minimum=1, maximum=10_000),
+    Option("lookup.max-retries", "int", 3, "Times a batch's lookups are tried again after a failure that passes "
+           "(a timeout, unavailable replicas, no node reachable), backing off from 0.5 s; then the task fails.",
+           minimum=0, maximum=100),
+)
+LOOKUP_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *LOOKUP_OPTIONS, *SDK_LOOKUP_OPTIONS))
+
+
+@dataclass(frozen=True)
+class LookupOptions(TypedOptions):
+    """The lookup options of format("cassandra") besides the cache's; `conn`: the cluster and table."""
+
+    declared = LOOKUP_OPTIONS
+    conn_from = Connection.from_options
+
+    read_consistency: str
+    lookup_max_concurrent_requests: int
+    lookup_max_retries: int
     conn: Connection

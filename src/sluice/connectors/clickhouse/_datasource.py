@@ -18,15 +18,15 @@ from sluice.connector import (
     SplitBatchReader,
     TrackingSettings,
     TrackingStreamReader,
-    check_dataframe_columns,
     check_option_columns,
     check_unchanged_column,
     from_arrow_schema,
+    new_columns,
     refuse_batch_options_in_stream,
     refuse_tracking_in_batch,
     to_arrow_schema,
 )
-from sluice.connectors.clickhouse._client import Connection
+from sluice.connectors.clickhouse._client import Connection, quote_ident
 from sluice.connectors.clickhouse._lookup import ClickHouseLookupReader, plan_lookup
 from sluice.connectors.clickhouse._options import LOOKUP_SPEC, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.clickhouse._sink import ClickHouseWritePlan, Deletes, InsertPlan
@@ -38,7 +38,7 @@ from sluice.connectors.clickhouse._tracking import (
     ClickHouseTrackingSql,
     tracking_kind,
 )
-from sluice.connectors.clickhouse._types import CHType, write_problem
+from sluice.connectors.clickhouse._types import CHType, column_sql_type, write_problem
 
 NO_TRANSACTIONS = (
     "sink.transactional=true: ClickHouse has no transaction sluice could commit a write or micro-batch in. For "
@@ -116,7 +116,14 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
         unchanged = options.upsert_unchanged_column
         check_unchanged_column(to_arrow_schema(schema), unchanged, info.sorting_key)
         columns = [c for c in schema.fieldNames() if (deletes is None or c != deletes.op_column) and c != unchanged]
-        check_dataframe_columns(columns, info.spelled, table)
+        added = new_columns(columns, info.spelled, table, options.schema_evolution,
+                            "Drop or rename it, or add it to the table")
+        if added:  # schema.evolution=add-columns: before any row of the write is sent
+            for name in added:
+                kind = column_sql_type(schema[name].dataType, schema[name].nullable, f"column '{name}'")
+                conn.query(f"ALTER TABLE {quote_ident(conn.database)}.{quote_ident(conn.table)} ADD COLUMN IF NOT "
+                           f"EXISTS {quote_ident(name)} {kind}")
+            info = describe(conn)
         for name in info.spelled:
             if name not in columns and name not in info.defaults and name in info.sorting_key:
                 raise OptionError(f"column '{name}' is in the sorting key of {table} and has no default; the "

@@ -13,6 +13,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    schema_evolution_option,
     tracking_options,
     unchanged_column_option,
 )
@@ -32,6 +33,8 @@ WRITE_OPTIONS = (
     Option("upsert.op-column", "str", None,
            "Column whose value d, delete, D or -D deletes the row's key; a ReplacingMergeTree(ver, is_deleted) "
            "table only. Not written."),
+    schema_evolution_option("ALTER TABLE ... ADD COLUMN IF NOT EXISTS, Nullable where the Spark field is (ClickHouse "
+                            "has no transaction: the column is added before any row of the write is sent)."),
     unchanged_column_option("a ClickHouse row replaces the whole row (ReplacingMergeTree), so a row that names a "
                             "column is refused, naming its key, before anything of its chunk is written."),
 )
@@ -48,6 +51,7 @@ class WriteOptions(TypedOptions):
     insert_async: bool
     upsert_op_column: str | None
     upsert_unchanged_column: str | None
+    schema_evolution: str
 
 
 # ClickHouse wants few, large inserts (each one is a part on disk that merges later): large batches by default.

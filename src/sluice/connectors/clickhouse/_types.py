@@ -264,3 +264,31 @@ def write_problem(t: CHType, spark_type: DataType, where: str) -> str | None:
         return (f"{where} is {spark_type.simpleString()} in the DataFrame but {t} in the table; cast it first (it "
                 f"takes {', '.join(sorted(accepted))})")
     return None
+
+
+def column_sql_type(spark_type: DataType, nullable: bool, where: str) -> str:
+    """The ClickHouse type schema.evolution=add-columns gives a new column of `spark_type`: the type that holds
+    every value of it (Nullable where the Spark field is, arrays' elements too; ClickHouse has no Nullable Array,
+    Map or Tuple: those default to empty)."""
+    from pyspark.sql.types import ArrayType, DecimalType, MapType, StructType
+
+    if isinstance(spark_type, ArrayType):
+        return f"Array({column_sql_type(spark_type.elementType, spark_type.containsNull, where)})"
+    if isinstance(spark_type, MapType):
+        return (f"Map({column_sql_type(spark_type.keyType, False, where)}, "
+                f"{column_sql_type(spark_type.valueType, spark_type.valueContainsNull, where)})")
+    if isinstance(spark_type, StructType):
+        return "Tuple(" + ", ".join(f"{_ident(f.name)} {column_sql_type(f.dataType, f.nullable, where)}"
+                                    for f in spark_type.fields) + ")"
+    if isinstance(spark_type, DecimalType):
+        base = f"Decimal({spark_type.precision}, {spark_type.scale})"
+    else:
+        simple = {"boolean": "Bool", "byte": "Int8", "short": "Int16", "integer": "Int32", "long": "Int64",
+                  "float": "Float32", "double": "Float64", "string": "String", "binary": "String",
+                  "date": "Date32", "timestamp": "DateTime64(6, 'UTC')", "timestamp_ntz": "DateTime64(6)"}
+        found = simple.get(spark_type.typeName())
+        if found is None:
+            raise OptionError(f"{where} has Spark type {spark_type.simpleString()}, which schema.evolution=add-columns "
+                              "cannot map to a ClickHouse type; add the column to the table yourself.")
+        base = found
+    return f"Nullable({base})" if nullable else base

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from sluice.connector import Option, OptionError, Options, RetryableError, SluiceError, ThrottledError
+from sluice.connector import (
+    Option,
+    OptionError,
+    Options,
+    RestartNeededError,
+    RetryableError,
+    SluiceError,
+    ThrottledError,
+)
 from sluice.connectors.postgres._pool import POOL, Lease, PoolKey
 from sluice.connectors.postgres._tls import TLS_OPTIONS, client_certificate, explain_failure, libpq_params, resolve
 
@@ -42,6 +50,12 @@ class PostgresError(SluiceError):
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class SchemaChangedError(PostgresError, RestartNeededError):
+    """What a change stream reads changed under it (a column added or renamed, a table joining the publication):
+    the query's schema cannot carry it, and the same query restarted with the same checkpoint reads the new schema
+    and goes on (`sluice.run` does that)."""
 
 
 def quote_ident(name: str) -> str:

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.types import ArrayType, StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, DateType, StructField, StructType, TimestampNTZType, TimestampType
 
 from sluice.connector import LookupReader, OptionError, Options, require_name, to_arrow_schema
 from sluice.connectors.postgres._client import (
@@ -100,14 +100,25 @@ class PostgresLookupReader(LookupReader):
             lease.release(clean)
 
 
+# +-infinity as the batch read gives them (source/_source.py): Spark's last and first date and instant.
+_INFINITY: dict[type[DataType], tuple[str, str]] = {DateType: ("'9999-12-31'", "'0001-01-01'"),
+             TimestampNTZType: ("'9999-12-31 23:59:59.999999'", "'0001-01-01 00:00:00'"),
+             TimestampType: ("'9999-12-31 23:59:59.999999+00'", "'0001-01-01 00:00:00+00'")}
+
+
 def _select(name: str, pg_type: str) -> str:
-    """How the batch read selects a column (source/_source.py's select_list): its text form, or numeric(p,s)."""
+    """How the batch read selects a column (source/_source.py's select_list): its text form, or numeric(p,s); a
+    date or timestamp's +-infinity as the batch read maps it (psycopg has no Python value for it)."""
     col = f"q.{quote_ident(name)}"
-    _, how = spark_type(pg_type)
+    spark, how = spark_type(pg_type)
     if how == "text":
         col = f"{col}::text"
     elif how.startswith("numeric("):
         col = f"{col}::{how}"
+    elif type(spark) in _INFINITY:
+        last, first = _INFINITY[type(spark)]
+        col = (f"CASE {col} WHEN 'infinity' THEN {last}::{pg_type} WHEN '-infinity' THEN {first}::{pg_type} "
+               f"ELSE {col} END")
     return f"{col} AS {quote_ident(name)}"
 
 

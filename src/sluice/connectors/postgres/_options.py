@@ -17,6 +17,7 @@ from sluice.connector import (
     TypedOptions,
     check_error_options,
     pushdown_option,
+    schema_evolution_option,
     tracking_options,
     unchanged_column_option,
 )
@@ -33,6 +34,9 @@ WRITE_OPTIONS = (
            "global-ordered; refused in the other modes)."),
     unchanged_column_option("the upsert keeps the table's value of each column a row names (or the value the "
                             "row's last earlier change in the same batch set)."),
+    schema_evolution_option("ALTER TABLE ... ADD COLUMN IF NOT EXISTS, typed as create-table maps the Spark type, "
+                            "committed before any row is written, or in the commit's transaction with "
+                            "sink.transactional=true."),
     Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
     Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
            maximum=64),
@@ -49,6 +53,7 @@ class WriteOptions(TypedOptions):
     primary_key: tuple[str, ...]
     upsert_op_column: str | None
     upsert_unchanged_column: str | None
+    schema_evolution: str
     create_table: bool
     connections_per_task: int
 

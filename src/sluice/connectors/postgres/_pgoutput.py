@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.connector import TRUNCATE_OP
-from sluice.connectors.postgres._client import PostgresError
+from sluice.connectors.postgres._client import PostgresError, SchemaChangedError
 from sluice.connectors.postgres._pgtext import UntypedValueError, type_columns
 
 if TYPE_CHECKING:
@@ -339,7 +339,7 @@ class ChangeDecoder:
             new = [c for c in unknown if c not in gone]
             at = f"the transaction committed at LSN {format_lsn(self.txn[0])}"
             if new:
-                raise PostgresError(
+                raise SchemaChangedError(
                     f"table {name} has column(s) {new} that the stream's schema does not (added or renamed by ALTER "
                     f"TABLE, {at}); restart the query with the same checkpoint: it reads the new schema and goes on "
                     "from where it stopped")
@@ -354,7 +354,7 @@ class ChangeDecoder:
                            "stream the table's current columns")
             self._slots[relid] = [self._index.get(c, self._discard) for c in columns]
         elif self.whole_publication is not None:
-            raise PostgresError(
+            raise SchemaChangedError(
                 f"table {name} joined publication '{self.whole_publication}' after the query started (its changes "
                 f"from the transaction committed at LSN {format_lsn(self.txn[0])} on would be left out); restart the "
                 "query with the same checkpoint to stream it too. Its rows from before it joined are not changes: "

@@ -255,6 +255,8 @@ class PostgresCommitter(Committer):
             if staged != rows:
                 raise PostgresError(f"commit of {plan.display}: the tasks reported {rows} row(s) but {staged} are "
                                     "staged; nothing was committed. Was the staging table truncated? Re-run the write.")
+            for statement in plan.add_columns:  # schema.evolution: in the transaction of the rows that carry them
+                cur.execute(statement)
             if plan.overwrite:
                 cur.execute(f"DELETE FROM {plan.target}")
             source = f"(SELECT DISTINCT ON (_sluice_task, _sluice_seq) * FROM {stage} WHERE {chosen})"

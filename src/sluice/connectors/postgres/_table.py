@@ -34,6 +34,7 @@ from pyspark.sql.types import (
     LongType,
     ShortType,
     StringType,
+    StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
@@ -44,12 +45,12 @@ from sluice.connector import (
     TRUNCATE_OP,
     OptionError,
     RecordError,
-    check_dataframe_columns,
     check_key_columns,
     check_unchanged_column,
     delete_mask,
     marked_columns,
     marked_rows,
+    new_columns,
 )
 from sluice.connectors.postgres._client import (
     Connection,
@@ -109,6 +110,13 @@ def create_table_sql(schema: str, table: str, spark_schema: StructType, primary_
     return f"CREATE TABLE IF NOT EXISTS {qualified(schema, table)} ({', '.join(cols)})"
 
 
+def add_column_sql(schema: str, table: str, field: StructField) -> str:
+    """schema.evolution=add-columns: the column as create-table would make it, nullable (the table's rows have
+    none); IF NOT EXISTS, so a replayed write or a second writer finds it done."""
+    return (f"ALTER TABLE {qualified(schema, table)} ADD COLUMN IF NOT EXISTS {quote_ident(field.name)} "
+            f"{pg_type(field.name, field.dataType)}")
+
+
 @dataclass(frozen=True)
 class TableColumn:
     name: str
@@ -160,6 +168,7 @@ class TablePlan:
     direct: bool = False  # COPY straight into the table (CSV, or BINARY when the Arrow types are exactly its types)
     csv: bool = False  # direct, and every type's CSV text parses back to the same value: COPY ... (FORMAT csv)
     stage_table: str | None = None  # staged (transactional / overwrite) writes
+    add_columns: tuple[str, ...] = ()  # staged writes: schema.evolution's ALTER TABLEs, run in the commit's transaction
     overwrite: bool = False
     # What PostgreSQL would refuse mid-COPY (after part of the chunk went in): checked per chunk in the task.
     not_null: tuple[str, ...] = ()
@@ -427,7 +436,15 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
             existing = table_columns(cur, schema, table)
             assert existing is not None
         by_name = {c.name: c for c in existing}
-        check_dataframe_columns(columns, by_name, f"{schema}.{table}", "Drop or rename it, or add it to the table.")
+        fields = {f.name: f for f in data_fields}
+        # schema.evolution=add-columns: the checks below run on the table with its new columns, in a transaction
+        # rolled back after them; the columns are added for good before any row is written (or in the commit).
+        added = tuple(add_column_sql(schema, table, fields[name])
+                      for name in new_columns(columns, by_name, f"{schema}.{table}", options.schema_evolution))
+        for statement in added:
+            cur.execute(statement)
+        if added:
+            by_name = {c.name: c for c in table_columns(cur, schema, table) or ()}
         for col in existing:
             if col.name not in columns and col.not_null and not col.has_default:
                 raise OptionError(f"column '{col.name}' of table {schema}.{table} is NOT NULL without a default, and "
@@ -458,6 +475,10 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
             raise OptionError(f"the DataFrame does not fit table {schema}.{table}: {conn_info.scrub(e)} Cast the "
                               "column in Spark or change the table; nothing was written.") from None
         conn.rollback()
+        if added and not staged:
+            for statement in added:
+                cur.execute(statement)
+            conn.commit()
         if staged:
             stage = "sluice_stage_" + schema_digest(schema, table, arrow_schema)
             stage_checks = target_checks(cur, schema, table, columns, plan.not_null, op_column, unchanged)
@@ -467,7 +488,7 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
                 with conn_info.pooled(autocommit=False, pooled=pooled) as sql:
                     give_checks(sql, schema, stage, stage_checks, plan.display)
             plan = TablePlan(schema, table, columns, target_types, pk, op_column, unchanged, stage_table=stage,
-                             overwrite=overwrite, run=secrets.randbits(30), **checks)
+                             add_columns=added, overwrite=overwrite, run=secrets.randbits(30), **checks)
         cur.close()
         finished = True
         return plan

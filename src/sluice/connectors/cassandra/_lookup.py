@@ -1,0 +1,178 @@
+"""Lookup joins on Cassandra (`sluice.lookup(df, "cassandra", ...)`, docs/lookup.md): a `LookupReader` that reads
+each distinct key of an Arrow batch as one prepared, token-aware SELECT of its partition, many in flight at once.
+
+`on` is the table's whole partition key, optionally followed by a prefix of its clustering columns:
+`SELECT ... FROM ks.t WHERE pk = ? [AND ck1 = ?]`, prepared once per task, so each bound statement carries its
+routing key and the driver's `TokenAwarePolicy` (the session _client.py builds for every read and write) sends it
+to a replica of its partition. The statements of one batch run through the driver's `execute_concurrent`, up to
+`lookup.max-concurrent-requests` in flight, on the worker process's one session per cluster (`session_for`), which
+the worker's later tasks reuse. Columns are typed as `spark.read.format("cassandra")` types them (_types.py).
+
+What a lookup reads: each SELECT at `read.consistency` (LOCAL_QUORUM unless set), one partition as the replicas
+answer it then; Cassandra has no snapshot spanning partitions. A failure that passes (timeouts, unavailable
+replicas, no node reachable) retries the batch `lookup.max-retries` times, backing off; then the task fails naming
+keyspace.table. A lookup never returns no rows for a key it could not ask about.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.types import StructField, StructType
+
+from sluice.connector import (
+    LookupReader,
+    OptionError,
+    Options,
+    RetryableError,
+    ThrottledError,
+    require_name,
+    to_arrow_schema,
+)
+from sluice.connectors.cassandra._client import TUPLES, CassandraError, Connection, classify, quote_ident
+from sluice.connectors.cassandra._options import LookupOptions
+from sluice.connectors.cassandra._table import TableInfo, describe
+from sluice.connectors.cassandra._types import CQLType, arrow_column, python_values, spark_type
+
+if TYPE_CHECKING:
+    from cassandra.query import PreparedStatement
+
+FETCH_SIZE = 5000  # rows per page of one partition's SELECT (a wider partition pages on)
+
+
+class CassandraLookupReader(LookupReader):
+    """Rows of one table by partition key (and clustering prefix): see the module's docstring. Made by
+    `plan_lookup` on the driver."""
+
+    def __init__(self, conn: Connection, cql: str, on: tuple[str, ...], kinds: dict[str, CQLType],
+                 schema: StructType, options: LookupOptions) -> None:
+        self.conn, self.cql, self.on, self.kinds = conn, cql, on, kinds
+        self._schema = schema
+        self.arrow = to_arrow_schema(schema)
+        self.consistency = options.read_consistency
+        self.concurrency = options.lookup_max_concurrent_requests
+        self.retries = options.lookup_max_retries
+        self._prepared: PreparedStatement | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_prepared": None}  # prepared per task, on the worker's session
+
+    @property
+    def schema(self) -> StructType:
+        return self._schema
+
+    @property
+    def described(self) -> str:
+        return f"table {self.conn.keyspace}.{self.conn.table} on {self.conn.display}"
+
+    def lookup(self, keys: pa.Table) -> pa.Table:
+        try:
+            values = [python_values(keys.column(name).combine_chunks(), self.kinds[name]) for name in self.on]
+        except ValueError as e:  # a string key that is no UUID for a uuid column
+            raise CassandraError(f"a key looked up in {self.described} does not fit its column's CQL type: {e}",
+                                 store="cassandra", target=self.conn.display) from None
+        rows = self._rows(list(zip(*values, strict=True)))
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in self.arrow]
+        try:
+            arrays = [arrow_column(list(cells), self.kinds[field.name], field.type)
+                      for cells, field in zip(columns, self.arrow, strict=True)]
+        except (ValueError, TypeError, ArithmeticError) as e:
+            raise CassandraError(f"a row looked up in {self.described} has a value with no form in its column's "
+                                 f"Spark type: {e}. Leave that column out with columns=[...].",
+                                 store="cassandra", target=self.conn.display) from None
+        return pa.Table.from_arrays(arrays, schema=self.arrow)
+
+    def _rows(self, params: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Every row of every key's SELECT, run concurrently; the whole batch again on a failure that passes."""
+        from cassandra.concurrent import execute_concurrent_with_args
+
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            error: BaseException
+            try:
+                session = self.conn.session()
+            except CassandraError as e:  # no node reachable (a wrong password passes no better the next time)
+                error, passes = e, "authentication failed" not in str(e)
+            else:
+                try:
+                    statement = self._statement(session)
+                    results = execute_concurrent_with_args(session, statement, params, concurrency=self.concurrency,
+                                                           raise_on_first_error=True, execution_profile=TUPLES)
+                    return [tuple(row) for result in results for row in result.result_or_exc]
+                except Exception as e:
+                    error = classify(e, self.conn, len(params))
+                    passes = isinstance(error, RetryableError | ThrottledError)
+                    self._prepared = None  # the next session (a restarted cluster's) prepares anew
+            if attempt == self.retries or not passes:
+                raise CassandraError(f"looking up {len(params)} key(s) in {self.described} failed after "
+                                     f"{attempt + 1} attempt(s) (lookup.max-retries={self.retries}): {error}",
+                                     store="cassandra", target=self.conn.display) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _statement(self, session: Any) -> PreparedStatement:
+        from cassandra import ConsistencyLevel
+
+        if self._prepared is None:
+            prepared = session.prepare(self.cql)
+            prepared.consistency_level = ConsistencyLevel.name_to_value[self.consistency]
+            prepared.fetch_size = FETCH_SIZE
+            self._prepared = prepared
+        return self._prepared
+
+
+def key_columns(on: tuple[str, ...], info: TableInfo, target: str) -> tuple[str, ...]:
+    """`on` in the table's key order, refused unless it is the whole partition key plus a prefix of the clustering
+    columns (a lookup reads a partition, or a slice of one, by equality)."""
+    for key in on:
+        require_name(key, info.columns, "key column", f"table {target}",
+                     advice="Name the table's key columns in on=, as the DataFrame names them.")
+    missing = [c for c in info.partition_key if c not in on]
+    rest = [c for c in on if c not in info.partition_key]
+    prefix = info.clustering[:len(rest)]
+    if missing or set(rest) != set(prefix):
+        raise OptionError(
+            f"on={list(on)} is not a key of table {target} Cassandra can look up: its {info.key_description()}. "
+            f"A lookup reads whole partitions by the partition key {list(info.partition_key)} (every column of it), "
+            f"optionally narrowed by a prefix of the clustering columns {list(info.clustering)} in their order"
+            f"{f'; missing: {missing}' if missing else ''}.")
+    for key in on:
+        kind = info.columns[key]
+        if kind.args or kind.fields:
+            raise OptionError(f"key column '{key}' of table {target} is CQL {kind}: a lookup takes keys of scalar "
+                              "types only")
+    return (*info.partition_key, *prefix)
+
+
+def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | None) -> CassandraLookupReader:
+    """The reader of a lookup in the table the options name, its key and looked-up columns checked on the driver,
+    and its SELECT prepared once, so that a statement the cluster refuses fails here, named."""
+    options = LookupOptions.of(opts)
+    conn = options.conn
+    info = describe(conn)
+    target = f"{conn.keyspace}.{conn.table}"
+    ordered = key_columns(on, info, target)
+    for name in columns or ():
+        require_name(name, info.columns, "looked-up column", f"table {target}", advice="Leave it out of columns=[...].")
+    wanted = list(dict.fromkeys([*on, *(columns if columns is not None else
+                                        [n for n in info.columns if n not in on])]))
+    fields = []
+    for name in wanted:
+        try:
+            fields.append(StructField(name, spark_type(info.columns[name], name), True))
+        except OptionError:
+            raise OptionError(f"column '{name}' of table {target} is CQL {info.columns[name]}, which sluice does not "
+                              "read; leave it out with columns=[...]") from None
+    where = " AND ".join(f"{quote_ident(c)} = ?" for c in ordered)
+    cql = f"SELECT {', '.join(quote_ident(n) for n in wanted)} FROM {conn.target} WHERE {where}"
+    # A bound statement binds by position, in WHERE's order: the reader's keys are given in that order.
+    reader = CassandraLookupReader(conn, cql, ordered, dict(info.columns), StructType(fields), options)
+    try:
+        conn.session().prepare(cql)
+    except Exception as e:
+        raise CassandraError(f"the lookup of keys {list(on)} in {reader.described} cannot run: "
+                             f"{type(e).__name__}: {e}", store="cassandra", target=conn.display) from None
+    return reader
