@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from pyspark.sql.types import DataType, IntegralType, StringType, StructField, StructType
+from pyspark.sql.types import DataType, DecimalType, IntegralType, StringType, StructField, StructType
 
 from sluice._errors import OptionError
 from sluice._names import case_hint
@@ -35,10 +35,13 @@ HOW = ("left", "inner")
 
 def _takes(store: DataType, given: DataType) -> bool:
     """Whether a key of the DataFrame's type `given` can be looked up against the store's key of type `store`: the
-    same type, or both integers (a value out of the store's range matches nothing), or both strings."""
+    same type, or both integers (a value out of the store's range matches nothing; an unsigned 64-bit key, read as
+    decimal(20,0), takes any integer), or both strings."""
     if store == given:
         return True
-    return (isinstance(store, IntegralType) and isinstance(given, IntegralType)) or \
+    whole = isinstance(store, IntegralType) or (isinstance(store, DecimalType) and store.scale == 0 and
+                                                store.precision >= 20)
+    return (whole and isinstance(given, IntegralType)) or \
         (isinstance(store, StringType) and isinstance(given, StringType))
 
 

@@ -187,12 +187,14 @@ class Connection:
         text = self.query(sql + " FORMAT TabSeparated")
         return [[_unescape(v) for v in line.split("\t")] for line in text.splitlines()]
 
-    def arrow_batches(self, sql: str) -> Iterator[pa.RecordBatch]:
+    def arrow_batches(self, sql: str, **params: str) -> Iterator[pa.RecordBatch]:
         """A query's result as Arrow record batches, streamed (`FORMAT ArrowStream`, uncompressed on loopback-fast
-        networks and decoded by pyarrow's C++ reader; strings as Arrow strings, never dictionaries)."""
+        networks and decoded by pyarrow's C++ reader; strings as Arrow strings, never dictionaries); `params`: its
+        query parameters (`param_name`, the value in ClickHouse's text form), parsed by the server."""
         import pyarrow as pa
 
-        response = self.request(f"{sql} FORMAT ArrowStream", stream=True, **ARROW_OUTPUT)
+        settings: dict[str, Any] = {**ARROW_OUTPUT, **params}
+        response = self.request(f"{sql} FORMAT ArrowStream", stream=True, **settings)
         try:
             try:
                 yield from pa.ipc.open_stream(response)

@@ -27,7 +27,8 @@ from sluice.connector import (
     to_arrow_schema,
 )
 from sluice.connectors.clickhouse._client import Connection, quote_ident
-from sluice.connectors.clickhouse._options import READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.clickhouse._lookup import ClickHouseLookupReader, plan_lookup
+from sluice.connectors.clickhouse._options import LOOKUP_SPEC, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
 from sluice.connectors.clickhouse._sink import ClickHouseWritePlan, Deletes, InsertPlan
 from sluice.connectors.clickhouse._source import ClickHouseEnumerator, ClickHouseReader, check_final, read_schema
 from sluice.connectors.clickhouse._table import TableInfo, describe
@@ -67,6 +68,7 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
 
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    lookup_spec = LOOKUP_SPEC
     refused_reads = ("a row with a value that does not convert to the type a schema given to the read sets for its "
                      "column (text that is no number, a number out of a narrower type), sent aside as the row the "
                      "server sent; the table's own types never refuse one: the server casts every column to a type "
@@ -192,6 +194,12 @@ class ClickHouseDataSource(SinkDataSource, SourceDataSource):
                                     ClickHouseTrackingReader(rows, sql), settings,
                                     source=(self.format_name, f"{options.conn.database}.{options.conn.table}"),
                                     reads=reads)
+
+    # ------------------------------------------------------------------ lookup joins
+    def lookup_reader(self, opts: Options, on: tuple[str, ...],
+                      columns: tuple[str, ...] | None) -> ClickHouseLookupReader:
+        """sluice.lookup(df, "clickhouse", ...): rows by key, `IN` a typed array parameter (_lookup.py)."""
+        return plan_lookup(opts, on, columns)
 
 
 def _deletes(op: str | None, schema: StructType, info: TableInfo, table: str) -> Deletes | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sluice.connector import (
     ERROR_OPTIONS,
+    LOOKUP_OPTIONS,
     SINK_SPEC,
     Option,
     OptionSpec,
@@ -60,11 +61,13 @@ WRITE_SPEC = SINK_SPEC.extend(
 ).renamed("clickhouse")
 
 
+FINAL_OPTION = Option("final", "bool", None, "Read with FINAL (one row per key of a ReplacingMergeTree table); "
+                      "default: true for ReplacingMergeTree tables, false otherwise.")
+
 READ_OPTIONS = (
     Option("partitions", "int", 4, "Splits (Spark partitions) of a read, by ranges of the sorting key's first "
            "column; 1 when that column is not an integer, Date or DateTime.", minimum=1, maximum=10_000),
-    Option("final", "bool", None, "Read with FINAL (one row per key of a ReplacingMergeTree table); default: true "
-           "for ReplacingMergeTree tables, false otherwise."),
+    FINAL_OPTION,
 )
 
 
@@ -93,4 +96,27 @@ class ReadOptions(TypedOptions):
 
     partitions: int
     final: bool | None
+    conn: Connection
+
+
+# sluice.lookup(df, "clickhouse", ...): the table looked up by key (docs/lookup.md), and the cache's options.
+LOOKUP_SPEC = OptionSpec("clickhouse", (
+    *CONNECTION_OPTIONS,
+    FINAL_OPTION,
+    Option("lookup.retries", "int", 3, "Times a lookup's query is sent again when the server cannot be reached or "
+           "answers that it is overloaded (backoff from 0.5 s, doubling); then the task fails.", minimum=0,
+           maximum=20),
+    *LOOKUP_OPTIONS,
+))
+
+
+@dataclass(frozen=True)
+class LookupOptions(TypedOptions):
+    """The lookup options of format("clickhouse") besides the cache's; `conn`: the server and table."""
+
+    declared = (FINAL_OPTION, LOOKUP_SPEC.get("lookup.retries"))
+    conn_from = Connection.from_options
+
+    final: bool | None
+    lookup_retries: int
     conn: Connection

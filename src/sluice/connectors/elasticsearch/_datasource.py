@@ -23,7 +23,9 @@ from sluice.connector import (
     refuse_tracking_in_batch,
 )
 from sluice.connectors.elasticsearch._client import Cluster, Connection
+from sluice.connectors.elasticsearch._lookup import SearchLookupReader, plan_lookup
 from sluice.connectors.elasticsearch._options import (
+    LOOKUP_SPEC,
     READ_SPEC,
     WRITE_SPEC,
     ReadOptions,
@@ -63,6 +65,7 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
     no_transactions = NO_TRANSACTIONS
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    lookup_spec = LOOKUP_SPEC
     refused_writes = (
         "A document the bulk response refuses with a 4xx other than 429 (a mapping conflict, a value that does not "
         "parse, an id that exists under create or is missing under update), one alone over http.max_content_length, "
@@ -161,6 +164,12 @@ class ElasticsearchDataSource(SinkDataSource, SourceDataSource):
         return TrackingStreamReader(SearchTrackingEnumerator(conn, positions),
                                     SearchTrackingReader(rows, positions, PitLayout.of(conn, None)), settings,
                                     source=(self.format_name, conn.index), reads=reads)
+
+    # ------------------------------------------------------------------ lookup joins
+    def lookup_reader(self, opts: Options, on: tuple[str, ...],
+                      columns: tuple[str, ...] | None) -> SearchLookupReader:
+        """sluice.lookup(df, "elasticsearch", ...): `_mget` by _id, or one `terms` search by a field (_lookup.py)."""
+        return plan_lookup(opts, on, columns)
 
 
 def _doc_plan(options: WriteOptions, version_set: bool, schema: StructType) -> DocPlan:

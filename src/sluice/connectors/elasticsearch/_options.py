@@ -10,6 +10,7 @@ from typing import Any
 
 from sluice.connector import (
     ERROR_OPTIONS,
+    LOOKUP_OPTIONS,
     PARTITION_ORDERED,
     SINK_SPEC,
     Option,
@@ -129,6 +130,10 @@ def error_index_route(raw: Mapping[str, str]) -> Mapping[str, str]:
     return {**raw, **route}
 
 
+ARRAY_COLUMNS = Option("read.array-columns", "list", (),
+                       "Fields read as arrays (a search-engine field may hold one value or several; the mapping does "
+                       "not say which; es.read.field.as.array.include).")
+
 READ_OPTIONS = (
     Option("partitions", "int", None, "Splits (Spark partitions) of a read: slices of one point-in-time search; "
            "default: the index's primary shards.", minimum=1, maximum=1024),
@@ -137,9 +142,7 @@ READ_OPTIONS = (
     Option("read.query", "str", None, "A query in the query DSL, as JSON ({\"match\": {\"title\": \"spark\"}}), "
            "that documents must match too."),
     Option("read.metadata", "bool", False, "Add a column _id with each document's id."),
-    Option("read.array-columns", "list", (),
-           "Fields read as arrays (a search-engine field may hold one value or several; the mapping does not say "
-           "which; es.read.field.as.array.include)."),
+    ARRAY_COLUMNS,
     pushdown_option("query-DSL filters on exact fields (keyword, numbers, dates, boolean, ip)"),
 )
 
@@ -174,6 +177,34 @@ class ReadOptions(TypedOptions):
     read_metadata: bool
     read_array_columns: frozenset[str]
     pushdown: bool
+    conn: Connection
+
+    @classmethod
+    def derived(cls, opts: Options) -> dict[str, Any]:
+        return {"read_array_columns": frozenset(opts["read.array-columns"])}
+
+
+# sluice.lookup(df, "elasticsearch", ...): documents looked up by _id or by a field (docs/lookup.md), typed as the
+# batch read types them (read.array-columns), and the cache's options.
+LOOKUP_SPEC = OptionSpec("elasticsearch", (
+    *CONNECTION_OPTIONS,
+    ARRAY_COLUMNS,
+    Option("lookup.retries", "int", 3, "Times a lookup's request is sent again, to the next node, when a node cannot "
+           "be reached or answers 429 or 502-504 (backoff from 0.5 s, doubling); then the task fails.", minimum=0,
+           maximum=20),
+    *LOOKUP_OPTIONS,
+))
+
+
+@dataclass(frozen=True)
+class LookupOptions(TypedOptions):
+    """The lookup options of format("elasticsearch") besides the cache's; `conn`: the cluster and index."""
+
+    declared = (ARRAY_COLUMNS, LOOKUP_SPEC.get("lookup.retries"))
+    conn_from = Connection.from_options
+
+    read_array_columns: frozenset[str]
+    lookup_retries: int
     conn: Connection
 
     @classmethod
