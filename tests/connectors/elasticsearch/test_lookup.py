@@ -50,9 +50,8 @@ def users(search):
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("search", ["opensearch"], indirect=True)  # Spark's part is the same for both engines
 def test_left_and_inner_give_a_row_per_match_typed_as_the_batch_read_types_them(spark, search, users):
-    if isinstance(search.server, LocalElasticsearch):
-        pytest.skip("Spark's part is the same for both engines: run once, on OpenSearch")
     df = spark.createDataFrame([("a", "1"), ("b", "2"), ("zz", "3"), (None, "4")], "_id string, event string")
     left = sluice.lookup(df, "elasticsearch", search.opts(users), on="_id", columns=["name", "score", "at"])
     read = spark.read.format("elasticsearch").options(**search.opts(users)).load()
