@@ -134,7 +134,7 @@ from sluice.source._deadletters import (
     conform_or_aside,
     read_with_letters,
 )
-from sluice.source._lookup import LOOKUP_OPTIONS, LookupCacheSettings, LookupReader
+from sluice.source._lookup import LOOKUP_OPTIONS, LookupCacheSettings, LookupReader, lookup_max_retries
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
 from sluice.source._stream import OpenStreamReaderCore, StreamReaderCore
@@ -295,6 +295,7 @@ __all__ = [
     "forward_bounds",
     "frame_payloads",
     "from_arrow_schema",
+    "lookup_max_retries",
     "marked_columns",
     "marked_rows",
     "micro_batch_numbers",

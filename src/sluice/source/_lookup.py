@@ -34,6 +34,13 @@ LOOKUP_OPTIONS = (
 )
 
 
+def lookup_max_retries(retried: str) -> Option:
+    """Flink's `lookup.max-retries`, one name for every store: how often a store's lookup request is sent again
+    after a failure that can pass; `retried` says which failures and where to (a store's own words)."""
+    return Option("lookup.max-retries", "int", 3, f"Times a lookup's request is sent again {retried} (backoff from "
+                  "0.5 s, doubling); then the task fails, naming the store and the table.", minimum=0, maximum=100)
+
+
 @dataclass(frozen=True)
 class LookupCacheSettings(TypedOptions):
     """The cache options (LOOKUP_OPTIONS), typed once on the driver: `LookupCacheSettings.of(opts)`."""

@@ -94,8 +94,8 @@ def test_bad_input_is_named_before_any_work(ch, users):
             plan_lookup(schema, "clickhouse", {**ch.opts(users), **(options or {})}, on, "left", columns)
         return str(failed.value)
 
-    message = refused({"lookup.retry": "1"})
-    assert "unknown option 'lookup.retry'" in message and "Did you mean 'lookup.retries'?" in message
+    message = refused({"lookup.max-retry": "1"})
+    assert "unknown option 'lookup.max-retry'" in message and "Did you mean 'lookup.max-retries'?" in message
     assert ch.password not in message
     assert f"key column 'event' is not a column of table default.{users}" in refused(on="event")
     assert f"looked-up column 'nope' is not a column of table default.{users}" in refused(columns=["nope"])
@@ -109,7 +109,7 @@ def test_bad_input_is_named_before_any_work(ch, users):
 
 def test_a_server_that_does_not_answer_fails_the_lookup_naming_the_table(ch, users):
     """Negative control: the same plan answers while its url is the server's."""
-    plan, _ = plan_lookup(SCHEMA, "clickhouse", ch.opts(users, **{"lookup.retries": "1"}), "id", "left", ["name"])
+    plan, _ = plan_lookup(SCHEMA, "clickhouse", ch.opts(users, **{"lookup.max-retries": "1"}), "id", "left", ["name"])
     assert run(plan, [1])["name"] == ["ann"]
     reader = plan.reader
     reader.conn = replace(reader.conn, url=f"http://127.0.0.1:{free_port()}")  # nothing listens there

@@ -97,8 +97,8 @@ def test_bad_input_is_named_before_any_work(search, users):
             plan_lookup(schema, "elasticsearch", {**search.opts(users), **(options or {})}, on, "left", columns)
         return str(failed.value)
 
-    message = refused({"lookup.retry": "1", "password": "hunter2"})
-    assert "unknown option 'lookup.retry'" in message and "Did you mean 'lookup.retries'?" in message
+    message = refused({"lookup.max-retry": "1", "password": "hunter2"})
+    assert "unknown option 'lookup.max-retry'" in message and "Did you mean 'lookup.max-retries'?" in message
     assert "hunter2" not in message
     assert "index 'no-such-index' does not exist" in refused({"index": "no-such-index"})
     assert f"key column 'event' is not a column of index '{users}'" in refused(on="event")
@@ -113,7 +113,7 @@ def test_bad_input_is_named_before_any_work(search, users):
 
 def test_a_node_that_does_not_answer_fails_the_lookup_naming_the_index(search, users):
     """Negative control: the same plan answers while its node is the server."""
-    plan, _ = plan_lookup(BY_ID, "elasticsearch", search.opts(users, **{"lookup.retries": "1"}), "_id", "left",
+    plan, _ = plan_lookup(BY_ID, "elasticsearch", search.opts(users, **{"lookup.max-retries": "1"}), "_id", "left",
                           ["name"])
     assert run(plan, "_id", ["a"])["name"] == ["ann"]
     reader = plan.reader

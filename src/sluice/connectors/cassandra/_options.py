@@ -14,6 +14,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_retries,
     pushdown_option,
     tracking_options,
     unchanged_column_option,
@@ -138,9 +139,8 @@ LOOKUP_OPTIONS = (
     Option("lookup.max-concurrent-requests", "int", 64, "SELECTs (one per distinct partition or clustering prefix "
            "of an Arrow batch) in flight at once per task, each routed to a replica of its partition.",
            minimum=1, maximum=10_000),
-    Option("lookup.max-retries", "int", 3, "Times a batch's lookups are tried again after a failure that passes "
-           "(a timeout, unavailable replicas, no node reachable), backing off from 0.5 s; then the task fails.",
-           minimum=0, maximum=100),
+    lookup_max_retries("after a failure that passes (a timeout, unavailable replicas, no node reachable): the "
+                       "batch's SELECTs not answered yet"),
 )
 LOOKUP_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *LOOKUP_OPTIONS, *SDK_LOOKUP_OPTIONS))
 

@@ -16,7 +16,7 @@ never show; without FINAL the rows of a key not yet merged would each come back.
 MergeTree table gives each of them.
 
 The HTTP client is the process's pool (_client.py), shared by a worker's tasks. A server that cannot be reached,
-or answers that it is overloaded, is retried `lookup.retries` times (backoff from 0.5 s), then fails the task naming
+or answers that it is overloaded, is retried `lookup.max-retries` times (backoff from 0.5 s), then fails the task naming
 the table and the server; a lookup never returns no rows for a key it could not ask about.
 """
 
@@ -111,7 +111,7 @@ class ClickHouseLookupReader(LookupReader):
         return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
     def _query(self, params: dict[str, str], count: int) -> pa.Table:
-        """The rows of one query, its keys given; a server that cannot answer is asked again, lookup.retries
+        """The rows of one query, its keys given; a server that cannot answer is asked again, lookup.max-retries
         times."""
         delay = 0.5
         for attempt in range(self.retries + 1):
@@ -122,7 +122,7 @@ class ClickHouseLookupReader(LookupReader):
             except ClickHouseRetryableError as e:
                 if attempt == self.retries:
                     raise ClickHouseError(f"looking up {count} key(s) in {self.described} failed after "
-                                          f"{self.retries} retries (lookup.retries): {e}") from None
+                                          f"{self.retries} retries (lookup.max-retries): {e}") from None
             except ClickHouseError as e:
                 raise ClickHouseError(f"looking up {count} key(s) in {self.described} failed: {e}", e.code) from None
             time.sleep(delay)
@@ -188,4 +188,4 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     except ClickHouseError as e:
         raise ClickHouseError(f"the lookup of keys {list(on)} in {described} cannot run: {e}", e.code) from None
     schema = from_arrow_schema(pa.schema([arrow.field(n) for n in wanted]))
-    return ClickHouseLookupReader(conn, described, sql, on, kinds, schema, options.lookup_retries)
+    return ClickHouseLookupReader(conn, described, sql, on, kinds, schema, options.lookup_max_retries)

@@ -13,6 +13,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_retries,
     schema_evolution_option,
     tracking_options,
     unchanged_column_option,
@@ -103,9 +104,7 @@ class ReadOptions(TypedOptions):
 LOOKUP_SPEC = OptionSpec("clickhouse", (
     *CONNECTION_OPTIONS,
     FINAL_OPTION,
-    Option("lookup.retries", "int", 3, "Times a lookup's query is sent again when the server cannot be reached or "
-           "answers that it is overloaded (backoff from 0.5 s, doubling); then the task fails.", minimum=0,
-           maximum=20),
+    lookup_max_retries("when the server cannot be reached or answers that it is overloaded"),
     *LOOKUP_OPTIONS,
 ))
 
@@ -114,9 +113,9 @@ LOOKUP_SPEC = OptionSpec("clickhouse", (
 class LookupOptions(TypedOptions):
     """The lookup options of format("clickhouse") besides the cache's; `conn`: the server and table."""
 
-    declared = (FINAL_OPTION, LOOKUP_SPEC.get("lookup.retries"))
+    declared = (FINAL_OPTION, LOOKUP_SPEC.get("lookup.max-retries"))
     conn_from = Connection.from_options
 
     final: bool | None
-    lookup_retries: int
+    lookup_max_retries: int
     conn: Connection

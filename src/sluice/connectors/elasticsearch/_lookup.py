@@ -14,7 +14,7 @@ from each document's `_source` (dates as ISO text or epoch milliseconds). A key 
 document fails the batch, as the batch read does for a field not read as an array.
 
 Requests go through the process's pooled client (_client.py). A node that cannot be reached, answers 502-504 or
-429 is asked again, the next node in turn, `lookup.retries` times (backoff from 0.5 s), then the task fails naming
+429 is asked again, the next node in turn, `lookup.max-retries` times (backoff from 0.5 s), then the task fails naming
 the index and the node; a lookup never returns no rows for a key it could not ask about.
 """
 
@@ -83,7 +83,7 @@ class SearchLookupReader(LookupReader):
         return self._rows(hits)
 
     def _request(self, endpoint: str, body: dict[str, Any], count: int, **params: Any) -> Any:
-        """The answer to one request; a node that cannot answer is replaced by the next, lookup.retries times."""
+        """The answer to one request; a node that cannot answer is replaced by the next, lookup.max-retries times."""
         delay = 0.5
         for attempt in range(self.retries + 1):
             try:
@@ -93,7 +93,7 @@ class SearchLookupReader(LookupReader):
             except (RetryableError, ThrottledError) as e:
                 if attempt == self.retries:
                     raise ElasticsearchError(f"looking up {count} key(s) in {self.described} failed after "
-                                             f"{self.retries} retries (lookup.retries): {e}") from None
+                                             f"{self.retries} retries (lookup.max-retries): {e}") from None
             except ElasticsearchError as e:
                 raise ElasticsearchError(f"looking up {count} key(s) in {self.described} failed: {e}",
                                          e.status) from None
@@ -159,4 +159,4 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     wanted = [key, *(columns if columns is not None else [f.name for f in fields.fields])]
     wanted = list(dict.fromkeys(name for name in wanted if name == key or name not in on))
     schema = T.StructType([T.StructField(name, known[name], True) for name in wanted])
-    return SearchLookupReader(conn, described, key, schema, _window(conn), options.lookup_retries)
+    return SearchLookupReader(conn, described, key, schema, _window(conn), options.lookup_max_retries)

@@ -19,6 +19,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_retries,
     pushdown_option,
     tracking_options,
 )
@@ -189,9 +190,7 @@ class ReadOptions(TypedOptions):
 LOOKUP_SPEC = OptionSpec("elasticsearch", (
     *CONNECTION_OPTIONS,
     ARRAY_COLUMNS,
-    Option("lookup.retries", "int", 3, "Times a lookup's request is sent again, to the next node, when a node cannot "
-           "be reached or answers 429 or 502-504 (backoff from 0.5 s, doubling); then the task fails.", minimum=0,
-           maximum=20),
+    lookup_max_retries("to the next node when a node cannot be reached or answers 429 or 502-504"),
     *LOOKUP_OPTIONS,
 ))
 
@@ -200,11 +199,11 @@ LOOKUP_SPEC = OptionSpec("elasticsearch", (
 class LookupOptions(TypedOptions):
     """The lookup options of format("elasticsearch") besides the cache's; `conn`: the cluster and index."""
 
-    declared = (ARRAY_COLUMNS, LOOKUP_SPEC.get("lookup.retries"))
+    declared = (ARRAY_COLUMNS, LOOKUP_SPEC.get("lookup.max-retries"))
     conn_from = Connection.from_options
 
     read_array_columns: frozenset[str]
-    lookup_retries: int
+    lookup_max_retries: int
     conn: Connection
 
     @classmethod
