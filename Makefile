@@ -321,7 +321,8 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-client-certs test
 # HBase tests that need no server (tests/connectors/hbase/test_keys.py); its deployment tests write and read every
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py \
-	tests/connectors/hbase/test_tls.py tests/connectors/hbase/test_tracking.py tests/connectors/hbase/test_dead_letters.py
+	tests/connectors/hbase/test_tls.py tests/connectors/hbase/test_tracking.py tests/connectors/hbase/test_dead_letters.py \
+	tests/connectors/hbase/test_lookup.py
 test-main: $(MAIN_SETUP) lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \

@@ -24,7 +24,16 @@ from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import encoder
 from sluice.connectors.hbase._client import Connection, TableFacts, describe, regions
 from sluice.connectors.hbase._keys import KeyCodec
-from sluice.connectors.hbase._options import BATCH_ONLY, DURABILITY, READ_SPEC, WRITE_SPEC, ReadOptions, WriteOptions
+from sluice.connectors.hbase._lookup import HBaseLookupReader, plan_lookup
+from sluice.connectors.hbase._options import (
+    BATCH_ONLY,
+    DURABILITY,
+    LOOKUP_SPEC,
+    READ_SPEC,
+    WRITE_SPEC,
+    ReadOptions,
+    WriteOptions,
+)
 from sluice.connectors.hbase._replay import check_guard_table
 from sluice.connectors.hbase._rowplan import RowPlan
 from sluice.connectors.hbase._sink import HBaseWritePlan
@@ -63,6 +72,7 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
                       "hbase.client.keyvalue.maxsize), found in its batch by splitting it.")
     write_spec = WRITE_SPEC
     read_spec = READ_SPEC
+    lookup_spec = LOOKUP_SPEC
     refused_reads = ("a row whose key or a cell does not decode as the read's schema types it (a cell of another width "
                      "than its column's type, text that is not UTF-8, a key written with other key columns), sent "
                      "aside as its row key, timestamp and cells")
@@ -163,3 +173,9 @@ class HBaseDataSource(SinkDataSource, SourceDataSource):
                                     HBaseTrackingReader(scans, rows), settings,
                                     source=(self.format_name, catalog.table),
                                     reads=self.read_observer(event_time=settings.column))
+
+    # ------------------------------------------------------------------ lookup joins
+    def lookup_reader(self, opts: Options, on: tuple[str, ...],
+                      columns: tuple[str, ...] | None) -> HBaseLookupReader:
+        """sluice.lookup(df, "hbase", ...): one getMultiple per batch of row keys (_lookup.py)."""
+        return plan_lookup(opts, on, columns)

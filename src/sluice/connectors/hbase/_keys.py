@@ -157,6 +157,15 @@ class KeyCodec:
                 more = f" ({len(rows) - 1} more such row(s) in this batch)" if len(rows) > 1 else ""
                 raise RecordError(f"{first}{more}. {ADVICE}", rows=rows)
 
+    def keyless(self, batch: pa.RecordBatch) -> np.ndarray:
+        """Rows (no null key columns) with no row key: a 0 byte in a string or binary column that is not the key's
+        last, which no row of the table can have (lookups: such a key matches nothing)."""
+        found = np.zeros(batch.num_rows, dtype=bool)
+        for i, (name, kind) in enumerate(zip(self.columns, self.kinds, strict=True)):
+            if kind in ("string", "binary") and i < len(self.columns) - 1:
+                found |= _zero_bytes(batch.column(name), kind)
+        return found
+
     def encode_values(self, values: Sequence[Any], schema: pa.Schema) -> bytes:
         """The key (or key prefix, if fewer values than columns) of Python values: pushed-down filters."""
         parts = []

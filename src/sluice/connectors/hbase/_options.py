@@ -16,9 +16,11 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_retries,
     pushdown_option,
     tracking_options,
 )
+from sluice.connector import LOOKUP_OPTIONS as SDK_LOOKUP_OPTIONS
 from sluice.connectors.hbase._catalog import CATALOG_OPTIONS
 from sluice.connectors.hbase._client import CONNECTION_OPTIONS
 
@@ -128,3 +130,25 @@ class ReadOptions(TypedOptions):
     @classmethod
     def derived(cls, opts: Options) -> dict[str, Any]:
         return {"rowkey": opts["rowkey"]}
+
+
+# sluice.lookup(df, "hbase", ...): rows by row key (docs/lookup.md), the cache's options too. HBase cells are bytes,
+# so the columns' types come from `schema`, as a batch read's come from .schema(...).
+LOOKUP_OPTIONS = (
+    Option("schema", "str", None, "The row key's columns and the looked-up columns with their Spark types, as "
+           ".schema(...) gives a batch read (Spark DDL), e.g. 'region string, id long, amount double, note string'; "
+           "the catalog options (rowkey, family, columns) place them.", required=True),
+    lookup_max_retries("after a failure that passes (no answer from the Thrift2 gateway, a region moving or busy, "
+                       "a region server restarting): the batch's getMultiple"),
+)
+LOOKUP_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *LOOKUP_OPTIONS, *SDK_LOOKUP_OPTIONS))
+
+
+@dataclass(frozen=True)
+class LookupOptions(TypedOptions):
+    """The lookup options of format("hbase") besides the cache's and the catalog's (Catalog.from_options)."""
+
+    declared = LOOKUP_OPTIONS
+
+    schema: str
+    lookup_max_retries: int

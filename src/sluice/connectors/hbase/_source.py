@@ -168,6 +168,13 @@ class HBaseReader(SplitReader):
             if batch.num_rows:
                 yield batch
 
+    def decoded(self, results: Sequence[Any]) -> pa.RecordBatch:
+        """Rows of this reader's cells (Thrift results) as one batch, with no dead letters (lookups): a key or cell
+        that does not decode raises a ValueTypeError naming it."""
+        place = {(c.family, c.qualifier): i for i, (_, c) in enumerate(self.catalog.cells)}
+        decoders = [decoder(self.schema.field(name).type, name) for name, _ in self.catalog.cells]
+        return self._batch(list(self._rows(list(results), place)), self.key.decoder(self.schema), decoders)
+
     def _rows(self, results: list[Any], place: dict[tuple[bytes, bytes], int]) -> Iterator[Row]:
         """(row key, timestamp, {cell's index: value}) per row read: a row key's newest cells, or with
         read.versions > 1 its cells grouped by timestamp, newest first."""

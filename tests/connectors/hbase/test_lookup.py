@@ -1,0 +1,105 @@
+"""sluice.lookup(df, "hbase", ...) on the session's HBase: left and inner joins by a composite row key across
+regions, a missing key, a gateway that cannot be reached after planning, and bad input named."""
+
+import copy
+import dataclasses
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+import sluice
+from sluice.connectors.hbase._client import HBaseError
+from sluice.metrics._lookups import LookupTally
+from sluice.source._lookup_dataframe import plan_lookup
+from sluice.source._lookup_join import enrich
+from sluice.testing._postgres import free_port
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "region string, id long, amount double, note string"
+KEYS = StructType([StructField("region", StringType()), StructField("id", LongType())])
+
+
+@pytest.fixture(scope="module")
+def orders(spark, hbase):
+    """Rows (region, id) written by the connector into a table of three regions ([,eu) [eu,us) [us,)); eu/2 has
+    no note cell."""
+    table = hbase.table(splits=(b"eu", b"us"))
+    rows = [("asia", 1, 1.5, "a1"), ("eu", 1, 2.5, "e1"), ("eu", 2, 3.5, None), ("us", 7, 4.5, "u7")]
+    sluice.write(spark.createDataFrame(rows, SCHEMA), "hbase", hbase.opts(table, rowkey="region,id", family="d"))
+    return table
+
+
+def options(hbase, table: str, **more: str) -> dict[str, str]:
+    return hbase.opts(table, rowkey="region,id", family="d", schema=SCHEMA, **more)
+
+
+def test_left_and_inner_by_a_composite_row_key_typed_as_the_batch_read_types_them(spark, hbase, orders):
+    df = spark.createDataFrame([(1, "asia", "x"), (1, "eu", "y"), (2, "eu", "z"), (7, "us", "w"), (3, "eu", "gone"),
+                                (None, "us", "null key")], "id int, region string, event string")
+    left = sluice.lookup(df, "hbase", options(hbase, orders), on=["id", "region"])
+    read = spark.read.format("hbase").options(**hbase.opts(orders, rowkey="region,id", family="d")) \
+        .schema(SCHEMA).load()
+    assert left.schema.fields[3:] == read.schema.fields[2:]
+    assert sorted((tuple(r) for r in left.collect()), key=lambda r: r[2]) == [
+        (3, "eu", "gone", None, None), (None, "us", "null key", None, None), (7, "us", "w", 4.5, "u7"),
+        (1, "asia", "x", 1.5, "a1"), (1, "eu", "y", 2.5, "e1"), (2, "eu", "z", 3.5, None)]
+    inner = sluice.lookup(df, "hbase", options(hbase, orders), on=["region", "id"], how="inner", columns=["note"])
+    assert sorted((r.event, r.note) for r in inner.collect()) == [("w", "u7"), ("x", "a1"), ("y", "e1"), ("z", None)]
+
+
+def run(plan, keys):
+    """One Arrow batch through the workers' code, in this process."""
+    batch = pa.record_batch({"region": [k[0] for k in keys], "id": pa.array([k[1] for k in keys], pa.int64())})
+    try:
+        return enrich(plan, batch, None, LookupTally()).to_pydict()
+    finally:
+        plan.reader.close(clean=True)
+
+
+def test_a_gateway_that_cannot_be_reached_fails_the_batch_naming_the_table_and_gateway_never_nulls(hbase, orders):
+    """The reader planned against the running gateway, then pointed at a port nothing listens on (the session's
+    HBase keeps running). Negative control: the same reader on the gateway's port answers."""
+    plan, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, **{"lookup.max-retries": "1"}), ["region", "id"],
+                          "left", ["amount"])
+    # A key with a 0 byte in a column that is not the key's last has no row key: it matches nothing.
+    assert run(plan, [("us", 7), ("e\x00u", 1)])["amount"] == [4.5, None]
+    reader = copy.copy(plan.reader)
+    port = free_port()
+    reader.conn = dataclasses.replace(plan.reader.conn, port=port)
+    with pytest.raises(HBaseError) as failed:
+        run(dataclasses.replace(plan, reader=reader), [("us", 7)])
+    message = str(failed.value)
+    assert f"looking up 1 key(s) in HBase table {orders} at hbase://{hbase.server.host}:{port}/{orders}" in message
+    assert "failed after 2 attempt(s) (lookup.max-retries=1)" in message, message
+    assert f"no answer from the HBase Thrift2 gateway at {hbase.server.host}:{port}" in message, message
+
+
+def test_bad_input_is_named_before_any_work(spark, hbase, orders):
+    def refused(more=None, on=("region", "id"), schema=KEYS, columns=None):
+        with pytest.raises(sluice.OptionError) as failed:
+            plan_lookup(schema, "hbase", {**options(hbase, orders), **(more or {})}, list(on), "left", columns)
+        return str(failed.value)
+
+    assert "Did you mean 'lookup.max-retries'?" in refused({"lookup.max-retry": "2"})
+    assert "HBase table default:t_none does not exist" in refused({"table": "t_none"})
+    assert "schema='id long,' is no list of columns and types" in refused({"schema": "id long,"})
+    assert "key column 'note' is not a column of the row key of HBase table" in refused(on=["note"])
+    part = refused(on=["region"])
+    assert "on=['region'] is part of the row key" in part and "missing: ['id']" in part, part
+    assert "looked-up column 'nope' is not a column of the schema option" in refused(columns=["nope"])
+    assert "has no column family ['x']" in refused({"columns": "note=x:n"})
+    assert "row key column 'id' is list<" in refused({"schema": "region string, id array<long>"})
+    assert "key column 'id' is string in the DataFrame" in refused(
+        schema=StructType([StructField("region", StringType()), StructField("id", StringType())]))
+
+
+def test_a_cell_that_does_not_decode_as_the_schema_types_it_fails_naming_it(hbase, orders):
+    """amount was written as a double (8 bytes): read as an int it does not decode, and the task fails."""
+    plan, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, schema="region string, id long, amount int"),
+                          ["region", "id"], "left", None)
+    with pytest.raises(HBaseError) as failed:
+        run(plan, [("eu", 1)])
+    message = str(failed.value)
+    assert f"a row looked up in HBase table {orders}" in message and "column 'amount'" in message, message
