@@ -32,7 +32,7 @@ def orders(spark, hbase):
 
 
 def options(hbase, table: str, **more: str) -> dict[str, str]:
-    return hbase.opts(table, rowkey="region,id", family="d", schema=SCHEMA, **more)
+    return hbase.opts(table, rowkey="region,id", family="d", **{"schema": SCHEMA, **more})
 
 
 def batch_read(spark, hbase, table: str, schema: str):
@@ -90,7 +90,8 @@ def test_bad_input_is_named_before_any_work(spark, hbase, orders):
     assert "Did you mean 'lookup.max-retries'?" in refused({"lookup.max-retry": "2"})
     assert "HBase table default:t_none does not exist" in refused({"table": "t_none"})
     assert "schema='id long,' is no list of columns and types" in refused({"schema": "id long,"})
-    assert "key column 'note' is not a column of the row key of HBase table" in refused(on=["note"])
+    with_note = StructType([*KEYS.fields, StructField("note", StringType())])
+    assert "key column 'note' is not a column of the row key of HBase table" in refused(on=["note"], schema=with_note)
     part = refused(on=["region"])
     assert "on=['region'] is part of the row key" in part and "missing: ['id']" in part, part
     assert "looked-up column 'nope' is not a column of the schema option" in refused(columns=["nope"])
