@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sluice._errors import SluiceError
 from sluice.connectors.kafka import MARKER_GROUP_PREFIX, default_transactional_prefix
 from sluice.connectors.kafka._checks import unreachable
 from sluice.doctor._model import KAFKA_TXN, Finding, Verdict
@@ -102,8 +103,9 @@ def _first_open_record_time(reach: KafkaReach, key: tuple[str, int], lso: int) -
             message = consumer.poll(1.0)
             if message is not None and message.error() is None:
                 return message.timestamp()[1] / 1000.0
-        raise TimeoutError(f"reading the record at the last stable offset {lso} of {key[0]}[{key[1]}] on "
-                           f"{reach.client.bootstrap_servers} took more than {reach.timeout_ms} ms (timeout-ms)")
+        raise SluiceError(f"reading the record at the last stable offset {lso} of {key[0]}[{key[1]}] on "
+                          f"{reach.client.bootstrap_servers} took more than {reach.timeout_ms} ms (timeout-ms): raise "
+                          "timeout-ms in the options file, or check that the broker serves that partition")
     finally:
         consumer.close()
 
