@@ -75,6 +75,24 @@ def pg():
 
 
 @pytest.fixture(scope="session")
+def _kafka_cluster_running():
+    from sluice.testing import LocalKafkaCluster
+
+    with LocalKafkaCluster(brokers=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_cluster(_kafka_cluster_running):
+    """Three Kafka brokers (LocalKafkaCluster) for the tests that kill one, shared (a cluster takes ~20 s to start):
+    a broker a test killed is started again after it, so the next test finds all three."""
+    yield _kafka_cluster_running
+    for broker in _kafka_cluster_running.brokers:
+        if broker.pid is None:
+            broker.start()
+
+
+@pytest.fixture(scope="session")
 def s3():
     """A real S3-compatible server process (moto's standalone server) with one bucket, for the whole suite."""
     from sluice.testing import LocalS3

@@ -4,6 +4,7 @@ them), start and end offsets, streaming with capped micro-batches, a restart fro
 repeats nothing, partitions and topics found while a query runs, a deleted topic reported."""
 
 import time
+import uuid
 
 import pytest
 from confluent_kafka import Producer
@@ -337,37 +338,36 @@ def test_a_topic_deleted_under_a_running_query_is_reported(spark, kafka, new_top
         query.stop()
 
 
-def test_streaming_read_goes_on_through_a_broker_killed(spark, tmp_path):
-    from sluice.testing import LocalKafkaCluster
+def test_streaming_read_goes_on_through_a_broker_killed(spark, tmp_path, kafka_cluster):
+    cluster = kafka_cluster
+    topic = f"failover-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 2)
+    config = cluster.client_config(acks="all")
 
-    with LocalKafkaCluster(brokers=3) as cluster:
-        cluster.create_topic("replicated", 2)
-        config = cluster.client_config(acks="all")
+    def produce_all(start, n):
+        producer = Producer(config)
+        for i in range(start, start + n):
+            producer.produce(topic, value=f"v{i}".encode(), partition=i % 2)
+        assert producer.flush(60) == 0
 
-        def produce_all(start, n):
-            producer = Producer(config)
-            for i in range(start, start + n):
-                producer.produce("replicated", value=f"v{i}".encode(), partition=i % 2)
-            assert producer.flush(60) == 0
-
-        produce_all(0, 2000)
-        query = (spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", cluster.bootstrap_servers)
-                 .option("subscribe", "replicated").option("max-records-per-trigger", "300").load()
-                 .selectExpr("CAST(value AS STRING) AS value").writeStream.format("memory").queryName("failover")
-                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds")
-                 .start())
-        try:
-            poll_until(lambda: spark.table("failover").count() >= 600, 90, "the first micro-batches", 0.2)
-            leader = cluster.admin().list_topics("replicated", timeout=10).topics["replicated"].partitions[0].leader
-            next(b for b in cluster.brokers if b.node_id == leader).kill()
-            produce_all(2000, 1000)
-            poll_until(lambda: spark.table("failover").count() >= 3000 or query.exception() is not None, 90,
-                       "every row, the leader's partition read from its new leader", 0.2)
-            assert query.exception() is None
-        finally:
-            query.stop()
-        got = sorted(int(r.value[1:]) for r in spark.table("failover").collect())
-        assert got == list(range(3000))
+    produce_all(0, 2000)
+    query = (spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+             .option("subscribe", topic).option("max-records-per-trigger", "300").load()
+             .selectExpr("CAST(value AS STRING) AS value").writeStream.format("memory").queryName("failover")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds")
+             .start())
+    try:
+        poll_until(lambda: spark.table("failover").count() >= 600, 90, "the first micro-batches", 0.2)
+        leader = cluster.admin().list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+        next(b for b in cluster.brokers if b.node_id == leader).kill()  # started again after the test
+        produce_all(2000, 1000)
+        poll_until(lambda: spark.table("failover").count() >= 3000 or query.exception() is not None, 90,
+                   "every row, the leader's partition read from its new leader", 0.2)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    got = sorted(int(r.value[1:]) for r in spark.table("failover").collect())
+    assert got == list(range(3000))
 
 
 def test_streaming_read_reports_records_event_time_lag_and_offsets_behind(spark, kafka, new_topic, opts, tmp_path):
