@@ -188,6 +188,26 @@ def test_small_partitions_are_read_by_a_few_tasks_with_warm_consumers(spark, kaf
     assert sorted((r.partition, r.offset) for r in spark.table(name).collect()) == every
 
 
+def test_a_worker_closes_consumers_idle_past_sparks_cache_timeout(kafka):
+    """As Spark's consumer pool (spark.kafka.consumer.cache.timeout, 5 minutes): a kept consumer is lent again while
+    warm, and closed once idle that long (evict_idle runs every minute in a worker that keeps one)."""
+    from sluice.connectors.kafka import _consumers
+
+    config = kafka.client_config(**{"group.id": f"idle-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    _consumers.close_idle()
+    with _consumers.lent(config) as first:
+        pass
+    assert _consumers.evict_idle(time.monotonic() + _consumers.IDLE_TIMEOUT_S - 5) == 0  # not idle long enough
+    with _consumers.lent(config) as again:
+        assert again is first
+    assert _consumers.evict_idle(time.monotonic() + _consumers.IDLE_TIMEOUT_S) == 1
+    with pytest.raises(RuntimeError, match="closed"):
+        first.assignment()
+    with _consumers.lent(config) as fresh:
+        assert fresh is not first
+    _consumers.close_idle()
+
+
 def test_sasl_ssl_with_the_ca_in_the_options_and_a_wrong_password(spark, capsys):
     with LocalKafka(sasl="SCRAM-SHA-512", tls=True, heap_mb=256) as secured:
         secured.create_topic("s", 2)
