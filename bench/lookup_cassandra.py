@@ -12,9 +12,9 @@ node), keyspace `bench` at replication factor 1 (each key on one node: the case 
   the noop sink): `sluice.lookup` against the stream joined to `spark.read.format("cassandra")` of the table (the
   stream-static join), and the lookup three ways: on the stream's own partitioning (one file, one task), after
   `repartition(3)` (round robin: the shuffle alone), and with lookup.repartition-by-replica (partitions-per-host 1:
-  three tasks, each one node's keys). Rows read from the store are counted by sluice's tasks on its metrics
-  collector: `sluice_source_numRecordsIn_total` (the batch read's rows) and `sluice_lookup_numRecordsLoaded_total`
-  (the lookup's).
+  three tasks, each one node's keys), each lookup twice in turn, the faster kept. Rows read from the store are
+  counted by sluice's tasks on its metrics collector: `sluice_source_numRecordsIn_total` (the batch read's rows)
+  and `sluice_lookup_numRecordsLoaded_total` (the lookup's; a key in two tasks of a micro-batch is read twice).
 - one process, no Spark, the same Arrow batches: sluice's worker path (`enrich`: dedupe, one SELECT per distinct
   key through `execute_concurrent_with_args`, rows to Arrow, the join back) against the bare driver doing the same
   reads (distinct keys, the same prepared SELECT at the same consistency, `execute_concurrent_with_args` with
@@ -38,9 +38,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bench.lookup import keys_of
-
 SETTLE_TIMEOUT_S = 30.0
+
+
+def keys_of(rng: np.random.Generator, rows: int, keys: int, batches: int) -> list[np.ndarray]:
+    """bench/lookup.py's uniform key batches (which runs this module: it cannot import that one back)."""
+    return [rng.integers(1, int(rows * 1.1) + 1, keys, dtype=np.int64) for _ in range(batches)]
 
 
 def load(session: Any, rows: int) -> float:
@@ -96,22 +99,29 @@ def streaming(spark: Any, options: dict[str, str], batches: list[np.ndarray], fo
     }
     if not static_join:
         del contenders["stream-static join"]
-    out = {}
-    for name, enrich in contenders.items():
-        stream = spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(str(files))
-        counted = "sluice_source_numRecordsIn_total" if name == "stream-static join" else \
-            "sluice_lookup_numRecordsLoaded_total"
-        before = settled(metrics, counted)
-        started = time.perf_counter()
-        query = enrich(stream).writeStream.format("noop").trigger(availableNow=True) \
-            .option("checkpointLocation", str(folder / re.sub(r"\W+", "_", name))).start()
-        query.awaitTermination()
-        seconds = time.perf_counter() - started
-        micro_batches = len([p for p in query.recentProgress if p["numInputRows"]])
-        read = settled(metrics, counted) - before
-        out[name] = {"micro_batches": micro_batches, "rows_read_per_micro_batch": read / max(1, micro_batches),
-                     "seconds_per_micro_batch": seconds / max(1, micro_batches)}
-        print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)  # kept should a later step fail
+    out: dict[str, dict[str, float]] = {}
+    # The lookups twice, in turn, each keeping its faster run (the first query also starts Spark's Python workers);
+    # the stream-static join, reading the whole table, once.
+    for run in range(2):
+        for name, enrich in contenders.items():
+            if run and name == "stream-static join":
+                continue
+            stream = spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(str(files))
+            counted = "sluice_source_numRecordsIn_total" if name == "stream-static join" else \
+                "sluice_lookup_numRecordsLoaded_total"
+            before = settled(metrics, counted)
+            started = time.perf_counter()
+            query = enrich(stream).writeStream.format("noop").trigger(availableNow=True) \
+                .option("checkpointLocation", str(folder / (re.sub(r"\W+", "_", name) + f"-{run}"))).start()
+            query.awaitTermination()
+            seconds = time.perf_counter() - started
+            micro_batches = len([p for p in query.recentProgress if p["numInputRows"]])
+            read = settled(metrics, counted) - before
+            figures = {"micro_batches": micro_batches, "rows_read_per_micro_batch": read / max(1, micro_batches),
+                       "seconds_per_micro_batch": seconds / max(1, micro_batches)}
+            print(json.dumps({name: figures, "run": run}), file=sys.stderr, flush=True)  # kept should a step fail
+            if name not in out or figures["seconds_per_micro_batch"] < out[name]["seconds_per_micro_batch"]:
+                out[name] = figures
     return out
 
 
