@@ -1,6 +1,7 @@
 """Lookup joins against PostgreSQL: rows read from the store per micro-batch, lookups/s, and the cache on Zipf keys.
 
 Run: `.venv/bin/python -m bench.lookup [--rows 200000] [--keys 1000] [--batches 10]` (starts a throwaway PostgreSQL).
+`--store cassandra` runs bench/lookup_cassandra.py's measures on a three-node Cassandra instead.
 Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows rows; --batches micro-batches of
 --keys keys each, drawn uniformly from 1 .. 1.1 x rows (about one key in eleven missing).
 - streaming, Spark local[2]: a file stream of the key batches (one file per micro-batch, Trigger.AvailableNow, Spark's
@@ -126,7 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=1000, help="keys per micro-batch")
     parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--store", choices=("postgres", "cassandra"), default="postgres",
+                        help="cassandra: a three-node cluster (bench/lookup_cassandra.py)")
+    parser.add_argument("--keys-high", type=int, default=10_000, help="cassandra: keys per micro-batch of a second "
+                        "round (0: none)")
     args = parser.parse_args(argv)
+    if args.store == "cassandra":
+        from bench.lookup_cassandra import run
+
+        sizes = [args.keys, *([args.keys_high] if args.keys_high else [])]
+        print(json.dumps(run(args.rows, sizes, args.batches), indent=2))
+        return 0
 
     import sluice
     from sluice.testing import LocalPostgres

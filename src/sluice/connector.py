@@ -18,7 +18,7 @@ record sends it to the route `SourceDataSource.dead_letters()` planned, its task
 reader builds its batch from, one holding a value it cannot type going aside as it came). A store that serves
 lookup joins (`sluice.lookup`, docs/lookup.md) declares `SourceDataSource.lookup_spec` (with `LOOKUP_OPTIONS`, the
 cache's, typed by `LookupCacheSettings`) and returns a `LookupReader` from `lookup_reader()`: rows by distinct keys,
-in bulk, in Arrow.
+in bulk, in Arrow; its `placement()` may return a `KeyPlacement`, by which the rows are shuffled first.
 `to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
 option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
 `sluice.register()`. Payload formats through a schema registry (sluice/formats): a `PayloadFormat` decodes and
@@ -134,7 +134,13 @@ from sluice.source._deadletters import (
     conform_or_aside,
     read_with_letters,
 )
-from sluice.source._lookup import LOOKUP_OPTIONS, LookupCacheSettings, LookupReader, lookup_max_retries
+from sluice.source._lookup import (
+    LOOKUP_OPTIONS,
+    KeyPlacement,
+    LookupCacheSettings,
+    LookupReader,
+    lookup_max_retries,
+)
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
 from sluice.source._stream import OpenStreamReaderCore, StreamReaderCore
@@ -207,6 +213,7 @@ __all__ = [
     "Framed",
     "HoldingHeartbeat",
     "JsonSchemaFormat",
+    "KeyPlacement",
     "KeyedRequestBuffer",
     "LookupCacheSettings",
     "LookupReader",

@@ -85,6 +85,28 @@ class LookupReader(ABC):
         """The task is done with the reader (`clean`: it did not fail): release what `lookup` holds (a pooled
         connection goes back to its pool only when clean)."""
 
+    def placement(self) -> KeyPlacement | None:
+        """Where the DataFrame's rows are best looked up, asked once on the driver: None (the default) keeps the
+        DataFrame's partitioning; a `KeyPlacement` makes sluice shuffle the rows by it before the lookup, so each
+        task asks about keys one server holds (Cassandra's replicas, as the Spark Cassandra Connector's
+        `repartitionByCassandraReplica` does)."""
+        return None
+
+
+class KeyPlacement(ABC):
+    """A partitioning of the keys by the server that holds them, made on the driver (`LookupReader.placement`) and
+    pickled to the Python workers, which call `assign` on each Arrow batch's distinct keys before the shuffle."""
+
+    @property
+    @abstractmethod
+    def partitions(self) -> int:
+        """How many partitions the DataFrame is shuffled into (each a task of the lookup)."""
+
+    @abstractmethod
+    def assign(self, keys: pa.Table) -> pa.Array:
+        """Each key's partition, an int32 in [0, partitions) per row of `keys` (distinct, no nulls; its columns the
+        key columns, typed as the reader's `schema` types them)."""
+
 
 def arrow_rows(schema: StructType) -> pa.Schema:
     """The Arrow schema of a reader's rows (`LookupReader.schema`)."""

@@ -4,7 +4,8 @@ Why `mapInArrow`: the DataFrame's rows reach the Python worker as Arrow batches 
 keys are deduplicated, looked up and joined back without a row becoming a Python object (a UDF per row would open
 the way to a request per row; `applyInArrow` would need a grouping and a shuffle the lookup does not need). It works
 alike on batch and streaming DataFrames and on Spark Connect (a DataFrame operation, no RDD and no SparkContext),
-and keeps the DataFrame's partitioning: each task looks up its own rows' keys.
+and keeps the DataFrame's partitioning: each task looks up its own rows' keys, unless the reader places keys
+(`LookupReader.placement`: Cassandra's replicas), when the rows are shuffled by it first (_lookup_placement.py).
 
 Everything that can be refused is refused here, before any work: the options (unknown ones with a did-you-mean,
 secrets never shown), the key columns missing from the DataFrame, the table's lack of a key or looked-up column,
@@ -103,4 +104,15 @@ def _has_lookups(name: str) -> bool:
 def lookup(df: DataFrame, format: str, options: Mapping[str, object], on: str | Sequence[str], how: str = "left",
            columns: Sequence[str] | None = None) -> DataFrame:
     plan, out = plan_lookup(df.schema, format, options, on, how, columns)
+    return planned(df, plan, out)
+
+
+def planned(df: DataFrame, plan: LookupPlan, out: StructType) -> DataFrame:
+    """The lookup `plan_lookup` planned, run on `df`: shuffled first when the reader places keys (a shuffle: the
+    DataFrame's partitioning and its rows' order within a task are then the placement's)."""
+    from sluice.source._lookup_placement import placed
+
+    placement = plan.reader.placement()
+    if placement is not None:
+        df = placed(df, placement, plan.on, tuple(plan.rows.field(name).type for name in plan.on))
     return df.mapInArrow(plan.run, out)

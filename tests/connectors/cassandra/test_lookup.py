@@ -1,6 +1,6 @@
 """sluice.lookup(df, "cassandra", ...) on the package's Cassandra: left and inner joins, a missing key, a partition
 of several rows and a clustering prefix, a composite partition key, the statements' routing and consistency, a
-cluster that cannot be reached, and bad input named."""
+cluster that cannot be reached, bad input named, and the shuffle by replica (lookup.repartition-by-replica)."""
 
 import copy
 import dataclasses
@@ -95,6 +95,17 @@ def test_a_composite_partition_key_is_looked_up_whole(cass):
     finally:
         plan.reader.close(clean=True)
     assert sorted(zip(out["tenant"], out["v"], strict=True)) == [("a", "a11"), ("a", "a12"), ("b", "b11")]
+    # lookup.repartition-by-replica's token of a composite key is the one the driver routes the SELECT by.
+    from cassandra.murmur3 import murmur3
+
+    from sluice.connectors.cassandra._table import describe
+    from sluice.connectors.cassandra._tokens import partition_tokens
+
+    select = cass.session.prepare(f"SELECT v FROM sluice.{table} WHERE tenant = ? AND day = ?")
+    keys = pa.table({"tenant": ["a", "b", "é"], "day": pa.array([1, -5, 2 ** 31 - 1], pa.int32())})
+    kinds = describe(plan.reader.conn).columns
+    assert partition_tokens(keys, ("tenant", "day"), kinds).tolist() == \
+        [murmur3(select.bind(key).routing_key) for key in zip(*keys.to_pydict().values(), strict=True)]
 
 
 def test_a_cluster_that_cannot_be_reached_fails_the_batch_naming_the_table_never_nulls(cass, events):
@@ -131,3 +142,71 @@ def test_bad_input_is_named_before_any_work(cass, events):
                                                                                      StructField("v", StringType())]))
     text_keys = StructType([StructField("pk", StringType())])
     assert "key column 'pk' is string in the DataFrame, but the key pk of table sluice." in refused(schema=text_keys)
+
+
+def test_tokens_are_computed_in_bulk_as_the_driver_routes_each_key():
+    """Murmur3 over keys of every tail and block length, and int, bigint and text keys serialized in Arrow, against
+    the driver's own `murmur3` of the bytes it would send as the routing key."""
+    import random
+    import struct
+
+    import numpy as np
+    from cassandra.murmur3 import murmur3
+
+    from sluice.connectors.cassandra._tokens import murmur3_tokens, partition_tokens
+    from sluice.connectors.cassandra._types import CQLType
+
+    pick = random.Random(7)
+    for length in (0, 1, 7, 8, 9, 15, 16, 17, 33):
+        keys = [bytes(pick.randrange(256) for _ in range(length)) for _ in range(50)]
+        matrix = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), length)
+        assert murmur3_tokens(matrix).tolist() == [murmur3(k) for k in keys], length
+    longs = [pick.randrange(-2 ** 63, 2 ** 63) for _ in range(50)] + [-2 ** 63, -1, 0, 2 ** 63 - 1]
+    ints = [pick.randrange(-2 ** 31, 2 ** 31) for _ in range(50)]
+    texts = ["", "é", "x" * 40, *(str(pick.random()) for _ in range(20))]
+    for values, arrow, kind, packed in ((longs, pa.int64(), "bigint", lambda v: struct.pack(">q", v)),
+                                        (ints, pa.int32(), "int", lambda v: struct.pack(">i", v)),
+                                        (texts, pa.string(), "text", str.encode)):
+        keys = pa.table({"k": pa.array(values, arrow)})
+        got = partition_tokens(keys, ("k",), {"k": CQLType(kind)}).tolist()
+        assert got == [murmur3(packed(v)) for v in values], kind
+
+
+def test_repartition_by_replica_gives_each_task_the_keys_of_one_node(spark, cass):
+    """Each task's keys all have one first replica, and every key is looked up. The package's node is one node
+    holding every range, so the ring the driver read is handed on with its ranges dealt to three named hosts in
+    turn (range i to host i % 3); the lookups still go to the real node. Negative control: without the option the
+    DataFrame's two partitions each hold keys of all three hosts."""
+    from dataclasses import replace
+
+    from pyspark.sql.functions import spark_partition_id
+
+    from sluice.source._lookup_dataframe import planned
+
+    table = cass.table("pk bigint PRIMARY KEY, v text")
+    insert = cass.session.prepare(f"INSERT INTO sluice.{table} (pk, v) VALUES (?, ?)")
+    for pk in range(0, 200):
+        cass.session.execute(insert, (pk, f"v{pk}"))
+    df = spark.range(0, 300, numPartitions=2).withColumnRenamed("id", "pk")
+    options = cass.opts(table, **{"lookup.repartition-by-replica": "true", "lookup.partitions-per-host": "2"})
+    plan, out = plan_lookup(df.schema, "cassandra", options, "pk", "left", ["v"])
+    read = plan.reader.placement()
+    assert set(read.ring.owners) == {0} and len(read.ring.hosts) == 1 and len(read.ring.tokens) > 3
+    dealt = replace(read, ring=replace(read.ring, owners=tuple(i % 3 for i in range(len(read.ring.tokens))),
+                                       hosts=("node-a", "node-b", "node-c")))
+
+    def hosts_per_task(reader_placement):
+        plan.reader._placement = reader_placement
+        rows = planned(df, plan, out).withColumn("task", spark_partition_id()).collect()
+        assert sorted((r.pk, r.v) for r in rows) == [(pk, f"v{pk}" if pk < 200 else None) for pk in range(300)]
+        keys = pa.table({"pk": pa.array([r.pk for r in rows], pa.int64())})
+        tasks: dict[int, set[str]] = {}
+        for row, host in zip(rows, dealt.host_of(keys), strict=True):
+            tasks.setdefault(row.task, set()).add(host)
+        return tasks
+
+    placed = hosts_per_task(dealt)
+    assert len(placed) == 6 and all(len(hosts) == 1 for hosts in placed.values()), placed
+    assert set().union(*placed.values()) == {"node-a", "node-b", "node-c"}
+    unplaced = hosts_per_task(None)
+    assert len(unplaced) == 2 and all(len(hosts) == 3 for hosts in unplaced.values()), unplaced

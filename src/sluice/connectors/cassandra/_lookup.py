@@ -6,7 +6,9 @@ each distinct key of an Arrow batch as one prepared, token-aware SELECT of its p
 routing key and the driver's `TokenAwarePolicy` (the session _client.py builds for every read and write) sends it
 to a replica of its partition. The statements of one batch run through the driver's `execute_concurrent`, up to
 `lookup.max-concurrent-requests` in flight, on the worker process's one session per cluster (`session_for`), which
-the worker's later tasks reuse. Columns are typed as `spark.read.format("cassandra")` types them (_types.py).
+the worker's later tasks reuse. With `lookup.repartition-by-replica`, `placement()` shuffles the rows by the
+node holding each key first (_tokens.py), so a task's statements go to one node. Columns are typed as
+`spark.read.format("cassandra")` types them (_types.py).
 
 What a lookup reads: each SELECT at `read.consistency` (LOCAL_QUORUM unless set), one partition as the replicas
 answer it then; Cassandra has no snapshot spanning partitions. A failure that passes (timeouts, unavailable
@@ -23,6 +25,7 @@ import pyarrow as pa
 from pyspark.sql.types import StructField, StructType
 
 from sluice.connector import (
+    KeyPlacement,
     LookupReader,
     OptionError,
     Options,
@@ -34,6 +37,7 @@ from sluice.connector import (
 from sluice.connectors.cassandra._client import TUPLES, CassandraError, Connection, classify, quote_ident
 from sluice.connectors.cassandra._options import LookupOptions
 from sluice.connectors.cassandra._table import TableInfo, describe
+from sluice.connectors.cassandra._tokens import ReplicaPlacement, read_ring
 from sluice.connectors.cassandra._types import CQLType, arrow_column, python_values, spark_type
 
 if TYPE_CHECKING:
@@ -55,6 +59,7 @@ class CassandraLookupReader(LookupReader):
         self.concurrency = options.lookup_max_concurrent_requests
         self.retries = options.lookup_max_retries
         self._prepared: PreparedStatement | None = None
+        self._placement: ReplicaPlacement | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_prepared": None}  # prepared per task, on the worker's session
@@ -66,6 +71,9 @@ class CassandraLookupReader(LookupReader):
     @property
     def described(self) -> str:
         return f"table {self.conn.keyspace}.{self.conn.table} on {self.conn.display}"
+
+    def placement(self) -> KeyPlacement | None:
+        return self._placement
 
     def lookup(self, keys: pa.Table) -> pa.Table:
         try:
@@ -175,4 +183,8 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     except Exception as e:
         raise CassandraError(f"the lookup of keys {list(on)} in {reader.described} cannot run: "
                              f"{type(e).__name__}: {e}", store="cassandra", target=conn.display) from None
+    if options.lookup_repartition_by_replica:
+        reader._placement = ReplicaPlacement(read_ring(conn), tuple(info.partition_key),
+                                             {c: info.columns[c] for c in info.partition_key},
+                                             options.lookup_partitions_per_host)
     return reader

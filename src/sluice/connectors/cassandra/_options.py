@@ -141,6 +141,11 @@ LOOKUP_OPTIONS = (
            minimum=1, maximum=10_000),
     lookup_max_retries("after a failure that passes (a timeout, unavailable replicas, no node reachable): the "
                        "batch's SELECTs not answered yet"),
+    Option("lookup.repartition-by-replica", "bool", False, "Shuffle the DataFrame by the node that holds each key "
+           "(its partition's first replica, from the driver's token ring) before the lookup, so each task's SELECTs "
+           "go to one node: the Spark Cassandra Connector's repartitionByCassandraReplica. Costs a shuffle."),
+    Option("lookup.partitions-per-host", "int", 10, "With lookup.repartition-by-replica: partitions (tasks) per "
+           "node holding keys (the Spark Cassandra Connector's partitionsPerHost).", minimum=1, maximum=10_000),
 )
 LOOKUP_SPEC = OptionSpec("cassandra", (*CONNECTION_OPTIONS, *LOOKUP_OPTIONS, *SDK_LOOKUP_OPTIONS))
 
@@ -155,4 +160,6 @@ class LookupOptions(TypedOptions):
     read_consistency: str
     lookup_max_concurrent_requests: int
     lookup_max_retries: int
+    lookup_repartition_by_replica: bool
+    lookup_partitions_per_host: int
     conn: Connection
