@@ -8,8 +8,8 @@ date, a nested record, an array, an optional string; data.py), one broker (Local
   bit_xor of xxhash64 over every decoded field, so nothing is pruned and equal figures mean equal values;
 - sink: the sluice sink (value.format=avro-confluent, unordered) against Spark's `to_avro` with Confluent's header
   prepended (`concat(lit(header), to_avro(struct(...), schema))`) into Spark's Kafka sink, from the same cached
-  DataFrame. Each topic written is read back by a read_committed consumer: the count, and every 1000th record
-  decoded with fastavro and compared with what was made.
+  DataFrame, both producers with the same settings (contenders.PRODUCER). Each topic written is read back by a
+  read_committed consumer: the count, and every 1000th record decoded with fastavro and compared with what was made.
 
 Protobuf beside Avro, sluice's only: the sluice sink (value.format=protobuf-confluent, the schema derived from the
 DataFrame: decimals as strings, dates as days) and the sluice source reading back what it wrote, its checksum taken
