@@ -171,8 +171,9 @@ def main() -> int:
     print(f"\nbench.kafka_scale: {args.rows:,} records of {len(VALUE)} bytes, pyspark {pyspark.__version__}, local[2], "
           f"{os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, best of {args.rounds}; load at the start "
           f"{started_load}, at the end {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("\n| read | partitions | sluice (s) | vs the fewest partitions | task per partition (s) | Spark's source (s) "
-          "| sluice vs Spark |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if not args.writes_only:
+        print("\n| read | partitions | sluice (s) | vs the fewest partitions | task per partition (s) | Spark's source "
+              "(s) | sluice vs Spark |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for read in () if args.writes_only else ("batch", "stream"):
         base = best[f"{counts[0]} {read} sluice"]
         for n in counts:
