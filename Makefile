@@ -355,7 +355,7 @@ test-client-certs: $(STAMP) check-java check-cassandra check-opensearch
 	$(PY) -m pytest -p no:cacheprovider $(CLIENT_CERT_TESTS)
 
 # The bank pipeline under random faults (bench/soak/), with its Kafka branch (hence check-kafka): a short seeded run
-# (90 s of faults, ~3 min in all; and the design-store checks' own test, ~20 s) after the main suite in make test's first job; `make soak MINUTES=30` is the long run, with its
+# (60 s of faults, ~3 min in all; and the design-store checks' own test, ~20 s) after the main suite in make test's first job; `make soak MINUTES=30` is the long run, with its
 # report (SEED=, FAULT_EVERY= too), and the design-store branch (Cassandra, OpenSearch, HBase: `STORES=` leaves it out).
 SOAK_TESTS := tests/soak
 test-soak: $(STAMP) check-java check-postgres check-kafka

@@ -75,6 +75,44 @@ def pg():
 
 
 @pytest.fixture(scope="session")
+def kafka():
+    """One single-node Kafka (plaintext) for the suite's modules that need no broker of their own (the connector's,
+    sluice doctor's), each test on topics of its own."""
+    from sluice.testing import LocalKafka
+
+    with LocalKafka() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def secured_kafka():
+    """One Kafka that demands SASL (SCRAM-SHA-512) on TLS and a client certificate (ssl.client.auth=required), for
+    the connector's and sluice doctor's tests of those settings."""
+    from sluice.testing import LocalKafka
+
+    with LocalKafka(sasl="SCRAM-SHA-512", tls=True, client_auth=True, heap_mb=256) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _kafka_cluster_running():
+    from sluice.testing import LocalKafkaCluster
+
+    with LocalKafkaCluster(brokers=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_cluster(_kafka_cluster_running):
+    """Three Kafka brokers (LocalKafkaCluster) for the tests that kill one, shared (a cluster takes ~20 s to start):
+    a broker a test killed is started again after it, so the next test finds all three."""
+    yield _kafka_cluster_running
+    for broker in _kafka_cluster_running.brokers:
+        if broker.pid is None:
+            broker.start()
+
+
+@pytest.fixture(scope="session")
 def s3():
     """A real S3-compatible server process (moto's standalone server) with one bucket, for the whole suite."""
     from sluice.testing import LocalS3

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from confluent_kafka import KafkaError, Producer
 
-from sluice.testing import LocalKafka, LocalKafkaCluster, count_committed, read_committed
+from sluice.testing import LocalKafka, count_committed, read_committed
 
 
 @pytest.fixture(scope="module")
@@ -154,32 +154,35 @@ def test_sasl_ssl(mechanism):
         assert server.password not in (server.folder / "server.log").read_text()
 
 
-def test_cluster_survives_a_broker_killed():
-    with LocalKafkaCluster(brokers=3) as cluster:
-        assert len(cluster.bootstrap_servers.split(",")) == 3
-        cluster.create_topic("replicated", 2)
-        cluster.create_topic("strict", 1, {"min.insync.replicas": "3"})
-        admin = cluster.admin()
-        topics = admin.list_topics(timeout=10).topics
-        assert all(len(p.replicas) == 3 and len(p.isrs) == 3 for t in ("replicated", "strict")
-                   for p in topics[t].partitions.values())
-        from confluent_kafka.admin import ConfigResource
+def test_cluster_survives_a_broker_killed(kafka_cluster):
+    cluster = kafka_cluster
+    replicated, strict = f"replicated-{uuid.uuid4().hex[:8]}", f"strict-{uuid.uuid4().hex[:8]}"
+    assert len(cluster.bootstrap_servers.split(",")) == 3
+    cluster.create_topic(replicated, 2)
+    cluster.create_topic(strict, 1, {"min.insync.replicas": "3"})
+    admin = cluster.admin()
+    topics = admin.list_topics(timeout=10).topics
+    assert all(len(p.replicas) == 3 and len(p.isrs) == 3 for t in (replicated, strict)
+               for p in topics[t].partitions.values())
+    from confluent_kafka.admin import ConfigResource
 
-        resource = ConfigResource(ConfigResource.Type.TOPIC, "replicated")
-        described = admin.describe_configs([resource])[resource].result(30)
-        assert described["min.insync.replicas"].value == "2"
-        config = cluster.client_config()
-        produce(config, "replicated", 50, acks="all", **{"enable.idempotence": True})
-        leader = topics["replicated"].partitions[0].leader
-        victim = next(b for b in cluster.brokers if b.node_id == leader)
-        victim.kill()
-        produce(config, "replicated", 50, start=50, acks="all", **{"enable.idempotence": True})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, replicated)
+    described = admin.describe_configs([resource])[resource].result(30)
+    assert described["min.insync.replicas"].value == "2"
+    config = cluster.client_config()
+    produce(config, replicated, 50, acks="all", **{"enable.idempotence": True})
+    leader = topics[replicated].partitions[0].leader
+    victim = next(b for b in cluster.brokers if b.node_id == leader)
+    victim.kill()
+    try:
+        produce(config, replicated, 50, start=50, acks="all", **{"enable.idempotence": True})
         # The negative control: a topic that needs all three replicas in sync refuses acks=all writes now.
         producer = Producer({**config, "acks": "all", "retries": 0, "message.timeout.ms": 20000})
         errors: list = []
-        producer.produce("strict", b"v", on_delivery=lambda err, _msg: errors.append(err))
+        producer.produce(strict, b"v", on_delivery=lambda err, _msg: errors.append(err))
         producer.flush(30)
         assert [e.code() for e in errors] in (
             [KafkaError.NOT_ENOUGH_REPLICAS], [KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND])
+    finally:
         victim.start()
-        assert count_committed(config, "replicated") == 100
+    assert count_committed(config, replicated) == 100

@@ -3,7 +3,7 @@ PostgreSQL and ClickHouse copies, and from S2 through Kafka into a second table-
 branch), while faults strike at random times; the bank's invariant is checked all along.
 
     .venv/bin/python -m bench.soak --minutes 30 --seed 7 --stores # make soak MINUTES=30
-    .venv/bin/python -m bench.soak --minutes 2 --fault-every 8    # the short run make test makes
+    .venv/bin/python -m bench.soak --minutes 1 --fault-every 8 --seed 11 --first kafka-broker  # make test's
 
 With --stores, the design-store branch too (bench/soak/stores.py): from the S2 stream into Cassandra
 (three nodes on 127.0.0.1-3, replication factor 3, QUORUM writes and reads), OpenSearch and HBase, each with its

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import pyspark
@@ -116,6 +118,17 @@ def run_every_format(python: str, cfg: dict, env: dict[str, str], timeout: float
     return json.loads(found.group(1))
 
 
+def start_together(stack: ExitStack, *servers):
+    """Each server's start (its `__enter__`) in a thread of its own, all at once: JVM starts wait on the disk and on
+    their own readiness more than on a core. Each one started is stopped by `stack`, a failed start too."""
+    with ThreadPoolExecutor(len(servers)) as pool:
+        started = [pool.submit(server.__enter__) for server in servers]
+    for server, future in zip(servers, started, strict=True):
+        if future.exception() is None:
+            stack.push(server.__exit__)
+    return [future.result() for future in started]  # raises the first failure, after every start was registered
+
+
 @pytest.fixture(scope="session")
 def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
     """An S2 server, a ClickHouse server, the suite's PostgreSQL (tablestore meta too), and the design's stores: a
@@ -126,8 +139,9 @@ def stores(tmp_path_factory, pg) -> Iterator[dict[str, str]]:
     from sluice.testing import LocalCassandra, LocalHBase, LocalKafka, LocalOpenSearch
     from tests.clickhouse_chdb import clickhouse_server
 
-    with LocalS2() as s2, clickhouse_server() as ch, LocalCassandra() as cassandra, LocalOpenSearch() as search, \
-            LocalHBase() as hbase, LocalKafka() as kafka:
+    with ExitStack() as stack:
+        s2, ch, cassandra, search, hbase, kafka = start_together(
+            stack, LocalS2(), clickhouse_server(), LocalCassandra(), LocalOpenSearch(), LocalHBase(), LocalKafka())
         with cassandra.cluster() as cluster:
             session = cluster.connect()
             session.execute("CREATE KEYSPACE deploy WITH replication = {'class': 'SimpleStrategy', "

@@ -10,6 +10,7 @@ wheel, on a standalone cluster, and as a Spark Connect client. Its argument is a
                                  the run; every run rewrites the same keys with names of its own tag
   kafka     a Kafka broker's bootstrap servers: each run makes a topic of its own
   sql       also write and read through CREATE TEMPORARY VIEW ... USING (plain sessions)
+  only      the steps to run, of STEPS (default: all of them)
 """
 
 from __future__ import annotations
@@ -72,128 +73,164 @@ class Steps:
         self.last = now
 
 
-def run(spark, cfg: dict) -> dict:
-    step = Steps()
-    tag = uuid.uuid4().hex[:8]
-    expected = list(range(100))
-    rows = spark.range(0, 100, 1, 4).selectExpr("id", "concat('n', id) AS name")
-    out: dict = {}
+class Run:
+    """One run's shared values; each method below is a step, named as `STEPS` lists it."""
 
-    rows.write.format("sluice_null").mode("append").save()
-    out["sluice_null"] = summary(spark, cfg, "sluice_null")["records"]
-    step.done("sluice_null")
-    if cfg["session"] != "plain":  # the one-call path; it must not fan out to spark.sql.shuffle.partitions (200)
+    def __init__(self, spark, cfg: dict) -> None:
+        self.spark, self.cfg = spark, cfg
+        self.tag = uuid.uuid4().hex[:8]
+        self.expected = list(range(100))
+        self.rows = spark.range(0, 100, 1, 4).selectExpr("id", "concat('n', id) AS name")
+        self.s2 = {"s2.basin": f"deploy-{self.tag}", "s2.endpoints.account": cfg["s2"],
+                   "s2.endpoints.basin": cfg["s2"], "s2.auth-token": "local"}
+        self.created = {"s2.create-basin": "true", "s2.create-streams": "true"}
+        self.out: dict = {}
+
+    def sluice_null(self) -> None:
+        self.rows.write.format("sluice_null").mode("append").save()
+        self.out["sluice_null"] = summary(self.spark, self.cfg, "sluice_null")["records"]
+
+    def one_call(self) -> None:
+        """The one-call path; it must not fan out to spark.sql.shuffle.partitions (200)."""
+        if self.cfg["session"] == "plain":  # a plain session never imports sluice
+            return
         import sluice
 
-        sluice.write(rows, "sluice_null", {"sink.mode": "partition-ordered", "sink.partition-key": "id"})
-        out["one_call_tasks"] = summary(spark, cfg, "sluice_null")["tasks"]
-        step.done("one_call")
+        sluice.write(self.rows, "sluice_null", {"sink.mode": "partition-ordered", "sink.partition-key": "id"})
+        self.out["one_call_tasks"] = summary(self.spark, self.cfg, "sluice_null")["tasks"]
 
-    s2 = {"s2.basin": f"deploy-{tag}", "s2.endpoints.account": cfg["s2"], "s2.endpoints.basin": cfg["s2"],
-          "s2.auth-token": "local"}
-    created = {"s2.create-basin": "true", "s2.create-streams": "true"}
-    rows.write.format("s2").options(**s2, **created).option("s2.stream", "rows").mode("append").save()
-    read = spark.read.format("s2").options(**s2).option("s2.streams", "rows").option("format", "json") \
-        .schema("id long, name string").load()
-    out["s2"] = ids(read) == expected
-    out["s2_summary"] = summary(spark, cfg, "s2")["records"]
-    step.done("s2")
+    def s2_stream(self) -> None:
+        spark, s2 = self.spark, self.s2
+        self.rows.write.format("s2").options(**s2, **self.created).option("s2.stream", "rows").mode("append").save()
+        read = spark.read.format("s2").options(**s2).option("s2.streams", "rows").option("format", "json") \
+            .schema("id long, name string").load()
+        self.out["s2"] = ids(read) == self.expected
+        self.out["s2_summary"] = summary(spark, self.cfg, "s2")["records"]
 
-    rows.write.format("s2_upsert").options(**s2, **created).option("s2.stream", "changes") \
-        .option("primary-key", "id").mode("append").save()
-    state = spark.read.format("s2_upsert").options(**s2).option("s2.streams", "changes") \
-        .option("primary-key", "id").schema("id long, name string").load()
-    out["s2_upsert"] = ids(state) == expected
-    step.done("s2_upsert")
+    def s2_upsert(self) -> None:
+        self.rows.write.format("s2_upsert").options(**self.s2, **self.created).option("s2.stream", "changes") \
+            .option("primary-key", "id").mode("append").save()
+        state = self.spark.read.format("s2_upsert").options(**self.s2).option("s2.streams", "changes") \
+            .option("primary-key", "id").schema("id long, name string").load()
+        self.out["s2_upsert"] = ids(state) == self.expected
 
-    pg = {"url": cfg["pg"], "table": f"deploy_{tag}", "create-table": "true"}
-    rows.write.format("postgres").options(**pg).mode("append").save()
-    out["postgres"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", pg["table"]).load()) \
-        == expected
-    step.done("postgres")
+    def postgres(self) -> None:
+        url = self.cfg["pg"]
+        table = f"deploy_{self.tag}"
+        self.rows.write.format("postgres").options(url=url, table=table, **{"create-table": "true"}) \
+            .mode("append").save()
+        self.out["postgres"] = ids(self.spark.read.format("postgres").option("url", url).option("table", table)
+                                   .load()) == self.expected
 
-    # Change capture: the table's snapshot (micro-batch 0), then one transaction after it, streamed into an upsert
-    # table by two AvailableNow runs of one query (the second resumes from the checkpoint, on the driver's machine).
-    source, target = f"deploy_cdc_{tag}", f"deploy_cdc_out_{tag}"
-    rows.write.format("postgres").options(url=cfg["pg"], table=source, **{"create-table": "true",
-                                                                          "primary-key": "id"}).mode("append").save()
+    def postgres_changes(self) -> None:
+        """The table's snapshot (micro-batch 0), then one transaction after it, streamed into an upsert table by two
+        AvailableNow runs of one query (the second resumes from the checkpoint, on the driver's machine)."""
+        spark, url = self.spark, self.cfg["pg"]
+        source, target = f"deploy_cdc_{self.tag}", f"deploy_cdc_out_{self.tag}"
+        self.rows.write.format("postgres").options(url=url, table=source, **{"create-table": "true",
+                                                                             "primary-key": "id"}) \
+            .mode("append").save()
 
-    def stream_changes() -> None:
-        changes = spark.readStream.format("postgres_changes").option("url", cfg["pg"]).option("table", source).load()
-        changes.select("id", "name", "_op").writeStream.format("postgres").options(
-            url=cfg["pg"], table=target, **{"create-table": "true", "primary-key": "id", "upsert.op-column": "_op"}) \
-            .option("checkpointLocation", f"{cfg['warehouse']}/checkpoint-{target}").trigger(availableNow=True) \
-            .start().awaitTermination()
+        def stream_changes() -> None:
+            changes = spark.readStream.format("postgres_changes").option("url", url).option("table", source).load()
+            changes.select("id", "name", "_op").writeStream.format("postgres").options(
+                url=url, table=target, **{"create-table": "true", "primary-key": "id", "upsert.op-column": "_op"}) \
+                .option("checkpointLocation", f"{self.cfg['warehouse']}/checkpoint-{target}") \
+                .trigger(availableNow=True).start().awaitTermination()
 
-    stream_changes()
-    step.done("postgres_changes run 1")
-    spark.range(100, 110, 1, 1).selectExpr("id", "concat('n', id) AS name").write.format("postgres") \
-        .option("url", cfg["pg"]).option("table", source).mode("append").save()
-    stream_changes()
-    step.done("postgres_changes run 2")
-    out["postgres_changes"] = ids(spark.read.format("postgres").option("url", cfg["pg"]).option("table", target)
-                                  .load()) == list(range(110))
-    step.done("postgres_changes read back")
+        stream_changes()
+        spark.range(100, 110, 1, 1).selectExpr("id", "concat('n', id) AS name").write.format("postgres") \
+            .option("url", url).option("table", source).mode("append").save()
+        stream_changes()
+        self.out["postgres_changes"] = ids(spark.read.format("postgres").option("url", url).option("table", target)
+                                           .load()) == list(range(110))
 
-    ch = {"url": cfg["ch"]["url"], "password": cfg["ch"]["password"], "table": f"deploy_{tag}"}
-    clickhouse_sql(cfg["ch"], f"CREATE TABLE {ch['table']} (id Int64, name String) ENGINE = MergeTree() ORDER BY id")
-    rows.write.format("clickhouse").options(**ch).mode("append").save()
-    out["clickhouse"] = ids(spark.read.format("clickhouse").options(**ch).load()) == expected
-    step.done("clickhouse")
+    def clickhouse(self) -> None:
+        ch = {"url": self.cfg["ch"]["url"], "password": self.cfg["ch"]["password"], "table": f"deploy_{self.tag}"}
+        clickhouse_sql(self.cfg["ch"],
+                       f"CREATE TABLE {ch['table']} (id Int64, name String) ENGINE = MergeTree() ORDER BY id")
+        self.rows.write.format("clickhouse").options(**ch).mode("append").save()
+        self.out["clickhouse"] = ids(self.spark.read.format("clickhouse").options(**ch).load()) == self.expected
 
-    # Upserts by key into tables shared by every run: the names carry this run's tag, so what is read back was
-    # written by this run.
-    tagged = spark.range(0, 100, 1, 4).selectExpr("id", f"concat('{tag}-', id) AS name")
-    writing = {"elasticsearch": {"mapping.id": "id", "write.refresh": "true"}}
-    for format_name, key in (("cassandra", "cassandra"), ("elasticsearch", "search"), ("hbase", "hbase")):
-        tagged.write.format(format_name).options(**cfg[key], **writing.get(format_name, {})).mode("append").save()
-        reading = spark.read.format(format_name).options(**cfg[key])
+    def _upsert_by_key(self, format_name: str, key: str, writing: dict[str, str]) -> None:
+        """Upserts into a table shared by every run: the names carry this run's tag, so what is read back was
+        written by this run."""
+        tagged = self.spark.range(0, 100, 1, 4).selectExpr("id", f"concat('{self.tag}-', id) AS name")
+        tagged.write.format(format_name).options(**self.cfg[key], **writing).mode("append").save()
+        reading = self.spark.read.format(format_name).options(**self.cfg[key])
         back = (reading.schema("id long, name string") if format_name == "hbase" else reading).load()
-        out[format_name] = sorted((int(r["id"]), r["name"]) for r in back.select("id", "name").collect()) \
-            == [(i, f"{tag}-{i}") for i in expected]
-        step.done(format_name)
+        self.out[format_name] = sorted((int(r["id"]), r["name"]) for r in back.select("id", "name").collect()) \
+            == [(i, f"{self.tag}-{i}") for i in self.expected]
 
-    # Exactly-once into a topic of this run's own (the sink never creates topics), read back by a batch read
-    # (read_committed by default).
-    from confluent_kafka.admin import AdminClient, NewTopic
+    def cassandra(self) -> None:
+        self._upsert_by_key("cassandra", "cassandra", {})
 
-    kafka = {"kafka.bootstrap.servers": cfg["kafka"]}
-    topic = f"deploy-{tag}"
-    admin = AdminClient({"bootstrap.servers": cfg["kafka"]})  # kept while its request runs
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(60)
-    rows.selectExpr("CAST(id AS STRING) AS key", "name AS value").write.format("sluice_kafka").options(**kafka) \
-        .option("topic", topic).option("sink.mode", "global-ordered").option("sink.transactional", "true") \
-        .mode("append").save()
-    back = spark.read.format("sluice_kafka").options(**kafka).option("subscribe", topic).load() \
-        .selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value").collect()
-    out["sluice_kafka"] = sorted((int(r["key"]), r["value"]) for r in back) == [(i, f"n{i}") for i in expected]
-    step.done("sluice_kafka")
+    def elasticsearch(self) -> None:
+        self._upsert_by_key("elasticsearch", "search", {"mapping.id": "id", "write.refresh": "true"})
 
-    store = {"table": f"deploy_{tag}", "warehouse": cfg["warehouse"], "meta": cfg["meta"]}
-    rows.write.format("tablestore").options(**store).mode("append").save()
-    out["tablestore"] = ids(spark.read.format("tablestore").options(**store).load()) == expected
-    step.done("tablestore")
+    def hbase(self) -> None:
+        self._upsert_by_key("hbase", "hbase", {})
 
-    if cfg.get("sql"):
-        quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**s2, **created, "s2.stream": "sql"}.items())
+    def sluice_kafka(self) -> None:
+        """Exactly-once into a topic of this run's own (the sink never creates topics), read back by a batch read
+        (read_committed by default)."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        kafka = {"kafka.bootstrap.servers": self.cfg["kafka"]}
+        topic = f"deploy-{self.tag}"
+        admin = AdminClient({"bootstrap.servers": self.cfg["kafka"]})  # kept while its request runs
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(60)
+        self.rows.selectExpr("CAST(id AS STRING) AS key", "name AS value").write.format("sluice_kafka") \
+            .options(**kafka).option("topic", topic).option("sink.mode", "global-ordered") \
+            .option("sink.transactional", "true").mode("append").save()
+        back = self.spark.read.format("sluice_kafka").options(**kafka).option("subscribe", topic).load() \
+            .selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value").collect()
+        self.out["sluice_kafka"] = sorted((int(r["key"]), r["value"]) for r in back) \
+            == [(i, f"n{i}") for i in self.expected]
+
+    def tablestore(self) -> None:
+        store = {"table": f"deploy_{self.tag}", "warehouse": self.cfg["warehouse"], "meta": self.cfg["meta"]}
+        self.rows.write.format("tablestore").options(**store).mode("append").save()
+        self.out["tablestore"] = ids(self.spark.read.format("tablestore").options(**store).load()) == self.expected
+
+    def sql(self) -> None:
+        if not self.cfg.get("sql"):
+            return
+        spark = self.spark
+        quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**self.s2, **self.created, "s2.stream": "sql"}.items())
         spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW s2_out (id BIGINT, name STRING) USING s2 OPTIONS ({quoted})")
         spark.sql("INSERT INTO s2_out SELECT id, concat('n', id) AS name FROM range(100)")
-        quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**s2, "s2.streams": "sql", "format": "json"}.items())
+        quoted = ", ".join(f"`{k}` '{v}'" for k, v in {**self.s2, "s2.streams": "sql", "format": "json"}.items())
         spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW s2_in (id BIGINT, name STRING) USING s2 OPTIONS ({quoted})")
-        out["sql"] = ids(spark.sql("SELECT id FROM s2_in")) == expected
-        step.done("sql")
+        self.out["sql"] = ids(spark.sql("SELECT id FROM s2_in")) == self.expected
 
-    from pyspark.sql.functions import udf
+    def probes(self) -> None:
+        """Which interpreter ran the Python workers, and which sluice (a cluster picks its own; see its test)."""
+        from pyspark.sql.functions import udf
 
-    # Which interpreter ran the Python workers (a cluster picks its own; see the cluster test).
-    probe = udf(lambda _: __import__("os").environ.get("SLUICE_TEST_PYTHON_LABEL", "unlabelled"), "string")
-    out["tasks_python"] = spark.range(1).select(probe("id")).collect()[0][0]
-    where = udf(lambda _: __import__("importlib.util").util.find_spec("sluice").origin, "string")
-    out["tasks_sluice"] = spark.range(1).select(where("id")).collect()[0][0]
-    step.done("probes")
-    out["sluice_imported"] = "sluice" in sys.modules
-    out["pyspark"] = __import__("pyspark").__version__
-    return out
+        probe = udf(lambda _: __import__("os").environ.get("SLUICE_TEST_PYTHON_LABEL", "unlabelled") + "\n"
+                    + __import__("importlib.util").util.find_spec("sluice").origin, "string")
+        label, origin = self.spark.range(1).select(probe("id")).collect()[0][0].split("\n")
+        self.out["tasks_python"], self.out["tasks_sluice"] = label, origin
+
+
+STEPS = ("sluice_null", "one_call", "s2_stream", "s2_upsert", "postgres", "postgres_changes", "clickhouse",
+         "cassandra", "elasticsearch", "hbase", "sluice_kafka", "tablestore", "sql", "probes")
+# What a Spark Connect client changes: the write summaries read on another machine, the one-call path, a batch
+# write and read, a streaming query and its checkpoint. Each format's own code runs on the server as it runs in a
+# plain session of the same line, which tests/deploy/test_installed.py drives through every step.
+CONNECT_STEPS = ("sluice_null", "one_call", "s2_stream", "postgres_changes")
+
+
+def run(spark, cfg: dict) -> dict:
+    step = Steps()
+    steps = Run(spark, cfg)
+    for name in cfg.get("only") or STEPS:
+        getattr(steps, name)()
+        step.done(name)
+    steps.out["sluice_imported"] = "sluice" in sys.modules
+    steps.out["pyspark"] = __import__("pyspark").__version__
+    return steps.out
 
 
 def main() -> None:

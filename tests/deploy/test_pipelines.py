@@ -1,5 +1,7 @@
 """Spark Declarative Pipelines: a project run with `spark-pipelines run` whose flows read an S2 stream and
-write it into every sluice format through dp.create_sink (Spark names each flow's query: option queryName)."""
+write it through dp.create_sink into a sluice format of each kind: a stream (S2), a database table (PostgreSQL) and
+the table store (Spark names each flow's query: option queryName). Each flow is a streaming query of its own, run one
+after another; the other formats' streaming writes are tested outside a pipeline."""
 
 import json
 import uuid
@@ -29,9 +31,7 @@ def source():
 
 
 SINKS = {{
-    "null_sink": ("sluice_null", {{}}),
     "s2_sink": ("s2", {{**S2, "s2.stream": "copy", "s2.create-streams": "true"}}),
-    "upsert_sink": ("s2_upsert", {{**S2, "s2.stream": "changes", "s2.create-streams": "true", "primary-key": "id"}}),
     "pg_sink": ("postgres", {{"url": STORES["pg"], "table": "pl_" + TAG, "create-table": "true"}}),
     "table_sink": ("tablestore", {{"table": "pl_" + TAG, "warehouse": STORES["warehouse"], "meta": STORES["meta"]}}),
 }}
@@ -45,7 +45,7 @@ for name, (fmt, options) in SINKS.items():
 '''
 
 
-def test_a_pipeline_reads_s2_and_writes_every_sluice_format(spark, stores, tmp_path, capability):
+def test_a_pipeline_reads_s2_and_writes_a_stream_a_table_and_the_table_store(spark, stores, tmp_path, capability):
     if not _compat.HAS_PIPELINES:  # Spark 4.0 has neither pyspark.pipelines nor the spark-pipelines command
         assert not (SPARK_HOME / "bin" / "spark-pipelines").exists()
         since = _compat.since("declarative pipelines")
@@ -78,15 +78,10 @@ def test_a_pipeline_reads_s2_and_writes_every_sluice_format(spark, stores, tmp_p
         run.stop()
     assert "Run is COMPLETED" in run.output, run.explain()
 
-    def s2_ids(fmt, stream, **more):
-        reader = spark.read.format(fmt).options(**s2).option("s2.streams", stream).schema("id long, name string")
-        if fmt == "s2":
-            reader = reader.option("format", "json")
-        return sorted(r.id for r in reader.options(**more).load().collect())
-
     expected = list(range(100))
-    assert s2_ids("s2", "copy") == expected
-    assert s2_ids("s2_upsert", "changes", **{"primary-key": "id"}) == expected
+    copy = spark.read.format("s2").options(**s2).option("s2.streams", "copy").option("format", "json") \
+        .schema("id long, name string").load()
+    assert sorted(r.id for r in copy.collect()) == expected
     pg_rows = spark.read.format("postgres").option("url", stores["pg"]).option("table", f"pl_{tag}").load()
     assert sorted(r.id for r in pg_rows.collect()) == expected
     table = spark.read.format("tablestore").options(table=f"pl_{tag}", warehouse=stores["warehouse"],

@@ -12,6 +12,8 @@ def lpg():
 
 @pytest.fixture(scope="module")
 def kafka():
+    """A broker of the module's own, not the suite's (tests/conftest.py): the doctor lists and fences every open
+    transaction it finds, and the connector's tests leave topics and transactions of their own on that one."""
     with LocalKafka() as server:
         yield server
 

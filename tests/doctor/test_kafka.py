@@ -111,47 +111,45 @@ def test_a_stopped_jobs_open_transaction_is_aborted_and_a_running_jobs_is_left(k
         live.wait()
 
 
-def test_the_doctor_reaches_a_broker_over_sasl_ssl_with_a_client_certificate(tmp_path, capsys):
+def test_the_doctor_reaches_a_broker_over_sasl_ssl_with_a_client_certificate(secured_kafka, tmp_path, capsys):
     """A broker that demands SASL on TLS and a client certificate (ssl.client.auth=required), reached from a
     --kafka-options file of format("sluice_kafka")'s own kafka.* options: a transaction left open there is found.
     The negative control: the same file but for the certificate fails naming the broker and its TLS alert, the
     password and the key in no output."""
-    from sluice.testing import LocalKafka
+    secured = secured_kafka
+    mine = secured.client_ca.client_certificate("sluice")
+    opts = {"kafka.bootstrap.servers": secured.bootstrap_servers, "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.username": secured.username,
+            "kafka.sasl.password": secured.password, "kafka.ssl.ca.pem": secured.ca_pem,
+            "kafka.ssl.certificate.pem": mine.cert_pem, "kafka.ssl.key.pem": mine.key_pem, "subscribe": "t"}
+    topic = f"open_{uuid.uuid4().hex[:8]}"
+    secured.create_topic(topic, 1)
+    from confluent_kafka import Producer
 
-    with LocalKafka(sasl="SCRAM-SHA-512", tls=True, client_auth=True, heap_mb=256) as secured:
-        mine = secured.client_ca.client_certificate("sluice")
-        opts = {"kafka.bootstrap.servers": secured.bootstrap_servers, "kafka.security.protocol": "SASL_SSL",
-                "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.username": secured.username,
-                "kafka.sasl.password": secured.password, "kafka.ssl.ca.pem": secured.ca_pem,
-                "kafka.ssl.certificate.pem": mine.cert_pem, "kafka.ssl.key.pem": mine.key_pem, "subscribe": "t"}
-        topic = f"open_{uuid.uuid4().hex[:8]}"
-        secured.create_topic(topic, 1)
-        from confluent_kafka import Producer
+    holder = Producer(secured.client_config(**{"transactional.id": f"holder-{topic}"}))
+    holder.init_transactions(30)
+    holder.begin_transaction()
+    holder.produce(topic, b"open")
+    assert holder.flush(30) == 0
+    options = tmp_path / "kafka.json"
+    options.write_text(json.dumps(opts))
+    try:
+        meta = str(tmp_path / "meta.db")
+        assert cli(["doctor", "--meta", meta, "--kafka-options", str(options), "--kafka-open-after", "0"]) == 0
+        captured = capsys.readouterr()
+        assert f"kafka-open-transaction  {topic}[0]  in {secured.bootstrap_servers}" in captured.out
+        assert secured.password not in captured.out + captured.err
+        assert mine.key_pem.strip() not in captured.out + captured.err
 
-        holder = Producer(secured.client_config(**{"transactional.id": f"holder-{topic}"}))
-        holder.init_transactions(30)
-        holder.begin_transaction()
-        holder.produce(topic, b"open")
-        assert holder.flush(30) == 0
-        options = tmp_path / "kafka.json"
-        options.write_text(json.dumps(opts))
-        try:
-            meta = str(tmp_path / "meta.db")
-            assert cli(["doctor", "--meta", meta, "--kafka-options", str(options), "--kafka-open-after", "0"]) == 0
-            captured = capsys.readouterr()
-            assert f"kafka-open-transaction  {topic}[0]  in {secured.bootstrap_servers}" in captured.out
-            assert secured.password not in captured.out + captured.err
-            assert mine.key_pem.strip() not in captured.out + captured.err
-
-            del opts["kafka.ssl.certificate.pem"], opts["kafka.ssl.key.pem"]
-            # The broker's alert comes at once; librdkafka retries until timeout-ms (the source's option) ends.
-            options.write_text(json.dumps({**opts, "timeout-ms": 5000}))
-            assert cli(["doctor", "--meta", meta, "--kafka-options", str(options)]) == 2
-            captured = capsys.readouterr()
-            assert captured.err.startswith(f"sluice: kafka: no broker of kafka.bootstrap.servers="
-                                           f"{secured.bootstrap_servers} answered within 5000 ms (timeout-ms)")
-            assert 'TLS failed: the broker refused the client certificate (TLS alert "bad certificate"' \
-                in captured.err
-            assert "Traceback" not in captured.err and secured.password not in captured.err
-        finally:
-            holder.abort_transaction(30)
+        del opts["kafka.ssl.certificate.pem"], opts["kafka.ssl.key.pem"]
+        # The broker's alert comes at once; librdkafka retries until timeout-ms (the source's option) ends.
+        options.write_text(json.dumps({**opts, "timeout-ms": 5000}))
+        assert cli(["doctor", "--meta", meta, "--kafka-options", str(options)]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith(f"sluice: kafka: no broker of kafka.bootstrap.servers="
+                                       f"{secured.bootstrap_servers} answered within 5000 ms (timeout-ms)")
+        assert 'TLS failed: the broker refused the client certificate (TLS alert "bad certificate"' \
+            in captured.err
+        assert "Traceback" not in captured.err and secured.password not in captured.err
+    finally:
+        holder.abort_transaction(30)

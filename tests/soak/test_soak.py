@@ -1,4 +1,4 @@
-"""The short soak of make test (docs/reliability.md): bench.soak, seeded, with a fault every 10 s on average for 90 s,
+"""The short soak of make test (docs/reliability.md): bench.soak, seeded, with a fault every 8 s on average for 60 s,
 the first a kill of the Kafka broker: the bank pipeline (PostgreSQL -> S2 -> the table store -> PostgreSQL and
 ClickHouse, and S2 -> Kafka -> the table store) keeps its invariant at every barrier of both tables and in the copy,
 loses and duplicates no change in S2 or Kafka, and ends equal to the source. `make soak MINUTES=30` is the long
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.spark
 @pytest.mark.timeout(1200)
 def test_the_bank_pipeline_keeps_its_invariant_under_random_faults(tmp_path):
     report = tmp_path / "report.json"
-    run = subprocess.run([sys.executable, "-m", "bench.soak", "--minutes", "1.5", "--fault-every", "10",
+    run = subprocess.run([sys.executable, "-m", "bench.soak", "--minutes", "1", "--fault-every", "8",
                           "--seed", "11", "--first", "kafka-broker", "--report", str(report)],
                          capture_output=True, text=True, timeout=1100, cwd=ROOT)
     print(run.stdout[-6000:])

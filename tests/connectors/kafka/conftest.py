@@ -2,20 +2,13 @@ import uuid
 
 import pytest
 
-from sluice.testing import LocalKafka, LocalSchemaRegistry
-
-
-@pytest.fixture(scope="package")
-def kafka():
-    """One single-node Kafka (plaintext) for this package's modules that need no broker of their own, each test on
-    topics of its own (`new_topic`)."""
-    with LocalKafka() as server:
-        yield server
+from sluice.testing import LocalSchemaRegistry
 
 
 @pytest.fixture
 def new_topic(kafka):
-    """Make a topic with a fresh name on `kafka`: `new_topic(partitions=1, config=None, prefix="t") -> name`."""
+    """Make a topic with a fresh name on `kafka` (tests/conftest.py):
+    `new_topic(partitions=1, config=None, prefix="t") -> name`."""
     def make(partitions: int = 1, config: dict[str, str] | None = None, prefix: str = "t") -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:10]}"
         kafka.create_topic(name, partitions, config)

@@ -6,16 +6,15 @@ from collections import Counter
 
 import pytest
 
-from sluice.testing import LocalKafkaCluster, count_written, read_committed
+from sluice.testing import count_written, read_committed
 from tests.faults import Striker, held_at, poll_until
 
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalKafkaCluster(brokers=3) as running:
-        yield running
+@pytest.fixture
+def cluster(kafka_cluster):
+    return kafka_cluster  # the suite's three brokers (tests/conftest.py)
 
 
 def leader_of(cluster, topic) -> int:
@@ -57,4 +56,3 @@ def test_a_broker_killed_mid_transaction(spark, cluster, small_arrow_batches, tm
     counts = Counter(values)
     assert (len(values), len(counts)) == (3000, 3000), f"{len(values) - len(counts)} duplicates"
     assert values == list(range(3000)), "exactly once, and in order"
-    next(b for b in cluster.brokers if b.node_id == seen["killed"]).start()

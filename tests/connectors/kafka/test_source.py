@@ -4,6 +4,7 @@ them), start and end offsets, streaming with capped micro-batches, a restart fro
 repeats nothing, partitions and topics found while a query runs, a deleted topic reported."""
 
 import time
+import uuid
 
 import pytest
 from confluent_kafka import Producer
@@ -187,6 +188,26 @@ def test_small_partitions_are_read_by_a_few_tasks_with_warm_consumers(spark, kaf
     assert sorted((r.partition, r.offset) for r in spark.table(name).collect()) == every
 
 
+def test_a_worker_closes_consumers_idle_past_sparks_cache_timeout(kafka):
+    """As Spark's consumer pool (spark.kafka.consumer.cache.timeout, 5 minutes): a kept consumer is lent again while
+    warm, and closed once idle that long (evict_idle runs every minute in a worker that keeps one)."""
+    from sluice.connectors.kafka import _consumers
+
+    config = kafka.client_config(**{"group.id": f"idle-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    _consumers.close_idle()
+    with _consumers.lent(config) as first:
+        pass
+    assert _consumers.evict_idle(time.monotonic() + _consumers.IDLE_TIMEOUT_S - 5) == 0  # not idle long enough
+    with _consumers.lent(config) as again:
+        assert again is first
+    assert _consumers.evict_idle(time.monotonic() + _consumers.IDLE_TIMEOUT_S) == 1
+    with pytest.raises(RuntimeError, match="closed"):
+        first.assignment()
+    with _consumers.lent(config) as fresh:
+        assert fresh is not first
+    _consumers.close_idle()
+
+
 def test_sasl_ssl_with_the_ca_in_the_options_and_a_wrong_password(spark, capsys):
     with LocalKafka(sasl="SCRAM-SHA-512", tls=True, heap_mb=256) as secured:
         secured.create_topic("s", 2)
@@ -337,37 +358,36 @@ def test_a_topic_deleted_under_a_running_query_is_reported(spark, kafka, new_top
         query.stop()
 
 
-def test_streaming_read_goes_on_through_a_broker_killed(spark, tmp_path):
-    from sluice.testing import LocalKafkaCluster
+def test_streaming_read_goes_on_through_a_broker_killed(spark, tmp_path, kafka_cluster):
+    cluster = kafka_cluster
+    topic = f"failover-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 2)
+    config = cluster.client_config(acks="all")
 
-    with LocalKafkaCluster(brokers=3) as cluster:
-        cluster.create_topic("replicated", 2)
-        config = cluster.client_config(acks="all")
+    def produce_all(start, n):
+        producer = Producer(config)
+        for i in range(start, start + n):
+            producer.produce(topic, value=f"v{i}".encode(), partition=i % 2)
+        assert producer.flush(60) == 0
 
-        def produce_all(start, n):
-            producer = Producer(config)
-            for i in range(start, start + n):
-                producer.produce("replicated", value=f"v{i}".encode(), partition=i % 2)
-            assert producer.flush(60) == 0
-
-        produce_all(0, 2000)
-        query = (spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", cluster.bootstrap_servers)
-                 .option("subscribe", "replicated").option("max-records-per-trigger", "300").load()
-                 .selectExpr("CAST(value AS STRING) AS value").writeStream.format("memory").queryName("failover")
-                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds")
-                 .start())
-        try:
-            poll_until(lambda: spark.table("failover").count() >= 600, 90, "the first micro-batches", 0.2)
-            leader = cluster.admin().list_topics("replicated", timeout=10).topics["replicated"].partitions[0].leader
-            next(b for b in cluster.brokers if b.node_id == leader).kill()
-            produce_all(2000, 1000)
-            poll_until(lambda: spark.table("failover").count() >= 3000 or query.exception() is not None, 90,
-                       "every row, the leader's partition read from its new leader", 0.2)
-            assert query.exception() is None
-        finally:
-            query.stop()
-        got = sorted(int(r.value[1:]) for r in spark.table("failover").collect())
-        assert got == list(range(3000))
+    produce_all(0, 2000)
+    query = (spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+             .option("subscribe", topic).option("max-records-per-trigger", "300").load()
+             .selectExpr("CAST(value AS STRING) AS value").writeStream.format("memory").queryName("failover")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds")
+             .start())
+    try:
+        poll_until(lambda: spark.table("failover").count() >= 600, 90, "the first micro-batches", 0.2)
+        leader = cluster.admin().list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+        next(b for b in cluster.brokers if b.node_id == leader).kill()  # started again after the test
+        produce_all(2000, 1000)
+        poll_until(lambda: spark.table("failover").count() >= 3000 or query.exception() is not None, 90,
+                   "every row, the leader's partition read from its new leader", 0.2)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    got = sorted(int(r.value[1:]) for r in spark.table("failover").collect())
+    assert got == list(range(3000))
 
 
 def test_streaming_read_reports_records_event_time_lag_and_offsets_behind(spark, kafka, new_topic, opts, tmp_path):

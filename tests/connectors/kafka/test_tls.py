@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from sluice.testing import LocalKafka, read_committed
+from sluice.testing import read_committed
 from sluice.testing._tls import TestCA
 
 pytestmark = pytest.mark.spark
@@ -21,9 +21,8 @@ FORMAT = "sluice_kafka"
 
 
 @pytest.fixture(scope="module")
-def secured():
-    with LocalKafka(sasl="SCRAM-SHA-512", tls=True, client_auth=True, heap_mb=256) as server:
-        yield server
+def secured(secured_kafka):
+    return secured_kafka  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
