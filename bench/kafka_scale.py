@@ -1,8 +1,9 @@
 """Kafka at hundreds of partitions: the same rows (--rows of ~100 bytes) in a topic of few partitions and in
 topics of many, read by a batch count and by a streaming query (AvailableNow, --micro-batches micro-batches), on one
 broker (LocalKafka), local[2], against Spark's own Kafka source on the same topics (the 4.0-4.2 lines: its connector
-comes from Maven Central by its coordinates); and written exactly-once (a cached DataFrame of 2 partitions, keyed),
-as it comes and with transaction.by-partition.
+comes from Maven Central by its coordinates); and written (a cached DataFrame of 2 partitions, keyed) exactly-once,
+as it comes and with transaction.by-partition, and at-least-once (sink.mode=unordered), each write with its slowest
+request's time (the write summary's submit p99, best run's). --writes-only leaves the reads out.
 
 Each topic is produced once, untimed (librdkafka, round-robin over the partitions). Rounds rotate the contenders; each
 figure is the best of --rounds, after one untimed run of each. The sluice source runs with its defaults
@@ -12,7 +13,8 @@ figure is the best of --rounds, after one untimed run of each. The sluice source
     make .venv-spark-4.2/.installed
     .venv-spark-4.2/bin/pip wheel . --no-deps --no-build-isolation -q -w build/bench-wheel
     .venv-spark-4.2/bin/pip install -q --no-deps --force-reinstall build/bench-wheel/sluice-*.whl
-    .venv-spark-4.2/bin/python -m bench.kafka_scale [--rows 400000] [--partitions 6,600,3000] [--rounds 3]
+    .venv-spark-4.2/bin/python -m bench.kafka_scale [--rows 400000] [--partitions 6,600,3000] [--rounds 3] \
+        [--writes-only]
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def produce(kafka: Any, topic: str, rows: int) -> None:
 class ScaleBench:
     def __init__(self, spark: Any, kafka: Any, rows: int, micro_batches: int) -> None:
         self.spark, self.kafka, self.rows, self.micro_batches = spark, kafka, rows, micro_batches
+        self.last_p99_ms: float | None = None  # the last write's slowest request (its summary's submit p99)
 
     def _load(self, fmt: str, topic: str, extra: dict[str, str], stream: bool) -> Any:
         servers = ("kafka.bootstrap.servers", self.kafka.bootstrap_servers)
@@ -84,16 +87,20 @@ class ScaleBench:
             raise SystemExit(f"{fmt} stream of {topic}: {got} records, not {self.rows} ({query.exception()})")
         return seconds
 
-    def write(self, topic: str, rows: Any, by_partition: bool) -> float:
-        """An exactly-once batch write of `rows` (cached) into `topic`; by_partition: transaction.by-partition."""
+    def write(self, topic: str, rows: Any, by_partition: bool | None) -> float:
+        """A batch write of `rows` (cached) into `topic`: exactly-once (by_partition: transaction.by-partition), or
+        at-least-once (by_partition None). Keeps the write summary's submit p99 in `p99_ms`."""
         import sluice
 
-        options = {"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic,
-                   "sink.mode": "global-ordered", "sink.transactional": "true",
-                   "transaction.by-partition": str(by_partition).lower()}
+        options = {"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic, "sink.mode": "unordered"}
+        if by_partition is not None:
+            options.update({"sink.mode": "global-ordered", "sink.transactional": "true",
+                            "transaction.by-partition": str(by_partition).lower()})
         started = time.perf_counter()
         sluice.write(rows, "sluice_kafka", options)
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.last_p99_ms = (sluice.last_write_summary() or {}).get("submit_latency_p99_ms")
+        return seconds
 
 
 def main() -> int:
@@ -107,6 +114,7 @@ def main() -> int:
     parser.add_argument("--task-per-partition-up-to", type=int, default=600,
                         help="batch reads with records-per-task=0 only at up to this many partitions (the shape "
                              "before packing; its streaming figures: the issue's)")
+    parser.add_argument("--writes-only", action="store_true", help="the writes alone, no topic produced or read")
     args = parser.parse_args()
     check_installed_sluice()
 
@@ -120,6 +128,7 @@ def main() -> int:
     counts = [int(n) for n in args.partitions.split(",")]
     started_load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     times: dict[str, list[float]] = {}
+    p99s: dict[str, list[float | None]] = {}
     try:
         with LocalKafka(heap_mb=1024) as kafka:
             bench = ScaleBench(spark, kafka, args.rows, args.micro_batches)
@@ -130,9 +139,10 @@ def main() -> int:
             for n in counts:
                 written = f"scale{n}_w_{uuid.uuid4().hex[:6]}"
                 kafka.create_topic(written, n)
-                for by_partition in (False, True):
-                    runs[f"{n} write sluice{' by-partition' if by_partition else ''}"] = \
-                        lambda t=written, b=by_partition: bench.write(t, rows, b)
+                for by_partition, label in ((False, ""), (True, " by-partition"), (None, " at-least-once")):
+                    runs[f"{n} write sluice{label}"] = lambda t=written, b=by_partition: bench.write(t, rows, b)
+                if args.writes_only:
+                    continue
                 topic = f"scale{n}_{uuid.uuid4().hex[:6]}"
                 kafka.create_topic(topic, n)
                 produce(kafka, topic, args.rows)
@@ -150,6 +160,7 @@ def main() -> int:
             def timed(name: str) -> Callable[[], None]:
                 def run() -> None:
                     times.setdefault(name, []).append(runs[name]())
+                    p99s.setdefault(name, []).append(bench.last_p99_ms if " write " in name else None)
                     print(f"  {name:45s} {times[name][-1]:8.2f} s", file=sys.stderr, flush=True)
                 return run
 
@@ -160,9 +171,10 @@ def main() -> int:
     print(f"\nbench.kafka_scale: {args.rows:,} records of {len(VALUE)} bytes, pyspark {pyspark.__version__}, local[2], "
           f"{os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, best of {args.rounds}; load at the start "
           f"{started_load}, at the end {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("\n| read | partitions | sluice (s) | vs the fewest partitions | task per partition (s) | Spark's source (s) "
-          "| sluice vs Spark |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for read in ("batch", "stream"):
+    if not args.writes_only:
+        print("\n| read | partitions | sluice (s) | vs the fewest partitions | task per partition (s) | Spark's source "
+              "(s) | sluice vs Spark |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for read in () if args.writes_only else ("batch", "stream"):
         base = best[f"{counts[0]} {read} sluice"]
         for n in counts:
             ours = best[f"{n} {read} sluice"]
@@ -170,12 +182,17 @@ def main() -> int:
             print(f"| {read} | {n} | {ours:.2f} | {ours / base:.2f}x | {'-' if alone is None else f'{alone:.2f}'} | "
                   f"{'-' if spark_s is None else f'{spark_s:.2f}'} | "
                   f"{'-' if spark_s is None else f'{spark_s / ours:.2f}x'} |")
-    print("\n| exactly-once write | partitions | sluice (s) | vs the fewest partitions | transaction.by-partition (s) "
-          "| vs the fewest partitions |\n| --- | ---: | ---: | ---: | ---: | ---: |")
-    plain_base, by_base = best[f"{counts[0]} write sluice"], best[f"{counts[0]} write sluice by-partition"]
-    for n in counts:
-        plain, by = best[f"{n} write sluice"], best[f"{n} write sluice by-partition"]
-        print(f"| write | {n} | {plain:.2f} | {plain / plain_base:.2f}x | {by:.2f} | {by / by_base:.2f}x |")
+    print("\n| write | partitions | time (s) | vs the fewest partitions | a request's p99 (ms) |\n"
+          "| --- | ---: | ---: | ---: | ---: |")
+    for label, suffix in (("exactly-once, as the rows come", ""), ("exactly-once, transaction.by-partition",
+                                                                     " by-partition"),
+                          ("at-least-once", " at-least-once")):
+        base = best[f"{counts[0]} write sluice{suffix}"]
+        for n in counts:
+            name = f"{n} write sluice{suffix}"
+            p99 = p99s[name][times[name].index(best[name])]
+            print(f"| {label} | {n} | {best[name]:.2f} | {best[name] / base:.2f}x | "
+                  f"{'-' if p99 is None else f'{p99:.0f}'} |")
     return 0
 
 

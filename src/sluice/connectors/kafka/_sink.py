@@ -163,7 +163,13 @@ class KafkaWritePlan(WritePlan):
     payloads: PayloadEncoder | None = None
 
     def producer_config(self) -> dict[str, Any]:
-        config = self.write.client.config(**dict(PRODUCER_DEFAULTS))
+        defaults = dict(PRODUCER_DEFAULTS)
+        if self.config.transactional:
+            # A transaction's batches are acknowledged once produced (_store.py): librdkafka's queue, not the
+            # engine's window, then holds the records in flight; bounded as the engine bounds what it buffers.
+            defaults["queue.buffering.max.messages"] = max(self.config.requests_max_buffered,
+                                                           self.config.batch_max_size)
+        config = self.write.client.config(**defaults)
         config.setdefault("message.max.bytes", max(self.record_limit, 1_000_000))
         # The broker compares a whole record batch with the topic's max.message.bytes: librdkafka's batches (1 MB by
         # default) must stay within it, or a topic with a smaller limit refuses batches of records that each fit.

@@ -175,14 +175,22 @@ class Transaction:
         from confluent_kafka import TopicPartition
 
         ident = self.identity
-        left = self.producer.flush(self.timeout_s)
-        if left:
-            raise self._failure("flushing", None, f"{left} record(s) were not acknowledged within timeout-ms")
+        self.flush()
         marker = [TopicPartition(ident.marker_topic, 0, ident.epoch + 1, f"{RECORDS}{records}")]
         self._call("send_offsets_to_transaction", self.producer.send_offsets_to_transaction, marker,
                    self.group_metadata)
         self._call("commit_transaction", self.producer.commit_transaction)
         self.open = False
+
+    def flush(self) -> None:
+        """Wait until every record produced is acknowledged or refused (its delivery report served), for as long as
+        records keep going out: a task's batches are not waited for as they are produced (_store.py), so up to
+        sink.requests.max-buffered records may be left here; fails once timeout-ms passes with none acknowledged."""
+        left = self.producer.flush(self.timeout_s)
+        while left:
+            before, left = left, self.producer.flush(self.timeout_s)
+            if left >= before:
+                raise self._failure("flushing", None, f"{left} record(s) left, none acknowledged within timeout-ms")
 
     def abort(self) -> None:
         """Abort an open transaction (a failed task), best effort: if this fails, the retry's init_transactions

@@ -1,0 +1,100 @@
+"""What an exactly-once task costs the brokers as the topic's partitions grow: its batches are acknowledged once
+produced (the commit is what counts), so librdkafka sends each partition's records of the whole task in few
+ProduceRequests, not one request per partition per engine batch; and a record Kafka refuses still fails the task,
+named, with nothing visible."""
+
+import json
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from sluice.connector import SinkConfig, WriteContext
+from sluice.connectors.kafka import KafkaDataSource
+from sluice.connectors.kafka._checks import RecordColumns
+from sluice.connectors.kafka._options import WriteOptions
+from sluice.connectors.kafka._partitioner import kafka_partitions
+from sluice.connectors.kafka._sink import KafkaWritePlan
+from sluice.connectors.kafka._store import KafkaStore
+from sluice.engine import Batch
+from sluice.testing import read_committed
+from tests.faults import poll_until
+
+PARTITIONS, BATCHES, PER_BATCH = 12, 5, 120
+
+
+def transactional_task(kafka, topic, acknowledge_at_commit):
+    """One task's encoder and KafkaStore as Spark's task opens them, its producer reporting librdkafka's statistics
+    (requests sent, per type) into the returned dict."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    options = KafkaDataSource({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic,
+                               "sink.mode": "global-ordered", "sink.transactional": "true",
+                               "kafka.linger.ms": "100"}).write_options()
+    schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
+    plan = KafkaWritePlan("sluice_kafka", options, schema, SinkConfig.of(options), WriteOptions.of(options),
+                          RecordColumns(True, False, False, False, False), 1_048_588, frozenset([topic]), topic)
+    context = WriteContext(write_id=f"req-{uuid.uuid4().hex[:8]}", epoch=0, partition_id=0)
+    task = plan.open_task(context)
+    requests: dict[str, int] = {}
+
+    def on_stats(raw):
+        requests.clear()
+        for broker in json.loads(raw)["brokers"].values():
+            for kind, n in broker["req"].items():
+                requests[kind] = requests.get(kind, 0) + n
+
+    config = {**task.store.producer_config, "statistics.interval.ms": 50, "stats_cb": on_stats}
+    store = KafkaStore(plan.write.client, plan.columns, task.store.rows, topic=topic, producer_config=config,
+                       timeout_ms=30_000, transaction=(plan.transactional_prefix(context), topic),
+                       acknowledge_at_commit=acknowledge_at_commit)
+    task.encode.store = store
+    store.open(context)
+    return task.encode, store, requests
+
+
+@pytest.mark.parametrize("acknowledge_at_commit", [True, False],
+                         ids=["at-commit", "negative-control-drained-per-batch"])
+def test_a_transaction_sends_each_partition_its_records_in_few_requests(kafka, new_topic, acknowledge_at_commit):
+    """5 engine batches, each over all 12 partitions, in one transaction. Acknowledged at the commit, the task's
+    records go in about a request per partition (linger.ms=100 gathers them); the negative control, each batch
+    waiting for the producer's queue to drain, sends at least one request per partition per batch."""
+    topic = new_topic(PARTITIONS)
+    encode, store, requests = transactional_task(kafka, topic, acknowledge_at_commit)
+    touched = 0
+    for b in range(BATCHES):
+        keys = pa.array([f"k{b}-{i}" for i in range(PER_BATCH)])
+        touched += len(set(kafka_partitions(keys, PARTITIONS).to_pylist()))
+        encoded = encode(pa.RecordBatch.from_pydict({"key": keys, "value": keys}))
+        entries, sizes = list(encoded.entries), list(encoded.sizes)
+        store.submit(Batch(entries, sum(sizes), len(entries), sizes=sizes)).result(60)
+    assert store.pre_commit()["records"] == BATCHES * PER_BATCH
+    poll_until(lambda: store.producer.poll(0.05) is not None and requests.get("EndTxn"), 30,
+               "the producer's statistics after its commit")
+    store.close()
+    assert touched == BATCHES * PARTITIONS
+    if acknowledge_at_commit:
+        assert requests["Produce"] <= touched // 2, requests
+    else:
+        assert requests["Produce"] >= touched, requests
+    assert requests["AddPartitionsToTxn"] <= 2, "librdkafka adds the partitions as a few requests, not one each"
+    assert len(read_committed(kafka.client_config(), topic)) == BATCHES * PER_BATCH
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("partition", [5, 1], ids=["refused", "negative-control-a-partition-it-has"])
+def test_a_record_refused_in_a_transaction_fails_the_task_naming_it(spark, kafka, new_topic, partition):
+    """The transaction's batches are acknowledged before Kafka answers for their records: a record it then refuses
+    (a partition the topic lacks) still fails the write, named, and nothing of it is visible."""
+    topic = new_topic(2)
+    df = spark.range(0, 1, 1, 1).selectExpr("'k' AS key", "'v' AS value", f"{partition} AS partition")
+    write = df.write.format("sluice_kafka").options(**{
+        "kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, "sink.mode": "global-ordered",
+        "sink.transactional": "true"}).mode("append")
+    if partition == 5:
+        with pytest.raises(Exception, match="the partition column names a partition the topic does not have"):
+            write.save()
+        assert read_committed(kafka.client_config(), topic) == []
+    else:
+        write.save()
+        assert [(r.partition, r.value) for r in read_committed(kafka.client_config(), topic)] == [(1, b"v")]
