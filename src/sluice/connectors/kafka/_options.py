@@ -51,8 +51,9 @@ WRITE_OPTIONS = (
            "Topic every row is written to; overrides the `topic` column (as Spark's Kafka sink). Without it, "
            "each row's `topic` column names its topic."),
     Option("timeout-ms", "int", 30_000,
-           "How long the checks before the write (brokers reachable, topic exists), a task's transaction calls and "
-           "its final flush wait; unreachable kafka.bootstrap.servers fail after this long, named.", minimum=100,
+           "How long the checks before the write (brokers reachable, topic exists) and a task's transaction calls "
+           "wait, and how long its flushes wait with no record acknowledged; unreachable kafka.bootstrap.servers "
+           "fail after this long, named.", minimum=100,
            maximum=3_600_000),
     Option("transactional-id-prefix", "str", None,
            "sink.transactional: prefix of the tasks' transactional.id (<prefix>-<task partition>), a pool bounded "
