@@ -6,8 +6,7 @@ import sqlite3
 
 import pytest
 
-from sluice.meta import MetaService
-from sluice.meta import _backend
+from sluice.meta import MetaService, _backend
 
 
 @pytest.fixture
