@@ -34,6 +34,8 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS sluice_job_holdings (kind TEXT NOT NULL, location TEXT NOT NULL, name TEXT NOT NULL, "
     "job_id TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (kind, location, name))",
     # Where writes sent refused records (errors.tolerance=all), recorded by their drivers (_deadletters.py).
+    # claim_writer asks, at every commit, which running job writes a table: by table, not a scan of every job's edges.
+    "CREATE INDEX IF NOT EXISTS sluice_job_tables_by_table ON sluice_job_tables (table_name, role)",
     "CREATE TABLE IF NOT EXISTS sluice_dead_letters (target TEXT NOT NULL, connector TEXT NOT NULL, "
     "records BIGINT NOT NULL, first_at DOUBLE PRECISION NOT NULL, last_at DOUBLE PRECISION NOT NULL, "
     "write_id TEXT NOT NULL, PRIMARY KEY (target, connector))",
@@ -137,12 +139,30 @@ class Cursor:
         return self._cur.rowcount
 
 
+# Databases this process brought up to date already. The table store makes a MetaService at every commit; bringing
+# the schema up to date takes the write lock (CREATE ... IF NOT EXISTS), which then queued behind every other job's
+# commits once per step. A SQLite file is known by its inode too: a file deleted and made anew is set up again.
+_READY: set[tuple[str, int]] = set()
+
+
+def _ready_key(db: Backend) -> tuple[str, int] | None:
+    if db.is_pg:
+        return (db.url, 0)
+    try:
+        return (db.url, os.stat(db.url).st_ino)
+    except FileNotFoundError:
+        return None
+
+
 class Transactions:
-    """What every part of the MetaService shares: its database (tables created or brought up to date here) and
-    `_tx`, one transaction on a fresh connection (jobs on several machines share the database, never a connection)."""
+    """What every part of the MetaService shares: its database (tables created or brought up to date here, once
+    per process) and `_tx`, one transaction on a fresh connection (jobs on several machines share the database,
+    never a connection)."""
 
     def __init__(self, url: str | None = None) -> None:
         self._db = Backend(url)
+        if _ready_key(self._db) in _READY:
+            return
         conn = self._db.connect()
         try:
             self._db.setup(conn)
@@ -154,6 +174,9 @@ class Transactions:
             for table, column, kind in ADDED_COLUMNS:
                 if column not in self._db.columns(cur, table):
                     cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        key = _ready_key(self._db)
+        if key is not None:
+            _READY.add(key)
 
     @contextmanager
     def _tx(self, exclusive: bool = False, write: bool = False) -> Iterator[Cursor]:

@@ -132,6 +132,26 @@ class BarrierLedger(Lineage):
             last = {t: (int(b), int(v)) for t, b, v in cur.fetchall()}
         return {name: last.get(name) for name in names}
 
+    def _last_barriers(self, tables: Sequence[str]) -> dict[str, tuple[int, int] | None]:
+        """The newest (barrier, version) of each of `tables` that `tables()` knows (None before its first barrier):
+        indexed lookups of these tables only, not a pass over every table's barriers as `tables()` makes."""
+        if not tables:
+            return {}
+        with self._tx() as cur:
+            out: dict[str, tuple[int, int] | None] = {}
+            for table in tables:
+                cur.execute("SELECT barrier, version FROM sluice_barriers WHERE table_name = ? ORDER BY barrier DESC "
+                            "LIMIT 1", (table,))
+                row = cur.fetchone()
+                if row is not None:
+                    out[table] = (int(row[0]), int(row[1]))
+                    continue
+                # A table without barriers counts (as None) when a running job has it, as in `tables()`.
+                cur.execute("SELECT 1 FROM sluice_job_tables WHERE table_name = ? LIMIT 1", (table,))
+                if cur.fetchone() is not None:
+                    out[table] = None
+        return out
+
     def last_barrier(self, table: str) -> tuple[int, int] | None:
         """The table's newest (barrier, version), or None before its first barrier."""
         with self._tx() as cur:
@@ -174,8 +194,8 @@ class BarrierLedger(Lineage):
                         f"AND table_name IN ({marks})", (barrier, *tables))
             versions = {t: int(v) for t, v in cur.fetchall()}
         upstream = self.upstream(tables)  # once, not once per table
-        behind = {t: last for t, last in self.tables().items()
-                  if t in upstream and t not in versions and (last is None or last[0] < barrier)}
+        behind = {t: last for t, last in self._last_barriers(sorted(upstream - versions.keys())).items()
+                  if last is None or last[0] < barrier}
         if behind:
             raise NoConsistentVersionError(f"upstream table(s) {sorted(behind)} have not reached barrier {barrier} "
                                            "that their downstream tables completed; the lineage is inconsistent")
