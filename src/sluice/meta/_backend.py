@@ -34,11 +34,11 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS sluice_job_holdings (kind TEXT NOT NULL, location TEXT NOT NULL, name TEXT NOT NULL, "
     "job_id TEXT NOT NULL, seen_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (kind, location, name))",
     # Where writes sent refused records (errors.tolerance=all), recorded by their drivers (_deadletters.py).
-    # claim_writer asks, at every commit, which running job writes a table: by table, not a scan of every job's edges.
-    "CREATE INDEX IF NOT EXISTS sluice_job_tables_by_table ON sluice_job_tables (table_name, role)",
     "CREATE TABLE IF NOT EXISTS sluice_dead_letters (target TEXT NOT NULL, connector TEXT NOT NULL, "
     "records BIGINT NOT NULL, first_at DOUBLE PRECISION NOT NULL, last_at DOUBLE PRECISION NOT NULL, "
     "write_id TEXT NOT NULL, PRIMARY KEY (target, connector))",
+    # claim_writer asks, at every commit, which running job writes a table: by table, not a scan of every job's edges.
+    "CREATE INDEX IF NOT EXISTS sluice_job_tables_by_table ON sluice_job_tables (table_name, role)",
 )
 # Columns added after the first release: (table, column, type), added to an older database when missing.
 ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),
@@ -46,7 +46,6 @@ ADDED_COLUMNS = (("sluice_jobs", "lease_until", "DOUBLE PRECISION"),
                   ("sluice_jobs", "ended_tables", "TEXT"),
                   # A running job's last sign of life from its driver (a watched query's progress, _holdings.py).
                   ("sluice_jobs", "seen_at", "DOUBLE PRECISION"))
-
 
 
 def check_url(url: str | None) -> str:
@@ -114,7 +113,6 @@ class Backend:
             # IMMEDIATE takes the write lock up front (waiting for it): a deferred transaction that reads and
             # then writes fails at once with "database is locked" when another writer got there first.
             conn.execute("BEGIN IMMEDIATE" if write or exclusive else "BEGIN")
-
 
 
 class Cursor:
