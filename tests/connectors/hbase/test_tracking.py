@@ -152,10 +152,12 @@ def test_planning_sends_as_many_calls_at_eight_regions_as_at_one(hbase):
         scans = reader.enumerator.scans
         scans.conn = Counting(scans.conn)  # the driver's calls (the stream's reads would go elsewhere)
         start, counts = reader.initialOffset(), []
-        for new in ([], [], keys(1, 75)):  # the backlog, an idle planning, a row in the last region
+        # The backlog, an idle planning, a row in the last region, three rows there read under a cap of two.
+        for new, limit in (([], ReadAllAvailable()), ([], ReadAllAvailable()), (keys(1, 75), ReadAllAvailable()),
+                           (keys(3, 76), ReadMaxRows(2))):
             put(hbase, t, new)
             before = Counter(scans.conn.sent)
-            end = reader.latestOffset(start, ReadAllAvailable())
+            end = reader.latestOffset(start, limit)
             assert len(reader.partitions(start, end)) == (regions if end != start else 0), "a task per region"
             counts.append(sum((scans.conn.sent - before).values()))
             start = end

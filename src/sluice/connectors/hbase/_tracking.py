@@ -154,9 +154,9 @@ class HBaseTrackingEnumerator(TrackingEnumerator):
                    rows: int | None) -> TrackingPosition | None:
         if not rows:
             return upto if self._any(split, after, upto) else None
-        # A cap: the rows-th position of the whole range, every region's keys (no values) on the driver.
-        found = sorted(position for piece in self.pieces(split)
-                       for results in self.scans.scan(piece, after, upto, keys_only=True)
+        # A cap: the rows-th position of the whole range, its keys (no values) on the driver, by one scanner over
+        # the split's key range (not one per region).
+        found = sorted(position for results in self.scans.scan(Split(split.split_id), after, upto, keys_only=True)
                        for position in map(_position, results) if within(position, after, upto))
         if not found:
             return None
