@@ -2,11 +2,14 @@
 on the Cassandra 5.0 test server (conftest.py). Most tests drive the stream reader as Spark's micro-batch loop does;
 the first runs the query in Spark. The node restart is last: it restarts the module's server."""
 
+import contextlib
+
 import pytest
 
 from sluice import OptionError
 from sluice.connectors.cassandra import CassandraDataSource
-from sluice.spark._compat import ReadMaxRows
+from sluice.connectors.cassandra._client import session_for
+from sluice.spark._compat import ReadAllAvailable, ReadMaxRows
 from tests.tracking_stream import drain, run_stop_and_restart
 
 
@@ -113,6 +116,48 @@ def test_a_capped_end_is_bisected_by_counts_and_a_micro_batch_is_read_in_token_s
     assert len(parts) == 3 and 20 <= len(read) <= 40, (len(parts), len(read))
     assert sorted(read) == list(range(len(read))), "the first rows by value, each once across the slices"
     assert reader.latestOffset(end, ReadMaxRows(1000))["splits"]["all"]["value"] == 99_000, "uncapped: the head"
+
+
+@contextlib.contextmanager
+def requests_of(session):
+    """Counts what the driver's `session` sends: {"statements": executed, "prepares": prepare() calls}."""
+    sent = {"statements": 0, "prepares": 0}
+    prepare = session.prepare
+
+    def counted(*args, **kwargs):
+        sent["prepares"] += 1
+        return prepare(*args, **kwargs)
+
+    def executed(_future):
+        sent["statements"] += 1
+
+    session.prepare = counted
+    session.add_request_init_listener(executed)
+    try:
+        yield sent
+    finally:
+        session.remove_request_init_listener(executed)
+        del session.prepare
+
+
+def test_planning_sends_the_same_statements_for_any_number_of_slices_and_prepares_each_once(cass):
+    t = tracked(cass)
+    per_planning = {}
+    for slices in (1, 64):
+        reader, _ = stream(cass, t, **{"tracking.column": "seq", "tracking.lag-window-ms": "0",
+                                       "partitions": str(slices)})
+        start, counts = reader.initialOffset(), []
+        with requests_of(session_for(reader.enumerator.cql.conn)) as sent:
+            for planning in range(4):
+                insert(cass, t, [(slices * 100 + planning, slices * 100 + planning)])
+                before = dict(sent)
+                end = reader.latestOffset(start, ReadAllAvailable())
+                assert len(reader.partitions(start, end)) == slices, "a task per slice"
+                counts.append((sent["statements"] - before["statements"], sent["prepares"] - before["prepares"]))
+                start = end
+        per_planning[slices] = counts
+        assert all(prepares == 0 for _, prepares in counts[2:]), f"prepared once per query, not per planning: {counts}"
+    assert [s for s, _ in per_planning[1]] == [s for s, _ in per_planning[64]], f"not per slice: {per_planning}"
 
 
 def test_bad_tracking_columns_are_refused_before_the_query_starts_naming_the_column(spark, cass):

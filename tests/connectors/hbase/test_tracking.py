@@ -2,12 +2,14 @@
 through its Thrift2 gateway, timestamps given by the region server unless a test gives its own). Most tests drive
 the stream reader as Spark's micro-batch loop does; the first runs the query in Spark."""
 
+from collections import Counter
+
 import pytest
 
 from sluice import OptionError
 from sluice.connectors.hbase import HBaseDataSource
 from sluice.connectors.hbase._client import _local
-from sluice.spark._compat import ReadMaxRows
+from sluice.spark._compat import ReadAllAvailable, ReadMaxRows
 from tests.faults import poll_until
 from tests.tracking_stream import drain, run_stop_and_restart
 
@@ -125,6 +127,42 @@ def test_caps_and_tasks_per_region_and_a_restarted_reader_goes_on_from_the_commi
     since, _ = stream(hbase, t, **options, **{"tracking.start": "2026-01-01T00:00:00.001"})
     _, read, _ = drain(since, since.initialOffset(), schema, until=lambda read: read.num_rows >= 2)
     assert sorted(ids(read)) == ["r0030", "r0031"], "start at a value after the 30 rows' timestamp"
+
+
+class Counting:
+    """A gateway connection that counts the calls sent through it (`sent`), by method."""
+
+    def __init__(self, conn):
+        self.conn, self.sent = conn, Counter()
+
+    def call(self, method, *args, **kwargs):
+        self.sent[method] += 1
+        return self.conn.call(method, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_planning_sends_as_many_calls_at_eight_regions_as_at_one(hbase):
+    sent = {}
+    for regions in (1, 8):
+        t = hbase.table(splits=[f"r{i * 10:04d}".encode() for i in range(1, regions)])
+        put(hbase, t, keys(3))
+        reader, _ = stream(hbase, t, **{"tracking.lag-window-ms": "0"})
+        scans = reader.enumerator.scans
+        scans.conn = Counting(scans.conn)  # the driver's calls (the stream's reads would go elsewhere)
+        start, counts = reader.initialOffset(), []
+        # The backlog, an idle planning, a row in the last region, three rows there read under a cap of two.
+        for new, limit in (([], ReadAllAvailable()), ([], ReadAllAvailable()), (keys(1, 75), ReadAllAvailable()),
+                           (keys(3, 76), ReadMaxRows(2))):
+            put(hbase, t, new)
+            before = Counter(scans.conn.sent)
+            end = reader.latestOffset(start, limit)
+            assert len(reader.partitions(start, end)) == (regions if end != start else 0), "a task per region"
+            counts.append(sum((scans.conn.sent - before).values()))
+            start = end
+        sent[regions] = counts
+    assert sent[1] == sent[8], f"calls per planning at 1 and 8 regions: {sent}"
 
 
 def test_a_gateway_restart_between_micro_batches_loses_and_repeats_nothing(hbase):

@@ -90,6 +90,12 @@ class TrackingCql:
         self.column = quote_ident(column)
         bits = INTEGERS.get(info.columns[column].name, 64)
         self.lowest: Any = -(2 ** (bits - 1)) if kind == "int" else _MIN_TIME
+        # Prepared once per query text and session: the driver sends a PREPARE to every node at each prepare()
+        # (prepare_on_all_hosts), which would be nodes x the statements of every planning.
+        self._prepared: dict[str, tuple[Any, Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_prepared": {}}  # sessions stay in their process; a worker prepares on its own
 
     def bound(self, value: int, ceil: bool = False) -> Any:
         """A value as the driver binds it: Cassandra's timestamps are milliseconds, a start value between two is
@@ -124,21 +130,31 @@ class TrackingCql:
 
     def rows(self, query: str, values: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Run `query` on the driver; after a lost connection (a restarted node) once more on a new session."""
-        from cassandra import ConsistencyLevel
         from cassandra.cluster import NoHostAvailable
         from cassandra.connection import ConnectionException
 
         for attempt in (0, 1):
             session = self.conn.session()
             try:
-                statement = session.prepare(query)
-                statement.consistency_level = ConsistencyLevel.name_to_value[self.consistency]
+                statement = self._statement(session, query)
                 return list(session.execute(statement.bind(values), execution_profile=TUPLES))
             except (NoHostAvailable, ConnectionException):
                 if attempt:
                     raise
                 forget_session(self.conn)
         raise AssertionError("unreachable")
+
+    def _statement(self, session: Any, query: str) -> Any:
+        """`query` prepared on `session`, once (a new session, after a lost connection, prepares it anew)."""
+        from cassandra import ConsistencyLevel
+
+        known = self._prepared.get(query)
+        if known is not None and known[0] is session:
+            return known[1]
+        statement = session.prepare(query)
+        statement.consistency_level = ConsistencyLevel.name_to_value[self.consistency]
+        self._prepared[query] = (session, statement)
+        return statement
 
 
 class CassandraTrackingEnumerator(TrackingEnumerator):

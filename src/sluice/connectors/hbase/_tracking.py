@@ -154,9 +154,9 @@ class HBaseTrackingEnumerator(TrackingEnumerator):
                    rows: int | None) -> TrackingPosition | None:
         if not rows:
             return upto if self._any(split, after, upto) else None
-        # A cap: the rows-th position of the whole range, every region's keys (no values) on the driver.
-        found = sorted(position for piece in self.pieces(split)
-                       for results in self.scans.scan(piece, after, upto, keys_only=True)
+        # A cap: the rows-th position of the whole range, its keys (no values) on the driver, by one scanner over
+        # the split's key range (not one per region).
+        found = sorted(position for results in self.scans.scan(Split(split.split_id), after, upto, keys_only=True)
                        for position in map(_position, results) if within(position, after, upto))
         if not found:
             return None
@@ -166,10 +166,12 @@ class HBaseTrackingEnumerator(TrackingEnumerator):
         return TrackingPosition(value, (key,))
 
     def _any(self, split: Split, after: TrackingPosition, upto: TrackingPosition) -> bool:
-        for piece in self.pieces(split):
-            for results in self.scans.scan(piece, after, upto, keys_only=True, fetch=100):
-                if any(within(_position(r), after, upto) for r in results):
-                    return True
+        # One scanner over the split's whole key range: the gateway's scanner walks the regions, so an idle stream's
+        # planning is three calls, not three per region. A row at a time: a fetch of n waits for n rows, which may
+        # lie in n regions (only rows of the range's first millisecond, at or below its key, are passed over).
+        for results in self.scans.scan(Split(split.split_id), after, upto, keys_only=True, fetch=1):
+            if any(within(_position(r), after, upto) for r in results):
+                return True
         return False
 
 
