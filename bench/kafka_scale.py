@@ -3,7 +3,10 @@ topics of many, read by a batch count and by a streaming query (AvailableNow, --
 broker (LocalKafka), local[2], against Spark's own Kafka source on the same topics (the 4.0-4.2 lines: its connector
 comes from Maven Central by its coordinates); and written (a cached DataFrame of 2 partitions, keyed) exactly-once,
 as it comes and with transaction.by-partition, and at-least-once (sink.mode=unordered), each write with its slowest
-request's time (the write summary's submit p99, best run's). --writes-only leaves the reads out.
+request's time (the write summary's submit p99, best run's). At-least-once also runs as the shape before the engine's
+window started at several batches: sink.requests.max-buffered=19999 makes Kafka's window start at one batch of 10,000
+records (each batch then waits for the producer's queue to drain before the next goes). --writes-only leaves the
+reads out.
 
 Each topic is produced once, untimed (librdkafka, round-robin over the partitions). Rounds rotate the contenders; each
 figure is the best of --rounds, after one untimed run of each. The sluice source runs with its defaults
@@ -34,6 +37,8 @@ from bench.latency.kafka_hop import spark_kafka_conf
 from bench.stores.kafka_sink_source import check_installed_sluice
 
 VALUE = b"x" * 100
+# At-least-once as before the window started at several batches: max-buffered / batch.max-size (10,000) rounds to 1.
+ONE_BATCH, ONE_BATCH_OPTIONS = " at-least-once one-batch-window", {"sink.requests.max-buffered": "19999"}
 
 
 def produce(kafka: Any, topic: str, rows: int) -> None:
@@ -87,12 +92,13 @@ class ScaleBench:
             raise SystemExit(f"{fmt} stream of {topic}: {got} records, not {self.rows} ({query.exception()})")
         return seconds
 
-    def write(self, topic: str, rows: Any, by_partition: bool | None) -> float:
+    def write(self, topic: str, rows: Any, by_partition: bool | None, extra: dict[str, str] | None = None) -> float:
         """A batch write of `rows` (cached) into `topic`: exactly-once (by_partition: transaction.by-partition), or
-        at-least-once (by_partition None). Keeps the write summary's submit p99 in `p99_ms`."""
+        at-least-once (by_partition None), with `extra` options. Keeps the write summary's submit p99 in `p99_ms`."""
         import sluice
 
-        options = {"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic, "sink.mode": "unordered"}
+        options = {"kafka.bootstrap.servers": self.kafka.bootstrap_servers, "topic": topic, "sink.mode": "unordered",
+                   **(extra or {})}
         if by_partition is not None:
             options.update({"sink.mode": "global-ordered", "sink.transactional": "true",
                             "transaction.by-partition": str(by_partition).lower()})
@@ -141,6 +147,7 @@ def main() -> int:
                 kafka.create_topic(written, n)
                 for by_partition, label in ((False, ""), (True, " by-partition"), (None, " at-least-once")):
                     runs[f"{n} write sluice{label}"] = lambda t=written, b=by_partition: bench.write(t, rows, b)
+                runs[f"{n} write sluice{ONE_BATCH}"] = lambda t=written: bench.write(t, rows, None, ONE_BATCH_OPTIONS)
                 if args.writes_only:
                     continue
                 topic = f"scale{n}_{uuid.uuid4().hex[:6]}"
@@ -186,7 +193,8 @@ def main() -> int:
           "| --- | ---: | ---: | ---: | ---: |")
     for label, suffix in (("exactly-once, as the rows come", ""), ("exactly-once, transaction.by-partition",
                                                                      " by-partition"),
-                          ("at-least-once", " at-least-once")):
+                          ("at-least-once", " at-least-once"),
+                          ("at-least-once, a window of one batch (before)", ONE_BATCH)):
         base = best[f"{counts[0]} write sluice{suffix}"]
         for n in counts:
             name = f"{n} write sluice{suffix}"

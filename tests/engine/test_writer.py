@@ -107,9 +107,30 @@ def test_max_inflight_requests_is_honoured():
     assert w.stats.peak_inflight == 3
 
 
+@pytest.mark.parametrize("start", [3, 1], ids=["three-batches", "negative-control-the-default-one"])
+def test_a_store_may_start_the_window_at_several_batches(start):
+    """A store that acknowledges batches together (Store.window_start_batches) gets that many in flight before any
+    is acknowledged; by default, one."""
+    store = ManualStore()
+    store.window_start_batches = start
+    with writer(store, batch_max_size=2, requests_max_buffered=100, requests_max_inflight=5) as w:
+        w.write_chunk(list(range(10)), [1] * 10)
+        store.wait_submits(start)
+        time.sleep(0.2)
+        assert len(store.pending) == start
+        assert w.live().window == 2 * start
+        done = sum(b.record_count for b in store.complete_all())
+        while done < 10:
+            store.wait_submits(1)
+            done += sum(b.record_count for b in store.complete_all())
+        w.flush()
+    assert w.stats.records == 10
+
+
 def test_aimd_window_grows_additively_and_halves_on_failure():
     limiter = AIMDRateLimiter(batch_max_size=100, max_inflight_requests=4)
     assert limiter.window == 100
+    assert AIMDRateLimiter(100, 4, start_batches=9).window == 400  # a store's start, capped at batch x in-flight
     limiter.on_submit(100)
     assert limiter.should_block(1)
     limiter.on_complete(100, success=True)

@@ -7,17 +7,18 @@ from __future__ import annotations
 class AIMDRateLimiter:
     """At most `max_inflight_requests` requests, and an AIMD window of in-flight records.
 
-    The window starts at one batch (`batch_max_size`, SinkConfig's, from sink.batch.max-size), grows by
-    `increase` per successful request, halves on any failure (floor 1), and is capped at batch_max_size *
-    max_inflight_requests. A batch holds at most the smaller of batch_max_size and the window (`batch_size_limit`,
-    which the writer hands creators as RequestInfo.batch_size).
+    The window starts at `start_batches` batches (`batch_max_size`, SinkConfig's, from sink.batch.max-size; one
+    unless the store says otherwise, Store.window_start_batches), grows by `increase` per successful request, halves
+    on any failure (floor 1), and is capped at batch_max_size * max_inflight_requests. A batch holds at most the
+    smaller of batch_max_size and the window (`batch_size_limit`, which the writer hands creators as
+    RequestInfo.batch_size).
     """
 
     def __init__(self, batch_max_size: int, max_inflight_requests: int, increase: int = 10,
-                 decrease_factor: float = 0.5) -> None:
+                 decrease_factor: float = 0.5, start_batches: int = 1) -> None:
         self.max_inflight_requests = max_inflight_requests
         self.cap = batch_max_size * max_inflight_requests
-        self.window = batch_max_size
+        self.window = min(self.cap, batch_max_size * max(1, start_batches))
         self.increase = increase
         self.decrease_factor = decrease_factor
         self.inflight_requests = 0

@@ -55,6 +55,10 @@ class Store(ABC):
     max_record_bytes: int | None = None
     max_batch_records: int | None = None
     max_batch_bytes: int | None = None
+    # Batches the engine's congestion window (AIMDRateLimiter) starts at. One suits a store that answers each batch
+    # on its own; a store that acknowledges batches together (Kafka's, once its producer's queue drained) needs
+    # several in flight from the start, or every batch waits for the one before it to be acknowledged.
+    window_start_batches: int = 1
 
     @property
     def target(self) -> str:

@@ -90,7 +90,8 @@ class AsyncSinkWriter:
         mode_creator, mode_buffer = config.mode_batching()
         self._buffer = buffer or mode_buffer
         self._creator = batch_creator or mode_creator
-        self._limiter = AIMDRateLimiter(config.batch_max_size, config.effective_max_inflight)
+        self._limiter = AIMDRateLimiter(config.batch_max_size, config.effective_max_inflight,
+                                        start_batches=store.window_start_batches)
         self._hold = config.flush_on_checkpoint
         self._clock = clock
         records_per_s, bytes_per_s = config.task_rate()

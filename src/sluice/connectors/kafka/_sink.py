@@ -183,6 +183,12 @@ class KafkaWritePlan(WritePlan):
     def transactional_prefix(self, context: WriteContext) -> str:
         return self.write.transactional_id_prefix or default_transactional_prefix(context.write_id)
 
+    def window_start_batches(self) -> int:
+        """The engine's window at the start, in batches: as many records as the task may buffer. At-least-once
+        batches are acknowledged together, once the producer's queue drained (_store.py); one batch in flight would
+        cost a ProduceRequest per partition per batch."""
+        return max(1, self.config.requests_max_buffered // self.config.batch_max_size)
+
     def open_task(self, context: WriteContext) -> TaskWriter:
         rows = ArrowRows()
         transaction = None
@@ -191,7 +197,8 @@ class KafkaWritePlan(WritePlan):
             transaction = (self.transactional_prefix(context), self.marker_topic)
         store = KafkaStore(self.write.client, self.columns, rows, topic=self.write.topic,
                            producer_config=self.producer_config(), timeout_ms=self.write.timeout_ms,
-                           transaction=transaction, check_marker=self.check_marker)
+                           transaction=transaction, check_marker=self.check_marker,
+                           window_start_batches=self.window_start_batches())
         encoder = KafkaEncoder(self.columns, self.record_limit, self.topics, rows, store, self.write.topic is not None,
                                self.payloads, self.config.errors.tolerates)
         return TaskWriter(encoder, store)

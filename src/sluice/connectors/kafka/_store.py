@@ -9,7 +9,10 @@ record it refused calls its batch's `delivered` with the error. A batch is ackno
 before it was handed over is out of the producer (rd_kafka_outq_len reaches 0 after a poll that served every error
 report): the poll thread settles, at that moment, every batch fully produced before it looked. The engine bounds the
 records in flight (its window), so the producer's queue drains between windows and every batch is settled; librdkafka
-batches per partition itself (linger.ms), so an engine batch is only the unit acknowledgements are tracked by.
+batches per partition itself (linger.ms), so an engine batch is only the unit acknowledgements are tracked by. The
+window starts at `window_start_batches` batches (the plan's sink.requests.max-buffered over sink.batch.max-size): one
+batch in flight would wait for its own drain, a ProduceRequest per partition it touches (at 600 partitions about
+12,000 requests for a task of 200,000 records in batches of 10,000; 10 batches in flight take about 1,700).
 
 Every mode uses the idempotent producer: librdkafka's own retries neither duplicate nor reorder a partition's
 records. sink.transactional wraps the task in one Kafka transaction (_txn.py), whose commit is the only
@@ -95,10 +98,12 @@ class KafkaStore(Store):
 
     def __init__(self, client: ClientSettings, columns: Any, rows: ArrowRows, *, topic: str | None,
                  producer_config: dict[str, Any], timeout_ms: int, transaction: tuple[str, str] | None,
-                 check_marker: bool = True, acknowledge_at_commit: bool = True) -> None:
+                 check_marker: bool = True, acknowledge_at_commit: bool = True,
+                 window_start_batches: int = 1) -> None:
         """`transaction`: (transactional-id prefix, marker topic) of exactly-once writes, else None;
         `acknowledge_at_commit`: False only in the tests' negative controls (a transaction's batches then wait for
-        the producer's queue to drain, as at-least-once batches do)."""
+        the producer's queue to drain, as at-least-once batches do); `window_start_batches`: the engine's window
+        at the start, in batches (Store.window_start_batches)."""
         self.client = client
         self.columns = columns
         self.rows = rows
@@ -108,6 +113,7 @@ class KafkaStore(Store):
         self.transaction_spec = transaction
         self.check_marker = check_marker
         self.acknowledge_at_commit = acknowledge_at_commit and transaction is not None
+        self.window_start_batches = max(1, window_start_batches)
         # A transaction's first record Kafka refused (error, topic, partition, key), set on the poll thread.
         self._refused_in_txn: tuple[Any, Any, Any, Any] | None = None
         self.producer: Any = None
