@@ -249,8 +249,9 @@ def run(rows: int, keys: list[int], batches: int, nodes: int = 3, only_batches: 
 
     rng = np.random.default_rng(7)
     report: dict[str, object] = {"store": "cassandra", "nodes": nodes, "replication_factor": 1, "rows": rows,
-                                 "keys_per_batch": keys, "batches": batches, "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                 time.gmtime()), "cores": os.cpu_count(), "load_average_start": os.getloadavg()}
+                                 "keys_per_batch": keys, "batches": only_batches or batches,
+                                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(),
+                                 "load_average_start": os.getloadavg()}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         servers, started = start_nodes(stack, nodes)
         report["cluster_start_seconds"] = started["start_seconds"]
