@@ -1,7 +1,8 @@
 """Lookup joins against PostgreSQL: rows read from the store per micro-batch, lookups/s, and the cache on Zipf keys.
 
 Run: `.venv/bin/python -m bench.lookup [--rows 200000] [--keys 1000] [--batches 10]` (starts a throwaway PostgreSQL).
-`--store cassandra` runs bench/lookup_cassandra.py's measures on a three-node Cassandra instead.
+`--store cassandra` runs bench/lookup_cassandra.py's measures on a three-node Cassandra instead; `--store hbase`
+bench/lookup_hbase.py's on one HBase whose table is pre-split into --regions regions.
 Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows rows; --batches micro-batches of
 --keys keys each, drawn uniformly from 1 .. 1.1 x rows (about one key in eleven missing).
 - streaming, Spark local[2]: a file stream of the key batches (one file per micro-batch, Trigger.AvailableNow, Spark's
@@ -127,16 +128,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=1000, help="keys per micro-batch")
     parser.add_argument("--batches", type=int, default=10)
-    parser.add_argument("--store", choices=("postgres", "cassandra"), default="postgres",
-                        help="cassandra: a three-node cluster (bench/lookup_cassandra.py)")
-    parser.add_argument("--keys-high", type=int, default=10_000, help="cassandra: keys per micro-batch of a second "
-                        "round (0: none)")
+    parser.add_argument("--store", choices=("postgres", "cassandra", "hbase"), default="postgres",
+                        help="cassandra: a three-node cluster (bench/lookup_cassandra.py); hbase: one HBase "
+                        "(bench/lookup_hbase.py)")
+    parser.add_argument("--keys-high", type=int, default=10_000, help="cassandra, hbase: keys per micro-batch of a "
+                        "second round (0: none)")
+    parser.add_argument("--regions", type=int, default=8, help="hbase: regions the table is pre-split into")
+    parser.add_argument("--nodes", type=int, default=3, help="cassandra: nodes of the cluster")
+    parser.add_argument("--per-batch", type=int, default=0, metavar="N", help="cassandra: instead of the streaming "
+                        "and bare-driver measures, N batches in one process: p50/p99 of a batch's lookup, and N Zipf "
+                        "batches with the cache off and on")
     args = parser.parse_args(argv)
+    if args.store == "hbase":
+        from bench.lookup_hbase import run as run_hbase
+
+        sizes = [args.keys, *([args.keys_high] if args.keys_high else [])]
+        print(json.dumps(run_hbase(args.rows, args.regions, sizes, args.batches), indent=2))
+        return 0
     if args.store == "cassandra":
         from bench.lookup_cassandra import run
 
         sizes = [args.keys, *([args.keys_high] if args.keys_high else [])]
-        print(json.dumps(run(args.rows, sizes, args.batches), indent=2))
+        print(json.dumps(run(args.rows, sizes, args.batches, args.nodes, args.per_batch), indent=2))
         return 0
 
     import sluice

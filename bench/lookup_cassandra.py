@@ -20,6 +20,10 @@ node), keyspace `bench` at replication factor 1 (each key on one node: the case 
   reads (distinct keys, the same prepared SELECT at the same consistency, `execute_concurrent_with_args` with
   concurrency 64, rows to Arrow columns, no join): keys looked up per second, the best of two alternating runs
   after an untimed pass.
+The streaming figures include each micro-batch's addBatch time (its run through the lookup into the sink) at p50/p99.
+`--per-batch N [--nodes 1]` runs instead, in one process, no Spark: N uniform batches, each batch's lookup timed
+(p50/p99), then N batches of keys drawn from a Zipf distribution (a = 1.2, capped at --rows) with lookup.cache=none
+and then partial (max-rows 10000, a fresh cache): hit ratio, rows read from the store (the lookup's own count), seconds.
 """
 
 from __future__ import annotations
@@ -61,20 +65,20 @@ def load(session: Any, rows: int) -> float:
     return time.perf_counter() - started
 
 
-def counter(url: str, name: str) -> float:
-    """A sluice counter of format cassandra on the collector (0 before any report)."""
+def counter(url: str, name: str, store: str = "cassandra") -> float:
+    """A sluice counter of format `store` on the collector (0 before any report)."""
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    found = re.search(rf'^{name}\{{[^}}]*format="cassandra"[^}}]*\}} (\S+)$', text, re.M)
+    found = re.search(rf'^{name}\{{[^}}]*format="{store}"[^}}]*\}} (\S+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
 
 
-def settled(url: str, name: str) -> float:
+def settled(url: str, name: str, store: str = "cassandra") -> float:
     """The counter once it stops moving (tasks report when they end; the last reports arrive after the query)."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    last = counter(url, name)
+    last = counter(url, name, store)
     while time.monotonic() < deadline:
         time.sleep(2.5)
-        now = counter(url, name)
+        now = counter(url, name, store)
         if now == last:
             return now
         last = now
@@ -115,10 +119,15 @@ def streaming(spark: Any, options: dict[str, str], batches: list[np.ndarray], fo
                 .option("checkpointLocation", str(folder / (re.sub(r"\W+", "_", name) + f"-{run}"))).start()
             query.awaitTermination()
             seconds = time.perf_counter() - started
-            micro_batches = len([p for p in query.recentProgress if p["numInputRows"]])
+            progress = [p for p in query.recentProgress if p["numInputRows"]]
+            micro_batches = len(progress)
             read = settled(metrics, counted) - before
+            # addBatch: the micro-batch's run through the lookup (or the join) into the sink, planning excluded.
+            run_ms = np.array([p["durationMs"].get("addBatch", 0) for p in progress] or [0], dtype=np.float64)
             figures = {"micro_batches": micro_batches, "rows_read_per_micro_batch": read / max(1, micro_batches),
-                       "seconds_per_micro_batch": seconds / max(1, micro_batches)}
+                       "seconds_per_micro_batch": seconds / max(1, micro_batches),
+                       "add_batch_ms_p50": float(np.percentile(run_ms, 50)),
+                       "add_batch_ms_p99": float(np.percentile(run_ms, 99))}
             print(json.dumps({name: figures, "run": run}), file=sys.stderr, flush=True)  # kept should a step fail
             if name not in out or figures["seconds_per_micro_batch"] < out[name]["seconds_per_micro_batch"]:
                 out[name] = figures
@@ -152,22 +161,59 @@ def bare_driver(session: Any, batches: list[pa.RecordBatch], cql: str, consisten
 
 def sluice_path(options: dict[str, str], batches: list[pa.RecordBatch]) -> tuple[float, str, str]:
     """Seconds for sluice's worker path over the batches, and the reader's SELECT and consistency."""
+    seconds, _, reader = timed_batches(options, batches)
+    return sum(seconds), reader.cql, reader.consistency
+
+
+def timed_batches(options: dict[str, str], batches: list[pa.RecordBatch]) -> tuple[list[float], Any, Any]:
+    """sluice's worker path over the batches (with the cache the options ask for, fresh): each batch's seconds, the
+    counts (a LookupTally over all batches) and the reader."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     from sluice.metrics._lookups import LookupTally
+    from sluice.source._lookup_cache import cache_for
     from sluice.source._lookup_dataframe import plan_lookup
     from sluice.source._lookup_join import enrich
 
     plan, _ = plan_lookup(StructType([StructField("id", LongType())]), "cassandra", options, "id", "left", None)
     reader: Any = plan.reader
+    cache = cache_for(plan.lookup_id, plan.cache)
+    tally = LookupTally()
+    seconds = []
     try:
-        started = time.perf_counter()
         for batch in batches:
-            enrich(plan, batch, None, LookupTally())
-        seconds = time.perf_counter() - started
+            started = time.perf_counter()
+            enrich(plan, batch, cache, tally)
+            seconds.append(time.perf_counter() - started)
     finally:
         reader.close(clean=True)
-    return seconds, reader.cql, reader.consistency
+    return seconds, tally, reader
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    return {"p50_ms": float(np.percentile(seconds, 50)) * 1000, "p99_ms": float(np.percentile(seconds, 99)) * 1000,
+            "max_ms": max(seconds) * 1000}
+
+
+def per_batch(options: dict[str, str], uniform: list[np.ndarray], zipf: list[np.ndarray]) -> dict[str, object]:
+    """One process, no Spark: each uniform batch's lookup time (p50/p99), and the Zipf batches with the cache off,
+    then on (partial, max-rows 10000, a fresh cache): hit ratio, rows read from the store, seconds."""
+    uniform_arrow = [pa.record_batch({"id": pa.array(k)}) for k in uniform]
+    timed_batches(options, uniform_arrow[:1])  # untimed: the session and the prepared SELECT
+    seconds, tally, _ = timed_batches(options, uniform_arrow)
+    report: dict[str, object] = {"uniform": {"batches": len(seconds), **percentiles_ms(seconds),
+                                             "rows_read_per_batch": tally.records_loaded / len(seconds)}}
+    zipf_arrow = [pa.record_batch({"id": pa.array(k)}) for k in zipf]
+    for cache in ("none", "partial"):
+        seconds, tally, _ = timed_batches({**options, "lookup.cache": cache,
+                                           "lookup.partial-cache.max-rows": "10000"}, zipf_arrow)
+        report[f"zipf_cache_{cache}"] = {
+            "batches": len(seconds), "seconds": sum(seconds), **percentiles_ms(seconds),
+            "distinct_keys_per_batch": (tally.hits + tally.misses) / len(seconds),
+            "hit_ratio": tally.hits / max(1, tally.hits + tally.misses),
+            "rows_read_per_batch": tally.records_loaded / len(seconds)}
+        print(json.dumps({f"zipf_cache_{cache}": report[f"zipf_cache_{cache}"]}), file=sys.stderr, flush=True)
+    return report
 
 
 def measured(session: Any, options: dict[str, str], uniform: list[np.ndarray], folder: Path, metrics: str,
@@ -196,22 +242,30 @@ def measured(session: Any, options: dict[str, str], uniform: list[np.ndarray], f
     return report
 
 
-def run(rows: int, keys: list[int], batches: int) -> dict[str, object]:
+def run(rows: int, keys: list[int], batches: int, nodes: int = 3, only_batches: int = 0) -> dict[str, object]:
+    """The measures above; with `only_batches`, instead, `per_batch`'s alone on that many batches of each size."""
     import sluice.metrics
     from bench.stores.cassandra_write import start_nodes
 
     rng = np.random.default_rng(7)
-    report: dict[str, object] = {"store": "cassandra", "nodes": 3, "replication_factor": 1, "rows": rows,
-                                 "keys_per_batch": keys, "batches": batches, "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                 time.gmtime()), "cores": os.cpu_count(), "load_average_start": os.getloadavg()}
+    report: dict[str, object] = {"store": "cassandra", "nodes": nodes, "replication_factor": 1, "rows": rows,
+                                 "keys_per_batch": keys, "batches": only_batches or batches,
+                                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(),
+                                 "load_average_start": os.getloadavg()}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        servers, started = start_nodes(stack, 3)
+        servers, started = start_nodes(stack, nodes)
         report["cluster_start_seconds"] = started["start_seconds"]
         cluster = stack.enter_context(servers[0].cluster())
         session = cluster.connect()
         report["load_seconds"] = load(session, rows)
         print(json.dumps({"load_seconds": report["load_seconds"]}), file=sys.stderr, flush=True)
         options = {"host": servers[0].host, "port": str(servers[0].port), "keyspace": "bench", "table": "dim"}
+        if only_batches:
+            for size in keys:
+                zipf = [np.minimum(rng.zipf(1.2, size), rows).astype(np.int64) for _ in range(only_batches)]
+                report[f"{size}_keys_per_batch"] = per_batch(options, keys_of(rng, rows, size, only_batches), zipf)
+            report["load_average_end"] = os.getloadavg()
+            return report
         collector = stack.enter_context(sluice.metrics.serve())
         metrics = f"http://127.0.0.1:{collector.port}/metrics"
         for at, size in enumerate(keys):

@@ -160,3 +160,21 @@ def test_puts_built_in_arrow_are_the_bytes_thrift_writes_for_the_same_tputs():
         want = serialize(t.TPut(row=key, columnValues=values, timestamp=stamps[i], durability=1),
                          TBinaryProtocolFactory())
         assert puts[i].as_py() == want and put_row(want) == key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=4), min_size=1, max_size=6, unique=True),
+       st.lists(st.binary(max_size=5), max_size=40))
+def test_a_key_is_placed_in_the_region_whose_range_holds_its_bytes(bounds, keys):
+    """Region placement in Arrow against Python's bytes order (HBase's: unsigned, a prefix first), on short keys
+    of any bytes, so trailing 0 bytes, prefixes of a start key and keys equal to one all occur."""
+    import bisect
+
+    from sluice.connectors.hbase._client import Region
+    from sluice.connectors.hbase._regions import RegionMap
+
+    starts = sorted({b"", *bounds})
+    regions = RegionMap.of([Region(s, b"", f"rs{i % 2}:16020") for i, s in enumerate(reversed(starts))])
+    assert regions.starts == tuple(starts)
+    got = regions.region_of(pa.array(keys, pa.binary())).tolist()
+    assert got == [bisect.bisect_right(starts, k) - 1 for k in keys]

@@ -109,3 +109,46 @@ def test_a_cell_that_does_not_decode_as_the_schema_types_it_fails_naming_it(hbas
         run(plan, [("eu", 1)])
     message = str(failed.value)
     assert f"a row looked up in HBase table {orders}" in message and "column 'amount'" in message, message
+
+
+def test_repartition_by_region_gives_each_task_the_keys_of_one_region(spark, hbase, orders):
+    """With the option, each task's keys lie in one region of the three, and every key is looked up (the session's
+    HBase is one region server: its partitions-per-server partitions take a region each). Negative control: without
+    it the DataFrame's two partitions each hold keys of several regions."""
+    from pyspark.sql.functions import spark_partition_id
+
+    from sluice.source._lookup_dataframe import planned
+
+    # Keys of all three regions in each of the DataFrame's two partitions, as composite (region, id) keys.
+    keys = [(i % 5, name) for i, name in enumerate(["asia", "eu", "us", "fr", "zz", "eu", "us", "ch", "a", "v"] * 4)]
+    df = spark.createDataFrame(keys, "id int, region string").repartition(2)
+    plan, out = plan_lookup(df.schema, "hbase", options(hbase, orders, **{"lookup.repartition-by-region": "true"}),
+                            ["id", "region"], "left", ["amount"])
+    placement = plan.reader.placement()
+    assert placement.regions.starts == (b"", b"eu", b"us") and placement.partitions == 10
+    found = {("asia", 1): 1.5, ("eu", 1): 2.5, ("eu", 2): 3.5, ("us", 7): 4.5}
+
+    def regions_per_task(on: bool) -> dict[int, set[int]]:
+        plan.reader._placement = placement if on else None
+        rows = planned(df, plan, out).withColumn("task", spark_partition_id()).collect()
+        assert sorted((r.region, r.id, r.amount) for r in rows) == sorted(
+            (region, i, found.get((region, i))) for i, region in keys)
+        at = placement.region_of(pa.table({"region": [r.region for r in rows],
+                                           "id": pa.array([r.id for r in rows], pa.int64())}))
+        tasks: dict[int, set[int]] = {}
+        for row, region in zip(rows, at.tolist(), strict=True):
+            tasks.setdefault(row.task, set()).add(region)
+        return tasks
+
+    placed = regions_per_task(True)
+    assert all(len(regions) == 1 for regions in placed.values()), placed
+    assert sorted(r for regions in placed.values() for r in regions) == [0, 1, 2], placed
+    unplaced = regions_per_task(False)
+    assert len(unplaced) == 2 and all(len(regions) > 1 for regions in unplaced.values()), unplaced
+
+    # Several region servers (stood in for by dealing the three regions to two): each task's keys have one server.
+    dealt = dataclasses.replace(placement, regions=placement.regions.dealt(("rs-a:1", "rs-b:1")), per_server=1)
+    key_table = pa.table({"region": [k[1] for k in keys], "id": pa.array([k[0] for k in keys], pa.int64())})
+    servers = [dealt.regions.servers[dealt.regions.server_of[r]] for r in dealt.region_of(key_table)]
+    assert [("rs-a:1", "rs-b:1")[p] for p in dealt.assign(key_table).to_pylist()] == servers
+    assert set(servers) == {"rs-a:1", "rs-b:1"}

@@ -132,12 +132,17 @@ class KeyCodec:
         """Every row's key; RecordError with rows that have none (a null key column, or a 0 byte in a string or binary
         column that is not the key's last)."""
         self._check(batch)
+        return self.encoded(batch).to_pylist()
+
+    def encoded(self, batch: pa.RecordBatch) -> pa.Array:
+        """Every row's key as a binary array, in Arrow, unchecked: rows `encode` refuses must not be in `batch`,
+        except a keyless one (`keyless`), whose bytes are then its columns' one after the other."""
         parts = []
         for i, (name, kind) in enumerate(zip(self.columns, self.kinds, strict=True)):
             parts.append(_component(batch.column(name), kind, i == len(self.columns) - 1, name, checked=True))
         if len(parts) == 1:
-            return parts[0].to_pylist()
-        return pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.binary())).to_pylist()
+            return parts[0]
+        return pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.binary()))
 
     def _check(self, batch: pa.RecordBatch) -> None:
         """RecordError with the rows of the first key column found null, or holding a 0 byte where none may be (one

@@ -12,7 +12,9 @@ One call per batch: the TGets go sorted by row key, so each region's keys are to
 client (`Table.get(List<Get>)`) splits the call by region server itself and asks those servers in parallel. The
 reader does not split it by region: on a task's one Thrift connection, a call per region would be a round trip per
 region, one after the other. The client is the worker process's Thrift2 client of the task's thread
-(_client.py's `Connection.client`), reused by the worker's later tasks and micro-batches.
+(_client.py's `Connection.client`), reused by the worker's later tasks and micro-batches. With
+`lookup.repartition-by-region`, `placement()` shuffles the rows by the region holding each key first (_regions.py),
+so a task's call goes to one region server.
 
 What a lookup reads: each row as an HBase Get reads it, the newest cell of each looked-up column, committed only
 (HBase's per-row MVCC: a Get sees a row's puts whole, never part of one). HBase has no snapshot across rows: two
@@ -31,6 +33,7 @@ import pyarrow as pa
 from pyspark.sql.types import DataType, StructField, StructType
 
 from sluice.connector import (
+    KeyPlacement,
     LookupReader,
     OptionError,
     Options,
@@ -41,9 +44,10 @@ from sluice.connector import (
 )
 from sluice.connectors.hbase._catalog import Catalog
 from sluice.connectors.hbase._cells import decoder
-from sluice.connectors.hbase._client import Connection, HBaseError, describe, thrift
+from sluice.connectors.hbase._client import Connection, HBaseError, describe, regions, thrift
 from sluice.connectors.hbase._keys import KeyCodec
 from sluice.connectors.hbase._options import LookupOptions
+from sluice.connectors.hbase._regions import RegionMap, RegionPlacement
 from sluice.connectors.hbase._source import HBaseReader
 
 
@@ -54,6 +58,7 @@ class HBaseLookupReader(LookupReader):
         self.conn, self.rows, self.retries = conn, rows, retries
         self._schema = schema
         self.table = rows.catalog.table
+        self._placement: RegionPlacement | None = None
 
     @property
     def schema(self) -> StructType:
@@ -62,6 +67,9 @@ class HBaseLookupReader(LookupReader):
     @property
     def described(self) -> str:
         return f"HBase table {self.table} at {self.conn.display(self.table)}"
+
+    def placement(self) -> KeyPlacement | None:
+        return self._placement
 
     def lookup(self, keys: pa.Table) -> pa.Table:
         arrow = self.rows.schema
@@ -171,4 +179,8 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     conn = Connection.from_options(opts)
     read.check_families(describe(conn, catalog.table).families)  # refuses a table or family that does not exist
     rows = HBaseReader(conn, read, key, arrow, rows_per_fetch=1, time_range=None)
-    return HBaseLookupReader(conn, rows, spark_schema, options.lookup_max_retries)
+    reader = HBaseLookupReader(conn, rows, spark_schema, options.lookup_max_retries)
+    if options.lookup_repartition_by_region:
+        reader._placement = RegionPlacement(RegionMap.of(regions(conn, catalog.table)), key,
+                                            options.lookup_partitions_per_server)
+    return reader

@@ -140,6 +140,13 @@ LOOKUP_OPTIONS = (
            "the catalog options (rowkey, family, columns) place them.", required=True),
     lookup_max_retries("after a failure that passes (no answer from the Thrift2 gateway, a region moving or busy, "
                        "a region server restarting): the batch's getMultiple"),
+    Option("lookup.repartition-by-region", "bool", False, "Shuffle the DataFrame by the region that holds each row "
+           "key (the table's region boundaries, read once on the driver) before the lookup, so each task's "
+           "getMultiple asks one region server, as lookup.repartition-by-replica does for Cassandra. Costs a "
+           "shuffle."),
+    Option("lookup.partitions-per-server", "int", 10, "With lookup.repartition-by-region: partitions (tasks) per "
+           "region server holding regions of the table; a server's regions are dealt to them in key order, one "
+           "region each when it has no more regions than this.", minimum=1, maximum=10_000),
 )
 LOOKUP_SPEC = OptionSpec("hbase", (*CONNECTION_OPTIONS, *CATALOG_OPTIONS, *LOOKUP_OPTIONS, *SDK_LOOKUP_OPTIONS))
 
@@ -152,3 +159,5 @@ class LookupOptions(TypedOptions):
 
     schema: str
     lookup_max_retries: int
+    lookup_repartition_by_region: bool
+    lookup_partitions_per_server: int
