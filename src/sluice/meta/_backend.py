@@ -19,8 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sluice.meta._connections import KEPT, NoAnswer, begin
-
 log = logging.getLogger("sluice.meta")
 
 DEFAULT_PATH = Path(".sluice") / "meta.db"
@@ -204,6 +202,8 @@ class Transactions:
         """Close this process's idle connections to this MetaService's database (PostgreSQL; they close at exit
         otherwise). A later call opens one again."""
         if self._db.is_pg:
+            from sluice.meta._connections import KEPT
+
             KEPT.close(self._db.url)
 
     @contextmanager
@@ -228,7 +228,9 @@ class Transactions:
 
     @contextmanager
     def _pg_tx(self, locks: Sequence[str]) -> Iterator[Cursor]:
-        import psycopg
+        import psycopg  # here, as _connections: a SQLite MetaService never imports them
+
+        from sluice.meta._connections import KEPT, NoAnswer, begin
 
         sql = self._db.begin_sql(locks)
         conn, stale = KEPT.take(self._db.url), None

@@ -4,9 +4,9 @@ The table store calls the MetaService three or more times per table commit, each
 connection for each (a server process and SCRAM authentication) cost 150-300 ms under load, most of a commit. So a
 process keeps its connections to each MetaService database: a transaction takes an idle one (or opens one when none
 is idle) and gives it back when it ends cleanly. A process making its calls one at a time holds one connection per
-database; more only while that many of its threads are inside a call at once. They close at process exit or at
-`MetaService.close()`. A forked child starts with none of its own (the parent's sockets are not its to use; psycopg
-leaves a connection made in another process open when it is collected).
+database; one that ran calls from several threads at once keeps as many as were in progress at once. They close at
+process exit or at `MetaService.close()`. A forked child starts with none of its own (the parent's sockets are not
+its to use; psycopg leaves a connection made in another process open when it is collected).
 
 A kept connection is not checked by an extra round trip before use: the transaction's first statement is the check.
 Its BEGIN must be answered within the connection's connect_timeout (`begin`), as connecting had to be: a network
