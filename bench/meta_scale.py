@@ -19,7 +19,11 @@ its steps), of a consistent read, and the MetaService's rows per table before an
 per hour at the cadence, extrapolated from the phase).
 
     flock /tmp/sluice-cpu.lock .venv/bin/python -m bench.meta_scale [--jobs 50] [--tables-per-job 4] [--stages 5]
-        [--seconds 40] [--period 1.0] [--backends sqlite,postgres]
+        [--seconds 40] [--period 1.0] [--backends sqlite,postgres] [--table-wide-lock]
+
+--table-wide-lock measures what PostgreSQL's locks per table buy: the transactions that lock a table's writer, a
+query's micro-batches, an aligned group or registrations take `LOCK TABLE sluice_jobs IN EXCLUSIVE MODE` instead,
+as they did before (the connections are still kept).
 """
 
 from __future__ import annotations
@@ -226,6 +230,20 @@ def run_backend(label: str, url: str, args: argparse.Namespace) -> None:
         print(f"| {t} | {before[t]:,} | {middle[t]:,} | {after[t]:,} | {hourly:+,.0f} |")
 
 
+def table_wide_lock() -> None:
+    """The lock discipline before locks per table (see the docstring), in this process and its forked jobs."""
+    from sluice.meta import _backend
+
+    per_name = _backend.Backend.begin_sql
+
+    def begin_sql(self: Any, locks: Any) -> str:
+        if any(name.split(":")[0] in ("registry", "table", "query", "aligned") for name in locks):
+            return "BEGIN; LOCK TABLE sluice_jobs IN EXCLUSIVE MODE"
+        return per_name(self, locks)
+
+    _backend.Backend.begin_sql = begin_sql  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=50)
@@ -234,8 +252,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="length of each phase")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between a job's micro-batches (cadence)")
     parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--table-wide-lock", action="store_true", help="PostgreSQL: the old LOCK TABLE (docstring)")
     args = parser.parse_args()
+    if args.table_wide_lock:
+        table_wide_lock()
     print(f"# bench.meta_scale {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
+          f"{'LOCK TABLE sluice_jobs (--table-wide-lock), ' if args.table_wide_lock else ''}"
           f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     for backend in args.backends.split(","):
         if backend == "sqlite":

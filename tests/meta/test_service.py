@@ -172,7 +172,8 @@ def test_lineage_is_drawn_as_a_png(meta_url, tmp_path, capsys):
 def test_a_database_that_stops_answering_fails_the_call_instead_of_hanging(pg):
     """The network between a job and the MetaService's PostgreSQL goes silent (a proxy holds every byte): the call
     fails with the connection's error while the network is still silent, not when it answers again (found by the
-    soak, bench/soak/, whose network stalls held a MetaService call for minutes)."""
+    soak, bench/soak/, whose network stalls held a MetaService call for minutes). The first call's connection is
+    kept: the second's BEGIN on it goes unanswered (the proxy acknowledges every byte, so TCP never times out)."""
     import threading
     from urllib.parse import urlsplit
 

@@ -1,12 +1,17 @@
 """Where the MetaService lives: a SQLite file or a PostgreSQL database, its tables, and one transaction discipline.
 
-Jobs coordinate only through database transactions: registration takes the database's write lock (SQLite
-`BEGIN IMMEDIATE`, PostgreSQL `LOCK TABLE ... IN EXCLUSIVE MODE`), so two jobs registering at once cannot both
-become a table's writer or close a cycle between them.
+Jobs coordinate only through database transactions. A transaction that must not interleave with another names
+what it serializes on (`locks`: "table:orders" for a table's writer, "query:q1" for a query's micro-batches,
+"registry" for registrations, which look at every job's edges for a cycle). SQLite has one write lock for the file
+(`BEGIN IMMEDIATE`); PostgreSQL takes a transaction-scoped advisory lock per name, so two jobs registering at once
+cannot both become a table's writer or close a cycle between them, while commits to different tables proceed in
+parallel.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -14,7 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("sluice.meta")
+
 DEFAULT_PATH = Path(".sluice") / "meta.db"
+CONNECT_TIMEOUT_S = 10  # PostgreSQL, unless the URL sets connect_timeout
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS sluice_jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, status TEXT NOT NULL, "
@@ -70,6 +78,10 @@ class Backend:
         if self.is_pg:
             self.url, self.param = url, "%s"
             self.display = url.split("@")[-1] if "@" in url else url
+            from psycopg.conninfo import conninfo_to_dict
+
+            # How long a kept connection's BEGIN may go unanswered: as long as connecting may take (_connections.py).
+            self.answer_within = float(conninfo_to_dict(url).get("connect_timeout") or CONNECT_TIMEOUT_S)
         else:
             path = Path(url.removeprefix("sqlite:///").removeprefix("sqlite://"))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,12 +97,15 @@ class Backend:
             # about 25 s, unacknowledged requests give up after 30 s. And a client that vanishes mid-transaction
             # (its machine gone) has the server end its session after 60 s, not hold its locks until the server's
             # own keepalives notice, hours later by default.
+            # Named in pg_stat_activity, so an operator can count a job's MetaService sessions (docs/deploy.md).
             params: dict[str, Any] = {
-                "connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
-                "keepalives_count": "3", "tcp_user_timeout": "30000", **conninfo_to_dict(self.url)}
+                "application_name": "sluice-meta", "connect_timeout": str(CONNECT_TIMEOUT_S), "keepalives": "1",
+                "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3",
+                "tcp_user_timeout": "30000", **conninfo_to_dict(self.url)}
             if "idle_in_transaction_session_timeout" not in str(params.get("options", "")):
                 params["options"] = f"{params.get('options', '')} -c idle_in_transaction_session_timeout=60000".strip()
-            return psycopg.connect(**params)
+            # Transactions are begun and ended by statement (`begin_sql`): the locks go in the same round trip.
+            return psycopg.connect(**params, autocommit=True)
         return sqlite3.connect(self.url, timeout=60, isolation_level=None)  # waits up to 60 s for a lock
 
     def setup(self, conn: Any) -> None:
@@ -105,14 +120,17 @@ class Backend:
         cur.execute(f"PRAGMA table_info({table})")
         return {r[1] for r in cur.fetchall()}
 
-    def begin(self, conn: Any, exclusive: bool, write: bool) -> None:
-        if self.is_pg:
-            if exclusive:
-                conn.execute("LOCK TABLE sluice_jobs IN EXCLUSIVE MODE")
-        else:
-            # IMMEDIATE takes the write lock up front (waiting for it): a deferred transaction that reads and
-            # then writes fails at once with "database is locked" when another writer got there first.
-            conn.execute("BEGIN IMMEDIATE" if write or exclusive else "BEGIN")
+    def begin_sql(self, locks: Sequence[str]) -> str:
+        """PostgreSQL: the statements that begin a transaction holding `locks` (advisory locks, released at its
+        end), in one order for every transaction so two holding several cannot deadlock each other."""
+        keys = sorted({lock_key(name) for name in locks})
+        return "; ".join(["BEGIN", *(f"SELECT pg_advisory_xact_lock({key})" for key in keys)])
+
+
+def lock_key(name: str) -> int:
+    """The advisory lock key of a lock name: a stable 64-bit hash (Python's hash() differs per process). Two names
+    sharing a key, or another application's lock of the same key, only make transactions wait for each other."""
+    return int.from_bytes(hashlib.blake2b(f"sluice-meta:{name}".encode(), digest_size=8).digest(), "big", signed=True)
 
 
 class Cursor:
@@ -154,19 +172,23 @@ def _ready_key(db: Backend) -> tuple[str, int] | None:
 
 class Transactions:
     """What every part of the MetaService shares: its database (tables created or brought up to date here, once
-    per process) and `_tx`, one transaction on a fresh connection (jobs on several machines share the database,
-    never a connection)."""
+    per process) and `_tx`, one transaction. On SQLite each transaction opens the file anew; on PostgreSQL it runs
+    on a connection this process keeps (_connections.py). Jobs on several machines share the database, never a
+    connection."""
 
     def __init__(self, url: str | None = None) -> None:
         self._db = Backend(url)
         if _ready_key(self._db) in _READY:
             return
-        conn = self._db.connect()
-        try:
-            self._db.setup(conn)
-        finally:
-            conn.close()
-        with self._tx(write=True) as cur:
+        if not self._db.is_pg:
+            conn = self._db.connect()
+            try:
+                self._db.setup(conn)
+            finally:
+                conn.close()
+        # Processes starting at once would race to create the tables (PostgreSQL's CREATE TABLE IF NOT EXISTS
+        # fails on a concurrent twin): one at a time.
+        with self._tx(write=True, locks=("schema",)) as cur:
             for statement in SCHEMA:
                 cur.execute(statement)
             for table, column, kind in ADDED_COLUMNS:
@@ -176,16 +198,81 @@ class Transactions:
         if key is not None:
             _READY.add(key)
 
+    def close(self) -> None:
+        """Close this process's idle connections to this MetaService's database (PostgreSQL; they close at exit
+        otherwise). A later call opens one again."""
+        if self._db.is_pg:
+            from sluice.meta._connections import KEPT
+
+            KEPT.close(self._db.url)
+
     @contextmanager
-    def _tx(self, exclusive: bool = False, write: bool = False) -> Iterator[Cursor]:
+    def _tx(self, write: bool = False, locks: Sequence[str] = ()) -> Iterator[Cursor]:
+        """One transaction, serialized with the others naming any of `locks` (see the module's docstring)."""
+        if self._db.is_pg:
+            with self._pg_tx(locks) as cur:
+                yield cur
+            return
         conn = self._db.connect()
         try:
-            self._db.begin(conn, exclusive, write)
-            cur = conn.cursor()
-            yield Cursor(cur, self._db.param)
-            conn.commit() if self._db.is_pg else conn.execute("COMMIT")
+            # IMMEDIATE takes the file's write lock up front (waiting for it): a deferred transaction that reads
+            # and then writes fails at once with "database is locked" when another writer got there first.
+            conn.execute("BEGIN IMMEDIATE" if write or locks else "BEGIN")
+            yield Cursor(conn.cursor(), self._db.param)
+            conn.execute("COMMIT")
         except BaseException:
-            conn.rollback() if self._db.is_pg else conn.execute("ROLLBACK")
+            conn.execute("ROLLBACK")
             raise
         finally:
             conn.close()
+
+    @contextmanager
+    def _pg_tx(self, locks: Sequence[str]) -> Iterator[Cursor]:
+        import psycopg  # here, as _connections: a SQLite MetaService never imports them
+
+        from sluice.meta._connections import KEPT, NoAnswer, begin
+
+        sql = self._db.begin_sql(locks)
+        conn, stale = KEPT.take(self._db.url), None
+        if conn is not None:
+            try:
+                begin(conn, sql, self._db.answer_within)
+            except psycopg.OperationalError as e:
+                broken = conn.broken
+                conn.close()
+                if not broken or isinstance(e, NoAnswer):  # a silent network: connecting would wait as long again
+                    raise
+                # A kept connection the server ended while it sat idle (a restart, idle_session_timeout): nothing
+                # of this transaction ran, so it runs again, once, on a new connection.
+                stale = " ".join(str(e).split())
+                log.warning("MetaService %s: a kept connection failed before its transaction began (%s); "
+                            "connecting again", self._db.display, stale)
+                conn = None
+            except BaseException:
+                conn.close()
+                raise
+        if conn is None:
+            try:
+                conn = self._db.connect()
+                try:
+                    begin(conn, sql, self._db.answer_within)
+                except BaseException:
+                    conn.close()
+                    raise
+            except psycopg.Error as e:
+                if stale is not None:
+                    e.add_note(f"(connecting again after the kept connection to the MetaService {self._db.display} "
+                               f"failed: {stale})")
+                raise
+        try:
+            yield Cursor(conn.cursor(), self._db.param)
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if not conn.closed:
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error as failed:
+                    e.add_note(f"(rolling back on the MetaService's connection failed too: {failed})")
+            KEPT.give_back(self._db.url, conn)  # closes it unless it is usable and outside a transaction
+            raise
+        KEPT.give_back(self._db.url, conn)

@@ -25,7 +25,7 @@ REPLAYABLE_BATCHES = 200
 class BarrierLedger(Lineage):
     def complete_barrier(self, table: str, barrier: int, version: int, job_id: str | None = None) -> bool:
         """Record that `table` completed `barrier` in Delta version `version`. False if it already had (replay)."""
-        with self._tx(write=True) as cur:
+        with self._tx(write=True, locks=(f"barriers:{table}",)) as cur:  # checked, then inserted: one at a time
             cur.execute("SELECT version FROM sluice_barriers WHERE table_name = ? AND barrier = ?", (table, barrier))
             row = cur.fetchone()
             if row is not None:
@@ -45,7 +45,7 @@ class BarrierLedger(Lineage):
     def batch_barrier(self, query_id: str, batch_id: int, tables: Sequence[str]) -> int:
         """The barrier of an ingest micro-batch: assigned when first asked (now in ms, above every barrier the
         tables and the query have), the same one on every replay of that batch."""
-        with self._tx(exclusive=True) as cur:
+        with self._tx(write=True, locks=(f"query:{query_id}",)) as cur:
             known = _batch_barrier(cur, query_id, batch_id)
             if known is not None:
                 return known
@@ -68,7 +68,7 @@ class BarrierLedger(Lineage):
     def record_batch_barrier(self, query_id: str, batch_id: int, barrier: int) -> None:
         """A job reading table-store tables: micro-batch `batch_id` processes input up to `barrier` (its read
         tasks record it; its sink then commits with that barrier). The same batch always maps to one barrier."""
-        with self._tx(exclusive=True) as cur:
+        with self._tx(write=True, locks=(f"query:{query_id}",)) as cur:
             known = _batch_barrier(cur, query_id, batch_id)
             if known is None:
                 _insert_batch_barrier(cur, query_id, batch_id, barrier)
@@ -84,7 +84,7 @@ class BarrierLedger(Lineage):
         nothing newer in common yet.
         """
         group = ",".join(sorted(set(tables)))
-        with self._tx(exclusive=True) as cur:
+        with self._tx(write=True, locks=(f"aligned:{group}",)) as cur:  # the first to ask fixes the answer
             cur.execute("SELECT barrier FROM sluice_aligned_barriers WHERE tables = ? AND start_barrier = ?",
                         (group, start_barrier))
             row = cur.fetchone()

@@ -33,7 +33,8 @@ class JobRegistry(Transactions):
         if not sinks:
             raise MetaError(f"job '{name}' has no sink table; a job registers the tables it writes")
         job_id = job_id or f"{name}-{uuid.uuid4().hex[:8]}"
-        with self._tx(exclusive=True) as cur:
+        # Its sinks' writers, and every registration: the cycle check reads every running job's edges.
+        with self._tx(write=True, locks=("registry", *(f"table:{t}" for t in sinks))) as cur:
             for table in sinks:
                 cur.execute("SELECT j.job_id, j.name, j.host, j.pid, j.lease_until FROM sluice_jobs j JOIN "
                             "sluice_job_tables t ON t.job_id = j.job_id WHERE t.table_name = ? AND t.role = 'sink' "
@@ -77,7 +78,7 @@ class JobRegistry(Transactions):
         a streaming query (query_id) becomes the implicit writer; a batch write (no query_id) commits under no
         job row (returns `name`), so one-off writes leave no bookkeeping behind.
         """
-        with self._tx(exclusive=True) as cur:
+        with self._tx(write=True, locks=(f"table:{table}",)) as cur:  # the table's writer; other tables go on
             now = time.time()
             cur.execute("SELECT j.job_id, j.name, j.host, j.pid, j.query_id, j.lease_until FROM sluice_jobs j "
                         "JOIN sluice_job_tables t ON t.job_id = j.job_id WHERE t.table_name = ? AND t.role = 'sink' "

@@ -1,0 +1,168 @@
+"""The PostgreSQL MetaService keeps one connection per process across its transactions, survives that connection
+dying while idle, and serializes only what must be: a table's commits wait for another commit to that table, never
+for one to another table."""
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from sluice.meta import MetaService, WriterConflictError, _backend
+from sluice.meta._connections import KEPT
+
+WAIT_S = 60  # only ever the failure signal of an event that did not come
+
+
+@pytest.fixture
+def meta_url(pg):
+    schema = f"meta_{uuid.uuid4().hex[:8]}"
+    pg.sql(f"CREATE SCHEMA {schema}")
+    url = pg.url + f"?options=-csearch_path%3D{schema}"
+    yield url
+    KEPT.close(url)
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The connections the MetaService opens, counted as they are made (the real ones)."""
+    count = [0]
+    connect = _backend.Backend.connect
+
+    def counting(self):
+        count[0] += 1
+        return connect(self)
+
+    monkeypatch.setattr(_backend.Backend, "connect", counting)
+    return count
+
+
+def commits(url: str, n: int) -> None:
+    """`n` table-store commits as its sink makes them: a new MetaService per step, three transactions each."""
+    for version in range(1, n + 1):
+        job = MetaService(url).claim_writer("orders", name="ingest", query_id="q1")
+        barrier = MetaService(url).batch_barrier("q1", version, ["orders"])
+        MetaService(url).complete_barrier("orders", barrier, version, job_id=job)
+
+
+def test_a_process_keeps_one_connection_across_its_transactions(meta_url, opened, monkeypatch):
+    commits(meta_url, 10)  # the schema, then 30 transactions
+    assert opened[0] == 1
+    assert KEPT.idle(meta_url) == 1
+    MetaService(meta_url).close()
+    assert KEPT.idle(meta_url) == 0
+    MetaService(meta_url).last_barrier("orders")  # after close(): a new one
+    assert opened[0] == 2
+    # Negative control: a connection per transaction (each closed at its end, as before) fails the count.
+    monkeypatch.setattr(KEPT, "give_back", lambda url, conn: conn.close())
+    KEPT.close(meta_url)
+    opened[0] = 0
+    commits(meta_url, 10)
+    assert opened[0] == 30
+
+
+def test_a_kept_connection_the_server_ended_is_replaced_once_and_named(meta_url, pg, opened, caplog):
+    meta = MetaService(meta_url)
+    meta.last_barrier("orders")
+    (kept,) = KEPT._idle[meta_url]
+    old_pid = kept.info.backend_pid
+    # The server ends the idle session (a restart, idle_session_timeout); wait until its process is gone.
+    assert pg.sql("SELECT pg_terminate_backend(%s, 60000)", (old_pid,)) == [(True,)]
+    opened[0] = 0
+    with caplog.at_level(logging.WARNING, logger="sluice.meta"):
+        assert meta.complete_barrier("orders", 1000, 1) is True
+    assert opened[0] == 1
+    assert "a kept connection failed before its transaction began (consuming input failed: terminating connection " \
+        "due to administrator command" in caplog.text
+    assert meta.barriers("orders") == [(1000, 1)]
+    (now,) = KEPT._idle[meta_url]
+    assert kept.closed and now.info.backend_pid != old_pid
+
+
+@dataclass
+class Race:
+    b_went_on: bool  # writer B finished while A's transaction was still open
+    b_result: object  # B's claim_writer answer, or the exception it raised
+
+
+def lock_waiters(pg) -> int:
+    """MetaService sessions waiting for a lock another holds (the server's own account)."""
+    return pg.sql("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                  "WHERE NOT l.granted AND a.application_name = 'sluice-meta'")[0][0]
+
+
+def race(url: str, pg, table_a: str, table_b: str) -> Race:
+    """Writer A claims `table_a` and holds its transaction open (its writer row written, not committed); writer B
+    claims `table_b` meanwhile. B either finishes or waits for a lock A holds; then A commits."""
+    inside, release, b_done = threading.Event(), threading.Event(), threading.Event()
+    results: dict[str, object] = {}
+    execute = _backend.Cursor.execute
+
+    def holding(self, sql, params=()):
+        execute(self, sql, params)
+        if threading.current_thread().name == "writer-a" and sql.startswith("INSERT INTO sluice_job_tables"):
+            inside.set()
+            release.wait()
+
+    def claim(who: str, table: str) -> None:
+        try:
+            results[who] = MetaService(url).claim_writer(table, name=f"job-{who}", query_id=f"query-{who}",
+                                                      lease_s=600)
+        except WriterConflictError as e:
+            results[who] = e
+        finally:
+            if who == "b":
+                b_done.set()
+
+    a = threading.Thread(target=claim, args=("a", table_a), name="writer-a")
+    b = threading.Thread(target=claim, args=("b", table_b), name="writer-b")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Cursor, "execute", holding)
+        a.start()
+        try:
+            assert inside.wait(WAIT_S), "writer A never reached its commit"
+            b.start()
+            deadline = time.monotonic() + WAIT_S
+            while not b_done.is_set() and lock_waiters(pg) == 0:
+                assert time.monotonic() < deadline, "writer B neither finished nor waited for a lock"
+                b_done.wait(0.01)
+            went_on = b_done.is_set()
+        finally:
+            release.set()
+            a.join(WAIT_S)
+    b.join(WAIT_S)
+    assert not a.is_alive() and not b.is_alive() and isinstance(results["a"], str)
+    return Race(went_on, results["b"])
+
+
+def old_table_lock(self, locks):
+    """The discipline before: every serialized transaction locked the whole jobs table."""
+    return "BEGIN; LOCK TABLE sluice_jobs IN EXCLUSIVE MODE" if locks else "BEGIN"
+
+
+def test_commits_to_different_tables_do_not_wait_for_each_other(meta_url, pg):
+    MetaService(meta_url)
+    found = race(meta_url, pg, "orders", "customers")
+    assert found.b_went_on and isinstance(found.b_result, str)
+    # Negative control: the table-wide lock makes B wait for A's commit.
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Backend, "begin_sql", old_table_lock)
+        found = race(meta_url, pg, "payments", "refunds")
+    assert not found.b_went_on
+
+
+def test_commits_to_one_table_are_still_serialized_and_the_second_writer_fenced(meta_url, pg):
+    MetaService(meta_url)
+    found = race(meta_url, pg, "orders", "orders")
+    assert not found.b_went_on
+    assert isinstance(found.b_result, WriterConflictError)
+    assert "'orders' already has an active writer: job 'job-a-" in str(found.b_result)
+    # Negative control: without the lock, B does not see A's uncommitted claim: two writers of one table.
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Backend, "begin_sql", lambda self, locks: "BEGIN")
+        found = race(meta_url, pg, "payments", "payments")
+    assert found.b_went_on and isinstance(found.b_result, str)
+    writers = [j for j in MetaService(meta_url).jobs() if "payments" in j.sinks and j.status == "running"]
+    assert len(writers) == 2
