@@ -89,10 +89,20 @@ _signed_in: dict[tuple[str, bytes, str | None], Any] = {}  # (principal, keytab 
 _krb5_conf: dict[str, str] = {}  # krb5.conf text -> its file
 
 
+def _gssapi() -> Any:
+    try:
+        import gssapi
+    except ImportError:
+        raise OptionError("kerberos.principal needs python-gssapi on the driver and every executor: pip install "
+                          "'sluice[kerberos]' (it builds against MIT Kerberos: apt-get install -y libkrb5-dev gcc, "
+                          "or install a wheel built once for your executors' image; docs/security.md)") from None
+    return gssapi
+
+
 def credentials(kerberos: Kerberos) -> Any:
     """This process's gssapi.Credentials of the principal, signing in (again) from the keytab when there are none or
     their ticket ends within REFRESH_S."""
-    import gssapi
+    gssapi = _gssapi()
 
     key = (kerberos.principal, hashlib.sha256(kerberos.keytab).digest(), kerberos.krb5_conf)
     with _lock:
@@ -109,7 +119,7 @@ def credentials(kerberos: Kerberos) -> Any:
 
 
 def _sign_in(kerberos: Kerberos) -> Any:
-    import gssapi
+    gssapi = _gssapi()
 
     if kerberos.krb5_conf is not None:
         _use_krb5_conf(kerberos.krb5_conf)
@@ -162,7 +172,7 @@ def _sign_in_error(kerberos: Kerberos, error: Exception) -> Exception:
 def negotiate(kerberos: Kerberos, host: str) -> str:
     """An `Authorization` header's value for one request to the gateway on `host`: a fresh SPNEGO token for
     <service>@<host> (the gateway's acceptor refuses a token it has seen)."""
-    import gssapi
+    gssapi = _gssapi()
 
     creds = credentials(kerberos)
     target = gssapi.Name(f"{kerberos.service}@{host}", gssapi.NameType.hostbased_service)
