@@ -1,9 +1,10 @@
 """format("hbase") signed in by Kerberos: HBase and its Thrift2 gateway secured by a real MIT KDC (LocalKdc), the
 gateway in its HTTP mode requiring SPNEGO from every request. Written and read back through Spark with the principal
 and its keytab given as options (base64, a secret); refused, naming HBase, the principal and the KDC's reason, for a
-keytab whose key was changed since and for a principal that has expired; the keytab in no error, log or plan, and on
-no path once the sign-in is done. The negative control: a request without a Kerberos token is refused by the gateway
-(401), so the tests' sign-in is what lets the writes through."""
+keytab whose key was changed since and for a principal that has expired; a ticket near its end replaced by signing in
+again from the keytab; the keytab in no error, log or plan, and on no path once the sign-in is done. The negative
+control: a request without a Kerberos token is refused by the gateway (401), so the tests' sign-in is what lets the
+writes through."""
 
 import base64
 import http.client
@@ -100,6 +101,24 @@ def test_the_keytab_is_on_no_path_once_signed_in(secured):
     assert str(creds.name) == principal and creds.lifetime > 0
     assert {n for n in os.listdir(folder) if n.startswith("sluice-krb5-") and n not in before} <= {
         n for n in os.listdir(folder) if n.startswith("sluice-krb5-conf-")}  # only the krb5.conf's folder stays
+
+
+def test_a_ticket_near_its_end_is_replaced_by_signing_in_again_from_the_keytab(secured):
+    """A ticket with under REFRESH_S left is not used: the process signs in again from the keytab's bytes (the file is
+    long gone), and the gateway takes the new ticket. The control: a principal whose tickets last an hour keeps its
+    first sign-in."""
+    kdc, helper = secured
+    conf = helper.server.kerberos.krb5_conf
+    short = kdc.add_principal("short")
+    kdc.kadmin(f'modprinc -maxlife "2 minutes" {short}')  # under REFRESH_S (5 min) from the start
+    brief = Kerberos(short, kdc.keytab(short).read_bytes(), krb5_conf=conf)
+    first = credentials(brief)
+    assert first.lifetime <= 120 and credentials(brief) is not first
+    client = Connection((helper.server.kerberos.host,), helper.server.port, 30.0, kerberos=brief)
+    assert {d.name for d in client.call("listNamespaceDescriptors")} >= {"default", "hbase"}
+    long = kdc.add_principal("long")
+    lasting = Kerberos(long, kdc.keytab(long).read_bytes(), krb5_conf=conf)
+    assert credentials(lasting) is credentials(lasting)
 
 
 def test_without_a_kerberos_token_the_gateway_refuses(secured):
