@@ -31,6 +31,9 @@ Tests of what HBase forgets: `major_compact(table)` flushes a table and major-co
 markers and the cells they masked. The Thrift2 gateway offers no compaction, so it runs HBase's own Admin API in a
 third JVM (Java's single-file source launch of COMPACT_JAVA, on the server's classpath and hbase-site.xml).
 
+`LocalHBase(kdc=LocalKdc())`: HBase and its gateway secured by that realm (_hbase_kerberos.py: SASL GSSAPI inside,
+SPNEGO on the gateway's HTTP mode); `client()` then signs in as the test principal `kerberos` names.
+
 Fault tests: `kill_gateway()`, `start_gateway()` and `restart_gateway()` kill the gateway (SIGKILL, as a crash would)
 and start it again on the same port, while the server keeps running; `kill()` and `start()` do the same to both.
 `stop()` kills both too: HMaster in standalone mode stops its ZooKeeper before its region server, which then waits
