@@ -16,6 +16,7 @@ its ticket has less than REFRESH_S left, so a long streaming query outlives its 
 
 from __future__ import annotations
 
+import atexit
 import base64
 import binascii
 import hashlib
@@ -146,6 +147,7 @@ def _use_krb5_conf(text: str) -> None:
     path = _krb5_conf.get(text)
     if path is None:
         folder = tempfile.mkdtemp(prefix="sluice-krb5-conf-")
+        atexit.register(shutil.rmtree, folder, True)  # (not a secret; Spark may end a worker without atexit)
         path = os.path.join(folder, "krb5.conf")
         with open(path, "w") as f:
             f.write(text)
