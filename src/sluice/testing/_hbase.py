@@ -31,6 +31,9 @@ Tests of what HBase forgets: `major_compact(table)` flushes a table and major-co
 markers and the cells they masked. The Thrift2 gateway offers no compaction, so it runs HBase's own Admin API in a
 third JVM (Java's single-file source launch of COMPACT_JAVA, on the server's classpath and hbase-site.xml).
 
+`LocalHBase(kdc=LocalKdc())`: HBase and its gateway secured by that realm (_hbase_kerberos.py: SASL GSSAPI inside,
+SPNEGO on the gateway's HTTP mode); `client()` then signs in as the test principal `kerberos` names.
+
 Fault tests: `kill_gateway()`, `start_gateway()` and `restart_gateway()` kill the gateway (SIGKILL, as a crash would)
 and start it again on the same port, while the server keeps running; `kill()` and `start()` do the same to both.
 `stop()` kills both too: HMaster in standalone mode stops its ZooKeeper before its region server, which then waits
@@ -42,6 +45,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from functools import cache
@@ -51,8 +55,10 @@ from types import ModuleType
 from typing import Any
 from xml.sax.saxutils import escape
 
+from sluice.testing._hbase_kerberos import SecuredHBase, kerberos_settings
 from sluice.testing._jvm import JvmServer
 from sluice.testing._jvm import find_java as jvm_java
+from sluice.testing._kdc import LocalKdc
 from sluice.testing._postgres import free_port
 
 # The one place the version is pinned: the Makefile's check-hbase reads this line (hbase-thrift's version is this
@@ -223,12 +229,16 @@ class LocalHBase(JvmServer):
 
     def __init__(self, *, host: str = "127.0.0.1", heap: str = "384m", gateway_heap: str = "128m",
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 120,
-                 port: int = 0, settings: dict[str, Any] | None = None, tls: bool = False) -> None:
+                 port: int = 0, settings: dict[str, Any] | None = None, tls: bool = False,
+                 kdc: LocalKdc | None = None) -> None:
         self.host, self.heap, self.gateway_heap, self.full_jit = host, heap, gateway_heap, full_jit
         # tls: the gateway in its HTTP mode over TLS (HBase has no TLS on the binary protocol), with a certificate
         # of a throwaway CA (sluice.testing._tls) for 127.0.0.1 and localhost; `ca_pem` is what clients trust.
         self.tls = tls
         self.ca_pem: str | None = None
+        # kdc: HBase and its gateway secured by this realm (_hbase_kerberos.py); `kerberos` is the clients' side.
+        self.kdc = kdc
+        self.kerberos: SecuredHBase | None = None
         self.jvm_options = list(jvm_options or [])  # last on both command lines: they override the flags above
         self.settings = dict(settings or {})
         super().__init__(start_timeout)
@@ -275,6 +285,10 @@ class LocalHBase(JvmServer):
         }
         if self.tls:
             properties.update(self._tls_settings(self._dir / "conf"))
+        if self.kdc is not None:
+            secured, flags, self.kerberos = kerberos_settings(self.kdc, self._dir / "conf")
+            properties.update(secured)
+            self.jvm_options = [*flags, *self.jvm_options]
         (self._dir / "conf" / "hbase-site.xml").write_text(site_xml(properties))
         (self._dir / "conf" / "log4j.properties").write_text(LOG4J)
 
@@ -344,10 +358,17 @@ class LocalHBase(JvmServer):
 
     def client(self, *, timeout: float = 60) -> Any:
         """A thriftpy2 `THBaseService` client of the gateway (binary protocol, buffered transport); `close()` it.
-        `timeout` in seconds, for connecting and for each call."""
-        if self.tls:
-            import ssl
+        `timeout` in seconds, for connecting and for each call. A secured server's: signed in as
+        `kerberos.client_principal`, on the host name its SPNEGO principal names."""
+        if self.kerberos is not None:
+            from sluice.connectors.hbase._kerberos import Kerberos
+            from sluice.connectors.hbase._kerberos import make_client as make_kerberos_client
 
+            k = self.kerberos
+            context = ssl.create_default_context(cadata=self.ca_pem) if self.tls else None
+            return make_kerberos_client(thrift().THBaseService, k.host, self.port,
+                               Kerberos(k.client_principal, k.client_keytab, krb5_conf=k.krb5_conf), timeout, context)
+        if self.tls:
             from thriftpy2.http import make_client as make_http_client
 
             context = ssl.create_default_context(cadata=self.ca_pem)

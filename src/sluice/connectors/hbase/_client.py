@@ -20,6 +20,8 @@ from types import ModuleType
 from typing import Any
 
 from sluice.connector import Option, OptionError, Options, RecordError, RetryableError, SinkError, ThrottledError
+from sluice.connectors.hbase._kerberos import KERBEROS_OPTIONS, Kerberos
+from sluice.connectors.hbase._kerberos import make_client as make_kerberos_client
 
 CONNECTION_OPTIONS = (
     Option("host", "list", (), "Thrift2 gateways (hbase thrift2 start): host names or addresses; a task picks one "
@@ -32,6 +34,7 @@ CONNECTION_OPTIONS = (
            "certificate and the host name are checked against the system's trusted CAs, or ssl.ca-pem."),
     Option("ssl.ca-pem", "str", None, "PEM text of the CA that signed the gateways' certificates (text, not a path: "
            "executors are other machines). Implies ssl=true."),
+    *KERBEROS_OPTIONS,
 )
 
 # Server-side exceptions (their Java class names reach us in TIOError's message) that say: slow down.
@@ -65,6 +68,7 @@ class Connection:
     timeout_s: float
     ssl: bool = False  # HTTPS (the gateway's HTTP mode) instead of the binary protocol
     ca_pem: str | None = None
+    kerberos: Kerberos | None = None  # SPNEGO on the gateway's HTTP mode (with ssl, HTTPS)
 
     @classmethod
     def from_options(cls, opts: Options) -> Connection:
@@ -72,7 +76,7 @@ class Connection:
             raise OptionError("host must name at least one HBase Thrift2 gateway, e.g. .option('host', "
                               "'hbase-thrift.internal')")
         return cls(tuple(opts["host"]), opts["port"], opts["request.timeout-ms"] / 1000,
-                   opts["ssl"] or opts["ssl.ca-pem"] is not None, opts["ssl.ca-pem"])
+                   opts["ssl"] or opts["ssl.ca-pem"] is not None, opts["ssl.ca-pem"], Kerberos.from_options(opts))
 
     def display(self, table: str) -> str:
         return f"hbase{'s' if self.ssl else ''}://{self.hosts[0]}:{self.port}/{table}"
@@ -90,7 +94,10 @@ class Connection:
             from thriftpy2.transport import TCyBufferedTransportFactory
 
             try:
-                if self.ssl:
+                if self.kerberos is not None:
+                    client = make_kerberos_client(thrift().THBaseService, host, self.port, self.kerberos,
+                                                  self.timeout_s, _ssl_context(self.ca_pem) if self.ssl else None)
+                elif self.ssl:
                     from thriftpy2.http import make_client as make_http_client
 
                     context = _ssl_context(self.ca_pem)
