@@ -53,13 +53,13 @@ from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from xml.sax.saxutils import escape
 
 from sluice.testing._hbase_kerberos import SecuredHBase, kerberos_settings
 from sluice.testing._jvm import JvmServer
 from sluice.testing._jvm import find_java as jvm_java
 from sluice.testing._kdc import LocalKdc
 from sluice.testing._postgres import free_port
+from sluice.testing._site_xml import site_xml
 
 # The one place the version is pinned: the Makefile's check-hbase reads this line (hbase-thrift's version is this
 # one without -hadoop3).
@@ -126,15 +126,6 @@ def thrift() -> ModuleType:
 
     path = Path(__file__).resolve().parent.parent / "connectors" / "hbase" / "hbase.thrift"
     return thriftpy2.load(str(path), module_name="sluice_hbase_thrift")
-
-
-def site_xml(properties: dict[str, Any]) -> str:
-    def value(v: Any) -> str:
-        return str(v).lower() if isinstance(v, bool) else str(v)
-
-    return ('<?xml version="1.0"?>\n<configuration>\n' + "".join(
-        f"  <property><name>{escape(k)}</name><value>{escape(value(v))}</value></property>\n"
-        for k, v in properties.items()) + "</configuration>\n")
 
 
 def jvm_command(java: str, heap: str, full_jit: bool, folder: Path, log_dir: Path, log_file: str) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.testing._kdc import LocalKdc
+from sluice.testing._site_xml import site_xml
 
 SERVICE_HOST = "localhost"
 
@@ -32,8 +33,6 @@ class SecuredHBase:
 
 def kerberos_settings(kdc: LocalKdc, conf: Path) -> tuple[dict[str, Any], list[str], SecuredHBase]:
     """hbase-site.xml properties and JVM flags securing the server and its gateway by `kdc`, and the client's side."""
-    from sluice.testing._hbase import site_xml  # (that module imports this one)
-
     service = kdc.add_principal(f"hbase/{SERVICE_HOST}")
     spnego = kdc.add_principal(f"HTTP/{SERVICE_HOST}")
     keytab = conf / "hbase.keytab"
