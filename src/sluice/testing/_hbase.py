@@ -42,6 +42,7 @@ and start it again on the same port, while the server keeps running; `kill()` an
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -228,6 +229,8 @@ class LocalHBase(JvmServer):
         self.tls = tls
         self.ca_pem: str | None = None
         # kdc: HBase and its gateway secured by this realm (_hbase_kerberos.py); `kerberos` is the clients' side.
+        if kdc is not None and importlib.util.find_spec("gssapi") is None:  # the gateway's readiness check signs in
+            raise RuntimeError("LocalHBase(kdc=...) needs python-gssapi in this environment: make check-kerberos")
         self.kdc = kdc
         self.kerberos: SecuredHBase | None = None
         self.jvm_options = list(jvm_options or [])  # last on both command lines: they override the flags above
