@@ -230,3 +230,98 @@ def test_a_driver_lost_mid_snapshot_resumes_at_the_last_committed_chunk_and_the_
         r.column("_op").to_pylist().count("read") for r in rest)
     assert committed_reads == 1000 and later_reads == 1000, "resumed after the committed chunks, none read twice"
     assert replica == source_rows(lpg.url, t)
+
+
+@pytest.mark.spark
+def test_a_signalled_snapshot_reaches_a_postgres_upsert_sink_through_spark_under_updates(spark, lpg, tmp_path):
+    """Through Spark: a signal asks for a table's snapshot while updates that leave its TOASTed column unchanged keep
+    coming; the postgres sink applies the `read` rows as upserts and keeps the chunk's TOASTed values. The target
+    ends equal to the source."""
+    t = added_table(lpg.url, "bf_spark", 900)
+    signals = new_table(lpg.url, "bf_spark_signals", "id text PRIMARY KEY, type text, data text")
+    sql(lpg.url, "CREATE TABLE bf_spark_copy (id int PRIMARY KEY, n int, doc text)")
+    stream(lpg.url, table=t, snapshot="false", slot="sluice_test_bf_spark").initialOffset()
+    sql(lpg.url, f"INSERT INTO {signals} VALUES ('all', 'execute-snapshot', '{{\"data-collections\": [\"{t}\"]}}')")
+    writer = Writer(lpg.url, t, 900)
+    writer.start()
+    rows = spark.readStream.format("postgres_changes").options(url=lpg.url, table=t, slot="sluice_test_bf_spark") \
+        .option("snapshot", "false").option("signal.table", signals).option("snapshot.chunk-size", "300").load()
+    query = rows.select("id", "n", "doc", "_op", "_unchanged").writeStream.format("postgres") \
+        .options(url=lpg.url, table="bf_spark_copy", **{"primary-key": "id", "upsert.op-column": "_op",
+                                                       "upsert.unchanged-column": "_unchanged"}) \
+        .option("checkpointLocation", str(tmp_path / "bf_spark")).start()
+    try:
+        query.processAllAvailable()
+        writer.stop.set()
+        writer.join()
+        query.processAllAvailable()
+    finally:
+        writer.stop.set()
+        query.stop()
+    assert not writer.errors and writer.writes >= 50
+    reads = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert len(reads) >= 3, f"the chunks went in micro-batches of their own: {reads}"
+    assert source_rows(lpg.url, "bf_spark_copy") == source_rows(lpg.url, t)
+    assert sql(lpg.url, f"SELECT count(*) FROM bf_spark_copy WHERE doc = '{BIG}'")[0][0] >= 5
+    assert sql(lpg.url, f"SELECT count(*) FROM {signals}") == [(0,)]
+
+
+def test_a_commit_not_yet_visible_holds_the_chunk_back_until_it_is(lpg, monkeypatch):
+    """synchronous_standby_names names a standby that never answers: an UPDATE's commit is in the WAL, so a
+    micro-batch streams it, while no snapshot sees it yet. The chunk asked for next waits until it does. Negative
+    control: without that check, the chunk's row from before the update comes after it and the replica is stale."""
+
+    def scenario(name):
+        t = added_table(lpg.url, name, 10)
+        signals = new_table(lpg.url, f"{name}_signals", "id text PRIMARY KEY, type text, data text")
+        reader = stream(lpg.url, table=t, snapshot="false", slot=f"sluice_test_{name}", **{"signal.table": signals})
+        at = reader.initialOffset()
+        sql(lpg.url, "ALTER SYSTEM SET synchronous_standby_names = 'nobody'", "SELECT pg_reload_conf()")
+        errors = []
+
+        def update():
+            try:
+                with psycopg.connect(lpg.url, autocommit=True) as conn:
+                    conn.execute(f"UPDATE {t} SET n = 42 WHERE id = 3")  # waits for the standby, committed locally
+            except Exception as e:  # handed to the test thread
+                errors.append(e)
+                raise
+
+        waiting = threading.Thread(target=update)
+        try:
+            waiting.start()
+            with psycopg.connect(lpg.url, autocommit=True) as conn:  # the commit is in the WAL, not yet visible
+                while not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+                                       ).fetchone()[0]:
+                    conn.execute("SELECT pg_sleep(0.01)")
+            batches = []
+            end, rows = batch(reader, at)
+            assert [(r["_op"], r["id"], r["n"]) for r in rows.to_pylist()] == [("update", 3, 42)]
+            reader.commit(end)
+            batches.append(rows)
+            with psycopg.connect(lpg.url, autocommit=True) as conn:
+                conn.execute("SET synchronous_commit = local")
+                conn.execute(f"INSERT INTO {signals} VALUES ('s', 'execute-snapshot', "
+                             f"'{{\"data-collections\": [\"{t}\"]}}')")
+            at, rows = batch(reader, end)
+            batches.append(rows)
+        finally:
+            sql(lpg.url, "ALTER SYSTEM RESET synchronous_standby_names", "SELECT pg_reload_conf()")
+            waiting.join()
+        assert not errors
+        reader.commit(at)
+        run_until_done(reader, at, batches)
+        reader.stop()
+        replica = {}
+        for rows in batches:
+            apply(replica, rows, f"public.{t}")
+        return batches, replica, source_rows(lpg.url, t)
+
+    batches, replica, source = scenario("bf_late")
+    assert batches[1].column("_op").to_pylist().count("read") == 0, "the chunk waited a micro-batch"
+    assert replica == source and source[3]["n"] == 42
+
+    monkeypatch.setattr(_backfill, "late_transactions", lambda pg, snapshot, unseen: 0)
+    batches, replica, source = scenario("bf_late_unchecked")
+    assert batches[1].column("_op").to_pylist().count("read") == 10
+    assert replica[3]["n"] == 0 and source[3]["n"] == 42, "the chunk's row from before the update came after it"

@@ -16,9 +16,11 @@ unchanged.)
 A gap DBLog leaves open is closed: a transaction whose commit record is already in the WAL but that the snapshot
 does not see yet (its backend is between writing the commit record and ending the transaction, as under synchronous
 replication) may have been applied in an earlier batch; the chunk's older row would then overwrite it. Such a
-transaction was committed (pg_xact_status) and unseen already before the snapshot was taken: a snapshot that still
-does not see one of those is let go, and the chunk waits for the next micro-batch (late_transactions). Not caught: a
-backend stalled between writing its commit record and marking it in the commit log since the batch's start.
+transaction's session waits for its standby (wait event SyncRep) from before the snapshot is taken on: a snapshot
+that does not see one of those is let go, and the chunk waits for the next micro-batch (late_transactions). Seeing
+other roles' wait events takes pg_read_all_stats (a warning says so when synchronous_standby_names is set and the
+role lacks it). Not caught: a backend stalled for other reasons between writing its commit record and ending its
+transaction, from before the batch's start until the snapshot.
 
 State that crosses micro-batches (what is queued, how far the table being read is done, the chunk of the batch that
 ends at an offset, which signals were taken) lives in the offsets (Backfill), so a restarted query resumes at the
@@ -126,9 +128,10 @@ def chunk_where(chunk: Chunk, key: tuple[str, ...], types: Mapping[str, str]) ->
 
 
 def committed_unseen(pg: Any) -> list[str]:
-    """The transactions that have committed (pg_xact_status) but that a snapshot taken now does not see yet."""
-    (xids,) = pg.execute("SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) AS x "
-                         "WHERE pg_xact_status(x) = 'committed'").fetchone()
+    """The transactions whose commit record is in the WAL while snapshots do not see them yet: those of sessions
+    waiting for a synchronous standby (wait event SyncRep). Other roles' wait events need pg_read_all_stats."""
+    (xids,) = pg.execute("SELECT coalesce(array_agg(backend_xid::text), '{}') FROM pg_stat_activity "
+                         "WHERE wait_event = 'SyncRep' AND backend_xid IS NOT NULL").fetchone()
     return list(xids)
 
 
@@ -141,8 +144,9 @@ def late_transactions(pg: Any, snapshot: str, unseen_before: list[str]) -> int:
     pg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     try:
         pg.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot)}")
+        # xid8 in the snapshot, 32-bit xids in pg_stat_activity: compared modulo 2^32.
         (late,) = pg.execute("SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) AS x "
-                             "WHERE x::text = ANY(%s)", (unseen_before,)).fetchone()
+                             "WHERE (x::text::numeric %% 4294967296)::text = ANY(%s)", (unseen_before,)).fetchone()
     finally:
         pg.execute("ROLLBACK")
     return int(late)
@@ -165,6 +169,7 @@ class Backfiller:
         self.slot = slot
         self._holders: dict[str, SnapshotHolder] = {}  # snapshot id -> the process holding it
         self._polled_at: int | None = None  # the WAL position of the last look at the signal table
+        self._rights_checked = False
 
     # ---------------------------------------------------------------------------------------------- requests
     def at_start(self, state: Backfill, streamed: tuple[str, ...] | None) -> Backfill:
@@ -267,6 +272,7 @@ class Backfiller:
             return None
         request = state.queue[0]
         upto = self._upper_bound(pg, request, state.after)
+        self._check_visibility_rights(pg)
         unseen = committed_unseen(pg)
         holder = SnapshotHolder(self.conn, self.timeout_s)
         holder.release_pipes()
@@ -285,6 +291,19 @@ class Backfiller:
         else:
             done = replace(state, after=upto, chunk=chunk)
         return done, parse_lsn(high)
+
+    def _check_visibility_rights(self, pg: Any) -> None:
+        """Once: warn when the server waits for synchronous standbys and this role cannot see other roles' waits."""
+        if self._rights_checked:
+            return
+        self._rights_checked = True
+        (blind,) = pg.execute("SELECT current_setting('synchronous_standby_names') <> '' AND NOT (pg_has_role("
+                              "'pg_read_all_stats', 'MEMBER') OR (SELECT rolsuper FROM pg_roles WHERE rolname = "
+                              "current_user))").fetchone()
+        if blind:
+            log.warning("slot %s: the server waits for synchronous standbys, and this role cannot see other roles' "
+                        "sessions waiting for them: a chunk of a snapshot on demand could then overwrite a change "
+                        "committed but not yet visible. GRANT pg_read_all_stats TO the role", self.slot)
 
     def _upper_bound(self, pg: Any, request: TableRequest, after: tuple[str, ...] | None) -> tuple[str, ...] | None:
         """The primary key of the chunk's last row: `chunk_size` rows after `after`; None when fewer are left."""
