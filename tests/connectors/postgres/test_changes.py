@@ -205,7 +205,7 @@ def test_the_snapshot_hands_over_to_the_changes_with_no_gap_and_no_overlap_under
     start = reader.initialOffset()
     assert "snapshot" in start
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    assert end == {"v": 1, "lsn": start["lsn"]}, "micro-batch 0 is the snapshot alone"
+    assert end == {"v": 1, "lsn": start["lsn"], "tables": ["public.handover"]}, "micro-batch 0 is the snapshot alone"
     snapshot_rows = [b for p in reader.partitions(start, end) for b in reader.read(p)]
     fresh = SnapshotHolder(reader.stream.conn, 30)  # the negative control's snapshot: taken after the slot's
     stop.set()
@@ -270,7 +270,8 @@ def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_include
     with pytest.raises(OptionError, match=r"not in publication 'two_tables'"):
         stream(lpg.url, publication="two_tables", table="typed")
 
-    # A table joins the publication mid-stream: the batch fails naming it, and the restarted query streams it too.
+    # A table joins the publication mid-stream: the batch fails naming it, and the restarted query streams it too,
+    # its existing rows read first (snapshot.new-tables; test_changes_backfill.py).
     start = after
     c = new_table(lpg.url, "pub_c", "id int PRIMARY KEY, note text")
     sql(lpg.url, f"ALTER PUBLICATION two_tables ADD TABLE {c}", f"INSERT INTO {c} VALUES (1, 'new')",
@@ -281,8 +282,8 @@ def test_a_publication_of_two_tables_streams_both_in_one_schema_snapshot_include
     reader.stop()
     restarted = stream(lpg.url, publication="two_tables", slot="sluice_test_two")
     _, rows = batch(restarted, start)
-    assert [(r["_table"], r["id"], r["note"]) for r in rows.to_pylist()] == [("public.pub_c", 1, "new"),
-                                                                          ("public.pub_a", 2, None)]
+    assert [(r["_table"], r["_op"], r["id"], r["note"]) for r in rows.to_pylist()] == [
+        ("public.pub_c", "read", 1, "new"), ("public.pub_c", "insert", 1, "new"), ("public.pub_a", "insert", 2, None)]
     restarted.stop()
     # Negative control: decoding as if the stream were some of the publication's tables, the new table's change is
     # left out without a word.
@@ -334,7 +335,8 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
         reader.commit(end)
         start = end
     assert len(sizes) == 4 and sum(sizes) == 1000 and max(sizes) <= 300, sizes  # cut by the key histogram
-    assert start == {"v": 1, "lsn": first["lsn"]}, "the last snapshot batch ends where the changes begin"
+    assert start == {"v": 1, "lsn": first["lsn"], "tables": first["tables"]}, \
+        "the last snapshot batch ends where the changes begin"
     end, changes = batch(reader, start)
     assert changes.column("id").to_pylist() == [1000]
     assert sorted([*ids, 1000]) == list(range(1001)), "every row exactly once"
@@ -343,7 +345,7 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
     whole = stream(lpg.url, table=t, slot="whole_snapshot")
     start = whole.initialOffset()
     end, rows = batch(whole, start)
-    assert end == {"v": 1, "lsn": start["lsn"]} and rows.num_rows == 1001
+    assert end == {"v": 1, "lsn": start["lsn"], "tables": start["tables"]} and rows.num_rows == 1001
     whole.commit(end)
 
 

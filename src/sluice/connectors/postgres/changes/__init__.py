@@ -35,12 +35,15 @@ How it works (the built-in `pgoutput` plugin, so any PostgreSQL >= 12 with wal_l
 - **A lost slot is data loss**: dropped, invalidated (max_slot_wal_keep_size) or moved past the query's
   position by someone else (checked when a batch is planned and again, on the executor, after its changes are
   fetched). failOnDataLoss=true (default) fails; false warns, re-creates the slot and goes on from its new position.
+- **Snapshots on demand** (_backfill): a table new to the capture at a restart, or one a signal table's
+  `execute-snapshot` row names, is read in primary-key chunks, one per micro-batch and first in it, as `read` rows.
 - **One query per slot** (SlotGuard): the driver holds an advisory lock named after the slot for the query's life,
   so a second query on it fails at start instead of advancing the slot past the first one's changes.
 
 The package, one concern per module: _options (the options), _publication (what the driver resolves: publication,
 tables, columns), _slot (slot state, the one-query-per-slot guard, operations on slots), _offset (the offset Spark
-checkpoints, typed), _messages (where a batch of messages ends), _stream (the driver's side: micro-batch planning,
+checkpoints, typed), _messages (where a batch of messages ends), _backfill (snapshots on demand: requests, chunks and
+their snapshots), _stream (the driver's side: micro-batch planning,
 the slot moved as Spark commits), _read (the executors' side: snapshot splits and WAL ranges read and decoded) and
 _datasource (the Spark data source).
 """

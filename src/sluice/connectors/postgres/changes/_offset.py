@@ -4,7 +4,9 @@ Serialized form (version 1): {"v": 1, "lsn": "0/16B3748"}, plus while micro-batc
 "snapshot" and "channel" (the exported snapshot and its holder's notify channel), plus when
 max-changes-per-trigger cuts the snapshot "splits" ([table, where, estimated rows] each, planned once) and
 "done" (how many of them earlier batches read), plus "quiet": true on a batch without rows that moves past WAL
-the publication did not write. Offsets written before the version field are read as version 1.
+the publication did not write, plus "tables" (the tables streamed, so a restart finds the ones new to it) and
+"backfill" (the snapshots on demand, _backfill.Backfill). Offsets written before the version field are read as
+version 1.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from sluice.connector import check_offset_version
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot
+from sluice.connectors.postgres.changes._backfill import Backfill
 
 OFFSET_VERSION = 1
 
@@ -36,6 +39,8 @@ class ChangeOffset:
     splits: tuple[SnapshotSplit, ...] | None = None
     done: int = 0
     quiet: bool = False
+    tables: tuple[str, ...] | None = None  # the tables streamed; None in offsets written before they were recorded
+    backfill: Backfill = field(default_factory=Backfill)
     raw: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # as Spark handed it over
 
     @property
@@ -55,6 +60,10 @@ class ChangeOffset:
             out |= {"splits": [[s.table, s.where, s.rows] for s in self.splits], "done": self.done}
         if self.quiet:
             out["quiet"] = True
+        if self.tables is not None:
+            out["tables"] = list(self.tables)
+        if self.backfill != Backfill():
+            out["backfill"] = self.backfill.to_json()
         return out
 
     @classmethod
@@ -63,11 +72,13 @@ class ChangeOffset:
         splits = raw.get("splits")
         return cls(parse_lsn(raw["lsn"]), raw.get("snapshot"), raw.get("channel"),
                    None if splits is None else tuple(SnapshotSplit(t, w, int(n)) for t, w, n in splits),
-                   int(raw.get("done", 0)), bool(raw.get("quiet", False)), raw)
+                   int(raw.get("done", 0)), bool(raw.get("quiet", False)),
+                   None if raw.get("tables") is None else tuple(raw["tables"]),
+                   Backfill.from_json(raw["backfill"]) if "backfill" in raw else Backfill(), raw)
 
     def json_or(self, start: ChangeOffset) -> dict[str, Any]:
         """This offset as Spark gets it, or `start` exactly as Spark gave it when the position did not move: Spark
         runs a micro-batch for any offset that differs from the last one, fields included."""
-        if self.lsn == start.lsn and start.raw is not None:
+        if self.lsn == start.lsn and self.backfill == start.backfill and start.raw is not None:
             return start.raw
         return self.to_json()

@@ -39,6 +39,22 @@ CHANGES_OPTIONS = (
     Option("snapshot", "bool", True,
            "On first start, create the slot with an exported snapshot and read the tables in it as micro-batch 0 "
            "(every row as an insert), then stream changes from exactly there. false: changes only."),
+    Option("snapshot.new-tables", "choice", "incremental",
+           "A table the publication has that the checkpoint's offsets did not stream yet (added to the capture "
+           "between runs): incremental = its existing rows are read in primary-key chunks of snapshot.chunk-size, "
+           "one chunk per micro-batch while the changes keep streaming, as _op = 'read' rows; none = only its "
+           "changes from now on.", choices=("incremental", "none")),
+    Option("snapshot.chunk-size", "int", 50_000,
+           "Rows per chunk of a snapshot on demand (snapshot.new-tables, signal.table): a micro-batch reads at most "
+           "one chunk besides its changes.", minimum=1, maximum=10_000_000),
+    Option("signal.table", "str", None,
+           "A table sluice reads requests from while the stream runs (Debezium's signal table: columns id, type, "
+           "data, as text or jsonb): type 'execute-snapshot' with data {\"data-collections\": [\"schema.table\", "
+           "...], \"additional-conditions\": [{\"data-collection\": \"schema.table\", \"filter\": \"SQL "
+           "condition\"}]} reads those tables again in chunks, as snapshot.new-tables does; 'stop-snapshot' "
+           "stops it. A row is taken once and deleted when its micro-batch is committed (the query's role needs "
+           "SELECT and DELETE on the table). Whoever may insert into it has the query's role run their filter: "
+           "grant INSERT to trusted roles only."),
     Option("truncate", "choice", "emit",
            "A TRUNCATE of a streamed table: emit = one row per table it emptied (those a CASCADE reached included), "
            "in commit order among the changes: _op = 'truncate', _table, _lsn, _commit_time and _xid set, the "
@@ -84,6 +100,9 @@ def _check(opts: Options) -> None:
             raise OptionError("options 'messages.prefix' and 'table' together: a query streams either logical "
                               "decoding messages or table changes (their rows share no columns); stream the table's "
                               "changes with a query of its own")
+        if opts["signal.table"]:
+            raise OptionError("option 'signal.table' does not apply with 'messages.prefix': a stream of messages "
+                              "reads no table to snapshot; remove one of them")
         if any(not prefix for prefix in opts["messages.prefix"]):
             raise OptionError("option 'messages.prefix': an empty prefix; list the prefixes to stream, "
                               "comma-separated, as pg_logical_emit_message was given them")
@@ -117,6 +136,9 @@ class ChangeOptions(TypedOptions):
     slot_log_restart_point: bool
     messages_prefix: tuple[str, ...]
     snapshot: bool
+    snapshot_new_tables: str
+    snapshot_chunk_size: int
+    signal_table: str | None
     truncate: str
     max_changes_per_trigger: int
     fail_on_data_loss: bool

@@ -28,6 +28,7 @@ from sluice.connectors.postgres._pgmessages import MessageDecoder
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
+from sluice.connectors.postgres.changes._backfill import Chunk, chunk_where
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream
 from sluice.connectors.postgres.changes._slot import DECODING_SESSION, NO_FREE_SLOT, busy_retry
@@ -56,10 +57,11 @@ class SnapshotPartition(InputPartition):
 class ChangesPartition(InputPartition):
     start: int
     end: int
+    chunk: Chunk | None  # a chunk of a snapshot on demand, read before the changes (_backfill.py)
 
-    def __init__(self, start: int, end: int) -> None:
+    def __init__(self, start: int, end: int, chunk: Chunk | None = None) -> None:
         super().__init__(f"changes:{format_lsn(start)}-{format_lsn(end)}")
-        self.start, self.end = start, end
+        self.start, self.end, self.chunk = start, end, chunk
 
 
 def wal_ranges(start: int, end: int, most: int) -> list[tuple[int, int]]:
@@ -135,23 +137,43 @@ class ChangeReader:
                                  lambda letters: self._read_changes(partition, letters))
 
     def _read_snapshot(self, part: SnapshotPartition) -> Iterator[pa.RecordBatch]:
-        cols = self.stream.table_columns[part.table]
-        table_schema = StructType([self.schema[name] for name, _ in cols])
-        reader = PostgresSplitReader(self.stream.conn, self.stream.table_options[part.table], list(cols), table_schema)
         try:
-            for batch in reader.read(part.split, 0, 1):
-                n = batch.num_rows
-                by_name = {name: batch.column(name) for name, _ in cols}
-                by_name |= {OP: pa.array(["insert"] * n, pa.string()), LSN: pa.array([part.lsn] * n, pa.int64()),
-                            COMMIT_TIME: pa.nulls(n, pa.timestamp("us", tz="UTC")), XID: pa.nulls(n, pa.int64()),
-                            TABLE: pa.array([part.table] * n, pa.string())}
-                yield pa.RecordBatch.from_arrays(
-                    [by_name[f.name] if f.name in by_name else pa.nulls(n, f.type) for f in self.arrow_schema],
-                    schema=self.arrow_schema)
+            yield from self._table_rows(part.table, part.split, "insert", part.lsn)
         except PostgresError as e:
             if "shared snapshot" in str(e):
                 raise snapshot_gone(self.stream.slot, e) from None
             raise
+
+    def _table_rows(self, table: str, split: Split, op: str, lsn: int) -> Iterator[pa.RecordBatch]:
+        """A split of `table` read as format("postgres") reads it, as change rows: `op`, `_lsn` = `lsn`, no xid."""
+        cols = self.stream.table_columns[table]
+        table_schema = StructType([self.schema[name] for name, _ in cols])
+        reader = PostgresSplitReader(self.stream.conn, self.stream.table_options[table], list(cols), table_schema)
+        for batch in reader.read(split, 0, 1):
+            n = batch.num_rows
+            by_name = {name: batch.column(name) for name, _ in cols}
+            by_name |= {OP: pa.array([op] * n, pa.string()), LSN: pa.array([lsn] * n, pa.int64()),
+                        COMMIT_TIME: pa.nulls(n, pa.timestamp("us", tz="UTC")), XID: pa.nulls(n, pa.int64()),
+                        TABLE: pa.array([table] * n, pa.string())}
+            yield pa.RecordBatch.from_arrays(
+                [by_name[f.name] if f.name in by_name else pa.nulls(n, f.type) for f in self.arrow_schema],
+                schema=self.arrow_schema)
+
+    def _read_chunk(self, chunk: Chunk, lsn: int) -> Iterator[pa.RecordBatch]:
+        """A chunk of a snapshot on demand, as `read` rows at the batch's start `lsn`, in the snapshot taken when the
+        batch was planned; when that is gone (the driver that held it died), in a new one (_backfill.py says what
+        that changes)."""
+        where = chunk_where(chunk, self.stream.primary_keys.get(chunk.table, ()),
+                            dict(self.stream.table_columns[chunk.table]))
+        held = Split(f"chunk of {chunk.table}", {"snapshot": chunk.snapshot, "channel": chunk.channel, "where": where})
+        try:
+            yield from self._table_rows(chunk.table, held, "read", lsn)
+        except PostgresError as e:
+            if "shared snapshot" not in str(e):
+                raise
+            log.warning("slot %s: the snapshot of a chunk of %s is gone (its driver stopped); the replayed micro-batch "
+                        "reads the chunk in a new snapshot", self.stream.slot, chunk.table)
+            yield from self._table_rows(chunk.table, Split(held.split_id, {"where": where}), "read", lsn)
 
     def _read_changes(self, part: ChangesPartition, letters: DeadLetterWriter | None) -> Iterator[pa.RecordBatch]:
         """The batch's changes, range by range (wal_ranges), each range's fetch running while the one before it is
@@ -161,6 +183,8 @@ class ChangeReader:
         ranges = wal_ranges(part.start, part.end, self.options.fetch_ranges)
         table_columns = {t: [c for c, _ in s.table_columns[t]] for t in s.tables}
         whole_publication = None if self.options.table else s.publication
+        if part.chunk is not None:  # before every change of the batch: _backfill.py says why
+            yield from self._read_chunk(part.chunk, part.start)
         pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-fetch")
         ahead: Future[RangeFetch] | None = None
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +29,7 @@ from sluice.connectors.postgres._options import ReadOptions
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._source import PostgresEnumerator
+from sluice.connectors.postgres.changes._backfill import Backfill, Backfiller
 from sluice.connectors.postgres.changes._messages import cut_messages, whole_units
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
 from sluice.connectors.postgres.changes._options import ChangeOptions
@@ -67,6 +69,12 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
         # micro-batches commit.
         self._owner = (HoldingHeartbeat(options.meta, options.job, "postgres-slot", stream.conn.dbname, stream.slot)
                        if options.job else None)
+        # Snapshots on demand (_backfill.py); a stream of messages reads no table.
+        self._backfill = None if stream.messages else Backfiller(
+            stream.conn, stream.tables, stream.table_columns, stream.primary_keys,
+            chunk_size=options.snapshot_chunk_size, signal_table=options.signal_table,
+            new_tables=options.snapshot_new_tables == "incremental", timeout_s=options.snapshot_timeout_s,
+            slot=stream.slot)
 
     # ------------------------------------------------------------------ driver
     def parse_offset(self, raw: dict) -> ChangeOffset:
@@ -74,7 +82,8 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
 
     def spark_end(self, end: ChangeOffset, start: ChangeOffset) -> dict:
         """Spark's own `start` back when the position did not move, except inside the snapshot (the same LSN, a
-        snapshot batch further) and when moving past WAL the publication did not write (a quiet batch)."""
+        snapshot batch further), when moving past WAL the publication did not write (a quiet batch) and when a chunk
+        of a snapshot on demand is read (json_or)."""
         return end.to_json() if start.in_snapshot or end.quiet else end.json_or(start)
 
     def first_offset(self) -> ChangeOffset:
@@ -87,7 +96,7 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
             except SluiceError as e:
                 raise OptionError(f"option 'job' ({self._owner.job_id}): {e}") from None
         if self._initial is None:
-            self._initial = self._start()
+            self._initial = replace(self._start(), tables=self.stream.tables)
         return self._initial
 
     def _start(self) -> ChangeOffset:
@@ -138,13 +147,36 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
     def next_end(self, at: ChangeOffset, limit: ReadLimit) -> ChangeOffset:
         pg = self._guard.hold()
         if at.in_snapshot:  # the snapshot alone, then changes from its LSN
-            return self._snapshot_end(at, self.rows_of(limit))
-        s = self.stream
+            return replace(self._snapshot_end(at, self.rows_of(limit)), tables=self.stream.tables)
         begin = self._advance(pg, at.lsn)  # Spark committed every batch before `start`: the slot may move
         flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+        end, quiet = self._changes_end(pg, begin, flush, limit)
+        backfill = self._requests(pg, at, flush)
+        if backfill.queue and self._backfill is not None:
+            taken = self._backfill.next_chunk(pg, backfill)
+            if taken is not None:  # this batch reads a chunk, and reaches the WAL its snapshot saw
+                backfill, high = taken
+                self._backfill.wait_flushed(pg, high)
+                end, quiet = max(end, high), False
+        if self._reported is not None:
+            self._reported["lsn"] = format_lsn(end)
+        return ChangeOffset(end, quiet=quiet, tables=self.stream.tables, backfill=backfill)
+
+    def _requests(self, pg: Any, at: ChangeOffset, wal: int) -> Backfill:
+        """The snapshots on demand as `at` left them, with new tables (at a restart) and new signals taken."""
+        state = replace(at.backfill, chunk=None)
+        if self._backfill is None:
+            return state
+        if at.tables != self.stream.tables:  # the first planning after a (re)start
+            state = self._backfill.at_start(state, at.tables)
+        return self._backfill.poll(pg, state, wal)
+
+    def _changes_end(self, pg: Any, begin: int, flush: int, limit: ReadLimit) -> tuple[int, bool]:
+        """Where the batch's changes end, and whether it is quiet (no change, but past WAL of other tables)."""
+        s = self.stream
         upto = flush if self.target is None else min(flush, self.target.lsn)
         if upto <= begin or upto == self._nothing_before:  # no WAL since the last look found no change
-            return ChangeOffset(begin)
+            return begin, False
         if s.messages:
             end = cut_messages(pg, s, begin, upto, self.rows_of(limit))
         else:
@@ -158,9 +190,7 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
             log.info("slot %s: no change of the publication's tables in %d bytes of WAL; moving on to %s", s.slot,
                      upto - begin, format_lsn(upto))
             end = upto
-        if self._reported is not None:
-            self._reported["lsn"] = format_lsn(end)
-        return ChangeOffset(end, quiet=quiet)
+        return end, quiet
 
     def _log_restart_point(self, pg: Any) -> None:
         """Log a running-transactions record: where the slot can restart decoding. Every peek decodes from the slot's
@@ -305,9 +335,11 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
             shared = first.shared_snapshot()
             return [SnapshotPartition(table, split, begin) for table in self.stream.tables
                     for split in self._discover(table, self.stream.table_options[table], shared)]
-        if last.quiet:  # latestOffset saw no transaction of the publication in between
+        # A chunk of a snapshot on demand goes with the batch whose end offset carries it.
+        chunk = last.backfill.chunk if last.backfill.chunk != first.backfill.chunk else None
+        if last.quiet and chunk is None:  # latestOffset saw no transaction of the publication in between
             return []
-        return [ChangesPartition(begin, stop)] if stop > begin else []
+        return [ChangesPartition(begin, stop, chunk)] if stop > begin or chunk is not None else []
 
     def committed(self, at: ChangeOffset) -> None:
         """Moves the slot to the committed position (the server may drop the WAL before it)."""
@@ -320,6 +352,8 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
         if state is not None and state.confirmed < at.lsn:
             busy_retry(lambda: pg.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
                                           (s.slot, format_lsn(at.lsn))), f"advancing slot '{s.slot}'", s.conn)
+        if self._backfill is not None:
+            self._backfill.committed(pg, at.backfill)
         if self._owner is not None:
             try:
                 self._owner.beat()
@@ -334,6 +368,8 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
     def close(self) -> None:
         if self._holder is not None:
             self._holder.release_pipes()
+        if self._backfill is not None:
+            self._backfill.close()
         self._guard.release()
 
     # ------------------------------------------------------------------ executors
