@@ -3,7 +3,6 @@ drained, so the engine starts with several batches in flight (KafkaStore.window_
 each partition the records of many batches in one ProduceRequest, not a request per partition per batch; a record
 Kafka refuses among batches in flight together still fails the task, named."""
 
-import json
 import uuid
 
 import pyarrow as pa
@@ -17,6 +16,7 @@ from sluice.connectors.kafka._partitioner import kafka_partitions
 from sluice.connectors.kafka._sink import KafkaWritePlan
 from sluice.engine import AsyncSinkWriter
 from sluice.testing import read_committed
+from tests.connectors.kafka.requests_counted import counting_requests
 from tests.faults import poll_until
 
 PARTITIONS, BATCHES, PER_BATCH = 12, 5, 120
@@ -40,15 +40,7 @@ def unordered_task(kafka, topic, partition_column=False):
                           1_048_588, frozenset([topic]), topic)
     context = WriteContext(write_id=f"alo-{uuid.uuid4().hex[:8]}", partition_id=0)
     task = plan.open_task(context)
-    requests: dict[str, int] = {}
-
-    def on_stats(raw):
-        requests.clear()
-        for broker in json.loads(raw)["brokers"].values():
-            for kind, n in broker["req"].items():
-                requests[kind] = requests.get(kind, 0) + n
-
-    task.store.producer_config = {**task.store.producer_config, "statistics.interval.ms": 50, "stats_cb": on_stats}
+    task.store.producer_config, requests = counting_requests(task.store.producer_config)
     return plan, task, context, requests
 
 

@@ -3,7 +3,6 @@ produced (the commit is what counts), so librdkafka sends each partition's recor
 ProduceRequests, not one request per partition per engine batch; and a record Kafka refuses still fails the task,
 named, with nothing visible."""
 
-import json
 import uuid
 
 import pyarrow as pa
@@ -18,6 +17,7 @@ from sluice.connectors.kafka._sink import KafkaWritePlan
 from sluice.connectors.kafka._store import KafkaStore
 from sluice.engine import Batch
 from sluice.testing import read_committed
+from tests.connectors.kafka.requests_counted import counting_requests
 from tests.faults import poll_until
 
 PARTITIONS, BATCHES, PER_BATCH = 12, 5, 120
@@ -36,15 +36,7 @@ def transactional_task(kafka, topic, acknowledge_at_commit):
                           RecordColumns(True, False, False, False, False), 1_048_588, frozenset([topic]), topic)
     context = WriteContext(write_id=f"req-{uuid.uuid4().hex[:8]}", epoch=0, partition_id=0)
     task = plan.open_task(context)
-    requests: dict[str, int] = {}
-
-    def on_stats(raw):
-        requests.clear()
-        for broker in json.loads(raw)["brokers"].values():
-            for kind, n in broker["req"].items():
-                requests[kind] = requests.get(kind, 0) + n
-
-    config = {**task.store.producer_config, "statistics.interval.ms": 50, "stats_cb": on_stats}
+    config, requests = counting_requests(task.store.producer_config)
     store = KafkaStore(plan.write.client, plan.columns, task.store.rows, topic=topic, producer_config=config,
                        timeout_ms=30_000, transaction=(plan.transactional_prefix(context), topic),
                        acknowledge_at_commit=acknowledge_at_commit)
