@@ -8,6 +8,7 @@ from sluice import RecordTooLargeError, RetryableError, SinkError, ThrottledErro
 from sluice.connector import RetryEntries
 from sluice.engine import AIMDRateLimiter, AsyncSinkWriter, PartitionKeyBatchCreator, SinkConfig
 from tests.engine.helpers import ManualStore, RecordingStore
+from tests.faults import poll_until
 
 FAST = dict(retry_delay_ms=1, flush_buffer_timeout=60_000)
 
@@ -116,9 +117,12 @@ def test_a_store_may_start_the_window_at_several_batches(start):
     with writer(store, batch_max_size=2, requests_max_buffered=100, requests_max_inflight=5) as w:
         w.write_chunk(list(range(10)), [1] * 10)
         store.wait_submits(start)
-        time.sleep(0.2)
+        # Everything admitted and the window full: no batch can go before a completion (no wait for an absence).
+        poll_until(lambda: w.live().buffered == 10 - 2 * start and w.live().inflight_records == 2 * start, 5,
+                   "the writer holding what its window does not let out")
+        live = w.live()
+        assert live.window == 2 * start and live.inflight_records + 2 > live.window
         assert len(store.pending) == start
-        assert w.live().window == 2 * start
         done = sum(b.record_count for b in store.complete_all())
         while done < 10:
             store.wait_submits(1)
