@@ -416,13 +416,22 @@ LINES_TESTS = $(shell grep -rl 'mark\.lines' tests | sort)
 LINES_SKIP_4.0 := tests/deploy/test_cluster.py
 LINES_SKIP_4.1 := tests/deploy/test_cluster.py
 LINES_SKIP_4.2 := tests/deploy/test_cluster.py
-.venv-spark-%/.installed: pyproject.toml $(CONSTRAINTS)
+# sluice's dependencies come from one wheel built before the virtualenvs: `pip install '.[spark]'` in two of them side
+# by side builds in the same in-tree build/ folder, and one fails on the other's files ("File exists"). test-spark-%
+# installs the wheel of the checkout as it is then.
+LINES_DEPS_WHEEL := build/lines-deps-wheel
+$(LINES_DEPS_WHEEL)/.built: $(STAMP) pyproject.toml
+	rm -rf $(LINES_DEPS_WHEEL)
+	PIP_CONSTRAINT= $(PY) -m pip wheel . --no-deps --no-build-isolation -q -w $(LINES_DEPS_WHEEL)
+	touch $@
+.venv-spark-%/.installed: pyproject.toml $(CONSTRAINTS) $(LINES_DEPS_WHEEL)/.built
 	@test -n "$(PYSPARK_$*)" || { echo "unknown Spark line '$*'; supported: $(SPARK_LINES)" >&2; exit 1; }
 	rm -rf .venv-spark-$*
 	$(PYTHON) -m venv .venv-spark-$*
 	{ grep -iv '^pyspark==' $(CONSTRAINTS); echo 'pyspark==$(PYSPARK_$*)'; } > .venv-spark-$*/constraints.txt
 	PIP_CONSTRAINT=$(abspath .venv-spark-$*/constraints.txt) .venv-spark-$*/bin/pip install -q --no-compile \
-	  '.[spark]' 'pyspark[connect,pipelines]' pytest pytest-timeout setuptools chdb-core
+	  "$$(ls $(abspath $(LINES_DEPS_WHEEL))/sluice-*.whl)[spark]" 'pyspark[connect,pipelines]' pytest pytest-timeout \
+	  setuptools chdb-core
 	.venv-spark-$*/bin/python -m tools.pyspark_zip
 	touch $@
 
