@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from sluice.meta import MetaService, WriterConflictError, _backend
-from sluice.meta._connections import KEPT
+from sluice.meta._connections import IDLE_CLOSE_S, KEPT
 
 WAIT_S = 60  # only ever the failure signal of an event that did not come
 
@@ -66,7 +66,7 @@ def test_a_process_keeps_one_connection_across_its_transactions(meta_url, opened
 def test_a_kept_connection_the_server_ended_is_replaced_once_and_named(meta_url, pg, opened, caplog):
     meta = MetaService(meta_url)
     meta.last_barrier("orders")
-    (kept,) = KEPT._idle[meta_url]
+    ((_, kept),) = KEPT._idle[meta_url]
     old_pid = kept.info.backend_pid
     # The server ends the idle session (a restart, idle_session_timeout); wait until its process is gone.
     assert pg.sql("SELECT pg_terminate_backend(%s, 60000)", (old_pid,)) == [(True,)]
@@ -77,7 +77,7 @@ def test_a_kept_connection_the_server_ended_is_replaced_once_and_named(meta_url,
     assert "a kept connection failed before its transaction began (consuming input failed: terminating connection " \
         "due to administrator command" in caplog.text
     assert meta.barriers("orders") == [(1000, 1)]
-    (now,) = KEPT._idle[meta_url]
+    ((_, now),) = KEPT._idle[meta_url]
     assert kept.closed and now.info.backend_pid != old_pid
 
 
@@ -166,3 +166,40 @@ def test_commits_to_one_table_are_still_serialized_and_the_second_writer_fenced(
     assert found.b_went_on and isinstance(found.b_result, str)
     writers = [j for j in MetaService(meta_url).jobs() if "payments" in j.sinks and j.status == "running"]
     assert len(writers) == 2
+
+
+def meta_backends(pg) -> set[int]:
+    """The server processes of MetaService connections, by the server's own account."""
+    return {pid for (pid,) in pg.sql("SELECT pid FROM pg_stat_activity WHERE application_name = 'sluice-meta'")}
+
+
+def test_a_connection_idle_past_the_bound_is_closed_and_the_next_call_opens_one(meta_url, pg, opened, monkeypatch):
+    now = [0.0]
+    KEPT.close()  # only this test's connection is kept: the closer ends once it has closed it
+    monkeypatch.setattr(KEPT, "clock", lambda: now[0])
+    meta = MetaService(meta_url)
+    assert meta.last_barrier("orders") is None
+    ((_, kept),) = KEPT._idle[meta_url]
+    closer, pid = KEPT._closer, kept.info.backend_pid
+    assert closer is not None and pid in meta_backends(pg)
+    now[0] += IDLE_CLOSE_S
+    KEPT.wake()
+    closer.join(WAIT_S)
+    assert not closer.is_alive() and kept.closed and KEPT.idle(meta_url) == 0
+    deadline = time.monotonic() + WAIT_S
+    while pid in meta_backends(pg):  # its server process exits after the client said goodbye
+        assert time.monotonic() < deadline, "the closed connection's server process is still there"
+    assert meta.last_barrier("orders") is None
+    assert opened[0] == 2
+    # Negative control: with the bound off, a connection idle for an hour is still kept, and still on the server.
+    monkeypatch.setattr(KEPT, "idle_close_s", None)
+    closer = KEPT._closer
+    KEPT.wake()
+    assert closer is not None
+    closer.join(WAIT_S)
+    now[0] += 3600
+    assert meta.last_barrier("orders") is None
+    assert KEPT._closer is None and opened[0] == 2
+    ((_, kept),) = KEPT._idle[meta_url]
+    assert kept.info.backend_pid in meta_backends(pg)
+
