@@ -203,3 +203,62 @@ def test_a_connection_idle_past_the_bound_is_closed_and_the_next_call_opens_one(
     ((_, kept),) = KEPT._idle[meta_url]
     assert kept.info.backend_pid in meta_backends(pg)
 
+
+def end_while_registering(url: str, pg, job_id: str, table: str) -> None:
+    """Job `job_id` registers again under its id (a restarted driver) and holds its transaction open, its rows
+    replaced; meanwhile finish_job ends it and must wait. Then the registration commits, and the end goes on."""
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    execute = _backend.Cursor.execute
+
+    def holding(self, sql, params=()):
+        execute(self, sql, params)
+        if threading.current_thread().name == "registrar" and sql.startswith("INSERT INTO sluice_job_tables"):
+            inside.set()
+            release.wait()
+
+    def call(what) -> None:
+        try:
+            what(MetaService(url))
+        except BaseException as e:
+            errors.append(e)
+            raise
+
+    registrar = threading.Thread(target=call, name="registrar",
+                                 args=(lambda m: m.register_job("ingest", [], [table], job_id=job_id),))
+    finisher = threading.Thread(target=call, name="finisher", args=(lambda m: m.finish_job(job_id),))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Cursor, "execute", holding)
+        registrar.start()
+        try:
+            assert inside.wait(WAIT_S), "the registration never reached its commit"
+            finisher.start()
+            deadline = time.monotonic() + WAIT_S
+            while lock_waiters(pg) == 0:
+                assert finisher.is_alive(), "finish_job ran through an open registration of its job"
+                assert time.monotonic() < deadline, "finish_job neither finished nor waited for a lock"
+        finally:
+            release.set()
+            registrar.join(WAIT_S)
+    finisher.join(WAIT_S)
+    assert not registrar.is_alive() and not finisher.is_alive() and errors == []
+
+
+def test_a_job_ended_while_it_registers_again_is_ended_whole(meta_url, pg):
+    meta = MetaService(meta_url)
+    meta.register_job("ingest", [], ["orders"], job_id="ingest-1")
+    end_while_registering(meta_url, pg, "ingest-1", "orders")
+    assert meta.job("ingest-1").status == "finished"  # the end came after the registration, as a whole
+    meta.register_job("next", [], ["orders"])  # its table is free
+    # Negative control: without the job's lock the end skips the job row the registration replaced, then deletes
+    # the new registration's edges: ingest-1 runs on, writing no table, and a second writer of it gets in.
+    begin_sql = _backend.Backend.begin_sql
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Backend, "begin_sql",
+                  lambda self, locks: begin_sql(self, [n for n in locks if not n.startswith("job:")]))
+        meta.register_job("ingest", [], ["payments"], job_id="ingest-2")
+        end_while_registering(meta_url, pg, "ingest-2", "payments")
+    assert meta.job("ingest-2").status == "running"
+    meta.register_job("next", [], ["payments"])
+    writers = [j.job_id for j in meta.jobs() if j.status == "running" and "payments" in j.sinks]
+    assert writers[0] == "ingest-2" and len(writers) == 2
