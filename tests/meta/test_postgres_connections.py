@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from sluice.meta import MetaService, WriterConflictError, _backend
-from sluice.meta._connections import KEPT
+from sluice.meta._connections import IDLE_CLOSE_S, KEPT
 
 WAIT_S = 60  # only ever the failure signal of an event that did not come
 
@@ -66,7 +66,7 @@ def test_a_process_keeps_one_connection_across_its_transactions(meta_url, opened
 def test_a_kept_connection_the_server_ended_is_replaced_once_and_named(meta_url, pg, opened, caplog):
     meta = MetaService(meta_url)
     meta.last_barrier("orders")
-    (kept,) = KEPT._idle[meta_url]
+    ((_, kept),) = KEPT._idle[meta_url]
     old_pid = kept.info.backend_pid
     # The server ends the idle session (a restart, idle_session_timeout); wait until its process is gone.
     assert pg.sql("SELECT pg_terminate_backend(%s, 60000)", (old_pid,)) == [(True,)]
@@ -77,7 +77,7 @@ def test_a_kept_connection_the_server_ended_is_replaced_once_and_named(meta_url,
     assert "a kept connection failed before its transaction began (consuming input failed: terminating connection " \
         "due to administrator command" in caplog.text
     assert meta.barriers("orders") == [(1000, 1)]
-    (now,) = KEPT._idle[meta_url]
+    ((_, now),) = KEPT._idle[meta_url]
     assert kept.closed and now.info.backend_pid != old_pid
 
 
@@ -166,3 +166,99 @@ def test_commits_to_one_table_are_still_serialized_and_the_second_writer_fenced(
     assert found.b_went_on and isinstance(found.b_result, str)
     writers = [j for j in MetaService(meta_url).jobs() if "payments" in j.sinks and j.status == "running"]
     assert len(writers) == 2
+
+
+def meta_backends(pg) -> set[int]:
+    """The server processes of MetaService connections, by the server's own account."""
+    return {pid for (pid,) in pg.sql("SELECT pid FROM pg_stat_activity WHERE application_name = 'sluice-meta'")}
+
+
+def test_a_connection_idle_past_the_bound_is_closed_and_the_next_call_opens_one(meta_url, pg, opened, monkeypatch):
+    now = [0.0]
+    KEPT.close()  # only this test's connection is kept: the closer ends once it has closed it
+    monkeypatch.setattr(KEPT, "clock", lambda: now[0])
+    meta = MetaService(meta_url)
+    assert meta.last_barrier("orders") is None
+    ((_, kept),) = KEPT._idle[meta_url]
+    closer, pid = KEPT._closer, kept.info.backend_pid
+    assert closer is not None and pid in meta_backends(pg)
+    now[0] += IDLE_CLOSE_S
+    KEPT.wake()
+    closer.join(WAIT_S)
+    assert not closer.is_alive() and kept.closed and KEPT.idle(meta_url) == 0
+    deadline = time.monotonic() + WAIT_S
+    while pid in meta_backends(pg):  # its server process exits after the client said goodbye
+        assert time.monotonic() < deadline, "the closed connection's server process is still there"
+    assert meta.last_barrier("orders") is None
+    assert opened[0] == 2
+    # Negative control: with the bound off, a connection idle for an hour is still kept, and still on the server.
+    monkeypatch.setattr(KEPT, "idle_close_s", None)
+    closer = KEPT._closer
+    KEPT.wake()
+    assert closer is not None
+    closer.join(WAIT_S)
+    now[0] += 3600
+    assert meta.last_barrier("orders") is None
+    assert KEPT._closer is None and opened[0] == 2
+    ((_, kept),) = KEPT._idle[meta_url]
+    assert kept.info.backend_pid in meta_backends(pg)
+
+
+def end_while_registering(url: str, pg, job_id: str, table: str) -> None:
+    """Job `job_id` registers again under its id (a restarted driver) and holds its transaction open, its rows
+    replaced; meanwhile finish_job ends it and must wait. Then the registration commits, and the end goes on."""
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    execute = _backend.Cursor.execute
+
+    def holding(self, sql, params=()):
+        execute(self, sql, params)
+        if threading.current_thread().name == "registrar" and sql.startswith("INSERT INTO sluice_job_tables"):
+            inside.set()
+            release.wait()
+
+    def call(what) -> None:
+        try:
+            what(MetaService(url))
+        except BaseException as e:
+            errors.append(e)
+            raise
+
+    registrar = threading.Thread(target=call, name="registrar",
+                                 args=(lambda m: m.register_job("ingest", [], [table], job_id=job_id),))
+    finisher = threading.Thread(target=call, name="finisher", args=(lambda m: m.finish_job(job_id),))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Cursor, "execute", holding)
+        registrar.start()
+        try:
+            assert inside.wait(WAIT_S), "the registration never reached its commit"
+            finisher.start()
+            deadline = time.monotonic() + WAIT_S
+            while lock_waiters(pg) == 0:
+                assert finisher.is_alive(), "finish_job ran through an open registration of its job"
+                assert time.monotonic() < deadline, "finish_job neither finished nor waited for a lock"
+        finally:
+            release.set()
+            registrar.join(WAIT_S)
+    finisher.join(WAIT_S)
+    assert not registrar.is_alive() and not finisher.is_alive() and errors == []
+
+
+def test_a_job_ended_while_it_registers_again_is_ended_whole(meta_url, pg):
+    meta = MetaService(meta_url)
+    meta.register_job("ingest", [], ["orders"], job_id="ingest-1")
+    end_while_registering(meta_url, pg, "ingest-1", "orders")
+    assert meta.job("ingest-1").status == "finished"  # the end came after the registration, as a whole
+    meta.register_job("next", [], ["orders"])  # its table is free
+    # Negative control: without the job's lock the end skips the job row the registration replaced, then deletes
+    # the new registration's edges: ingest-1 runs on, writing no table, and a second writer of it gets in.
+    begin_sql = _backend.Backend.begin_sql
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Backend, "begin_sql",
+                  lambda self, locks: begin_sql(self, [n for n in locks if not n.startswith("job:")]))
+        meta.register_job("ingest", [], ["payments"], job_id="ingest-2")
+        end_while_registering(meta_url, pg, "ingest-2", "payments")
+    assert meta.job("ingest-2").status == "running"
+    meta.register_job("next", [], ["payments"])
+    writers = [j.job_id for j in meta.jobs() if j.status == "running" and "payments" in j.sinks]
+    assert writers[0] == "ingest-2" and len(writers) == 2

@@ -33,8 +33,10 @@ class JobRegistry(Transactions):
         if not sinks:
             raise MetaError(f"job '{name}' has no sink table; a job registers the tables it writes")
         job_id = job_id or f"{name}-{uuid.uuid4().hex[:8]}"
-        # Its sinks' writers, and every registration: the cycle check reads every running job's edges.
-        with self._tx(write=True, locks=("registry", *(f"table:{t}" for t in sinks))) as cur:
+        # Its sinks' writers, every registration (the cycle check reads every running job's edges), and the job
+        # itself: its rows are replaced below, which finish_job must not interleave with.
+        locks = ("registry", f"job:{job_id}", *(f"table:{t}" for t in sinks))
+        with self._tx(write=True, locks=locks) as cur:
             for table in sinks:
                 cur.execute("SELECT j.job_id, j.name, j.host, j.pid, j.lease_until FROM sluice_jobs j JOIN "
                             "sluice_job_tables t ON t.job_id = j.job_id WHERE t.table_name = ? AND t.role = 'sink' "
@@ -51,8 +53,10 @@ class JobRegistry(Transactions):
             if cycle:
                 raise LineageCycleError(f"registering job '{name}' would close a cycle: {' -> '.join(cycle)}. "
                                         "A table may not feed, through jobs, the job that writes it.")
-            cur.execute("DELETE FROM sluice_job_tables WHERE job_id = ?", (job_id,))
+            # The job's row before its edges, as `_end` takes them: two transactions locking rows of one job wait
+            # for each other in one order, never in a cycle.
             cur.execute("DELETE FROM sluice_jobs WHERE job_id = ?", (job_id,))
+            cur.execute("DELETE FROM sluice_job_tables WHERE job_id = ?", (job_id,))
             now = time.time()
             cur.execute("INSERT INTO sluice_jobs (job_id, name, status, host, pid, query_id, started_at) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -155,7 +159,18 @@ class JobRegistry(Transactions):
         """Mark a job ended (finished, failed or released): its tables are free for another writer."""
         if status not in (FINISHED, FAILED, RELEASED):
             raise MetaError(f"status must be {FINISHED}, {FAILED} or {RELEASED}, got {status!r}")
-        with self._tx(write=True) as cur:
+        # The job's lock, which register_job takes too. Without it, ending a job while it registers again under
+        # its id (a restarted driver; the old one, or release-job, ending it) can run between the registration's
+        # statements: each statement of a READ COMMITTED transaction sees what committed before it, so the end
+        # skips the job row the registration replaced and then deletes the new registration's edges, leaving a
+        # running job that writes no table (and a second writer gets in). With it, one runs after the other.
+        # No table lock: claim_writer only reads the writer and updates its row, which waits for this end's update
+        # of it or the other way round; a claim that saw the job running commits as it, as a moment earlier. An
+        # expired writer's `_end` meets this one on the job's row first: the second ends nothing and finds no
+        # edges left. No deadlock with the advisory locks either: every transaction takes all of its own in its
+        # first round trip, sorted (Backend.begin_sql), before any row lock, so none waits for an advisory lock
+        # while holding a row.
+        with self._tx(write=True, locks=(f"job:{job_id}",)) as cur:
             self._end(cur, job_id, status)
 
     @staticmethod
