@@ -186,4 +186,3 @@ def _unanswered(answer: Any) -> str | None:
     if answer.get("timed_out"):
         return "the search timed out on some shards"
     return None
-
