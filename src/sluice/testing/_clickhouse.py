@@ -5,6 +5,9 @@ interface on a free loopback port and a password for the `default` user, then st
 exit. The binary comes from Debian's `clickhouse-server` package or from PATH (`clickhouse-server`, or the single
 `clickhouse` binary of ClickHouse's own packages). sluice's connector needs 23.3 or newer: Debian bookworm's package
 is 18.16, which the connector refuses; install a current ClickHouse for a server it writes to.
+
+Fault tests: `kill()` SIGKILLs the server, as a crash would, and `start()` brings it back on the same port and data
+(tests/clickhouse_chdb's stand-in has both too).
 """
 
 from __future__ import annotations
