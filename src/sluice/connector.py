@@ -140,6 +140,7 @@ from sluice.source._lookup import (
     LookupCacheSettings,
     LookupReader,
     lookup_max_retries,
+    lookup_retry_pause,
 )
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
@@ -303,6 +304,7 @@ __all__ = [
     "frame_payloads",
     "from_arrow_schema",
     "lookup_max_retries",
+    "lookup_retry_pause",
     "marked_columns",
     "marked_rows",
     "micro_batch_numbers",

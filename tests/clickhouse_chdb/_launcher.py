@@ -60,6 +60,9 @@ class ChdbClickHouse(ClickHouseHTTP):
         stop(self._proc)
         self._launch()
 
+    def start(self) -> None:
+        self._launch()
+
     def _launch(self) -> None:
         assert self._dir is not None
         log = self._dir / "server.log"

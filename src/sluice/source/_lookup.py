@@ -12,6 +12,8 @@ are sluice's (source/_lookup_join.py), the same for every store.
 
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -19,6 +21,10 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from sluice._options import Option, TypedOptions
+
+log = logging.getLogger("sluice.lookup")
+
+RETRY_DELAY_CAP = 8.0  # seconds: the backoff stops doubling here, so lookup.max-retries bounds the wait
 
 LOOKUP_OPTIONS = (
     Option("lookup.cache", "choice", "none", "Cache looked-up rows in each Python worker process, reused across "
@@ -38,7 +44,18 @@ def lookup_max_retries(retried: str) -> Option:
     """Flink's `lookup.max-retries`, one name for every store: how often a store's lookup request is sent again
     after a failure that can pass; `retried` says which failures and where to (a store's own words)."""
     return Option("lookup.max-retries", "int", 3, f"Times a lookup's request is sent again {retried} (backoff from "
-                  "0.5 s, doubling); then the task fails, naming the store and the table.", minimum=0, maximum=100)
+                  "0.5 s, doubling, at most 8 s); then the task fails, naming the store and the table.", minimum=0,
+                  maximum=100)
+
+
+def lookup_retry_pause(described: str, keys: int, attempt: int, retries: int, error: BaseException) -> None:
+    """Between a lookup request's failed `attempt` (0 for the first) and the next one: a warning on the
+    `sluice.lookup` logger (a retry is otherwise invisible until the task fails), then the backoff of
+    `lookup.max-retries`: 0.5 s, doubling, at most RETRY_DELAY_CAP. `described` is the reader's, with no secrets."""
+    delay = min(0.5 * 2 ** attempt, RETRY_DELAY_CAP)
+    log.warning("looking up %d key(s) in %s: attempt %d of %d failed (%s); trying again in %.1f s (lookup.max-retries)",
+                keys, described, attempt + 1, retries + 1, error, delay)
+    time.sleep(delay)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ interface on a free loopback port and a password for the `default` user, then st
 exit. The binary comes from Debian's `clickhouse-server` package or from PATH (`clickhouse-server`, or the single
 `clickhouse` binary of ClickHouse's own packages). sluice's connector needs 23.3 or newer: Debian bookworm's package
 is 18.16, which the connector refuses; install a current ClickHouse for a server it writes to.
+
+Fault tests: `kill()` SIGKILLs the server, as a crash would, and `start()` brings it back on the same port and data
+(tests/clickhouse_chdb's stand-in has both too).
 """
 
 from __future__ import annotations
@@ -102,6 +105,17 @@ class ClickHouseHTTP:
                 raise RuntimeError(f"{what} did not start: {output}")
             time.sleep(0.05)
 
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (its folder stays: start() brings it back on the same port and
+        data)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def start(self) -> None:
+        """Start the server again on its port and data, after kill(); returns once it answers."""
+        raise NotImplementedError
+
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         stop(self._proc)
@@ -134,14 +148,20 @@ class LocalClickHouse(ClickHouseHTTP):
         if self.tls:
             raise RuntimeError("LocalClickHouse serves plain HTTP only; the chdb stand-in (tests/clickhouse_chdb) "
                                "serves HTTPS")
-        binary = find_server()
+        find_server()  # a missing binary fails here, before any folder is made
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-ch-"))
         self.port = free_port()
+        (self._dir / "config.xml").write_text(CONFIG.format(dir=self._dir, port=self.port,
+                                                            password=escape(self.password)))
+        self.start()
+        return self
+
+    def start(self) -> None:
+        assert self._dir is not None
+        binary = find_server()
         config = self._dir / "config.xml"
-        config.write_text(CONFIG.format(dir=self._dir, port=self.port, password=escape(self.password)))
         args = [binary] if binary.endswith("server") else [binary, "server"]
         self._proc = subprocess.Popen([*args, f"--config-file={config}"], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, start_new_session=True)
         self._wait_ready(self._dir / "error.log", "clickhouse-server", 60)
-        return self
 

@@ -1,20 +1,17 @@
 """sluice.lookup(df, "cassandra", ...) on the package's Cassandra: left and inner joins, a missing key, a partition
-of several rows and a clustering prefix, a composite partition key, the statements' routing and consistency, a
-cluster that cannot be reached, bad input named, and the shuffle by replica (lookup.repartition-by-replica)."""
+of several rows and a clustering prefix, a composite partition key, the statements' routing and consistency, bad
+input named, and the shuffle by replica (lookup.repartition-by-replica). A node killed under a lookup:
+test_faults.py."""
 
-import copy
-import dataclasses
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 import sluice
-from sluice.connectors.cassandra._client import CassandraError
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
-from sluice.testing._postgres import free_port
 
 pytestmark = pytest.mark.spark
 
@@ -106,22 +103,6 @@ def test_a_composite_partition_key_is_looked_up_whole(cass):
     kinds = describe(plan.reader.conn).columns
     assert partition_tokens(keys, ("tenant", "day"), kinds).tolist() == \
         [murmur3(select.bind(key).routing_key) for key in zip(*keys.to_pydict().values(), strict=True)]
-
-
-def test_a_cluster_that_cannot_be_reached_fails_the_batch_naming_the_table_never_nulls(cass, events):
-    """The reader planned against the running node, then pointed at a port nothing listens on (the shared node
-    keeps running). Negative control: the same reader on the node's port answers."""
-    options = cass.opts(events, **{"lookup.max-retries": "1"})
-    plan, _ = plan_lookup(SCHEMA, "cassandra", options, "pk", "left", ["v"])
-    assert run(plan, [(2, 0)])["v"] == ["v2-1"]
-    reader = copy.copy(plan.reader)
-    reader.conn = dataclasses.replace(plan.reader.conn, port=free_port())
-    gone = dataclasses.replace(plan, reader=reader)
-    with pytest.raises(CassandraError) as failed:
-        run(gone, [(2, 0)])
-    message = str(failed.value)
-    assert f"looking up 1 key(s) in table sluice.{events}" in message, message
-    assert "failed after 2 attempt(s) (lookup.max-retries=1)" in message, message
 
 
 def test_bad_input_is_named_before_any_work(cass, events):

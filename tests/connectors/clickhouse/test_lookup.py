@@ -1,9 +1,8 @@
 """sluice.lookup(df, "clickhouse", ...) on the ClickHouse test server: left and inner joins typed as the batch read
 types them, a non-unique key, a composite key of quoted strings, FINAL on a ReplacingMergeTree (and without it, the
-negative control), bad input named, and a server that does not answer failing the lookup."""
+negative control), bad input named, and a server killed between two batches failing the next after its retries."""
 
 import datetime as dt
-from dataclasses import replace
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -16,7 +15,8 @@ from sluice.connectors.clickhouse._lookup import URL_BUDGET, _chunks, _elements
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
-from sluice.testing._postgres import free_port
+from tests.clickhouse_chdb import clickhouse_server
+from tests.lookup_faults import started_again_after_a_failed_attempt
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("event", StringType())])
 
@@ -107,17 +107,26 @@ def test_bad_input_is_named_before_any_work(ch, users):
     assert f"key column 'id' of table default.{floats} is Float64: a lookup takes keys of type Int8" in message
 
 
-def test_a_server_that_does_not_answer_fails_the_lookup_naming_the_table(ch, users):
-    """Negative control: the same plan answers while its url is the server's."""
-    plan, _ = plan_lookup(SCHEMA, "clickhouse", ch.opts(users, **{"lookup.max-retries": "1"}), "id", "left", ["name"])
-    assert run(plan, [1])["name"] == ["ann"]
-    reader = plan.reader
-    reader.conn = replace(reader.conn, url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    with pytest.raises(ClickHouseError) as failed:
-        run(plan, [1])
-    message = str(failed.value)
-    assert f"looking up 1 key(s) in table default.{users} on ClickHouse at {ch.url} failed after 1 retries" in message
-    assert "is unreachable" in message and ch.password not in message
+def test_a_server_killed_mid_stream_fails_the_batch_after_the_retries_and_one_back_within_them_answers():
+    """A server of its own (the session's stays up), SIGKILLed after the readers answered a batch: the next batch
+    fails after lookup.max-retries, naming the table and the server, never with nulls. Negative control: the same
+    outage, the server started again once an attempt met it, is ridden out by the retries, with the right rows."""
+    with clickhouse_server() as server:
+        server.sql("CREATE TABLE users (id UInt64, name String) ENGINE = MergeTree() ORDER BY id")
+        server.sql("INSERT INTO users VALUES (1, 'ann'), (2, 'bo')")
+        options = {"url": server.url, "table": "users", "password": server.password}
+        few, _ = plan_lookup(SCHEMA, "clickhouse", {**options, "lookup.max-retries": "1"}, "id", "left", ["name"])
+        many, _ = plan_lookup(SCHEMA, "clickhouse", {**options, "lookup.max-retries": "10"}, "id", "left", ["name"])
+        assert run(few, [1, 3])["name"] == ["ann", None] and run(many, [2])["name"] == ["bo"]
+        server.kill()
+        with pytest.raises(ClickHouseError) as failed:
+            run(few, [1, 2])
+        message = str(failed.value)
+        assert (f"looking up 2 key(s) in table default.users on ClickHouse at {server.url} failed after 2 attempt(s) "
+                "(lookup.max-retries=1)") in message, message
+        assert "is unreachable" in message and server.password not in message
+        with started_again_after_a_failed_attempt(server.start):
+            assert run(many, [1, 2, 3])["name"] == ["ann", "bo", None]
 
 
 def test_keys_beyond_the_url_budget_are_sent_in_several_queries_and_all_found(ch):

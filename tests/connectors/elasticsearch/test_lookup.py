@@ -1,9 +1,9 @@
 """sluice.lookup(df, "elasticsearch", ...) on a real node of each engine (conftest.py; the Spark test on OpenSearch
 only): by _id through _mget, real-time (a document not yet refreshed is found; the negative control, a terms search,
 does not find it), by a field through one terms search (a key with several documents), index.max_result_window
-named, bad input named, and a node that does not answer failing the lookup."""
+named, bad input named, and keys whose shard is not started failing the batch, never read as missing (a node
+killed under a lookup: test_faults.py)."""
 
-from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -14,8 +14,6 @@ from sluice.connectors.elasticsearch._client import ElasticsearchError
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
-from sluice.testing import LocalElasticsearch
-from sluice.testing._postgres import free_port
 
 MAPPING = {"user": {"type": "keyword"}, "name": {"type": "keyword"}, "score": {"type": "long"},
            "at": {"type": "date"}, "bio": {"type": "text"}}
@@ -111,16 +109,21 @@ def test_bad_input_is_named_before_any_work(search, users):
     assert "takes one key column" in refused(on=["user", "_id"], schema=both)
 
 
-def test_a_node_that_does_not_answer_fails_the_lookup_naming_the_index(search, users):
-    """Negative control: the same plan answers while its node is the server."""
-    plan, _ = plan_lookup(BY_ID, "elasticsearch", search.opts(users, **{"lookup.max-retries": "1"}), "_id", "left",
-                          ["name"])
-    assert run(plan, "_id", ["a"])["name"] == ["ann"]
-    reader = plan.reader
-    reader.conn = replace(reader.conn, nodes=(f"http://127.0.0.1:{free_port()}",))  # nothing listens there
-    with pytest.raises(ElasticsearchError) as failed:
-        run(plan, "_id", ["a"])
-    message = str(failed.value)
-    engine = "Elasticsearch" if isinstance(search.server, LocalElasticsearch) else "OpenSearch"
-    assert f"looking up 1 key(s) in {engine} index '{users}' on {search.server.url} failed after 1 retries" in message
-    assert "is unreachable" in message
+def test_keys_whose_shard_is_not_started_fail_the_batch_never_nulls(search):
+    """An index whose one primary shard no node may hold (index.routing.allocation.require._name matches none), as a
+    restarted node's shards are until it has recovered them: its keys fail the batch after the retries, naming what
+    the node said, never read as missing. Negative control: the shard allowed a node, the same lookup answers."""
+    index = search.index_name()
+    search.call("PUT", f"/{index}", {"settings": {"number_of_shards": 1, "number_of_replicas": 0,
+                                                  "index.routing.allocation.require._name": "nowhere"},
+                                     "mappings": {"properties": MAPPING}}, wait_for_active_shards="0")
+    opts = search.opts(index, **{"lookup.max-retries": "0"})
+    by_id, _ = plan_lookup(BY_ID, "elasticsearch", opts, "_id", "left", ["name"])
+    by_user, _ = plan_lookup(BY_USER, "elasticsearch", opts, "user", "left", ["name"])
+    for plan, key in ((by_id, "_id"), (by_user, "user")):
+        with pytest.raises(ElasticsearchError) as failed:
+            run(plan, key, ["a"])
+        assert "looking up 1 key(s) in " in str(failed.value) and f"index '{index}'" in str(failed.value)
+    search.call("PUT", f"/{index}/_settings", {"index.routing.allocation.require._name": None})
+    search.call("GET", f"/_cluster/health/{index}", wait_for_status="green", timeout="60s")
+    assert run(by_id, "_id", ["a"])["name"] == [None] and run(by_user, "user", ["u1"])["name"] == [None]

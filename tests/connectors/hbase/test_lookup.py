@@ -1,7 +1,7 @@
 """sluice.lookup(df, "hbase", ...) on the session's HBase: left and inner joins by a composite row key across
-regions, a missing key, a gateway that cannot be reached after planning, and bad input named."""
+regions, a missing key, a gateway killed between two batches failing the next after its retries, and bad input
+named."""
 
-import copy
 import dataclasses
 
 import pyarrow as pa
@@ -13,7 +13,7 @@ from sluice.connectors.hbase._client import HBaseError
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
-from sluice.testing._postgres import free_port
+from tests.lookup_faults import started_again_after_a_failed_attempt
 
 pytestmark = pytest.mark.spark
 
@@ -63,22 +63,28 @@ def run(plan, keys):
         plan.reader.close(clean=True)
 
 
-def test_a_gateway_that_cannot_be_reached_fails_the_batch_naming_the_table_and_gateway_never_nulls(hbase, orders):
-    """The reader planned against the running gateway, then pointed at a port nothing listens on (the session's
-    HBase keeps running). Negative control: the same reader on the gateway's port answers."""
-    plan, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, **{"lookup.max-retries": "1"}), ["region", "id"],
+def test_a_gateway_killed_mid_stream_fails_the_next_batch_after_the_retries_and_one_back_within_them_answers(
+        hbase, orders):
+    """The reader answered a batch through the session's gateway, then the gateway is SIGKILLed (HBase keeps
+    running): the next batch fails after lookup.max-retries, naming the table and the gateway, never with nulls.
+    Negative control: the same outage, the gateway started again once an attempt met it, is ridden out by the
+    retries, with the right rows."""
+    few, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, **{"lookup.max-retries": "1"}), ["region", "id"],
+                         "left", ["amount"])
+    many, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, **{"lookup.max-retries": "10"}), ["region", "id"],
                           "left", ["amount"])
     # A key with a 0 byte in a column that is not the key's last has no row key: it matches nothing.
-    assert run(plan, [("us", 7), ("e\x00u", 1)])["amount"] == [4.5, None]
-    reader = copy.copy(plan.reader)
-    port = free_port()
-    reader.conn = dataclasses.replace(plan.reader.conn, port=port)
+    assert run(few, [("us", 7), ("e\x00u", 1)])["amount"] == [4.5, None] and run(many, [("eu", 1)])["amount"] == [2.5]
+    hbase.server.kill_gateway()
     with pytest.raises(HBaseError) as failed:
-        run(dataclasses.replace(plan, reader=reader), [("us", 7)])
+        run(few, [("us", 7), ("eu", 1)])
     message = str(failed.value)
-    assert f"looking up 1 key(s) in HBase table {orders} at hbase://{hbase.server.host}:{port}/{orders}" in message
-    assert "failed after 2 attempt(s) (lookup.max-retries=1)" in message, message
-    assert f"no answer from the HBase Thrift2 gateway at {hbase.server.host}:{port}" in message, message
+    where = f"{hbase.server.host}:{hbase.server.port}"
+    assert (f"looking up 2 key(s) in HBase table {orders} at hbase://{where}/{orders} failed after 2 attempt(s) "
+            "(lookup.max-retries=1)") in message, message
+    assert f"no answer from the HBase Thrift2 gateway at {where}" in message, message
+    with started_again_after_a_failed_attempt(hbase.server.start_gateway):
+        assert run(many, [("us", 7), ("eu", 1), ("eu", 3)])["amount"] == [4.5, 2.5, None]
 
 
 def test_bad_input_is_named_before_any_work(spark, hbase, orders):

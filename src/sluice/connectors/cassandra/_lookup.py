@@ -18,7 +18,6 @@ keyspace.table. A lookup never returns no rows for a key it could not ask about.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -31,6 +30,7 @@ from sluice.connector import (
     Options,
     RetryableError,
     ThrottledError,
+    lookup_retry_pause,
     require_name,
     to_arrow_schema,
 )
@@ -96,7 +96,6 @@ class CassandraLookupReader(LookupReader):
         """Every row of every key's SELECT, run concurrently; the whole batch again on a failure that passes."""
         from cassandra.concurrent import execute_concurrent_with_args
 
-        delay = 0.5
         for attempt in range(self.retries + 1):
             error: BaseException
             try:
@@ -117,8 +116,7 @@ class CassandraLookupReader(LookupReader):
                 raise CassandraError(f"looking up {len(params)} key(s) in {self.described} failed after "
                                      f"{attempt + 1} attempt(s) (lookup.max-retries={self.retries}): {error}",
                                      store="cassandra", target=self.conn.display) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 8.0)
+            lookup_retry_pause(self.described, len(params), attempt, self.retries, error)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _statement(self, session: Any) -> PreparedStatement:

@@ -23,7 +23,6 @@ the table and the server; a lookup never returns no rows for a key it could not 
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -31,7 +30,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import StructType
 
-from sluice.connector import LookupReader, OptionError, Options, from_arrow_schema, require_name, to_arrow_schema
+from sluice.connector import (
+    LookupReader,
+    OptionError,
+    Options,
+    from_arrow_schema,
+    lookup_retry_pause,
+    require_name,
+    to_arrow_schema,
+)
 from sluice.connectors.clickhouse._client import ClickHouseError, ClickHouseRetryableError, Connection, quote_ident
 from sluice.connectors.clickhouse._options import LookupOptions
 from sluice.connectors.clickhouse._source import check_final, read_schema
@@ -113,7 +120,6 @@ class ClickHouseLookupReader(LookupReader):
     def _query(self, params: dict[str, str], count: int) -> pa.Table:
         """The rows of one query, its keys given; a server that cannot answer is asked again, lookup.max-retries
         times."""
-        delay = 0.5
         for attempt in range(self.retries + 1):
             try:
                 batches = list(self.conn.arrow_batches(self.sql, **params))
@@ -122,11 +128,11 @@ class ClickHouseLookupReader(LookupReader):
             except ClickHouseRetryableError as e:
                 if attempt == self.retries:
                     raise ClickHouseError(f"looking up {count} key(s) in {self.described} failed after "
-                                          f"{self.retries} retries (lookup.max-retries): {e}") from None
+                                          f"{attempt + 1} attempt(s) (lookup.max-retries={self.retries}): {e}"
+                                          ) from None
+                lookup_retry_pause(self.described, count, attempt, self.retries, e)
             except ClickHouseError as e:
                 raise ClickHouseError(f"looking up {count} key(s) in {self.described} failed: {e}", e.code) from None
-            time.sleep(delay)
-            delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 

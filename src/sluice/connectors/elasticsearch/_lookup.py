@@ -14,13 +14,14 @@ from each document's `_source` (dates as ISO text or epoch milliseconds). A key 
 document fails the batch, as the batch read does for a field not read as an array.
 
 Requests go through the process's pooled client (_client.py). A node that cannot be reached, answers 502-504 or
-429 is asked again, the next node in turn, `lookup.max-retries` times (backoff from 0.5 s), then the task fails naming
-the index and the node; a lookup never returns no rows for a key it could not ask about.
+429, or answers for part of the keys only (an `_mget` document with an `error`, a search whose shards did not all
+answer: a shard not started yet, as on a node restarting), is asked again, the next node in turn,
+`lookup.max-retries` times (backoff from 0.5 s), then the task fails naming the index and the node; a lookup never
+returns no rows for a key it could not ask about.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -32,6 +33,7 @@ from sluice.connector import (
     Options,
     RetryableError,
     ThrottledError,
+    lookup_retry_pause,
     require_name,
     to_arrow_schema,
 )
@@ -84,21 +86,23 @@ class SearchLookupReader(LookupReader):
 
     def _request(self, endpoint: str, body: dict[str, Any], count: int, **params: Any) -> Any:
         """The answer to one request; a node that cannot answer is replaced by the next, lookup.max-retries times."""
-        delay = 0.5
         for attempt in range(self.retries + 1):
             try:
                 _, answer = self.conn.request("POST", f"/{self.conn.index}/{endpoint}", body, node=attempt,
                                              **params)
+                missing = _unanswered(answer)
+                if missing:  # a shard not (yet) started: its keys were not looked at, so none is known missing
+                    raise RetryableError(f"the answer covered part of the keys only: {missing}")
                 return answer
             except (RetryableError, ThrottledError) as e:
                 if attempt == self.retries:
                     raise ElasticsearchError(f"looking up {count} key(s) in {self.described} failed after "
-                                             f"{self.retries} retries (lookup.max-retries): {e}") from None
+                                             f"{attempt + 1} attempt(s) (lookup.max-retries={self.retries}): {e}"
+                                             ) from None
+                lookup_retry_pause(self.described, count, attempt, self.retries, e)
             except ElasticsearchError as e:
                 raise ElasticsearchError(f"looking up {count} key(s) in {self.described} failed: {e}",
                                          e.status) from None
-            time.sleep(delay)
-            delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _rows(self, hits: list[dict[str, Any]]) -> pa.Table:
@@ -160,3 +164,25 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     wanted = list(dict.fromkeys(name for name in wanted if name == key or name not in on))
     schema = T.StructType([T.StructField(name, known[name], True) for name in wanted])
     return SearchLookupReader(conn, described, key, schema, _window(conn), options.lookup_max_retries)
+
+
+def _unanswered(answer: Any) -> str | None:
+    """What a 200 answer left unread, or None: an `_mget` document with an `error` (its shard not available, as while
+    a restarted node recovers it) rather than `found`, or a `_search` whose shards did not all answer
+    (`_shards.failed`, `timed_out`). Either would otherwise look like keys the index lacks: nulls."""
+    if "docs" in answer:
+        errors = [doc["error"] for doc in answer["docs"] if "error" in doc]
+        if errors:
+            first = errors[0]
+            reason = first.get("reason", first) if isinstance(first, dict) else first
+            return f"{len(errors)} document(s) not read ({reason})"
+        return None
+    shards = answer.get("_shards", {})
+    if shards.get("failed"):
+        failures = shards.get("failures") or [{}]
+        reason = failures[0].get("reason", {})
+        return (f"{shards['failed']} of {shards.get('total')} shard(s) failed "
+                f"({reason.get('reason', reason) if isinstance(reason, dict) else reason})")
+    if answer.get("timed_out"):
+        return "the search timed out on some shards"
+    return None

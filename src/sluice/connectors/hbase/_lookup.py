@@ -26,7 +26,6 @@ naming the table and the gateway. A lookup never returns no rows for a key it co
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +38,7 @@ from sluice.connector import (
     Options,
     RetryableError,
     ValueTypeError,
+    lookup_retry_pause,
     require_name,
     to_arrow_schema,
 )
@@ -100,7 +100,6 @@ class HBaseLookupReader(LookupReader):
         again on a failure that passes."""
         gateway = _task_index()
         table = self.table.encode()
-        delay = 0.5
         for attempt in range(self.retries + 1):
             try:
                 return list(self.conn.call("getMultiple", table, gets, index=gateway))
@@ -111,8 +110,7 @@ class HBaseLookupReader(LookupReader):
                                  target=self.conn.display(self.table)) from None
             if attempt == self.retries:
                 break
-            time.sleep(delay)
-            delay = min(delay * 2, 8.0)
+            lookup_retry_pause(self.described, len(gets), attempt, self.retries, error)
         raise HBaseError(f"looking up {len(gets)} key(s) in {self.described} failed after {self.retries + 1} "
                          f"attempt(s) (lookup.max-retries={self.retries}): {error}", store="hbase",
                          target=self.conn.display(self.table))
