@@ -146,13 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=1000, help="--latency-seconds: keys arriving per second")
     parser.add_argument("--warmup", type=float, default=10, help="--latency-seconds: seconds of keys left out "
                         "after each query's first micro-batch")
+    parser.add_argument("--latency-rounds", type=int, default=2, help="--latency-seconds: rounds of both "
+                        "contenders, the order reversed each round")
     args = parser.parse_args(argv)
     if args.latency_seconds:
         if args.store != "postgres":
             parser.error("--latency-seconds measures the PostgreSQL lookup only (leave out --store)")
         from bench.lookup_latency import run as run_latency
 
-        print(json.dumps(run_latency(args.rows, args.rate, args.latency_seconds, args.warmup), indent=2))
+        print(json.dumps(run_latency(args.rows, args.rate, args.latency_seconds, args.warmup, args.latency_rounds),
+                         indent=2))
         return 0
     if args.store == "hbase":
         from bench.lookup_hbase import run as run_hbase

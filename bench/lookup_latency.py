@@ -1,16 +1,17 @@
 """Lookup joins against PostgreSQL: latency from a key's arrival to its enriched row in the sink, p50/p99,
-`sluice.lookup` against Spark's stream-static join, one after the other in one run.
+`sluice.lookup` against Spark's stream-static join, one after the other in one run, alternating.
 
-Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--rate 1000] [--rows 1000000] [--warmup 15]`.
+Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--rate 1000] [--rows 1000000] [--warmup 10] [--latency-rounds 2]`.
 - Keys arrive at --rate a second, evenly spaced: key number n arrives at t0 + n / rate (t0: just before the query
   starts) and is offered from then on by a minimal Python streaming source (its offset is the number of keys
   arrived so far, read from the clock when Spark plans a micro-batch), with its arrival time as a column. The keys
   are drawn over 1 .. 1.1 x rows by a multiplicative hash of n (about one in eleven missing). Spark's `rate` source
   is not used: its offsets move by whole seconds, which would add up to a second of waiting of its own.
-- Each contender, Spark local[2] with the default trigger (the next micro-batch as soon as the last one ends):
-  `sluice.lookup(keys, "postgres", ..., on="id")`, and the same keys joined (left) to
-  `spark.read.format("postgres")` of the table, which Spark reads again for every micro-batch. Both write into a
-  PostgreSQL table of their own with `format("postgres")` (append), whose `sunk_at` defaults to `clock_timestamp()`.
+- Each contender (--latency-rounds times, the order reversed each round), Spark local[2] with the default trigger
+  (the next micro-batch as soon as the last one ends): `sluice.lookup(keys, "postgres", ..., on="id")`, and the same
+  keys joined (left) to `spark.read.format("postgres")` of the table, which Spark reads again for every micro-batch.
+  Both write into a PostgreSQL table of their own with `format("postgres")` (append), whose `sunk_at` defaults to
+  `clock_timestamp()`.
 - A row's latency is `sunk_at - arrived_at`: the machine's one clock, read by the Python worker and by the server.
   Keys arriving before the query's first micro-batch has ended and --warmup seconds after it are left out; the
   --latency-seconds after them are measured (p99 also for each 10 s of them), and the query runs until every one
@@ -79,10 +80,10 @@ def arriving_keys(t0: float, rate: int, rows: int) -> type:
 
 
 def contender(spark, url: str, name: str, rows: int, rate: int, seconds: float, warmup: float,
-              folder: Path) -> dict:
+              folder: Path, round_: int) -> dict:
     import sluice
 
-    table = "sink_" + name.replace(".", "_").replace(" ", "_").replace("-", "_")
+    table = "sink_" + name.replace(".", "_").replace(" ", "_").replace("-", "_") + f"_{round_}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (n bigint, id bigint, arrived_at timestamptz, name text, value bigint, "
                      "sunk_at timestamptz DEFAULT clock_timestamp())")
@@ -141,7 +142,7 @@ def contender(spark, url: str, name: str, rows: int, rate: int, seconds: float, 
             "keys_per_micro_batch_median": statistics.median(p["numInputRows"] for p in progress)}
 
 
-def run(rows: int, rate: int, seconds: float, warmup: float) -> dict:
+def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2) -> dict:
     import sluice
     from sluice.testing import LocalPostgres
 
@@ -153,11 +154,13 @@ def run(rows: int, rate: int, seconds: float, warmup: float) -> dict:
             conn.execute("VACUUM ANALYZE dim")
         spark = sluice.session("bench-lookup-latency", master="local[2]", **{"spark.sql.shuffle.partitions": "2"})
         try:
-            out = {name: contender(spark, server.url, name, rows, rate, seconds, warmup, Path(tmp))
-                   for name in ("sluice.lookup", "stream-static join")}
+            out: dict[str, list[dict]] = {"sluice.lookup": [], "stream-static join": []}
+            for i in range(rounds):  # the order reversed each round: a load that comes and goes falls on both
+                for name in list(out) if i % 2 == 0 else list(out)[::-1]:
+                    out[name].append(contender(spark, server.url, name, rows, rate, seconds, warmup, Path(tmp), i))
         finally:
             spark.stop()
-    return {"rows": rows, "keys_per_s": rate, "seconds_measured": seconds, "warmup_s": warmup,
+    return {"rows": rows, "keys_per_s": rate, "seconds_measured": seconds, "warmup_s": warmup, "rounds": rounds,
             "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
             "utc_end": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
             "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()}, "latency": out}
