@@ -1,7 +1,8 @@
 """Lookup joins against PostgreSQL: latency from a key's arrival to its enriched row in the sink, p50/p99,
 `sluice.lookup` against Spark's stream-static join, one after the other in one run, alternating.
 
-Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--rate 1000] [--rows 1000000] [--warmup 10] [--latency-rounds 2]`.
+Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--rate 1000] [--rows 1000000] [--warmup 10]
+[--latency-rounds 2]`.
 - Keys arrive at --rate a second, evenly spaced: key number n arrives at t0 + n / rate (t0: just before the query
   starts) and is offered from then on by a minimal Python streaming source (its offset is the number of keys
   arrived so far, read from the clock when Spark plans a micro-batch), with its arrival time as a column. The keys
