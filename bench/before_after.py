@@ -56,7 +56,23 @@ BENCHES: dict[str, tuple[str, list[str], dict[str, tuple[str, ...]]]] = {
         "postgres read (rows/s)": ("rows_per_s", "read_sluice"),
         "postgres JDBC append (rows/s)": ("rows_per_s", "append_jdbc"),
     }),
+    # not in the default table (--benches postgres_changes): change capture, judged by its own table in
+    # docs/postgres.md; the floor touches no PostgreSQL, so its ratio is the machine's noise
+    "postgres_changes": ("bench.stores.postgres_changes", ["--changes", "{1000000}", "--rounds", "2"], {
+        "postgres_changes: bare fetch (changes/s)": ("changes_per_s", "fetch"),
+        "postgres_changes: fetch + decoding, fetch-ranges=2 (changes/s)": ("changes_per_s", "decode_r2"),
+        "postgres_changes: Spark -> sluice_null, in micro-batches (changes/s)":
+            ("changes_per_s", "spark_in_micro_batches_r2"),
+        "postgres_changes: Spark -> sluice_null, from start() (changes/s)": ("changes_per_s", "spark_r2"),
+        "postgres_changes: Spark -> noop, in micro-batches (changes/s)":
+            ("changes_per_s", "spark_in_micro_batches_noop_r2"),
+        "postgres_changes: max-changes-per-trigger=100000, in micro-batches (changes/s)":
+            ("changes_per_s", "spark_in_micro_batches_budget_100k_r2"),
+        "postgres_changes: Spark's floor, no PostgreSQL (changes/s)":
+            ("changes_per_s", "spark_floor_in_micro_batches"),
+    }),
 }
+DEFAULT_BENCHES = ("engine", "s2_sink", "s2_source", "postgres")
 
 
 def arguments(template: list[str], scale: float) -> list[str]:
@@ -90,7 +106,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, metavar="REV", help="the commit to compare this checkout with")
     ap.add_argument("--runs", type=int, default=3, help="runs of the whole table, sides alternating")
-    ap.add_argument("--benches", default=",".join(BENCHES), help=f"a subset of {', '.join(BENCHES)}")
+    ap.add_argument("--benches", default=",".join(DEFAULT_BENCHES),
+                    help=f"a comma list of {', '.join(BENCHES)} (default: all but postgres_changes)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the benchmarks' sizes")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "before-after.json",
                     help="the figures so far, written after each benchmark (a long run interrupted keeps them)")

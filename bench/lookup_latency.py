@@ -1,0 +1,167 @@
+"""Lookup joins against PostgreSQL: latency from a key's arrival to its enriched row in the sink, p50/p99,
+`sluice.lookup` against Spark's stream-static join, one after the other in one run, alternating.
+
+Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--rate 1000] [--rows 1000000] [--warmup 10]
+[--latency-rounds 2]`.
+- Keys arrive at --rate a second, evenly spaced: key number n arrives at t0 + n / rate (t0: just before the query
+  starts) and is offered from then on by a minimal Python streaming source (its offset is the number of keys
+  arrived so far, read from the clock when Spark plans a micro-batch), with its arrival time as a column. The keys
+  are drawn over 1 .. 1.1 x rows by a multiplicative hash of n (about one in eleven missing). Spark's `rate` source
+  is not used: its offsets move by whole seconds, which would add up to a second of waiting of its own.
+- Each contender (--latency-rounds times, the order reversed each round), Spark local[2] with the default trigger
+  (the next micro-batch as soon as the last one ends): `sluice.lookup(keys, "postgres", ..., on="id")`, and the same
+  keys joined (left) to `spark.read.format("postgres")` of the table, which Spark reads again for every micro-batch.
+  Both write into a PostgreSQL table of their own with `format("postgres")` (append), whose `sunk_at` defaults to
+  `clock_timestamp()`.
+- A row's latency is `sunk_at - arrived_at`: the machine's one clock, read by the Python worker and by the server.
+  Keys arriving before the query's first micro-batch has ended and --warmup seconds after it are left out; the
+  --latency-seconds after them are measured (p99 also for each 10 s of them), and the query runs until every one
+  of them is in the sink (each key gives one row: a left join on the primary key). Micro-batch figures are over
+  Spark's recent progress (its last 100 micro-batches).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench.measures import percentile
+
+DRAIN_TIMEOUT_S = 300.0
+KEYS_SCHEMA = "n bigint, id bigint, arrived_at timestamp"
+
+
+def arriving_keys(t0: float, rate: int, rows: int) -> type:
+    """A streaming Python data source of the keys arrived since t0 at `rate` a second (defined here, not at module
+    level, so that Spark's workers get the classes by value: they do not import `bench`)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class ArrivingKeysReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict:
+            return {"n": 0}
+
+        def latestOffset(self, start: dict | None = None, limit: object = None) -> dict:
+            return {"n": max(0, int((time.time() - t0) * rate))}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition((start["n"], end["n"]))] if end["n"] > start["n"] else []
+
+        def read(self, partition: InputPartition):
+            import numpy as np
+            import pyarrow as pa
+
+            first, end = partition.value
+            n = np.arange(first, end, dtype=np.int64)
+            keys = (n * 2654435761) % int(rows * 1.1) + 1
+            arrived_us = ((t0 + n / rate) * 1_000_000).astype(np.int64)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(n), pa.array(keys), pa.array(arrived_us).cast(pa.timestamp("us", tz="UTC"))],
+                names=["n", "id", "arrived_at"])
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    class ArrivingKeys(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_arriving_keys"
+
+        def schema(self) -> str:
+            return KEYS_SCHEMA
+
+        def streamReader(self, schema: object) -> ArrivingKeysReader:
+            return ArrivingKeysReader()
+
+    return ArrivingKeys
+
+
+def contender(spark, url: str, name: str, rows: int, rate: int, seconds: float, warmup: float,
+              folder: Path, round_: int) -> dict:
+    import sluice
+
+    table = "sink_" + name.replace(".", "_").replace(" ", "_").replace("-", "_") + f"_{round_}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (n bigint, id bigint, arrived_at timestamptz, name text, value bigint, "
+                     "sunk_at timestamptz DEFAULT clock_timestamp())")
+    t0 = time.time()
+    spark.dataSource.register(arriving_keys(t0, rate, rows))
+    keys = spark.readStream.format("bench_arriving_keys").load()
+    options = {"url": url, "table": "dim"}
+    if name == "sluice.lookup":
+        enriched = sluice.lookup(keys, "postgres", options, on="id")
+    else:
+        static = spark.read.format("postgres").options(**options).option("consistent-snapshot", "false").load()
+        enriched = keys.join(static, "id", "left")
+    query = (enriched.writeStream.format("postgres").options(url=url, table=table)
+             .option("checkpointLocation", str(folder / table)).start())
+    try:
+        # The query's first micro-batch (a cold start: connections, Python workers) is not the steady state: the
+        # measured keys arrive from --warmup seconds after it ended.
+        deadline = time.monotonic() + 120
+        while not query.recentProgress and time.monotonic() < deadline:
+            query.awaitTermination(0.2)
+        assert query.recentProgress, f"{name}: no micro-batch in 120 s: {query.exception()}"
+        measured_from = time.time() + warmup
+        measured_to = measured_from + seconds
+        first, end = int((measured_from - t0) * rate), int((measured_to - t0) * rate)  # the measured keys' numbers
+        expected = end - first
+        window = f"n >= {first} AND n < {end}"
+        deadline = measured_to + DRAIN_TIMEOUT_S
+        while True:
+            # the keys' pace, not an event: look again once a second whether the window's rows are all in
+            query.awaitTermination(1.0)
+            if query.exception() is not None:
+                raise RuntimeError(f"{name}: the query failed: {query.exception()}")
+            if time.time() > measured_to:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    count = conn.execute(f"SELECT count(*) FROM {table} WHERE {window}").fetchone()[0]
+                if count >= expected:
+                    break
+                if time.time() > deadline:
+                    raise RuntimeError(f"{name}: {count} of the window's {expected} rows in the sink after "
+                                       f"{DRAIN_TIMEOUT_S:.0f} s")
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+    finally:
+        query.stop()
+    with psycopg.connect(url, autocommit=True) as conn:
+        latencies = conn.execute(f"SELECT n, extract(epoch FROM sunk_at - arrived_at) * 1000 FROM {table} "
+                                 f"WHERE {window} ORDER BY n").fetchall()
+        ms = [float(r[1]) for r in latencies]
+        enriched_rows = conn.execute(f"SELECT count(*) FROM {table} WHERE {window} AND name IS NOT NULL").fetchone()[0]
+    assert len(ms) == expected, (name, len(ms), expected)  # one row per key, none twice
+    return {"keys_measured": expected, "keys_found": enriched_rows,
+            "p50_ms": round(percentile(ms, .5)), "p95_ms": round(percentile(ms, .95)),
+            "p99_ms": round(percentile(ms, .99)), "max_ms": round(max(ms)),
+            "p99_ms_of_each_10_s": [round(percentile(ms[i:i + 10 * rate], .99)) for i in range(0, len(ms), 10 * rate)],
+            "recent_micro_batches": len(progress),
+            "micro_batch_median_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
+            "keys_per_micro_batch_median": statistics.median(p["numInputRows"] for p in progress)}
+
+
+def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2) -> dict:
+    import sluice
+    from sluice.testing import LocalPostgres
+
+    load_start, started = os.getloadavg(), time.time()
+    with LocalPostgres() as server, tempfile.TemporaryDirectory() as tmp:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE dim (id bigint PRIMARY KEY, name text, value bigint)")
+            conn.execute("INSERT INTO dim SELECT g, 'name-' || g, g * 7 FROM generate_series(1, %s) g", (rows,))
+            conn.execute("VACUUM ANALYZE dim")
+        spark = sluice.session("bench-lookup-latency", master="local[2]", **{"spark.sql.shuffle.partitions": "2"})
+        try:
+            out: dict[str, list[dict]] = {"sluice.lookup": [], "stream-static join": []}
+            for i in range(rounds):  # the order reversed each round: a load that comes and goes falls on both
+                for name in list(out) if i % 2 == 0 else list(out)[::-1]:
+                    out[name].append(contender(spark, server.url, name, rows, rate, seconds, warmup, Path(tmp), i))
+        finally:
+            spark.stop()
+    return {"rows": rows, "keys_per_s": rate, "seconds_measured": seconds, "warmup_s": warmup, "rounds": rounds,
+            "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+            "utc_end": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()}, "latency": out}
