@@ -68,7 +68,8 @@ class RequestCounter:
 _LOCK = threading.Lock()
 _POOLS: dict[tuple[Hashable, int], ThreadPoolExecutor] = {}
 _COUNTER = RequestCounter()
-_GATE: threading.Barrier | None = None
+_GATE: int | None = None  # observe_requests(parties): requests held until that many have been open at once
+_GATE_REACHED = threading.Event()
 
 
 def _pool(client: Hashable, concurrency: int) -> ThreadPoolExecutor:
@@ -86,9 +87,12 @@ def _counted(request: Callable[[T], R], item: T) -> R:
         _COUNTER.sent += 1
         _COUNTER.peak = max(_COUNTER.peak, _COUNTER.open)
         gate = _GATE
+        if gate is not None and _COUNTER.open >= gate:
+            _GATE_REACHED.set()
     try:
-        if gate is not None:
-            gate.wait()  # every request open before any is sent (observe_requests)
+        if gate is not None and not _GATE_REACHED.wait(60):
+            raise TimeoutError(f"observe_requests({gate}): fewer than {gate} lookup requests were ever open at once "
+                               f"in 60 s (the most: {_COUNTER.peak})")
         return request(item)
     finally:
         with _LOCK:
@@ -115,12 +119,13 @@ def run_requests(client: Hashable, concurrency: int, request: Callable[[T], R], 
 @contextmanager
 def observe_requests(parties: int | None = None) -> Iterator[RequestCounter]:
     """Count the lookup requests open at once in this process from now on (`peak`); with `parties`, hold every
-    request until that many are open, so a test sees them in flight together by an event, not by timing (a
-    barrier: it breaks, failing the request, after 60 s without them)."""
+    request until that many have been open at once, so a test sees them in flight together by an event, not by
+    timing (a request held 60 s without it fails, naming the most seen)."""
     global _GATE
     with _LOCK:
         _COUNTER.open = _COUNTER.peak = _COUNTER.sent = 0
-        _GATE = threading.Barrier(parties, timeout=60) if parties else None
+        _GATE = parties
+        _GATE_REACHED.clear()
     try:
         yield _COUNTER
     finally:
