@@ -5,6 +5,7 @@ import json
 import threading
 import time
 import urllib.request
+import uuid
 
 import psycopg
 import pyarrow as pa
@@ -13,6 +14,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import sluice
 import sluice.metrics
+from sluice.connectors.postgres._client import PostgresError
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_cache import cache_for
 from sluice.source._lookup_dataframe import plan_lookup
@@ -164,6 +166,29 @@ def test_a_batch_split_into_statements_has_them_in_flight_together_with_one_stat
     finally:
         split.reader.close(clean=True)
         whole.reader.close(clean=True)
+
+
+def test_one_refused_statement_of_a_split_batch_fails_the_batch_never_nulls(pg):
+    """4 keys, 1 a statement, 3 in flight: the server refuses the statement of the key that is no UUID while the
+    others answer; the batch fails naming the table, never gives that key nulls. Negative control: the same plan
+    answers a batch without it."""
+    table = pg.table("ids")
+    pg.sql(f'CREATE TABLE "{table}" (id uuid, name text)')
+    good = [str(uuid.uuid4()) for _ in range(3)]
+    pg.sql(f'INSERT INTO "{table}" VALUES (%s, \'a\'), (%s, \'b\'), (%s, \'c\')', good)
+    schema = StructType([StructField("id", StringType()), StructField("event", StringType())])
+    plan, _ = plan_lookup(schema, "postgres", pg.opts(table, **{"lookup.max-keys-per-request": "1",
+                          "lookup.max-concurrent-requests": "3"}), "id", "left", None)
+
+    def lookup(ids):
+        return enrich(plan, pa.record_batch({"id": ids, "event": ids}), None, LookupTally()).to_pydict()
+
+    try:
+        assert lookup(good)["name"] == ["a", "b", "c"]
+        with pytest.raises(PostgresError, match=rf"looking up 1 key\(s\) in table public\.{table} .*uuid"):
+            lookup([good[0], "not-a-uuid", good[1], good[2]])
+    finally:
+        plan.reader.close(clean=False)
 
 
 def test_eviction_and_expiry_send_a_key_back_to_the_store(pg):
