@@ -17,6 +17,10 @@ Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows r
   columns, no join): keys looked up per second.
 - the cache: --batches batches of keys drawn from a Zipf distribution (a = 1.2) over the table, sluice's worker path
   with lookup.cache=partial (max-rows 10000) against lookup.cache=none: hit rate and time.
+- concurrency (also alone, `--measure concurrency`): --batches batches of --keys-high keys (10,000), sluice's worker
+  path with lookup.max-concurrent-requests=1 against the default (4), each batch's keys in statements of
+  lookup.max-keys-per-request (1,000), and beside them 4 of 2,500 keys and 1 of the whole batch: keys looked up per
+  second by one task; and the bare psycopg loop's one statement per batch.
 """
 
 from __future__ import annotations
@@ -102,8 +106,9 @@ def bare_loop(url: str, batches: list[pa.RecordBatch]) -> float:
         return time.perf_counter() - started
 
 
-def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str) -> tuple[float, object]:
-    """Seconds for sluice's worker path over the batches, and its cache's counts."""
+def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str,
+                **options: str) -> tuple[float, object]:
+    """Seconds for sluice's worker path over the batches, and its cache's counts; `options`: more lookup options."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     from sluice.metrics._lookups import LookupTally
@@ -113,7 +118,8 @@ def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str) -> tuple[fl
 
     schema = StructType([StructField("id", LongType())])
     plan, _ = plan_lookup(schema, "postgres", {"url": url, "table": "dim", "lookup.cache": cache,
-                                               "lookup.partial-cache.max-rows": "10000"}, "id", "left", None)
+                                               "lookup.partial-cache.max-rows": "10000", **options}, "id", "left",
+                          None)
     store = cache_for(plan.lookup_id, plan.cache)
     try:
         started = time.perf_counter()
@@ -123,6 +129,30 @@ def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str) -> tuple[fl
     finally:
         plan.reader.close(clean=True)
     return seconds, store.stats() if store is not None else None
+
+
+def concurrency(url: str, batches: list[pa.RecordBatch]) -> dict[str, object]:
+    """Keys looked up per second by sluice's worker path (one task's): lookup.max-concurrent-requests 1 against the
+    default, side by side, and the default with larger requests (lookup.max-keys-per-request), which the default's
+    choice rests on: alternating runs after an untimed pass, the best of three each."""
+    from sluice.source._lookup_requests import DEFAULT_CONCURRENT_REQUESTS as C
+    from sluice.source._lookup_requests import DEFAULT_KEYS_PER_REQUEST as K
+
+    looked_up = sum(len(set(b.column(0).to_pylist())) for b in batches)
+    settings = {f"concurrency 1, {K} keys a request": (1, K),
+                f"concurrency {C} (default), {K} keys a request (default)": (C, K),
+                f"concurrency {C}, 2500 keys a request": (C, 2500),
+                f"concurrency 1, {10 * K} keys a request (one a batch)": (1, 10 * K)}
+    sluice_loop(url, batches[:1], "none")  # warm: the server's cache of the table and the index
+    best: dict[str, float] = {}
+    for _ in range(3):
+        for name, (requests, keys) in settings.items():
+            seconds, _ = sluice_loop(url, batches, "none", **{"lookup.max-concurrent-requests": str(requests),
+                                                             "lookup.max-keys-per-request": str(keys)})
+            best[name] = min(best.get(name, seconds), seconds)
+    bare = min(bare_loop(url, batches) for _ in range(3))
+    return {"distinct_keys": looked_up, "sluice_keys_per_s": {name: looked_up / s for name, s in best.items()},
+            "bare_psycopg_one_statement_a_batch_keys_per_s": looked_up / bare}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                         "after each query's first micro-batch")
     parser.add_argument("--latency-rounds", type=int, default=2, help="--latency-seconds: rounds of both "
                         "contenders, the order reversed each round")
+    parser.add_argument("--measure", choices=("all", "concurrency"), default="all", help="postgres: concurrency "
+                        "alone measures lookups/s per task at lookup.max-concurrent-requests 1 and the default, "
+                        "on --batches batches of --keys-high keys")
     args = parser.parse_args(argv)
     if args.latency_seconds:
         if args.store != "postgres":
@@ -181,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("VACUUM ANALYZE dim")
         uniform = keys_of(rng, args.rows, args.keys, args.batches)
         report: dict[str, object] = {"rows": args.rows, "keys_per_batch": args.keys, "batches": args.batches}
+        high = [pa.record_batch({"id": pa.array(k)})  # a generator of its own: the other draws stay as they were
+                for k in keys_of(np.random.default_rng(11), args.rows, args.keys_high, args.batches)]
+        if args.measure == "concurrency":
+            report["concurrency"] = {"keys_per_batch": args.keys_high, **concurrency(server.url, high)}
+            print(json.dumps(report, indent=2))
+            return 0
 
         spark = sluice.session("bench-lookup", master="local[2]", **{"spark.sql.shuffle.partitions": "2"})
         try:
@@ -202,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         report["cache_zipf"] = {"seconds_off": off_s, "seconds_on": on_s, "speed_up": off_s / on_s,
                                 "hit_rate": stats.hits / max(1, stats.hits + stats.misses),  # type: ignore[attr-defined]
                                 "evictions": stats.evictions}  # type: ignore[attr-defined]
+        if args.keys_high:
+            report["concurrency"] = {"keys_per_batch": args.keys_high, **concurrency(server.url, high)}
     print(json.dumps(report, indent=2))
     return 0
 

@@ -18,7 +18,9 @@ record sends it to the route `SourceDataSource.dead_letters()` planned, its task
 reader builds its batch from, one holding a value it cannot type going aside as it came). A store that serves
 lookup joins (`sluice.lookup`, docs/lookup.md) declares `SourceDataSource.lookup_spec` (with `LOOKUP_OPTIONS`, the
 cache's, typed by `LookupCacheSettings`) and returns a `LookupReader` from `lookup_reader()`: rows by distinct keys,
-in bulk, in Arrow; its `placement()` may return a `KeyPlacement`, by which the rows are shuffled first.
+in bulk, in Arrow; its `placement()` may return a `KeyPlacement`, by which the rows are shuffled first. A batch's
+keys go as requests of `lookup.max-keys-per-request` (`slices`), up to `lookup.max-concurrent-requests` in flight
+(`run_requests`: the worker process's pool of the store client; results in the requests' order).
 `to_arrow_schema` / `from_arrow_schema` convert schemas the same way on every Spark line, and `require` refuses an
 option the running line cannot honour. `register_format` makes a format known to `sluice.write()` and
 `sluice.register()`. Payload formats through a schema registry (sluice/formats): a `PayloadFormat` decodes and
@@ -141,6 +143,12 @@ from sluice.source._lookup import (
     LookupReader,
     lookup_max_retries,
     lookup_retry_pause,
+)
+from sluice.source._lookup_requests import (
+    lookup_max_concurrent_requests,
+    lookup_max_keys_per_request,
+    run_requests,
+    slices,
 )
 from sluice.source._offset import SparkOffset, check_offset_version
 from sluice.source._pushdown import check_pushdown, pushdown_option
@@ -303,6 +311,8 @@ __all__ = [
     "forward_bounds",
     "frame_payloads",
     "from_arrow_schema",
+    "lookup_max_concurrent_requests",
+    "lookup_max_keys_per_request",
     "lookup_max_retries",
     "lookup_retry_pause",
     "marked_columns",
@@ -322,8 +332,10 @@ __all__ = [
     "register_format",
     "require",
     "require_name",
+    "run_requests",
     "schema_evolution_option",
     "server_alert",
+    "slices",
     "split_payloads",
     "subject_name",
     "task_context",

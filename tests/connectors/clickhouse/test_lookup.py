@@ -15,6 +15,7 @@ from sluice.connectors.clickhouse._lookup import URL_BUDGET, _chunks, _elements
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
+from sluice.source._lookup_requests import observe_requests
 from tests.clickhouse_chdb import clickhouse_server
 from tests.lookup_faults import started_again_after_a_failed_attempt
 
@@ -86,6 +87,24 @@ def test_a_replacing_table_is_read_with_final_so_a_key_gives_its_last_row(ch, fi
     plan, _ = plan_lookup(SCHEMA, "clickhouse", options, "id", "left", ["name"])
     names = sorted(run(plan, [1])["name"])
     assert names == (["new"] if final == "default" else ["new", "old"])
+
+
+@pytest.mark.parametrize("concurrency", [3, 1])
+def test_a_batch_split_into_queries_has_them_in_flight_together_with_one_querys_rows(ch, users, concurrency):
+    """8 distinct keys, 2 a query: 4 queries. With 3 allowed, 3 are open at once (each held until 3 are: an event,
+    not a timing); the negative control, max-concurrent-requests=1, never has two open. The rows are one query's,
+    in the batch's order, whatever order the queries complete in."""
+    ids = [3, 1, 2, 5, 2, 7, 1, 4, 6, 8]
+    whole, _ = plan_lookup(SCHEMA, "clickhouse", ch.opts(users), "id", "left", None)
+    split, _ = plan_lookup(SCHEMA, "clickhouse", ch.opts(users, **{"lookup.max-keys-per-request": "2",
+                           "lookup.max-concurrent-requests": str(concurrency)}), "id", "left", None)
+    with observe_requests(concurrency if concurrency > 1 else None) as counter:
+        rows = run(split, ids)
+        seen = (counter.sent, counter.peak)
+    assert seen == (4, concurrency)
+    assert rows == run(whole, ids)
+    assert sorted(map(str, rows["name"])) == sorted(map(str, [None, "ann", "bo", "bea", None, "bo", "bea", None,
+                                                               "ann", None, None, None]))
 
 
 def test_bad_input_is_named_before_any_work(ch, users):

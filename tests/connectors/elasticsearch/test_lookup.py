@@ -14,6 +14,7 @@ from sluice.connectors.elasticsearch._client import ElasticsearchError
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
+from sluice.source._lookup_requests import observe_requests
 
 MAPPING = {"user": {"type": "keyword"}, "name": {"type": "keyword"}, "score": {"type": "long"},
            "at": {"type": "date"}, "bio": {"type": "text"}}
@@ -59,6 +60,24 @@ def test_left_and_inner_give_a_row_per_match_typed_as_the_batch_read_types_them(
     by_user = spark.createDataFrame([("u2", "x"), ("u9", "y")], "user string, event string")
     inner = sluice.lookup(by_user, "elasticsearch", search.opts(users), on="user", how="inner", columns=["name"])
     assert sorted((r.event, r.name) for r in inner.collect()) == [("x", "bea"), ("x", "bo")]
+
+
+@pytest.mark.parametrize("search", ["opensearch"], indirect=True)  # the same requests for both engines
+@pytest.mark.parametrize("concurrency", [3, 1])
+def test_a_batch_split_into_mgets_has_them_in_flight_together_with_one_mgets_rows(search, users, concurrency):
+    """5 distinct ids, 2 an _mget: 3 requests. With 3 allowed, 3 are open at once (each held until 3 are: an event,
+    not a timing); the negative control, max-concurrent-requests=1, never has two open. The rows are one _mget's,
+    in the batch's order, whatever order the requests complete in."""
+    ids = ["a", "zz", "b", "c", "a", "yy"]
+    whole, _ = plan_lookup(BY_ID, "elasticsearch", search.opts(users), "_id", "left", ["name"])
+    split, _ = plan_lookup(BY_ID, "elasticsearch", search.opts(users, **{"lookup.max-keys-per-request": "2",
+                           "lookup.max-concurrent-requests": str(concurrency)}), "_id", "left", ["name"])
+    with observe_requests(concurrency if concurrency > 1 else None) as counter:
+        rows = run(split, "_id", ids)
+        seen = (counter.sent, counter.peak)
+    assert seen == (3, concurrency)
+    assert rows == run(whole, "_id", ids)
+    assert rows["name"] == ["ann", None, "bo", "bea", "ann", None]
 
 
 @pytest.mark.parametrize("on", ["_id", "user"])

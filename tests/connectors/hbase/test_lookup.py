@@ -13,6 +13,7 @@ from sluice.connectors.hbase._client import HBaseError
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
+from sluice.source._lookup_requests import observe_requests
 from tests.lookup_faults import started_again_after_a_failed_attempt
 
 pytestmark = pytest.mark.spark
@@ -61,6 +62,25 @@ def run(plan, keys):
         return enrich(plan, batch, None, LookupTally()).to_pydict()
     finally:
         plan.reader.close(clean=True)
+
+
+@pytest.mark.parametrize("concurrency", [3, 1])
+def test_a_batch_split_by_region_has_its_getmultiples_in_flight_together_with_one_calls_rows(hbase, orders,
+                                                                                             concurrency):
+    """6 distinct keys over the three regions (1, 3 and 2 of them), 2 a call: 4 getMultiples, one region each. With
+    3 allowed, 3 are open at once (each held until 3 are: an event, not a timing); the negative control,
+    max-concurrent-requests=1, never has two open (nor splits by region: 3 calls). The rows are one call's, in the
+    batch's order, whatever order the calls complete in."""
+    keys = [("us", 7), ("asia", 1), ("eu", 3), ("eu", 1), ("zz", 9), ("eu", 2), ("us", 7)]
+    whole, _ = plan_lookup(KEYS, "hbase", options(hbase, orders), ["region", "id"], "left", ["amount"])
+    split, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, **{"lookup.max-keys-per-request": "2",
+                           "lookup.max-concurrent-requests": str(concurrency)}), ["region", "id"], "left", ["amount"])
+    with observe_requests(concurrency if concurrency > 1 else None) as counter:
+        rows = run(split, keys)
+        seen = (counter.sent, counter.peak)
+    assert seen == ((4, 3) if concurrency == 3 else (3, 1))
+    assert rows == run(whole, keys)
+    assert rows["amount"] == [4.5, 1.5, None, 2.5, None, 3.5, 4.5]
 
 
 def test_a_gateway_killed_mid_stream_fails_the_next_batch_after_the_retries_and_one_back_within_them_answers(

@@ -2,18 +2,24 @@
 streaming DataFrame, the partial cache and its negative control, a stopped server, and bad input named."""
 
 import json
+import threading
+import time
 import urllib.request
+import uuid
 
+import psycopg
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import sluice
 import sluice.metrics
+from sluice.connectors.postgres._client import PostgresError
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_cache import cache_for
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
+from sluice.source._lookup_requests import observe_requests
 from sluice.testing import LocalPostgres
 
 pytestmark = pytest.mark.spark
@@ -124,6 +130,65 @@ def test_the_partial_cache_answers_without_the_store_and_with_it_off_the_store_i
     else:
         assert again == ["new", "new", "nine"] and stats is None
         assert (tally.hits, tally.misses, tally.loads, tally.keys_loaded) == (0, 5, 2, 5)
+
+
+@pytest.mark.parametrize("concurrency", [3, 1])
+def test_a_batch_split_into_statements_has_them_in_flight_together_with_one_statements_rows(pg, users, concurrency):
+    """8 distinct keys, 2 a statement: 4 statements. With the table locked, the server shows 3 of them waiting on
+    the lock at once (pg_stat_activity); the negative control, max-concurrent-requests=1, shows one, the others not
+    sent. The rows are those of one statement, in the batch's order (not the order the statements complete in)."""
+    ids = [3, 1, 2, 5, 2, 7, 1, 4, 6, 8]
+    whole, _ = plan_lookup(SCHEMA, "postgres", pg.opts(users), "id", "left", None)
+    split, _ = plan_lookup(SCHEMA, "postgres", pg.opts(users, **{"lookup.max-keys-per-request": "2",
+                           "lookup.max-concurrent-requests": str(concurrency)}), "id", "left", None)
+    answer: dict[str, object] = {}
+    with psycopg.connect(pg.url) as locker, observe_requests() as counter:
+        locker.execute(f'LOCK TABLE "{users}" IN ACCESS EXCLUSIVE MODE')  # held until the commit below
+        worker = threading.Thread(target=lambda: answer.update(rows=run(split, ids)))
+        worker.start()
+        try:
+            waiting = 0
+            with psycopg.connect(pg.url, autocommit=True) as watcher:
+                deadline = time.monotonic() + 60
+                while waiting < concurrency and worker.is_alive() and time.monotonic() < deadline:  # a round trip
+                    waiting = watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                              "'Lock' AND query LIKE %s", (f'%"{users}"%= ANY(%',)).fetchone()[0]
+            assert (waiting, counter.open, counter.sent) == (concurrency, concurrency, concurrency)
+        finally:
+            locker.commit()
+            worker.join()
+        seen = (counter.sent, counter.peak)
+    try:
+        assert answer["rows"] == run(whole, ids)
+        assert sorted(map(str, answer["rows"]["name"])) == sorted(map(str, [None, "ann", "bo", "bea", None, "bo",
+                                                                        "bea", None, "ann", None, None, None]))
+        assert seen == (4, concurrency)
+    finally:
+        split.reader.close(clean=True)
+        whole.reader.close(clean=True)
+
+
+def test_one_refused_statement_of_a_split_batch_fails_the_batch_never_nulls(pg):
+    """4 keys, 1 a statement, 3 in flight: the server refuses the statement of the key that is no UUID while the
+    others answer; the batch fails naming the table, never gives that key nulls. Negative control: the same plan
+    answers a batch without it."""
+    table = pg.table("ids")
+    pg.sql(f'CREATE TABLE "{table}" (id uuid, name text)')
+    good = [str(uuid.uuid4()) for _ in range(3)]
+    pg.sql(f'INSERT INTO "{table}" VALUES (%s, \'a\'), (%s, \'b\'), (%s, \'c\')', good)
+    schema = StructType([StructField("id", StringType()), StructField("event", StringType())])
+    plan, _ = plan_lookup(schema, "postgres", pg.opts(table, **{"lookup.max-keys-per-request": "1",
+                          "lookup.max-concurrent-requests": "3"}), "id", "left", None)
+
+    def lookup(ids):
+        return enrich(plan, pa.record_batch({"id": ids, "event": ids}), None, LookupTally()).to_pydict()
+
+    try:
+        assert lookup(good)["name"] == ["a", "b", "c"]
+        with pytest.raises(PostgresError, match=rf"looking up 1 key\(s\) in table public\.{table} .*uuid"):
+            lookup([good[0], "not-a-uuid", good[1], good[2]])
+    finally:
+        plan.reader.close(clean=False)
 
 
 def test_eviction_and_expiry_send_a_key_back_to_the_store(pg):

@@ -14,6 +14,7 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_concurrent_requests,
     lookup_max_retries,
     pushdown_option,
     tracking_options,
@@ -136,9 +137,10 @@ LOOKUP_OPTIONS = (
     replace(next(o for o in READ_OPTIONS if o.name == "read.consistency"), default="LOCAL_QUORUM",
             meaning="Consistency level of each lookup's SELECTs (LOCAL_QUORUM: with writes at LOCAL_QUORUM, a "
             "lookup sees every acknowledged write)."),
-    Option("lookup.max-concurrent-requests", "int", 64, "SELECTs (one per distinct partition or clustering prefix "
-           "of an Arrow batch) in flight at once per task, each routed to a replica of its partition.",
-           minimum=1, maximum=10_000),
+    # One SELECT per key (a partition is Cassandra's unit of a request): no lookup.max-keys-per-request here.
+    lookup_max_concurrent_requests("SELECTs (one per distinct partition or clustering prefix of an Arrow batch, "
+                                   "each routed to a replica of its partition, by the driver's execute_concurrent)",
+                                   default=64),
     lookup_max_retries("after a failure that passes (a timeout, unavailable replicas, no node reachable): the "
                        "batch's SELECTs not answered yet"),
     Option("lookup.repartition-by-replica", "bool", False, "Shuffle the DataFrame by the node that holds each key "

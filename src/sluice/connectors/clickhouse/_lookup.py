@@ -1,5 +1,6 @@
-"""Lookup joins on ClickHouse (`sluice.lookup(df, "clickhouse", ...)`, docs/lookup.md): a `LookupReader` whose one
-query finds every key of an Arrow batch at once.
+"""Lookup joins on ClickHouse (`sluice.lookup(df, "clickhouse", ...)`, docs/lookup.md): a `LookupReader` whose
+queries find an Arrow batch's keys, `lookup.max-keys-per-request` a query, up to `lookup.max-concurrent-requests` in
+flight at once (run_requests).
 
 One key column: `SELECT ... FROM db.t WHERE k IN (SELECT arrayJoin({k0:Array(T)}))`; several: `WHERE (a, b) IN
 (SELECT arrayJoin(arrayZip({k0:Array(Ta)}, {k1:Array(Tb)})))`. The keys travel as ClickHouse query parameters
@@ -37,6 +38,8 @@ from sluice.connector import (
     from_arrow_schema,
     lookup_retry_pause,
     require_name,
+    run_requests,
+    slices,
     to_arrow_schema,
 )
 from sluice.connectors.clickhouse._client import ClickHouseError, ClickHouseRetryableError, Connection, quote_ident
@@ -93,9 +96,10 @@ class ClickHouseLookupReader(LookupReader):
     """Rows of one table by key: see the module's docstring. Made by `plan_lookup` on the driver."""
 
     def __init__(self, conn: Connection, described: str, sql: str, on: tuple[str, ...], kinds: tuple[CHType, ...],
-                 schema: StructType, retries: int) -> None:
+                 schema: StructType, retries: int, concurrency: int = 1, keys_per_request: int = 1_000) -> None:
         self.conn, self._described, self.sql, self.on, self.kinds = conn, described, sql, on, kinds
         self._schema, self.retries = schema, retries
+        self.concurrency, self.keys_per_request = concurrency, keys_per_request
         self.arrow = to_arrow_schema(schema)
 
     @property
@@ -114,12 +118,16 @@ class ClickHouseLookupReader(LookupReader):
         if keys.num_rows == 0:
             return self.arrow.empty_table()
         elements = [_elements(keys.column(name), kind) for name, kind in zip(self.on, self.kinds, strict=True)]
-        tables = [self._query(params, count) for params, count in _chunks(elements)]
+        requests = [chunk for start, length in slices(keys.num_rows, self.keys_per_request)
+                    for chunk in _chunks([column.slice(start, length) for column in elements])]
+        # Concurrent queries on the worker process's HTTP pool (urllib3's, thread-safe); results in requests' order.
+        tables = run_requests(("clickhouse", self.conn.url), self.concurrency, self._query, requests)
         return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
-    def _query(self, params: dict[str, str], count: int) -> pa.Table:
+    def _query(self, request: tuple[dict[str, str], int]) -> pa.Table:
         """The rows of one query, its keys given; a server that cannot answer is asked again, lookup.max-retries
         times."""
+        params, count = request
         for attempt in range(self.retries + 1):
             try:
                 batches = list(self.conn.arrow_batches(self.sql, **params))
@@ -194,4 +202,5 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     except ClickHouseError as e:
         raise ClickHouseError(f"the lookup of keys {list(on)} in {described} cannot run: {e}", e.code) from None
     schema = from_arrow_schema(pa.schema([arrow.field(n) for n in wanted]))
-    return ClickHouseLookupReader(conn, described, sql, on, kinds, schema, options.lookup_max_retries)
+    return ClickHouseLookupReader(conn, described, sql, on, kinds, schema, options.lookup_max_retries,
+                                  options.lookup_max_concurrent_requests, options.lookup_max_keys_per_request)

@@ -13,6 +13,8 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_concurrent_requests,
+    lookup_max_keys_per_request,
     lookup_max_retries,
     schema_evolution_option,
     tracking_options,
@@ -105,6 +107,9 @@ LOOKUP_SPEC = OptionSpec("clickhouse", (
     *CONNECTION_OPTIONS,
     FINAL_OPTION,
     lookup_max_retries("when the server cannot be reached or answers that it is overloaded"),
+    lookup_max_concurrent_requests("Queries (IN on a batch's keys, over the worker process's pooled HTTP "
+                                   "connections)"),
+    lookup_max_keys_per_request("query (IN on the key)"),
     *LOOKUP_OPTIONS,
 ))
 
@@ -113,9 +118,12 @@ LOOKUP_SPEC = OptionSpec("clickhouse", (
 class LookupOptions(TypedOptions):
     """The lookup options of format("clickhouse") besides the cache's; `conn`: the server and table."""
 
-    declared = (FINAL_OPTION, LOOKUP_SPEC.get("lookup.max-retries"))
+    declared = (FINAL_OPTION, *(LOOKUP_SPEC.get(name) for name in ("lookup.max-retries",
+                "lookup.max-concurrent-requests", "lookup.max-keys-per-request")))
     conn_from = Connection.from_options
 
     final: bool | None
     lookup_max_retries: int
+    lookup_max_concurrent_requests: int
+    lookup_max_keys_per_request: int
     conn: Connection

@@ -1,11 +1,12 @@
 """Lookup joins on Elasticsearch and OpenSearch (`sluice.lookup(df, "elasticsearch", ...)`, docs/lookup.md): a
-`LookupReader` that finds every key of an Arrow batch in one request.
+`LookupReader` that finds an Arrow batch's keys, `lookup.max-keys-per-request` a request, up to
+`lookup.max-concurrent-requests` of them in flight at once (run_requests).
 
 - `on="_id"`, the document id (the column `read.metadata` adds to a batch read, and the id `mapping.id` gives a
-  written document): one `_mget` of the batch's ids. A multi-get is a real-time GET: it sees every document the
+  written document): an `_mget` of the request's ids. A multi-get is a real-time GET: it sees every document the
   index has acknowledged, refreshed or not.
-- `on=<a field>` (keyword, long, integer, short or byte): one `_search` with a `terms` filter on the keys, `size`
-  up to the index's `index.max_result_window` (10,000 unless set): a batch whose keys match more documents than that
+- `on=<a field>` (keyword, long, integer, short or byte): a `_search` with a `terms` filter on the request's keys,
+  `size` up to the index's `index.max_result_window` (10,000 unless set): a request whose keys match more than that
   fails, naming the limit, rather than return part of them. A search sees the documents of the last refresh
   (`refresh_interval`, 1 s by default): one written since then is not found yet.
 
@@ -35,6 +36,8 @@ from sluice.connector import (
     ThrottledError,
     lookup_retry_pause,
     require_name,
+    run_requests,
+    slices,
     to_arrow_schema,
 )
 from sluice.connectors.elasticsearch._client import Cluster, Connection, ElasticsearchError
@@ -50,9 +53,10 @@ class SearchLookupReader(LookupReader):
     """Documents of one index by id (`_mget`) or by a field's value (`terms`): see the module's docstring."""
 
     def __init__(self, conn: Connection, described: str, key: str, schema: T.StructType, window: int,
-                 retries: int) -> None:
+                 retries: int, concurrency: int = 1, keys_per_request: int = 1_000) -> None:
         self.conn, self._described, self.key, self._schema = conn, described, key, schema
         self.window, self.retries = window, retries
+        self.concurrency, self.keys_per_request = concurrency, keys_per_request
         self.arrow = to_arrow_schema(schema)
         self.source = [f.name for f in schema.fields if f.name != ID]
 
@@ -66,23 +70,29 @@ class SearchLookupReader(LookupReader):
 
     def lookup(self, keys: pa.Table) -> pa.Table:
         values = keys.column(self.key).to_pylist()
+        requests = [values[start:start + length] for start, length in slices(len(values), self.keys_per_request)]
+        # Concurrent requests on the worker process's HTTP pool (urllib3's, thread-safe); answers in requests' order.
+        answers = run_requests(("elasticsearch", self.conn.display), self.concurrency, self._hits, requests)
+        return self._rows([hit for hits in answers for hit in hits])
+
+    def _hits(self, values: list[Any]) -> list[dict[str, Any]]:
+        """The documents of one request's keys: one _mget of ids, or one _search of a field's terms."""
         if self.key == ID:
             # _mget takes the fields to return as URL parameters, not in its body.
             fields = {"_source_includes": ",".join(self.source)} if self.source else {"_source": "false"}
             answer = self._request("_mget", {"ids": values}, len(values), **fields)
-            hits = [doc for doc in answer["docs"] if doc.get("found")]
-        else:
-            body = {"size": self.window, "track_total_hits": self.window + 1, "_source": self.source,
-                    "query": {"bool": {"filter": [{"terms": {self.key: values}}]}}}
-            answer = self._request("_search", body, len(values))
-            total = answer["hits"]["total"]
-            if (total["value"] if isinstance(total, dict) else total) > self.window:
-                raise ElasticsearchError(
-                    f"looking up {len(values)} key(s) in {self.described}: they match more than {self.window} "
-                    "documents, the index's index.max_result_window. Lower spark.sql.execution.arrow."
-                    "maxRecordsPerBatch (fewer keys per request), or raise index.max_result_window.")
-            hits = answer["hits"]["hits"]
-        return self._rows(hits)
+            return [doc for doc in answer["docs"] if doc.get("found")]
+        body = {"size": self.window, "track_total_hits": self.window + 1, "_source": self.source,
+                "query": {"bool": {"filter": [{"terms": {self.key: values}}]}}}
+        answer = self._request("_search", body, len(values))
+        total = answer["hits"]["total"]
+        if (total["value"] if isinstance(total, dict) else total) > self.window:
+            raise ElasticsearchError(
+                f"looking up {len(values)} key(s) in {self.described}: they match more than {self.window} "
+                "documents, the index's index.max_result_window. Lower lookup.max-keys-per-request (fewer keys "
+                "per request), or raise index.max_result_window.")
+        hits: list[dict[str, Any]] = answer["hits"]["hits"]
+        return hits
 
     def _request(self, endpoint: str, body: dict[str, Any], count: int, **params: Any) -> Any:
         """The answer to one request; a node that cannot answer is replaced by the next, lookup.max-retries times."""
@@ -163,7 +173,8 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     wanted = [key, *(columns if columns is not None else [f.name for f in fields.fields])]
     wanted = list(dict.fromkeys(name for name in wanted if name == key or name not in on))
     schema = T.StructType([T.StructField(name, known[name], True) for name in wanted])
-    return SearchLookupReader(conn, described, key, schema, _window(conn), options.lookup_max_retries)
+    return SearchLookupReader(conn, described, key, schema, _window(conn), options.lookup_max_retries,
+                              options.lookup_max_concurrent_requests, options.lookup_max_keys_per_request)
 
 
 def _unanswered(answer: Any) -> str | None:

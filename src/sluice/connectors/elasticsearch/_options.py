@@ -19,6 +19,8 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_concurrent_requests,
+    lookup_max_keys_per_request,
     lookup_max_retries,
     pushdown_option,
     tracking_options,
@@ -191,6 +193,9 @@ LOOKUP_SPEC = OptionSpec("elasticsearch", (
     *CONNECTION_OPTIONS,
     ARRAY_COLUMNS,
     lookup_max_retries("to the next node when a node cannot be reached or answers 429 or 502-504"),
+    lookup_max_concurrent_requests("Requests (_mget of a batch's ids, or _search of its terms, over the worker "
+                                   "process's pooled HTTP connections)"),
+    lookup_max_keys_per_request("request (_mget or terms)"),
     *LOOKUP_OPTIONS,
 ))
 
@@ -199,11 +204,14 @@ LOOKUP_SPEC = OptionSpec("elasticsearch", (
 class LookupOptions(TypedOptions):
     """The lookup options of format("elasticsearch") besides the cache's; `conn`: the cluster and index."""
 
-    declared = (ARRAY_COLUMNS, LOOKUP_SPEC.get("lookup.max-retries"))
+    declared = (ARRAY_COLUMNS, *(LOOKUP_SPEC.get(name) for name in ("lookup.max-retries",
+                "lookup.max-concurrent-requests", "lookup.max-keys-per-request")))
     conn_from = Connection.from_options
 
     read_array_columns: frozenset[str]
     lookup_max_retries: int
+    lookup_max_concurrent_requests: int
+    lookup_max_keys_per_request: int
     conn: Connection
 
     @classmethod

@@ -1,5 +1,5 @@
 """Lookup joins on HBase (`sluice.lookup(df, "hbase", ...)`, docs/lookup.md): a `LookupReader` that reads the rows
-of an Arrow batch's distinct row keys with one Thrift2 `getMultiple`.
+of an Arrow batch's distinct row keys with Thrift2 `getMultiple` calls, one per region, several in flight at once.
 
 `on` is the row key: the columns the rowkey option names, all of them for a composite key, and nothing else (a Get
 reads one whole row key; a part of one is a range of rows, a scan). HBase cells are bytes, so the columns' types
@@ -8,23 +8,26 @@ family, columns) place them as for `spark.read.format("hbase")`: the keys are en
 (_keys.py) and the results decoded by the batch read's own code (`HBaseReader.decoded`), so a looked-up column is
 typed and decoded exactly as the read types and decodes it.
 
-One call per batch: the TGets go sorted by row key, so each region's keys are together, and the gateway's Java
-client (`Table.get(List<Get>)`) splits the call by region server itself and asks those servers in parallel. The
-reader does not split it by region: on a task's one Thrift connection, a call per region would be a round trip per
-region, one after the other. The client is the worker process's Thrift2 client of the task's thread
-(_client.py's `Connection.client`), reused by the worker's later tasks and micro-batches. With
+The TGets go sorted by row key and grouped by the region holding them (the regions' start keys, read once on the
+driver), at most `lookup.max-keys-per-request` a call; up to `lookup.max-concurrent-requests` calls are in flight at
+once (run_requests), each from a thread of the worker process with its own Thrift2 connection (_client.py's
+`Connection.client` is per thread), reused by the worker's later tasks and micro-batches. The gateway's Java client
+(`Table.get(List<Get>)`) would split one call by region server itself; a call per region lets several regions'
+reads proceed on several gateway handlers at once. With `lookup.max-concurrent-requests=1` the batch is not split by
+region (a call per region, one after the other, would only add round trips). With
 `lookup.repartition-by-region`, `placement()` shuffles the rows by the region holding each key first (_regions.py),
 so a task's call goes to one region server.
 
 What a lookup reads: each row as an HBase Get reads it, the newest cell of each looked-up column, committed only
 (HBase's per-row MVCC: a Get sees a row's puts whole, never part of one). HBase has no snapshot across rows: two
 keys of one batch are two reads. A failure that passes (no answer from the gateway, a region moving, busy or its
-server restarting) sends the batch's getMultiple again `lookup.max-retries` times, backing off; then the task fails
+server restarting) sends that getMultiple again `lookup.max-retries` times, backing off; then the task fails
 naming the table and the gateway. A lookup never returns no rows for a key it could not ask about.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
@@ -40,6 +43,8 @@ from sluice.connector import (
     ValueTypeError,
     lookup_retry_pause,
     require_name,
+    run_requests,
+    slices,
     to_arrow_schema,
 )
 from sluice.connectors.hbase._catalog import Catalog
@@ -54,10 +59,13 @@ from sluice.connectors.hbase._source import HBaseReader
 class HBaseLookupReader(LookupReader):
     """Rows of one table by row key: see the module's docstring. Made by `plan_lookup` on the driver."""
 
-    def __init__(self, conn: Connection, rows: HBaseReader, schema: StructType, retries: int) -> None:
+    def __init__(self, conn: Connection, rows: HBaseReader, schema: StructType, retries: int,
+                 starts: tuple[bytes, ...] = (b"",), concurrency: int = 1, keys_per_request: int = 1_000) -> None:
         self.conn, self.rows, self.retries = conn, rows, retries
         self._schema = schema
         self.table = rows.catalog.table
+        self.starts = starts  # the regions' start keys, in key order, read on the driver
+        self.concurrency, self.keys_per_request = concurrency, keys_per_request
         self._placement: RegionPlacement | None = None
 
     @property
@@ -83,9 +91,12 @@ class HBaseLookupReader(LookupReader):
         module = thrift()
         cells = self.rows.catalog.cells
         columns = [module.TColumn(family=c.family, qualifier=c.qualifier) for _, c in cells] or None
-        # Sorted: each region's keys together, as the gateway's client groups them by region server.
-        gets = [module.TGet(row=row, columns=columns, maxVersions=1) for row in sorted(self.rows.key.encode(batch))]
-        found = [r for r in self._get(gets) if r.row and r.columnValues]
+        encoded = sorted(self.rows.key.encode(batch))
+        gets = [module.TGet(row=row, columns=columns, maxVersions=1) for row in encoded]
+        starts = self.starts if self.concurrency > 1 else (b"",)
+        requests = _by_region(encoded, gets, starts, self.keys_per_request)
+        answers = run_requests(("hbase", self.conn.display(self.table)), self.concurrency, self._get, requests)
+        found = [r for answer in answers for r in answer if r.row and r.columnValues]
         if not found:
             return arrow.empty_table()
         try:
@@ -114,6 +125,19 @@ class HBaseLookupReader(LookupReader):
         raise HBaseError(f"looking up {len(gets)} key(s) in {self.described} failed after {self.retries + 1} "
                          f"attempt(s) (lookup.max-retries={self.retries}): {error}", store="hbase",
                          target=self.conn.display(self.table))
+
+
+def _by_region(keys: list[bytes], gets: list[Any], starts: tuple[bytes, ...], size: int) -> list[list[Any]]:
+    """`gets` (sorted by their row keys, `keys`) in requests of one region's keys, at most `size` a request. The
+    regions are those read when the lookup was planned: a region split since only makes a request span two."""
+    requests: list[list[Any]] = []
+    begin = 0
+    while begin < len(keys):
+        region = bisect.bisect_right(starts, keys[begin]) - 1
+        end = (bisect.bisect_left(keys, starts[region + 1], begin) if region + 1 < len(starts) else len(keys))
+        requests += [gets[begin + start:begin + start + length] for start, length in slices(end - begin, size)]
+        begin = end
+    return requests
 
 
 def _task_index() -> int:
@@ -177,8 +201,9 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     conn = Connection.from_options(opts)
     read.check_families(describe(conn, catalog.table).families)  # refuses a table or family that does not exist
     rows = HBaseReader(conn, read, key, arrow, rows_per_fetch=1, time_range=None)
-    reader = HBaseLookupReader(conn, rows, spark_schema, options.lookup_max_retries)
+    region_map = RegionMap.of(regions(conn, catalog.table))
+    reader = HBaseLookupReader(conn, rows, spark_schema, options.lookup_max_retries, region_map.starts,
+                               options.lookup_max_concurrent_requests, options.lookup_max_keys_per_request)
     if options.lookup_repartition_by_region:
-        reader._placement = RegionPlacement(RegionMap.of(regions(conn, catalog.table)), key,
-                                            options.lookup_partitions_per_server)
+        reader._placement = RegionPlacement(region_map, key, options.lookup_partitions_per_server)
     return reader

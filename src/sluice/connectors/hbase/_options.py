@@ -16,6 +16,8 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_concurrent_requests,
+    lookup_max_keys_per_request,
     lookup_max_retries,
     pushdown_option,
     tracking_options,
@@ -139,7 +141,10 @@ LOOKUP_OPTIONS = (
            ".schema(...) gives a batch read (Spark DDL), e.g. 'region string, id long, amount double, note string'; "
            "the catalog options (rowkey, family, columns) place them.", required=True),
     lookup_max_retries("after a failure that passes (no answer from the Thrift2 gateway, a region moving or busy, "
-                       "a region server restarting): the batch's getMultiple"),
+                       "a region server restarting): the request's getMultiple"),
+    lookup_max_concurrent_requests("getMultiple calls (one per region holding a batch's keys, each on a Thrift2 "
+                                   "connection of its own to the gateway)"),
+    lookup_max_keys_per_request("getMultiple (a region's keys beyond it go in several)"),
     Option("lookup.repartition-by-region", "bool", False, "Shuffle the DataFrame by the region that holds each row "
            "key (the table's region boundaries, read once on the driver) before the lookup, so each task's "
            "getMultiple asks one region server, as lookup.repartition-by-replica does for Cassandra. Costs a "
@@ -159,5 +164,7 @@ class LookupOptions(TypedOptions):
 
     schema: str
     lookup_max_retries: int
+    lookup_max_concurrent_requests: int
+    lookup_max_keys_per_request: int
     lookup_repartition_by_region: bool
     lookup_partitions_per_server: int

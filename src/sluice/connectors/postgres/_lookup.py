@@ -1,16 +1,17 @@
-"""Lookup joins on PostgreSQL (`sluice.lookup(df, "postgres", ...)`, docs/lookup.md): a `LookupReader` whose one
-statement finds every key of an Arrow batch at once.
+"""Lookup joins on PostgreSQL (`sluice.lookup(df, "postgres", ...)`, docs/lookup.md): a `LookupReader` whose
+statements find an Arrow batch's keys, `lookup.max-keys-per-request` a statement, several in flight at once.
 
 One key column: `SELECT ... FROM t q WHERE q.k = ANY($1::type[])`; several: `WHERE (q.a, q.b) IN (SELECT * FROM
 unnest($1::ta[], $2::tb[]))`. Either is prepared once per connection (psycopg's `prepare=True`), so the server
 plans it once, and an index on the key serves it. Columns are selected as the batch read selects them (text forms,
 numeric(p,s)), so a looked-up row is typed as `spark.read.format("postgres")` types it.
 
-What a lookup reads: committed rows only. Each Arrow batch's keys are one statement in autocommit (READ COMMITTED),
-which reads one snapshot: the rows of one batch are one picture of the table; two batches may see two. The
-connection comes from the process's pool (_pool.py) and serves the task's batches one after the other; it goes back
-to the pool when the task ends cleanly, so the worker's next task, of this micro-batch or the next, reuses it with
-its prepared statement.
+What a lookup reads: committed rows only. Each statement runs in autocommit (READ COMMITTED) and reads one snapshot:
+a batch of no more than `lookup.max-keys-per-request` keys is one picture of the table; a larger batch's statements,
+up to `lookup.max-concurrent-requests` at once (run_requests: threads of the worker process), each on a connection
+of its own, are as many pictures. The connections come from the process's pool (_pool.py) and serve the task's
+batches; they go back to the pool when the task ends cleanly, so the worker's next task, of this micro-batch or the
+next, reuses them with their prepared statement.
 
 A server that cannot be reached is retried as connecting is (connect.retries, backoff from 0.5 s), then fails the
 task naming the table and the server; a lookup never returns no rows for a key it could not ask about.
@@ -18,13 +19,22 @@ task naming the table and the server; a lookup never returns no rows for a key i
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.types import ArrayType, DataType, DateType, StructField, StructType, TimestampNTZType, TimestampType
 
-from sluice.connector import LookupReader, OptionError, Options, require_name, to_arrow_schema
+from sluice.connector import (
+    LookupReader,
+    OptionError,
+    Options,
+    require_name,
+    run_requests,
+    slices,
+    to_arrow_schema,
+)
 from sluice.connectors.postgres._client import (
     Connection,
     PostgresError,
@@ -42,17 +52,25 @@ class PostgresLookupReader(LookupReader):
     """Rows of one table by key: see the module's docstring. Made by `plan_lookup` on the driver."""
 
     def __init__(self, conn_info: Connection, described: str, sql: str, on: tuple[str, ...],
-                 schema: StructType) -> None:
+                 schema: StructType, concurrency: int = 1, keys_per_request: int = 1_000) -> None:
         self.conn_info = conn_info
         self._described = described
         self.sql = sql
         self.on = on
         self._schema = schema
         self.arrow = to_arrow_schema(schema)
-        self._lease: Lease | None = None
+        self.concurrency, self.keys_per_request = concurrency, keys_per_request
+        self._leases: list[Lease] = []  # the task's idle connections (one per request in flight, at most)
+        self._held: list[Lease] = []  # every connection the task holds, idle or in use
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_lease": None}  # a connection never travels
+        state = {**self.__dict__, "_leases": [], "_held": []}  # a connection never travels
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     @property
     def schema(self) -> StructType:
@@ -64,39 +82,59 @@ class PostgresLookupReader(LookupReader):
 
     def lookup(self, keys: pa.Table) -> pa.Table:
         params = [keys.column(name).to_pylist() for name in self.on]
-        rows = self._execute(params, keys.num_rows)
+        requests = [[column[start:start + length] for column in params]
+                    for start, length in slices(keys.num_rows, self.keys_per_request)]
+        # One pool of threads per worker process and server (run_requests); each request its own connection.
+        answers = run_requests(("postgres", self.conn_info.describe()), self.concurrency, self._execute, requests)
+        rows = [row for answer in answers for row in answer]
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in self.arrow]
         arrays = [pa.array(values, type=field.type) for values, field in zip(columns, self.arrow, strict=True)]
         return pa.Table.from_arrays(arrays, schema=self.arrow)
 
-    def _execute(self, params: list[list[Any]], count: int) -> list[tuple[Any, ...]]:
-        """The statement's rows, on the task's connection; a lost connection is replaced, connect.retries times."""
+    def _execute(self, params: list[list[Any]]) -> list[tuple[Any, ...]]:
+        """One statement's rows, on a connection of the task; a lost connection is replaced, connect.retries
+        times."""
+        count = len(params[0])
         delay = 0.5
         for attempt in range(self.conn_info.connect_retries + 1):
-            conn = self._connection()
+            lease = self._take()
             try:
-                rows: list[tuple[Any, ...]] = conn.execute(self.sql, params, prepare=True).fetchall()
-                return rows
+                rows: list[tuple[Any, ...]] = lease.conn.execute(self.sql, params, prepare=True).fetchall()
             except Exception as e:
-                self.close(clean=False)
+                self._drop(lease)
                 if attempt == self.conn_info.connect_retries or not is_connection_error(e):
                     raise PostgresError(f"looking up {count} key(s) in {self.described} failed: "
                                         f"{self.conn_info.scrub(e)}", getattr(e, "sqlstate", None)) from None
+            else:
+                with self._lock:
+                    self._leases.append(lease)
+                return rows
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _connection(self) -> Any:
-        if self._lease is None:
-            try:
-                self._lease = self.conn_info.lease(self.conn_info.pool_key("psycopg", autocommit=True))
-            except PostgresError as e:
-                raise PostgresError(f"looking up keys in {self.described}: {e}", e.sqlstate) from None
-        return self._lease.conn
+    def _take(self) -> Lease:
+        """An idle connection of the task, or a new lease from the worker process's pool."""
+        with self._lock:
+            if self._leases:
+                return self._leases.pop()
+        try:
+            lease = self.conn_info.lease(self.conn_info.pool_key("psycopg", autocommit=True))
+        except PostgresError as e:
+            raise PostgresError(f"looking up keys in {self.described}: {e}", e.sqlstate) from None
+        with self._lock:
+            self._held.append(lease)
+        return lease
+
+    def _drop(self, lease: Lease) -> None:
+        with self._lock:
+            self._held.remove(lease)
+        lease.release(False)
 
     def close(self, clean: bool) -> None:
-        lease, self._lease = self._lease, None
-        if lease is not None:
+        with self._lock:
+            held, self._held, self._leases = self._held, [], []
+        for lease in held:
             lease.release(clean)
 
 
@@ -165,4 +203,5 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
     finally:
         conn.close()
     schema = StructType([StructField(name, spark_type(types[name][0])[0], True) for name in dict.fromkeys(wanted)])
-    return PostgresLookupReader(conn_info, described, sql, on, schema)
+    return PostgresLookupReader(conn_info, described, sql, on, schema, options.lookup_max_concurrent_requests,
+                                options.lookup_max_keys_per_request)

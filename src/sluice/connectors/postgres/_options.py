@@ -16,6 +16,8 @@ from sluice.connector import (
     OptionSpec,
     TypedOptions,
     check_error_options,
+    lookup_max_concurrent_requests,
+    lookup_max_keys_per_request,
     pushdown_option,
     schema_evolution_option,
     tracking_options,
@@ -127,6 +129,9 @@ class ReadOptions(TypedOptions):
 LOOKUP_SPEC = OptionSpec("postgres", (
     *CONNECTION_OPTIONS,
     Option("table", "str", None, "Table (or view) to look rows up in, [schema.]name.", required=True),
+    lookup_max_concurrent_requests("Statements (= ANY of a batch's keys, each on its own pooled connection of the "
+                                   "worker process)"),
+    lookup_max_keys_per_request("statement (= ANY($1))"),
     *LOOKUP_OPTIONS,
 ))
 
@@ -136,8 +141,11 @@ class LookupOptions(TypedOptions):
     """The lookup options of format("postgres") besides the cache's; `conn`: the server (its repr hides the
     password)."""
 
-    declared = (LOOKUP_SPEC.get("table"),)
+    declared = tuple(LOOKUP_SPEC.get(name) for name in ("table", "lookup.max-concurrent-requests",
+                                                         "lookup.max-keys-per-request"))
     conn_from = Connection.from_options
 
     table: str
+    lookup_max_concurrent_requests: int
+    lookup_max_keys_per_request: int
     conn: Connection
