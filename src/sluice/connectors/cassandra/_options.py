@@ -142,7 +142,7 @@ LOOKUP_OPTIONS = (
                                    "each routed to a replica of its partition, by the driver's execute_concurrent)",
                                    default=64),
     lookup_max_retries("after a failure that passes (a timeout, unavailable replicas, no node reachable): the "
-                       "batch's SELECTs not answered yet"),
+                       "batch's SELECTs, all of them (reads: sending one again changes nothing)"),
     Option("lookup.repartition-by-replica", "bool", False, "Shuffle the DataFrame by the node that holds each key "
            "(its partition's first replica, from the driver's token ring) before the lookup, so each task's SELECTs "
            "go to one node: the Spark Cassandra Connector's repartitionByCassandraReplica. Costs a shuffle."),
