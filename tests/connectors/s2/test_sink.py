@@ -315,6 +315,40 @@ def test_a_write_routed_over_1200_streams_lands_every_row_on_its_stream(spark, s
     assert sluice.last_write_summary("s2")["records"] == rows
 
 
+def append_ops(server, basin):
+    """How many appends the server took into `basin` (its append-ops metric)."""
+    async def scenario():
+        async with s2_sdk.S2("local", endpoints=server.endpoints) as client:
+            (appends,) = await client.basin_metrics(basin, set=s2_sdk.BasinMetricSet.APPEND_OPS)
+            return int(appends.values[-1][1])
+
+    return asyncio.run(scenario())
+
+
+def test_sluice_write_routed_over_many_streams_appends_each_streams_rows_at_once(spark, s2_local, s2_opts, monkeypatch):
+    """sluice.write puts a routed stream's rows side by side in its task (S2's write_order): a buffer far smaller than
+    the task's rows still cuts each stream's batch whole, one append per stream. Negative control: the same write
+    without the order interleaves the streams, and the full buffer cuts each stream's rows into several appends."""
+    from sluice.connectors.s2._datasource import S2DataSource
+
+    n, rows = 400, 8000
+    df = spark.range(0, rows, 1, 2).selectExpr(f"id % {n} AS k", "id")
+    opts = {**s2_opts, "s2.stream": "st/{k}", "sink.requests.max-buffered": "2000"}
+    unordered = f"sink-{uuid.uuid4().hex[:12]}"
+    # A task's rows reach the sink in Arrow batches of 500, so its buffer fills before it has seen all of them.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
+    try:
+        sluice.write(df, "s2", opts)
+        monkeypatch.setattr(S2DataSource, "write_order", lambda self, opts, schema: ())  # the driver lays rows out
+        sluice.write(df, "s2", {**opts, "s2.basin": unordered})
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert append_ops(s2_local, s2_opts["s2.basin"]) == n
+    assert sorted(json.loads(r.body)["id"] for r in read_stream(s2_local, s2_opts["s2.basin"], "st/7")) == \
+        list(range(7, rows, n))
+    assert append_ops(s2_local, unordered) > 1.5 * n
+
+
 def test_a_basin_created_for_a_write_creates_streams_on_append_and_an_existing_basin_is_left_as_it_is(
         spark, s2_local, s2_opts):
     """s2.create-basin + s2.create-streams: a new basin is set to create streams on append (no request per stream);
