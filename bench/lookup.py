@@ -3,8 +3,9 @@
 Run: `.venv/bin/python -m bench.lookup [--rows 200000] [--keys 1000] [--batches 10]` (starts a throwaway PostgreSQL).
 `--latency-seconds N`, instead of the measures below: latency from a key's arrival to its enriched row in a
 PostgreSQL sink, p50/p99, `sluice.lookup` against Spark's stream-static join, keys arriving at --rate a second for N
-seconds each (bench/lookup_latency.py). `--store cassandra` runs bench/lookup_cassandra.py's measures on a three-node
-Cassandra instead; `--store hbase` bench/lookup_hbase.py's on one HBase whose table is pre-split into --regions regions.
+seconds each (bench/lookup_latency.py; with `--store cassandra`, the table in a three-node Cassandra).
+`--store cassandra` runs bench/lookup_cassandra.py's measures on a three-node Cassandra instead; `--store hbase`
+bench/lookup_hbase.py's on one HBase whose table is pre-split into --regions regions.
 Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows rows; --batches micro-batches of
 --keys keys each, drawn uniformly from 1 .. 1.1 x rows (about one key in eleven missing).
 - streaming, Spark local[2]: a file stream of the key batches (one file per micro-batch, Trigger.AvailableNow, Spark's
@@ -170,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-batch", type=int, default=0, metavar="N", help="cassandra: instead of the streaming "
                         "and bare-driver measures, N batches in one process: p50/p99 of a batch's lookup, and N Zipf "
                         "batches with the cache off and on")
-    parser.add_argument("--latency-seconds", type=float, default=0, metavar="N", help="postgres: instead of the "
-                        "measures above, p50/p99 latency from a key's arrival to its enriched row in the sink, keys "
-                        "arriving at --rate a second, N seconds measured per contender (bench/lookup_latency.py)")
+    parser.add_argument("--latency-seconds", type=float, default=0, metavar="N", help="postgres, cassandra: instead "
+                        "of the measures above, p50/p99 latency from a key's arrival to its enriched row in the sink, "
+                        "keys arriving at --rate a second, N seconds measured per contender (bench/lookup_latency.py)")
     parser.add_argument("--rate", type=int, default=1000, help="--latency-seconds: keys arriving per second")
     parser.add_argument("--warmup", type=float, default=10, help="--latency-seconds: seconds of keys left out "
                         "after each query's first micro-batch")
@@ -183,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                         "on --batches batches of --keys-high keys")
     args = parser.parse_args(argv)
     if args.latency_seconds:
-        if args.store != "postgres":
-            parser.error("--latency-seconds measures the PostgreSQL lookup only (leave out --store)")
+        if args.store == "hbase":
+            parser.error("--latency-seconds measures the PostgreSQL or Cassandra lookup (--store postgres or "
+                         "cassandra)")
         from bench.lookup_latency import run as run_latency
 
-        print(json.dumps(run_latency(args.rows, args.rate, args.latency_seconds, args.warmup, args.latency_rounds),
-                         indent=2))
+        print(json.dumps(run_latency(args.rows, args.rate, args.latency_seconds, args.warmup, args.latency_rounds,
+                                     args.store), indent=2))
         return 0
     if args.store == "hbase":
         from bench.lookup_hbase import run as run_hbase

@@ -1,8 +1,8 @@
-"""Lookup joins against PostgreSQL: latency from a key's arrival to its enriched row in the sink, p50/p99,
-`sluice.lookup` against Spark's stream-static join, one after the other in one run, alternating.
+"""Lookup joins against PostgreSQL or a three-node Cassandra: latency from a key's arrival to its enriched row in
+the sink, p50/p99, `sluice.lookup` against Spark's stream-static join, one after the other in one run, alternating.
 
-Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--rate 1000] [--rows 1000000] [--warmup 10]
-[--latency-rounds 2]`.
+Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--store cassandra] [--rate 1000] [--rows 1000000]
+[--warmup 10] [--latency-rounds 2]`.
 - Keys arrive at --rate a second, evenly spaced: key number n arrives at t0 + n / rate (t0: just before the query
   starts) and is offered from then on by a minimal Python streaming source (its offset is the number of keys
   arrived so far, read from the clock when Spark plans a micro-batch), with its arrival time as a column. The keys
@@ -13,20 +13,30 @@ Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--rate 1000] [--row
   keys joined (left) to `spark.read.format("postgres")` of the table, which Spark reads again for every micro-batch.
   Both write into a PostgreSQL table of their own with `format("postgres")` (append), whose `sunk_at` defaults to
   `clock_timestamp()`.
+- `--store cassandra`: the table is in bench.stores.cassandra_write's three nodes (bench/lookup_cassandra.py's
+  cluster, keyspace and load, replication factor 1); the contenders are `sluice.lookup(keys, "cassandra", ...)`,
+  the same with lookup.repartition-by-replica (partitions-per-host 1: three tasks, each one node's keys) and the
+  keys joined to `spark.read.format("cassandra")` of the table. The sink stays PostgreSQL: one clock.
 - A row's latency is `sunk_at - arrived_at`: the machine's one clock, read by the Python worker and by the server.
   Keys arriving before the query's first micro-batch has ended and --warmup seconds after it are left out; the
   --latency-seconds after them are measured (p99 also for each 10 s of them), and the query runs until every one
   of them is in the sink (each key gives one row: a left join on the primary key). Micro-batch figures are over
-  Spark's recent progress (its last 100 micro-batches).
+  Spark's recent progress (its last 100 micro-batches), with its keys/s offered (input) and run (processed).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -80,23 +90,33 @@ def arriving_keys(t0: float, rate: int, rows: int) -> type:
     return ArrivingKeys
 
 
-def contender(spark, url: str, name: str, rows: int, rate: int, seconds: float, warmup: float,
-              folder: Path, round_: int) -> dict:
+def enrichers(spark, store: str, options: dict[str, str]) -> dict[str, Callable[[Any], Any]]:
+    """Each contender: the keys' stream to its enriched stream."""
     import sluice
 
-    table = "sink_" + name.replace(".", "_").replace(" ", "_").replace("-", "_") + f"_{round_}"
+    if store == "postgres":
+        def static() -> Any:
+            return spark.read.format("postgres").options(**options).option("consistent-snapshot", "false").load()
+
+        return {"sluice.lookup": lambda keys: sluice.lookup(keys, "postgres", options, on="id"),
+                "stream-static join": lambda keys: keys.join(static(), "id", "left")}
+    by_replica = {**options, "lookup.repartition-by-replica": "true", "lookup.partitions-per-host": "1"}
+    return {"sluice.lookup": lambda keys: sluice.lookup(keys, "cassandra", options, on="id"),
+            "sluice.lookup, lookup.repartition-by-replica":
+                lambda keys: sluice.lookup(keys, "cassandra", by_replica, on="id"),
+            "stream-static join":
+                lambda keys: keys.join(spark.read.format("cassandra").options(**options).load(), "id", "left")}
+
+
+def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: int, rate: int, seconds: float,
+              warmup: float, folder: Path, round_: int) -> dict:
+    table = "sink_" + re.sub(r"\W+", "_", name) + f"_{round_}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (n bigint, id bigint, arrived_at timestamptz, name text, value bigint, "
                      "sunk_at timestamptz DEFAULT clock_timestamp())")
     t0 = time.time()
     spark.dataSource.register(arriving_keys(t0, rate, rows))
-    keys = spark.readStream.format("bench_arriving_keys").load()
-    options = {"url": url, "table": "dim"}
-    if name == "sluice.lookup":
-        enriched = sluice.lookup(keys, "postgres", options, on="id")
-    else:
-        static = spark.read.format("postgres").options(**options).option("consistent-snapshot", "false").load()
-        enriched = keys.join(static, "id", "left")
+    enriched = enrich(spark.readStream.format("bench_arriving_keys").load())
     query = (enriched.writeStream.format("postgres").options(url=url, table=table)
              .option("checkpointLocation", str(folder / table)).start())
     try:
@@ -140,28 +160,49 @@ def contender(spark, url: str, name: str, rows: int, rate: int, seconds: float, 
             "p99_ms_of_each_10_s": [round(percentile(ms[i:i + 10 * rate], .99)) for i in range(0, len(ms), 10 * rate)],
             "recent_micro_batches": len(progress),
             "micro_batch_median_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
-            "keys_per_micro_batch_median": statistics.median(p["numInputRows"] for p in progress)}
+            "keys_per_micro_batch_median": statistics.median(p["numInputRows"] for p in progress),
+            # Spark's own rates: keys offered per second of the source (input) and run per second of a micro-batch
+            # (processed); processed below input means the query falls behind the keys.
+            "input_keys_per_s_median": round(statistics.median(p["inputRowsPerSecond"] for p in progress)),
+            "processed_keys_per_s_median": round(statistics.median(p["processedRowsPerSecond"] for p in progress))}
 
 
-def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2) -> dict:
+def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2, store: str = "postgres") -> dict:
     import sluice
     from sluice.testing import LocalPostgres
 
     load_start, started = os.getloadavg(), time.time()
-    with LocalPostgres() as server, tempfile.TemporaryDirectory() as tmp:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE dim (id bigint PRIMARY KEY, name text, value bigint)")
-            conn.execute("INSERT INTO dim SELECT g, 'name-' || g, g * 7 FROM generate_series(1, %s) g", (rows,))
-            conn.execute("VACUUM ANALYZE dim")
+    report: dict[str, Any] = {"store": store}
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        server = stack.enter_context(LocalPostgres())  # the sink, and PostgreSQL's table
+        if store == "postgres":
+            with psycopg.connect(server.url, autocommit=True) as conn:
+                conn.execute("CREATE TABLE dim (id bigint PRIMARY KEY, name text, value bigint)")
+                conn.execute("INSERT INTO dim SELECT g, 'name-' || g, g * 7 FROM generate_series(1, %s) g",
+                             (rows,))
+                conn.execute("VACUUM ANALYZE dim")
+            options = {"url": server.url, "table": "dim"}
+        else:
+            from bench.lookup_cassandra import load
+            from bench.stores.cassandra_write import start_nodes
+
+            nodes, info = start_nodes(stack, 3)
+            report["cluster_start_seconds"] = info["start_seconds"]
+            cluster = stack.enter_context(nodes[0].cluster())
+            report["load_seconds"] = round(load(cluster.connect(), rows), 1)
+            options = {"host": nodes[0].host, "port": str(nodes[0].port), "keyspace": "bench", "table": "dim"}
         spark = sluice.session("bench-lookup-latency", master="local[2]", **{"spark.sql.shuffle.partitions": "2"})
         try:
-            out: dict[str, list[dict]] = {"sluice.lookup": [], "stream-static join": []}
+            contenders = enrichers(spark, store, options)
+            out: dict[str, list[dict]] = {name: [] for name in contenders}
             for i in range(rounds):  # the order reversed each round: a load that comes and goes falls on both
                 for name in list(out) if i % 2 == 0 else list(out)[::-1]:
-                    out[name].append(contender(spark, server.url, name, rows, rate, seconds, warmup, Path(tmp), i))
+                    out[name].append(contender(spark, server.url, name, contenders[name], rows, rate, seconds,
+                                               warmup, Path(tmp), i))
+                    print(json.dumps({name: out[name][-1], "round": i}), file=sys.stderr, flush=True)
         finally:
             spark.stop()
-    return {"rows": rows, "keys_per_s": rate, "seconds_measured": seconds, "warmup_s": warmup, "rounds": rounds,
-            "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+    return {**report, "rows": rows, "keys_per_s": rate, "seconds_measured": seconds, "warmup_s": warmup,
+            "rounds": rounds, "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
             "utc_end": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
             "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()}, "latency": out}
