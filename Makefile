@@ -340,7 +340,9 @@ test-serial: test-main test-two-hop test-hbase test-kafka test-client-certs test
 # format, HBase's too, on a server of their own.
 HBASE_SERVER_TESTS := tests/test_local_hbase.py tests/connectors/hbase/test_hbase.py tests/connectors/hbase/test_faults.py \
 	tests/connectors/hbase/test_tls.py tests/connectors/hbase/test_tracking.py tests/connectors/hbase/test_dead_letters.py \
-	tests/connectors/hbase/test_lookup.py tests/connectors/hbase/test_kerberos.py tests/test_local_kdc.py
+	tests/connectors/hbase/test_lookup.py tests/connectors/hbase/test_kerberos.py tests/test_local_kdc.py \
+	tests/connectors/hbase/test_region_servers.py
+
 test-main: $(MAIN_SETUP) lint
 	mkdir -p build/lines
 	SLUICE_TEST_RESULTS=$(abspath build/lines/main.json) $(PY) -m pytest --junitxml=build/junit/main.xml \

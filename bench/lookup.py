@@ -5,7 +5,8 @@ Run: `.venv/bin/python -m bench.lookup [--rows 200000] [--keys 1000] [--batches 
 PostgreSQL sink, p50/p99, `sluice.lookup` against Spark's stream-static join, keys arriving at --rate a second for N
 seconds each (bench/lookup_latency.py; with `--store cassandra`, the table in a three-node Cassandra).
 `--store cassandra` runs bench/lookup_cassandra.py's measures on a three-node Cassandra instead; `--store hbase`
-bench/lookup_hbase.py's on one HBase whose table is pre-split into --regions regions.
+bench/lookup_hbase.py's on one HBase (--region-servers region servers in its JVM) whose table is pre-split into
+--regions regions.
 Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows rows; --batches micro-batches of
 --keys keys each, drawn uniformly from 1 .. 1.1 x rows (about one key in eleven missing).
 - streaming, Spark local[2]: a file stream of the key batches (one file per micro-batch, Trigger.AvailableNow, Spark's
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys-high", type=int, default=10_000, help="cassandra, hbase: keys per micro-batch of a "
                         "second round (0: none)")
     parser.add_argument("--regions", type=int, default=8, help="hbase: regions the table is pre-split into")
+    parser.add_argument("--region-servers", type=int, default=1, help="hbase: region servers in the standalone "
+                        "HBase's JVM, the table's regions spread over them")
     parser.add_argument("--nodes", type=int, default=3, help="cassandra: nodes of the cluster")
     parser.add_argument("--per-batch", type=int, default=0, metavar="N", help="cassandra: instead of the streaming "
                         "and bare-driver measures, N batches in one process: p50/p99 of a batch's lookup, and N Zipf "
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.lookup_hbase import run as run_hbase
 
         sizes = [args.keys, *([args.keys_high] if args.keys_high else [])]
-        print(json.dumps(run_hbase(args.rows, args.regions, sizes, args.batches), indent=2))
+        print(json.dumps(run_hbase(args.rows, args.regions, sizes, args.batches, args.region_servers), indent=2))
         return 0
     if args.store == "cassandra":
         from bench.lookup_cassandra import run

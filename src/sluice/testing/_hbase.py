@@ -2,7 +2,8 @@
 Thrift2 gateway (a second JVM) in front of it.
 
 `LocalHBase()` writes an hbase-site.xml into a temporary folder and starts HMaster there in standalone mode: the
-master, one region server and their ZooKeeper in one JVM, the data under the folder (`hbase.rootdir` is a file://
+master, one region server (`region_servers=N`: N, each on a port of its own, a new table's regions dealt round robin
+over them by the master) and their ZooKeeper in one JVM, the data under the folder (`hbase.rootdir` is a file://
 URL), every port on a free loopback port and no web UI; next to it, the Thrift2 gateway
 (`org.apache.hadoop.hbase.thrift2.ThriftServer`: plain binary protocol, not framed, a thread pool) on `.host`/`.port`.
 It is ready once the master has finished its initialization (hbase:meta and hbase:namespace online) and a request
@@ -222,7 +223,12 @@ class LocalHBase(JvmServer):
     def __init__(self, *, host: str = "127.0.0.1", heap: str = "384m", gateway_heap: str = "128m",
                  full_jit: bool = False, jvm_options: list[str] | None = None, start_timeout: float = 120,
                  port: int = 0, settings: dict[str, Any] | None = None, tls: bool = False,
-                 kdc: LocalKdc | None = None) -> None:
+                 kdc: LocalKdc | None = None, region_servers: int = 1) -> None:
+        if region_servers < 1:
+            raise ValueError(f"LocalHBase(region_servers={region_servers}): at least 1")
+        # region_servers: that many region servers in the master's JVM (HMasterCommandLine reads the count from
+        # `hbase.regionservers` and hands it to LocalHBaseCluster), each on a free port of its own.
+        self.region_servers = region_servers
         self.host, self.heap, self.gateway_heap, self.full_jit = host, heap, gateway_heap, full_jit
         # tls: the gateway in its HTTP mode over TLS (HBase has no TLS on the binary protocol), with a certificate
         # of a throwaway CA (sluice.testing._tls) for 127.0.0.1 and localhost; `ca_pem` is what clients trust.
@@ -251,6 +257,9 @@ class LocalHBase(JvmServer):
                 port = free_port()
             ports.add(port)
         self.zookeeper_port, self.master_port, self.regionserver_port, port = sorted(ports)
+        servers = self.region_servers
+        if servers > 1:  # their ports are picked by each server when it binds (see getAllRegionLocations)
+            self.regionserver_port = 0
         self.port = self._port_wanted or port
         for sub in ("conf", "logs", "tmp", "thrift"):
             (self._dir / sub).mkdir()
@@ -271,9 +280,12 @@ class LocalHBase(JvmServer):
             "hbase.regionserver.info.port": -1,
             "hbase.thrift.info.port": -1,
             "hbase.unsafe.stream.capability.enforce": False,
-            # One region server, which is in the same JVM: the master need not wait for more; and the master
-            # places regions on a server once it has reported its load, every `msginterval` (3 s by default).
-            "hbase.master.wait.on.regionservers.maxtostart": 1,
+            # The region servers are in the same JVM: the master waits for all of them, and for no more (so that
+            # a pre-split table's regions are dealt round robin over all of them when it is created); and the
+            # master places regions on a server once it has reported its load, every `msginterval` (3 s by default).
+            "hbase.regionservers": servers,
+            "hbase.master.wait.on.regionservers.mintostart": servers,
+            "hbase.master.wait.on.regionservers.maxtostart": servers,
             "hbase.regionserver.msginterval": 500,
             **self.settings,
         }
