@@ -6,6 +6,8 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -93,18 +95,29 @@ def lock_waiters(pg) -> int:
                   "WHERE NOT l.granted AND a.application_name = 'sluice-meta'")[0][0]
 
 
-def race(url: str, pg, table_a: str, table_b: str) -> Race:
-    """Writer A claims `table_a` and holds its transaction open (its writer row written, not committed); writer B
-    claims `table_b` meanwhile. B either finishes or waits for a lock A holds; then A commits."""
-    inside, release, b_done = threading.Event(), threading.Event(), threading.Event()
-    results: dict[str, object] = {}
+@contextmanager
+def held_after_its_edges(thread: str) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """(inside, release): while this lasts, the thread named `thread` stops right after writing its edges (INSERT INTO
+    sluice_job_tables), its transaction open, sets `inside` and waits for `release`."""
+    inside, release = threading.Event(), threading.Event()
     execute = _backend.Cursor.execute
 
     def holding(self, sql, params=()):
         execute(self, sql, params)
-        if threading.current_thread().name == "writer-a" and sql.startswith("INSERT INTO sluice_job_tables"):
+        if threading.current_thread().name == thread and sql.startswith("INSERT INTO sluice_job_tables"):
             inside.set()
             release.wait()
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_backend.Cursor, "execute", holding)
+        yield inside, release
+
+
+def race(url: str, pg, table_a: str, table_b: str) -> Race:
+    """Writer A claims `table_a` and holds its transaction open (its writer row written, not committed); writer B
+    claims `table_b` meanwhile. B either finishes or waits for a lock A holds; then A commits."""
+    b_done = threading.Event()
+    results: dict[str, object] = {}
 
     def claim(who: str, table: str) -> None:
         try:
@@ -118,8 +131,7 @@ def race(url: str, pg, table_a: str, table_b: str) -> Race:
 
     a = threading.Thread(target=claim, args=("a", table_a), name="writer-a")
     b = threading.Thread(target=claim, args=("b", table_b), name="writer-b")
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(_backend.Cursor, "execute", holding)
+    with held_after_its_edges("writer-a") as (inside, release):
         a.start()
         try:
             assert inside.wait(WAIT_S), "writer A never reached its commit"
@@ -207,15 +219,7 @@ def test_a_connection_idle_past_the_bound_is_closed_and_the_next_call_opens_one(
 def end_while_registering(url: str, pg, job_id: str, table: str) -> None:
     """Job `job_id` registers again under its id (a restarted driver) and holds its transaction open, its rows
     replaced; meanwhile finish_job ends it and must wait. Then the registration commits, and the end goes on."""
-    inside, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
-    execute = _backend.Cursor.execute
-
-    def holding(self, sql, params=()):
-        execute(self, sql, params)
-        if threading.current_thread().name == "registrar" and sql.startswith("INSERT INTO sluice_job_tables"):
-            inside.set()
-            release.wait()
 
     def call(what) -> None:
         try:
@@ -227,8 +231,7 @@ def end_while_registering(url: str, pg, job_id: str, table: str) -> None:
     registrar = threading.Thread(target=call, name="registrar",
                                  args=(lambda m: m.register_job("ingest", [], [table], job_id=job_id),))
     finisher = threading.Thread(target=call, name="finisher", args=(lambda m: m.finish_job(job_id),))
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(_backend.Cursor, "execute", holding)
+    with held_after_its_edges("registrar") as (inside, release):
         registrar.start()
         try:
             assert inside.wait(WAIT_S), "the registration never reached its commit"
