@@ -135,7 +135,12 @@ def test_an_unchanged_toasted_value_without_the_old_row_is_null_and_named_in_the
                                          insert(1, [1, "long"]), update(1, [1, UNCHANGED]), update(1, [1, "x"]),
                                          commit(100, T0)], pa.binary()))]
     assert [(r["_op"], r["name"], r["_unchanged"]) for b in got for r in b.to_pylist()] == [
-        ("insert", "long", None), ("update", None, ["name"]), ("update", "x", None)]
+        ("insert", "long", []), ("update", None, ["name"]), ("update", "x", [])]
+    # Empty lists, never null ones: Spark hands null lists to a Python writer about 5x slower (none_unchanged).
+    assert all(b.column("_unchanged").null_count == 0 for b in got)
+    only_changed = [b for b in dec.feed(pa.array([begin(200, T0, 8), insert(1, [2, "y"]), commit(200, T0)],
+                                                 pa.binary()))]
+    assert [b.column("_unchanged").null_count for b in only_changed] == [0]
 
 
 def test_an_update_changing_the_key_with_an_unchanged_toasted_value_and_no_old_row_is_refused_naming_the_fix():

@@ -25,7 +25,18 @@ from sluice.connector import (
 )
 from sluice.connectors.postgres._client import PostgresError, quote_literal, sqlstate_of
 from sluice.connectors.postgres._pgmessages import MessageDecoder
-from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, OP, TABLE, XID, ChangeDecoder, format_lsn, parse_lsn
+from sluice.connectors.postgres._pgoutput import (
+    COMMIT_TIME,
+    LSN,
+    OP,
+    TABLE,
+    UNCHANGED,
+    XID,
+    ChangeDecoder,
+    format_lsn,
+    none_unchanged,
+    parse_lsn,
+)
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
 from sluice.connectors.postgres.changes._backfill import Chunk, chunk_where
@@ -154,7 +165,7 @@ class ChangeReader:
             by_name = {name: batch.column(name) for name, _ in cols}
             by_name |= {OP: pa.array([op] * n, pa.string()), LSN: pa.array([lsn] * n, pa.int64()),
                         COMMIT_TIME: pa.nulls(n, pa.timestamp("us", tz="UTC")), XID: pa.nulls(n, pa.int64()),
-                        TABLE: pa.array([table] * n, pa.string())}
+                        TABLE: pa.array([table] * n, pa.string()), UNCHANGED: none_unchanged(n)}
             yield pa.RecordBatch.from_arrays(
                 [by_name[f.name] if f.name in by_name else pa.nulls(n, f.type) for f in self.arrow_schema],
                 schema=self.arrow_schema)
