@@ -7,7 +7,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ def slow(rows_per_batch: int, pause: float):
     return fn
 
 
-def _sockets_to(port: int) -> set[str]:
+def sockets_to(port: int) -> set[str]:
     """Inodes of the TCP sockets on this machine connected to 127.0.0.1:`port` (from /proc/net/tcp)."""
     inodes = set()
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
@@ -113,16 +113,17 @@ def _ours(local_port: int) -> bool:
     return False
 
 
-def kill_python_workers(store_port: int | None = None) -> int:
+def kill_python_workers(store_port: int | None = None, opened_before: Collection[str] = ()) -> int:
     """SIGKILL Spark's forked Python workers (children of pyspark.daemon), as an executor losing them would.
 
     With `store_port`, only the workers connected to the store (the sink's writers): killing every worker
     also kills idle pooled ones, which Spark may hand to the retried task a moment later, so the retry
-    dies too (seen in CI)."""
+    dies too (seen in CI). `opened_before` (sockets_to's inodes, taken before the write started): connections
+    that are not the write's, left alone, such as the Kafka consumers an idle worker keeps for its life."""
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
     procs = [line.split(None, 2) for line in out.splitlines() if "pyspark.daemon" in line or "pyspark/daemon" in line]
     daemons = {pid for pid, _, _ in procs}
-    wanted = _sockets_to(store_port) if store_port is not None else None
+    wanted = sockets_to(store_port) - set(opened_before) if store_port is not None else None
     killed = 0
     for pid, ppid, _ in procs:
         if ppid not in daemons:

@@ -17,7 +17,7 @@ import pytest
 import sluice.tablestore
 from sluice.meta import MetaService
 from sluice.testing import LocalKafka, count_written, read_committed
-from tests.faults import Striker, held_at, kill_python_workers, poll_until
+from tests.faults import Striker, held_at, kill_python_workers, poll_until, sockets_to
 
 pytestmark = pytest.mark.spark
 
@@ -39,12 +39,16 @@ def kill_writer_when_sent(kafka, topic, offsets: int, hold) -> Striker:
     transaction), SIGKILL the Python worker of the sink (the one connected to the broker) and let the input go on:
     the retry's init_transactions aborts the killed attempt's transaction."""
     port = int(kafka.bootstrap_servers.rsplit(":", 1)[1])
+    # The reading query's workers keep their consumers connected while idle in Spark's pool (for the worker's life);
+    # killed, one of them may be handed to the retried write, which then dies too. Only the write's own connections,
+    # opened after this, mark the workers to kill.
+    before = sockets_to(port)
 
     def strike():
         try:
             poll_until(lambda: count_written(kafka.client_config(), topic) >= offsets, 120,
                        f"the sink sending {offsets} offsets into {topic}")
-            assert kill_python_workers(port) >= 1, "no Python worker of the sink was connected to the broker"
+            assert kill_python_workers(port, before) >= 1, "no Python worker of the sink was connected to the broker"
         finally:
             hold.unlink()
 
