@@ -113,6 +113,16 @@ def held_after_its_edges(thread: str) -> Iterator[tuple[threading.Event, threadi
         yield inside, release
 
 
+def ran_through(pg, done: threading.Event, what: str) -> bool:
+    """Whether `what` finished (`done`) before any MetaService session waited for a lock another holds: False as soon
+    as one waits (the server's account, pg_locks), True once `done` is set first."""
+    deadline = time.monotonic() + WAIT_S
+    while not done.is_set() and lock_waiters(pg) == 0:
+        assert time.monotonic() < deadline, f"{what} neither finished nor waited for a lock"
+        done.wait(0.01)
+    return done.is_set()
+
+
 def race(url: str, pg, table_a: str, table_b: str) -> Race:
     """Writer A claims `table_a` and holds its transaction open (its writer row written, not committed); writer B
     claims `table_b` meanwhile. B either finishes or waits for a lock A holds; then A commits."""
@@ -136,11 +146,7 @@ def race(url: str, pg, table_a: str, table_b: str) -> Race:
         try:
             assert inside.wait(WAIT_S), "writer A never reached its commit"
             b.start()
-            deadline = time.monotonic() + WAIT_S
-            while not b_done.is_set() and lock_waiters(pg) == 0:
-                assert time.monotonic() < deadline, "writer B neither finished nor waited for a lock"
-                b_done.wait(0.01)
-            went_on = b_done.is_set()
+            went_on = ran_through(pg, b_done, "writer B")
         finally:
             release.set()
             a.join(WAIT_S)
@@ -220,6 +226,7 @@ def end_while_registering(url: str, pg, job_id: str, table: str) -> None:
     """Job `job_id` registers again under its id (a restarted driver) and holds its transaction open, its rows
     replaced; meanwhile finish_job ends it and must wait. Then the registration commits, and the end goes on."""
     errors: list[BaseException] = []
+    ended = threading.Event()
 
     def call(what) -> None:
         try:
@@ -227,6 +234,9 @@ def end_while_registering(url: str, pg, job_id: str, table: str) -> None:
         except BaseException as e:
             errors.append(e)
             raise
+        finally:
+            if threading.current_thread().name == "finisher":
+                ended.set()
 
     registrar = threading.Thread(target=call, name="registrar",
                                  args=(lambda m: m.register_job("ingest", [], [table], job_id=job_id),))
@@ -236,10 +246,7 @@ def end_while_registering(url: str, pg, job_id: str, table: str) -> None:
         try:
             assert inside.wait(WAIT_S), "the registration never reached its commit"
             finisher.start()
-            deadline = time.monotonic() + WAIT_S
-            while lock_waiters(pg) == 0:
-                assert finisher.is_alive(), "finish_job ran through an open registration of its job"
-                assert time.monotonic() < deadline, "finish_job neither finished nor waited for a lock"
+            assert not ran_through(pg, ended, "finish_job"), "finish_job ran through an open registration of its job"
         finally:
             release.set()
             registrar.join(WAIT_S)
