@@ -205,7 +205,8 @@ def test_the_snapshot_hands_over_to_the_changes_with_no_gap_and_no_overlap_under
     start = reader.initialOffset()
     assert "snapshot" in start
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    assert end == {"v": 1, "lsn": start["lsn"], "tables": ["public.handover"]}, "micro-batch 0 is the snapshot alone"
+    assert end == {"v": 1, "lsn": start["lsn"], "tables": ["public.handover"], "columns": start["columns"]}, \
+        "micro-batch 0 is the snapshot alone"
     snapshot_rows = [b for p in reader.partitions(start, end) for b in reader.read(p)]
     fresh = SnapshotHolder(reader.stream.conn, 30)  # the negative control's snapshot: taken after the slot's
     stop.set()
@@ -335,7 +336,7 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
         reader.commit(end)
         start = end
     assert len(sizes) == 4 and sum(sizes) == 1000 and max(sizes) <= 300, sizes  # cut by the key histogram
-    assert start == {"v": 1, "lsn": first["lsn"], "tables": first["tables"]}, \
+    assert start == {"v": 1, "lsn": first["lsn"], "tables": first["tables"], "columns": first["columns"]}, \
         "the last snapshot batch ends where the changes begin"
     end, changes = batch(reader, start)
     assert changes.column("id").to_pylist() == [1000]
@@ -345,7 +346,8 @@ def test_max_changes_per_trigger_reads_the_snapshot_in_splits_over_several_micro
     whole = stream(lpg.url, table=t, slot="whole_snapshot")
     start = whole.initialOffset()
     end, rows = batch(whole, start)
-    assert end == {"v": 1, "lsn": start["lsn"], "tables": start["tables"]} and rows.num_rows == 1001
+    assert end == {"v": 1, "lsn": start["lsn"], "tables": start["tables"], "columns": start["columns"]} \
+        and rows.num_rows == 1001
     whole.commit(end)
 
 
@@ -485,19 +487,30 @@ def test_a_renamed_column_needs_a_restart_that_gets_past_it_and_a_dropped_one_co
     with pytest.raises(PostgresError, match=r"\['extra2'\].*added or renamed.*restart the query"):
         batch(reader, start)
     reader.stop()
-    # The restarted query's schema has extra2; the batch it replays still holds a change carrying 'extra'.
+    # The restarted query's schema has extra2; the batch it replays still holds a change sent under 'extra'. The
+    # start offset names each column's attribute number, which the rename kept: the value comes under the new name.
+    assert [c[1] for c in start["columns"][0][2]] == ["id", "v", "extra"]
     restarted = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
-    with caplog.at_level("WARNING", logger="sluice.postgres"):
+    with caplog.at_level("INFO", logger="sluice.postgres"):
         _, rows = batch(restarted, start)
+    assert [(r["id"], r["extra2"]) for r in rows.to_pylist()] == [(1, 5), (2, 7)]
+    assert any("{'extra': 'extra2'}" in r.getMessage() for r in caplog.records)
+    restarted.stop()
+    # Negative control: an offset without the columns (as written before they were recorded) cannot tell a rename:
+    # the old name's value is left out with a warning, so the restart still gets past it.
+    legacy = {k: v for k, v in start.items() if k != "columns"}
+    caplog.clear()
+    blind = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
+    with caplog.at_level("WARNING", logger="sluice.postgres"):
+        _, rows = batch(blind, legacy)
     assert [(r["id"], r["extra2"]) for r in rows.to_pylist()] == [(1, None), (2, 7)]
     assert any("['extra'], which the table no longer has" in r.getMessage() for r in caplog.records)
-    # Negative control: taking every column the schema lacks as new, the restarted query fails on the old change
-    # again, at every restart.
-    restarted.stop()
+    blind.stop()
+    # ... and taking every column the schema lacks as new, it fails on the old change again, at every restart.
     monkeypatch.setattr(_read.ChangeReader, "_gone_columns", lambda self, table, names: [])
     again = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
     with pytest.raises(PostgresError, match=r"\['extra'\].*added or renamed"):
-        batch(again, start)
+        batch(again, legacy)
     again.stop()
 
     d = new_table(lpg.url, "dropped_col", "id int PRIMARY KEY, v text, extra int")
@@ -1018,3 +1031,19 @@ def test_a_truncate_between_changes_reaches_postgres_and_the_table_store_in_orde
     assert table.version() == 3  # created (0), then one version per micro-batch, the TRUNCATE included
     # The control: the truncate events left out, the rows from before the TRUNCATE stay.
     assert sql(lpg.url, "SELECT id FROM emptied_ignored ORDER BY id") == [(i,) for i in range(1, 8)]
+
+
+def test_renames_map_a_relation_by_its_place_before_them_and_by_name_after_them_a_swap_included():
+    from sluice.connectors.postgres.changes._columns import Renamed, TableColumns, renamed
+
+    before = (TableColumns("public.t", 7, ((1, "id"), (2, "b"), (3, "c"))),)
+    swapped = (TableColumns("public.t", 7, ((1, "id"), (2, "c"), (3, "b"))),)
+    moves = renamed(before, swapped)["public.t"]
+    assert moves == Renamed(("id", "b", "c"), {"b": "c", "c": "b"})
+    assert moves.under_new_names(["id", "b", "c"]) == ["id", "c", "b"]  # sent before the swap
+    assert moves.under_new_names(["id", "c", "b"]) == ["id", "c", "b"]  # after it
+    one = renamed(before[:1], (TableColumns("public.t", 7, ((1, "id"), (2, "x"), (3, "c"))),))["public.t"]
+    assert one.under_new_names(["id", "x", "c", "b"]) == ["id", "x", "c", "b"]  # a new column took the old name
+    # The same name, another table (dropped and created again): nothing is taken for a rename.
+    assert renamed(before, (TableColumns("public.t", 8, ((1, "id"), (2, "x"), (3, "c"))),)) == {}
+    assert renamed(None, swapped) == {}

@@ -32,6 +32,7 @@ from sluice.connectors.postgres._pgtext import UntypedValueError, type_columns
 
 if TYPE_CHECKING:
     from sluice.connector import DeadLetterWriter
+    from sluice.connectors.postgres.changes._columns import Renamed
 
 log = logging.getLogger("sluice.postgres")
 _WARNED: set[tuple[str, tuple[str, ...]]] = set()  # (table, columns) warned about in this process: once each
@@ -94,7 +95,8 @@ class ChangeDecoder:
                  tables: Mapping[str, Sequence[str]],
                  gone_columns: Callable[[str, list[str]], list[str]] | None = None,
                  whole_publication: str | None = None, keys: Mapping[str, Sequence[str]] | None = None,
-                 letters: DeadLetterWriter | None = None, emit_truncates: bool = False) -> None:
+                 letters: DeadLetterWriter | None = None, emit_truncates: bool = False,
+                 renames: Mapping[str, Renamed] | None = None) -> None:
         """`tables`: each streamed table's columns in the stream's schema. `gone_columns(table, names)`: which of
         `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new.
         `whole_publication`: the publication, when the stream is all of its tables (a table of it that the stream
@@ -102,7 +104,8 @@ class ChangeDecoder:
         table's primary key, which tells an update that changed it under REPLICA IDENTITY FULL. `letters`: where a
         change with a value that does not convert to its column's type goes (errors.tolerance=all); None: it fails
         the read. `emit_truncates`: a TRUNCATE of a streamed table comes as events (_truncate); False: it fails the
-        read."""
+        read. `renames`: per table, columns renamed since the batch's start offset was written: changes sent under
+        an old name come under the new one."""
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
@@ -113,6 +116,7 @@ class ChangeDecoder:
         self.keys = keys or {}
         self.letters = letters
         self.emit_truncates = emit_truncates
+        self.renames = renames or {}
         self.start, self.end = start, end
         self.tables = tables
         self.relations: dict[int, Relation] = {}
@@ -332,6 +336,8 @@ class ChangeDecoder:
             end = msg.index(b"\0", pos + 1)
             columns.append(msg[pos + 1:end].decode())
             pos = end + 1 + 8  # type oid, typmod
+        if name in self.renames:
+            columns = self.renames[name].under_new_names(columns)
         self.relations[relid] = Relation(relid, name, columns)
         if name in self.tables:
             unknown = [c for c in columns if c not in self._index]

@@ -5,7 +5,8 @@ Serialized form (version 1): {"v": 1, "lsn": "0/16B3748"}, plus while micro-batc
 max-changes-per-trigger cuts the snapshot "splits" ([table, where, estimated rows] each, planned once) and
 "done" (how many of them earlier batches read), plus "quiet": true on a batch without rows that moves past WAL
 the publication did not write, plus "tables" (the tables streamed, so a restart finds the ones new to it) and
-"backfill" (the snapshots on demand, _backfill.Backfill). Offsets written before the version field are read as
+"backfill" (the snapshots on demand, _backfill.Backfill), plus "columns" (each table's columns by attribute number,
+_columns.TableColumns: a restarted query finds the renamed ones). Offsets written before the version field are read as
 version 1.
 """
 
@@ -18,6 +19,7 @@ from sluice.connector import check_offset_version
 from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot
 from sluice.connectors.postgres.changes._backfill import Backfill
+from sluice.connectors.postgres.changes._columns import TableColumns
 
 OFFSET_VERSION = 1
 
@@ -41,6 +43,7 @@ class ChangeOffset:
     quiet: bool = False
     tables: tuple[str, ...] | None = None  # the tables streamed; None in offsets written before they were recorded
     backfill: Backfill = field(default_factory=Backfill)
+    columns: tuple[TableColumns, ...] | None = None  # as the query that wrote it streamed them; None: not recorded
     raw: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # as Spark handed it over
 
     @property
@@ -64,6 +67,8 @@ class ChangeOffset:
             out["tables"] = list(self.tables)
         if self.backfill != Backfill():
             out["backfill"] = self.backfill.to_json()
+        if self.columns:
+            out["columns"] = [t.to_json() for t in self.columns]
         return out
 
     @classmethod
@@ -74,7 +79,8 @@ class ChangeOffset:
                    None if splits is None else tuple(SnapshotSplit(t, w, int(n)) for t, w, n in splits),
                    int(raw.get("done", 0)), bool(raw.get("quiet", False)),
                    None if raw.get("tables") is None else tuple(raw["tables"]),
-                   Backfill.from_json(raw["backfill"]) if "backfill" in raw else Backfill(), raw)
+                   Backfill.from_json(raw["backfill"]) if "backfill" in raw else Backfill(),
+                   None if "columns" not in raw else tuple(TableColumns.from_json(t) for t in raw["columns"]), raw)
 
     def json_or(self, start: ChangeOffset) -> dict[str, Any]:
         """This offset as Spark gets it, or `start` exactly as Spark gave it when the position did not move: Spark

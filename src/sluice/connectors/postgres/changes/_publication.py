@@ -25,6 +25,7 @@ from sluice.connectors.postgres._options import READ_SPEC, ReadOptions
 from sluice.connectors.postgres._pgmessages import MESSAGES_SCHEMA
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, UNCHANGED, XID
 from sluice.connectors.postgres._source import infer_schema, spark_type
+from sluice.connectors.postgres.changes._columns import TableColumns, read_columns
 from sluice.connectors.postgres.changes._options import ChangeOptions
 
 log = logging.getLogger("sluice.postgres")
@@ -46,6 +47,7 @@ class ChangeStream:
     primary_keys: dict[str, tuple[str, ...]]
     table_options: dict[str, ReadOptions]  # each table's options for format("postgres")'s snapshot reader
     messages: tuple[str, ...] = ()  # the prefixes of the logical decoding messages streamed (messages.prefix)
+    identities: tuple[TableColumns, ...] = ()  # each table's columns by attribute number (_columns.py)
 
     def peek(self, upto: str, count: int | None, slot: str | None = None) -> str:
         return _PEEK.format(slot=quote_literal(slot or self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
@@ -97,8 +99,11 @@ def resolve(options: ChangeOptions) -> ChangeStream:
                               f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE ...{hint}")
         column_lists = _sent_columns(pg, publication, tables)
     table_options = {t: table_opts(options, t) for t in tables}
-    return ChangeStream(conn, slot, publication, tuple(tables), *_describe(conn, table_options, column_lists),
-                        table_options)
+    columns, table_columns, keys = _describe(conn, table_options, column_lists)
+    with conn.connect_psycopg() as pg:
+        identities = read_columns(pg, tables, {t: [c for c, _ in cols] for t, cols in table_columns.items()})
+    return ChangeStream(conn, slot, publication, tuple(tables), columns, table_columns, keys, table_options,
+                        identities=identities)
 
 
 def _resolve_messages(options: ChangeOptions) -> ChangeStream:

@@ -40,6 +40,7 @@ from sluice.connectors.postgres._pgoutput import (
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
 from sluice.connectors.postgres.changes._backfill import Chunk, chunk_where
+from sluice.connectors.postgres.changes._columns import Renamed
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream
 from sluice.connectors.postgres.changes._slot import DECODING_SESSION, NO_FREE_SLOT, busy_retry
@@ -69,10 +70,12 @@ class ChangesPartition(InputPartition):
     start: int
     end: int
     chunk: Chunk | None  # a chunk of a snapshot on demand, read before the changes (_backfill.py)
+    renames: dict[str, Renamed]  # columns renamed since the batch's start offset was written (_columns.py)
 
-    def __init__(self, start: int, end: int, chunk: Chunk | None = None) -> None:
+    def __init__(self, start: int, end: int, chunk: Chunk | None = None,
+                 renames: dict[str, Renamed] | None = None) -> None:
         super().__init__(f"changes:{format_lsn(start)}-{format_lsn(end)}")
-        self.start, self.end, self.chunk = start, end, chunk
+        self.start, self.end, self.chunk, self.renames = start, end, chunk, renames or {}
 
 
 def wal_ranges(start: int, end: int, most: int) -> list[tuple[int, int]]:
@@ -204,7 +207,7 @@ class ChangeReader:
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
                 decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, table_columns, self._gone_columns,
                                         whole_publication, s.primary_keys, letters,
-                                        emit_truncates=self.options.truncate == "emit")
+                                        emit_truncates=self.options.truncate == "emit", renames=part.renames)
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.

@@ -30,6 +30,7 @@ from sluice.connectors.postgres._pgoutput import format_lsn, parse_lsn
 from sluice.connectors.postgres._snapshot import SharedSnapshot, SnapshotHolder
 from sluice.connectors.postgres._source import PostgresEnumerator
 from sluice.connectors.postgres.changes._backfill import Backfill, Backfiller
+from sluice.connectors.postgres.changes._columns import renamed
 from sluice.connectors.postgres.changes._messages import cut_messages, whole_units
 from sluice.connectors.postgres.changes._offset import ChangeOffset, SnapshotSplit
 from sluice.connectors.postgres.changes._options import ChangeOptions
@@ -96,7 +97,7 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
             except SluiceError as e:
                 raise OptionError(f"option 'job' ({self._owner.job_id}): {e}") from None
         if self._initial is None:
-            self._initial = replace(self._start(), tables=self.stream.tables)
+            self._initial = replace(self._start(), tables=self.stream.tables, columns=self.stream.identities or None)
         return self._initial
 
     def _start(self) -> ChangeOffset:
@@ -147,7 +148,8 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
     def next_end(self, at: ChangeOffset, limit: ReadLimit) -> ChangeOffset:
         pg = self._guard.hold()
         if at.in_snapshot:  # the snapshot alone, then changes from its LSN
-            return replace(self._snapshot_end(at, self.rows_of(limit)), tables=self.stream.tables)
+            return replace(self._snapshot_end(at, self.rows_of(limit)), tables=self.stream.tables,
+                           columns=self.stream.identities or None)
         begin = self._advance(pg, at.lsn)  # Spark committed every batch before `start`: the slot may move
         flush = parse_lsn(pg.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
         end, quiet = self._changes_end(pg, begin, flush, limit)
@@ -160,7 +162,8 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
                 end, quiet = max(end, high), False
         if self._reported is not None:
             self._reported["lsn"] = format_lsn(end)
-        return ChangeOffset(end, quiet=quiet, tables=self.stream.tables, backfill=backfill)
+        return ChangeOffset(end, quiet=quiet, tables=self.stream.tables, backfill=backfill,
+                            columns=self.stream.identities or None)
 
     def _requests(self, pg: Any, at: ChangeOffset, wal: int) -> Backfill:
         """The snapshots on demand as `at` left them, with new tables (at a restart) and new signals taken."""
@@ -339,7 +342,13 @@ class ChangeStreamReader(StreamReaderCore[ChangeOffset, InputPartition]):
         chunk = last.backfill.chunk if last.backfill.chunk != first.backfill.chunk else None
         if last.quiet and chunk is None:  # latestOffset saw no transaction of the publication in between
             return []
-        return [ChangesPartition(begin, stop, chunk)] if stop > begin or chunk is not None else []
+        if stop <= begin and chunk is None:
+            return []
+        renames = renamed(first.columns, self.stream.identities)
+        for table, moved in renames.items():
+            log.info("table %s: column(s) renamed since offset %s: %s; its changes from before come under the new "
+                     "names", table, format_lsn(begin), moved.to)
+        return [ChangesPartition(begin, stop, chunk, renames)]
 
     def committed(self, at: ChangeOffset) -> None:
         """Moves the slot to the committed position (the server may drop the WAL before it)."""
