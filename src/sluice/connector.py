@@ -49,7 +49,16 @@ from sluice._errors import (
 from sluice._micro_batch import micro_batch_numbers
 from sluice._names import case_hint, check_dataframe_columns, check_option_columns, require_name
 from sluice._options import Option, Options, OptionSpec, PrefixSettings, TypedOptions, check_http_endpoint
-from sluice._schema_evolution import ADD_COLUMNS, new_columns, schema_evolution_option
+from sluice._schema_evolution import (
+    ADD_COLUMNS,
+    FULL,
+    SourceColumn,
+    new_columns,
+    schema_evolution_option,
+    source_columns,
+    source_metadata,
+    without_source_marks,
+)
 from sluice._unchanged import (
     check_unchanged_column,
     fill_unchanged,
@@ -189,6 +198,7 @@ __all__ = [
     "DELETE_OPS",
     "DELETE_OPS_SQL",
     "ERROR_OPTIONS",
+    "FULL",
     "GLOBAL_ORDERED",
     "HAS_FILTER_PUSHDOWN",
     "LOOKUP_OPTIONS",
@@ -259,6 +269,7 @@ __all__ = [
     "SinkDataSource",
     "SinkError",
     "SluiceError",
+    "SourceColumn",
     "SourceDataSource",
     "SourceReport",
     "SourceReporter",
@@ -336,6 +347,8 @@ __all__ = [
     "schema_evolution_option",
     "server_alert",
     "slices",
+    "source_columns",
+    "source_metadata",
     "split_payloads",
     "subject_name",
     "task_context",
@@ -343,4 +356,5 @@ __all__ = [
     "tracking_column_kind",
     "tracking_options",
     "unchanged_column_option",
+    "without_source_marks",
 ]

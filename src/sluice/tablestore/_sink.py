@@ -32,6 +32,7 @@ from sluice.connector import (
     TaskWriter,
     WriteContext,
     WritePlan,
+    without_source_marks,
 )
 from sluice.meta import MetaService
 from sluice.tablestore._barriers import BarrierHandoff
@@ -62,6 +63,8 @@ class ParquetStore(BlockingStore):
         self._fs: Any = None
         self._out: Any = None  # the file's output stream (local file or object-store upload)
         self._writer: Any = None
+        self._clean: pa.Schema | None = None  # the rows' schema without source marks (without_source_marks)
+        self._recast = False
         self._count = 0
         self._stats = FileStats()  # its columns' ranges for the Delta log, so that filtered reads can skip it
 
@@ -73,6 +76,11 @@ class ParquetStore(BlockingStore):
         import pyarrow.parquet as pq
 
         data = self.rows.table(batch.entries)
+        if self._clean is None:
+            self._clean = without_source_marks(data.schema)
+            self._recast = not self._clean.equals(data.schema, check_metadata=True)
+        if self._recast:
+            data = data.cast(self._clean)
         if self._writer is None:
             path = self.table.file_path(self.relative)
             self._fs = self.table.warehouse.filesystem()

@@ -123,6 +123,56 @@ def test_without_add_columns_the_restarted_query_fails_naming_the_column_and_the
     assert sql(lpg.url, "SELECT id, v FROM fixed_copy ORDER BY id") == [(1, "a")]
 
 
+def test_full_renames_drops_and_widens_the_postgres_targets_as_the_source_did(spark, lpg, tmp_path):
+    """schema.evolution=full: a rename (with a change from before it, read by the query started after it), a drop and
+    a widened type, carried by the sink from the source's column marks. The negative control: the same target fed the
+    columns without their marks sees a new column where the source renamed one, and keeps the dropped one."""
+    from pyspark.sql import functions as F
+
+    sql(lpg.url, "DROP TABLE IF EXISTS reshaped", "CREATE TABLE reshaped (id int PRIMARY KEY, v text, extra int, "
+        "gone text, small int)", "INSERT INTO reshaped VALUES (1, 'a', 5, 'x', 1), (2, 'b', 6, 'y', 2)")
+    full = {"create-table": "true", "primary-key": "id", "upsert.op-column": "_op", "schema.evolution": "full"}
+    staged = {**full, "sink.mode": "global-ordered", "sink.transactional": "true"}
+    targets = {"full_direct": full, "full_staged": staged, "full_unmarked": full}
+    starts = []
+
+    def write_all(batch, epoch: int) -> None:
+        data = [c for c in batch.columns if not c.startswith("_")]
+        for name, options in targets.items():
+            cols = ([F.col(c).alias(c, metadata={}) for c in data] if name == "full_unmarked" else data)
+            batch.select(*cols, "_op").write.format("postgres").options(url=lpg.url, table=name, **options) \
+                .mode("append").save()
+
+    def start():
+        starts.append(len(starts))
+        return (spark.readStream.format("postgres_changes").options(url=lpg.url, table="reshaped").load()
+                .writeStream.foreachBatch(write_all).option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(availableNow=True).start())
+
+    sluice.run(start)  # the snapshot
+    sql(lpg.url, "UPDATE reshaped SET extra = 7 WHERE id = 1", "ALTER TABLE reshaped RENAME COLUMN extra TO extra2",
+        "ALTER TABLE reshaped DROP COLUMN gone", "ALTER TABLE reshaped ALTER COLUMN small TYPE bigint",
+        "INSERT INTO reshaped VALUES (3, 'c', 8, 1099511627776)", "UPDATE reshaped SET extra2 = 9 WHERE id = 2")
+    sluice.run(start)  # started after the changes: its schema is the new one; its first batch has the old changes
+
+    want = [(1, "a", 7, 1), (2, "b", 9, 2), (3, "c", 8, 1099511627776)]
+    assert sql(lpg.url, "SELECT id, v, extra2, small FROM reshaped ORDER BY id") == want
+    for name in ("full_direct", "full_staged"):
+        assert sql(lpg.url, f"SELECT id, v, extra2, small FROM {name} ORDER BY id") == want, name
+        assert columns(lpg, name) == [("id", "integer"), ("v", "text"), ("extra2", "integer"), ("small", "bigint")]
+    # Negative control: without the marks, extra2 is a new column (null where no change since carried it) and the
+    # old ones stay; the type is widened all the same (it needs no mark).
+    assert columns(lpg, "full_unmarked") == [("id", "integer"), ("v", "text"), ("extra", "integer"),
+                                             ("gone", "text"), ("small", "bigint"), ("extra2", "integer")]
+    assert sql(lpg.url, "SELECT id, extra, extra2 FROM full_unmarked ORDER BY id") == [(1, 5, 7), (2, 6, 9),
+                                                                                        (3, None, 8)]
+
+
+def columns(lpg, table: str) -> list[tuple[str, str]]:
+    return sql(lpg.url, "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                        f"'{table}'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+
+
 def stored(lpg, table: str, where: str) -> int:
     """Rows of `table` where `where` holds; 0 while the table, or a column `where` reads, is not there yet."""
     columns = {c for (c,) in sql(lpg.url, f"SELECT column_name::text FROM information_schema.columns WHERE "
@@ -142,3 +192,11 @@ def carried(uri: str) -> int:
 
 def _at(table: DeltaTable, version: int) -> DeltaTable:
     return DeltaTable(table.table_uri, version=version)
+
+
+def test_widening_is_only_to_a_type_that_holds_every_value():
+    from sluice.connectors.postgres._evolve import widens
+
+    assert widens("smallint", "bigint") and widens("real", "double precision")
+    assert widens("numeric(10,2)", "numeric(12,3)") and not widens("numeric(10,2)", "numeric(10,3)")
+    assert not widens("bigint", "integer") and not widens("integer", "integer") and not widens("integer", "text")

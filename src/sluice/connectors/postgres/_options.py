@@ -38,7 +38,12 @@ WRITE_OPTIONS = (
                             "row's last earlier change in the same batch set)."),
     schema_evolution_option("ALTER TABLE ... ADD COLUMN IF NOT EXISTS, typed as create-table maps the Spark type, "
                             "committed before any row is written, or in the commit's transaction with "
-                            "sink.transactional=true."),
+                            "sink.transactional=true.",
+                            full="also what a change capture source (postgres_changes) did to its table: a column "
+                            "renamed there is renamed (RENAME COLUMN, its values kept), one dropped there is dropped, "
+                            "and a type widened there (or a column the DataFrame carries wider) is widened (ALTER "
+                            "COLUMN ... TYPE); the sink remembers which column holds which source column in "
+                            "sluice_column_sources, a table of the target's schema."),
     Option("create-table", "bool", False, "Create a missing table from the DataFrame's schema (and primary-key)."),
     Option("connections-per-task", "int", 2, "Connections (concurrent batches) per Spark task.", minimum=1,
            maximum=64),

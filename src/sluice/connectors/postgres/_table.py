@@ -42,6 +42,7 @@ from pyspark.sql.types import (
 
 from sluice.connector import (
     DELETE_OPS_SQL,
+    FULL,
     TRUNCATE_OP,
     OptionError,
     RecordError,
@@ -60,6 +61,7 @@ from sluice.connectors.postgres._client import (
     quote_literal,
     split_qualified,
 )
+from sluice.connectors.postgres._evolve import full_statements
 from sluice.connectors.postgres._options import WriteOptions
 from sluice.connectors.postgres._stage import give_checks, prepare_stage, target_checks
 
@@ -439,12 +441,17 @@ def prepare_target(conn_info: Connection, options: WriteOptions, spark_schema: S
         fields = {f.name: f for f in data_fields}
         # schema.evolution=add-columns: the checks below run on the table with its new columns, in a transaction
         # rolled back after them; the columns are added for good before any row is written (or in the commit).
-        added = tuple(add_column_sql(schema, table, fields[name])
-                      for name in new_columns(columns, by_name, f"{schema}.{table}", options.schema_evolution))
+        new = new_columns(columns, by_name, f"{schema}.{table}", options.schema_evolution)
+        if options.schema_evolution == FULL:  # renames, drops and widened types too (_evolve.py)
+            added = full_statements(cur, schema, table, {c.name: c.type for c in existing}, data_fields,
+                                    lambda f: add_column_sql(schema, table, f), pg_type)
+        else:
+            added = tuple(add_column_sql(schema, table, fields[name]) for name in new)
         for statement in added:
             cur.execute(statement)
         if added:
-            by_name = {c.name: c for c in table_columns(cur, schema, table) or ()}
+            existing = table_columns(cur, schema, table) or []
+            by_name = {c.name: c for c in existing}
         for col in existing:
             if col.name not in columns and col.not_null and not col.has_default:
                 raise OptionError(f"column '{col.name}' of table {schema}.{table} is NOT NULL without a default, and "

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.connector import SourceColumn
+
 
 @dataclass(frozen=True)
 class TableColumns:
@@ -32,19 +34,33 @@ class TableColumns:
         return cls(str(table), int(relid), tuple((int(n), str(name)) for n, name in columns))
 
 
-def read_columns(pg: Any, tables: Iterable[str], streamed: dict[str, Sequence[str]]) -> tuple[TableColumns, ...]:
-    """The attribute numbers of each table's `streamed` columns, off the catalog (`pg`: a psycopg connection)."""
-    out = []
+def read_columns(pg: Any, tables: Iterable[str], streamed: dict[str, Sequence[str]]
+                 ) -> tuple[tuple[TableColumns, ...], dict[str, tuple[int, ...]]]:
+    """The attribute numbers of each table's `streamed` columns, and of its dropped ones, off the catalog (`pg`: a
+    psycopg connection)."""
+    out, dropped = [], {}
     for table in tables:
         schema, name = table.split(".", 1)
-        rows = pg.execute("SELECT c.oid::bigint, a.attnum::int, a.attname::text FROM pg_attribute a JOIN pg_class c "
-                          "ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
-                          "AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        rows = pg.execute("SELECT c.oid::bigint, a.attnum::int, a.attname::text, a.attisdropped FROM pg_attribute a "
+                          "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
+                          "n.nspname = %s AND c.relname = %s AND a.attnum > 0 ORDER BY a.attnum",
                           (schema, name)).fetchall()
         wanted = set(streamed[table])
         out.append(TableColumns(table, int(rows[0][0]) if rows else 0,
-                                tuple((n, col) for _, n, col in rows if col in wanted)))
-    return tuple(out)
+                                tuple((n, col) for _, n, col, gone in rows if col in wanted and not gone)))
+        dropped[table] = tuple(n for _, n, _, gone in rows if gone)
+    return tuple(out), dropped
+
+
+def source_marks(identities: Iterable[TableColumns], dropped: dict[str, tuple[int, ...]]
+                 ) -> dict[str, list[SourceColumn]]:
+    """Per column name, where it comes from in each streamed table that has it (the Spark schema's marks, which
+    schema.evolution=full reads in the sinks)."""
+    marks: dict[str, list[SourceColumn]] = {}
+    for t in identities:
+        for n, name in t.columns:
+            marks.setdefault(name, []).append(SourceColumn(f"{t.table}:{t.relid}", n, dropped.get(t.table, ())))
+    return marks
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType, TimestampType
 
-from sluice.connector import OptionError, from_arrow_schema
+from sluice.connector import OptionError, from_arrow_schema, source_metadata
 from sluice.connectors.postgres._client import (
     Connection,
     PostgresError,
@@ -25,7 +25,7 @@ from sluice.connectors.postgres._options import READ_SPEC, ReadOptions
 from sluice.connectors.postgres._pgmessages import MESSAGES_SCHEMA
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, UNCHANGED, XID
 from sluice.connectors.postgres._source import infer_schema, spark_type
-from sluice.connectors.postgres.changes._columns import TableColumns, read_columns
+from sluice.connectors.postgres.changes._columns import TableColumns, read_columns, source_marks
 from sluice.connectors.postgres.changes._options import ChangeOptions
 
 log = logging.getLogger("sluice.postgres")
@@ -48,6 +48,7 @@ class ChangeStream:
     table_options: dict[str, ReadOptions]  # each table's options for format("postgres")'s snapshot reader
     messages: tuple[str, ...] = ()  # the prefixes of the logical decoding messages streamed (messages.prefix)
     identities: tuple[TableColumns, ...] = ()  # each table's columns by attribute number (_columns.py)
+    dropped: dict[str, tuple[int, ...]] = field(default_factory=dict)  # each table's dropped attribute numbers
 
     def peek(self, upto: str, count: int | None, slot: str | None = None) -> str:
         return _PEEK.format(slot=quote_literal(slot or self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
@@ -101,9 +102,9 @@ def resolve(options: ChangeOptions) -> ChangeStream:
     table_options = {t: table_opts(options, t) for t in tables}
     columns, table_columns, keys = _describe(conn, table_options, column_lists)
     with conn.connect_psycopg() as pg:
-        identities = read_columns(pg, tables, {t: [c for c, _ in cols] for t, cols in table_columns.items()})
+        identities, dropped = read_columns(pg, tables, {t: [c for c, _ in cols] for t, cols in table_columns.items()})
     return ChangeStream(conn, slot, publication, tuple(tables), columns, table_columns, keys, table_options,
-                        identities=identities)
+                        identities=identities, dropped=dropped)
 
 
 def _resolve_messages(options: ChangeOptions) -> ChangeStream:
@@ -274,7 +275,10 @@ def _check_replica_identity(pg: Any, tables: list[str]) -> None:
 def spark_schema(stream: ChangeStream) -> StructType:
     if stream.messages:
         return from_arrow_schema(MESSAGES_SCHEMA)
-    fields = [StructField(name, spark_type(pg_type)[0], True) for name, pg_type in stream.columns.items()]
+    # Each column marked with its source (_columns.source_marks): schema.evolution=full in the sinks reads it.
+    marks = source_marks(stream.identities, stream.dropped)
+    fields = [StructField(name, spark_type(pg_type)[0], True, source_metadata(marks.get(name, ())))
+              for name, pg_type in stream.columns.items()]
     return StructType([*fields, StructField(OP, StringType(), False), StructField(LSN, LongType(), False),
                        StructField(COMMIT_TIME, TimestampType(), True), StructField(XID, LongType(), True),
                        StructField(TABLE, StringType(), False), StructField(UNCHANGED, ArrayType(StringType()), True)])
