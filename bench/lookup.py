@@ -22,7 +22,8 @@ Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows r
 - concurrency (also alone, `--measure concurrency`): --batches batches of --keys-high keys (10,000), sluice's worker
   path with lookup.max-concurrent-requests=1 against the default (4), each batch's keys in statements of
   lookup.max-keys-per-request (1,000), and beside them 4 of 2,500 keys and 1 of the whole batch: keys looked up per
-  second by one task; and the bare psycopg loop's one statement per batch.
+  second by one task; each split one with its statements in the batch's one snapshot and, beside it, each in its own
+  (autocommit, the reader's private switch); and the bare psycopg loop's one statement per batch.
 """
 
 from __future__ import annotations
@@ -108,9 +109,10 @@ def bare_loop(url: str, batches: list[pa.RecordBatch]) -> float:
         return time.perf_counter() - started
 
 
-def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str,
+def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str, one_snapshot: bool = True,
                 **options: str) -> tuple[float, object]:
-    """Seconds for sluice's worker path over the batches, and its cache's counts; `options`: more lookup options."""
+    """Seconds for sluice's worker path over the batches, and its cache's counts; `options`: more lookup options;
+    `one_snapshot=False`: a split batch's statements each in autocommit, a snapshot each (as before they shared one)."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     from sluice.metrics._lookups import LookupTally
@@ -122,6 +124,7 @@ def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str,
     plan, _ = plan_lookup(schema, "postgres", {"url": url, "table": "dim", "lookup.cache": cache,
                                                "lookup.partial-cache.max-rows": "10000", **options}, "id", "left",
                           None)
+    plan.reader._one_snapshot = one_snapshot  # type: ignore[attr-defined]  # postgres's reader
     store = cache_for(plan.lookup_id, plan.cache)
     try:
         started = time.perf_counter()
@@ -136,21 +139,24 @@ def sluice_loop(url: str, batches: list[pa.RecordBatch], cache: str,
 def concurrency(url: str, batches: list[pa.RecordBatch]) -> dict[str, object]:
     """Keys looked up per second by sluice's worker path (one task's): lookup.max-concurrent-requests 1 against the
     default, side by side, and the default with larger requests (lookup.max-keys-per-request), which the default's
-    choice rests on: alternating runs after an untimed pass, the best of three each."""
+    choice rests on; each split setting with its statements sharing the batch's snapshot (sluice's way) and each in a
+    snapshot of its own (autocommit: the way before): alternating runs after an untimed pass, the best of three each."""
     from sluice.source._lookup_requests import DEFAULT_CONCURRENT_REQUESTS as C
     from sluice.source._lookup_requests import DEFAULT_KEYS_PER_REQUEST as K
 
     looked_up = sum(len(set(b.column(0).to_pylist())) for b in batches)
-    settings = {f"concurrency 1, {K} keys a request": (1, K),
-                f"concurrency {C} (default), {K} keys a request (default)": (C, K),
-                f"concurrency {C}, 2500 keys a request": (C, 2500),
-                f"concurrency 1, {10 * K} keys a request (one a batch)": (1, 10 * K)}
+    split = {f"concurrency 1, {K} keys a request": (1, K),
+             f"concurrency {C} (default), {K} keys a request (default)": (C, K),
+             f"concurrency {C}, 2500 keys a request": (C, 2500)}
+    settings = {**{f"{name}, one snapshot a batch": (*how, True) for name, how in split.items()},
+                **{f"{name}, a snapshot a statement": (*how, False) for name, how in split.items()},
+                f"concurrency 1, {10 * K} keys a request (one a batch)": (1, 10 * K, True)}
     sluice_loop(url, batches[:1], "none")  # warm: the server's cache of the table and the index
     best: dict[str, float] = {}
     for _ in range(3):
-        for name, (requests, keys) in settings.items():
-            seconds, _ = sluice_loop(url, batches, "none", **{"lookup.max-concurrent-requests": str(requests),
-                                                             "lookup.max-keys-per-request": str(keys)})
+        for name, (requests, keys, one_snapshot) in settings.items():
+            seconds, _ = sluice_loop(url, batches, "none", one_snapshot, **{
+                "lookup.max-concurrent-requests": str(requests), "lookup.max-keys-per-request": str(keys)})
             best[name] = min(best.get(name, seconds), seconds)
     bare = min(bare_loop(url, batches) for _ in range(3))
     return {"distinct_keys": looked_up, "sluice_keys_per_s": {name: looked_up / s for name, s in best.items()},

@@ -147,12 +147,7 @@ def test_a_batch_split_into_statements_has_them_in_flight_together_with_one_stat
         worker = threading.Thread(target=lambda: answer.update(rows=run(split, ids)))
         worker.start()
         try:
-            waiting = 0
-            with psycopg.connect(pg.url, autocommit=True) as watcher:
-                deadline = time.monotonic() + 60
-                while waiting < concurrency and worker.is_alive() and time.monotonic() < deadline:  # a round trip
-                    waiting = watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                                              "'Lock' AND query LIKE %s", (f'%"{users}"%= ANY(%',)).fetchone()[0]
+            waiting = waiting_on_the_lock(pg, users, concurrency, worker)
             assert (waiting, counter.open, counter.sent) == (concurrency, concurrency, concurrency)
         finally:
             locker.commit()
@@ -168,10 +163,115 @@ def test_a_batch_split_into_statements_has_them_in_flight_together_with_one_stat
         whole.reader.close(clean=True)
 
 
+def waiting_on_the_lock(pg, table, count, worker):
+    """Lookup statements on `table` the server shows waiting on a lock, once `count` are or the worker has ended
+    (a round trip a look; 60 s at most)."""
+    waiting = 0
+    with psycopg.connect(pg.url, autocommit=True) as watcher:
+        deadline = time.monotonic() + 60
+        while waiting < count and worker.is_alive() and time.monotonic() < deadline:
+            waiting = watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                                      "query LIKE %s", (f'%"{table}"%= ANY(%',)).fetchone()[0]
+    return waiting
+
+
+def two_rows(pg, concurrency, shared, **options):
+    """A table of ids 1 and 2, and a plan that looks up 1 key a statement, `concurrency` at once, its statements
+    sharing a batch's snapshot or not (`shared`, the negative control's switch)."""
+    table = pg.table("snapshot")
+    pg.sql(f'CREATE TABLE "{table}" (id bigint, name text)')
+    pg.sql(f"INSERT INTO \"{table}\" VALUES (1, 'one'), (2, 'two')")
+    plan, _ = plan_lookup(SCHEMA, "postgres", pg.opts(table, **{"lookup.max-keys-per-request": "1",
+                          "lookup.max-concurrent-requests": str(concurrency), **options}), "id", "left", None)
+    plan.reader._one_snapshot = shared
+    return table, plan
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_row_committed_between_a_batchs_statements_is_not_seen_by_the_second(pg, shared):
+    """2 keys, 1 a statement, one after the other; between them the test commits an UPDATE of the second's row. The
+    batch shows it as it was: both statements read the batch's snapshot. Negative control, the sharing off: the new
+    value. The next batch sees it, on the same connection, out of any transaction, its prepared statement kept
+    (executed 4 times: a ROLLBACK would have made psycopg deallocate it)."""
+    table, plan = two_rows(pg, 1, shared)
+    reader, statements = plan.reader, []
+    request = reader._request
+
+    def between(snapshot, params):  # the reader's per-statement function, as run_requests calls it
+        if len(statements) == 1:
+            pg.sql(f'UPDATE "{table}" SET name = \'new\' WHERE id = ANY(%s)', [params[0]])
+        statements.append(params[0][0])
+        return request(snapshot, params)
+
+    reader._request = between
+    try:
+        names = [dict(zip([1, 2], run(plan, [1, 2])["name"], strict=True)) for _ in range(2)]
+        statuses = [lease.conn.info.transaction_status.name for lease in reader._held]
+        plans = [lease.conn.execute("SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE "
+                                    "statement LIKE %s", (f"%{table}%",)).fetchall() for lease in reader._held]
+    finally:
+        reader.close(clean=True)
+    updated = {1: "one", 2: "two", statements[1]: "new"}
+    assert names == [{1: "one", 2: "two"} if shared else updated, updated] and len(statements) == 4
+    assert statuses == ["IDLE"] and plans == [[(4,)]]
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_statements_in_flight_on_two_connections_read_one_snapshot(pg, shared):
+    """2 keys, 1 a statement, both in flight: with the table locked, the server shows both waiting (two connections,
+    the snapshot's exporter and an importer); the test then updates both rows in the lock's transaction and commits.
+    Both statements read the rows as they were. Negative control, the sharing off: both read the new values."""
+    table, plan = two_rows(pg, 2, shared)
+    answer: dict[str, object] = {}
+    with psycopg.connect(pg.url) as locker:
+        locker.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+        worker = threading.Thread(target=lambda: answer.update(rows=run(plan, [1, 2])))
+        worker.start()
+        try:
+            assert waiting_on_the_lock(pg, table, 2, worker) == 2
+            locker.execute(f"UPDATE \"{table}\" SET name = name || '!'")
+        finally:
+            locker.commit()
+            worker.join()
+    try:
+        assert answer["rows"]["name"] == (["one", "two"] if shared else ["one!", "two!"])
+        assert [lease.conn.info.transaction_status.name for lease in plan.reader._held] == ["IDLE", "IDLE"]
+    finally:
+        plan.reader.close(clean=True)
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_connection_lost_between_a_batchs_statements_sends_the_batch_again(pg, retries):
+    """2 keys, 1 a statement, one after the other on one connection; before the second, the test ends that
+    connection's backend (pg_terminate_backend). The batch is sent again, both statements, in a new snapshot, and
+    answers. Negative control, connect.retries=0: the batch fails, naming the table."""
+    table, plan = two_rows(pg, 1, True, **{"connect.retries": str(retries)})
+    reader, statements = plan.reader, []
+    request = reader._request
+
+    def between(snapshot, params):
+        if len(statements) == 1:
+            pids = [lease.conn.info.backend_pid for lease in reader._held]
+            assert pg.sql("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [pids]) == [(True,)]
+        statements.append(params[0][0])
+        return request(snapshot, params)
+
+    reader._request = between
+    try:
+        if retries:
+            assert run(plan, [1, 2])["name"] == ["one", "two"]
+        else:
+            with pytest.raises(PostgresError, match=rf"looking up 1 key\(s\) in table public\.{table} .*failed"):
+                run(plan, [1, 2])
+    finally:
+        reader.close(clean=False)
+    assert len(statements) == (4 if retries else 2)
+
+
 def test_one_refused_statement_of_a_split_batch_fails_the_batch_never_nulls(pg):
     """4 keys, 1 a statement, 3 in flight: the server refuses the statement of the key that is no UUID while the
-    others answer; the batch fails naming the table, never gives that key nulls. Negative control: the same plan
-    answers a batch without it."""
+    others answer; the batch fails naming the table, never gives that key nulls, and leaves no connection in its
+    snapshot's transaction. Negative control: the same plan answers a batch without it."""
     table = pg.table("ids")
     pg.sql(f'CREATE TABLE "{table}" (id uuid, name text)')
     good = [str(uuid.uuid4()) for _ in range(3)]
@@ -187,6 +287,8 @@ def test_one_refused_statement_of_a_split_batch_fails_the_batch_never_nulls(pg):
         assert lookup(good)["name"] == ["a", "b", "c"]
         with pytest.raises(PostgresError, match=rf"looking up 1 key\(s\) in table public\.{table} .*uuid"):
             lookup([good[0], "not-a-uuid", good[1], good[2]])
+        # The batch's statements shared a snapshot: its connections still open left their transactions.
+        assert {lease.conn.info.transaction_status.name for lease in plan.reader._held} == {"IDLE"}
     finally:
         plan.reader.close(clean=False)
 

@@ -6,22 +6,33 @@ unnest($1::ta[], $2::tb[]))`. Either is prepared once per connection (psycopg's 
 plans it once, and an index on the key serves it. Columns are selected as the batch read selects them (text forms,
 numeric(p,s)), so a looked-up row is typed as `spark.read.format("postgres")` types it.
 
-What a lookup reads: committed rows only. Each statement runs in autocommit (READ COMMITTED) and reads one snapshot:
-a batch of no more than `lookup.max-keys-per-request` keys is one picture of the table; a larger batch's statements,
-up to `lookup.max-concurrent-requests` at once (run_requests: threads of the worker process), each on a connection
-of its own, are as many pictures. The connections come from the process's pool (_pool.py) and serve the task's
-batches; they go back to the pool when the task ends cleanly, so the worker's next task, of this micro-batch or the
-next, reuses them with their prepared statement.
+What a lookup reads: committed rows only, one snapshot per Arrow batch. A batch of no more than
+`lookup.max-keys-per-request` keys is one statement in autocommit (READ COMMITTED: one statement, one snapshot). A
+larger batch's statements, up to `lookup.max-concurrent-requests` at once (run_requests: threads of the worker
+process), each on a connection of its own, share one snapshot (_Snapshot): the first connection opens a REPEATABLE
+READ READ ONLY transaction and exports its snapshot (`pg_export_snapshot()`); every other connection that serves
+the batch opens one too and imports it (`SET TRANSACTION SNAPSHOT`) before its first statement, and a connection
+serves the batch's later statements in the same transaction. The transactions end (COMMIT) only once every
+statement has answered or, on a failure, once none still runs, so the exporting one outlives every import; a
+connection leaves the batch outside any transaction, or is closed.
+
+The connections come from the process's pool (_pool.py) and serve the task's batches; they go back to the pool when
+the task ends cleanly, so the worker's next task, of this micro-batch or the next, reuses them with their prepared
+statement.
 
 A server that cannot be reached is retried as connecting is (connect.retries, backoff from 0.5 s), then fails the
-task naming the table and the server; a lookup never returns no rows for a key it could not ask about.
+task naming the table and the server: a lost connection sends its statement again on another connection, or, in a
+batch that shares a snapshot, the whole batch again in a new one. A lookup never returns no rows for a key it could
+not ask about.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.types import ArrayType, DataType, DateType, StructField, StructType, TimestampNTZType, TimestampType
@@ -41,15 +52,41 @@ from sluice.connectors.postgres._client import (
     is_connection_error,
     qualified,
     quote_ident,
+    quote_literal,
     split_qualified,
 )
 from sluice.connectors.postgres._options import LookupOptions
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import spark_type
 
+R = TypeVar("R")
+_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_INVALID_SNAPSHOT = "22023"  # SET TRANSACTION SNAPSHOT of a snapshot whose exporting transaction has ended
+
+
+class _Snapshot:
+    """One batch's snapshot: its exported id and the connections in a transaction on it (the exporter first)."""
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.joined: list[Lease] = []
+
+    def holds(self, lease: Lease) -> bool:
+        return any(joined is lease for joined in self.joined)
+
+
+class _Failed(Exception):
+    """A statement's failure, named (`error`), and whether it lost its connection (then worth another attempt)."""
+
+    def __init__(self, error: PostgresError, lost: bool) -> None:
+        super().__init__(str(error))
+        self.error, self.lost = error, lost
+
 
 class PostgresLookupReader(LookupReader):
     """Rows of one table by key: see the module's docstring. Made by `plan_lookup` on the driver."""
+
+    _one_snapshot = True  # a split batch's statements share a snapshot (the tests' negative control turns it off)
 
     def __init__(self, conn_info: Connection, described: str, sql: str, on: tuple[str, ...],
                  schema: StructType, concurrency: int = 1, keys_per_request: int = 1_000) -> None:
@@ -84,40 +121,98 @@ class PostgresLookupReader(LookupReader):
         params = [keys.column(name).to_pylist() for name in self.on]
         requests = [[column[start:start + length] for column in params]
                     for start, length in slices(keys.num_rows, self.keys_per_request)]
-        # One pool of threads per worker process and server (run_requests); each request its own connection.
-        answers = run_requests(("postgres", self.conn_info.describe()), self.concurrency, self._execute, requests)
+        if len(requests) > 1 and self._one_snapshot:
+            answers = self._retried(lambda: self._in_one_snapshot(requests))
+        else:  # one pool of threads per worker process and server (run_requests); each request its own connection
+            answers = run_requests(self._client(), self.concurrency,
+                                   lambda request: self._retried(partial(self._request, None, request)), requests)
         rows = [row for answer in answers for row in answer]
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in self.arrow]
         arrays = [pa.array(values, type=field.type) for values, field in zip(columns, self.arrow, strict=True)]
         return pa.Table.from_arrays(arrays, schema=self.arrow)
 
-    def _execute(self, params: list[list[Any]]) -> list[tuple[Any, ...]]:
-        """One statement's rows, on a connection of the task; a lost connection is replaced, connect.retries
-        times."""
-        count = len(params[0])
+    def _client(self) -> tuple[str, str]:
+        return ("postgres", self.conn_info.describe())
+
+    def _retried(self, attempt: Callable[[], R]) -> R:
+        """`attempt()` again after a lost connection, connect.retries times (backoff from 0.5 s); its failure named."""
         delay = 0.5
-        for attempt in range(self.conn_info.connect_retries + 1):
-            lease = self._take()
+        for n in range(self.conn_info.connect_retries + 1):
             try:
-                rows: list[tuple[Any, ...]] = lease.conn.execute(self.sql, params, prepare=True).fetchall()
-            except Exception as e:
-                self._drop(lease)
-                if attempt == self.conn_info.connect_retries or not is_connection_error(e):
-                    raise PostgresError(f"looking up {count} key(s) in {self.described} failed: "
-                                        f"{self.conn_info.scrub(e)}", getattr(e, "sqlstate", None)) from None
-            else:
-                with self._lock:
-                    self._leases.append(lease)
-                return rows
+                return attempt()
+            except _Failed as failed:
+                if n == self.conn_info.connect_retries or not failed.lost:
+                    raise failed.error from None
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _take(self) -> Lease:
-        """An idle connection of the task, or a new lease from the worker process's pool."""
+    def _in_one_snapshot(self, requests: list[list[list[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """The requests' rows, every statement in one snapshot exported by the batch's first connection. Its
+        transactions end once run_requests has returned or raised: then no statement of the batch still runs, so
+        every import happened while the exporting transaction was open."""
+        snapshot = _Snapshot()
+        try:
+            lease = self._take()
+            try:
+                cursor = lease.conn.execute(f"{_BEGIN}; SELECT pg_export_snapshot()")
+                snapshot.joined.append(lease)  # in the transaction from here: _end ends it, whatever follows
+                cursor.nextset()
+                snapshot.id = cursor.fetchone()[0]
+            except Exception as e:
+                raise self._failed(lease, f"exporting a snapshot for {sum(len(r[0]) for r in requests)} key(s)",
+                                   e, is_connection_error(e)) from None
+            self._give(lease)
+            answers = run_requests(self._client(), self.concurrency, partial(self._request, snapshot), requests)
+        finally:
+            self._end(snapshot)
+        return answers
+
+    def _request(self, snapshot: _Snapshot | None, params: list[list[Any]]) -> list[tuple[Any, ...]]:
+        """One statement's rows on a connection of the task: in autocommit, or in `snapshot`'s transaction (joined
+        first if the connection is not in it yet)."""
+        lease = self._take(snapshot)
+        what = f"looking up {len(params[0])} key(s)"
+        if snapshot is not None and not snapshot.holds(lease):
+            snapshot.joined.append(lease)
+            try:
+                lease.conn.execute(f"{_BEGIN}; SET TRANSACTION SNAPSHOT {quote_literal(snapshot.id)}")
+            except Exception as e:  # an invalid snapshot: its exporter's connection was lost, so is the batch's
+                raise self._failed(lease, what, e, is_connection_error(e) or
+                                   getattr(e, "sqlstate", None) == _INVALID_SNAPSHOT) from None
+        try:
+            rows: list[tuple[Any, ...]] = lease.conn.execute(self.sql, params, prepare=True).fetchall()
+        except Exception as e:
+            raise self._failed(lease, what, e, is_connection_error(e)) from None
+        self._give(lease)
+        return rows
+
+    def _failed(self, lease: Lease, what: str, error: Exception, lost: bool) -> _Failed:
+        """The failure of `what` on `lease`, named, its connection closed."""
+        self._drop(lease)
+        return _Failed(PostgresError(f"{what} in {self.described} failed: {self.conn_info.scrub(error)}",
+                                     getattr(error, "sqlstate", None)), lost)
+
+    def _end(self, snapshot: _Snapshot) -> None:
+        """End the batch's transactions: its connections are idle by now, or closed. COMMIT, never ROLLBACK, which
+        makes psycopg forget (DEALLOCATE) the connection's prepared statements; a read-only transaction commits
+        nothing. A connection that cannot end its transaction is closed, never kept in one."""
+        for lease in snapshot.joined:
+            with self._lock:
+                if not any(held is lease for held in self._held):
+                    continue  # closed by its failed statement
+            try:
+                lease.conn.execute("COMMIT")
+            except Exception:
+                self._drop(lease)
+
+    def _take(self, snapshot: _Snapshot | None = None) -> Lease:
+        """An idle connection of the task (one already in `snapshot`'s transaction first), or a new lease from the
+        worker process's pool."""
         with self._lock:
-            if self._leases:
-                return self._leases.pop()
+            joined = [i for i, lease in enumerate(self._leases) if snapshot is not None and snapshot.holds(lease)]
+            if joined or self._leases:
+                return self._leases.pop(joined[-1] if joined else -1)
         try:
             lease = self.conn_info.lease(self.conn_info.pool_key("psycopg", autocommit=True))
         except PostgresError as e:
@@ -126,9 +221,14 @@ class PostgresLookupReader(LookupReader):
             self._held.append(lease)
         return lease
 
+    def _give(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.append(lease)
+
     def _drop(self, lease: Lease) -> None:
         with self._lock:
-            self._held.remove(lease)
+            self._held = [held for held in self._held if held is not lease]
+            self._leases = [idle for idle in self._leases if idle is not lease]
         lease.release(False)
 
     def close(self, clean: bool) -> None:
