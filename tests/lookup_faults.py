@@ -116,7 +116,7 @@ def a_store_killed_mid_stream(spark, workdir: Path, outage: Outage, lookup: Look
         assert many.written() == list(answers)
         return str(failed.value)
     finally:
-        if healer is not None:  # the test failed before joining it: its own failure is raised, not the strike's
+        if healer is not None:  # ended (joined above) unless the test failed first: the test's failure is raised
             Thread.join(healer, 300)
         elif struck:
             outage.start()  # the store's fixture serves the module's later tests
