@@ -1,8 +1,9 @@
 """format("cassandra") when the node fails: killed (SIGKILL) mid-write and started again on its data, the write
 retries through the outage and the table ends up equal to the input; without retries the same outage fails the
 write loudly (the negative control), and a re-run converges to the same table. A node that stalls (SIGSTOP) times
-requests out; they are retried and each key still ends at its last change. A node SIGKILLed under a lookup reader
-fails its next batch after lookup.max-retries, never with nulls; started again within them, the batch is answered.
+requests out; they are retried and each key still ends at its last change. A node SIGKILLed under a streaming lookup
+fails the query's next micro-batch after lookup.max-retries, never with nulls; started again within them, the
+micro-batch is answered.
 The node asks for a password (PasswordAuthenticator) over TLS only (client_encryption_options, a self-signed
 certificate): a wrong password, a client without TLS and a certificate from another CA are each refused clearly,
 and no secret is shown."""
@@ -12,17 +13,13 @@ import signal
 import threading
 import time
 
-import pyarrow as pa
 import pytest
-from pyspark.sql.types import IntegerType, StructField, StructType
 
 import sluice
-from sluice.connectors.cassandra._client import CassandraError
-from sluice.source._lookup_dataframe import plan_lookup
 from sluice.testing import LocalCassandra
 from sluice.testing._cassandra import self_signed_certificate
 from tests.faults import Striker, slow, wait_for_a_client
-from tests.lookup_faults import looked_up, started_again_after_a_failed_attempt
+from tests.lookup_faults import Lookup, Outage, a_store_killed_mid_stream
 
 pytestmark = pytest.mark.spark
 
@@ -146,33 +143,23 @@ def test_a_stalled_node_times_requests_out_and_every_key_ends_at_its_last_change
     assert got == dict.fromkeys(range(ROWS), 2)
 
 
-def test_a_node_killed_under_a_lookup_fails_the_next_batch_after_the_retries_and_one_back_within_them_answers(node):
-    """The lookup reader answered a batch over TLS, as its user, then the node is SIGKILLed: the next batch fails
-    after lookup.max-retries, naming the table and the node, never with nulls. Negative control: the same outage,
-    the node started again once an attempt met it, is ridden out by the retries, with the right rows."""
+def test_a_node_killed_mid_stream_fails_the_lookup_query_after_the_retries_and_one_back_within_them_answers(
+        spark, node, tmp_path):
+    """Two streaming queries answered a micro-batch over TLS, as the node's user, then the node is SIGKILLed: the
+    next micro-batch of the one with lookup.max-retries=1 fails it, naming the table and the node, writing no nulls.
+    Negative control: the other, with lookup.max-retries=10, meets the same outage, the node is started again, and
+    it answers the right rows (tests/lookup_faults.py)."""
     server, session = node
     session.execute("CREATE TABLE faults.dim (id int PRIMARY KEY, name text)")
     for key, name in ((1, "ann"), (2, "bo")):
         session.execute("INSERT INTO faults.dim (id, name) VALUES (%s, %s)", (key, name))
-    keys = StructType([StructField("id", IntegerType())])
-    few, _ = plan_lookup(keys, "cassandra", options(server, "dim", **{"lookup.max-retries": "1"}), "id", "left",
-                         ["name"])
-    many, _ = plan_lookup(keys, "cassandra", options(server, "dim", **{"lookup.max-retries": "10"}), "id", "left",
-                          ["name"])
-
-    def batch(*ids: int) -> pa.RecordBatch:
-        return pa.record_batch({"id": pa.array(ids, pa.int32())})
-
-    assert looked_up(few, batch(1, 3))["name"] == ["ann", None] and looked_up(many, batch(2))["name"] == ["bo"]
-    server.kill()
-    with pytest.raises(CassandraError) as failed:
-        looked_up(few, batch(1, 2))
-    message = str(failed.value)
-    assert (f"looking up 2 key(s) in table faults.dim on cassandra://{server.username}@{server.host}:{server.port}"
+    lookup = Lookup("cassandra", options(server, "dim"), ["id"], "name", "id int")
+    message = a_store_killed_mid_stream(spark, tmp_path, Outage(server.kill, server.start, server.host, server.port),
+                                        lookup, [{"id": 1}, {"id": 3}], [{"id": 1}, {"id": 2}, {"id": 3}],
+                                        ["ann", None, "ann", "bo", None])
+    assert (f"looking up 3 key(s) in table faults.dim on cassandra://{server.username}@{server.host}:{server.port}"
             "/faults.dim failed after 2 attempt(s) (lookup.max-retries=1)") in message, message
     assert server.password not in message
-    with started_again_after_a_failed_attempt(server.start):
-        assert looked_up(many, batch(1, 2, 3))["name"] == ["ann", "bo", None]
 
 
 def test_a_wrong_password_is_refused_clearly_and_never_shown(spark, node):

@@ -1,6 +1,7 @@
 """sluice.lookup(df, "clickhouse", ...) on the ClickHouse test server: left and inner joins typed as the batch read
 types them, a non-unique key, a composite key of quoted strings, FINAL on a ReplacingMergeTree (and without it, the
-negative control), bad input named, and a server killed between two batches failing the next after its retries."""
+negative control), bad input named, and a server killed mid-stream failing the query's next micro-batch after its
+retries."""
 
 import datetime as dt
 from urllib.parse import quote
@@ -10,14 +11,13 @@ import pytest
 from pyspark.sql.types import DateType, LongType, StringType, StructField, StructType
 
 import sluice
-from sluice.connectors.clickhouse._client import ClickHouseError
 from sluice.connectors.clickhouse._lookup import URL_BUDGET, _chunks, _elements
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
 from sluice.source._lookup_requests import observe_requests
 from tests.clickhouse_chdb import clickhouse_server
-from tests.lookup_faults import started_again_after_a_failed_attempt
+from tests.lookup_faults import Lookup, Outage, a_store_killed_mid_stream
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("event", StringType())])
 
@@ -126,26 +126,25 @@ def test_bad_input_is_named_before_any_work(ch, users):
     assert f"key column 'id' of table default.{floats} is Float64: a lookup takes keys of type Int8" in message
 
 
-def test_a_server_killed_mid_stream_fails_the_batch_after_the_retries_and_one_back_within_them_answers():
-    """A server of its own (the session's stays up), SIGKILLed after the readers answered a batch: the next batch
-    fails after lookup.max-retries, naming the table and the server, never with nulls. Negative control: the same
-    outage, the server started again once an attempt met it, is ridden out by the retries, with the right rows."""
+@pytest.mark.spark
+def test_a_server_killed_mid_stream_fails_the_query_after_the_retries_and_one_back_within_them_answers(spark,
+                                                                                                       tmp_path):
+    """A server of its own (the session's stays up), SIGKILLed after two streaming queries answered a micro-batch:
+    the next micro-batch of the one with lookup.max-retries=1 fails it, naming the table and the server, writing no
+    nulls. Negative control: the other, with lookup.max-retries=10, meets the same outage, the server is started
+    again, and it answers the right rows (tests/lookup_faults.py)."""
     with clickhouse_server() as server:
         server.sql("CREATE TABLE users (id UInt64, name String) ENGINE = MergeTree() ORDER BY id")
         server.sql("INSERT INTO users VALUES (1, 'ann'), (2, 'bo')")
-        options = {"url": server.url, "table": "users", "password": server.password}
-        few, _ = plan_lookup(SCHEMA, "clickhouse", {**options, "lookup.max-retries": "1"}, "id", "left", ["name"])
-        many, _ = plan_lookup(SCHEMA, "clickhouse", {**options, "lookup.max-retries": "10"}, "id", "left", ["name"])
-        assert run(few, [1, 3])["name"] == ["ann", None] and run(many, [2])["name"] == ["bo"]
-        server.kill()
-        with pytest.raises(ClickHouseError) as failed:
-            run(few, [1, 2])
-        message = str(failed.value)
-        assert (f"looking up 2 key(s) in table default.users on ClickHouse at {server.url} failed after 2 attempt(s) "
-                "(lookup.max-retries=1)") in message, message
-        assert "is unreachable" in message and server.password not in message
-        with started_again_after_a_failed_attempt(server.start):
-            assert run(many, [1, 2, 3])["name"] == ["ann", "bo", None]
+        lookup = Lookup("clickhouse", {"url": server.url, "table": "users", "password": server.password}, ["id"],
+                        "name", "id long")
+        message = a_store_killed_mid_stream(spark, tmp_path, Outage(server.kill, server.start, server.host,
+                                                                    server.port), lookup,
+                                            [{"id": 1}, {"id": 3}], [{"id": 1}, {"id": 2}, {"id": 3}],
+                                            ["ann", None, "ann", "bo", None])
+    assert (f"looking up 3 key(s) in table default.users on ClickHouse at {server.url} failed after 2 attempt(s) "
+            "(lookup.max-retries=1)") in message, message
+    assert "is unreachable" in message and server.password not in message
 
 
 def test_keys_beyond_the_url_budget_are_sent_in_several_queries_and_all_found(ch):

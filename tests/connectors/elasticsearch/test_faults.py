@@ -3,25 +3,21 @@ of 429 es_rejected_execution_exception) slows the write down and only the refuse
 document ends up stored; without retries the same storm fails the write naming the 429 (the negative control);
 with errors.tolerance=all, documents refused in the storm for what they hold go aside and the rest is stored.
 A node SIGKILLed mid-write and started again on its data: the write retries through the outage and the index
-equals the input; a re-run converges. A node SIGKILLed under a lookup reader fails its next batch after
-lookup.max-retries, never with nulls; started again within them, the batch is answered. The node asks for a
-password (OpenSearch's security plugin): a wrong one is refused clearly and never shown."""
+equals the input; a re-run converges. A node SIGKILLed under a streaming lookup fails the query's next
+micro-batch after lookup.max-retries, never with nulls; started again within them, the micro-batch is answered. The
+node asks for a password (OpenSearch's security plugin): a wrong one is refused clearly and never shown."""
 
 import json
 import threading
 import time
 
-import pyarrow as pa
 import pytest
-from pyspark.sql.types import StringType, StructField, StructType
 
 import sluice
-from sluice.connectors.elasticsearch._client import ElasticsearchError
-from sluice.source._lookup_dataframe import plan_lookup
 from sluice.testing import LocalOpenSearch
 from tests.connectors.elasticsearch.conftest import Search
 from tests.faults import Striker, held_at, wait_for_a_client
-from tests.lookup_faults import looked_up, started_again_after_a_failed_attempt
+from tests.lookup_faults import Lookup, Outage, a_store_killed_mid_stream
 
 pytestmark = pytest.mark.spark
 
@@ -151,34 +147,24 @@ def test_a_node_killed_and_restarted_mid_write_loses_nothing_and_a_rerun_converg
     assert len(search.docs(index)) == DOCS
 
 
-def test_a_node_killed_under_a_lookup_fails_the_next_batch_after_the_retries_and_one_back_within_them_answers(
-        search):
-    """The lookup reader (Elasticsearch's and OpenSearch's are one class over one client) answered a batch, then
-    the node is SIGKILLed: the next batch fails after lookup.max-retries, naming the index and the node, never with
-    nulls. Negative control: the same outage, the node started again once an attempt met it, is ridden out by the
-    retries, with the right rows."""
+def test_a_node_killed_mid_stream_fails_the_lookup_query_after_the_retries_and_one_back_within_them_answers(
+        spark, search, tmp_path):
+    """Two streaming queries answered a micro-batch through the lookup reader (Elasticsearch's and OpenSearch's are
+    one class over one client), then the node is SIGKILLed: the next micro-batch of the one with
+    lookup.max-retries=1 fails it, naming the index and the node, writing no nulls. Negative control: the other,
+    with lookup.max-retries=10, meets the same outage, the node is started again, and it answers the right rows
+    (tests/lookup_faults.py)."""
     index = search.index_name()
     for doc_id, name in (("a", "ann"), ("b", "bo")):
         search.call("PUT", f"/{index}/_doc/{doc_id}", {"name": name})
-    keys = StructType([StructField("_id", StringType())])
-    few, _ = plan_lookup(keys, "elasticsearch", search.opts(index, **{"lookup.max-retries": "1"}), "_id", "left",
-                         ["name"])
-    many, _ = plan_lookup(keys, "elasticsearch", search.opts(index, **{"lookup.max-retries": "10"}), "_id", "left",
-                          ["name"])
-
-    def batch(*ids: str) -> pa.RecordBatch:
-        return pa.record_batch({"_id": list(ids)})
-
-    assert looked_up(few, batch("a", "zz"))["name"] == ["ann", None] and looked_up(many, batch("b"))["name"] == ["bo"]
     server = search.server
-    server.kill()
-    with pytest.raises(ElasticsearchError) as failed:
-        looked_up(few, batch("a", "b"))
-    message = str(failed.value)
-    assert (f"looking up 2 key(s) in OpenSearch index '{index}' on {server.url} failed after 2 attempt(s) "
+    lookup = Lookup("elasticsearch", search.opts(index), ["_id"], "name", "_id string")
+    message = a_store_killed_mid_stream(spark, tmp_path, Outage(server.kill, server.start, server.host,
+                                                                server.http_port), lookup,
+                                        [{"_id": "a"}, {"_id": "zz"}], [{"_id": "a"}, {"_id": "b"}, {"_id": "zz"}],
+                                        ["ann", None, "ann", "bo", None])
+    assert (f"looking up 3 key(s) in OpenSearch index '{index}' on {server.url} failed after 2 attempt(s) "
             "(lookup.max-retries=1)") in message, message
-    with started_again_after_a_failed_attempt(server.start):
-        assert looked_up(many, batch("a", "b", "zz"))["name"] == ["ann", "bo", None]
 
 
 def test_a_wrong_password_is_refused_clearly_and_never_shown(spark):

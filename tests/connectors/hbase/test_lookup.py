@@ -1,6 +1,6 @@
 """sluice.lookup(df, "hbase", ...) on the session's HBase: left and inner joins by a composite row key across
-regions, a missing key, a gateway killed between two batches failing the next after its retries, and bad input
-named."""
+regions, a missing key, a gateway killed mid-stream failing the query's next micro-batch after its retries, and bad
+input named."""
 
 import dataclasses
 
@@ -14,7 +14,7 @@ from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
 from sluice.source._lookup_requests import observe_requests
-from tests.lookup_faults import started_again_after_a_failed_attempt
+from tests.lookup_faults import Lookup, Outage, a_store_killed_mid_stream
 
 pytestmark = pytest.mark.spark
 
@@ -83,27 +83,23 @@ def test_a_batch_split_by_region_has_its_getmultiples_in_flight_together_with_on
     assert rows["amount"] == [4.5, 1.5, None, 2.5, None, 3.5, 4.5]
 
 
-def test_a_gateway_killed_mid_stream_fails_the_next_batch_after_the_retries_and_one_back_within_them_answers(
-        hbase, orders):
-    """The reader answered a batch through the session's gateway, then the gateway is SIGKILLed (HBase keeps
-    running): the next batch fails after lookup.max-retries, naming the table and the gateway, never with nulls.
-    Negative control: the same outage, the gateway started again once an attempt met it, is ridden out by the
-    retries, with the right rows."""
-    few, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, **{"lookup.max-retries": "1"}), ["region", "id"],
-                         "left", ["amount"])
-    many, _ = plan_lookup(KEYS, "hbase", options(hbase, orders, **{"lookup.max-retries": "10"}), ["region", "id"],
-                          "left", ["amount"])
+def test_a_gateway_killed_mid_stream_fails_the_query_after_the_retries_and_one_back_within_them_answers(
+        spark, hbase, orders, tmp_path):
+    """Two streaming queries answered a micro-batch through the session's gateway, then the gateway is SIGKILLed
+    (HBase keeps running): the next micro-batch of the one with lookup.max-retries=1 fails it, naming the table and
+    the gateway, writing no nulls. Negative control: the other, with lookup.max-retries=10, meets the same outage,
+    the gateway is started again, and it answers the right rows (tests/lookup_faults.py)."""
+    server = hbase.server
+    lookup = Lookup("hbase", options(hbase, orders), ["region", "id"], "amount", "region string, id long")
     # A key with a 0 byte in a column that is not the key's last has no row key: it matches nothing.
-    assert run(few, [("us", 7), ("e\x00u", 1)])["amount"] == [4.5, None] and run(many, [("eu", 1)])["amount"] == [2.5]
-    hbase.server.kill_gateway()
-    with pytest.raises(HBaseError) as failed:
-        run(few, [("us", 7), ("eu", 1)])
-    with started_again_after_a_failed_attempt(hbase.server.start_gateway):  # before the asserts: the session's
-        assert run(many, [("us", 7), ("eu", 1), ("eu", 3)])["amount"] == [4.5, 2.5, None]
-    message = str(failed.value)
-    where = f"{hbase.server.host}:{hbase.server.port}"
-    # The two keys are in two regions: two getMultiples in flight, the first to fail raised.
-    assert (f"looking up 1 key(s) in HBase table {orders} at hbase://{where}/{orders} failed after 2 attempt(s) "
+    message = a_store_killed_mid_stream(
+        spark, tmp_path, Outage(server.kill_gateway, server.start_gateway, server.host, server.port), lookup,
+        [{"region": "us", "id": 7}, {"region": "e\x00u", "id": 1}],
+        [{"region": "us", "id": 7}, {"region": "eu", "id": 1}, {"region": "eu", "id": 3}],
+        [4.5, None, 4.5, 2.5, None])
+    where = f"{server.host}:{server.port}"
+    # The keys are in two regions: a getMultiple each, in flight together, the first to fail raised.
+    assert (f"key(s) in HBase table {orders} at hbase://{where}/{orders} failed after 2 attempt(s) "
             "(lookup.max-retries=1)") in message, message
     assert f"no answer from the HBase Thrift2 gateway at {where}" in message, message
 
