@@ -9,7 +9,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from sluice import ConflictError, DataLossError, OptionError
+from sluice import ConflictError, DataLossError, OptionError, RestartNeededError
 from sluice.connectors.postgres import PostgresChangesDataSource, PostgresError, _pgoutput
 from sluice.connectors.postgres.changes import _publication, _read, _slot, _stream, drop_slot, list_slots
 from sluice.spark._compat import to_arrow_schema
@@ -477,8 +477,8 @@ def test_an_added_column_needs_a_restart_that_reads_it_and_a_truncate_is_an_even
 
 
 @pytest.mark.pg_versions
-def test_a_renamed_column_needs_a_restart_that_gets_past_it_and_a_dropped_one_comes_as_null(lpg, monkeypatch,
-                                                                                             caplog):
+def test_a_renamed_dropped_or_retyped_column_stops_the_query_and_the_restart_gets_past_it(lpg, monkeypatch,
+                                                                                           caplog):
     t = new_table(lpg.url, "renamed", "id int PRIMARY KEY, v text, extra int")
     reader = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
     start = reader.initialOffset()
@@ -507,22 +507,41 @@ def test_a_renamed_column_needs_a_restart_that_gets_past_it_and_a_dropped_one_co
     assert any("['extra'], which the table no longer has" in r.getMessage() for r in caplog.records)
     blind.stop()
     # ... and taking every column the schema lacks as new, it fails on the old change again, at every restart.
-    monkeypatch.setattr(_read.ChangeReader, "_gone_columns", lambda self, table, names: [])
-    again = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
-    with pytest.raises(PostgresError, match=r"\['extra'\].*added or renamed"):
-        batch(again, legacy)
-    again.stop()
+    with monkeypatch.context() as off:
+        off.setattr(_read.ChangeReader, "_gone_columns", lambda self, table, names: [])
+        again = stream(lpg.url, table=t, snapshot="false", slot="sluice_test_renamed")
+        with pytest.raises(PostgresError, match=r"\['extra'\].*added or renamed"):
+            batch(again, legacy)
+        again.stop()
 
-    d = new_table(lpg.url, "dropped_col", "id int PRIMARY KEY, v text, extra int")
-    reader = stream(lpg.url, table=d, snapshot="false", slot="sluice_test_dropped_col")
+    # A dropped column and a widened type stop the query the same way; the restarted one streams the table as it is.
+    d = new_table(lpg.url, "reshaped_col", "id int PRIMARY KEY, v text, extra int, small int")
+    reader = stream(lpg.url, table=d, snapshot="false", slot="sluice_test_reshaped_col")
     start = reader.initialOffset()
-    sql(lpg.url, f"INSERT INTO {d} VALUES (1, 'a', 5)", f"ALTER TABLE {d} DROP COLUMN extra",
-        f"INSERT INTO {d} VALUES (2, 'b')")
+    sql(lpg.url, f"INSERT INTO {d} VALUES (1, 'a', 5, 1)", f"ALTER TABLE {d} DROP COLUMN extra",
+        f"INSERT INTO {d} VALUES (2, 'b', 2)")
+    with pytest.raises(PostgresError, match=r"no longer has column\(s\) \['extra'\].*restart the query"):
+        batch(reader, start)
+    reader.stop()
+    checked, unchecked = (stream(lpg.url, table=d, snapshot="false", slot="sluice_test_reshaped_col") for _ in "ab")
+    sql(lpg.url, f"ALTER TABLE {d} ALTER COLUMN small TYPE bigint", f"INSERT INTO {d} VALUES (3, 'c', 1099511627776)")
+    with pytest.raises(PostgresError, match=r"\['small'\] of table public.reshaped_col changed type.*restart"):
+        batch(checked, start)
+    checked.stop()
+    # Negative control: without the type check, the query goes on with the schema's int column, and the wider value
+    # fails the batch, a failure no restart gets past.
+    with monkeypatch.context() as off:
+        off.setattr(_pgoutput.ChangeDecoder, "_check_types", lambda self, table, sent, at: None)
+        with pytest.raises(Exception, match="1099511627776") as failed:
+            batch(unchecked, start)
+    assert "changed type" not in str(failed.value) and not isinstance(failed.value, RestartNeededError)
+    unchecked.stop()
+    restarted = stream(lpg.url, table=d, snapshot="false", slot="sluice_test_reshaped_col")
     with caplog.at_level("WARNING", logger="sluice.postgres"):
-        _, rows = batch(reader, start)
-    assert [(r["id"], r["extra"]) for r in rows.to_pylist()] == [(1, 5), (2, None)]
-    assert any("no longer carry column(s) ['extra']" in r.getMessage() and "restart the query" in r.getMessage()
-               for r in caplog.records)
+        _, rows = batch(restarted, start)
+    assert [(r["id"], r["small"]) for r in rows.to_pylist()] == [(1, 1), (2, 2), (3, 1099511627776)]
+    assert any("carry column(s) ['extra'], which the table no longer has" in r.getMessage() for r in caplog.records)
+    restarted.stop()
 
 
 def test_a_dropped_slot_is_data_loss_and_the_cli_lists_and_drops_slots(lpg, capsys):

@@ -48,7 +48,7 @@ METADATA_FIELDS = (
 )
 METADATA_COLUMNS = tuple(f.name for f in METADATA_FIELDS)
 
-_I32, _I16, _I64 = Struct("!i"), Struct("!h"), Struct("!q")
+_I32, _I16, _I64, _U32 = Struct("!i"), Struct("!h"), Struct("!q"), Struct("!I")
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
 
 
@@ -96,7 +96,9 @@ class ChangeDecoder:
                  gone_columns: Callable[[str, list[str]], list[str]] | None = None,
                  whole_publication: str | None = None, keys: Mapping[str, Sequence[str]] | None = None,
                  letters: DeadLetterWriter | None = None, emit_truncates: bool = False,
-                 renames: Mapping[str, Renamed] | None = None) -> None:
+                 renames: Mapping[str, Renamed] | None = None,
+                 types: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
+                 current_types: Callable[[str], Mapping[str, tuple[int, int]]] | None = None) -> None:
         """`tables`: each streamed table's columns in the stream's schema. `gone_columns(table, names)`: which of
         `names` the table no longer has (dropped or renamed since); without it a column the schema lacks is new.
         `whole_publication`: the publication, when the stream is all of its tables (a table of it that the stream
@@ -105,7 +107,9 @@ class ChangeDecoder:
         change with a value that does not convert to its column's type goes (errors.tolerance=all); None: it fails
         the read. `emit_truncates`: a TRUNCATE of a streamed table comes as events (_truncate); False: it fails the
         read. `renames`: per table, columns renamed since the batch's start offset was written: changes sent under
-        an old name come under the new one."""
+        an old name come under the new one. `types`: each table's columns' (type oid, typmod) when the query
+        started; `current_types(table)`: the table's now (asked when a Relation message differs): a type changed
+        after the query started stops it."""
         self.schema = schema
         self.column_types = column_types
         self.data_names = [f.name for f in schema if f.name not in METADATA_COLUMNS]
@@ -117,6 +121,8 @@ class ChangeDecoder:
         self.letters = letters
         self.emit_truncates = emit_truncates
         self.renames = renames or {}
+        self.types = types or {}
+        self.current_types = current_types
         self.start, self.end = start, end
         self.tables = tables
         self.relations: dict[int, Relation] = {}
@@ -331,10 +337,11 @@ class ChangeDecoder:
         pos = rel_end + 1
         natts = _I16.unpack_from(msg, pos + 1)[0]  # after the replica identity setting (one byte)
         pos += 3
-        columns = []
+        columns, types = [], []
         for _ in range(natts):
             end = msg.index(b"\0", pos + 1)
             columns.append(msg[pos + 1:end].decode())
+            types.append((_U32.unpack_from(msg, end + 1)[0], _I32.unpack_from(msg, end + 5)[0]))
             pos = end + 1 + 8  # type oid, typmod
         if name in self.renames:
             columns = self.renames[name].under_new_names(columns)
@@ -353,11 +360,17 @@ class ChangeDecoder:
                 _warn_once(name, gone, f"table {name}: changes up to {at} carry column(s) {gone}, which the table no "
                            "longer has (dropped or renamed) and the stream's schema, read when the query started, "
                            "does not: their values are left out (a renamed column's new name is null in them)")
+            self._check_types(name, dict(zip(columns, types, strict=True)), at)
             missing = [c for c in self.tables[name] if c not in columns]
+            dropped = self.gone_columns(name, missing) if missing and self.gone_columns is not None else []
+            if dropped:
+                raise SchemaChangedError(
+                    f"table {name} no longer has column(s) {dropped} (dropped by ALTER TABLE, {at}); restart the "
+                    "query with the same checkpoint: it streams the table's current columns from where it stopped")
             if missing:
                 _warn_once(name, missing, f"table {name}: its changes from {at} on no longer carry column(s) "
-                           f"{missing} (dropped or renamed by ALTER TABLE): they come as null; restart the query to "
-                           "stream the table's current columns")
+                           f"{missing}, which the table still has (a publication's column list changed?): they come "
+                           "as null; restart the query to stream the columns the publication sends")
             self._slots[relid] = [self._index.get(c, self._discard) for c in columns]
         elif self.whole_publication is not None:
             raise SchemaChangedError(
@@ -365,6 +378,21 @@ class ChangeDecoder:
                 f"from the transaction committed at LSN {format_lsn(self.txn[0])} on would be left out); restart the "
                 "query with the same checkpoint to stream it too. Its rows from before it joined are not changes: "
                 "read them with format('postgres')")
+
+    def _check_types(self, table: str, sent: dict[str, tuple[int, int]], at: str) -> None:
+        """A Relation message whose column has another type than when the query started (ALTER COLUMN ... TYPE)
+        stops the query when the table has that type now: the schema's type is the stale one. A restarted query
+        replaying changes from before it reads their old type's text into the new type."""
+        expected = self.types.get(table, {})
+        changed = [c for c, t in sent.items() if c in expected and expected[c] != t]
+        if not changed or self.current_types is None:
+            return
+        now = self.current_types(table)
+        stale = [c for c in changed if now.get(c) == sent[c]]
+        if stale:
+            raise SchemaChangedError(
+                f"column(s) {stale} of table {table} changed type (ALTER COLUMN ... TYPE, {at}); restart the query "
+                "with the same checkpoint: it reads the new types and goes on from where it stopped")
 
     def _truncate(self, msg: bytes) -> pa.RecordBatch | None:
         """A TRUNCATE of streamed tables: one event per table, in its place among the changes (emit_truncates), else

@@ -34,22 +34,39 @@ class TableColumns:
         return cls(str(table), int(relid), tuple((int(n), str(name)) for n, name in columns))
 
 
-def read_columns(pg: Any, tables: Iterable[str], streamed: dict[str, Sequence[str]]
-                 ) -> tuple[tuple[TableColumns, ...], dict[str, tuple[int, ...]]]:
-    """The attribute numbers of each table's `streamed` columns, and of its dropped ones, off the catalog (`pg`: a
-    psycopg connection)."""
-    out, dropped = [], {}
+TypeIds = dict[str, tuple[int, int]]  # column -> (pg_attribute.atttypid, atttypmod), as pgoutput's Relation sends
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the driver reads of each streamed table's columns when the query starts."""
+
+    identities: tuple[TableColumns, ...]
+    dropped: dict[str, tuple[int, ...]]  # the attribute numbers of each table's dropped columns
+    types: dict[str, TypeIds]  # each table's columns' types: a Relation message with others is an ALTER TYPE
+
+
+def read_columns(pg: Any, tables: Iterable[str], streamed: dict[str, Sequence[str]]) -> Catalog:
+    """The attribute numbers and types of each table's `streamed` columns, and its dropped attribute numbers, off
+    the catalog (`pg`: a psycopg connection)."""
+    out, dropped, types = [], {}, {}
     for table in tables:
-        schema, name = table.split(".", 1)
-        rows = pg.execute("SELECT c.oid::bigint, a.attnum::int, a.attname::text, a.attisdropped FROM pg_attribute a "
-                          "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
-                          "n.nspname = %s AND c.relname = %s AND a.attnum > 0 ORDER BY a.attnum",
-                          (schema, name)).fetchall()
+        rows = column_rows(pg, table)
         wanted = set(streamed[table])
-        out.append(TableColumns(table, int(rows[0][0]) if rows else 0,
-                                tuple((n, col) for _, n, col, gone in rows if col in wanted and not gone)))
-        dropped[table] = tuple(n for _, n, _, gone in rows if gone)
-    return tuple(out), dropped
+        out.append(TableColumns(table, rows[0][0] if rows else 0,
+                                tuple((n, col) for _, n, col, gone, *_ in rows if col in wanted and not gone)))
+        dropped[table] = tuple(n for _, n, _, gone, *_ in rows if gone)
+        types[table] = {col: (oid, mod) for _, _, col, gone, oid, mod in rows if col in wanted and not gone}
+    return Catalog(tuple(out), dropped, types)
+
+
+def column_rows(pg: Any, table: str) -> list[tuple[int, int, str, bool, int, int]]:
+    """(table oid, attnum, name, dropped, type oid, typmod) of each of `table`'s columns, in attribute order."""
+    schema, name = table.split(".", 1)
+    return pg.execute("SELECT c.oid::bigint, a.attnum::int, a.attname::text, a.attisdropped, a.atttypid::bigint, "
+                      "a.atttypmod FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON "
+                      "n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 ORDER BY "
+                      "a.attnum", (schema, name)).fetchall()
 
 
 def source_marks(identities: Iterable[TableColumns], dropped: dict[str, tuple[int, ...]]

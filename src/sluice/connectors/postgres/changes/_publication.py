@@ -25,7 +25,7 @@ from sluice.connectors.postgres._options import READ_SPEC, ReadOptions
 from sluice.connectors.postgres._pgmessages import MESSAGES_SCHEMA
 from sluice.connectors.postgres._pgoutput import COMMIT_TIME, LSN, METADATA_COLUMNS, OP, TABLE, UNCHANGED, XID
 from sluice.connectors.postgres._source import infer_schema, spark_type
-from sluice.connectors.postgres.changes._columns import TableColumns, read_columns, source_marks
+from sluice.connectors.postgres.changes._columns import TableColumns, TypeIds, read_columns, source_marks
 from sluice.connectors.postgres.changes._options import ChangeOptions
 
 log = logging.getLogger("sluice.postgres")
@@ -49,6 +49,7 @@ class ChangeStream:
     messages: tuple[str, ...] = ()  # the prefixes of the logical decoding messages streamed (messages.prefix)
     identities: tuple[TableColumns, ...] = ()  # each table's columns by attribute number (_columns.py)
     dropped: dict[str, tuple[int, ...]] = field(default_factory=dict)  # each table's dropped attribute numbers
+    type_ids: dict[str, TypeIds] = field(default_factory=dict)  # each table's columns' type oids and modifiers
 
     def peek(self, upto: str, count: int | None, slot: str | None = None) -> str:
         return _PEEK.format(slot=quote_literal(slot or self.slot), upto=f"{quote_literal(upto)}::pg_lsn",
@@ -102,9 +103,9 @@ def resolve(options: ChangeOptions) -> ChangeStream:
     table_options = {t: table_opts(options, t) for t in tables}
     columns, table_columns, keys = _describe(conn, table_options, column_lists)
     with conn.connect_psycopg() as pg:
-        identities, dropped = read_columns(pg, tables, {t: [c for c, _ in cols] for t, cols in table_columns.items()})
+        catalog = read_columns(pg, tables, {t: [c for c, _ in cols] for t, cols in table_columns.items()})
     return ChangeStream(conn, slot, publication, tuple(tables), columns, table_columns, keys, table_options,
-                        identities=identities, dropped=dropped)
+                        identities=catalog.identities, dropped=catalog.dropped, type_ids=catalog.types)
 
 
 def _resolve_messages(options: ChangeOptions) -> ChangeStream:

@@ -40,7 +40,7 @@ from sluice.connectors.postgres._pgoutput import (
 from sluice.connectors.postgres._pool import Lease
 from sluice.connectors.postgres._source import PostgresSplitReader, describe_columns
 from sluice.connectors.postgres.changes._backfill import Chunk, chunk_where
-from sluice.connectors.postgres.changes._columns import Renamed
+from sluice.connectors.postgres.changes._columns import Renamed, column_rows
 from sluice.connectors.postgres.changes._options import ChangeOptions
 from sluice.connectors.postgres.changes._publication import ChangeStream
 from sluice.connectors.postgres.changes._slot import DECODING_SESSION, NO_FREE_SLOT, busy_retry
@@ -207,7 +207,8 @@ class ChangeReader:
                 ahead = pool.submit(self._fetch, *ranges[i + 1], copy=True) if i + 1 < len(ranges) else None
                 decoder = ChangeDecoder(self.arrow_schema, s.columns, low, high, table_columns, self._gone_columns,
                                         whole_publication, s.primary_keys, letters,
-                                        emit_truncates=self.options.truncate == "emit", renames=part.renames)
+                                        emit_truncates=self.options.truncate == "emit", renames=part.renames,
+                                        types=s.type_ids, current_types=self._current_types)
                 with fetch:
                     for messages in fetch.arrays():
                         # Slices let Spark convert and write one while the next is decoded.
@@ -268,6 +269,11 @@ class ChangeReader:
         with self.stream.conn.pooled() as pg:
             present = {name for name, _ in describe_columns(pg.cursor(), self.stream.table_options[table])}
         return [c for c in names if c not in present]
+
+    def _current_types(self, table: str) -> dict[str, tuple[int, int]]:
+        """`table`'s columns' (type oid, typmod) now (asked only when a Relation message differs from the schema)."""
+        with self.stream.conn.pooled() as pg:
+            return {col: (oid, mod) for _, _, col, gone, oid, mod in column_rows(pg, table) if not gone}
 
     def _copy_slot(self, cur: Any, low: int) -> str:
         """A temporary copy of the slot, at `low`; the slot itself when the server has no slot free for it."""
