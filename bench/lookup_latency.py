@@ -22,8 +22,10 @@ Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--store cassandra] 
   --latency-seconds after them are measured (p99 also for each 10 s of them), and the query runs until every one
   of them is in the sink (each key gives one row: a left join on the primary key), or --drain-seconds after the
   window ended: a contender that falls behind the keys is then stopped and reported as such (`drained` false, the
-  window's keys in the sink, the keys arrived but not yet taken by a micro-batch), its latencies over the keys that
-  reached the sink only (lower bounds: the keys still waiting would be later). Micro-batch figures are over
+  window's keys in the sink, the keys arrived and not in the sink when it stopped, its micro-batches' keys and
+  durations), its latencies over the window's keys that reached the sink only (none, or lower bounds: the keys
+  still waiting would be later). `--rate` may name several rates (`10000,1500`): each contender at each, the
+  table loaded once. Micro-batch figures are over
   Spark's recent progress (its last 100 micro-batches), with its keys/s offered (input) and run (processed).
 """
 
@@ -112,7 +114,7 @@ def enrichers(spark, store: str, options: dict[str, str]) -> dict[str, Callable[
 
 
 def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: int, rate: int, seconds: float,
-              warmup: float, folder: Path, round_: int, drain: float = 300.0,
+              warmup: float, folder: Path, round_: str, drain: float = 300.0,
               servers: dict[int, str] | None = None) -> dict:
     table = "sink_" + re.sub(r"\W+", "_", name) + f"_{round_}"
     with psycopg.connect(url, autocommit=True) as conn:
@@ -138,6 +140,7 @@ def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: in
         window = f"n >= {first} AND n < {end}"
         deadline = measured_to + drain
         drained, behind = True, 0
+        sunk = f"SELECT count(*) FROM {table}"
         while True:
             # the keys' pace, not an event: look again once a second whether the window's rows are all in
             query.awaitTermination(1.0)
@@ -149,10 +152,10 @@ def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: in
                 if count >= expected:
                     break
                 if time.time() > deadline:  # fallen behind the keys: stopped, reported as such
-                    taken = max(_end_offset(p) for p in query.recentProgress)
-                    drained, behind = False, int((time.time() - t0) * rate) - taken
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        drained, behind = False, int((time.time() - t0) * rate) - conn.execute(sunk).fetchone()[0]
                     print(json.dumps({name: f"{count} of the window's {expected} keys in the sink {drain:.0f} s "
-                                      f"after it ended; {behind} keys arrived not yet in a micro-batch"}),
+                                      f"after it ended; {behind} keys arrived and not in the sink"}),
                           file=sys.stderr, flush=True)
                     break
         progress = [p for p in query.recentProgress if p["numInputRows"]]
@@ -167,9 +170,11 @@ def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: in
         enriched_rows = conn.execute(f"SELECT count(*) FROM {table} WHERE {window} AND name IS NOT NULL").fetchone()[0]
     assert len(ms) == expected if drained else len(ms) <= expected, (name, len(ms), expected)  # a row a key, once
     return {"keys_measured": expected, "drained": drained, "keys_in_sink": len(ms),
-            "keys_arrived_not_taken_at_stop": behind, "keys_found": enriched_rows,
-            "p50_ms": round(percentile(ms, .5)), "p95_ms": round(percentile(ms, .95)),
-            "p99_ms": round(percentile(ms, .99)), "max_ms": round(max(ms)),
+            "keys_arrived_not_in_sink_at_stop": behind, "keys_found": enriched_rows,
+            **({"p50_ms": round(percentile(ms, .5)), "p95_ms": round(percentile(ms, .95)),
+                "p99_ms": round(percentile(ms, .99)), "max_ms": round(max(ms))} if ms else {}),
+            **({} if drained else {"micro_batches_keys_and_ms": [
+                (p["numInputRows"], p["durationMs"]["triggerExecution"]) for p in progress]}),
             "p99_ms_of_each_10_s": [round(percentile(ms[i:i + 10 * rate], .99)) for i in range(0, len(ms), 10 * rate)],
             "recent_micro_batches": len(progress),
             "micro_batch_median_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
@@ -192,13 +197,7 @@ def cores_busy(before: dict, after: dict, mine: set[int], servers: dict[int, str
     return {**busy, "total": round(sum(busy.values()), 2)}
 
 
-def _end_offset(progress: dict) -> int:
-    """The key number a micro-batch read up to (its source's end offset, `{"n": ...}`, as JSON text or parsed)."""
-    end = progress["sources"][0]["endOffset"]
-    return int((json.loads(end) if isinstance(end, str) else end)["n"])
-
-
-def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2, store: str = "postgres",
+def run(rows: int, rates: list[int], seconds: float, warmup: float, rounds: int = 2, store: str = "postgres",
         drain: float = 300.0) -> dict:
     import sluice
     from sluice.testing import LocalPostgres
@@ -228,16 +227,20 @@ def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2, st
         spark = sluice.session("bench-lookup-latency", master="local[2]", **{"spark.sql.shuffle.partitions": "2"})
         try:
             contenders = enrichers(spark, store, options)
-            out: dict[str, list[dict]] = {name: [] for name in contenders}
-            for i in range(rounds):  # the order reversed each round: a load that comes and goes falls on both
-                for name in list(out) if i % 2 == 0 else list(out)[::-1]:
-                    out[name].append(contender(spark, server.url, name, contenders[name], rows, rate, seconds,
-                                               warmup, Path(tmp), i, drain, servers))
-                    print(json.dumps({name: out[name][-1], "round": i}), file=sys.stderr, flush=True)
+            by_rate: dict[int, dict[str, list[dict]]] = {}
+            for rate in rates:
+                out = by_rate[rate] = {name: [] for name in contenders}
+                for i in range(rounds):  # the order reversed each round: a load that comes and goes falls on both
+                    for name in list(out) if i % 2 == 0 else list(out)[::-1]:
+                        out[name].append(contender(spark, server.url, name, contenders[name], rows, rate, seconds,
+                                                   warmup, Path(tmp), f"{rate}_{i}", drain, servers))
+                        print(json.dumps({name: out[name][-1], "rate": rate, "round": i}), file=sys.stderr,
+                              flush=True)
         finally:
             spark.stop()
-    return {**report, "rows": rows, "keys_per_s": rate, "seconds_measured": seconds, "warmup_s": warmup,
-            "drain_s": drain,
-            "rounds": rounds, "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+    latency = {"latency": by_rate[rates[0]]} if len(rates) == 1 else {"latency_by_keys_per_s": by_rate}
+    return {**report, "rows": rows, "keys_per_s": rates[0] if len(rates) == 1 else rates, "seconds_measured": seconds,
+            "warmup_s": warmup, "drain_s": drain, "rounds": rounds,
+            "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
             "utc_end": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-            "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()}, "latency": out}
+            "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()}, **latency}
