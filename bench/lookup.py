@@ -6,7 +6,8 @@ PostgreSQL sink, p50/p99, `sluice.lookup` against Spark's stream-static join, ke
 seconds each (bench/lookup_latency.py; with `--store cassandra`, the table in a three-node Cassandra).
 `--store cassandra` runs bench/lookup_cassandra.py's measures on a three-node Cassandra instead; `--store hbase`
 bench/lookup_hbase.py's on one HBase (--region-servers region servers in its JVM) whose table is pre-split into
---regions regions.
+--regions regions. `--measure concurrency --store clickhouse|opensearch|hbase`: the concurrency measure below on
+that store, against its own bare client (bench/lookup_stores.py).
 Data: a table `dim (id bigint PRIMARY KEY, name text, value bigint)` of --rows rows; --batches micro-batches of
 --keys keys each, drawn uniformly from 1 .. 1.1 x rows (about one key in eleven missing).
 - streaming, Spark local[2]: a file stream of the key batches (one file per micro-batch, Trigger.AvailableNow, Spark's
@@ -168,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=1000, help="keys per micro-batch")
     parser.add_argument("--batches", type=int, default=10)
-    parser.add_argument("--store", choices=("postgres", "cassandra", "hbase"), default="postgres",
-                        help="cassandra: a three-node cluster (bench/lookup_cassandra.py); hbase: one HBase "
-                        "(bench/lookup_hbase.py)")
+    parser.add_argument("--store", choices=("postgres", "cassandra", "hbase", "clickhouse", "opensearch"),
+                        default="postgres", help="cassandra: a three-node cluster (bench/lookup_cassandra.py); hbase: "
+                        "one HBase (bench/lookup_hbase.py); with --measure concurrency, clickhouse, opensearch and "
+                        "hbase: bench/lookup_stores.py")
     parser.add_argument("--keys-high", type=int, default=10_000, help="cassandra, hbase: keys per micro-batch of a "
                         "second round (0: none)")
     parser.add_argument("--regions", type=int, default=8, help="hbase: regions the table is pre-split into")
@@ -183,24 +185,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-seconds", type=float, default=0, metavar="N", help="postgres, cassandra: instead "
                         "of the measures above, p50/p99 latency from a key's arrival to its enriched row in the sink, "
                         "keys arriving at --rate a second, N seconds measured per contender (bench/lookup_latency.py)")
-    parser.add_argument("--rate", type=int, default=1000, help="--latency-seconds: keys arriving per second")
+    parser.add_argument("--rate", default="1000", help="--latency-seconds: keys arriving per second; several, "
+                        "comma-separated (10000,1500): each contender at each, in turn")
     parser.add_argument("--warmup", type=float, default=10, help="--latency-seconds: seconds of keys left out "
                         "after each query's first micro-batch")
     parser.add_argument("--latency-rounds", type=int, default=2, help="--latency-seconds: rounds of both "
                         "contenders, the order reversed each round")
-    parser.add_argument("--measure", choices=("all", "concurrency"), default="all", help="postgres: concurrency "
-                        "alone measures lookups/s per task at lookup.max-concurrent-requests 1 and the default, "
-                        "on --batches batches of --keys-high keys")
+    parser.add_argument("--drain-seconds", type=float, default=300, help="--latency-seconds: how long after its "
+                        "window a contender may take to sink the window's keys; one still behind then is stopped "
+                        "and reported as falling behind")
+    parser.add_argument("--measure", choices=("all", "concurrency"), default="all", help="postgres, clickhouse, "
+                        "opensearch, hbase: concurrency alone measures lookups/s per task at "
+                        "lookup.max-concurrent-requests 1 and the default, on --batches batches of --keys-high keys")
     args = parser.parse_args(argv)
     if args.latency_seconds:
-        if args.store == "hbase":
+        if args.store not in ("postgres", "cassandra"):
             parser.error("--latency-seconds measures the PostgreSQL or Cassandra lookup (--store postgres or "
                          "cassandra)")
         from bench.lookup_latency import run as run_latency
 
-        print(json.dumps(run_latency(args.rows, args.rate, args.latency_seconds, args.warmup, args.latency_rounds,
-                                     args.store), indent=2))
+        rates = [int(r) for r in args.rate.split(",")]
+        print(json.dumps(run_latency(args.rows, rates, args.latency_seconds, args.warmup, args.latency_rounds,
+                                     args.store, args.drain_seconds), indent=2))
         return 0
+    if args.measure == "concurrency" and args.store in ("clickhouse", "opensearch", "hbase"):
+        from bench.lookup_stores import run as run_stores
+
+        print(json.dumps(run_stores(args.store, args.rows, args.keys_high, args.batches), indent=2))
+        return 0
+    if args.store in ("clickhouse", "opensearch"):
+        parser.error(f"--store {args.store} measures requests in flight only: add --measure concurrency")
     if args.store == "hbase":
         from bench.lookup_hbase import run as run_hbase
 

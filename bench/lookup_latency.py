@@ -2,7 +2,7 @@
 the sink, p50/p99, `sluice.lookup` against Spark's stream-static join, one after the other in one run, alternating.
 
 Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--store cassandra] [--rate 1000] [--rows 1000000]
-[--warmup 10] [--latency-rounds 2]`.
+[--warmup 10] [--latency-rounds 2] [--drain-seconds 300]`.
 - Keys arrive at --rate a second, evenly spaced: key number n arrives at t0 + n / rate (t0: just before the query
   starts) and is offered from then on by a minimal Python streaming source (its offset is the number of keys
   arrived so far, read from the clock when Spark plans a micro-batch), with its arrival time as a column. The keys
@@ -20,7 +20,12 @@ Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--store cassandra] 
 - A row's latency is `sunk_at - arrived_at`: the machine's one clock, read by the Python worker and by the server.
   Keys arriving before the query's first micro-batch has ended and --warmup seconds after it are left out; the
   --latency-seconds after them are measured (p99 also for each 10 s of them), and the query runs until every one
-  of them is in the sink (each key gives one row: a left join on the primary key). Micro-batch figures are over
+  of them is in the sink (each key gives one row: a left join on the primary key), or --drain-seconds after the
+  window ended: a contender that falls behind the keys is then stopped and reported as such (`drained` false, the
+  window's keys in the sink, the keys arrived and not in the sink when it stopped, its micro-batches' keys and
+  durations), its latencies over the window's keys that reached the sink only (none, or lower bounds: the keys
+  still waiting would be later). `--rate` may name several rates (`10000,1500`): each contender at each, the
+  table loaded once. Micro-batch figures are over
   Spark's recent progress (its last 100 micro-batches), with its keys/s offered (input) and run (processed).
 """
 
@@ -40,9 +45,9 @@ from typing import Any
 
 import psycopg
 
+from bench import cpu
 from bench.measures import percentile
 
-DRAIN_TIMEOUT_S = 300.0
 KEYS_SCHEMA = "n bigint, id bigint, arrived_at timestamp"
 
 
@@ -109,7 +114,8 @@ def enrichers(spark, store: str, options: dict[str, str]) -> dict[str, Callable[
 
 
 def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: int, rate: int, seconds: float,
-              warmup: float, folder: Path, round_: int) -> dict:
+              warmup: float, folder: Path, round_: str, drain: float = 300.0,
+              servers: dict[int, str] | None = None) -> dict:
     table = "sink_" + re.sub(r"\W+", "_", name) + f"_{round_}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (n bigint, id bigint, arrived_at timestamptz, name text, value bigint, "
@@ -126,12 +132,15 @@ def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: in
         while not query.recentProgress and time.monotonic() < deadline:
             query.awaitTermination(0.2)
         assert query.recentProgress, f"{name}: no micro-batch in 120 s: {query.exception()}"
+        cpu_before, cpu_started = cpu.snapshot(), time.time()
         measured_from = time.time() + warmup
         measured_to = measured_from + seconds
         first, end = int((measured_from - t0) * rate), int((measured_to - t0) * rate)  # the measured keys' numbers
         expected = end - first
         window = f"n >= {first} AND n < {end}"
-        deadline = measured_to + DRAIN_TIMEOUT_S
+        deadline = measured_to + drain
+        drained, behind = True, 0
+        sunk = f"SELECT count(*) FROM {table}"
         while True:
             # the keys' pace, not an event: look again once a second whether the window's rows are all in
             query.awaitTermination(1.0)
@@ -142,10 +151,16 @@ def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: in
                     count = conn.execute(f"SELECT count(*) FROM {table} WHERE {window}").fetchone()[0]
                 if count >= expected:
                     break
-                if time.time() > deadline:
-                    raise RuntimeError(f"{name}: {count} of the window's {expected} rows in the sink after "
-                                       f"{DRAIN_TIMEOUT_S:.0f} s")
+                if time.time() > deadline:  # fallen behind the keys: stopped, reported as such
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        drained, behind = False, int((time.time() - t0) * rate) - conn.execute(sunk).fetchone()[0]
+                    print(json.dumps({name: f"{count} of the window's {expected} keys in the sink {drain:.0f} s "
+                                      f"after it ended; {behind} keys arrived and not in the sink"}),
+                          file=sys.stderr, flush=True)
+                    break
         progress = [p for p in query.recentProgress if p["numInputRows"]]
+        mine = cpu.own_processes()
+        cpu_after, cpu_seconds = cpu.snapshot(), time.time() - cpu_started
     finally:
         query.stop()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -153,10 +168,13 @@ def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: in
                                  f"WHERE {window} ORDER BY n").fetchall()
         ms = [float(r[1]) for r in latencies]
         enriched_rows = conn.execute(f"SELECT count(*) FROM {table} WHERE {window} AND name IS NOT NULL").fetchone()[0]
-    assert len(ms) == expected, (name, len(ms), expected)  # one row per key, none twice
-    return {"keys_measured": expected, "keys_found": enriched_rows,
-            "p50_ms": round(percentile(ms, .5)), "p95_ms": round(percentile(ms, .95)),
-            "p99_ms": round(percentile(ms, .99)), "max_ms": round(max(ms)),
+    assert len(ms) == expected if drained else len(ms) <= expected, (name, len(ms), expected)  # a row a key, once
+    return {"keys_measured": expected, "drained": drained, "keys_in_sink": len(ms),
+            "keys_arrived_not_in_sink_at_stop": behind, "keys_found": enriched_rows,
+            **({"p50_ms": round(percentile(ms, .5)), "p95_ms": round(percentile(ms, .95)),
+                "p99_ms": round(percentile(ms, .99)), "max_ms": round(max(ms))} if ms else {}),
+            **({} if drained else {"micro_batches_keys_and_ms": [
+                (p["numInputRows"], p["durationMs"]["triggerExecution"]) for p in progress]}),
             "p99_ms_of_each_10_s": [round(percentile(ms[i:i + 10 * rate], .99)) for i in range(0, len(ms), 10 * rate)],
             "recent_micro_batches": len(progress),
             "micro_batch_median_ms": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
@@ -164,15 +182,29 @@ def contender(spark, url: str, name: str, enrich: Callable[[Any], Any], rows: in
             # Spark's own rates: keys offered per second of the source (input) and run per second of a micro-batch
             # (processed); processed below input means the query falls behind the keys.
             "input_keys_per_s_median": round(statistics.median(p["inputRowsPerSecond"] for p in progress)),
-            "processed_keys_per_s_median": round(statistics.median(p["processedRowsPerSecond"] for p in progress))}
+            "processed_keys_per_s_median": round(statistics.median(p["processedRowsPerSecond"] for p in progress)),
+            # cores each component kept busy from the end of the first micro-batch to the stop (this run's processes)
+            "cores_busy": cores_busy(cpu_before, cpu_after, mine, servers or {}, cpu_seconds)}
 
 
-def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2, store: str = "postgres") -> dict:
+def cores_busy(before: dict, after: dict, mine: set[int], servers: dict[int, str], seconds: float) -> dict:
+    """CPU seconds per wall second of each component (bench/cpu.py's, the servers in `servers` by their names),
+    counting only this run's processes; `total` of the machine's 2 cores."""
+    def ours(shot: dict) -> dict:
+        return {pid: (servers.get(pid, kind), used) for pid, (kind, used) in shot.items() if pid in mine}
+
+    busy = {name: round(used / seconds, 2) for name, used in cpu.used(ours(before), ours(after)).items()}
+    return {**busy, "total": round(sum(busy.values()), 2)}
+
+
+def run(rows: int, rates: list[int], seconds: float, warmup: float, rounds: int = 2, store: str = "postgres",
+        drain: float = 300.0) -> dict:
     import sluice
     from sluice.testing import LocalPostgres
 
     load_start, started = os.getloadavg(), time.time()
     report: dict[str, Any] = {"store": store}
+    servers: dict[int, str] = {}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         server = stack.enter_context(LocalPostgres())  # the sink, and PostgreSQL's table
         if store == "postgres":
@@ -187,6 +219,7 @@ def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2, st
             from bench.stores.cassandra_write import start_nodes
 
             nodes, info = start_nodes(stack, 3)
+            servers = {node.pid: "cassandra_nodes" for node in nodes if node.pid is not None}
             report["cluster_start_seconds"] = info["start_seconds"]
             cluster = stack.enter_context(nodes[0].cluster())
             report["load_seconds"] = round(load(cluster.connect(), rows), 1)
@@ -194,15 +227,20 @@ def run(rows: int, rate: int, seconds: float, warmup: float, rounds: int = 2, st
         spark = sluice.session("bench-lookup-latency", master="local[2]", **{"spark.sql.shuffle.partitions": "2"})
         try:
             contenders = enrichers(spark, store, options)
-            out: dict[str, list[dict]] = {name: [] for name in contenders}
-            for i in range(rounds):  # the order reversed each round: a load that comes and goes falls on both
-                for name in list(out) if i % 2 == 0 else list(out)[::-1]:
-                    out[name].append(contender(spark, server.url, name, contenders[name], rows, rate, seconds,
-                                               warmup, Path(tmp), i))
-                    print(json.dumps({name: out[name][-1], "round": i}), file=sys.stderr, flush=True)
+            by_rate: dict[int, dict[str, list[dict]]] = {}
+            for rate in rates:
+                out = by_rate[rate] = {name: [] for name in contenders}
+                for i in range(rounds):  # the order reversed each round: a load that comes and goes falls on both
+                    for name in list(out) if i % 2 == 0 else list(out)[::-1]:
+                        out[name].append(contender(spark, server.url, name, contenders[name], rows, rate, seconds,
+                                                   warmup, Path(tmp), f"{rate}_{i}", drain, servers))
+                        print(json.dumps({name: out[name][-1], "rate": rate, "round": i}), file=sys.stderr,
+                              flush=True)
         finally:
             spark.stop()
-    return {**report, "rows": rows, "keys_per_s": rate, "seconds_measured": seconds, "warmup_s": warmup,
-            "rounds": rounds, "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+    latency = {"latency": by_rate[rates[0]]} if len(rates) == 1 else {"latency_by_keys_per_s": by_rate}
+    return {**report, "rows": rows, "keys_per_s": rates[0] if len(rates) == 1 else rates, "seconds_measured": seconds,
+            "warmup_s": warmup, "drain_s": drain, "rounds": rounds,
+            "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
             "utc_end": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-            "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()}, "latency": out}
+            "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()}, **latency}
