@@ -458,9 +458,9 @@ class AsyncSinkWriter:
         as SimpleBatchCreator would from the head chunk (DequeRequestBuffer.full_batches), sent while the limiter
         allows, with the same statistics. A store acknowledging a batch at once (sluice_null, a client that
         buffers) is counted in local sums, written back once per run instead of per batch: the per-batch work, a
-        Taken, a RequestInfo, the trigger, the limiter's calls and a histogram update, cost ~4 us a batch, a task
-        of 2M rows 16 ms in batches of 500. A batch left in flight goes on as _submit sends it. The loop below cuts
-        whatever this leaves (the partial batches, a batch across chunks, retries)."""
+        Taken, a RequestInfo, the trigger, the limiter's calls and a histogram update, cost ~3 us a batch, ~12 ms of
+        a 2M-row task in batches of 500 (bench/engine_cut.py). A batch left in flight goes on as _submit sends it.
+        The loop below cuts whatever this leaves (the partial batches, a batch across chunks, retries)."""
         limiter, stats, clock, store = self._limiter, self.stats, self._clock, self.store
         buffer = cast(DequeRequestBuffer, self._buffer)
         batches = records = size = 0
