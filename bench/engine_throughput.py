@@ -82,18 +82,22 @@ def metrics_overhead(entries: int, rounds: int) -> dict:
             "reports_sent": reports}
 
 
-def spark_ratio(rows: int, rounds: int) -> dict:
+def spark_ratio(rows: int, rounds: int, batch: int | None = None, with_id: bool = False,
+                metered: bool = True) -> dict:
     import sluice
     import sluice.metrics
 
-    spark = sluice.session("sluice-bench", **{"spark.sql.shuffle.partitions": "2"})
+    # 2g: 4M rows with an id column stay cached (as in bench/floors/flink_async_sink.py)
+    spark = sluice.session("sluice-bench", **{"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g"})
     register_bare_writer(spark)
-    df = rows_frame(spark, rows)
+    df = rows_frame(spark, rows, with_id)
+    options = {} if batch is None else {"sink.batch.max-size": str(batch)}
 
     cpu: dict[str, list[dict[str, float]]] = {}
 
     def timed(fmt: str, label: str | None = None) -> float:
-        took, used = clocked_tree(lambda: df.write.format(fmt).mode("append").save(), {})
+        opts = options if fmt == "sluice_null" else {}
+        took, used = clocked_tree(lambda: df.write.format(fmt).options(**opts).mode("append").save(), {})
         cpu.setdefault(label or fmt, []).append(used)
         return took
 
@@ -111,25 +115,26 @@ def spark_ratio(rows: int, rounds: int) -> dict:
     for _ in range(rounds):
         bare.append(timed("bench_count"))
         engine.append(timed("sluice_null"))
-        metered.append(timed_with_metrics())
+        if metered:
+            metered.append(timed_with_metrics())
     summary = sluice.last_write_summary("sluice_null")
     assert summary and summary["records"] == rows, summary
     spark.stop()
     bare_rate = rows / statistics.median(bare)
     engine_rate_ = rows / statistics.median(engine)
-    metered_rate = rows / statistics.median(metered)
+    metered_rate = rows / statistics.median(metered) if metered else None
     def cpu_median(fmt: str, component: str) -> float:
         return round(statistics.median(used.get(component, 0.0) for used in cpu[fmt]), 2)
 
     return {
-        "rows": rows, "rounds": rounds,
+        "rows": rows, "rounds": rounds, "batch": batch, "with_id": with_id,
         "cpu_s_per_write": {fmt: {part: cpu_median(fmt, part) for part in ("python_workers", "spark_jvm")}
                             for fmt in cpu},
         "bare_arrow_writer_rows_per_s": round(bare_rate),
         "sluice_engine_rows_per_s": round(engine_rate_),
-        "sluice_engine_with_metrics_rows_per_s": round(metered_rate),
+        "sluice_engine_with_metrics_rows_per_s": metered_rate and round(metered_rate),
         "ratio_engine_to_bare": round(engine_rate_ / bare_rate, 3),
-        "ratio_metrics_on_to_off": round(metered_rate / engine_rate_, 3),
+        "ratio_metrics_on_to_off": metered_rate and round(metered_rate / engine_rate_, 3),
         "bare_seconds": [round(t, 3) for t in bare], "engine_seconds": [round(t, 3) for t in engine],
         "engine_with_metrics_seconds": [round(t, 3) for t in metered],
     }
@@ -172,24 +177,24 @@ def read_ratio(rows: int, rounds: int) -> dict:
             "without_seconds": [round(t, 3) for t in plain], "with_seconds": [round(t, 3) for t in observed]}
 
 
-def session_run(tree: Path | None, rows: int, rounds: int) -> dict:
+def session_run(tree: Path | None, rows: int, rounds: int, extra: list[str]) -> dict:
     """Part 2 in a child process: this checkout's sluice (tree None), or the one in folder `tree` (a worktree's)."""
     env = child_env(tree)  # the child and its Spark workers import that sluice
     out = subprocess.run(module_command("bench.engine_throughput", "--child", "--rows", str(rows), "--rounds",
-                                        str(rounds)), env=env, cwd=ROOT, capture_output=True, text=True)
+                                        str(rounds), *extra), env=env, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"the bench in {tree or ROOT} exited with {out.returncode}:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def before_after(rev: str, rows: int, rounds: int, sessions: int) -> dict:
+def before_after(rev: str, rows: int, rounds: int, sessions: int, extra: list[str]) -> dict:
     """Part 2 alternating between this checkout and commit `rev`, one Spark session each time."""
     tree, importable = worktree(rev)
     runs: dict[str, list[dict]] = {"after": [], "before": []}
     try:
         for _ in range(sessions):
-            runs["after"].append(session_run(None, rows, rounds))
-            runs["before"].append(session_run(importable, rows, rounds))
+            runs["after"].append(session_run(None, rows, rounds, extra))
+            runs["before"].append(session_run(importable, rows, rounds, extra))
     finally:
         remove_worktree(tree)
 
@@ -201,13 +206,14 @@ def before_after(rev: str, rows: int, rounds: int, sessions: int) -> dict:
             values.append(run)
         return statistics.median(values)
 
-    out: dict = {"rev": rev, "rows": rows, "rounds_per_session": rounds, "sessions_each": sessions}
+    out: dict = {"rev": rev, "rows": rows, "rounds_per_session": rounds, "sessions_each": sessions, "options": extra}
     for side in ("after", "before"):
         out[side] = {
             "bare_arrow_writer_rows_per_s": round(median(side, "bare_arrow_writer_rows_per_s")),
             "sluice_engine_rows_per_s": round(median(side, "sluice_engine_rows_per_s")),
             "ratio_engine_to_bare": round(median(side, "ratio_engine_to_bare"), 3),
-            "ratio_metrics_on_to_off": round(median(side, "ratio_metrics_on_to_off"), 3),
+            "ratio_metrics_on_to_off": None if "--no-metered" in extra else
+            round(median(side, "ratio_metrics_on_to_off"), 3),
             "python_worker_cpu_s": {fmt: median(side, "cpu_s_per_write", fmt, "python_workers")
                                     for fmt in runs[side][0]["cpu_s_per_write"]},
             "ratios_per_session": [run["ratio_engine_to_bare"] for run in runs[side]],
@@ -227,13 +233,18 @@ def main() -> int:
     parser.add_argument("--read-metrics", action="store_true", help="also a Spark read with and without metrics")
     parser.add_argument("--before", metavar="REV", help="part 2 alternating with commit REV's sluice (see above)")
     parser.add_argument("--sessions", type=int, default=3, help="with --before: Spark sessions of each side")
+    parser.add_argument("--batch", type=int, help="part 2: sluice_null's sink.batch.max-size (default: its own)")
+    parser.add_argument("--id", action="store_true", help="part 2: a bigint id column beside the 100-byte string")
+    parser.add_argument("--no-metered", action="store_true", help="part 2: skip the writes with live metrics on")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # one side of --before: part 2 alone, its JSON on the last line
-        print(json.dumps(spark_ratio(args.rows, args.rounds)))
+        print(json.dumps(spark_ratio(args.rows, args.rounds, args.batch, args.id, not args.no_metered)))
         return 0
     if args.before:
-        print(json.dumps(before_after(args.before, args.rows, args.rounds, args.sessions), indent=2))
+        extra = [*(["--batch", str(args.batch)] if args.batch else []), *(["--id"] if args.id else []),
+                 *(["--no-metered"] if args.no_metered else [])]
+        print(json.dumps(before_after(args.before, args.rows, args.rounds, args.sessions, extra), indent=2))
         return 0
     result = {
         "date": date.today().isoformat(), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
@@ -244,7 +255,7 @@ def main() -> int:
     if args.metrics:
         result["metrics_engine_alone"] = metrics_overhead(args.entries, args.rounds)
     if not args.skip_spark:
-        result["spark"] = spark_ratio(args.rows, args.rounds)
+        result["spark"] = spark_ratio(args.rows, args.rounds, args.batch, args.id, not args.no_metered)
     if args.read_metrics:
         result["read_metrics_spark"] = read_ratio(args.rows, args.rounds)
     print(json.dumps(result, indent=2))

@@ -41,7 +41,7 @@ def kind(stack: str) -> str | None:
     return None
 
 
-def summarize(path: Path, top: int, rounds: int) -> str:
+def summarize(path: Path, top: int, rounds: int, metered: bool = True) -> str:
     totals: Counter = Counter()
     own = {k: Counter() for k in KINDS}
     inclusive = {k: Counter() for k in KINDS}
@@ -60,8 +60,10 @@ def summarize(path: Path, top: int, rounds: int) -> str:
         for function in {f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0] + ")" for f in frames}:
             inclusive[which][function] += n
     everything = sum(totals.values()) or 1
-    # engine_throughput.py writes bench_count 1 + rounds times and sluice_null 1 + 2 * rounds (metrics off and on).
-    writes = {"bare writer": 1 + rounds, "sluice task thread": 1 + 2 * rounds, "sluice engine thread": 1 + 2 * rounds}
+    # engine_throughput.py writes bench_count 1 + rounds times and sluice_null 1 + 2 * rounds (metrics off and on;
+    # 1 + rounds with --no-metered).
+    engine_writes = 1 + (2 if metered else 1) * rounds
+    writes = {"bare writer": 1 + rounds, "sluice task thread": engine_writes, "sluice engine thread": engine_writes}
     per_write = {k: round(totals[k] / writes[k]) for k in KINDS}
     out = [f"samples: {dict(totals)}; per write: {per_write} (worker CPU, imports and idle waits left out)",
            f"sluice_null's tasks cost {sum(per_write[k] for k in KINDS[1:]) / max(1, per_write[KINDS[0]]):.2f}x the "
@@ -82,6 +84,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rate", type=int, default=200, help="samples per second")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--batch", type=int, help="sluice_null's sink.batch.max-size (default: its own)")
+    parser.add_argument("--id", action="store_true", help="a bigint id column beside the 100-byte string")
+    parser.add_argument("--no-metered", action="store_true", help="skip the writes with live metrics on")
+    parser.add_argument("--idle", action="store_true", help="py-spy --idle: also samples of threads off the CPU")
+    parser.add_argument("--gil", action="store_true", help="py-spy --gil: only samples of the thread holding the GIL")
     parser.add_argument("--stacks", type=Path, help="summarize this py-spy raw recording instead")
     parser.add_argument("--keep", type=Path, help="also keep the raw recording here")
     args = parser.parse_args()
@@ -91,10 +98,14 @@ def main() -> int:
             raise SystemExit("py-spy is missing: run `make .venv/.installed` (it is a dev dependency)")
         folder = Path(tempfile.mkdtemp(prefix="sluice-profile-"))
         args.stacks = args.keep or folder / "stacks.txt"
-        subprocess.run([spy, "record", "--subprocesses", "-r", str(args.rate), "-f", "raw", "-o", str(args.stacks),
-                        "--", *module_command("bench.engine_throughput", "--entries", "10000", "--rows", str(args.rows),
-                                               "--rounds", str(args.rounds))], check=True, cwd=ROOT)
-    print(summarize(args.stacks, args.top, args.rounds))
+        bench = ["--entries", "10000", "--rows", str(args.rows), "--rounds", str(args.rounds),
+                 *(["--batch", str(args.batch)] if args.batch else []), *(["--id"] if args.id else []),
+                 *(["--no-metered"] if args.no_metered else [])]
+        spy_flags = [*(["--idle"] if args.idle else []), *(["--gil"] if args.gil else [])]
+        subprocess.run([spy, "record", "--subprocesses", *spy_flags, "-r", str(args.rate), "-f", "raw", "-o",
+                        str(args.stacks), "--", *module_command("bench.engine_throughput", *bench)],
+                       check=True, cwd=ROOT)
+    print(summarize(args.stacks, args.top, args.rounds, not args.no_metered))
     return 0
 
 

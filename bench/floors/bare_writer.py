@@ -7,9 +7,10 @@ from __future__ import annotations
 BODY = "concat(lpad(cast(id AS string), 20, '0'), repeat('x', 80)) AS body"
 
 
-def rows_frame(spark, rows: int):
-    """`rows` rows of one 100-byte string column in 2 partitions, cached and counted (made before any timing)."""
-    df = spark.range(0, rows, 1, 2).selectExpr(BODY).cache()
+def rows_frame(spark, rows: int, with_id: bool = False):
+    """`rows` rows of one 100-byte string column in 2 partitions, cached and counted (made before any timing);
+    `with_id`: a bigint `id` column before it."""
+    df = spark.range(0, rows, 1, 2).selectExpr(*(["id"] if with_id else []), BODY).cache()
     df.count()
     return df
 

@@ -180,6 +180,9 @@ class _ChunkBuffer(RequestBuffer):
         return out
 
 
+_LOOKED_UP = 32  # full_batches: the batches whose bytes it looks up at once
+
+
 class DequeRequestBuffer(_ChunkBuffer):
     """FIFO buffer: the default, for unordered and globally ordered sinks."""
 
@@ -254,6 +257,46 @@ class DequeRequestBuffer(_ChunkBuffer):
         self._count -= count
         self._bytes -= total
         return Taken(_joined(entry_pieces), _joined(size_pieces), total, attempt, split)
+
+    def full_batches(self, max_records: int, max_bytes: int, now: float) -> Iterator[tuple[Sequence[Any], Ints, int]]:
+        """Batches of exactly `max_records` fresh entries within `max_bytes` from the head chunk, while it holds them:
+        (entries, sizes, bytes) for each, the same `take(max_records, max_bytes, now)` would give, without its pieces
+        and Taken, and the bytes of a chunk's batches looked up at once. Lazy: each batch is taken when it is asked
+        for, so a caller stops after any one with the buffer as `take` would have left it. Stops where `take` would
+        cut differently (a batch across chunks, over `max_bytes`, retried entries or a split): `take` cuts those."""
+        chunks = self._chunks
+        while chunks:
+            chunk = chunks[0]
+            if chunk.ready_at > now or chunk.attempt or chunk.split:
+                return
+            entries, sizes, start = chunk.entries, chunk.sizes, chunk.start
+            length = len(entries)
+            # The ends' running byte sums, a few batches at a time: a caller may stop after one.
+            count = min(_LOOKED_UP, (length - start) // max_records)
+            if not count:
+                return
+            last = start + count * max_records
+            if chunk._sums is None:
+                before = 0
+                ends = list(accumulate(sum(sizes[s:s + max_records]) for s in range(start, last, max_records)))
+            else:
+                before = chunk._before(start)
+                ends = chunk._sums[start + max_records - 1:last:max_records].tolist()
+            for end in ends:
+                taken_bytes = end - before
+                if taken_bytes > max_bytes:
+                    return
+                stop = start + max_records
+                chunk.start = stop
+                chunk.left_bytes -= taken_bytes
+                self._count -= max_records
+                self._bytes -= taken_bytes
+                whole = not start and stop == length
+                if stop == length:
+                    chunks.popleft()
+                yield (entries if whole else entries[start:stop]), (sizes if whole else sizes[start:stop]), \
+                    taken_bytes
+                before, start = end, stop
 
 
 class KeyedRequestBuffer(_ChunkBuffer):

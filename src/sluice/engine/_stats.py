@@ -17,6 +17,18 @@ def _bucket(seconds: float) -> int:
     return int(math.log2(micros) * _BUCKETS_PER_OCTAVE)
 
 
+latency_bucket = _bucket
+
+
+def latency_bucket_range(bucket: int) -> tuple[float, float]:
+    """Latencies in seconds, [low, high), that fall in histogram bucket `bucket` for sure: the bucket a hair narrower
+    at both edges, so that a float's rounding there never puts a latency inside it into its neighbour. A writer
+    that counts many latencies keeps the last range and calls `latency_bucket` only for one outside it."""
+    high = 2 ** ((bucket + 1) / _BUCKETS_PER_OCTAVE) * 0.999999e-6
+    low = float("-inf") if bucket <= 0 else 2 ** (bucket / _BUCKETS_PER_OCTAVE) * 1.000001e-6
+    return low, high
+
+
 def _bucket_upper_ms(bucket: int) -> float:
     return 2 ** ((bucket + 1) / _BUCKETS_PER_OCTAVE) / 1000.0
 
