@@ -90,7 +90,8 @@ def full_statements(cur: Any, schema: str, table: str, target: dict[str, str], f
         if have is not None and _widenable(have) and widens(have, wider := pg_type(name, f.dataType)):
             out.append(f"ALTER TABLE {rel} ALTER COLUMN {quote_ident(name)} TYPE {wider}")
     record = {name: marks[name][0].key for name in wanted if len(marks[name]) == 1}
-    if record != {c: s for c, s in memory.items() if c in wanted} or dropped or renamed:
+    # Written only when it changes: a column whose mark an expression took away keeps what was recorded.
+    if any(memory.get(c) != s for c, s in record.items()) or dropped or renamed:
         out += _record_sql(schema, table, record, [*dropped, *renamed])
     return tuple(out)
 
