@@ -14,8 +14,9 @@ Run: `.venv/bin/python -m bench.lookup --latency-seconds 60 [--store cassandra] 
   Both write into a PostgreSQL table of their own with `format("postgres")` (append), whose `sunk_at` defaults to
   `clock_timestamp()`.
 - `--store cassandra`: the table is in bench.stores.cassandra_write's three nodes (bench/lookup_cassandra.py's
-  cluster, keyspace and load, replication factor 1); the contenders are `sluice.lookup(keys, "cassandra", ...)`,
-  the same with lookup.repartition-by-replica (partitions-per-host 1: three tasks, each one node's keys) and the
+  cluster, keyspace and load, replication factor 1); the contenders are `sluice.lookup(keys, "cassandra", ...)`
+  with a SELECT per key (lookup.max-keys-per-request=1), the same by default (an IN per replica's group of keys),
+  that with lookup.repartition-by-replica (partitions-per-host 1: three tasks, each one node's keys) and the
   keys joined to `spark.read.format("cassandra")` of the table. The sink stays PostgreSQL: one clock.
 - A row's latency is `sunk_at - arrived_at`: the machine's one clock, read by the Python worker and by the server.
   Keys arriving before the query's first micro-batch has ended and --warmup seconds after it are left out; the
@@ -106,7 +107,9 @@ def enrichers(spark, store: str, options: dict[str, str]) -> dict[str, Callable[
         return {"sluice.lookup": lambda keys: sluice.lookup(keys, "postgres", options, on="id"),
                 "stream-static join": lambda keys: keys.join(static(), "id", "left")}
     by_replica = {**options, "lookup.repartition-by-replica": "true", "lookup.partitions-per-host": "1"}
-    return {"sluice.lookup": lambda keys: sluice.lookup(keys, "cassandra", options, on="id"),
+    per_key = {**options, "lookup.max-keys-per-request": "1"}
+    return {"sluice.lookup, a SELECT per key": lambda keys: sluice.lookup(keys, "cassandra", per_key, on="id"),
+            "sluice.lookup": lambda keys: sluice.lookup(keys, "cassandra", options, on="id"),
             "sluice.lookup, lookup.repartition-by-replica":
                 lambda keys: sluice.lookup(keys, "cassandra", by_replica, on="id"),
             "stream-static join":

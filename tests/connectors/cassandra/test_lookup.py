@@ -1,14 +1,16 @@
 """sluice.lookup(df, "cassandra", ...) on the package's Cassandra: left and inner joins, a missing key, a partition
-of several rows and a clustering prefix, a composite partition key, the statements' routing and consistency, bad
-input named, and the shuffle by replica (lookup.repartition-by-replica). A node killed under a lookup:
-test_faults.py."""
+of several rows and a clustering prefix, a composite partition key, the statements' routing and consistency, the
+keys of a one-column partition key read by an IN per replica's group of them, bad input named, and the shuffle by
+replica (lookup.repartition-by-replica). A node killed under a lookup: test_faults.py."""
 
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 import sluice
+from sluice.connectors.cassandra._types import CQLType
 from sluice.metrics._lookups import LookupTally
 from sluice.source._lookup_dataframe import plan_lookup
 from sluice.source._lookup_join import enrich
@@ -65,18 +67,62 @@ def test_a_clustering_prefix_narrows_the_partition_and_each_select_is_routed_at_
     assert run(one, [(2, 0)])["v"] == ["v2-1"] and one.reader._prepared.consistency_level == ConsistencyLevel.ONE
 
 
-def test_many_partitions_of_one_batch_are_read_concurrently_each_once(cass):
+def test_keys_of_a_one_column_partition_key_are_read_by_an_in_per_replica_group_routed_to_that_replica(cass):
+    """150 distinct keys of a table whose partition key is one column (75 found, two clustering rows each), at most
+    50 keys a SELECT, 4 in flight, the package's one node's ring dealt to three named hosts (range i to host i % 3):
+    each statement is a `pk IN ?` of one host's keys, its routing key one of them (so the token-aware policy sends it
+    to that host), ceil(keys of the host / 50) statements a host, every key in one; the IN's 150 rows come in pages
+    of 7 and every one is there. Negative control: lookup.max-keys-per-request=1, a SELECT per key: 150 statements,
+    the same rows. Statements are counted by the driver's request init listener on the lookup's session."""
+    from dataclasses import replace
+
     from cassandra.concurrent import execute_concurrent_with_args
+    from cassandra.murmur3 import murmur3
+
+    from sluice.connectors.cassandra._client import session_for
+    from sluice.connectors.cassandra._tokens import TokenRing, partition_tokens, read_ring
 
     table = cass.table("pk int, ck int, v text, PRIMARY KEY ((pk), ck)")
     insert = cass.session.prepare(f"INSERT INTO sluice.{table} (pk, ck, v) VALUES (?, ?, ?)")
     execute_concurrent_with_args(cass.session, insert, [(p, c, f"{p}-{c}") for p in range(150) for c in range(2)])
-    options = cass.opts(table, **{"lookup.max-concurrent-requests": "4"})
-    plan, _ = plan_lookup(SCHEMA, "cassandra", options, "pk", "inner", ["v"])
-    assert plan.reader.concurrency == 4
     keys = [(p, 0) for p in range(0, 300, 2)]  # every even pk: 75 found (two rows each), 75 missing
-    out = run(plan, keys)["v"]
-    assert sorted(out) == sorted(f"{p}-{c}" for p in range(0, 150, 2) for c in range(2))
+    expected = sorted(f"{p}-{c}" for p in range(0, 150, 2) for c in range(2))
+
+    def statements(per_request: str) -> tuple[list, TokenRing]:
+        options = cass.opts(table, **{"lookup.max-concurrent-requests": "4",
+                                      "lookup.max-keys-per-request": per_request})
+        plan, _ = plan_lookup(SCHEMA, "cassandra", options, "pk", "inner", ["v"])
+        ring = read_ring(plan.reader.conn)
+        dealt = plan.reader._ring = replace(ring, owners=tuple(i % 3 for i in range(len(ring.tokens))),
+                                            hosts=("node-a", "node-b", "node-c"))
+        plan.reader.fetch_size = 7
+        sent: list = []
+
+        def listener(future) -> None:
+            sent.append(future.query)
+
+        session = session_for(plan.reader.conn)
+        session.add_request_init_listener(listener)
+        try:
+            assert sorted(run(plan, keys)["v"]) == expected
+        finally:
+            session.remove_request_init_listener(listener)
+        return sent, dealt
+
+    grouped, ring = statements("50")
+    assert len(grouped) <= 6, len(grouped)
+    host_of = {}
+    for statement in grouped:
+        in_keys = statement.raw_values[0]
+        tokens = partition_tokens(pa.table({"pk": pa.array(in_keys, pa.int32())}), ("pk",), {"pk": CQLType("int")})
+        hosts = {ring.hosts[i] for i in ring.owner_of(tokens)}
+        routed_to = ring.hosts[ring.owner_of(np.array([murmur3(statement.routing_key)]))[0]]
+        assert len(in_keys) <= 50 and hosts == {routed_to}, (in_keys, hosts, routed_to)
+        host_of.update(dict.fromkeys(in_keys, routed_to))
+    assert sorted(host_of) == [k for k, _ in keys] and sum(len(s.raw_values[0]) for s in grouped) == len(keys)
+    per_host = [list(host_of.values()).count(name) for name in ring.hosts]
+    assert len(grouped) == sum(-(-n // 50) for n in per_host), per_host
+    assert len(statements("1")[0]) == len(keys)
 
 
 def test_a_composite_partition_key_is_looked_up_whole(cass):

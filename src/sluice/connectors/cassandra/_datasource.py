@@ -204,8 +204,8 @@ class CassandraDataSource(SinkDataSource, SourceDataSource):
     # ------------------------------------------------------------------ lookup joins
     def lookup_reader(self, opts: Options, on: tuple[str, ...],
                       columns: tuple[str, ...] | None) -> CassandraLookupReader:
-        """sluice.lookup(df, "cassandra", ...): a prepared, token-aware SELECT per partition, run concurrently
-        (_lookup.py)."""
+        """sluice.lookup(df, "cassandra", ...): prepared, token-aware SELECTs (an IN per replica's group of keys of a
+        one-column partition key, else one per partition), run concurrently (_lookup.py)."""
         return plan_lookup(opts, on, columns)
 
 

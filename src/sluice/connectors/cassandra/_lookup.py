@@ -1,16 +1,22 @@
 """Lookup joins on Cassandra (`sluice.lookup(df, "cassandra", ...)`, docs/lookup.md): a `LookupReader` that reads
-each distinct key of an Arrow batch as one prepared, token-aware SELECT of its partition, many in flight at once.
+an Arrow batch's distinct keys by prepared, token-aware SELECTs, many in flight at once.
 
-`on` is the table's whole partition key, optionally followed by a prefix of its clustering columns:
-`SELECT ... FROM ks.t WHERE pk = ? [AND ck1 = ?]`, prepared once per task, so each bound statement carries its
-routing key and the driver's `TokenAwarePolicy` (the session _client.py builds for every read and write) sends it
-to a replica of its partition. The statements of one batch run through the driver's `execute_concurrent`, up to
-`lookup.max-concurrent-requests` in flight, on the worker process's one session per cluster (`session_for`), which
-the worker's later tasks reuse. With `lookup.repartition-by-replica`, `placement()` shuffles the rows by the
-node holding each key first (_tokens.py), so a task's statements go to one node. Columns are typed as
-`spark.read.format("cassandra")` types them (_types.py).
+`on` is the table's whole partition key, optionally followed by a prefix of its clustering columns. When it is
+exactly a single-column partition key, the keys are grouped by the node that holds them (each key's token against
+the ring of the worker's session, _tokens.py) and each group of at most `lookup.max-keys-per-request` keys is one
+`SELECT ... FROM ks.t WHERE pk IN ?`, its routing key set to a key of the group, so the driver's
+`TokenAwarePolicy` (the session _client.py builds for every read and write) sends it to that node, which reads every
+partition of the group itself. Otherwise (a composite partition key: CQL's IN over several columns is their
+cartesian product; a clustering prefix; `lookup.max-keys-per-request=1`) each key is one
+`SELECT ... WHERE pk = ? [AND ck1 = ?]`, whose bound values carry its routing key. Statements are prepared once per
+task; a batch's run through the driver's `execute_concurrent`, up to `lookup.max-concurrent-requests` in flight, on
+the worker process's one session per cluster (`session_for`), which the worker's later tasks reuse; a result of more
+than a page (FETCH_SIZE rows: a wide partition, or a group's many rows) pages on. With
+`lookup.repartition-by-replica`, `placement()` shuffles the rows by the node holding each key first (_tokens.py),
+so a task's statements go to one node. Columns are typed as `spark.read.format("cassandra")` types them
+(_types.py).
 
-What a lookup reads: each SELECT at `read.consistency` (LOCAL_QUORUM unless set), one partition as the replicas
+What a lookup reads: each SELECT at `read.consistency` (LOCAL_QUORUM unless set), each partition as the replicas
 answer it then; Cassandra has no snapshot spanning partitions. A failure that passes (timeouts, unavailable
 replicas, no node reachable) retries the batch `lookup.max-retries` times, backing off; then the task fails naming
 keyspace.table. A lookup never returns no rows for a key it could not ask about.
@@ -18,8 +24,10 @@ keyspace.table. A lookup never returns no rows for a key it could not ask about.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.types import StructField, StructType
 
@@ -37,13 +45,13 @@ from sluice.connector import (
 from sluice.connectors.cassandra._client import TUPLES, CassandraError, Connection, classify, quote_ident
 from sluice.connectors.cassandra._options import LookupOptions
 from sluice.connectors.cassandra._table import TableInfo, describe
-from sluice.connectors.cassandra._tokens import ReplicaPlacement, read_ring
+from sluice.connectors.cassandra._tokens import ReplicaPlacement, TokenRing, partition_tokens, read_ring
 from sluice.connectors.cassandra._types import CQLType, arrow_column, python_values, spark_type
 
 if TYPE_CHECKING:
-    from cassandra.query import PreparedStatement
+    from cassandra.query import BoundStatement, PreparedStatement
 
-FETCH_SIZE = 5000  # rows per page of one partition's SELECT (a wider partition pages on)
+FETCH_SIZE = 5000  # rows per page of a SELECT (a wider partition, or a group's partitions, page on)
 
 
 class CassandraLookupReader(LookupReader):
@@ -51,18 +59,23 @@ class CassandraLookupReader(LookupReader):
     `plan_lookup` on the driver."""
 
     def __init__(self, conn: Connection, cql: str, on: tuple[str, ...], kinds: dict[str, CQLType],
-                 schema: StructType, options: LookupOptions) -> None:
+                 schema: StructType, options: LookupOptions, keys_per_request: int = 1) -> None:
+        """`cql` binds the key by `pk IN ?` when keys_per_request > 1 (a single-column partition key), else by
+        `pk = ? [AND ck1 = ?]`."""
         self.conn, self.cql, self.on, self.kinds = conn, cql, on, kinds
         self._schema = schema
         self.arrow = to_arrow_schema(schema)
         self.consistency = options.read_consistency
         self.concurrency = options.lookup_max_concurrent_requests
         self.retries = options.lookup_max_retries
+        self.keys_per_request = keys_per_request
+        self.fetch_size = FETCH_SIZE
         self._prepared: PreparedStatement | None = None
+        self._ring: TokenRing | None = None  # the worker's session's, read at a task's first group
         self._placement: ReplicaPlacement | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_prepared": None}  # prepared per task, on the worker's session
+        return {**self.__dict__, "_prepared": None, "_ring": None}  # per task, from the worker's session
 
     @property
     def schema(self) -> StructType:
@@ -81,7 +94,7 @@ class CassandraLookupReader(LookupReader):
         except ValueError as e:  # a string key that is no UUID for a uuid column
             raise CassandraError(f"a key looked up in {self.described} does not fit its column's CQL type: {e}",
                                  store="cassandra", target=self.conn.display) from None
-        rows = self._rows(list(zip(*values, strict=True)))
+        rows = self._rows(list(zip(*values, strict=True)), keys)
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in self.arrow]
         try:
             arrays = [arrow_column(list(cells), self.kinds[field.name], field.type)
@@ -92,9 +105,9 @@ class CassandraLookupReader(LookupReader):
                                  store="cassandra", target=self.conn.display) from None
         return pa.Table.from_arrays(arrays, schema=self.arrow)
 
-    def _rows(self, params: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        """Every row of every key's SELECT, run concurrently; the whole batch again on a failure that passes."""
-        from cassandra.concurrent import execute_concurrent_with_args
+    def _rows(self, params: list[tuple[Any, ...]], keys: pa.Table) -> list[tuple[Any, ...]]:
+        """Every row of the batch's SELECTs, run concurrently; the whole batch again on a failure that passes."""
+        from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
 
         for attempt in range(self.retries + 1):
             error: BaseException
@@ -105,13 +118,20 @@ class CassandraLookupReader(LookupReader):
             else:
                 try:
                     statement = self._statement(session)
-                    results = execute_concurrent_with_args(session, statement, params, concurrency=self.concurrency,
-                                                           raise_on_first_error=True, execution_profile=TUPLES)
+                    if self.keys_per_request > 1:
+                        results = execute_concurrent(session, self._groups(statement, params, keys),
+                                                     concurrency=self.concurrency, raise_on_first_error=True,
+                                                     execution_profile=TUPLES)
+                    else:
+                        results = execute_concurrent_with_args(session, statement, params,
+                                                               concurrency=self.concurrency, raise_on_first_error=True,
+                                                               execution_profile=TUPLES)
+                    # A ResultSet iterates every page: the next ones are fetched as the rows are read.
                     return [tuple(row) for result in results for row in result.result_or_exc]
                 except Exception as e:
                     error = classify(e, self.conn, len(params))
                     passes = isinstance(error, RetryableError | ThrottledError)
-                    self._prepared = None  # the next session (a restarted cluster's) prepares anew
+                    self._prepared = self._ring = None  # the next session (a restarted cluster's) starts anew
             if attempt == self.retries or not passes:
                 raise CassandraError(f"looking up {len(params)} key(s) in {self.described} failed after "
                                      f"{attempt + 1} attempt(s) (lookup.max-retries={self.retries}): {error}",
@@ -119,15 +139,55 @@ class CassandraLookupReader(LookupReader):
             lookup_retry_pause(self.described, len(params), attempt, self.retries, error)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def _groups(self, prepared: PreparedStatement, params: list[tuple[Any, ...]],
+                keys: pa.Table) -> list[tuple[BoundStatement, None]]:
+        """One `pk IN ?` statement per group of at most keys_per_request keys with one first replica (the ring of the
+        worker's session), its routing key a key of the group's: the token-aware policy sends it to that replica."""
+        if self._ring is None:
+            self._ring = read_ring(self.conn, "a lookup by a single-column partition key",
+                                   "set lookup.max-keys-per-request=1 (a SELECT per key)")
+        owners = self._ring.owner_of(partition_tokens(keys, self.on, self.kinds))
+        order = np.argsort(owners, kind="stable")
+        runs = np.split(order, np.flatnonzero(np.diff(owners[order])) + 1) if len(order) else []
+        key_type = prepared.column_metadata[0].type.subtypes[0]  # the IN marker's list<key type>
+        routed = _routed_statement()
+        statements: list[tuple[BoundStatement, None]] = []
+        for run in runs:
+            for start in range(0, len(run), self.keys_per_request):
+                group = [params[i][0] for i in run[start:start + self.keys_per_request]]
+                routing_key = key_type.serialize(group[0], prepared.protocol_version)
+                statements.append((routed(prepared, group, routing_key), None))
+        return statements
+
     def _statement(self, session: Any) -> PreparedStatement:
         from cassandra import ConsistencyLevel
 
         if self._prepared is None:
             prepared = session.prepare(self.cql)
             prepared.consistency_level = ConsistencyLevel.name_to_value[self.consistency]
-            prepared.fetch_size = FETCH_SIZE
+            prepared.fetch_size = self.fetch_size
             self._prepared = prepared
         return self._prepared
+
+
+@functools.cache
+def _routed_statement() -> type[BoundStatement]:
+    """A BoundStatement whose routing key is the one given: the driver derives a bound statement's routing key only
+    from the prepared statement's partition-key markers, and an IN list's marker is none (the driver is imported
+    where a lookup runs, not with this module)."""
+    from cassandra.query import BoundStatement
+
+    class RoutedStatement(BoundStatement):
+        def __init__(self, prepared: PreparedStatement, keys: list[Any], routing_key: bytes) -> None:
+            super().__init__(prepared)
+            self.bind((keys,))
+            self._routing_key = routing_key
+
+        @property
+        def routing_key(self) -> bytes:
+            return self._routing_key
+
+    return RoutedStatement
 
 
 def key_columns(on: tuple[str, ...], info: TableInfo, target: str) -> tuple[str, ...]:
@@ -172,10 +232,13 @@ def plan_lookup(opts: Options, on: tuple[str, ...], columns: tuple[str, ...] | N
         except OptionError:
             raise OptionError(f"column '{name}' of table {target} is CQL {info.columns[name]}, which sluice does not "
                               "read; leave it out with columns=[...]") from None
-    where = " AND ".join(f"{quote_ident(c)} = ?" for c in ordered)
+    # Groups of keys in one IN only over exactly a single-column partition key (see the module's docstring).
+    grouped = len(ordered) == 1 and ordered == info.partition_key and options.lookup_max_keys_per_request > 1
+    where = f"{quote_ident(ordered[0])} IN ?" if grouped else " AND ".join(f"{quote_ident(c)} = ?" for c in ordered)
     cql = f"SELECT {', '.join(quote_ident(n) for n in wanted)} FROM {conn.target} WHERE {where}"
     # A bound statement binds by position, in WHERE's order: the reader's keys are given in that order.
-    reader = CassandraLookupReader(conn, cql, ordered, dict(info.columns), StructType(fields), options)
+    reader = CassandraLookupReader(conn, cql, ordered, dict(info.columns), StructType(fields), options,
+                                   options.lookup_max_keys_per_request if grouped else 1)
     try:
         conn.session().prepare(cql)
     except Exception as e:

@@ -15,6 +15,7 @@ from sluice.connector import (
     TypedOptions,
     check_error_options,
     lookup_max_concurrent_requests,
+    lookup_max_keys_per_request,
     lookup_max_retries,
     pushdown_option,
     tracking_options,
@@ -137,10 +138,15 @@ LOOKUP_OPTIONS = (
     replace(next(o for o in READ_OPTIONS if o.name == "read.consistency"), default="LOCAL_QUORUM",
             meaning="Consistency level of each lookup's SELECTs (LOCAL_QUORUM: with writes at LOCAL_QUORUM, a "
             "lookup sees every acknowledged write)."),
-    # One SELECT per key (a partition is Cassandra's unit of a request): no lookup.max-keys-per-request here.
-    lookup_max_concurrent_requests("SELECTs (one per distinct partition or clustering prefix of an Arrow batch, "
-                                   "each routed to a replica of its partition, by the driver's execute_concurrent)",
-                                   default=64),
+    lookup_max_concurrent_requests("SELECTs (each of a group of one replica's keys, or of one partition or "
+                                   "clustering prefix: see lookup.max-keys-per-request; routed to a replica of its "
+                                   "keys, by the driver's execute_concurrent)", default=64),
+    # A partition is Cassandra's unit of a read: an IN over a single-column partition key reads the listed
+    # partitions on the node the statement reaches, so a group holds the keys of one replica (CQL's IN over several
+    # partition-key columns would be their cartesian product: those keys stay a SELECT each).
+    lookup_max_keys_per_request("SELECT ... WHERE pk IN ? of one replica's keys, routed to it, when on= is exactly a "
+                                "single-column partition key (a composite partition key or a clustering prefix: a "
+                                "SELECT per key; 1: a SELECT per key here too)", default=100),
     lookup_max_retries("after a failure that passes (a timeout, unavailable replicas, no node reachable): the "
                        "batch's SELECTs, all of them (reads: sending one again changes nothing)"),
     Option("lookup.repartition-by-replica", "bool", False, "Shuffle the DataFrame by the node that holds each key "
@@ -161,6 +167,7 @@ class LookupOptions(TypedOptions):
 
     read_consistency: str
     lookup_max_concurrent_requests: int
+    lookup_max_keys_per_request: int
     lookup_max_retries: int
     lookup_repartition_by_replica: bool
     lookup_partitions_per_host: int

@@ -148,8 +148,11 @@ class TokenRing:
         return np.asarray(self.owners, dtype=np.int64)[at]
 
 
-def read_ring(conn: Connection) -> TokenRing:
-    """The ring of `conn`'s keyspace from the driver's cluster metadata (read once, on the driver)."""
+def read_ring(conn: Connection, needed_by: str = "lookup.repartition-by-replica",
+              advice: str = "set lookup.repartition-by-replica=false") -> TokenRing:
+    """The ring of `conn`'s keyspace from this process's session's cluster metadata (for lookup.repartition-by-
+    replica: once, on the driver; for the lookup's groups of keys: once per task); `needed_by` and `advice` name
+    what needs it in the error when the driver has none."""
     from cassandra.policies import HostDistance
 
     from sluice.connectors.cassandra._client import TUPLES, CassandraError
@@ -160,8 +163,8 @@ def read_ring(conn: Connection) -> TokenRing:
     policy = session.get_execution_profile(TUPLES).load_balancing_policy
     token_map = session.cluster.metadata.token_map
     if token_map is None or not token_map.ring:
-        raise CassandraError(f"lookup.repartition-by-replica: the driver has no token ring for {conn.display} "
-                             "(its token metadata is off); set lookup.repartition-by-replica=false",
+        raise CassandraError(f"{needed_by}: the driver has no token ring for {conn.display} "
+                             f"(its token metadata is off); {advice}",
                              store="cassandra", target=conn.display)
     hosts: dict[str, int] = {}
     tokens, owners = [], []
