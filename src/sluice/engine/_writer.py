@@ -132,6 +132,10 @@ class AsyncSinkWriter:
         self._completions: deque[tuple[Batch, float, Future[None]]] = deque()
         self._failure: SinkError | None = None
         self._closing = False
+        self._idle = False  # the manager thread is waiting (or waking, the lock not yet taken back)
+        self._idle_waiters = 0  # threads in _wait_idle (or a caller waiting for the manager)
+        # Whether every batch so far was acknowledged at once (None: none sent yet).
+        self._acks_at_once: bool | None = None
 
         # Owned by the manager thread.
         self._busy_keys: set[Hashable] = set()
@@ -287,15 +291,60 @@ class AsyncSinkWriter:
         if self._failure is not None:
             raise self._failure
 
+    handover = "wake"  # EXPERIMENT: wake | inline | sync | every2
+
     def _put(self, item: Chunk | list[Chunk] | _Checkpoint) -> None:
+        variant = self.handover
         with self._cond:
             while len(self._ring) >= self._ring_capacity and self._failure is None and not self._closing:
                 self._cond.wait()
             self._raise_failure()
             if self._closing:
                 raise SinkError("the sink writer is closed", store=self.store.name, target=self.store.target)
+            if variant == "inline" and type(item) is Chunk and self._cut_here(item):
+                return
             self._ring.append(item)
+            if variant == "every2" and type(item) is Chunk and len(self._ring) < 2:
+                return
             self._cond.notify_all()
+            if variant == "sync" and type(item) is Chunk:
+                self._idle_waiters += 1
+                while (self._ring or not self._idle) and self._failure is None and not self._closing:
+                    self._cond.wait()
+                self._idle_waiters -= 1
+
+    def _cut_here(self, chunk: Chunk) -> bool:
+        """Under the lock, on the caller's thread: while the manager thread waits with nothing buffered, pending or in
+        flight, for a plain write to a store that has acknowledged every batch at once, admit the chunk and run the
+        manager's pump here, as the manager would have, instead of waking it: in Spark a wake per Arrow batch cost the
+        task's worker ~0.2 ms of CPU (the two threads trading the GIL while the task reads the next batch from its
+        socket), ~1.5x the CPU of the bare Arrow writer at batches of 500 (docs/engine.md). The manager cannot run
+        meanwhile: it sleeps in its wait, or wakes into the lock this thread holds. What the pump leaves (a partial
+        batch with its timeout, a batch in flight, a failure to handle) wakes it as a hand-over would have.
+        False: the chunk goes through the ring."""
+        if not (self._idle and self._acks_at_once) or self._ring or self._completions or self._checkpoints \
+                or self._buffer.size():
+            return False
+        try:
+            self._admit(chunk)
+            self._pump()
+        except BaseException as error:  # as on the manager thread: a bug here fails the write, never hangs it
+            log.exception("sluice buffer manager crashed")
+            failure = SinkError(f"{self.store.name}: sink engine failed: {error!r}", store=self.store.name,
+                                target=self.store.target, cause=error)
+            self._fail(failure)
+            raise failure from error
+        if self._buffer.size() or self._limiter.inflight_requests or self._completions:
+            self._cond.notify_all()
+        return True
+
+    def _wait_idle(self) -> None:
+        """Return once the manager thread waits (for tests: what a caller's next chunk then finds)."""
+        with self._cond:
+            self._idle_waiters += 1
+            while not self._idle and self._failure is None and not self._closing:
+                self._cond.wait()
+            self._idle_waiters -= 1
 
     # ----------------------------------------------------------------- manager thread
     def _run(self) -> None:
@@ -312,7 +361,11 @@ class AsyncSinkWriter:
                 if not (self._completions or self._closing or self._admissible()):
                     # One wait per cycle: whatever woke us (a put, a completion, a deadline or backoff
                     # passing), the pump below re-evaluates every trigger.
+                    self._idle = True
+                    if self._idle_waiters:
+                        self._cond.notify_all()
                     self._cond.wait(self._wait_seconds())
+                    self._idle = False
                 if self._closing:
                     return
                 completions = list(self._completions)
@@ -491,10 +544,13 @@ class AsyncSinkWriter:
                             low, high = latency_bucket_range(bucket)
                         latencies[bucket] = latencies.get(bucket, 0) + 1
                         inflight = limiter.inflight_requests
+                        if self._acks_at_once is None:
+                            self._acks_at_once = True
                         batches += 1
                         records += limit
                         size += taken_bytes
                     else:
+                        self._acks_at_once = False
                         limiter.on_submit(limit)
                         stats.flush_reasons["batch-size"] += 1
                         stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
@@ -565,6 +621,7 @@ class AsyncSinkWriter:
             # is known without asking it, which takes its lock three times).
             self._on_complete(batch, started, None)
             return
+        self._acks_at_once = False
         future.add_done_callback(lambda f: self._post_completion(batch, started, f))
 
     def _post_completion(self, batch: Batch, started: float, future: Future[None]) -> None:
