@@ -2,11 +2,12 @@
 
 Threads: the caller's thread (a Spark task) pushes chunks of encoded entries into a small bounded ring
 (the sink-modes design's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
-other state: it admits chunks while fewer than `requests_max_buffered` entries wait, cuts batches with the
-BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
-the user's rate cap (token buckets, sink.rate.*) and the AIMD rate limiter allow, handles completions (re-adding
-failed entries at the head, splitting a batch refused for one of its records when errors.tolerance=all), and reports
-the write to an optional observer (live metrics) every few seconds.
+other state (lent to the caller, under the lock, while the manager waits with nothing to do and the store
+acknowledges every batch at once: `_cut_here`): it admits chunks while fewer than `requests_max_buffered` entries
+wait, cuts batches with the BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint),
+submits them while the user's rate cap (token buckets, sink.rate.*) and the AIMD rate limiter allow, handles
+completions (re-adding failed entries at the head, splitting a batch refused for one of its records when
+errors.tolerance=all), and reports the write to an optional observer (live metrics) every few seconds.
 
 Over 400 lines on purpose: the manager thread's state and the loop that owns it are one unit (the refusals' split
 and route too: they put entries back in its buffer and count in its stats); split, each half would reach into the
@@ -132,9 +133,10 @@ class AsyncSinkWriter:
         self._completions: deque[tuple[Batch, float, Future[None]]] = deque()
         self._failure: SinkError | None = None
         self._closing = False
-        self._idle = False  # the manager thread is waiting (or waking, the lock not yet taken back)
-        self._idle_waiters = 0  # threads in _wait_idle (or a caller waiting for the manager)
-        # Whether every batch so far was acknowledged at once (None: none sent yet).
+        self._idle = False  # the manager thread waits (or wakes, the lock not yet taken back): see _cut_here
+        self._idle_waiters = 0  # threads in _wait_idle
+        # Whether submit returned the shared acknowledged future (completed_future()) for every batch so far (None: no
+        # batch sent yet); set by _send_full and _submit. A future another thread completes is never "at once".
         self._acks_at_once: bool | None = None
 
         # Owned by the manager thread.
@@ -291,31 +293,22 @@ class AsyncSinkWriter:
         if self._failure is not None:
             raise self._failure
 
-    handover = "wake"  # EXPERIMENT: wake | inline | sync | every2
-
     def _put(self, item: Chunk | list[Chunk] | _Checkpoint) -> None:
-        variant = self.handover
         with self._cond:
             while len(self._ring) >= self._ring_capacity and self._failure is None and not self._closing:
                 self._cond.wait()
             self._raise_failure()
             if self._closing:
                 raise SinkError("the sink writer is closed", store=self.store.name, target=self.store.target)
-            if variant == "inline" and type(item) is Chunk and self._cut_here(item):
+            if type(item) is Chunk and self._cut_here(item):
                 return
             self._ring.append(item)
-            if variant == "every2" and type(item) is Chunk and len(self._ring) < 2:
-                return
             self._cond.notify_all()
-            if variant == "sync" and type(item) is Chunk:
-                self._idle_waiters += 1
-                while (self._ring or not self._idle) and self._failure is None and not self._closing:
-                    self._cond.wait()
-                self._idle_waiters -= 1
 
     def _cut_here(self, chunk: Chunk) -> bool:
         """Under the lock, on the caller's thread: while the manager thread waits with nothing buffered, pending or in
-        flight, for a plain write to a store that has acknowledged every batch at once, admit the chunk and run the
+        flight, for a plain write to a store that has acknowledged every batch at once (submit returned
+        completed_future(): sluice_null, Kafka in a transaction), admit the chunk and run the
         manager's pump here, as the manager would have, instead of waking it: in Spark a wake per Arrow batch cost the
         task's worker ~0.2 ms of CPU (the two threads trading the GIL while the task reads the next batch from its
         socket), ~1.5x the CPU of the bare Arrow writer at batches of 500 (docs/engine.md). The manager cannot run
@@ -361,7 +354,7 @@ class AsyncSinkWriter:
                 if not (self._completions or self._closing or self._admissible()):
                     # One wait per cycle: whatever woke us (a put, a completion, a deadline or backoff
                     # passing), the pump below re-evaluates every trigger.
-                    self._idle = True
+                    self._idle = True  # a caller's chunk may be cut on its thread meanwhile (_cut_here)
                     if self._idle_waiters:
                         self._cond.notify_all()
                     self._cond.wait(self._wait_seconds())
@@ -544,7 +537,9 @@ class AsyncSinkWriter:
                             low, high = latency_bucket_range(bucket)
                         latencies[bucket] = latencies.get(bucket, 0) + 1
                         inflight = limiter.inflight_requests
-                        if self._acks_at_once is None:
+                        if future is not _ACKNOWLEDGED:
+                            self._acks_at_once = False
+                        elif self._acks_at_once is None:
                             self._acks_at_once = True
                         batches += 1
                         records += limit
@@ -619,6 +614,8 @@ class AsyncSinkWriter:
             # Acknowledged already (a store that holds nothing in flight): counted here, not sent round through the
             # completion queue, which cost a lock, a notify and a turn of the loop per batch (and the shared future
             # is known without asking it, which takes its lock three times).
+            if future is not _ACKNOWLEDGED:
+                self._acks_at_once = False
             self._on_complete(batch, started, None)
             return
         self._acks_at_once = False
