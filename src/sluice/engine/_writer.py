@@ -308,13 +308,13 @@ class AsyncSinkWriter:
     def _cut_here(self, chunk: Chunk) -> bool:
         """Under the lock, on the caller's thread: while the manager thread waits with nothing buffered, pending or in
         flight, for a plain write to a store that has acknowledged every batch at once (submit returned
-        completed_future(): sluice_null, Kafka in a transaction), admit the chunk and run the
-        manager's pump here, as the manager would have, instead of waking it: in Spark a wake per Arrow batch cost the
-        task's worker ~0.2 ms of CPU (the two threads trading the GIL while the task reads the next batch from its
-        socket), ~1.5x the CPU of the bare Arrow writer at batches of 500 (docs/engine.md). The manager cannot run
-        meanwhile: it sleeps in its wait, or wakes into the lock this thread holds. What the pump leaves (a partial
-        batch with its timeout, a batch in flight, a failure to handle) wakes it as a hand-over would have.
-        False: the chunk goes through the ring."""
+        completed_future(): sluice_null, Kafka in a transaction), admit the chunk and run the manager's pump here, as
+        the manager would have, instead of waking it. In Spark a wake per Arrow batch cost the task's worker ~0.1 ms of
+        CPU (the thread switches, and the two threads wanting the GIL while the task reads the next batch from its
+        socket): 1.43-1.48x the bare Arrow writer's CPU with one batch per Arrow batch, 1.28-1.30x without the wake
+        (docs/results/engine.md, 2026-12-07). The manager cannot run meanwhile: it sleeps in its wait, or wakes into
+        the lock this thread holds. What the pump leaves (a partial batch with its timeout, a batch in flight, a failure
+        to handle) wakes it as a hand-over would have. False: the chunk goes through the ring."""
         if not (self._idle and self._acks_at_once) or self._ring or self._completions or self._checkpoints \
                 or self._buffer.size():
             return False
