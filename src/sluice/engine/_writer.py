@@ -501,7 +501,7 @@ class AsyncSinkWriter:
 
     def _send_full(self, now: float) -> None:
         """The loop below for full batches of a plain write (no rate cap, nothing to retry, no timeout flush), cut
-        as SimpleBatchCreator would from the head chunk (DequeRequestBuffer.full_batches), sent while the limiter
+        as SimpleBatchCreator would from the head chunk (DequeRequestBuffer.full_run), sent while the limiter
         allows, with the same statistics. A store acknowledging a batch at once (sluice_null, a client that
         buffers) is counted in local sums, written back once per run instead of per batch: the per-batch work, a
         Taken, a RequestInfo, the trigger, the limiter's calls and a histogram update, cost ~3 us a batch, ~12 ms of
@@ -509,7 +509,8 @@ class AsyncSinkWriter:
         The loop below cuts whatever this leaves (the partial batches, a batch across chunks, retries)."""
         limiter, stats, clock, store = self._limiter, self.stats, self._clock, self.store
         buffer = cast(DequeRequestBuffer, self._buffer)
-        batches = records = size = 0
+        cap, acknowledged = limiter.cap, _ACKNOWLEDGED
+        batches = records = size = 0  # acknowledged at once
         latencies: dict[int, int] = {}
         low = high = 0.0  # the latency range of the last bucket seen (its number: bucket)
         bucket = 0
@@ -520,42 +521,64 @@ class AsyncSinkWriter:
                 limit = limiter.batch_size_limit(self._batch_records)
                 if buffer.size() < limit or limiter.should_block(limit):
                     return
-                for entries, sizes, taken_bytes in buffer.full_batches(limit, self._batch_bytes, now):
-                    batch = Batch(entries, taken_bytes, limit, None, 0, sizes)
-                    started = clock()
-                    try:
-                        future = store.submit(batch)
-                    except BaseException as error:  # a store that raises instead of failing the future
-                        future = completed_future(error)
-                    if future is _ACKNOWLEDGED or (future.done() and not future.cancelled()
-                                                   and future.exception() is None):
-                        # on_submit and on_complete at once: nothing stays in flight, the window grows
-                        limiter.window = min(limiter.cap, limiter.window + limiter.increase)
-                        latency = clock() - started
-                        if not low <= latency < high:
-                            bucket = latency_bucket(latency)
-                            low, high = latency_bucket_range(bucket)
-                        latencies[bucket] = latencies.get(bucket, 0) + 1
-                        inflight = limiter.inflight_requests
-                        if future is not _ACKNOWLEDGED:
+                run = buffer.full_run(limit, self._batch_bytes, now)
+                if run is None:
+                    return
+                chunk, run_bytes = run
+                entries, sizes, start = chunk.entries, chunk.sizes, chunk.start
+                whole = not start and len(entries) == limit  # the chunk is the batch: no slices
+                steady = limit == self._batch_records
+                taken = 0
+                later = later_bytes = 0  # of the run's batches, those left in flight
+                shared = False  # any acknowledged with the shared future
+                try:
+                    for taken, batch_bytes in enumerate(run_bytes, 1):  # noqa: B007 (taken: read after the loop)
+                        stop = start + limit
+                        batch = Batch(entries, batch_bytes, limit, None, 0, sizes) if whole else \
+                            Batch(entries[start:stop], batch_bytes, limit, None, 0, sizes[start:stop])
+                        start = stop
+                        started = clock()
+                        try:
+                            future = store.submit(batch)
+                        except BaseException as error:  # a store that raises instead of failing the future
+                            future = completed_future(error)
+                        if future is acknowledged or (future.done() and not future.cancelled()
+                                                      and future.exception() is None):
+                            # on_submit and on_complete at once: nothing stays in flight; the window grows to its cap
+                            latency = clock() - started
+                            if not low <= latency < high:
+                                bucket = latency_bucket(latency)
+                                low, high = latency_bucket_range(bucket)
+                            latencies[bucket] = latencies.get(bucket, 0) + 1
+                            inflight = limiter.inflight_requests
+                            if future is acknowledged:
+                                shared = True
+                            else:
+                                self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
+                            if limiter.window < cap:
+                                limiter.window = min(cap, limiter.window + limiter.increase)
+                            if steady:
+                                continue  # a batch as large as sink.batch.max-size: a larger window cannot change it
+                        else:
                             self._acks_at_once = False
-                        elif self._acks_at_once is None:
-                            self._acks_at_once = True
-                        batches += 1
-                        records += limit
-                        size += taken_bytes
-                    else:
-                        self._acks_at_once = False
-                        limiter.on_submit(limit)
-                        stats.flush_reasons["batch-size"] += 1
-                        stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
-                        future.add_done_callback(partial(self._post_completion, batch, started))
-                        if limiter.should_block(limit):
-                            return
-                    if limiter.batch_size_limit(self._batch_records) != limit:
-                        break  # the window moved the batch size: cut again at the new one
-                else:
-                    return  # the head chunk holds no more full batches
+                            later += 1
+                            later_bytes += batch_bytes
+                            limiter.on_submit(limit)
+                            stats.flush_reasons["batch-size"] += 1
+                            stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
+                            future.add_done_callback(partial(self._post_completion, batch, started))
+                            if limiter.should_block(limit):
+                                return
+                        if limiter.batch_size_limit(self._batch_records) != limit:
+                            break  # the window moved the batch size: cut again at the new one
+                finally:
+                    taken_bytes = sum(run_bytes[:taken])
+                    buffer.take_run(taken, limit, taken_bytes)
+                    batches += taken - later
+                    records += (taken - later) * limit
+                    size += taken_bytes - later_bytes
+                    if shared and self._acks_at_once is None:
+                        self._acks_at_once = True
         finally:
             if batches:
                 stats.flush_reasons["batch-size"] += batches
@@ -563,7 +586,9 @@ class AsyncSinkWriter:
                 stats.records += records
                 stats.bytes += size
                 stats.batches += batches
-                stats.latency_buckets.update(latencies)
+                buckets = stats.latency_buckets
+                for bucket, count in latencies.items():
+                    buckets[bucket] += count
                 self._last_send_s = latency
 
     def _send(self, batch: Batch, reason: str, now: float) -> None:
