@@ -85,9 +85,10 @@ class Chunk:
         return len(self.entries) - self.start
 
     def _running(self) -> NDArray[np.integer]:
-        if self._sums is None:
-            self._sums = cast("NDArray[np.integer]", self.sizes).cumsum()
-        return self._sums
+        sums: NDArray[np.integer] = self._sums if self._sums is not None else \
+            cast("NDArray[np.integer]", self.sizes).cumsum()
+        self._sums = sums
+        return sums
 
     def _before(self, index: int) -> int:
         return int(self._running()[index - 1]) if index else 0
