@@ -513,7 +513,7 @@ class AsyncSinkWriter:
         batches = records = size = 0  # acknowledged at once
         latencies: dict[int, int] = {}
         low = high = 0.0  # the latency range of the last bucket seen (its number: bucket)
-        bucket = 0
+        bucket = same = 0  # `same`: latencies in that bucket since it was last written to `latencies`
         latency = None
         inflight = 0  # in flight beside the last batch acknowledged at once (grows in a run: nothing completes)
         try:
@@ -530,7 +530,9 @@ class AsyncSinkWriter:
                 steady = limit == self._batch_records
                 taken = 0
                 later = later_bytes = 0  # of the run's batches, those left in flight
-                shared = False  # any acknowledged with the shared future
+                # Window increases not applied yet: while batches are acknowledged at once at a steady size, nothing
+                # reads the window; applied before anything does (a batch left in flight, the run's end).
+                grown = 0
                 try:
                     for taken, batch_bytes in enumerate(run_bytes, 1):  # noqa: B007 (taken: read after the loop)
                         stop = start + limit
@@ -546,20 +548,24 @@ class AsyncSinkWriter:
                                                       and future.exception() is None):
                             # on_submit and on_complete at once: nothing stays in flight; the window grows to its cap
                             latency = clock() - started
-                            if not low <= latency < high:
+                            if low <= latency < high:
+                                same += 1
+                            else:
+                                if same:
+                                    latencies[bucket] = latencies.get(bucket, 0) + same
                                 bucket = latency_bucket(latency)
                                 low, high = latency_bucket_range(bucket)
-                            latencies[bucket] = latencies.get(bucket, 0) + 1
+                                same = 1
                             inflight = limiter.inflight_requests
-                            if future is acknowledged:
-                                shared = True
-                            else:
+                            if future is not acknowledged:
                                 self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
-                            if limiter.window < cap:
-                                limiter.window = min(cap, limiter.window + limiter.increase)
                             if steady:
+                                grown += 1
                                 continue  # a batch as large as sink.batch.max-size: a larger window cannot change it
+                            limiter.window = min(cap, limiter.window + limiter.increase)
                         else:
+                            if grown:
+                                limiter.window, grown = min(cap, limiter.window + limiter.increase * grown), 0
                             self._acks_at_once = False
                             later += 1
                             later_bytes += batch_bytes
@@ -572,14 +578,18 @@ class AsyncSinkWriter:
                         if limiter.batch_size_limit(self._batch_records) != limit:
                             break  # the window moved the batch size: cut again at the new one
                 finally:
+                    if grown:
+                        limiter.window = min(cap, limiter.window + limiter.increase * grown)
                     taken_bytes = sum(run_bytes[:taken])
                     buffer.take_run(taken, limit, taken_bytes)
                     batches += taken - later
                     records += (taken - later) * limit
                     size += taken_bytes - later_bytes
-                    if shared and self._acks_at_once is None:
+                    if taken > later and self._acks_at_once is None:
                         self._acks_at_once = True
         finally:
+            if same:
+                latencies[bucket] = latencies.get(bucket, 0) + same
             if batches:
                 stats.flush_reasons["batch-size"] += batches
                 stats.peak_inflight = max(stats.peak_inflight, inflight + 1)
