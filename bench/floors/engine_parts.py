@@ -5,11 +5,16 @@ test`. 4M rows of a bigint and a 100-byte string (bench/floors/bare_writer.py's)
 alternating, round after round:
 - `bare`: the bare Arrow writer (counts the rows);
 - `encode`: sluice_null's encoder alone (row numbers and the body's sizes from its offsets), nothing kept;
+- `floor`: the encoder, then each batch of --batch rows made a `Batch` and handed to `NullStore.submit` in a bare
+  loop (its bytes summed per batch, two clock readings around the call): the least any engine that calls a Python
+  `submit` per batch can do, without buffering, limiter or statistics;
 - `handover`: encoded chunks handed to the engine, cut into one batch per Arrow batch (sink.batch.max-size=10000): the
   hand-over and the per-chunk work without the per-batch work;
 - `sluice_null`: the whole engine at sink.batch.max-size=--batch.
 Figures: the medians of each write's wall time and of the Python workers' CPU seconds (bench/cpu.py), and their ratios
-to the bare writer's.
+to the bare writer's; and of the task workers' alone (`pyspark.worker`: the write's tasks, without the Python that
+Spark runs on the driver's side to look up, plan and commit a Python Data Source's write, ~0.08 s a write here,
+which moves by as much between writes).
 """
 
 from __future__ import annotations
@@ -21,8 +26,14 @@ import platform
 import statistics
 from datetime import UTC, datetime
 
-from bench.cpu import clocked_tree
+from bench.cpu import _TICK, clocked_tree, processes
 from bench.floors.bare_writer import register_bare_writer, rows_frame
+
+
+def task_worker_seconds() -> dict[int, float]:
+    """CPU seconds of each Python worker that runs tasks (not the driver-side planners: `pyspark.sql.worker.*`)."""
+    return {pid: sum(int(x) for x in fields[11:15]) / _TICK for pid, _, fields, cmdline in processes()
+            if "pyspark.daemon pyspark.worker" in cmdline}
 
 
 def register_encoder_only(spark) -> str:
@@ -51,6 +62,43 @@ def register_encoder_only(spark) -> str:
     return "bench_encode"
 
 
+def register_floor(spark, batch_rows: int) -> str:
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class FloorWriter(DataSourceArrowWriter):
+        def write(self, iterator):
+            import time
+
+            from sluice.connector import Batch, binary_sizes
+            from sluice.connectors.null import NullStore
+
+            store, clock, n = NullStore(), time.monotonic, 0
+            for batch in iterator:
+                sizes = binary_sizes(batch, "body")
+                rows = range(n, n + batch.num_rows)
+                n = rows.stop
+                whole = batch.num_rows // batch_rows
+                start = 0
+                for size in sizes[:whole * batch_rows].reshape(whole, batch_rows).sum(axis=1).tolist():
+                    stop = start + batch_rows
+                    started = clock()
+                    store.submit(Batch(rows[start:stop], size, batch_rows, None, 0, sizes[start:stop]))
+                    clock() - started
+                    start = stop
+            return WriterCommitMessage()
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "bench_floor"
+
+        def writer(self, schema, overwrite):
+            return FloorWriter()
+
+    spark.dataSource.register(FloorSource)
+    return "bench_floor"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=4_000_000)
@@ -66,30 +114,37 @@ def main() -> int:
     sides = {
         "bare": (register_bare_writer(spark), {}),
         "encode": (register_encoder_only(spark), {}),
+        "floor": (register_floor(spark, args.batch), {}),
         "handover": ("sluice_null", {"sink.batch.max-size": "10000", "sink.requests.max-buffered": "20001"}),
         "sluice_null": ("sluice_null", {"sink.batch.max-size": str(args.batch)}),
     }
     df = rows_frame(spark, args.rows, with_id=True)
     wall: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
+    task_cpu: dict[str, list[float]] = {side: [] for side in sides}
 
-    def write(side: str) -> tuple[float, float]:
+    def write(side: str) -> tuple[float, float, float]:
         fmt, options = sides[side]
+        before = task_worker_seconds()
         took, used = clocked_tree(lambda: df.write.format(fmt).options(**options).mode("append").save(), {})
-        return took, used.get("python_workers", 0.0)
+        after = task_worker_seconds()
+        tasks = sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
+        return took, used.get("python_workers", 0.0), tasks
 
     for side in sides:
         write(side)  # warm-up: Python workers, imports
     for _ in range(args.rounds):
         for side in sides:
-            took, used = write(side)
+            took, used, tasks = write(side)
             wall[side].append(took)
             cpu[side].append(used)
+            task_cpu[side].append(tasks)
         load.append(os.getloadavg()[0])
     summary = sluice.last_write_summary("sluice_null")
     assert summary and summary["records"] == args.rows, summary
     spark.stop()
-    med = {side: (statistics.median(wall[side]), statistics.median(cpu[side])) for side in sides}
+    med = {side: (statistics.median(wall[side]), statistics.median(cpu[side]), statistics.median(task_cpu[side]))
+           for side in sides}
     print(json.dumps({
         "started_utc": started.strftime("%Y-%m-%d %H:%M"), "ended_utc": datetime.now(UTC).strftime("%H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_1min": [round(x, 1) for x in load],
@@ -98,6 +153,8 @@ def main() -> int:
         "worker_cpu_s": {side: round(m[1], 3) for side, m in med.items()},
         "bare_wall_over_side_wall": {side: round(med["bare"][0] / m[0], 3) for side, m in med.items()},
         "cpu_over_bare": {side: round(m[1] / med["bare"][1], 3) for side, m in med.items()},
+        "task_worker_cpu_s": {side: round(m[2], 3) for side, m in med.items()},
+        "task_cpu_over_bare": {side: round(m[2] / med["bare"][2], 3) for side, m in med.items()},
         "worker_cpu_per_write": {side: [round(x, 3) for x in cpu[side]] for side in sides},
     }, indent=2))
     return 0

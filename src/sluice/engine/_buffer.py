@@ -72,7 +72,7 @@ class Chunk:
     left_bytes: int = field(init=False, repr=False)  # the bytes of the entries not taken yet
     # Sizes as an array: their running sums, made when a batch is first cut inside the chunk (`_running`), so a batch's
     # bytes are two lookups. Not at once: numpy's integer cumsum is ~10x its sum (21 against 2 us for a Spark Arrow
-    # batch's 10,000 sizes), and a chunk cut in whole batches (`full_batches`) never needs them.
+    # batch's 10,000 sizes), and a chunk cut in whole batches (`full_run`) never needs them.
     _sums: Any = field(init=False, repr=False)
     _array: bool = field(init=False, repr=False)  # sizes is a numpy array (not a list), and not empty
 
@@ -186,7 +186,7 @@ class _ChunkBuffer(RequestBuffer):
         return out
 
 
-_LOOKED_UP = 32  # full_batches: the batches whose bytes it looks up at once
+_LOOKED_UP = 32  # full_run: the most batches whose bytes it sums at once
 
 
 class DequeRequestBuffer(_ChunkBuffer):
