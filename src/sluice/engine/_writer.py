@@ -118,6 +118,8 @@ class AsyncSinkWriter:
         self._next_observation = clock() + observe_every_s
         self._failed_records = 0
         self._last_send_s: float | None = None
+        # _send_full's last latency bucket and its range: a run's first batch usually falls in it again.
+        self._last_bucket: tuple[int, float, float] = (0, 0.0, 0.0)
         # Where records the store refuses go with errors.tolerance=all (the entries and one error each), called by the
         # manager thread; None: a refused record fails the write.
         self._on_refused = on_refused if config.errors.tolerates else None
@@ -512,8 +514,8 @@ class AsyncSinkWriter:
         cap, acknowledged = limiter.cap, _ACKNOWLEDGED
         batches = records = size = 0  # acknowledged at once
         latencies: dict[int, int] = {}
-        low = high = 0.0  # the latency range of the last bucket seen (its number: bucket)
-        bucket = same = 0  # `same`: latencies in that bucket since it was last written to `latencies`
+        bucket, low, high = self._last_bucket  # the last bucket seen and its latency range [low, high)
+        same = 0  # latencies in that bucket since it was last written to `latencies`
         latency = None
         inflight = 0  # in flight beside the last batch acknowledged at once (grows in a run: nothing completes)
         try:
@@ -588,6 +590,7 @@ class AsyncSinkWriter:
                     if taken > later and self._acks_at_once is None:
                         self._acks_at_once = True
         finally:
+            self._last_bucket = (bucket, low, high)
             if same:
                 latencies[bucket] = latencies.get(bucket, 0) + same
             if batches:
