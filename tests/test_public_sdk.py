@@ -109,7 +109,6 @@ ALLOWED_ANY = {
     "RequestBuffer.poll.return": STORE_ENTRY,
     "RequestBuffer.peek.return": STORE_ENTRY,
     "DequeRequestBuffer.peek.return": STORE_ENTRY,
-    "DequeRequestBuffer.full_batches.return": STORE_ENTRY,
     "RequestBuffer.buffered_state.return": STORE_ENTRY,
     "_ChunkBuffer.buffered_state.return": STORE_ENTRY,
     "Store.pre_commit.return": STORE_MESSAGE,

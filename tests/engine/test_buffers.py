@@ -1,3 +1,5 @@
+import numpy as np
+
 from sluice.engine import (
     Chunk,
     DequeRequestBuffer,
@@ -162,3 +164,33 @@ def test_row_number_ranges_and_size_arrays_are_cut_like_lists():
     batch = SimpleBatchCreator().create_next_batch(info(batch_size=6), buf)
     assert batch.entries == range(0, 6) and isinstance(batch.sizes, np.ndarray) and batch.size_bytes == 42
     assert buf.buffered_state() == [(6, 7), (7, 7)] and buf.total_size_bytes() == 14
+
+
+class CountedSizes(np.ndarray):
+    """Sizes that count their running sums (cumsum: a pass over every entry)."""
+
+    running_sums = 0
+
+    def cumsum(self, *args, **kwargs):
+        CountedSizes.running_sums += 1
+        return super().cumsum(*args, **kwargs)
+
+
+def test_a_run_of_full_batches_is_what_take_cuts_and_a_chunk_cut_whole_never_sums_every_entry():
+    sizes = np.arange(1, 2001, dtype=np.int64)
+    cut, taken = DequeRequestBuffer(), DequeRequestBuffer()
+    CountedSizes.running_sums = 0
+    for buf in (cut, taken):
+        buf.add_chunk(Chunk(range(0, 2000), sizes.view(CountedSizes)))
+        buf.add_chunk(Chunk(range(2000, 2700), np.full(700, 7, dtype=np.int64)))
+    chunk, run = cut.full_run(500, 1 << 40, 0.0)
+    assert CountedSizes.running_sums == 0, "cutting a chunk into whole batches made the running sums of its entries"
+    assert len(run) == 4 and chunk.entries == range(0, 2000)
+    cut.take_run(3, 500, sum(run[:3]))  # the caller sent three of the four
+    expected = [taken.take(500, 1 << 40, 0.0) for _ in range(3)]
+    assert run[:3] == [t.size_bytes for t in expected]
+    assert (cut.size(), cut.total_size_bytes()) == (taken.size(), taken.total_size_bytes()) == (1200, 4900 + sum(
+        range(1501, 2001)))
+    assert cut.take(1000, 1 << 40, 0.0).entries == taken.take(1000, 1 << 40, 0.0).entries == range(1500, 2500)
+    # over the byte limit, a run stops before the batch take would cut smaller
+    assert cut.full_run(100, 699, 0.0) is None and cut.full_run(100, 700, 0.0)[1] == [700, 700]

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from sluice._errors import OptionError
-from sluice.sink._encoding import binary_column
+from sluice.sink._encoding import binary_column, binary_sizes
 
 VALUES = ["", "é", "abc" * 50, "x", "日本語"]
 
@@ -20,6 +20,13 @@ def test_entries_are_the_values_as_bytes_and_sizes_their_byte_lengths(kind, star
     assert entries == expected
     assert sizes == [len(v) for v in expected]  # bytes, not characters: "é" is 2
     assert all(type(e) is bytes for e in entries) and all(type(s) is int for s in sizes)
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+def test_binary_sizes_are_the_byte_lengths_of_a_slice(kind):
+    raw = VALUES if pa.types.is_string(kind) or pa.types.is_large_string(kind) else [v.encode() for v in VALUES]
+    batch = pa.RecordBatch.from_arrays([pa.array(raw, kind)], names=["body"]).slice(1, 3)
+    assert binary_sizes(batch, "body").tolist() == [len(v.encode()) for v in VALUES[1:4]]
 
 
 def test_a_null_body_is_refused_naming_the_column():

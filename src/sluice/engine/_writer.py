@@ -2,11 +2,12 @@
 
 Threads: the caller's thread (a Spark task) pushes chunks of encoded entries into a small bounded ring
 (the sink-modes design's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
-other state: it admits chunks while fewer than `requests_max_buffered` entries wait, cuts batches with the
-BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint), submits them while
-the user's rate cap (token buckets, sink.rate.*) and the AIMD rate limiter allow, handles completions (re-adding
-failed entries at the head, splitting a batch refused for one of its records when errors.tolerance=all), and reports
-the write to an optional observer (live metrics) every few seconds.
+other state (lent to the caller, under the lock, while the manager waits with nothing to do and the store
+acknowledges every batch at once: `_cut_here`): it admits chunks while fewer than `requests_max_buffered` entries
+wait, cuts batches with the BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint),
+submits them while the user's rate cap (token buckets, sink.rate.*) and the AIMD rate limiter allow, handles
+completions (re-adding failed entries at the head, splitting a batch refused for one of its records when
+errors.tolerance=all), and reports the write to an optional observer (live metrics) every few seconds.
 
 Over 400 lines on purpose: the manager thread's state and the loop that owns it are one unit (the refusals' split
 and route too: they put entries back in its buffer and count in its stats); split, each half would reach into the
@@ -117,6 +118,8 @@ class AsyncSinkWriter:
         self._next_observation = clock() + observe_every_s
         self._failed_records = 0
         self._last_send_s: float | None = None
+        # _send_full's last latency bucket and its range: a run's first batch usually falls in it again.
+        self._last_bucket: tuple[int, float, float] = (0, 0.0, 0.0)
         # Where records the store refuses go with errors.tolerance=all (the entries and one error each), called by the
         # manager thread; None: a refused record fails the write.
         self._on_refused = on_refused if config.errors.tolerates else None
@@ -132,6 +135,11 @@ class AsyncSinkWriter:
         self._completions: deque[tuple[Batch, float, Future[None]]] = deque()
         self._failure: SinkError | None = None
         self._closing = False
+        self._idle = False  # the manager thread waits (or wakes, the lock not yet taken back): see _cut_here
+        self._idle_waiters = 0  # threads in _wait_idle
+        # Whether submit returned the shared acknowledged future (completed_future()) for every batch so far (None: no
+        # batch sent yet); set by _send_full and _submit. A future another thread completes is never "at once".
+        self._acks_at_once: bool | None = None
 
         # Owned by the manager thread.
         self._busy_keys: set[Hashable] = set()
@@ -294,8 +302,44 @@ class AsyncSinkWriter:
             self._raise_failure()
             if self._closing:
                 raise SinkError("the sink writer is closed", store=self.store.name, target=self.store.target)
+            if type(item) is Chunk and self._cut_here(item):
+                return
             self._ring.append(item)
             self._cond.notify_all()
+
+    def _cut_here(self, chunk: Chunk) -> bool:
+        """Under the lock, on the caller's thread: while the manager thread waits with nothing buffered, pending or in
+        flight, for a plain write to a store that has acknowledged every batch at once (submit returned
+        completed_future(): sluice_null, Kafka in a transaction), admit the chunk and run the manager's pump here, as
+        the manager would have, instead of waking it. In Spark a wake per Arrow batch cost the task's worker ~0.1 ms of
+        CPU (the thread switches, and the two threads wanting the GIL while the task reads the next batch from its
+        socket): 1.43-1.48x the bare Arrow writer's CPU with one batch per Arrow batch, 1.28-1.30x without the wake
+        (docs/results/engine.md, 2026-12-07). The manager cannot run meanwhile: it sleeps in its wait, or wakes into
+        the lock this thread holds. What the pump leaves (a partial batch with its timeout, a batch in flight, a failure
+        to handle) wakes it as a hand-over would have. False: the chunk goes through the ring."""
+        if not (self._idle and self._acks_at_once) or self._ring or self._completions or self._checkpoints \
+                or self._buffer.size():
+            return False
+        try:
+            self._admit(chunk)
+            self._pump()
+        except BaseException as error:  # as on the manager thread: a bug here fails the write, never hangs it
+            log.exception("sluice buffer manager crashed")
+            failure = SinkError(f"{self.store.name}: sink engine failed: {error!r}", store=self.store.name,
+                                target=self.store.target, cause=error)
+            self._fail(failure)
+            raise failure from error
+        if self._buffer.size() or self._limiter.inflight_requests or self._completions:
+            self._cond.notify_all()
+        return True
+
+    def _wait_idle(self) -> None:
+        """Return once the manager thread waits (for tests: what a caller's next chunk then finds)."""
+        with self._cond:
+            self._idle_waiters += 1
+            while not self._idle and self._failure is None and not self._closing:
+                self._cond.wait()
+            self._idle_waiters -= 1
 
     # ----------------------------------------------------------------- manager thread
     def _run(self) -> None:
@@ -312,7 +356,11 @@ class AsyncSinkWriter:
                 if not (self._completions or self._closing or self._admissible()):
                     # One wait per cycle: whatever woke us (a put, a completion, a deadline or backoff
                     # passing), the pump below re-evaluates every trigger.
+                    self._idle = True  # a caller's chunk may be cut on its thread meanwhile (_cut_here)
+                    if self._idle_waiters:
+                        self._cond.notify_all()
                     self._cond.wait(self._wait_seconds())
+                    self._idle = False
                 if self._closing:
                     return
                 completions = list(self._completions)
@@ -455,7 +503,7 @@ class AsyncSinkWriter:
 
     def _send_full(self, now: float) -> None:
         """The loop below for full batches of a plain write (no rate cap, nothing to retry, no timeout flush), cut
-        as SimpleBatchCreator would from the head chunk (DequeRequestBuffer.full_batches), sent while the limiter
+        as SimpleBatchCreator would from the head chunk (DequeRequestBuffer.full_run), sent while the limiter
         allows, with the same statistics. A store acknowledging a batch at once (sluice_null, a client that
         buffers) is counted in local sums, written back once per run instead of per batch: the per-batch work, a
         Taken, a RequestInfo, the trigger, the limiter's calls and a histogram update, cost ~3 us a batch, ~12 ms of
@@ -463,10 +511,11 @@ class AsyncSinkWriter:
         The loop below cuts whatever this leaves (the partial batches, a batch across chunks, retries)."""
         limiter, stats, clock, store = self._limiter, self.stats, self._clock, self.store
         buffer = cast(DequeRequestBuffer, self._buffer)
-        batches = records = size = 0
+        cap, acknowledged = limiter.cap, _ACKNOWLEDGED
+        batches = records = size = 0  # acknowledged at once
         latencies: dict[int, int] = {}
-        low = high = 0.0  # the latency range of the last bucket seen (its number: bucket)
-        bucket = 0
+        bucket, low, high = self._last_bucket  # the last bucket seen and its latency range [low, high)
+        same = 0  # latencies in that bucket since it was last written to `latencies`
         latency = None
         inflight = 0  # in flight beside the last batch acknowledged at once (grows in a run: nothing completes)
         try:
@@ -474,45 +523,85 @@ class AsyncSinkWriter:
                 limit = limiter.batch_size_limit(self._batch_records)
                 if buffer.size() < limit or limiter.should_block(limit):
                     return
-                for entries, sizes, taken_bytes in buffer.full_batches(limit, self._batch_bytes, now):
-                    batch = Batch(entries, taken_bytes, limit, None, 0, sizes)
-                    started = clock()
-                    try:
-                        future = store.submit(batch)
-                    except BaseException as error:  # a store that raises instead of failing the future
-                        future = completed_future(error)
-                    if future is _ACKNOWLEDGED or (future.done() and not future.cancelled()
-                                                   and future.exception() is None):
-                        # on_submit and on_complete at once: nothing stays in flight, the window grows
-                        limiter.window = min(limiter.cap, limiter.window + limiter.increase)
-                        latency = clock() - started
-                        if not low <= latency < high:
-                            bucket = latency_bucket(latency)
-                            low, high = latency_bucket_range(bucket)
-                        latencies[bucket] = latencies.get(bucket, 0) + 1
-                        inflight = limiter.inflight_requests
-                        batches += 1
-                        records += limit
-                        size += taken_bytes
-                    else:
-                        limiter.on_submit(limit)
-                        stats.flush_reasons["batch-size"] += 1
-                        stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
-                        future.add_done_callback(partial(self._post_completion, batch, started))
-                        if limiter.should_block(limit):
-                            return
-                    if limiter.batch_size_limit(self._batch_records) != limit:
-                        break  # the window moved the batch size: cut again at the new one
-                else:
-                    return  # the head chunk holds no more full batches
+                run = buffer.full_run(limit, self._batch_bytes, now)
+                if run is None:
+                    return
+                chunk, run_bytes = run
+                entries, sizes, start = chunk.entries, chunk.sizes, chunk.start
+                whole = not start and len(entries) == limit  # the chunk is the batch: no slices
+                steady = limit == self._batch_records
+                taken = 0
+                later = later_bytes = 0  # of the run's batches, those left in flight
+                # Window increases not applied yet: while batches are acknowledged at once at a steady size, nothing
+                # reads the window; applied before anything does (a batch left in flight, the run's end).
+                grown = 0
+                try:
+                    for taken, batch_bytes in enumerate(run_bytes, 1):  # noqa: B007 (taken: read after the loop)
+                        stop = start + limit
+                        batch = Batch(entries, batch_bytes, limit, None, 0, sizes) if whole else \
+                            Batch(entries[start:stop], batch_bytes, limit, None, 0, sizes[start:stop])
+                        start = stop
+                        started = clock()
+                        try:
+                            future = store.submit(batch)
+                        except BaseException as error:  # a store that raises instead of failing the future
+                            future = completed_future(error)
+                        if future is acknowledged or (future.done() and not future.cancelled()
+                                                      and future.exception() is None):
+                            # on_submit and on_complete at once: nothing stays in flight; the window grows to its cap
+                            latency = clock() - started
+                            if low <= latency < high:
+                                same += 1
+                            else:
+                                if same:
+                                    latencies[bucket] = latencies.get(bucket, 0) + same
+                                bucket = latency_bucket(latency)
+                                low, high = latency_bucket_range(bucket)
+                                same = 1
+                            inflight = limiter.inflight_requests
+                            if future is not acknowledged:
+                                self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
+                            if steady:
+                                grown += 1
+                                continue  # a batch as large as sink.batch.max-size: a larger window cannot change it
+                            limiter.window = min(cap, limiter.window + limiter.increase)
+                        else:
+                            if grown:
+                                limiter.window, grown = min(cap, limiter.window + limiter.increase * grown), 0
+                            self._acks_at_once = False
+                            later += 1
+                            later_bytes += batch_bytes
+                            limiter.on_submit(limit)
+                            stats.flush_reasons["batch-size"] += 1
+                            stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
+                            future.add_done_callback(partial(self._post_completion, batch, started))
+                            if limiter.should_block(limit):
+                                return
+                        if limiter.batch_size_limit(self._batch_records) != limit:
+                            break  # the window moved the batch size: cut again at the new one
+                finally:
+                    if grown:
+                        limiter.window = min(cap, limiter.window + limiter.increase * grown)
+                    taken_bytes = sum(run_bytes[:taken])
+                    buffer.take_run(taken, limit, taken_bytes)
+                    batches += taken - later
+                    records += (taken - later) * limit
+                    size += taken_bytes - later_bytes
+                    if taken > later and self._acks_at_once is None:
+                        self._acks_at_once = True
         finally:
+            self._last_bucket = (bucket, low, high)
+            if same:
+                latencies[bucket] = latencies.get(bucket, 0) + same
             if batches:
                 stats.flush_reasons["batch-size"] += batches
                 stats.peak_inflight = max(stats.peak_inflight, inflight + 1)
                 stats.records += records
                 stats.bytes += size
                 stats.batches += batches
-                stats.latency_buckets.update(latencies)
+                buckets = stats.latency_buckets
+                for bucket, count in latencies.items():
+                    buckets[bucket] += count
                 self._last_send_s = latency
 
     def _send(self, batch: Batch, reason: str, now: float) -> None:
@@ -563,8 +652,11 @@ class AsyncSinkWriter:
             # Acknowledged already (a store that holds nothing in flight): counted here, not sent round through the
             # completion queue, which cost a lock, a notify and a turn of the loop per batch (and the shared future
             # is known without asking it, which takes its lock three times).
+            if future is not _ACKNOWLEDGED:
+                self._acks_at_once = False
             self._on_complete(batch, started, None)
             return
+        self._acks_at_once = False
         future.add_done_callback(lambda f: self._post_completion(batch, started, f))
 
     def _post_completion(self, batch: Batch, started: float, future: Future[None]) -> None:

@@ -25,20 +25,35 @@ def binary_column(batch: pa.RecordBatch, name: str) -> tuple[list[bytes], list[i
     return column.to_pylist(), sizes.tolist()
 
 
+# The offsets' integer type of the layouts whose sizes are their offsets' differences (a string's are a binary's).
+_OFFSETS = {pa.string(): np.int32, pa.binary(): np.int32, pa.large_string(): np.int64, pa.large_binary(): np.int64}
+
+
 def binary_sizes(batch: pa.RecordBatch, name: str) -> np.ndarray:
-    """The byte lengths of one string/binary column's values, from its offsets (int64 array; no per-row step)."""
-    return _binary_view(batch, name)[1]
+    """The byte lengths of one string/binary column's values, from its offsets: an integer array of the offsets'
+    width (int32, int64 for the large types and other layouts), no per-row step and no view of the column."""
+    column = _body(batch, name)
+    width = _OFFSETS.get(column.type)
+    if width is None:
+        return _binary_view(batch, name)[1]
+    return np.diff(np.frombuffer(column.buffers()[1], dtype=width, count=len(column) + 1,
+                                 offset=column.offset * np.dtype(width).itemsize))
 
 
-def _binary_view(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
-    """The column viewed as binary (Arrow's compute kernels and to_numpy would measure it in more passes, and
-    to_numpy imports pandas into every Python worker on its first batch), and its values' byte lengths."""
+def _body(batch: pa.RecordBatch, name: str) -> pa.Array:
     column = batch.column(name)
     if column.null_count:
         raise OptionError(
             f"column '{name}' has {column.null_count} null value(s) in this batch; a record body cannot be null. "
             "Filter them out or fill them (e.g. F.coalesce(col, F.lit(''))) before writing."
         )
+    return column
+
+
+def _binary_view(batch: pa.RecordBatch, name: str) -> tuple[pa.Array, np.ndarray]:
+    """The column viewed as binary (Arrow's compute kernels and to_numpy would measure it in more passes, and
+    to_numpy imports pandas into every Python worker on its first batch), and its values' byte lengths."""
+    column = _body(batch, name)
     kind = column.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         column = column.view(pa.binary() if pa.types.is_string(kind) else pa.large_binary())
