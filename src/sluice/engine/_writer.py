@@ -600,8 +600,8 @@ class AsyncSinkWriter:
                 stats.bytes += size
                 stats.batches += batches
                 buckets = stats.latency_buckets
-                for bucket, count in latencies.items():
-                    buckets[bucket] += count
+                for number, count in latencies.items():
+                    buckets[number] += count
                 self._last_send_s = latency
 
     def _send(self, batch: Batch, reason: str, now: float) -> None:
