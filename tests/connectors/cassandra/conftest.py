@@ -49,20 +49,13 @@ class RunningServer:
                            "local JMX; run it without SLUICE_TEST_CASSANDRA")
 
 
-IN_KEYS_GUARDRAIL = 150  # the package's node: partition_keys_in_select_fail_threshold
-
-
 @pytest.fixture(scope="package")
 def cass():
     """One Cassandra for this package's modules that need no node of their own, each test on tables of its own (its
     JVM stops with the package, not idling through the rest of the suite; a test that kills it starts it again on
     its data), with local JMX for nodetool, or the running one SLUICE_TEST_CASSANDRA names."""
     address = os.environ.get("SLUICE_TEST_CASSANDRA")
-    # A guardrail as an operator may set one: an IN of more partition keys than this fails (test_lookup.py's test of
-    # lookup.max-keys-per-request against it; the lookup's default, 100, stays below).
-    guard = {"partition_keys_in_select_fail_threshold": IN_KEYS_GUARDRAIL}
-    with contextlib.nullcontext(RunningServer(address)) if address else LocalCassandra(jmx=True,
-                                                                                      settings=guard) as server:
+    with contextlib.nullcontext(RunningServer(address)) if address else LocalCassandra(jmx=True) as server:
         c = Cass(server)
         yield c
         c.cluster.shutdown()

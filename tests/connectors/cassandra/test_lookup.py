@@ -67,36 +67,6 @@ def test_a_clustering_prefix_narrows_the_partition_and_each_select_is_routed_at_
     assert run(one, [(2, 0)])["v"] == ["v2-1"] and one.reader._prepared.consistency_level == ConsistencyLevel.ONE
 
 
-def test_an_in_over_the_clusters_guardrail_fails_naming_lookup_max_keys_per_request(cass):
-    """The package's node refuses an IN of more than 150 partition keys (cassandra.yaml's
-    partition_keys_in_select_fail_threshold, conftest.py): 200 keys at lookup.max-keys-per-request=200 fail, naming
-    the option, its value and the guardrail. Negative control: the same keys at 150 a request are read."""
-    from cassandra.concurrent import execute_concurrent_with_args
-
-    from tests.connectors.cassandra.conftest import IN_KEYS_GUARDRAIL
-
-    setting = cass.session.execute("SELECT value FROM system_views.settings "
-                                   "WHERE name = 'partition_keys_in_select_fail_threshold'").one()
-    assert setting is not None and setting.value == str(IN_KEYS_GUARDRAIL), (
-        f"this server has no partition_keys_in_select_fail_threshold of {IN_KEYS_GUARDRAIL} ({setting}): set it in the "
-        "cassandra.yaml of the server SLUICE_TEST_CASSANDRA names, or unset SLUICE_TEST_CASSANDRA")
-    table = cass.table("pk int, ck int, v text, PRIMARY KEY ((pk), ck)")
-    insert = cass.session.prepare(f"INSERT INTO sluice.{table} (pk, ck, v) VALUES (?, ?, ?)")
-    execute_concurrent_with_args(cass.session, insert, [(p, 0, str(p)) for p in range(200)])
-    keys = [(p, 0) for p in range(200)]
-
-    def lookup(per_request: str) -> list:
-        options = cass.opts(table, **{"lookup.max-keys-per-request": per_request})
-        plan, _ = plan_lookup(SCHEMA, "cassandra", options, "pk", "inner", ["v"])
-        return run(plan, keys)["v"]
-
-    with pytest.raises(sluice.SinkError, match=r"lookup\.max-keys-per-request=200\) by its guardrail "
-                                               r"partition_keys_in_select_fail_threshold") as refused:
-        lookup("200")
-    assert "Set lookup.max-keys-per-request below that threshold" in str(refused.value)
-    assert sorted(lookup(str(IN_KEYS_GUARDRAIL)), key=int) == [str(p) for p in range(200)]
-
-
 def test_keys_of_a_one_column_partition_key_are_read_by_an_in_per_replica_group_routed_to_that_replica(cass):
     """150 distinct keys of a table whose partition key is one column (75 found, two clustering rows each), at most
     50 keys a SELECT, 4 in flight, the package's one node's ring dealt to three named hosts (range i to host i % 3):
