@@ -6,7 +6,8 @@ fails the query's next micro-batch after lookup.max-retries, never with nulls; s
 micro-batch is answered.
 The node asks for a password (PasswordAuthenticator) over TLS only (client_encryption_options, a self-signed
 certificate): a wrong password, a client without TLS and a certificate from another CA are each refused clearly,
-and no secret is shown."""
+and no secret is shown; so is a lookup's IN over the node's guardrail on the partition keys of one SELECT (guardrails
+hold for roles that are not superusers, which only a node that asks for a password has)."""
 
 import os
 import signal
@@ -24,11 +25,14 @@ from tests.lookup_faults import Lookup, Outage, a_store_killed_mid_stream
 pytestmark = pytest.mark.spark
 
 ROWS = 3000
+IN_KEYS_GUARDRAIL = 150  # the node's partition_keys_in_select_fail_threshold
 
 
 @pytest.fixture(scope="module")
 def server():
-    with LocalCassandra(commitlog_sync="batch", auth=True, tls=True) as server, server.cluster() as cluster:
+    with LocalCassandra(commitlog_sync="batch", auth=True, tls=True,
+                        settings={"partition_keys_in_select_fail_threshold": IN_KEYS_GUARDRAIL}) as server, \
+            server.cluster() as cluster:
         cluster.connect().execute("CREATE KEYSPACE faults WITH replication = {'class': 'SimpleStrategy', "
                                   "'replication_factor': 1}")
         yield server
@@ -189,3 +193,35 @@ def test_tls_is_required_and_the_nodes_certificate_is_checked_against_ssl_ca_pem
     assert f"{server.host}:{server.port}" in message and "TLS failed" in message, message  # the node, and what failed
     for secret in (server.password, other_ca.splitlines()[1], server.ca_pem.splitlines()[1]):
         assert secret not in message
+
+
+def test_an_in_over_the_nodes_guardrail_fails_naming_lookup_max_keys_per_request(node):
+    """The node refuses a SELECT of more than 150 partition keys (cassandra.yaml's
+    partition_keys_in_select_fail_threshold) to a role that is not a superuser: a lookup of 200 keys at
+    lookup.max-keys-per-request=200 fails at its first statement, naming the option, its value and the guardrail.
+    Negative control: the same keys at 150 a request are read."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    from sluice.source._lookup_dataframe import plan_lookup
+    from tests.connectors.cassandra.test_lookup import SCHEMA, run
+
+    server, session = node
+    session.execute("CREATE TABLE faults.guarded (pk int, ck int, v text, PRIMARY KEY ((pk), ck))")
+    insert = session.prepare("INSERT INTO faults.guarded (pk, ck, v) VALUES (?, ?, ?)")
+    execute_concurrent_with_args(session, insert, [(p, 0, str(p)) for p in range(200)])
+    session.execute("CREATE ROLE reader WITH LOGIN = true AND SUPERUSER = false AND PASSWORD = 'reader-test-pw'")
+    session.execute("GRANT SELECT ON KEYSPACE faults TO reader")
+    keys = [(p, 0) for p in range(200)]
+
+    def lookup(per_request: int) -> list:
+        opts = {**options(server, "guarded"), "username": "reader", "password": "reader-test-pw",
+                "lookup.max-keys-per-request": str(per_request)}
+        plan, _ = plan_lookup(SCHEMA, "cassandra", opts, "pk", "inner", ["v"])
+        return run(plan, keys)["v"]
+
+    with pytest.raises(sluice.SinkError, match=r"lookup\.max-keys-per-request=200\) by its guardrail "
+                                               r"partition_keys_in_select_fail_threshold") as refused:
+        lookup(200)
+    assert "Set lookup.max-keys-per-request below that threshold" in str(refused.value)
+    assert "reader-test-pw" not in str(refused.value)
+    assert sorted(lookup(IN_KEYS_GUARDRAIL), key=int) == [str(p) for p in range(200)]

@@ -129,6 +129,15 @@ class CassandraLookupReader(LookupReader):
                     # A ResultSet iterates every page: the next ones are fetched as the rows are read.
                     return [tuple(row) for result in results for row in result.result_or_exc]
                 except Exception as e:
+                    if self.keys_per_request > 1 and "partition_keys_in_select" in str(e):
+                        # the cluster's guardrail (cassandra.yaml partition_keys_in_select_fail_threshold): no retry
+                        # passes it, a smaller IN does
+                        raise CassandraError(
+                            f"looking up keys in {self.described}: the cluster refused an IN of up to "
+                            f"{self.keys_per_request} partition keys (lookup.max-keys-per-request="
+                            f"{self.keys_per_request}) by its guardrail partition_keys_in_select_fail_threshold: {e}. "
+                            "Set lookup.max-keys-per-request below that threshold, or ask the operator to raise it.",
+                            store="cassandra", target=self.conn.display) from None
                     error = classify(e, self.conn, len(params))
                     passes = isinstance(error, RetryableError | ThrottledError)
                     self._prepared = self._ring = None  # the next session (a restarted cluster's) starts anew
