@@ -30,6 +30,7 @@ from sluice._errors import OptionError, RecordTooLargeError, RefusedRecords, Ret
 from sluice.engine._batch import (
     Batch,
     BatchCreator,
+    BatchRun,
     RequestInfo,
     SimpleBatchCreator,
 )
@@ -99,6 +100,9 @@ class AsyncSinkWriter:
         # The usual unordered or globally ordered write: full batches go through _send_full (see there).
         self._plain = not self._keyed and not self._hold and type(self._creator) is SimpleBatchCreator \
             and type(self._buffer) is DequeRequestBuffer
+        # A store that may take a run of full batches in one call (Store.submit_run): asked by _send_full. Not under
+        # global order: one request in flight, so a run would be one batch.
+        self._takes_runs = type(store).submit_run is not Store.submit_run and config.effective_max_inflight > 1
         self._clock = clock
         records_per_s, bytes_per_s = config.task_rate()
         # The task's share of the write's rate cap; None (no cap) leaves the pump as it is without one.
@@ -376,8 +380,10 @@ class AsyncSinkWriter:
                             self._admit(chunk)
                 if admitted:
                     self._cond.notify_all()  # the caller may be waiting for room in the ring
+            shared = None  # a failure halves the window once per failed future, not per batch of a run sharing it
             for batch, started, future in completions:
-                self._on_complete(batch, started, future.exception())
+                self._on_complete(batch, started, future.exception(), future is not shared)
+                shared = future
             self._pump()
             self._finish_checkpoints()
             self._observe()
@@ -497,6 +503,8 @@ class AsyncSinkWriter:
             if self._cap is not None and not self._cap_allows(batch, reason, now):
                 break
             self._send(batch, reason, now)
+            if self._plain and self._cap is None and not self._retry_pending and not self._timeout_flush:
+                self._send_full(now)  # the batch across two chunks is cut: the next chunk's full batches as a run
         if not self._buffer.size():
             self._deadline = None
             self._timeout_flush = False
@@ -530,6 +538,26 @@ class AsyncSinkWriter:
                 entries, sizes, start = chunk.entries, chunk.sizes, chunk.start
                 whole = not start and len(entries) == limit  # the chunk is the batch: no slices
                 steady = limit == self._batch_records
+                if self._takes_runs and steady:
+                    sent = self._send_run(chunk, run_bytes, limit)
+                    if sent is not None:
+                        n, taken_bytes, took = sent
+                        if took is not None:  # acknowledged at once: each batch counts the run's time shared
+                            share = latency = took / n
+                            if low <= share < high:
+                                same += n
+                            else:
+                                if same:
+                                    latencies[bucket] = latencies.get(bucket, 0) + same
+                                bucket = latency_bucket(share)
+                                low, high = latency_bucket_range(bucket)
+                                same = n
+                            limiter.window = min(cap, limiter.window + limiter.increase * n)
+                            inflight = max(inflight, limiter.inflight_requests + n - 1)
+                            batches += n
+                            records += n * limit
+                            size += taken_bytes
+                        continue
                 taken = 0
                 later = later_bytes = 0  # of the run's batches, those left in flight
                 # Window increases not applied yet: while batches are acknowledged at once at a steady size, nothing
@@ -558,7 +586,7 @@ class AsyncSinkWriter:
                                 bucket = latency_bucket(latency)
                                 low, high = latency_bucket_range(bucket)
                                 same = 1
-                            inflight = limiter.inflight_requests
+                            inflight = max(inflight, limiter.inflight_requests)
                             if future is not acknowledged:
                                 self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
                             if steady:
@@ -603,6 +631,56 @@ class AsyncSinkWriter:
                 for number, count in latencies.items():
                     buckets[number] += count
                 self._last_send_s = latency
+
+    def _send_run(self, chunk: Chunk, run_bytes: list[int], limit: int) -> tuple[int, int, float | None] | None:
+        """_send_full's step for a store that takes runs (Store.submit_run): as many of the head chunk's full batches
+        as the window lets be in flight together, in one call, taken from the buffer. Returns how many, their bytes,
+        and the call's time when the store acknowledged them at once (counted by _send_full, as it counts batches);
+        None: the store did not take the run, nothing was taken. A run left in flight or failed is counted batch by
+        batch, as _submit counts a batch: each completes, and is retried, alone."""
+        limiter, buffer = self._limiter, cast(DequeRequestBuffer, self._buffer)
+        if self._acks_at_once:
+            # Every batch so far acknowledged at once: the per-batch path sends this store batch after batch, never
+            # waiting on the window, so a run of them may be as long (bounded by sink.requests.max-inflight only).
+            allowed = limiter.max_inflight_requests - limiter.inflight_requests
+        else:
+            allowed = limiter.requests_allowed(limit)
+        n = min(len(run_bytes), allowed)
+        start, stop = chunk.start, chunk.start + n * limit
+        entries, sizes = chunk.entries, chunk.sizes
+        if start or stop != len(entries):
+            entries, sizes = entries[start:stop], sizes[start:stop]
+        run_bytes = run_bytes[:n]
+        batch_run = BatchRun(entries, sizes, limit, run_bytes)
+        started = self._clock()
+        try:
+            future = self.store.submit_run(batch_run)
+        except BaseException as error:  # a store that raises instead of failing the future
+            future = completed_future(error)
+        if future is None:
+            return None
+        taken_bytes = sum(run_bytes)
+        buffer.take_run(n, limit, taken_bytes)
+        if future is _ACKNOWLEDGED or (future.done() and not future.cancelled() and future.exception() is None):
+            if future is not _ACKNOWLEDGED:
+                self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
+            elif self._acks_at_once is None:
+                self._acks_at_once = True
+            return n, taken_bytes, self._clock() - started
+        self._acks_at_once = False
+        batches = batch_run.batches()
+        stats = self.stats
+        for _ in range(n):
+            limiter.on_submit(limit)
+        stats.flush_reasons["batch-size"] += n
+        stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
+        future.add_done_callback(partial(self._post_run_completion, batches, started))
+        return n, taken_bytes, None
+
+    def _post_run_completion(self, batches: list[Batch], started: float, future: Future[None]) -> None:
+        with self._cond:
+            self._completions.extend((batch, started, future) for batch in batches)
+            self._cond.notify_all()
 
     def _send(self, batch: Batch, reason: str, now: float) -> None:
         self._submit(batch, reason)
@@ -664,8 +742,8 @@ class AsyncSinkWriter:
             self._completions.append((batch, started, future))
             self._cond.notify_all()
 
-    def _on_complete(self, batch: Batch, started: float, error: BaseException | None) -> None:
-        self._limiter.on_complete(batch.record_count, error is None)
+    def _on_complete(self, batch: Batch, started: float, error: BaseException | None, shrink: bool = True) -> None:
+        self._limiter.on_complete(batch.record_count, error is None, shrink)
         if self._keyed:
             self._busy_keys.discard(batch.partition_key)
         if error is None:

@@ -27,6 +27,7 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     Batch,
+    BatchRun,
     Encoded,
     OptionError,
     Options,
@@ -50,6 +51,9 @@ class NullStore(Store):
         return "nowhere"
 
     def submit(self, batch: Batch) -> Future[None]:
+        return completed_future()
+
+    def submit_run(self, run: BatchRun) -> Future[None]:
         return completed_future()
 
 
