@@ -165,21 +165,25 @@ class AsyncSinkWriter:
     def write(self, entry: Any, size: int, key: Hashable = None) -> None:
         self.write_chunk([entry], [size], key)
 
-    def write_chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable = None) -> None:
+    def write_chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable = None,
+                    running: Ints | None = None) -> None:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full.
 
         `entries` a list, or a range (row numbers); `sizes` a list of ints or a numpy integer array: a range and an
-        array cost the engine nothing per entry (_buffer.py). The writer keeps them as they are given (a copy per
-        chunk was a pass over every row): do not change them after handing them over."""
+        array cost the engine nothing per entry (_buffer.py). `running`, with an array of sizes only: their running
+        sums (entry i's: the bytes of entries 0 to i), when the caller has them without a pass (`binary_size_sums`):
+        the engine then sums no size. The writer keeps them as they are given (a copy per chunk was a pass over every
+        row): do not change them after handing them over."""
         if len(entries):
-            self._put(self._chunk(entries, sizes, key))
+            self._put(self._chunk(entries, sizes, key, running))
 
-    def _chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable) -> Chunk:
+    def _chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable, running: Ints | None = None) -> Chunk:
         if len(entries) != len(sizes):
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
         if limit is not None and self._on_refused is not None and largest_size(sizes) > limit:
             entries, sizes = self._refuse_oversized(entries, sizes, limit)
+            running = None
         if limit is not None:
             largest = largest_size(sizes)
             if largest > limit:
@@ -194,7 +198,7 @@ class AsyncSinkWriter:
             entries = list(entries)
         if type(sizes) is not list and getattr(sizes, "dtype", None) is None:
             sizes = list(sizes)
-        return Chunk(entries, sizes, key if self._keyed else None)
+        return Chunk(entries, sizes, key if self._keyed else None, running=running)
 
     def _refuse_oversized(self, entries: Sequence[Any], sizes: Ints, limit: int) -> tuple[Sequence[Any], Ints]:
         """errors.tolerance=all: entries over the store's record limit go aside from the caller's thread; the rest
