@@ -70,10 +70,27 @@ def test_a_store_that_declines_a_run_is_handed_each_batch():
                                                               for s in range(0, 20_250, 500)]
 
 
-def test_under_global_order_no_run_is_offered():
-    store = RunStore()
-    _write(store, SinkConfig(batch_max_size=500, flush_buffer_timeout=60_000, mode="global-ordered"))
-    assert [kind for kind, _ in store.calls] == ["batch"] * 41
+class OrderedFailingRunStore(RunStore):
+    """Fails its second run (the first is one batch: the window's start) with a retryable error, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+
+    def submit_run(self, run: BatchRun) -> Future[None] | None:
+        self.runs += 1
+        if self.runs == 2:
+            return completed_future(RetryableError("injected: the run's request failed"))
+        return super().submit_run(run)
+
+
+def test_under_global_order_a_failed_runs_batches_go_again_in_their_order():
+    store = OrderedFailingRunStore()
+    w = _write(store, SinkConfig(batch_max_size=500, flush_buffer_timeout=60_000, mode="global-ordered",
+                                 retry_delay_ms=1))
+    written = [e for entries, *_ in store.delivered() for e in entries]
+    assert written == list(range(20_250))  # every entry once, in order: the failed run's batches went again in order
+    assert [kind for kind, _ in store.calls].count("run") >= 2 and w.stats.retries == 19
 
 
 class FailingRunStore(BatchStore):

@@ -80,10 +80,12 @@ class Store(ABC):
         a fifth of what the rows cost to read (docs/engine.md, "At batches of 500").
 
         The engine hands a run only for a plain write (no partition keys, no rate cap, no retries pending) and only
-        as many batches as its congestion window lets be in flight together, and counts each batch as if submitted
-        alone. The future completes once every batch of the run is written; when it fails, every batch of the run
-        is classified and retried alone, through `submit`, with the run's error: a run partly written is written
-        again, as a batch would be (at-least-once)."""
+        as many batches as its congestion window lets be in flight together (any number once every batch so far was
+        acknowledged at once), and counts each batch as if submitted alone. The store writes a run's batches in
+        their order (a globally ordered write relies on it). The future completes once every batch of the run is
+        written; when it fails, every batch of the run is classified and retried alone, in order, through `submit`,
+        with the run's error, and the window halves once: a run partly written is written again, as a batch would be
+        (at-least-once)."""
         return None
 
     def classify(self, error: BaseException) -> ErrorKind:

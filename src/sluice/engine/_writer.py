@@ -100,9 +100,8 @@ class AsyncSinkWriter:
         # The usual unordered or globally ordered write: full batches go through _send_full (see there).
         self._plain = not self._keyed and not self._hold and type(self._creator) is SimpleBatchCreator \
             and type(self._buffer) is DequeRequestBuffer
-        # A store that may take a run of full batches in one call (Store.submit_run): asked by _send_full. Not under
-        # global order: one request in flight, so a run would be one batch.
-        self._takes_runs = type(store).submit_run is not Store.submit_run and config.effective_max_inflight > 1
+        # A store that may take a run of full batches in one call (Store.submit_run): asked by _send_full.
+        self._takes_runs = type(store).submit_run is not Store.submit_run
         self._clock = clock
         records_per_s, bytes_per_s = config.task_rate()
         # The task's share of the write's rate cap; None (no cap) leaves the pump as it is without one.
@@ -643,13 +642,10 @@ class AsyncSinkWriter:
         None: the store did not take the run, nothing was taken. A run left in flight or failed is counted batch by
         batch, as _submit counts a batch: each completes, and is retried, alone."""
         limiter, buffer = self._limiter, cast(DequeRequestBuffer, self._buffer)
-        if self._acks_at_once:
-            # Every batch so far acknowledged at once: the per-batch path sends this store batch after batch, never
-            # waiting on the window, so a run of them may be as long (bounded by sink.requests.max-inflight only).
-            allowed = limiter.max_inflight_requests - limiter.inflight_requests
-        else:
-            allowed = limiter.requests_allowed(limit)
-        n = min(len(run_bytes), allowed)
+        # Every batch so far acknowledged at once: the per-batch path sends this store batch after batch, each done
+        # before the next goes, never waiting on the window or sink.requests.max-inflight (under global order too:
+        # the store writes a run's batches in their order), so a run of them may be as long.
+        n = len(run_bytes) if self._acks_at_once else min(len(run_bytes), limiter.requests_allowed(limit))
         start, stop = chunk.start, chunk.start + n * limit
         entries, sizes = chunk.entries, chunk.sizes
         if start or stop != len(entries):
@@ -682,8 +678,11 @@ class AsyncSinkWriter:
         return n, taken_bytes, None
 
     def _post_run_completion(self, batches: list[Batch], started: float, future: Future[None]) -> None:
+        # A failed run's batches are each put back at the head of the buffer: last first, so that they go again in
+        # their order (global order).
+        failed = future.cancelled() or future.exception() is not None
         with self._cond:
-            self._completions.extend((batch, started, future) for batch in batches)
+            self._completions.extend((batch, started, future) for batch in (reversed(batches) if failed else batches))
             self._cond.notify_all()
 
     def _send(self, batch: Batch, reason: str, now: float) -> None:
