@@ -58,14 +58,18 @@ def test_a_store_taking_runs_is_handed_the_batches_submit_would_be_in_fewer_call
     assert sum(w_runs.stats.latency_buckets.values()) == sum(w_alone.stats.latency_buckets.values()) == 41
 
 
-def test_a_store_that_declines_a_run_is_handed_each_batch():
+def test_a_store_that_declines_a_run_is_handed_each_batch_and_offered_no_run_again():
     class Declining(BatchStore):
+        offered = 0
+
         def submit_run(self, run: BatchRun) -> Future[None] | None:
+            self.offered += 1
             return None
 
     store = Declining()
     _write(store, SinkConfig(batch_max_size=500, flush_buffer_timeout=60_000))
     assert [kind for kind, _ in store.calls] == ["batch"] * 41
+    assert store.offered == 1  # declined once: not offered again in this write
     assert [entries for entries, *_ in store.delivered()] == [list(range(s, min(s + 500, 20_250)))
                                                               for s in range(0, 20_250, 500)]
 

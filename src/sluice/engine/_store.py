@@ -75,9 +75,10 @@ class Store(ABC):
 
     def submit_run(self, run: BatchRun) -> Future[None] | None:
         """Optional: send a run of full batches in one call; None (this default): not taken, the engine submits each
-        batch. For a store whose client queues requests or takes many batches at once (a producer, a pipelined
-        connection, `sluice_null`): in Python a call per batch costs microseconds, and at batches of 500 rows that is
-        a fifth of what the rows cost to read (docs/engine.md, "At batches of 500").
+        batch, and offers no run again in this write. For a store whose client queues requests or takes many batches
+        at once (a producer, a pipelined connection, `sluice_null`): in Python a call per batch costs microseconds,
+        and at batches of 500 rows that is a fifth of what the rows cost to read (docs/engine.md, "At batches of
+        500").
 
         The engine hands a run only for a plain write (no partition keys, no rate cap, no retries pending) and only
         as many batches as its congestion window lets be in flight together (any number once every batch so far was

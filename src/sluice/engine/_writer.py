@@ -529,6 +529,7 @@ class AsyncSinkWriter:
         same = 0  # latencies in that bucket since it was last written to `latencies`
         latency = None
         inflight = 0  # in flight beside the last batch acknowledged at once (grows in a run: nothing completes)
+        run_peak = 0  # in flight with a run acknowledged at once: its batches, and those in flight before it
         try:
             while True:
                 limit = limiter.batch_size_limit(self._batch_records)
@@ -556,7 +557,7 @@ class AsyncSinkWriter:
                                 low, high = latency_bucket_range(bucket)
                                 same = n
                             limiter.window = min(cap, limiter.window + limiter.increase * n)
-                            inflight = max(inflight, limiter.inflight_requests + n - 1)
+                            run_peak = max(run_peak, limiter.inflight_requests + n)
                             batches += n
                             records += n * limit
                             size += taken_bytes
@@ -589,7 +590,7 @@ class AsyncSinkWriter:
                                 bucket = latency_bucket(latency)
                                 low, high = latency_bucket_range(bucket)
                                 same = 1
-                            inflight = max(inflight, limiter.inflight_requests)
+                            inflight = limiter.inflight_requests
                             if future is not acknowledged:
                                 self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
                             if steady:
@@ -626,7 +627,7 @@ class AsyncSinkWriter:
                 latencies[bucket] = latencies.get(bucket, 0) + same
             if batches:
                 stats.flush_reasons["batch-size"] += batches
-                stats.peak_inflight = max(stats.peak_inflight, inflight + 1)
+                stats.peak_inflight = max(stats.peak_inflight, inflight + 1, run_peak)
                 stats.records += records
                 stats.bytes += size
                 stats.batches += batches
@@ -658,6 +659,7 @@ class AsyncSinkWriter:
         except BaseException as error:  # a store that raises instead of failing the future
             future = completed_future(error)
         if future is None:
+            self._takes_runs = False  # declined: the store's answer for this write (Kafka's outside a transaction)
             return None
         taken_bytes = sum(run_bytes)
         buffer.take_run(n, limit, taken_bytes)
