@@ -3,8 +3,10 @@ numpy array of sizes, what sluice_null's encoder makes) and cut into batches of 
 every batch at once. Batches of 10,000 (one per chunk) leave the hand-over and the per-chunk work; the difference to
 smaller batches is the per-batch work.
 
-Run: `flock /tmp/sluice-cpu.lock .venv/bin/python -m bench.engine_cut [N]` (default 500); another checkout's engine:
-`PYTHONPATH=<its tree>/src` before it. Prints min and median of 7 runs (time.process_time: both threads).
+Run: `flock /tmp/sluice-cpu.lock .venv/bin/python -m bench.engine_cut [N] [--runs]` (default 500); `--runs`: the store
+takes a run of full batches in one call (Store.submit_run, as sluice_null's does), else one submit per batch; another
+checkout's engine: `PYTHONPATH=<its tree>/src` before it. Prints min and median of 7 runs (time.process_time: both
+threads).
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ class _AtOnce(Store):
         return completed_future()
 
 
-def run(rows: int = 2_000_000, chunk: int = 10_000, batch: int = 500) -> tuple[float, int]:
+class _AtOnceRuns(_AtOnce):
+    def submit_run(self, run):
+        return completed_future()
+
+
+def run(rows: int = 2_000_000, chunk: int = 10_000, batch: int = 500, runs: bool = False) -> tuple[float, int]:
     config = SinkConfig(batch_max_size=batch, requests_max_buffered=max(2000, batch + 1))
     sizes = np.full(chunk, 100, dtype=np.int64)
     started = time.process_time()
-    with AsyncSinkWriter(_AtOnce(), config) as writer:
+    with AsyncSinkWriter(_AtOnceRuns() if runs else _AtOnce(), config) as writer:
         for start in range(0, rows, chunk):
             writer.write_chunk(range(start, start + chunk), sizes)
         writer.finish()
@@ -37,10 +44,13 @@ def run(rows: int = 2_000_000, chunk: int = 10_000, batch: int = 500) -> tuple[f
 
 
 def main() -> int:
-    batch = int(sys.argv[1]) if len(sys.argv) > 1 else 500
-    runs = [run(batch=batch) for _ in range(7)]
+    args = [a for a in sys.argv[1:] if a != "--runs"]
+    takes_runs = "--runs" in sys.argv[1:]
+    batch = int(args[0]) if args else 500
+    runs = [run(batch=batch, runs=takes_runs) for _ in range(7)]
     cpu = sorted(r[0] for r in runs)
-    print(f"batch {batch}: {runs[0][1]} batches; CPU per 2M rows min {cpu[0] * 1e3:.1f} ms, "
+    print(f"batch {batch}{' (runs)' if takes_runs else ''}: {runs[0][1]} batches; CPU per 2M rows min "
+          f"{cpu[0] * 1e3:.1f} ms, "
           f"median {cpu[3] * 1e3:.1f} ms")
     return 0
 

@@ -104,6 +104,7 @@ JSON = "JSON: Spark's offsets, the collector's reports, the write summary"
 SPARK_ROWS = "Spark's DataSourceReader.read yields tuples, Rows or Arrow batches: the connector's choice"
 ALLOWED_ANY = {
     "Batch.__init__.entries": STORE_ENTRY,
+    "BatchRun.__init__.entries": STORE_ENTRY,
     "Encoded.__init__.entries": STORE_ENTRY,
     "RequestBuffer.add.entry": STORE_ENTRY,
     "RequestBuffer.poll.return": STORE_ENTRY,

@@ -10,13 +10,15 @@ alternating, round after round:
   `submit` per batch can do, without buffering, limiter or statistics;
 - `handover`: encoded chunks handed to the engine, cut into one batch per Arrow batch (sink.batch.max-size=10000): the
   hand-over and the per-chunk work without the per-batch work;
-- `sluice_null`: the whole engine at sink.batch.max-size=--batch.
-Every side is one Python Data Source (`bench_parts`, its `side` option); `handover` and `sluice_null` run sluice_null's
-own writer inside it. Figures, medians: each write's wall time and the Python workers' CPU seconds (bench/cpu.py), and
-their ratios to the bare writer's; the task workers' alone (`pyspark.worker`: without the Python that Spark runs on
-the driver's side to look up, plan and commit a Python Data Source's write, which moves by hundredths of a second
-between writes); and a task's CPU inside write() (`time.process_time`, nanoseconds, not the 10 ms ticks of /proc),
-with what of it ran on other threads than the task's own (the engine's manager thread).
+- `per_batch`: the whole engine at sink.batch.max-size=--batch, against a NullStore that takes no runs: one `submit`
+  per batch, as a store without `Store.submit_run` is handed them;
+- `sluice_null`: the whole engine at sink.batch.max-size=--batch (its store takes a run of full batches per call).
+Every side is one Python Data Source (`bench_parts`, its `side` option); `handover`, `per_batch` and `sluice_null` run
+sluice_null's own writer inside it. Figures, medians: each write's wall time and the Python workers' CPU seconds
+(bench/cpu.py), and their ratios to the bare writer's; the task workers' alone (`pyspark.worker`: without the Python
+that Spark runs on the driver's side to look up, plan and commit a Python Data Source's write, which moves by
+hundredths of a second between writes); and a task's CPU inside write() (`time.process_time`, nanoseconds, not the 10
+ms ticks of /proc), with what of it ran on other threads than the task's own (the engine's manager thread).
 """
 
 from __future__ import annotations
@@ -110,13 +112,32 @@ def register_parts(spark, batch_rows: int, folder: str) -> str:
         def writer(self, schema, overwrite):
             side = self.options["side"]
             engine = None
-            if side in ("handover", "sluice_null"):
+            if side in ("handover", "per_batch", "sluice_null"):
                 from sluice.connectors.null import NullDataSource
 
                 size = "10000" if side == "handover" else str(batch_rows)
                 engine = NullDataSource({"sink.batch.max-size": size, "sink.requests.max-buffered": "20001"}).writer(
                     schema, overwrite)
+                if side == "per_batch":
+                    engine.plan = per_batch_plan(engine.plan)
             return PartsWriter(side, engine)
+
+    def per_batch_plan(plan):
+        """sluice_null's plan, its store without submit_run (defined here: pickled with the source, by value)."""
+        import dataclasses
+
+        from sluice.connector import Store, TaskWriter
+        from sluice.connectors.null import NullStore, NullWritePlan, _RowNumbers
+
+        class PerBatchNullStore(NullStore):
+            submit_run = Store.submit_run
+
+        @dataclasses.dataclass(frozen=True)
+        class PerBatchPlan(NullWritePlan):
+            def open_task(self, context):
+                return TaskWriter(_RowNumbers(self.body_column), PerBatchNullStore())
+
+        return PerBatchPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.init})
 
     spark.dataSource.register(PartsSource)
     return "bench_parts"
@@ -136,7 +157,8 @@ def main() -> int:
     spark = sluice.session("sluice-engine-parts", **{"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g"})
     folder = tempfile.mkdtemp(prefix="sluice-engine-parts-")
     parts = register_parts(spark, args.batch, folder)
-    sides = {side: (parts, {"side": side}) for side in ("bare", "encode", "floor", "handover", "sluice_null")}
+    sides = {side: (parts, {"side": side}) for side in ("bare", "encode", "floor", "handover", "per_batch",
+                                                            "sluice_null")}
     df = rows_frame(spark, args.rows, with_id=True)
     wall: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}

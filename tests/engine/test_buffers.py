@@ -194,3 +194,37 @@ def test_a_run_of_full_batches_is_what_take_cuts_and_a_chunk_cut_whole_never_sum
     assert cut.take(1000, 1 << 40, 0.0).entries == taken.take(1000, 1 << 40, 0.0).entries == range(1500, 2500)
     # over the byte limit, a run stops before the batch take would cut smaller
     assert cut.full_run(100, 699, 0.0) is None and cut.full_run(100, 700, 0.0)[1] == [700, 700]
+
+
+class SummedSizes(np.ndarray):
+    """Sizes that count the passes summing them (sum, cumsum, and a reshaped view's sum)."""
+
+    passes = 0
+
+    def sum(self, *args, **kwargs):
+        SummedSizes.passes += 1
+        return super().sum(*args, **kwargs)
+
+    def cumsum(self, *args, **kwargs):
+        SummedSizes.passes += 1
+        return super().cumsum(*args, **kwargs)
+
+
+def test_a_chunk_handed_its_running_sums_cuts_what_one_without_cuts_and_never_sums_its_sizes():
+    rng = np.random.default_rng(7)
+    sizes = rng.integers(1, 300, 3000).astype(np.int64)
+    cuts = []
+    for running in (None, sizes.cumsum()):
+        SummedSizes.passes = 0
+        buf = DequeRequestBuffer()
+        buf.add_chunk(Chunk(range(0, 3000), sizes.view(SummedSizes), running=running))
+        out = [buf.full_run(500, 1 << 40, 0.0)[1]]
+        buf.take_run(2, 500, sum(out[0][:2]))
+        out.append((buf.size(), buf.total_size_bytes()))
+        while buf.size():  # batches of up to 400 entries and 30,000 bytes: cut inside the chunk by bytes
+            taken = buf.take(400, 30_000, 0.0)
+            out.append((taken.entries, taken.size_bytes))
+        cuts.append((out, SummedSizes.passes))
+    (without, passes_without), (handed, passes_handed) = cuts
+    assert handed == without
+    assert passes_without > 0 and passes_handed == 0, (passes_without, passes_handed)

@@ -1,11 +1,12 @@
 """binary_column: a string/binary column's values as bytes entries with their byte sizes, read from the column's
 buffers (offsets), so slices of a batch (Spark hands them over) and multi-byte UTF-8 must come out right."""
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from sluice._errors import OptionError
-from sluice.sink._encoding import binary_column, binary_sizes
+from sluice.sink._encoding import binary_column, binary_size_sums, binary_sizes
 
 VALUES = ["", "é", "abc" * 50, "x", "日本語"]
 
@@ -27,6 +28,16 @@ def test_binary_sizes_are_the_byte_lengths_of_a_slice(kind):
     raw = VALUES if pa.types.is_string(kind) or pa.types.is_large_string(kind) else [v.encode() for v in VALUES]
     batch = pa.RecordBatch.from_arrays([pa.array(raw, kind)], names=["body"]).slice(1, 3)
     assert binary_sizes(batch, "body").tolist() == [len(v.encode()) for v in VALUES[1:4]]
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary(), pa.large_string(), pa.large_binary()])
+def test_binary_size_sums_are_the_running_sums_of_the_sizes_of_a_slice(kind):
+    raw = VALUES if pa.types.is_string(kind) or pa.types.is_large_string(kind) else [v.encode() for v in VALUES]
+    whole = pa.RecordBatch.from_arrays([pa.array(raw, kind)], names=["body"])
+    for batch, values in ((whole, VALUES), (whole.slice(2, 3), VALUES[2:5])):  # the slice's first offset is 2
+        sizes, running = binary_size_sums(batch, "body")
+        assert sizes.tolist() == [len(v.encode()) for v in values]
+        assert running.tolist() == np.cumsum([len(v.encode()) for v in values]).tolist()
 
 
 def test_a_null_body_is_refused_naming_the_column():

@@ -1,7 +1,8 @@
 """The store-independent sink engine (the sink-modes design and FLIP-509). Pure Python: importing it never imports
 pyspark.
 
-A store plugs in by implementing `Store.submit(batch) -> Future` and `Store.classify(error)`;
+A store plugs in by implementing `Store.submit(batch) -> Future` and `Store.classify(error)` (and, where its client
+takes many batches at once, `Store.submit_run(run)`);
 `AsyncSinkWriter` does the buffering, batching, ordering, back-pressure, rate limiting and retries.
 """
 
@@ -9,6 +10,7 @@ from sluice.engine._batch import (
     AlignedBatchCreator,
     Batch,
     BatchCreator,
+    BatchRun,
     PartitionKeyBatchCreator,
     RequestInfo,
     SimpleBatchCreator,
@@ -40,6 +42,7 @@ __all__ = [
     "AsyncSinkWriter",
     "Batch",
     "BatchCreator",
+    "BatchRun",
     "BlockingStore",
     "Chunk",
     "Committer",

@@ -33,6 +33,35 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class BatchRun:
+    """Full batches cut back to back from one chunk, handed to `Store.submit_run` in one call: batch k holds
+    `entries[k * batch_records:(k + 1) * batch_records]` and is `batch_bytes[k]` bytes. Each is the batch the engine
+    would have handed `submit`; `batches()` makes them."""
+
+    entries: Sequence[Any]
+    sizes: Ints = field(repr=False)
+    batch_records: int
+    batch_bytes: Sequence[int]
+
+    def __len__(self) -> int:
+        return len(self.batch_bytes)
+
+    @property
+    def record_count(self) -> int:
+        return len(self.batch_bytes) * self.batch_records
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.batch_bytes)
+
+    def batches(self) -> list[Batch]:
+        """The run's batches, as `submit` would be handed them one by one."""
+        n, entries, sizes = self.batch_records, self.entries, self.sizes
+        return [Batch(entries[k * n:(k + 1) * n], size, n, None, 0, sizes[k * n:(k + 1) * n])
+                for k, size in enumerate(self.batch_bytes)]
+
+
+@dataclass(frozen=True)
 class RequestInfo:
     """What the rate limiter allows for the next batch, and which partition keys are busy."""
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -69,6 +69,9 @@ class Chunk:
     # Half of a batch the store refused for one of its records (errors.tolerance=all): sent as a batch of its own,
     # never merged with its other half or other entries, so that the search for the record narrows.
     split: bool = False
+    # The sizes' running sums when the caller has them (a string column's Arrow offsets): `_sums` below, made by
+    # no pass over the sizes.
+    running: InitVar[Ints | None] = None
     left_bytes: int = field(init=False, repr=False)  # the bytes of the entries not taken yet
     # Sizes as an array: their running sums, made when a batch is first cut inside the chunk (`_running`), so a batch's
     # bytes are two lookups. Not at once: numpy's integer cumsum is ~10x its sum (21 against 2 us for a Spark Arrow
@@ -76,10 +79,13 @@ class Chunk:
     _sums: Any = field(init=False, repr=False)
     _array: bool = field(init=False, repr=False)  # sizes is a numpy array (not a list), and not empty
 
-    def __post_init__(self) -> None:
-        self._sums = None
+    def __post_init__(self, running: Ints | None) -> None:
         self._array = type(self.sizes) is not list and len(self.sizes) > 0
-        self.left_bytes = total_bytes(self.sizes[self.start:] if self.start else self.sizes)
+        self._sums = running if self._array else None
+        if self._sums is not None:
+            self.left_bytes = int(self._sums[-1]) - self._before(self.start)
+        else:
+            self.left_bytes = total_bytes(self.sizes[self.start:] if self.start else self.sizes)
 
     def __len__(self) -> int:
         return len(self.entries) - self.start

@@ -33,16 +33,28 @@ class AIMDRateLimiter:
         # Like Flink: one request may always go when nothing is in flight, however small the window.
         return self.inflight_requests > 0 and self.inflight_records + next_batch_records > self.window
 
+    def requests_allowed(self, records_each: int) -> int:
+        """How many requests of `records_each` records may go now, together: each as `should_block` allows it after
+        the ones before it (0 when the first may not)."""
+        free = self.max_inflight_requests - self.inflight_requests
+        if free <= 0:
+            return 0
+        fits = (self.window - self.inflight_records) // max(1, records_each)
+        if not self.inflight_requests:
+            fits = max(1, fits)
+        return max(0, min(free, fits))
+
     def on_submit(self, records: int) -> None:
         self.inflight_requests += 1
         self.inflight_records += records
 
-    def on_complete(self, records: int, success: bool) -> None:
+    def on_complete(self, records: int, success: bool, shrink: bool = True) -> None:
+        """`shrink` False: a failure already counted (the batches of one failed run share its failure)."""
         self.inflight_requests -= 1
         self.inflight_records -= records
         if success:
             self.window = min(self.cap, self.window + self.increase)
-        else:
+        elif shrink:
             self.window = max(1, int(self.window * self.decrease_factor))
 
 

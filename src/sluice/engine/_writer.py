@@ -30,6 +30,7 @@ from sluice._errors import OptionError, RecordTooLargeError, RefusedRecords, Ret
 from sluice.engine._batch import (
     Batch,
     BatchCreator,
+    BatchRun,
     RequestInfo,
     SimpleBatchCreator,
 )
@@ -99,6 +100,8 @@ class AsyncSinkWriter:
         # The usual unordered or globally ordered write: full batches go through _send_full (see there).
         self._plain = not self._keyed and not self._hold and type(self._creator) is SimpleBatchCreator \
             and type(self._buffer) is DequeRequestBuffer
+        # A store that may take a run of full batches in one call (Store.submit_run): asked by _send_full.
+        self._takes_runs = type(store).submit_run is not Store.submit_run
         self._clock = clock
         records_per_s, bytes_per_s = config.task_rate()
         # The task's share of the write's rate cap; None (no cap) leaves the pump as it is without one.
@@ -161,21 +164,25 @@ class AsyncSinkWriter:
     def write(self, entry: Any, size: int, key: Hashable = None) -> None:
         self.write_chunk([entry], [size], key)
 
-    def write_chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable = None) -> None:
+    def write_chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable = None,
+                    running: Ints | None = None) -> None:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full.
 
         `entries` a list, or a range (row numbers); `sizes` a list of ints or a numpy integer array: a range and an
-        array cost the engine nothing per entry (_buffer.py). The writer keeps them as they are given (a copy per
-        chunk was a pass over every row): do not change them after handing them over."""
+        array cost the engine nothing per entry (_buffer.py). `running`, with an array of sizes only: their running
+        sums (entry i's: the bytes of entries 0 to i), when the caller has them without a pass (`binary_size_sums`):
+        the engine then sums no size. The writer keeps them as they are given (a copy per chunk was a pass over every
+        row): do not change them after handing them over."""
         if len(entries):
-            self._put(self._chunk(entries, sizes, key))
+            self._put(self._chunk(entries, sizes, key, running))
 
-    def _chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable) -> Chunk:
+    def _chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable, running: Ints | None = None) -> Chunk:
         if len(entries) != len(sizes):
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
         if limit is not None and self._on_refused is not None and largest_size(sizes) > limit:
             entries, sizes = self._refuse_oversized(entries, sizes, limit)
+            running = None
         if limit is not None:
             largest = largest_size(sizes)
             if largest > limit:
@@ -190,7 +197,7 @@ class AsyncSinkWriter:
             entries = list(entries)
         if type(sizes) is not list and getattr(sizes, "dtype", None) is None:
             sizes = list(sizes)
-        return Chunk(entries, sizes, key if self._keyed else None)
+        return Chunk(entries, sizes, key if self._keyed else None, running=running)
 
     def _refuse_oversized(self, entries: Sequence[Any], sizes: Ints, limit: int) -> tuple[Sequence[Any], Ints]:
         """errors.tolerance=all: entries over the store's record limit go aside from the caller's thread; the rest
@@ -376,8 +383,10 @@ class AsyncSinkWriter:
                             self._admit(chunk)
                 if admitted:
                     self._cond.notify_all()  # the caller may be waiting for room in the ring
+            shared = None  # a failure halves the window once per failed future, not per batch of a run sharing it
             for batch, started, future in completions:
-                self._on_complete(batch, started, future.exception())
+                self._on_complete(batch, started, future.exception(), future is not shared)
+                shared = future
             self._pump()
             self._finish_checkpoints()
             self._observe()
@@ -497,6 +506,8 @@ class AsyncSinkWriter:
             if self._cap is not None and not self._cap_allows(batch, reason, now):
                 break
             self._send(batch, reason, now)
+            if self._plain and self._cap is None and not self._retry_pending and not self._timeout_flush:
+                self._send_full(now)  # the batch across two chunks is cut: the next chunk's full batches as a run
         if not self._buffer.size():
             self._deadline = None
             self._timeout_flush = False
@@ -518,6 +529,7 @@ class AsyncSinkWriter:
         same = 0  # latencies in that bucket since it was last written to `latencies`
         latency = None
         inflight = 0  # in flight beside the last batch acknowledged at once (grows in a run: nothing completes)
+        run_peak = 0  # in flight with a run acknowledged at once: its batches, and those in flight before it
         try:
             while True:
                 limit = limiter.batch_size_limit(self._batch_records)
@@ -530,6 +542,26 @@ class AsyncSinkWriter:
                 entries, sizes, start = chunk.entries, chunk.sizes, chunk.start
                 whole = not start and len(entries) == limit  # the chunk is the batch: no slices
                 steady = limit == self._batch_records
+                if self._takes_runs and steady:
+                    sent = self._send_run(chunk, run_bytes, limit)
+                    if sent is not None:
+                        n, taken_bytes, took = sent
+                        if took is not None:  # acknowledged at once: each batch counts the run's time shared
+                            share = latency = took / n
+                            if low <= share < high:
+                                same += n
+                            else:
+                                if same:
+                                    latencies[bucket] = latencies.get(bucket, 0) + same
+                                bucket = latency_bucket(share)
+                                low, high = latency_bucket_range(bucket)
+                                same = n
+                            limiter.window = min(cap, limiter.window + limiter.increase * n)
+                            run_peak = max(run_peak, limiter.inflight_requests + n)
+                            batches += n
+                            records += n * limit
+                            size += taken_bytes
+                        continue
                 taken = 0
                 later = later_bytes = 0  # of the run's batches, those left in flight
                 # Window increases not applied yet: while batches are acknowledged at once at a steady size, nothing
@@ -595,7 +627,7 @@ class AsyncSinkWriter:
                 latencies[bucket] = latencies.get(bucket, 0) + same
             if batches:
                 stats.flush_reasons["batch-size"] += batches
-                stats.peak_inflight = max(stats.peak_inflight, inflight + 1)
+                stats.peak_inflight = max(stats.peak_inflight, inflight + 1, run_peak)
                 stats.records += records
                 stats.bytes += size
                 stats.batches += batches
@@ -603,6 +635,57 @@ class AsyncSinkWriter:
                 for number, count in latencies.items():
                     buckets[number] += count
                 self._last_send_s = latency
+
+    def _send_run(self, chunk: Chunk, run_bytes: list[int], limit: int) -> tuple[int, int, float | None] | None:
+        """_send_full's step for a store that takes runs (Store.submit_run): as many of the head chunk's full batches
+        as the window lets be in flight together, in one call, taken from the buffer. Returns how many, their bytes,
+        and the call's time when the store acknowledged them at once (counted by _send_full, as it counts batches);
+        None: the store did not take the run, nothing was taken. A run left in flight or failed is counted batch by
+        batch, as _submit counts a batch: each completes, and is retried, alone."""
+        limiter, buffer = self._limiter, cast(DequeRequestBuffer, self._buffer)
+        # Every batch so far acknowledged at once: the per-batch path sends this store batch after batch, each done
+        # before the next goes, never waiting on the window or sink.requests.max-inflight (under global order too:
+        # the store writes a run's batches in their order), so a run of them may be as long.
+        n = len(run_bytes) if self._acks_at_once else min(len(run_bytes), limiter.requests_allowed(limit))
+        start, stop = chunk.start, chunk.start + n * limit
+        entries, sizes = chunk.entries, chunk.sizes
+        if start or stop != len(entries):
+            entries, sizes = entries[start:stop], sizes[start:stop]
+        run_bytes = run_bytes[:n]
+        batch_run = BatchRun(entries, sizes, limit, run_bytes)
+        started = self._clock()
+        try:
+            future = self.store.submit_run(batch_run)
+        except BaseException as error:  # a store that raises instead of failing the future
+            future = completed_future(error)
+        if future is None:
+            self._takes_runs = False  # declined: the store's answer for this write (Kafka's outside a transaction)
+            return None
+        taken_bytes = sum(run_bytes)
+        buffer.take_run(n, limit, taken_bytes)
+        if future is _ACKNOWLEDGED or (future.done() and not future.cancelled() and future.exception() is None):
+            if future is not _ACKNOWLEDGED:
+                self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
+            elif self._acks_at_once is None:
+                self._acks_at_once = True
+            return n, taken_bytes, self._clock() - started
+        self._acks_at_once = False
+        batches = batch_run.batches()
+        stats = self.stats
+        for _ in range(n):
+            limiter.on_submit(limit)
+        stats.flush_reasons["batch-size"] += n
+        stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
+        future.add_done_callback(partial(self._post_run_completion, batches, started))
+        return n, taken_bytes, None
+
+    def _post_run_completion(self, batches: list[Batch], started: float, future: Future[None]) -> None:
+        # A failed run's batches are each put back at the head of the buffer: last first, so that they go again in
+        # their order (global order).
+        failed = future.cancelled() or future.exception() is not None
+        with self._cond:
+            self._completions.extend((batch, started, future) for batch in (reversed(batches) if failed else batches))
+            self._cond.notify_all()
 
     def _send(self, batch: Batch, reason: str, now: float) -> None:
         self._submit(batch, reason)
@@ -664,8 +747,8 @@ class AsyncSinkWriter:
             self._completions.append((batch, started, future))
             self._cond.notify_all()
 
-    def _on_complete(self, batch: Batch, started: float, error: BaseException | None) -> None:
-        self._limiter.on_complete(batch.record_count, error is None)
+    def _on_complete(self, batch: Batch, started: float, error: BaseException | None, shrink: bool = True) -> None:
+        self._limiter.on_complete(batch.record_count, error is None, shrink)
         if self._keyed:
             self._busy_keys.discard(batch.partition_key)
         if error is None:

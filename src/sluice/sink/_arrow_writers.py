@@ -154,7 +154,7 @@ class _EngineWriterMixin:
             else:
                 encoded = task.encode(batch)
             if not keyed:
-                writer.write_chunk(encoded.entries, encoded.sizes)
+                writer.write_chunk(encoded.entries, encoded.sizes, running=encoded.running)
                 continue
             if encoded.groups is not None:  # the store's own grouping (e.g. HBase's regions)
                 codes, names = encoded.groups, None

@@ -38,6 +38,8 @@ class Encoded:
     sizes: Ints
     rows: Ints | None = None
     groups: Ints | None = None
+    # The sizes' running sums, when the encoder has them without a pass (`binary_size_sums`); see write_chunk.
+    running: Ints | None = None
 
 
 Encoder = Callable[["pa.RecordBatch"], Encoded]

@@ -27,6 +27,7 @@ from pyspark.sql.types import StructType
 
 from sluice.connector import (
     Batch,
+    BatchRun,
     Encoded,
     OptionError,
     Options,
@@ -36,7 +37,7 @@ from sluice.connector import (
     TaskWriter,
     WriteContext,
     WritePlan,
-    binary_sizes,
+    binary_size_sums,
     body_column_name,
     completed_future,
 )
@@ -52,6 +53,9 @@ class NullStore(Store):
     def submit(self, batch: Batch) -> Future[None]:
         return completed_future()
 
+    def submit_run(self, run: BatchRun) -> Future[None]:
+        return completed_future()
+
 
 class _RowNumbers:
     """Encoder: a task's rows as running row numbers (a range), sized by a column's values or the batch's average."""
@@ -64,10 +68,9 @@ class _RowNumbers:
         n = batch.num_rows
         start, self.next = self.next, self.next + n
         if self.column is None:
-            sizes = np.full(n, max(1, batch.nbytes // max(1, n)), dtype=np.int64)
-        else:
-            sizes = binary_sizes(batch, self.column)
-        return Encoded(range(start, start + n), sizes)
+            return Encoded(range(start, start + n), np.full(n, max(1, batch.nbytes // max(1, n)), dtype=np.int64))
+        sizes, running = binary_size_sums(batch, self.column)
+        return Encoded(range(start, start + n), sizes, running=running)
 
 
 @dataclass(frozen=True)
