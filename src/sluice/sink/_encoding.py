@@ -32,21 +32,29 @@ _OFFSETS = {pa.string(): np.int32, pa.binary(): np.int32, pa.large_string(): np.
 def binary_sizes(batch: pa.RecordBatch, name: str) -> np.ndarray:
     """The byte lengths of one string/binary column's values, from its offsets: an integer array of the offsets'
     width (int32, int64 for the large types and other layouts), no per-row step and no view of the column."""
-    return binary_size_sums(batch, name)[0]
+    offsets = _offsets(batch, name)
+    return _binary_view(batch, name)[1] if offsets is None else offsets[1:] - offsets[:-1]
 
 
 def binary_size_sums(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray]:
     """`binary_sizes`, and their running sums (value i's: the bytes of values 0 to i), which a string/binary column's
     offsets give without a pass: hand both to the engine (`Encoded.running`) and it sums no size."""
+    offsets = _offsets(batch, name)
+    if offsets is None:
+        sizes = _binary_view(batch, name)[1]
+        return sizes, sizes.cumsum()
+    ends = offsets[1:]
+    return ends - offsets[:-1], ends if not offsets[0] else ends - offsets[0]
+
+
+def _offsets(batch: pa.RecordBatch, name: str) -> np.ndarray | None:
+    """The column's offsets, from its slice's first (None: a layout without them, measured through a view)."""
     column = _body(batch, name)
     width = _OFFSETS.get(column.type)
     if width is None:
-        sizes = _binary_view(batch, name)[1]
-        return sizes, sizes.cumsum()
-    offsets = np.frombuffer(column.buffers()[1], dtype=width, count=len(column) + 1,
-                            offset=column.offset * np.dtype(width).itemsize)
-    ends = offsets[1:]
-    return ends - offsets[:-1], ends if not offsets[0] else ends - offsets[0]
+        return None
+    return np.frombuffer(column.buffers()[1], dtype=width, count=len(column) + 1,
+                         offset=column.offset * np.dtype(width).itemsize)
 
 
 def _body(batch: pa.RecordBatch, name: str) -> pa.Array:
