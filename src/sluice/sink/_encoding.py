@@ -25,8 +25,10 @@ def binary_column(batch: pa.RecordBatch, name: str) -> tuple[list[bytes], list[i
     return column.to_pylist(), sizes.tolist()
 
 
-# The offsets' integer type of the layouts whose sizes are their offsets' differences (a string's are a binary's).
-_OFFSETS = {pa.string(): np.int32, pa.binary(): np.int32, pa.large_string(): np.int64, pa.large_binary(): np.int64}
+# The offsets' integer type and its width in bytes, by the array classes whose sizes are their offsets' differences
+# (a string's are a binary's). By class, not by `column.type`: that makes a DataType object, and hashes its name.
+_OFFSETS = {pa.StringArray: (np.int32, 4), pa.BinaryArray: (np.int32, 4), pa.LargeStringArray: (np.int64, 8),
+            pa.LargeBinaryArray: (np.int64, 8)}
 
 
 def binary_sizes(batch: pa.RecordBatch, name: str) -> np.ndarray:
@@ -36,25 +38,24 @@ def binary_sizes(batch: pa.RecordBatch, name: str) -> np.ndarray:
     return _binary_view(batch, name)[1] if offsets is None else offsets[1:] - offsets[:-1]
 
 
-def binary_size_sums(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """`binary_sizes`, and their running sums (value i's: the bytes of values 0 to i), which a string/binary column's
-    offsets give without a pass: hand both to the engine (`Encoded.running`) and it sums no size."""
+def binary_running_sums(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    """The running sums of one string/binary column's byte lengths (value i's: the bytes of values 0 to i), which its
+    offsets are, so no pass makes them: hand them to the engine without sizes (`Encoded(entries, None,
+    running=...)`), and it makes each entry's size only where one is needed."""
     offsets = _offsets(batch, name)
     if offsets is None:
-        sizes = _binary_view(batch, name)[1]
-        return sizes, sizes.cumsum()
+        return _binary_view(batch, name)[1].cumsum()
     ends = offsets[1:]
-    return ends - offsets[:-1], ends if not offsets[0] else ends - offsets[0]
+    return ends - offsets[0] if offsets[0] else ends
 
 
 def _offsets(batch: pa.RecordBatch, name: str) -> np.ndarray | None:
     """The column's offsets, from its slice's first (None: a layout without them, measured through a view)."""
     column = _body(batch, name)
-    width = _OFFSETS.get(column.type)
-    if width is None:
+    layout = _OFFSETS.get(type(column))
+    if layout is None:
         return None
-    return np.frombuffer(column.buffers()[1], dtype=width, count=len(column) + 1,
-                         offset=column.offset * np.dtype(width).itemsize)
+    return np.frombuffer(column.buffers()[1], dtype=layout[0], count=len(column) + 1, offset=column.offset * layout[1])
 
 
 def _body(batch: pa.RecordBatch, name: str) -> pa.Array:
