@@ -393,7 +393,7 @@ class AsyncSinkWriter:
         sent; the chunk goes through _put."""
         limit = self._batch_records
         count = len(entries) // limit
-        if not count or not self._may_cut_here() or self._limiter.batch_size_limit(limit) != limit:
+        if not count or self._limiter.window < limit or not self._may_cut_here():  # window: batch_size_limit's
             return False
         largest = self.store.max_record_bytes
         if largest is not None and (sizes is None or largest_size(sizes) > largest):
