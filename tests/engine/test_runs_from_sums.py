@@ -105,14 +105,15 @@ def test_a_runs_sizes_are_made_when_its_store_reads_them(counted):
     assert counted["sizes"] == 1 + 3  # the first chunk's, then each run's when its batches were read
 
 
-def test_what_follows_the_last_full_batch_waits_in_the_buffer_for_the_next_entries(counted):
+@pytest.mark.parametrize("kind", [np.asarray, memoryview])  # binary_running_sums gives either
+def test_what_follows_the_last_full_batch_waits_in_the_buffer_for_the_next_entries(counted, kind):
     store = RunStore()
     with AsyncSinkWriter(store, CONFIG) as w:
-        w.write_chunk(range(0, 500), None, running=SIZES[:500].cumsum())
+        w.write_chunk(range(0, 500), None, running=kind(SIZES[:500].cumsum()))
         w.flush()
         w._wait_idle()
-        w.write_chunk(range(500, 1_750), None, running=SIZES[500:1_750].cumsum())  # 2 batches, 250 left
-        w.write_chunk(range(1_750, 2_000), None, running=SIZES[1_750:2_000].cumsum())
+        w.write_chunk(range(500, 1_750), None, running=kind(SIZES[500:1_750].cumsum()))  # 2 batches, 250 left
+        w.write_chunk(range(1_750, 2_000), None, running=kind(SIZES[1_750:2_000].cumsum()))
         w.finish()
     assert [entries for entries, *_ in store.batches] == [list(range(s, s + 500)) for s in range(0, 2_000, 500)]
     assert [size for _, size, *_ in store.batches] == [int(SIZES[s:s + 500].sum()) for s in range(0, 2_000, 500)]

@@ -44,6 +44,13 @@ def sizes_from_running(running: Ints) -> NDArray[np.integer]:
     return sizes
 
 
+def running_array(running: Ints) -> NDArray[np.integer]:
+    """Running sums as a numpy array (a memoryview's without a copy), for a chunk's searches and lookups."""
+    import numpy as np
+
+    return np.asarray(running)
+
+
 def largest_size(sizes: Ints) -> int:
     vectorized = getattr(sizes, "max", None) if type(sizes) is not list else None
     return int(vectorized()) if vectorized is not None else max(sizes)

@@ -40,6 +40,7 @@ from sluice.engine._buffer import (
     Ints,
     RequestBuffer,
     largest_size,
+    running_array,
     sizes_from_running,
     total_bytes,
 )
@@ -198,6 +199,8 @@ class AsyncSinkWriter:
 
     def _chunk(self, entries: Sequence[Any], sizes: Ints | None, key: Hashable, running: Ints | None = None,
                start: int = 0) -> Chunk:
+        if type(running) is memoryview:  # binary_running_sums': a chunk searches its sums with numpy
+            running = running_array(running)
         if sizes is None:
             if running is None:
                 raise ValueError("write_chunk: sizes is None and no running sums were given; hand one of them")
@@ -408,6 +411,8 @@ class AsyncSinkWriter:
             if sent is None:
                 return False
             taken = sent[0] * limit
+            if taken == len(entries) and self._acks_at_once:
+                return True  # nothing left, nothing in flight: the manager has nothing to learn
             if taken < len(entries):
                 self._admit(self._chunk(entries, sizes, None, running, start=taken))
         except BaseException as error:
@@ -714,7 +719,8 @@ class AsyncSinkWriter:
             entries = entries[:stop]
             sizes = None if sizes is None else sizes[:stop]
             running = None if running is None else running[:stop]
-        run_bytes = run_bytes[:n]
+        if n < len(run_bytes):
+            run_bytes = run_bytes[:n]
         batch_run = BatchRun(entries, sizes, limit, run_bytes, running)
         started = self._clock()
         try:
