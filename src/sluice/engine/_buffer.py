@@ -39,8 +39,9 @@ def sizes_from_running(running: Ints) -> NDArray[np.integer]:
     import numpy as np
 
     sums = np.asarray(running)
-    sizes = sums.copy()
-    sizes[1:] -= sums[:-1]
+    sizes = np.empty_like(sums)
+    sizes[:1] = sums[:1]
+    np.subtract(sums[1:], sums[:-1], out=sizes[1:])  # one pass, as an encoder's offsets[1:] - offsets[:-1]
     return sizes
 
 
