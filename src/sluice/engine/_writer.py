@@ -181,11 +181,12 @@ class AsyncSinkWriter:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full.
 
         `entries` a list, or a range (row numbers); `sizes` a list of ints or a numpy integer array: a range and an
-        array cost the engine nothing per entry (_buffer.py). `running`, a numpy array: the sizes' running sums (entry
-        i's: the bytes of entries 0 to i), when the caller has them without a pass (`binary_running_sums`): the engine
-        then sums no size. With them, `sizes` may be None: each entry's size is then made from them only where one is
-        needed (entries that wait in the buffer, a run's `sizes` when its store reads them). The writer keeps what it
-        is given as it is (a copy per chunk was a pass over every row): do not change it after handing it over."""
+        array cost the engine nothing per entry (_buffer.py). `running`, a numpy array or a memoryview of integers:
+        the sizes' running sums (entry i's: the bytes of entries 0 to i), when the caller has them without a pass
+        (`binary_running_sums`): the engine then sums no size. With them, `sizes` may be None: each entry's size is
+        then made from them only where one is needed (entries that wait in the buffer, a run's `sizes` when its store
+        reads them). The writer keeps what it is given as it is (a copy per chunk was a pass over every row): do not
+        change it after handing it over."""
         if not len(entries):
             return
         if running is not None:
@@ -390,10 +391,9 @@ class AsyncSinkWriter:
         """Under the lock, on the caller's thread, where _cut_here would cut a chunk handed its running sums: its full
         batches (at the steady batch size, none over the byte limit) go to the store in one run (Store.submit_run)
         without entering the buffer, and only what follows the last of them enters it, as _cut_here admits a chunk.
-        In Spark the engine's work for an Arrow batch costs ~4x its time in a loop over batches already read (each
-        comes after the socket's read of the next, and finds the CPU's caches cold): making, admitting and pumping
-        a chunk was ~60% of it, the run alone ~20% (docs/engine.md, "Runs of full batches"). False: nothing was
-        sent; the chunk goes through _put."""
+        In a Spark task each step costs several times what it costs on batches already read: each Arrow batch comes
+        after the read of the next from the worker's socket, and finds the CPU's caches cold (docs/engine.md, "Runs
+        straight from a chunk's running sums"). False: nothing was sent; the chunk goes through _put."""
         limit = self._batch_records
         count = len(entries) // limit
         if not count or self._limiter.window < limit or not self._may_cut_here():  # window: batch_size_limit's
