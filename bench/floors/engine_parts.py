@@ -4,7 +4,8 @@ Run: `.venv/bin/python -m bench.floors.engine_parts [--rows 4000000] [--rounds 5
 test`. 4M rows of a bigint and a 100-byte string (bench/floors/bare_writer.py's), cached, written by 2 tasks through,
 alternating, round after round:
 - `bare`: the bare Arrow writer (counts the rows);
-- `encode`: sluice_null's encoder alone (row numbers and the body's sizes from its offsets), nothing kept;
+- `encode`: sluice_null's encoder alone (row numbers, and the running sums of the body's sizes: its offsets),
+  nothing kept;
 - `floor`: the encoder, then each batch of --batch rows made a `Batch` and handed to `NullStore.submit` in a bare
   loop (its bytes summed per batch, two clock readings around the call): the least any engine that calls a Python
   `submit` per batch can do, without buffering, limiter or statistics;
@@ -54,13 +55,11 @@ def register_parts(spark, batch_rows: int, folder: str) -> str:
             n += batch.num_rows
 
     def encode(iterator):
-        from sluice.connector import binary_sizes
+        from sluice.connectors.null import _RowNumbers
 
-        n = 0
+        encoder = _RowNumbers("body")
         for batch in iterator:
-            rows = range(n, n + batch.num_rows)
-            binary_sizes(batch, "body")
-            n = rows.stop
+            encoder(batch)
 
     def floor(iterator):
         import time

@@ -121,7 +121,7 @@ from sluice.sink._deadletters import DEAD_LETTER_COLUMNS, DeadLetterRoute, DeadL
 from sluice.sink._encoding import (
     ArrowRows,
     binary_column,
-    binary_size_sums,
+    binary_running_sums,
     binary_sizes,
     body_column_name,
     check_writable,
@@ -302,7 +302,7 @@ __all__ = [
     "WriteContext",
     "WritePlan",
     "binary_column",
-    "binary_size_sums",
+    "binary_running_sums",
     "binary_sizes",
     "body_column_name",
     "build_or_aside",

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 
 from sluice._errors import OptionError
-from sluice.sink._encoding import binary_column, binary_size_sums, binary_sizes
+from sluice.engine._buffer import sizes_from_running
+from sluice.sink._encoding import binary_column, binary_running_sums, binary_sizes
 
 VALUES = ["", "é", "abc" * 50, "x", "日本語"]
 
@@ -31,13 +32,13 @@ def test_binary_sizes_are_the_byte_lengths_of_a_slice(kind):
 
 
 @pytest.mark.parametrize("kind", [pa.string(), pa.binary(), pa.large_string(), pa.large_binary()])
-def test_binary_size_sums_are_the_running_sums_of_the_sizes_of_a_slice(kind):
+def test_binary_running_sums_are_the_running_sums_of_the_sizes_of_a_slice(kind):
     raw = VALUES if pa.types.is_string(kind) or pa.types.is_large_string(kind) else [v.encode() for v in VALUES]
     whole = pa.RecordBatch.from_arrays([pa.array(raw, kind)], names=["body"])
     for batch, values in ((whole, VALUES), (whole.slice(2, 3), VALUES[2:5])):  # the slice's first offset is 2
-        sizes, running = binary_size_sums(batch, "body")
-        assert sizes.tolist() == [len(v.encode()) for v in values]
+        running = binary_running_sums(batch, "body")
         assert running.tolist() == np.cumsum([len(v.encode()) for v in values]).tolist()
+        assert sizes_from_running(running).tolist() == [len(v.encode()) for v in values]
 
 
 def test_a_null_body_is_refused_naming_the_column():

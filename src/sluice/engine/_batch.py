@@ -5,9 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sluice.engine._buffer import Ints, KeyedRequestBuffer, RequestBuffer, Taken
+from sluice.engine._buffer import Ints, KeyedRequestBuffer, RequestBuffer, Taken, sizes_from_running
 
 
 @dataclass
@@ -32,19 +32,39 @@ class Batch:
                    taken.split)
 
 
-@dataclass(frozen=True)
 class BatchRun:
     """Full batches cut back to back from one chunk, handed to `Store.submit_run` in one call: batch k holds
     `entries[k * batch_records:(k + 1) * batch_records]` and is `batch_bytes[k]` bytes. Each is the batch the engine
-    would have handed `submit`; `batches()` makes them."""
+    would have handed `submit`; `batches()` makes them.
 
-    entries: Sequence[Any]
-    sizes: Ints = field(repr=False)
-    batch_records: int
-    batch_bytes: Sequence[int]
+    `sizes` (each entry's) are made from `running` (their running sums) the first time they are read, when the writer
+    was handed only those (`Encoded.running` without sizes): a store that reads only the batches' bytes never pays
+    for a pass over every entry."""
+
+    __slots__ = ("_running", "_sizes", "batch_bytes", "batch_records", "entries")
+
+    def __init__(self, entries: Sequence[Any], sizes: Ints | None, batch_records: int, batch_bytes: Sequence[int],
+                 running: Ints | None = None) -> None:
+        if sizes is None and running is None:
+            raise ValueError("a BatchRun needs its entries' sizes or their running sums")
+        self.entries = entries
+        self._sizes = sizes
+        self.batch_records = batch_records
+        self.batch_bytes = batch_bytes
+        self._running = running
+
+    def __repr__(self) -> str:
+        return f"BatchRun({len(self)} batches of {self.batch_records} records, {self.size_bytes} bytes)"
 
     def __len__(self) -> int:
         return len(self.batch_bytes)
+
+    @property
+    def sizes(self) -> Ints:
+        """Each entry's size in bytes."""
+        if self._sizes is None:
+            self._sizes = sizes_from_running(cast("Ints", self._running))
+        return self._sizes
 
     @property
     def record_count(self) -> int:

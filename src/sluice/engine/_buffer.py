@@ -33,6 +33,25 @@ def total_bytes(sizes: Ints) -> int:
     return int(vectorized()) if vectorized is not None else sum(sizes)
 
 
+def sizes_from_running(running: Ints) -> NDArray[np.integer]:
+    """Each entry's size from the sizes' running sums (entry i's: the bytes of entries 0 to i), in one pass: for what
+    needs each entry's size (a chunk in the buffer, a batch handed to `submit`) when the caller handed only the sums."""
+    import numpy as np
+
+    sums = np.asarray(running)
+    sizes = np.empty_like(sums)
+    sizes[:1] = sums[:1]
+    np.subtract(sums[1:], sums[:-1], out=sizes[1:])  # one pass, as an encoder's offsets[1:] - offsets[:-1]
+    return sizes
+
+
+def running_array(running: Ints) -> NDArray[np.integer]:
+    """Running sums as a numpy array (a memoryview's without a copy), for a chunk's searches and lookups."""
+    import numpy as np
+
+    return np.asarray(running)
+
+
 def largest_size(sizes: Ints) -> int:
     vectorized = getattr(sizes, "max", None) if type(sizes) is not list else None
     return int(vectorized()) if vectorized is not None else max(sizes)

@@ -34,7 +34,16 @@ from sluice.engine._batch import (
     RequestInfo,
     SimpleBatchCreator,
 )
-from sluice.engine._buffer import Chunk, DequeRequestBuffer, Ints, RequestBuffer, largest_size, total_bytes
+from sluice.engine._buffer import (
+    Chunk,
+    DequeRequestBuffer,
+    Ints,
+    RequestBuffer,
+    largest_size,
+    running_array,
+    sizes_from_running,
+    total_bytes,
+)
 from sluice.engine._config import PARTITION_ORDERED, SinkConfig
 from sluice.engine._ratelimit import AIMDRateLimiter, RateCap
 from sluice.engine._stats import LiveStats, WriteStats, latency_bucket, latency_bucket_range
@@ -107,6 +116,8 @@ class AsyncSinkWriter:
         # The task's share of the write's rate cap; None (no cap) leaves the pump as it is without one.
         self._cap = None if records_per_s is None and bytes_per_s is None else \
             RateCap(records_per_s, bytes_per_s, clock())
+        # A chunk handed its running sums may go to the store as a run without entering the buffer (_run_here).
+        self._direct = self._plain and self._takes_runs and self._cap is None
         # Under a cap, batches no larger than its burst (one second of the share): a larger one goes into debt at
         # once, a whole batch over the cap (a store cutting tens of thousands of rows a batch, as COPY does).
         self._batch_records = config.batch_max_size if records_per_s is None else \
@@ -129,7 +140,8 @@ class AsyncSinkWriter:
         self._refused_early = 0  # refused on the caller's thread (refused_by_caller), added to the stats by flush()
 
         # Shared between the caller and the manager thread, guarded by _cond.
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # _cond's: taken alone (a C call) where nothing waits or notifies at once
+        self._cond = threading.Condition(self._lock)
         self._ring: deque[Chunk | list[Chunk] | _Checkpoint] = deque()  # a list: one write_keyed call's chunks
         # Two waiting chunks keep the manager busy while the caller encodes the next. More only keep more entries alive
         # (10,000 Python objects per Spark Arrow batch) out of the CPU's caches: a ring of 4 cost a third more CPU per
@@ -164,19 +176,36 @@ class AsyncSinkWriter:
     def write(self, entry: Any, size: int, key: Hashable = None) -> None:
         self.write_chunk([entry], [size], key)
 
-    def write_chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable = None,
+    def write_chunk(self, entries: Sequence[Any], sizes: Ints | None, key: Hashable = None,
                     running: Ints | None = None) -> None:
         """Add entries (in order) that share one partition key. Blocks while the buffer is full.
 
         `entries` a list, or a range (row numbers); `sizes` a list of ints or a numpy integer array: a range and an
-        array cost the engine nothing per entry (_buffer.py). `running`, with an array of sizes only: their running
-        sums (entry i's: the bytes of entries 0 to i), when the caller has them without a pass (`binary_size_sums`):
-        the engine then sums no size. The writer keeps them as they are given (a copy per chunk was a pass over every
-        row): do not change them after handing them over."""
-        if len(entries):
-            self._put(self._chunk(entries, sizes, key, running))
+        array cost the engine nothing per entry (_buffer.py). `running`, a numpy array or a memoryview of integers:
+        the sizes' running sums (entry i's: the bytes of entries 0 to i), when the caller has them without a pass
+        (`binary_running_sums`): the engine then sums no size. With them, `sizes` may be None: each entry's size is
+        then made from them only where one is needed (entries that wait in the buffer, a run's `sizes` when its store
+        reads them). The writer keeps what it is given as it is (a copy per chunk was a pass over every row): do not
+        change it after handing it over."""
+        if not len(entries):
+            return
+        if running is not None:
+            if len(running) != len(entries):
+                raise ValueError(f"{len(entries)} entries but {len(running)} running sums")
+            if self._direct:
+                with self._lock:
+                    if self._run_here(entries, sizes, running):
+                        return
+        self._put(self._chunk(entries, sizes, key, running))
 
-    def _chunk(self, entries: Sequence[Any], sizes: Ints, key: Hashable, running: Ints | None = None) -> Chunk:
+    def _chunk(self, entries: Sequence[Any], sizes: Ints | None, key: Hashable, running: Ints | None = None,
+               start: int = 0) -> Chunk:
+        if type(running) is memoryview:  # binary_running_sums': a chunk searches its sums with numpy
+            running = running_array(running)
+        if sizes is None:
+            if running is None:
+                raise ValueError("write_chunk: sizes is None and no running sums were given; hand one of them")
+            sizes = sizes_from_running(running)
         if len(entries) != len(sizes):
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
@@ -197,7 +226,7 @@ class AsyncSinkWriter:
             entries = list(entries)
         if type(sizes) is not list and getattr(sizes, "dtype", None) is None:
             sizes = list(sizes)
-        return Chunk(entries, sizes, key if self._keyed else None, running=running)
+        return Chunk(entries, sizes, key if self._keyed else None, start=start, running=running)
 
     def _refuse_oversized(self, entries: Sequence[Any], sizes: Ints, limit: int) -> tuple[Sequence[Any], Ints]:
         """errors.tolerance=all: entries over the store's record limit go aside from the caller's thread; the rest
@@ -225,16 +254,21 @@ class AsyncSinkWriter:
         with self._cond:
             self._refused_early += n
 
-    def write_keyed(self, entries: Sequence[Any], sizes: Ints, keys: Sequence[Hashable] | NDArray[np.integer],
-                    names: Sequence[Hashable] | None = None) -> None:
+    def write_keyed(self, entries: Sequence[Any], sizes: Ints | None, keys: Sequence[Hashable] | NDArray[np.integer],
+                    names: Sequence[Hashable] | None = None, running: Ints | None = None) -> None:
         """Add entries with a partition key each; entries of one key keep their relative order.
 
         With `names`, `keys` are integer codes and entry i's partition key is names[keys[i]] (exact keys
-        grouped as fast as integer buckets)."""
+        grouped as fast as integer buckets). `sizes` and `running` as write_chunk's."""
         if not self._keyed:
-            self.write_chunk(entries, sizes)
+            self.write_chunk(entries, sizes, running=running)
             return
         import numpy as np
+
+        if sizes is None:  # a key's entries are taken apart: each needs its size
+            if running is None:
+                raise ValueError("write_keyed: sizes is None and no running sums were given; hand one of them")
+            sizes = sizes_from_running(running)
 
         key_array = np.asarray(keys)
         if key_array.dtype.kind not in "iu":  # arbitrary hashables: group in Python
@@ -324,20 +358,66 @@ class AsyncSinkWriter:
         (docs/results/engine.md, 2026-12-07). The manager cannot run meanwhile: it sleeps in its wait, or wakes into
         the lock this thread holds. What the pump leaves (a partial batch with its timeout, a batch in flight, a failure
         to handle) wakes it as a hand-over would have. False: the chunk goes through the ring."""
-        if not (self._idle and self._acks_at_once) or self._ring or self._completions or self._checkpoints \
-                or self._buffer.size():
+        if not self._may_cut_here():
             return False
         try:
             self._admit(chunk)
             self._pump()
-        except BaseException as error:  # as on the manager thread: a bug here fails the write, never hangs it
-            log.exception("sluice buffer manager crashed")
-            failure = SinkError(f"{self.store.name}: sink engine failed: {error!r}", store=self.store.name,
-                                target=self.store.target, cause=error)
-            self._fail(failure)
-            raise failure from error
+        except BaseException as error:
+            raise self._crashed_here(error) from error
+        self._wake_for_what_is_left()
+        return True
+
+    def _may_cut_here(self) -> bool:
+        """Under the lock: whether the caller's thread may do the manager's work now (_cut_here)."""
+        return self._idle and bool(self._acks_at_once) and self._failure is None and not self._closing \
+            and not (self._ring or self._completions or self._checkpoints or self._buffer.size())
+
+    def _crashed_here(self, error: BaseException) -> SinkError:
+        """As on the manager thread: a bug in its work on the caller's thread fails the write, never hangs it."""
+        log.exception("sluice buffer manager crashed")
+        failure = SinkError(f"{self.store.name}: sink engine failed: {error!r}", store=self.store.name,
+                            target=self.store.target, cause=error)
+        self._fail(failure)
+        return failure
+
+    def _wake_for_what_is_left(self) -> None:
+        """After the manager's work on the caller's thread: what it left (a partial batch with its timeout, a batch in
+        flight, a failure to handle) wakes the manager as a hand-over would have."""
         if self._buffer.size() or self._limiter.inflight_requests or self._completions:
             self._cond.notify_all()
+
+    def _run_here(self, entries: Sequence[Any], sizes: Ints | None, running: Ints) -> bool:
+        """Under the lock, on the caller's thread, where _cut_here would cut a chunk handed its running sums: its full
+        batches (at the steady batch size, none over the byte limit) go to the store in one run (Store.submit_run)
+        without entering the buffer, and only what follows the last of them enters it, as _cut_here admits a chunk.
+        In a Spark task each step costs several times what it costs on batches already read: each Arrow batch comes
+        after the read of the next from the worker's socket, and finds the CPU's caches cold (docs/engine.md, "Runs
+        straight from a chunk's running sums"). False: nothing was sent; the chunk goes through _put."""
+        limit = self._batch_records
+        count = len(entries) // limit
+        if not count or self._limiter.window < limit or not self._may_cut_here():  # window: batch_size_limit's
+            return False
+        largest = self.store.max_record_bytes
+        if largest is not None and (sizes is None or largest_size(sizes) > largest):
+            return False  # _chunk measures the records against the store's limit
+        last = count * limit
+        ends = cast("NDArray[np.integer]", running)[limit - 1:last:limit].tolist()
+        run_bytes = [end - before for before, end in zip([0, *ends], ends, strict=False)]
+        if max(run_bytes) > self._batch_bytes:
+            return False
+        try:
+            sent = self._send_run(entries, sizes, running, limit, run_bytes)
+            if sent is None:
+                return False
+            taken = sent[0] * limit
+            if taken == len(entries) and self._acks_at_once:
+                return True  # nothing left, nothing in flight: the manager has nothing to learn
+            if taken < len(entries):
+                self._admit(self._chunk(entries, sizes, None, running, start=taken))
+        except BaseException as error:
+            raise self._crashed_here(error) from error
+        self._wake_for_what_is_left()
         return True
 
     def _wait_idle(self) -> None:
@@ -529,7 +609,6 @@ class AsyncSinkWriter:
         same = 0  # latencies in that bucket since it was last written to `latencies`
         latency = None
         inflight = 0  # in flight beside the last batch acknowledged at once (grows in a run: nothing completes)
-        run_peak = 0  # in flight with a run acknowledged at once: its batches, and those in flight before it
         try:
             while True:
                 limit = limiter.batch_size_limit(self._batch_records)
@@ -543,24 +622,10 @@ class AsyncSinkWriter:
                 whole = not start and len(entries) == limit  # the chunk is the batch: no slices
                 steady = limit == self._batch_records
                 if self._takes_runs and steady:
-                    sent = self._send_run(chunk, run_bytes, limit)
+                    sent = self._send_run(entries[start:] if start else entries,
+                                          sizes[start:] if start else sizes, None, limit, run_bytes)
                     if sent is not None:
-                        n, taken_bytes, took = sent
-                        if took is not None:  # acknowledged at once: each batch counts the run's time shared
-                            share = latency = took / n
-                            if low <= share < high:
-                                same += n
-                            else:
-                                if same:
-                                    latencies[bucket] = latencies.get(bucket, 0) + same
-                                bucket = latency_bucket(share)
-                                low, high = latency_bucket_range(bucket)
-                                same = n
-                            limiter.window = min(cap, limiter.window + limiter.increase * n)
-                            run_peak = max(run_peak, limiter.inflight_requests + n)
-                            batches += n
-                            records += n * limit
-                            size += taken_bytes
+                        buffer.take_run(sent[0], limit, sent[1])
                         continue
                 taken = 0
                 later = later_bytes = 0  # of the run's batches, those left in flight
@@ -627,7 +692,7 @@ class AsyncSinkWriter:
                 latencies[bucket] = latencies.get(bucket, 0) + same
             if batches:
                 stats.flush_reasons["batch-size"] += batches
-                stats.peak_inflight = max(stats.peak_inflight, inflight + 1, run_peak)
+                stats.peak_inflight = max(stats.peak_inflight, inflight + 1)
                 stats.records += records
                 stats.bytes += size
                 stats.batches += batches
@@ -636,39 +701,43 @@ class AsyncSinkWriter:
                     buckets[number] += count
                 self._last_send_s = latency
 
-    def _send_run(self, chunk: Chunk, run_bytes: list[int], limit: int) -> tuple[int, int, float | None] | None:
-        """_send_full's step for a store that takes runs (Store.submit_run): as many of the head chunk's full batches
-        as the window lets be in flight together, in one call, taken from the buffer. Returns how many, their bytes,
-        and the call's time when the store acknowledged them at once (counted by _send_full, as it counts batches);
-        None: the store did not take the run, nothing was taken. A run left in flight or failed is counted batch by
-        batch, as _submit counts a batch: each completes, and is retried, alone."""
-        limiter, buffer = self._limiter, cast(DequeRequestBuffer, self._buffer)
+    def _send_run(self, entries: Sequence[Any], sizes: Ints | None, running: Ints | None, limit: int,
+                  run_bytes: list[int]) -> tuple[int, int] | None:
+        """A store that takes runs (Store.submit_run) is handed full batches of `limit` entries from `entries` on
+        (`run_bytes`: each one's bytes; `sizes` or, from the first entry, their `running` sums) in one call: as many as
+        the window lets be in flight together. Returns how many, and their bytes: the caller takes them from where
+        they were. None: the store did not take the run, nothing was sent. A run acknowledged at once is counted here
+        (_count_run_at_once); one left in flight or failed is counted batch by batch, as _submit counts a batch:
+        each completes, and is retried, alone."""
+        limiter = self._limiter
         # Every batch so far acknowledged at once: the per-batch path sends this store batch after batch, each done
         # before the next goes, never waiting on the window or sink.requests.max-inflight (under global order too:
         # the store writes a run's batches in their order), so a run of them may be as long.
         n = len(run_bytes) if self._acks_at_once else min(len(run_bytes), limiter.requests_allowed(limit))
-        start, stop = chunk.start, chunk.start + n * limit
-        entries, sizes = chunk.entries, chunk.sizes
-        if start or stop != len(entries):
-            entries, sizes = entries[start:stop], sizes[start:stop]
-        run_bytes = run_bytes[:n]
-        batch_run = BatchRun(entries, sizes, limit, run_bytes)
+        stop = n * limit
+        if stop != len(entries):
+            entries = entries[:stop]
+            sizes = None if sizes is None else sizes[:stop]
+            running = None if running is None else running[:stop]
+        if n < len(run_bytes):
+            run_bytes = run_bytes[:n]
+        batch_run = BatchRun(entries, sizes, limit, run_bytes, running)
         started = self._clock()
         try:
             future = self.store.submit_run(batch_run)
         except BaseException as error:  # a store that raises instead of failing the future
             future = completed_future(error)
         if future is None:
-            self._takes_runs = False  # declined: the store's answer for this write (Kafka's outside a transaction)
-            return None
+            self._takes_runs = self._direct = False  # declined: the store's answer for this write (Kafka's outside a
+            return None  # transaction)
         taken_bytes = sum(run_bytes)
-        buffer.take_run(n, limit, taken_bytes)
         if future is _ACKNOWLEDGED or (future.done() and not future.cancelled() and future.exception() is None):
             if future is not _ACKNOWLEDGED:
                 self._acks_at_once = False  # at once, but not the shared future (see _cut_here)
             elif self._acks_at_once is None:
                 self._acks_at_once = True
-            return n, taken_bytes, self._clock() - started
+            self._count_run_at_once(n, limit, taken_bytes, self._clock() - started)
+            return n, taken_bytes
         self._acks_at_once = False
         batches = batch_run.batches()
         stats = self.stats
@@ -677,7 +746,24 @@ class AsyncSinkWriter:
         stats.flush_reasons["batch-size"] += n
         stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests)
         future.add_done_callback(partial(self._post_run_completion, batches, started))
-        return n, taken_bytes, None
+        return n, taken_bytes
+
+    def _count_run_at_once(self, n: int, limit: int, taken_bytes: int, took: float) -> None:
+        """A run of `n` batches the store acknowledged at once, counted as `n` batches submitted alone (statistics,
+        flush reasons, the window's growth), each taking an equal share of the call's time."""
+        stats, limiter = self.stats, self._limiter
+        share = self._last_send_s = took / n
+        bucket, low, high = self._last_bucket
+        if not low <= share < high:
+            bucket = latency_bucket(share)
+            self._last_bucket = bucket, *latency_bucket_range(bucket)
+        stats.latency_buckets[bucket] += n
+        limiter.window = min(limiter.cap, limiter.window + limiter.increase * n)
+        stats.flush_reasons["batch-size"] += n
+        stats.peak_inflight = max(stats.peak_inflight, limiter.inflight_requests + n)
+        stats.records += n * limit
+        stats.bytes += taken_bytes
+        stats.batches += n
 
     def _post_run_completion(self, batches: list[Batch], started: float, future: Future[None]) -> None:
         # A failed run's batches are each put back at the head of the buffer: last first, so that they go again in

@@ -103,8 +103,8 @@ class _EngineWriterMixin:
             for _ in iterator:  # Spark sends the partition whatever the task does with it
                 pass
             return SluiceCommitMessage(WriteStats(tasks=0, replays_skipped=1).to_dict(), None, context)
-        batches = (batch for batch in iterator if batch.num_rows)
-        first = next(batches, None)
+        iterator = iter(iterator)
+        first = next((batch for batch in iterator if batch.num_rows), None)  # stops at the first batch with rows
         if first is None:
             # A task with no rows opens no connection or session (a write of 200 mostly empty partitions
             # must not open 200 connections).
@@ -117,7 +117,7 @@ class _EngineWriterMixin:
                              observer=pusher.offer if pusher is not None else None,
                              on_refused=_refusals_to(letters, task)) as writer:
             try:
-                message = self._write_batches(writer, task, itertools.chain([first], batches), letters)
+                message = self._write_batches(writer, task, itertools.chain((first,), iterator), letters)
                 letters_message = letters.finish() if letters is not None else None
             finally:
                 if pusher is not None:
@@ -145,7 +145,11 @@ class _EngineWriterMixin:
                        letters: DeadLetterWriter | None = None) -> Any:
         config = self.plan.config
         keyed = config.mode == PARTITION_ORDERED
+        # No generator in front: it would cost a frame's resumption per Arrow batch, and each comes after the read
+        # of a batch from Spark's socket, with the CPU's caches cold (docs/engine.md, "Runs of full batches").
         for batch in batches:
+            if not batch.num_rows:
+                continue
             if letters is not None:
                 letters.drain()  # what the store refused so far, written from this thread
                 encoded, batch = _encode_tolerant(task, batch, letters, writer)
@@ -164,7 +168,7 @@ class _EngineWriterMixin:
                 codes, names = partition_buckets(batch, config.partition_key, config.parallelism), None
             if encoded.rows is not None and encoded.groups is None:  # the encoder kept only some rows
                 codes = np.asarray(codes)[np.asarray(encoded.rows, dtype=np.int64)]
-            writer.write_keyed(encoded.entries, encoded.sizes, codes, names)
+            writer.write_keyed(encoded.entries, encoded.sizes, codes, names, encoded.running)
         return writer.finish()
 
     def _epoch_context(self, done: list[SluiceCommitMessage], epoch: int | None) -> WriteContext:

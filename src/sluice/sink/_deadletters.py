@@ -262,7 +262,7 @@ class DeadLetterWriter:
             self._writer = AsyncSinkWriter(self._task.store, self.route.plan.config, context=self.context)
         assert self._task is not None
         encoded = self._task.encode(batch)
-        self._writer.write_chunk(encoded.entries, encoded.sizes)
+        self._writer.write_chunk(encoded.entries, encoded.sizes, running=encoded.running)
         self.count += batch.num_rows
 
     def _batch(self, records: list[str] | pa.Table, errors: list[BaseException], at: float) -> pa.RecordBatch:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice._errors import OptionError
+from sluice.engine._buffer import Ints
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -25,8 +26,13 @@ def binary_column(batch: pa.RecordBatch, name: str) -> tuple[list[bytes], list[i
     return column.to_pylist(), sizes.tolist()
 
 
-# The offsets' integer type of the layouts whose sizes are their offsets' differences (a string's are a binary's).
-_OFFSETS = {pa.string(): np.int32, pa.binary(): np.int32, pa.large_string(): np.int64, pa.large_binary(): np.int64}
+# The offsets' integer type, its width in bytes and its struct format, by the array classes whose sizes are their
+# offsets' differences (a string's are a binary's). By class, not by `column.type`: that makes a DataType object, and
+# hashes its name.
+_OFFSETS: dict[type, tuple[type[np.integer], int, Literal["i", "q"]]] = {
+    pa.StringArray: (np.int32, 4, "i"), pa.BinaryArray: (np.int32, 4, "i"),
+    pa.LargeStringArray: (np.int64, 8, "q"), pa.LargeBinaryArray: (np.int64, 8, "q"),
+}
 
 
 def binary_sizes(batch: pa.RecordBatch, name: str) -> np.ndarray:
@@ -36,25 +42,31 @@ def binary_sizes(batch: pa.RecordBatch, name: str) -> np.ndarray:
     return _binary_view(batch, name)[1] if offsets is None else offsets[1:] - offsets[:-1]
 
 
-def binary_size_sums(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """`binary_sizes`, and their running sums (value i's: the bytes of values 0 to i), which a string/binary column's
-    offsets give without a pass: hand both to the engine (`Encoded.running`) and it sums no size."""
-    offsets = _offsets(batch, name)
-    if offsets is None:
-        sizes = _binary_view(batch, name)[1]
-        return sizes, sizes.cumsum()
-    ends = offsets[1:]
-    return ends - offsets[:-1], ends if not offsets[0] else ends - offsets[0]
+def binary_running_sums(batch: pa.RecordBatch, name: str) -> Ints:
+    """The running sums of one string/binary column's byte lengths (value i's: the bytes of values 0 to i), which its
+    offsets are, so no pass makes them: hand them to the engine without sizes (`Encoded(entries, None,
+    running=...)`), and it makes each entry's size only where one is needed.
+
+    A memoryview of the offsets themselves when the first is 0 (as in the batches Spark hands a task): no copy and no
+    numpy call, which in a Spark task costs ~20 us an Arrow batch more than a memoryview's slicing does
+    (bench/floors/socket_feed.py); else a numpy array, the offsets less the first."""
+    column = _body(batch, name)
+    layout = _OFFSETS.get(type(column))
+    if layout is None:
+        return _binary_view(batch, name)[1].cumsum()
+    start = column.offset
+    offsets = memoryview(column.buffers()[1]).cast(layout[2])[start:start + len(column) + 1]
+    first = offsets[0]
+    return offsets[1:] if not first else cast("Ints", np.asarray(offsets[1:]) - first)
 
 
 def _offsets(batch: pa.RecordBatch, name: str) -> np.ndarray | None:
     """The column's offsets, from its slice's first (None: a layout without them, measured through a view)."""
     column = _body(batch, name)
-    width = _OFFSETS.get(column.type)
-    if width is None:
+    layout = _OFFSETS.get(type(column))
+    if layout is None:
         return None
-    return np.frombuffer(column.buffers()[1], dtype=width, count=len(column) + 1,
-                         offset=column.offset * np.dtype(width).itemsize)
+    return np.frombuffer(column.buffers()[1], dtype=layout[0], count=len(column) + 1, offset=column.offset * layout[1])
 
 
 def _body(batch: pa.RecordBatch, name: str) -> pa.Array:

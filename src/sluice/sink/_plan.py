@@ -35,10 +35,12 @@ class Encoded:
     """
 
     entries: Sequence[Any]  # what the store's submit() takes, one per request entry: the store's own kind
-    sizes: Ints
+    sizes: Ints | None  # each entry's bytes; None: only `running` is given
     rows: Ints | None = None
     groups: Ints | None = None
-    # The sizes' running sums, when the encoder has them without a pass (`binary_size_sums`); see write_chunk.
+    # The sizes' running sums (a numpy array or a memoryview of integers), when the encoder has them without a pass
+    # (`binary_running_sums`): the engine then sums no size, and with `sizes` None makes each entry's size only where
+    # one is needed (see AsyncSinkWriter.write_chunk).
     running: Ints | None = None
 
 

@@ -37,7 +37,7 @@ from sluice.connector import (
     TaskWriter,
     WriteContext,
     WritePlan,
-    binary_size_sums,
+    binary_running_sums,
     body_column_name,
     completed_future,
 )
@@ -69,8 +69,7 @@ class _RowNumbers:
         start, self.next = self.next, self.next + n
         if self.column is None:
             return Encoded(range(start, start + n), np.full(n, max(1, batch.nbytes // max(1, n)), dtype=np.int64))
-        sizes, running = binary_size_sums(batch, self.column)
-        return Encoded(range(start, start + n), sizes, running=running)
+        return Encoded(range(start, start + n), None, running=binary_running_sums(batch, self.column))
 
 
 @dataclass(frozen=True)
