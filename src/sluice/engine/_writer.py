@@ -728,8 +728,9 @@ class AsyncSinkWriter:
         except BaseException as error:  # a store that raises instead of failing the future
             future = completed_future(error)
         if future is None:
-            self._takes_runs = self._direct = False  # declined: the store's answer for this write (Kafka's outside a
-            return None  # transaction)
+            # Declined: the store's answer for this write (Kafka's outside a transaction).
+            self._takes_runs = self._direct = False
+            return None
         taken_bytes = sum(run_bytes)
         if future is _ACKNOWLEDGED or (future.done() and not future.cancelled() and future.exception() is None):
             if future is not _ACKNOWLEDGED:
