@@ -60,6 +60,13 @@ _ACKNOWLEDGED = completed_future()  # the one shared future of every batch a sto
 _NO_KEYS: frozenset[Hashable] = frozenset()
 
 
+def _sizes_made(running: Ints | None, call: str) -> Ints:
+    """Each entry's size, for a caller that handed only the running sums (sizes None)."""
+    if running is None:
+        raise ValueError(f"{call}: sizes is None and no running sums were given; hand one of them")
+    return sizes_from_running(running)
+
+
 class _Checkpoint:
     __slots__ = ("done",)
 
@@ -203,9 +210,7 @@ class AsyncSinkWriter:
         if type(running) is memoryview:  # binary_running_sums': a chunk searches its sums with numpy
             running = running_array(running)
         if sizes is None:
-            if running is None:
-                raise ValueError("write_chunk: sizes is None and no running sums were given; hand one of them")
-            sizes = sizes_from_running(running)
+            sizes = _sizes_made(running, "write_chunk")
         if len(entries) != len(sizes):
             raise ValueError(f"{len(entries)} entries but {len(sizes)} sizes")
         limit = self.store.max_record_bytes
@@ -266,9 +271,7 @@ class AsyncSinkWriter:
         import numpy as np
 
         if sizes is None:  # a key's entries are taken apart: each needs its size
-            if running is None:
-                raise ValueError("write_keyed: sizes is None and no running sums were given; hand one of them")
-            sizes = sizes_from_running(running)
+            sizes = _sizes_made(running, "write_keyed")
 
         key_array = np.asarray(keys)
         if key_array.dtype.kind not in "iu":  # arbitrary hashables: group in Python
