@@ -3,15 +3,17 @@
 Threads: the caller's thread (a Spark task) pushes chunks of encoded entries into a small bounded ring
 (the sink-modes design's thread-safe ring buffer) and blocks when it is full. One buffer-manager thread owns all
 other state (lent to the caller, under the lock, while the manager waits with nothing to do and the store
-acknowledges every batch at once: `_cut_here`): it admits chunks while fewer than `requests_max_buffered` entries
+acknowledges every batch at once: `_cut_here`, and `_run_here` for a chunk that goes as a run without entering the
+buffer): it admits chunks while fewer than `requests_max_buffered` entries
 wait, cuts batches with the BatchCreator when a trigger fires (batch records, batch bytes, timeout, checkpoint),
 submits them while the user's rate cap (token buckets, sink.rate.*) and the AIMD rate limiter allow, handles
 completions (re-adding failed entries at the head, splitting a batch refused for one of its records when
 errors.tolerance=all), and reports the write to an optional observer (live metrics) every few seconds.
 
 Over 400 lines on purpose: the manager thread's state and the loop that owns it are one unit (the refusals' split
-and route too: they put entries back in its buffer and count in its stats); split, each half would reach into the
-other's fields.
+and route too: they put entries back in its buffer and count in its stats; and the caller's thread's `_cut_here` and
+`_run_here`, which do the manager's work on that state under its lock); split, each half would reach into the other's
+fields.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def binary_running_sums(batch: pa.RecordBatch, name: str) -> Ints:
     running=...)`), and it makes each entry's size only where one is needed.
 
     A memoryview of the offsets themselves when the first is 0 (as in the batches Spark hands a task): no copy and no
-    numpy call, which in a Spark task costs ~20 us an Arrow batch more than a memoryview's slicing does
+    numpy call, each of which costs a Spark task several times what it costs on batches already in memory
     (bench/floors/socket_feed.py); else a numpy array, the offsets less the first."""
     column = _body(batch, name)
     layout = _OFFSETS.get(type(column))
